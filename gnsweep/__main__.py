@@ -1,0 +1,3 @@
+from gnsweep.cli import main
+
+main()

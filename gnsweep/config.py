@@ -1,0 +1,317 @@
+"""Typed configuration: dataclass schemas, validation, and Hydra composition of `conf/`.
+
+Hydra is used only here, in the CLI process. Everything below the CLI receives these
+dataclasses (or their JSON form in a run folder), never a DictConfig: workers started by
+torchrun or Slurm load a run's `config.json` without Hydra.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration; the CLI prints it as one line, exit code 2."""
+
+
+METHODS = ("auto", "per_example", "microbatch", "ddp")
+OPTIMIZERS = ("sgd", "adam")
+EXECUTORS = ("local", "torchrun", "slurm")
+LOSS_KINDS = ("smoothed", "raw", "eval")
+
+
+def _number(where: str, value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {value!r} is not a number") from None
+    if not math.isfinite(out):
+        raise ConfigError(f"{where}: {value!r} must be finite")
+    return out
+
+
+def _integer(where: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: {value!r} is not an integer")
+    number = _number(where, value)
+    if number != int(number):
+        raise ConfigError(f"{where}: {value!r} is not an integer")
+    return int(number)
+
+
+def _positive_list(where: str, values: Any, convert: Any) -> list:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        values = [values]
+    out = [convert(f"{where}", v) for v in values]
+    if not out:
+        raise ConfigError(f"{where}: the list is empty; give at least one value, "
+                          f"e.g. {where}=[...]")
+    for v in out:
+        if v <= 0:
+            raise ConfigError(f"{where}: {v} is not allowed; values must be > 0")
+    if len(set(out)) != len(out):
+        raise ConfigError(f"{where}: {out} has repeated values")
+    return out
+
+
+def _choice(where: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
+    return str(value)
+
+
+@dataclass
+class TaskConfig:
+    """Which model and data a run trains; the task's own options are checked by the task."""
+
+    name: str = "digits"
+    """Registered task name (`gnsweep tasks` lists them)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Task-specific options (hidden width, dimension, noise...), validated by the task."""
+
+    def __post_init__(self) -> None:
+        from gnsweep.tasks import task_names, validate_options
+
+        if self.name not in task_names():
+            names = ", ".join(task_names())
+            raise ConfigError(f"task={self.name}: no such task; choose one of {names}")
+        self.options = validate_options(self.name, dict(self.options))
+
+
+@dataclass
+class SweepConfig:
+    """The batch-size x learning-rate grid and what every run in it does."""
+
+    name: str = "digits"
+    """Sweep name; the default sweep folder is runs/<name>."""
+    batch_sizes: list[int] = field(default_factory=lambda: [8, 32, 128, 512])
+    """Batch sizes (global, in examples) to sweep."""
+    learning_rates: list[float] = field(default_factory=lambda: [0.1, 0.3, 1.0])
+    """Learning rates to sweep at every batch size."""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    """Seeds; each grid point runs once per seed."""
+    targets: list[float] = field(default_factory=lambda: [0.5, 0.2])
+    """Training-loss targets; a run stops once it reaches the hardest (smallest)."""
+    max_steps: int = 2000
+    """Step budget of one run."""
+    max_examples: int = 0
+    """Example budget of one run (0: none)."""
+    optimizer: str = "sgd"
+    """sgd or adam."""
+    momentum: float = 0.0
+    """SGD momentum (0: plain SGD, the setting the paper's eps_opt(B) describes)."""
+    loss_ema_examples: float = 128.0
+    """Time constant of the smoothed training loss, in examples: per-step decay exp(-B/this), so
+    every batch size averages over the same number of examples (same noise, same lag in E)."""
+    divergence_factor: float = 3.0
+    """A run diverges when its loss is NaN/inf or its smoothed loss exceeds this x its first
+    loss."""
+    log_every: int = 1
+    """Write a metrics row every this many steps."""
+    eval_every: int = 0
+    """Evaluate on the held-out split every this many steps (0: never)."""
+    max_retries: int = 2
+    """How often a run that raised is retried before it counts as failed."""
+
+    def __post_init__(self) -> None:
+        self.batch_sizes = _positive_list("sweep.batch_sizes", self.batch_sizes, _integer)
+        self.learning_rates = _positive_list("sweep.learning_rates", self.learning_rates, _number)
+        self.targets = _positive_list("sweep.targets", self.targets, _number)
+        self.seeds = [_integer("sweep.seeds", s) for s in self.seeds] or [0]
+        self.max_steps = _integer("sweep.max_steps", self.max_steps)
+        if self.max_steps < 1:
+            raise ConfigError(f"sweep.max_steps: {self.max_steps} is not allowed; must be >= 1")
+        self.max_examples = _integer("sweep.max_examples", self.max_examples)
+        self.optimizer = _choice("sweep.optimizer", self.optimizer, OPTIMIZERS)
+        self.momentum = _number("sweep.momentum", self.momentum)
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"sweep.momentum: {self.momentum} must be in [0, 1)")
+        self.loss_ema_examples = _number("sweep.loss_ema_examples", self.loss_ema_examples)
+        self.divergence_factor = _number("sweep.divergence_factor", self.divergence_factor)
+        if self.divergence_factor <= 1:
+            raise ConfigError(f"sweep.divergence_factor: {self.divergence_factor} must be > 1")
+        for name in ("log_every", "eval_every", "max_retries"):
+            value = _integer(f"sweep.{name}", getattr(self, name))
+            if value < (1 if name == "log_every" else 0):
+                raise ConfigError(f"sweep.{name}: {value} is not allowed")
+            setattr(self, name, value)
+
+
+@dataclass
+class NoiseConfig:
+    """How B_simple (and optionally B_noise) is measured during every run."""
+
+    method: str = "auto"
+    """per_example, microbatch, ddp, or auto (ddp under torchrun, else per_example)."""
+    microbatches: int = 4
+    """Micro-batches per step for method=microbatch (b_small = B / this)."""
+    every: int = 1
+    """Measure every this many steps."""
+    ema_steps: float = 0.0
+    """EMA time constant of G2 and S in steps (0: use ema_examples)."""
+    ema_examples: float = 2048.0
+    """EMA time constant of G2 and S in examples (used when ema_steps is 0)."""
+    hessian_every: int = 0
+    """Measure B_noise with Hessian-vector products every this many steps (0: never)."""
+
+    def __post_init__(self) -> None:
+        self.method = _choice("noise.method", self.method, METHODS)
+        self.microbatches = _integer("noise.microbatches", self.microbatches)
+        if self.microbatches < 2:
+            raise ConfigError(f"noise.microbatches: {self.microbatches} must be >= 2")
+        self.every = _integer("noise.every", self.every)
+        if self.every < 1:
+            raise ConfigError(f"noise.every: {self.every} must be >= 1")
+        self.ema_steps = _number("noise.ema_steps", self.ema_steps)
+        self.ema_examples = _number("noise.ema_examples", self.ema_examples)
+        if self.ema_steps < 0 or self.ema_examples <= 0:
+            raise ConfigError("noise.ema_steps must be >= 0 and noise.ema_examples > 0")
+        self.hessian_every = _integer("noise.hessian_every", self.hessian_every)
+        if self.hessian_every < 0:
+            raise ConfigError(f"noise.hessian_every: {self.hessian_every} must be >= 0")
+
+
+@dataclass
+class ExecutorConfig:
+    """Where runs execute: a local process pool, torchrun, or Slurm."""
+
+    kind: str = "local"
+    """local, torchrun or slurm."""
+    workers: int = 0
+    """Local worker processes (0: one per core)."""
+    threads_per_worker: int = 1
+    """Torch threads in each worker (two 1-thread processes beat one 2-thread one)."""
+    nproc_per_node: int = 2
+    """torchrun/Slurm: processes per node for each run (DDP world size per node)."""
+    nodes: int = 1
+    """Slurm: nodes per job."""
+    partition: str = ""
+    """Slurm partition ('' for the cluster default)."""
+    gpus_per_node: int = 0
+    """Slurm: GPUs per node."""
+    cpus_per_task: int = 1
+    """Slurm: CPUs per task."""
+    time_min: int = 60
+    """Slurm: time limit of one job, minutes."""
+    runs_per_job: int = 0
+    """Slurm: runs taken in turn by one job (0: spread the runs over `workers` jobs)."""
+    sbatch_extra: dict[str, Any] = field(default_factory=dict)
+    """Slurm: extra sbatch options, e.g. {account: abc, qos: high}."""
+
+    def __post_init__(self) -> None:
+        self.kind = _choice("executor.kind", self.kind, EXECUTORS)
+        for name in ("workers", "threads_per_worker", "nproc_per_node", "nodes", "gpus_per_node",
+                     "cpus_per_task", "time_min", "runs_per_job"):
+            value = _integer(f"executor.{name}", getattr(self, name))
+            minimum = 0 if name in ("workers", "gpus_per_node", "runs_per_job") else 1
+            if value < minimum:
+                raise ConfigError(f"executor.{name}: {value} is not allowed; must be >= {minimum}")
+            setattr(self, name, value)
+
+    def n_workers(self) -> int:
+        return self.workers or max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class AnalysisConfig:
+    """How runs become steps-to-target and fits."""
+
+    loss: str = "smoothed"
+    """Which loss decides reaching a target: smoothed (training EMA), raw, or eval."""
+    bootstrap: int = 0
+    """Bootstrap resamples for confidence intervals (0: standard errors only)."""
+
+    def __post_init__(self) -> None:
+        self.loss = _choice("analysis.loss", self.loss, LOSS_KINDS)
+        self.bootstrap = _integer("analysis.bootstrap", self.bootstrap)
+
+
+@dataclass
+class Config:
+    """The whole sweep: task, grid, noise measurement, executor, analysis."""
+
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Config:
+        sections = {"task": TaskConfig, "sweep": SweepConfig, "noise": NoiseConfig,
+                    "executor": ExecutorConfig, "analysis": AnalysisConfig}
+        unknown = set(data) - set(sections)
+        if unknown:
+            raise ConfigError(f"unknown config section(s): {', '.join(sorted(unknown))}")
+        return cls(**{k: _section(k, t, data.get(k) or {}) for k, t in sections.items()})
+
+
+def _section(name: str, schema: type, values: dict[str, Any]) -> Any:
+    known = {f.name for f in fields(schema)}
+    if name == "task":
+        # Everything but the name is the task's own option; the task validates it.
+        values = dict(values)
+        task_name = values.pop("name", "digits")
+        values = {"name": task_name, "options": {**values.pop("options", {}), **values}}
+    unknown = set(values) - known
+    if unknown:
+        key = sorted(unknown)[0]
+        raise ConfigError(f"{name}.{key}: unknown option; known: {', '.join(sorted(known))}")
+    return schema(**values)
+
+
+def conf_dir() -> Path:
+    """The `conf/` folder: $GNSWEEP_CONF, else the one beside the package (repo checkout)."""
+    env = os.environ.get("GNSWEEP_CONF")
+    candidates = [Path(env)] if env else []
+    here = Path(__file__).resolve().parent
+    candidates += [here / "conf", here.parent / "conf"]
+    for path in candidates:
+        if (path / "config.yaml").is_file():
+            return path
+    raise ConfigError("cannot find conf/config.yaml; set GNSWEEP_CONF to your conf folder")
+
+
+def compose(overrides: list[str] | None = None) -> Config:
+    """Compose conf/ with Hydra overrides (e.g. `task=digits sweep.batch_sizes=[8,64]`)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = list(overrides or [])
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = hydra_compose(config_name="config", overrides=overrides)
+    except MissingConfigException as err:
+        raise ConfigError(_missing_config_message(str(err))) from None
+    except (HydraException, OmegaConfBaseException) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"bad override: {first}") from None
+    finally:
+        GlobalHydra.instance().clear()
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    return Config.from_dict({str(k): v for k, v in data.items()})
+
+
+def _missing_config_message(text: str) -> str:
+    import re
+
+    match = re.search(r"Could not load '(\w+)/(\w[\w-]*)'", text) or re.search(
+        r"'(\w+)/(\w[\w-]*)'", text)
+    if not match:
+        return text.strip().splitlines()[0]
+    group, choice = match.groups()
+    options = sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+    return f"{group}={choice}: no such {group}; choose one of {', '.join(options)}"

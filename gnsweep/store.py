@@ -1,0 +1,162 @@
+"""The sweep folder and its files: layout, parquet schemas, atomic writes, run status.
+
+    <sweep>/config.yaml            resolved config of the sweep
+    <sweep>/runs/<run_id>/config.json   one run's resolved config (workers load it, no Hydra)
+    <sweep>/runs/<run_id>/status.json   pending | running | done | failed | diverged, attempts...
+    <sweep>/runs/<run_id>/metrics.parquet  one row per logged step (METRICS_SCHEMA)
+    <sweep>/steps.parquet, front.parquet, fits.parquet, fits.json   written by `gnsweep analyze`
+    <sweep>/figures/               written by `gnsweep plot`
+
+Every file is written to a temporary name in the same folder and renamed into place, so a crash
+leaves either the old file or the new one, never half of one. docs/storage.md lists every column.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+RUNS = "runs"
+SWEEP_CONFIG = "config.yaml"
+RUN_CONFIG = "config.json"
+STATUS = "status.json"
+METRICS = "metrics.parquet"
+
+STATES = ("pending", "running", "done", "failed", "diverged")
+FINISHED = ("done", "diverged")
+
+METRICS_SCHEMA = pa.schema([
+    ("step", pa.int64()),             # optimizer steps taken
+    ("examples", pa.int64()),         # training examples seen
+    ("loss", pa.float64()),           # this step's training loss (batch mean)
+    ("loss_smooth", pa.float64()),    # EMA of the training loss, bias-corrected
+    ("eval_loss", pa.float64()),      # held-out loss (NaN when not evaluated)
+    ("lr", pa.float64()),             # learning rate used by this step
+    ("b_small", pa.float64()),        # small batch size of the two-batch estimate
+    ("b_big", pa.float64()),          # big batch size
+    ("sq_norm_small", pa.float64()),  # |G_small|^2 (mean over small batches)
+    ("sq_norm_big", pa.float64()),    # |G_big|^2
+    ("g2_step", pa.float64()),        # unbiased |G|^2 this step (eq. A.2)
+    ("trace_sigma_step", pa.float64()),  # unbiased tr(Sigma) this step (eq. A.2)
+    ("g2", pa.float64()),             # EMA of |G|^2
+    ("trace_sigma", pa.float64()),    # EMA of tr(Sigma)
+    ("b_simple", pa.float64()),       # EMA(tr Sigma) / EMA(|G|^2)
+    ("g_h_g", pa.float64()),          # EMA of G^T H G (NaN unless measured)
+    ("trace_h_sigma", pa.float64()),  # EMA of tr(H Sigma)
+    ("b_noise", pa.float64()),        # EMA(tr H Sigma) / EMA(G^T H G)
+    ("wall_time", pa.float64()),      # seconds since the run started
+])
+
+
+class StoreError(RuntimeError):
+    """A file of the sweep is missing or unreadable; the message names it."""
+
+
+@contextmanager
+def _atomic_path(path: Path) -> Iterator[Path]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text(path: Path, text: str) -> None:
+    with _atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StoreError(f"{path}: missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise StoreError(f"{path}: not valid JSON ({err})") from None
+
+
+def write_table(path: Path, table: pa.Table) -> None:
+    """Write a parquet file atomically; the writer is closed before the rename."""
+    with _atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def write_frame(path: Path, frame: Any, schema: pa.Schema | None = None) -> None:
+    table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
+    write_table(path, table)
+
+
+def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
+    try:
+        return pq.read_table(path, columns=columns)
+    except FileNotFoundError:
+        raise StoreError(f"{path}: missing") from None
+    except (pa.ArrowInvalid, pa.ArrowKeyError, OSError) as err:
+        raise StoreError(f"{path}: unreadable parquet ({str(err).splitlines()[0]}); "
+                         "delete it to re-run that run, or pass --skip-corrupt") from None
+
+
+def metrics_table(rows: dict[str, list]) -> pa.Table:
+    return pa.table({f.name: pa.array(rows[f.name], type=f.type) for f in METRICS_SCHEMA},
+                    schema=METRICS_SCHEMA)
+
+
+# ---- the sweep folder -------------------------------------------------------------------
+
+
+def is_sweep(sweep_dir: Path) -> bool:
+    return (sweep_dir / SWEEP_CONFIG).is_file() and (sweep_dir / RUNS).is_dir()
+
+
+def require_sweep(sweep_dir: Path) -> None:
+    if not sweep_dir.is_dir():
+        raise StoreError(f"{sweep_dir}: no such folder; run `gnsweep launch` first")
+    if not is_sweep(sweep_dir):
+        raise StoreError(f"{sweep_dir}: not a sweep folder (no {SWEEP_CONFIG} and {RUNS}/); "
+                         "give the folder that `gnsweep launch` wrote")
+
+
+def run_dir(sweep_dir: Path, run_id: str) -> Path:
+    return sweep_dir / RUNS / run_id
+
+
+def run_ids(sweep_dir: Path) -> list[str]:
+    root = sweep_dir / RUNS
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / RUN_CONFIG).is_file())
+
+
+def read_status(path: Path) -> dict[str, Any]:
+    """A run folder's status; a run never started is pending."""
+    try:
+        return dict(read_json(path / STATUS))
+    except StoreError:
+        if (path / STATUS).exists():
+            raise
+        return {"state": "pending", "attempts": 0}
+
+
+def write_status(path: Path, state: str, **fields: Any) -> dict[str, Any]:
+    assert state in STATES, state
+    status = {k: v for k, v in read_status(path).items() if k not in ("error",)}
+    status.update(fields, state=state, updated=time.time())
+    write_json(path / STATUS, status)
+    return status

@@ -1,0 +1,156 @@
+"""One run, top to bottom: build the task, train at one (batch size, learning rate), measure
+B_simple on the way, stop at the hardest target, the budget, or divergence; write metrics.
+
+Stopping and smoothing follow the paper's appendix A: a target counts as reached when the
+exponentially smoothed training loss falls to it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gnsweep import store
+from gnsweep.config import Config
+from gnsweep.measure import NoiseScaleMonitor
+from gnsweep.noise import Ema, ema_decay
+from gnsweep.sweep import RunSpec
+from gnsweep.tasks import make_task
+
+
+class Diverged(RuntimeError):
+    """The loss became NaN/inf or grew far above where it started."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    state: str
+    """done or diverged."""
+    steps: int
+    reason: str
+    """Why the run stopped: target, max_steps, max_examples, or what diverged."""
+    final_loss: float
+    train_seconds: float
+
+
+def resolve_method(method: str) -> str:
+    """`auto`: the DDP hook under torch.distributed, else micro-batches in this process."""
+    if method != "auto":
+        return method
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return "ddp"
+    return "microbatch"
+
+
+def train(config: Config, spec: RunSpec, out_dir: Path | None,
+          should_stop: Callable[[], bool] | None = None) -> RunResult:
+    """Train one run; write `out_dir/metrics.parquet` (when given) atomically at the end."""
+    sweep, noise = config.sweep, config.noise
+    torch.manual_seed(spec.seed)
+    task = make_task(config.task.name, config.task.options, spec.seed)
+    model = task.model()
+    if sweep.optimizer == "sgd":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(
+            model.parameters(), lr=spec.learning_rate, momentum=sweep.momentum)
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=spec.learning_rate)
+    method = resolve_method(noise.method)
+    monitor = NoiseScaleMonitor(model, method=method, every=noise.every,
+                                ema_steps=noise.ema_steps, ema_examples=noise.ema_examples)
+    # Micro-batches: enough that each holds at least one example.
+    k = min(noise.microbatches, spec.batch_size) if method == "microbatch" else 1
+    data_rng = torch.Generator().manual_seed(10_000 + spec.seed)
+    eval_data = task.eval_data() if sweep.eval_every else None
+    hardest = min(sweep.targets)
+    loss_decay = ema_decay(spec.batch_size, examples_scale=sweep.loss_ema_examples)
+
+    rows: dict[str, list] = {f.name: [] for f in store.METRICS_SCHEMA}
+    loss_ema, first_loss = Ema(), math.nan
+    estimate = None
+    start = time.perf_counter()
+    state, reason, step, loss_value = "done", "max_steps", 0, math.nan
+    try:
+        while step < sweep.max_steps:
+            if sweep.max_examples and step * spec.batch_size >= sweep.max_examples:
+                reason = "max_examples"
+                break
+            if should_stop is not None and should_stop():
+                raise KeyboardInterrupt
+            x, y = task.batch(spec.batch_size, data_rng)
+            optimizer.zero_grad(set_to_none=True)
+            measure = step % noise.every == 0
+            loss_value = _backward(model, task, x, y, k if measure else 1, monitor, measure)
+            if measure:
+                estimate = monitor.step()
+            optimizer.step()
+            step += 1
+
+            if not math.isfinite(loss_value):
+                raise Diverged(f"loss is {loss_value} at step {step}")
+            if step == 1:
+                first_loss = loss_value
+            loss_ema.update(loss_value, loss_decay)
+            smooth = loss_ema.value
+            if smooth > sweep.divergence_factor * first_loss:
+                raise Diverged(f"smoothed loss {smooth:.3g} > {sweep.divergence_factor:g} x "
+                               f"first loss {first_loss:.3g} at step {step}")
+            done = smooth <= hardest
+            if step % sweep.log_every == 0 or done:
+                eval_loss = math.nan
+                if eval_data is not None and step % sweep.eval_every == 0:
+                    eval_loss = _eval_loss(model, task, eval_data)
+                _log(rows, step, spec, loss_value, smooth, eval_loss, estimate,
+                     time.perf_counter() - start)
+            if done:
+                reason = "target"
+                break
+    except Diverged as err:
+        state, reason = "diverged", str(err)
+    finally:
+        monitor.close()
+    if out_dir is not None:
+        store.write_table(out_dir / store.METRICS, store.metrics_table(rows))
+    return RunResult(state, step, reason, loss_value, time.perf_counter() - start)
+
+
+def _backward(model: torch.nn.Module, task, x: torch.Tensor, y: torch.Tensor, k: int,
+              monitor: NoiseScaleMonitor, measure: bool) -> float:
+    """Forward and backward over `k` micro-batches; `.grad` ends as the batch-mean gradient."""
+    total = 0.0
+    for xs, ys in zip(x.tensor_split(k), y.tensor_split(k), strict=True):
+        weight = len(xs) / len(x)
+        loss = task.loss(model(xs), ys)
+        (loss * weight).backward()
+        total += weight * float(loss.detach())
+        if measure and k > 1:
+            monitor.accumulate()
+    return total
+
+
+@torch.no_grad()
+def _eval_loss(model: torch.nn.Module, task, data: tuple[torch.Tensor, torch.Tensor]) -> float:
+    was_training = model.training
+    model.eval()
+    loss = float(task.loss(model(data[0]), data[1]))
+    model.train(was_training)
+    return loss
+
+
+def _log(rows: dict[str, list], step: int, spec: RunSpec, loss: float, smooth: float,
+         eval_loss: float, estimate, wall: float) -> None:
+    nan = math.nan
+    values = {
+        "step": step, "examples": step * spec.batch_size, "loss": loss, "loss_smooth": smooth,
+        "eval_loss": eval_loss, "lr": spec.learning_rate, "wall_time": wall,
+    }
+    for name in ("b_small", "b_big", "sq_norm_small", "sq_norm_big", "g2_step",
+                 "trace_sigma_step", "g2", "trace_sigma", "b_simple", "g_h_g", "trace_h_sigma",
+                 "b_noise"):
+        values[name] = getattr(estimate, name) if estimate is not None else nan
+    for name, value in values.items():
+        rows[name].append(value)
