@@ -175,6 +175,20 @@ def tasks() -> None:
         typer.echo(f"{name:<10} {text}")
 
 
+@app.command()
+def bench(
+    subjects: Annotated[list[str] | None, typer.Argument(
+        help="noise, analysis, executors (default: all)")] = None,
+) -> None:
+    """Run benchmarks and print ratios measured side by side (table and JSON).
+
+    Example: gnsweep bench noise
+    """
+    from gnsweep.bench.__main__ import main as run_bench
+
+    run_bench(list(subjects or []))
+
+
 def main() -> None:
     try:
         app()
