@@ -1,0 +1,56 @@
+"""The CLI through Typer's CliRunner: help, dry runs, and one-line errors for user mistakes."""
+
+import pytest
+from typer.testing import CliRunner
+
+from gnsweep.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("command", ["launch", "analyze", "plot", "tasks"])
+def test_every_command_has_help_with_an_example(command):
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0
+    assert "Example" in result.output
+
+
+def test_tasks_lists_the_default_task():
+    result = runner.invoke(app, ["tasks"])
+    assert result.exit_code == 0
+    assert "digits" in result.output
+
+
+def test_dry_run_prints_the_grid_and_writes_nothing(tmp_path):
+    out = tmp_path / "sweep"
+    result = runner.invoke(app, ["launch", "--dry-run", "--sweep-dir", str(out),
+                                 "sweep.batch_sizes=[16,64,256]", "sweep.learning_rates=[0.1,0.3]"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("b00")]
+    assert len(lines) == 6
+    assert "6 runs" in result.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["launch", "sweep.batch_sizes=[-4]"], "sweep.batch_sizes: -4"),
+    (["launch", "task=nope"], "task=nope"),
+    (["launch", "sweep.learning_rates=[fast]"], "'fast' is not a number"),
+    (["launch", "sweep.batch_sizes=[]"], "sweep.batch_sizes: the list is empty"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(args, expected, tmp_path):
+    result = runner.invoke(app, [*args, "--sweep-dir", str(tmp_path / "s")])
+    assert result.exit_code == 2
+    assert expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "s").exists()
+
+
+def test_analyze_refuses_a_folder_that_is_not_a_sweep(tmp_path):
+    result = runner.invoke(app, ["analyze", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "not a sweep folder" in result.stderr
+    result = runner.invoke(app, ["analyze", str(tmp_path / "missing")])
+    assert result.exit_code == 2
+    assert "no such folder" in result.stderr

@@ -1,0 +1,61 @@
+"""Config composition from conf/ and validation of user mistakes."""
+
+import pytest
+
+from gnsweep.config import Config, ConfigError, compose
+from gnsweep.sweep import expand_grid
+
+
+def test_default_composes_to_the_documented_grid():
+    config = compose([])
+    assert config.task.name == "digits"
+    assert config.executor.kind == "local"
+    assert len(config.sweep.batch_sizes) >= 6
+    assert min(config.sweep.batch_sizes) <= 8 and max(config.sweep.batch_sizes) >= 1024
+    assert len(expand_grid(config)) == (len(config.sweep.batch_sizes)
+                                        * len(config.sweep.learning_rates))
+
+
+def test_overrides_reach_typed_fields():
+    config = compose(["sweep.batch_sizes=[16,64]", "sweep.learning_rates=[0.1,0.3]",
+                      "task.hidden=32", "noise.every=4"])
+    assert config.sweep.batch_sizes == [16, 64]
+    assert config.sweep.learning_rates == [0.1, 0.3]
+    assert config.task.options["hidden"] == 32
+    assert config.noise.every == 4
+    specs = expand_grid(config)
+    assert [(s.batch_size, s.learning_rate) for s in specs] == [
+        (16, 0.1), (16, 0.3), (64, 0.1), (64, 0.3)]
+    assert len({s.run_id for s in specs}) == 4
+
+
+def test_config_round_trips_through_json_form():
+    config = compose(["sweep=tiny"])
+    assert Config.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize(("override", "names"), [
+    ("sweep.batch_sizes=[-4]", "sweep.batch_sizes: -4"),
+    ("sweep.batch_sizes=[0]", "sweep.batch_sizes: 0"),
+    ("sweep.batch_sizes=[8.5]", "sweep.batch_sizes: 8.5"),
+    ("task=nope", "task=nope"),
+    ("sweep.learning_rates=[abc]", "'abc' is not a number"),
+    ("sweep.learning_rates=[]", "sweep.learning_rates: the list is empty"),
+    ("sweep.learning_rates=[nan]", "sweep.learning_rates"),
+    ("sweep.optimizer=lbfgs", "sweep.optimizer: 'lbfgs'"),
+    ("noise.method=magic", "noise.method: 'magic'"),
+    ("task.widht=3", "task.widht"),
+    ("+sweep.colour=3", "sweep.colour"),
+    ("executor.workers=-1", "executor.workers"),
+])
+def test_bad_values_name_the_value(override, names):
+    with pytest.raises(ConfigError) as info:
+        compose([override])
+    message = str(info.value)
+    assert names in message
+    assert "\n" not in message
+
+
+def test_missing_group_lists_the_choices():
+    with pytest.raises(ConfigError, match=r"choose one of .*digits"):
+        compose(["task=nope"])

@@ -1,0 +1,82 @@
+"""launch -> analyze -> plot on a tiny grid, through the CLI, with real worker processes."""
+
+import math
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from gnsweep import store
+from gnsweep.cli import app
+
+runner = CliRunner()
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("e2e") / "tiny"
+    result = runner.invoke(app, ["launch", "sweep=tiny", "--sweep-dir", str(out), "--workers", "2",
+                                 "--quiet"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_every_run_finished_with_a_readable_metrics_file(sweep_dir):
+    ids = store.run_ids(sweep_dir)
+    assert len(ids) == 6
+    for run_id in ids:
+        path = store.run_dir(sweep_dir, run_id)
+        status = store.read_status(path)
+        assert status["state"] in ("done", "diverged"), status
+        table = pq.read_table(path / store.METRICS)
+        assert table.schema.equals(store.METRICS_SCHEMA)
+        rows = table.to_pandas()
+        assert (rows["step"].diff().dropna() > 0).all()
+        assert (rows["examples"] == rows["step"] * rows["examples"].iloc[0]
+                // rows["step"].iloc[0]).all()
+        if status["state"] == "done":
+            # B_simple is measured while training: a positive, finite ratio of EMAs.
+            b_simple = rows["b_simple"].iloc[-1]
+            assert math.isfinite(b_simple) and b_simple > 0
+
+
+def test_analyze_writes_tables_and_prints_the_fit(sweep_dir):
+    result = runner.invoke(app, ["analyze", str(sweep_dir)])
+    assert result.exit_code == 0, result.output
+    assert "B_crit" in result.output
+    steps = pq.read_table(sweep_dir / "steps.parquet").to_pandas()
+    fits = pq.read_table(sweep_dir / "fits.parquet").to_pandas()
+    targets = sorted(fits["target"])
+    assert len(steps) == 6 * len(targets)
+    # S = S_min + E_min/B: steps never grow with batch size at the best learning rate.
+    front = pq.read_table(sweep_dir / "front.parquet").to_pandas()
+    for _, group in front.groupby("target"):
+        group = group.sort_values("batch_size")
+        assert (group["steps"].diff().dropna() <= 0).all()
+        assert (group["examples"].diff().dropna() >= 0).all()
+    fitted = fits[fits["refused"] == ""]
+    assert len(fitted) >= 1
+    assert (fitted["b_crit"] > 0).all()
+    assert ((fitted["b_crit"] - fitted["e_min"] / fitted["s_min"]).abs()
+            < 1e-9 * fitted["b_crit"]).all()
+
+
+def test_plot_writes_png_and_pdf(sweep_dir):
+    result = runner.invoke(app, ["plot", str(sweep_dir)])
+    assert result.exit_code == 0, result.output
+    figures = sweep_dir / "figures"
+    for stem in ("pareto_fronts", "bcrit_vs_bsimple"):
+        for ext in ("png", "pdf"):
+            path = figures / f"{stem}.{ext}"
+            assert path.stat().st_size > 5_000, path
+
+
+def test_relaunch_runs_nothing_again(sweep_dir):
+    before = {r: store.read_status(store.run_dir(sweep_dir, r))["updated"]
+              for r in store.run_ids(sweep_dir)}
+    result = runner.invoke(app, ["launch", "sweep=tiny", "--sweep-dir", str(sweep_dir), "--quiet"])
+    assert result.exit_code == 0, result.output
+    after = {r: store.read_status(store.run_dir(sweep_dir, r))["updated"]
+             for r in store.run_ids(sweep_dir)}
+    assert before == after
