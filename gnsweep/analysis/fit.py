@@ -10,7 +10,7 @@ Jacobian at the optimum, and B_crit = E_min/S_min (eq. 2.12) gets its error by t
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -31,9 +31,30 @@ class HyperbolaFit:
     n_points: int
     rmse_log: float
     """Root-mean-square residual of log S."""
+    dof: int = 0
+    max_abs_resid_log: float = math.nan
+    n_bootstrap: int = 0
+    s_min_lo: float = math.nan
+    s_min_hi: float = math.nan
+    e_min_lo: float = math.nan
+    e_min_hi: float = math.nan
+    b_crit_lo: float = math.nan
+    b_crit_hi: float = math.nan
+    """95% bootstrap intervals (NaN without a bootstrap)."""
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+def least_squares_fit(residuals, start: np.ndarray, n_points: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Nonlinear least squares: optimum, covariance sigma^2 (J^T J)^-1 (NaN without dof), residuals.
+    """
+    result = least_squares(residuals, start, method="lm")
+    dof = n_points - len(start)
+    sigma2 = float(result.fun @ result.fun) / dof if dof > 0 else math.nan
+    cov = np.linalg.inv(result.jac.T @ result.jac) * sigma2
+    return result.x, cov, result.fun
 
 
 def predict_steps(batch_size: np.ndarray, s_min: float, e_min: float) -> np.ndarray:
@@ -41,8 +62,15 @@ def predict_steps(batch_size: np.ndarray, s_min: float, e_min: float) -> np.ndar
     return s_min + e_min / np.asarray(batch_size, float)
 
 
-def fit_hyperbola(batch_size: np.ndarray, steps: np.ndarray) -> HyperbolaFit:
-    """Fit S = S_min + E_min/B to (batch size, steps) on log S; needs >= 3 batch sizes."""
+def fit_hyperbola(batch_size: np.ndarray, steps: np.ndarray, bootstrap: int = 0,
+                  seed: int = 0) -> HyperbolaFit:
+    """Fit S = S_min + E_min/B (eq. 2.11) on log S; needs >= 3 batch sizes.
+
+    Standard errors: covariance sigma^2 (J^T J)^-1 of (log S_min, log E_min) with
+    sigma^2 = RSS/(n-2), mapped to S_min and E_min by the delta method; log B_crit =
+    log E_min - log S_min (eq. 2.12) gets var = var_S + var_E - 2 cov. `bootstrap` > 0 adds 95%
+    percentile intervals from that many residual-resampling refits (seeded: reruns agree).
+    """
     b = np.asarray(batch_size, float)
     s = np.asarray(steps, float)
     ok = np.isfinite(b) & np.isfinite(s) & (b > 0) & (s > 0)
@@ -50,14 +78,7 @@ def fit_hyperbola(batch_size: np.ndarray, steps: np.ndarray) -> HyperbolaFit:
     if len(np.unique(b)) < 3:
         raise FitRefused(f"only {len(np.unique(b))} batch size(s) reached the target; "
                          "the fit needs at least 3")
-    log_s = np.log(s)
-
-    def residuals(theta: np.ndarray) -> np.ndarray:
-        return log_s - np.log(np.exp(theta[0]) + np.exp(theta[1]) / b)
-
-    start = np.log([max(s.min() * 0.5, 1e-9), max((b * s).min() * 0.5, 1e-9)])
-    result = least_squares(residuals, start, method="lm")
-    theta, jac, res = result.x, result.jac, result.fun
+    theta, jac, res = _solve(b, np.log(s))
     dof = len(b) - 2
     sigma2 = float(res @ res) / dof if dof > 0 else math.nan
     try:
@@ -66,10 +87,53 @@ def fit_hyperbola(batch_size: np.ndarray, steps: np.ndarray) -> HyperbolaFit:
         cov = np.full((2, 2), math.nan)
     s_min, e_min = math.exp(theta[0]), math.exp(theta[1])
     var_log_bcrit = cov[0, 0] + cov[1, 1] - 2 * cov[0, 1]
-    return HyperbolaFit(
+    fit = HyperbolaFit(
         s_min=s_min, s_min_se=s_min * math.sqrt(max(cov[0, 0], 0)) if dof > 0 else math.nan,
         e_min=e_min, e_min_se=e_min * math.sqrt(max(cov[1, 1], 0)) if dof > 0 else math.nan,
         b_crit=e_min / s_min,
         b_crit_se=(e_min / s_min) * math.sqrt(max(var_log_bcrit, 0)) if dof > 0 else math.nan,
-        n_points=len(b), rmse_log=float(np.sqrt(np.mean(res**2))),
+        n_points=len(b), rmse_log=float(np.sqrt(np.mean(res**2))), dof=dof,
+        max_abs_resid_log=float(np.abs(res).max()),
     )
+    if bootstrap > 0:
+        fit = _bootstrap(fit, b, np.log(s) - res, res, bootstrap, seed)
+    return fit
+
+
+def _solve(b: np.ndarray, log_s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Least squares in (log S_min, log E_min); returns the optimum, Jacobian and residuals."""
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        return log_s - np.log(np.exp(theta[0]) + np.exp(theta[1]) / b)
+
+    s = np.exp(log_s)
+    # Start from the asymptotes: S_min below the fewest steps, E_min below the fewest examples.
+    start = np.log([max(s.min() * 0.5, 1e-9), max((b * s).min() * 0.5, 1e-9)])
+    result = least_squares(residuals, start, method="lm")
+    return result.x, result.jac, result.fun
+
+
+def _bootstrap(fit: HyperbolaFit, b: np.ndarray, fitted_log_s: np.ndarray, res: np.ndarray,
+               n: int, seed: int) -> HyperbolaFit:
+    """Residual bootstrap: refit fitted + resampled residuals (scaled to unbiased variance).
+
+    Resampling residuals, not points, keeps every batch size in every resample: with 3 to 10
+    points a case bootstrap often draws fewer than 3 distinct batch sizes.
+    """
+    dof = len(b) - 2
+    if dof <= 0:
+        return fit
+    rng = np.random.default_rng(seed)
+    scaled = (res - res.mean()) * math.sqrt(len(b) / dof)
+    draws = np.empty((n, 2))
+    for i in range(n):
+        theta, _, _ = _solve(b, fitted_log_s + rng.choice(scaled, len(b), replace=True))
+        draws[i] = theta
+    s_min, e_min = np.exp(draws[:, 0]), np.exp(draws[:, 1])
+    b_crit = e_min / s_min
+    q = (2.5, 97.5)
+    (s_lo, s_hi), (e_lo, e_hi), (c_lo, c_hi) = (np.percentile(x, q) for x in (s_min, e_min,
+                                                                             b_crit))
+    return replace(fit, n_bootstrap=n, s_min_lo=float(s_lo), s_min_hi=float(s_hi),
+                   e_min_lo=float(e_lo), e_min_hi=float(e_hi), b_crit_lo=float(c_lo),
+                   b_crit_hi=float(c_hi))

@@ -2,36 +2,84 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
+
+BEST_COLUMNS = ["target", "batch_size", "learning_rate", "steps", "examples", "n_lr_reached",
+                "lr_on_edge", "b_simple_at_target", "b_simple_mean"]
+EXTRA_COLUMNS = ["n_lr", "lr_edge", "lr_opt", "n_seeds", "b_noise_at_target", "b_noise_mean"]
+FRONT_COLUMNS = [*BEST_COLUMNS, "on_front", *EXTRA_COLUMNS, "steps_fit", "resid_log"]
 
 
 def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
     """For each (target, batch size): the learning rate that reaches the target in fewest steps.
 
     Seeds are averaged first; a (batch size, learning rate) counts as reaching a target only if
-    every seed reached it. Batch sizes where no learning rate reached it are left out.
-    Columns: target, batch_size, learning_rate, steps, examples, n_lr_reached, lr_on_edge,
-    b_simple_at_target, b_simple_mean.
+    every seed reached it. Batch sizes where no learning rate reached it are left out. A NaN
+    learning rate (a table of already-tuned points) is one grid point of its own.
+    Columns: BEST_COLUMNS then EXTRA_COLUMNS (docs/analysis.md).
     """
-    grouped = (steps.groupby(["target", "batch_size", "learning_rate"], as_index=False)
+    steps = steps.copy()
+    if "b_noise_at_target" not in steps:
+        steps["b_noise_at_target"] = steps["b_noise_mean"] = np.nan
+    if "seed" not in steps:
+        steps["seed"] = 0
+    keys = ["target", "batch_size", "learning_rate"]
+    grouped = (steps.groupby(keys, as_index=False, dropna=False)
                .agg(steps=("steps", "mean"), all_reached=("reached", "all"),
+                    n_seeds=("seed", "nunique"),
                     b_simple_at_target=("b_simple_at_target", "mean"),
-                    b_simple_mean=("b_simple_mean", "mean")))
-    reached = grouped[grouped["all_reached"]]
+                    b_simple_mean=("b_simple_mean", "mean"),
+                    b_noise_at_target=("b_noise_at_target", "mean"),
+                    b_noise_mean=("b_noise_mean", "mean")))
+    tried = grouped.groupby(["target", "batch_size"])["learning_rate"]
+    grouped["n_lr"] = tried.transform("size")
+    grouped["lr_min"] = tried.transform("min")
+    grouped["lr_max"] = tried.transform("max")
+    reached = grouped[grouped["all_reached"] & np.isfinite(grouped["steps"])]
     if reached.empty:
-        return pd.DataFrame(columns=BEST_COLUMNS)
+        return pd.DataFrame(columns=BEST_COLUMNS + EXTRA_COLUMNS)
     best = reached.loc[reached.groupby(["target", "batch_size"])["steps"].idxmin()].copy()
     counts = reached.groupby(["target", "batch_size"]).size().rename("n_lr_reached")
     best = best.join(counts, on=["target", "batch_size"])
-    lrs = np.sort(steps["learning_rate"].unique())
-    best["lr_on_edge"] = (len(lrs) > 1) & best["learning_rate"].isin([lrs[0], lrs[-1]])
+    lr = best["learning_rate"]
+    low = (best["n_lr"] > 1) & (lr == best["lr_min"])
+    high = (best["n_lr"] > 1) & (lr == best["lr_max"])
+    best["lr_on_edge"] = (low | high).astype(bool)
+    best["lr_edge"] = np.where(low, "low", np.where(high, "high", ""))
     best["examples"] = best["steps"] * best["batch_size"]
-    return best[BEST_COLUMNS].sort_values(["target", "batch_size"]).reset_index(drop=True)
+    best["lr_opt"] = [_refine(grouped, row) for row in best.itertuples(index=False)]
+    return (best[BEST_COLUMNS + EXTRA_COLUMNS].sort_values(["target", "batch_size"])
+            .reset_index(drop=True))
 
 
-BEST_COLUMNS = ["target", "batch_size", "learning_rate", "steps", "examples", "n_lr_reached",
-                "lr_on_edge", "b_simple_at_target", "b_simple_mean"]
+def _refine(grouped: pd.DataFrame, row) -> float:
+    """Vertex of the parabola in (log lr, log steps) through the best lr and its two neighbours.
+
+    Near its optimum the steps to target are a smooth bowl in log lr; the vertex places the
+    optimum between grid points. On an edge, or without both neighbours reaching the target, the
+    grid value stands.
+    """
+    if row.lr_on_edge or not np.isfinite(row.learning_rate):
+        return float(row.learning_rate)
+    same = grouped[(grouped["target"] == row.target) & (grouped["batch_size"] == row.batch_size)]
+    same = same.sort_values("learning_rate")
+    lrs = same["learning_rate"].to_numpy(float)
+    i = int(np.flatnonzero(lrs == row.learning_rate)[0])
+    if i == 0 or i == len(lrs) - 1:
+        return float(row.learning_rate)
+    window = same.iloc[i - 1:i + 2]
+    if not window["all_reached"].all():
+        return float(row.learning_rate)
+    x = np.log(window["learning_rate"].to_numpy(float))
+    y = np.log(window["steps"].to_numpy(float))
+    a, b, _ = np.polyfit(x, y, 2)
+    if not a > 0:
+        return float(row.learning_rate)
+    # The vertex lies within the bracket because the middle point is the lowest.
+    return float(math.exp(min(max(-b / (2 * a), x[0]), x[2])))
 
 
 def pareto_mask(examples: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -52,5 +100,12 @@ def pareto_front(best: pd.DataFrame) -> pd.DataFrame:
         group = group.copy()
         group["on_front"] = pareto_mask(group["examples"].to_numpy(), group["steps"].to_numpy())
         parts.append(group)
-    return pd.concat(parts, ignore_index=True) if parts else best.assign(on_front=pd.Series(
-        dtype=bool))
+    if parts:
+        front = pd.concat(parts, ignore_index=True)
+    else:
+        front = best.assign(on_front=pd.Series(dtype=bool))
+    front["on_front"] = front["on_front"].astype(bool)
+    for name in ("steps_fit", "resid_log"):
+        if name not in front:
+            front[name] = np.nan
+    return front[[c for c in FRONT_COLUMNS if c in front]]

@@ -1,15 +1,67 @@
-"""Reading a sweep folder into two tables: runs (one row per run) and metrics (one per step)."""
+"""Reading a sweep folder: runs (one row per run) and their logged metrics."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from gnsweep import store
+from gnsweep.analysis.steps import CURVE_COLUMNS, Curves
 
 METRIC_COLUMNS = ["step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise"]
+
+
+def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[pa.Table | None]]:
+    store.require_sweep(sweep_dir)
+    runs, tables = [], []
+    for run_id in store.run_ids(sweep_dir):
+        path = store.run_dir(sweep_dir, run_id)
+        record = store.read_json(path / store.RUN_CONFIG)
+        state = store.read_status(path)["state"]
+        try:
+            spec = record["run"]
+            row = {"run_id": run_id, "batch_size": int(spec["batch_size"]),
+                   "learning_rate": float(spec["learning_rate"]), "seed": int(spec["seed"]),
+                   "state": state}
+        except (KeyError, TypeError, ValueError) as err:
+            raise store.StoreError(f"{path / store.RUN_CONFIG}: no valid run spec ({err})"
+                                   ) from None
+        table = None
+        if (path / store.METRICS).exists() and state in store.FINISHED:
+            try:
+                table = store.read_table(path / store.METRICS, columns=METRIC_COLUMNS)
+            except store.StoreError:
+                if not skip_corrupt:
+                    raise
+                row["state"] = "corrupt"
+        runs.append(row)
+        tables.append(table)
+    if not runs:
+        raise store.StoreError(f"{sweep_dir}: the sweep has no runs")
+    return pd.DataFrame(runs), tables
+
+
+def load_curves(sweep_dir: Path, skip_corrupt: bool = False) -> Curves:
+    """Every run of a sweep and its logged rows as flat arrays (see `Curves`).
+
+    A corrupt metrics file raises StoreError naming it, or with `skip_corrupt` marks its run
+    state 'corrupt' and goes on.
+    """
+    runs, tables = _read_runs(sweep_dir, skip_corrupt)
+    lengths = np.array([t.num_rows if t is not None else 0 for t in tables], np.int64)
+    present = [t.select(list(CURVE_COLUMNS)) for t in tables if t is not None]
+    columns: dict[str, np.ndarray] = {}
+    if present:
+        table = pa.concat_tables(present)
+        for name in CURVE_COLUMNS:
+            columns[name] = table.column(name).to_numpy().astype(float, copy=False)
+    else:
+        columns = {name: np.zeros(0) for name in CURVE_COLUMNS}
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return Curves(runs, offsets, columns)
 
 
 def load_sweep(sweep_dir: Path, skip_corrupt: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -18,28 +70,9 @@ def load_sweep(sweep_dir: Path, skip_corrupt: bool = False) -> tuple[pd.DataFram
     A corrupt metrics file raises StoreError naming it, or with `skip_corrupt` marks its run
     state 'corrupt' and goes on.
     """
-    store.require_sweep(sweep_dir)
-    runs, tables = [], []
-    for run_id in store.run_ids(sweep_dir):
-        path = store.run_dir(sweep_dir, run_id)
-        record = store.read_json(path / store.RUN_CONFIG)
-        state = store.read_status(path)["state"]
-        spec = record["run"]
-        if (path / store.METRICS).exists() and state in store.FINISHED:
-            try:
-                table = store.read_table(path / store.METRICS, columns=METRIC_COLUMNS)
-            except store.StoreError:
-                if not skip_corrupt:
-                    raise
-                state = "corrupt"
-            else:
-                tables.append(table.append_column(
-                    "run_id", pa.array([run_id] * table.num_rows, pa.string())))
-        runs.append({"run_id": run_id, "batch_size": int(spec["batch_size"]),
-                     "learning_rate": float(spec["learning_rate"]), "seed": int(spec["seed"]),
-                     "state": state})
-    if not runs:
-        raise store.StoreError(f"{sweep_dir}: the sweep has no runs")
-    metrics = (pa.concat_tables(tables).to_pandas() if tables
+    runs, tables = _read_runs(sweep_dir, skip_corrupt)
+    parts = [t.append_column("run_id", pa.array([run_id] * t.num_rows, pa.string()))
+             for run_id, t in zip(runs["run_id"], tables, strict=True) if t is not None]
+    metrics = (pa.concat_tables(parts).to_pandas() if parts
                else pd.DataFrame(columns=[*METRIC_COLUMNS, "run_id"]))
-    return pd.DataFrame(runs), metrics
+    return runs, metrics

@@ -1,22 +1,42 @@
-"""From a sweep's tables to its results: steps.parquet, front.parquet, fits.parquet, fits.json."""
+"""From a sweep's tables to its results: steps, front, fits, lr_fits, loss_scaling.
+
+`analyze_steps` is pure (tables in, tables out); `analyze_sweep` and `write_outputs` do the I/O.
+Nothing is written until the whole analysis has succeeded.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from gnsweep import store
-from gnsweep.analysis.fit import FitRefused, fit_hyperbola
+from gnsweep.analysis.fit import FitRefused, fit_hyperbola, predict_steps
 from gnsweep.analysis.front import best_per_batch, pareto_front
-from gnsweep.analysis.steps import steps_to_target
+from gnsweep.analysis.loss_scaling import LOSS_SCALING_COLUMNS, fit_loss_scaling
+from gnsweep.analysis.lr import LR_FIT_COLUMNS, fit_lr_table
+from gnsweep.analysis.steps import Curves, steps_to_target
 
 FIT_COLUMNS = ["target", "n_batch_sizes", "s_min", "s_min_se", "e_min", "e_min_se", "b_crit",
                "b_crit_se", "rmse_log", "b_simple_at_target", "b_simple_mean", "ratio",
                "refused"]
+FIT_EXTRA_COLUMNS = [
+    "dof", "max_abs_resid_log", "n_bootstrap", "s_min_lo", "s_min_hi", "e_min_lo", "e_min_hi",
+    "b_crit_lo", "b_crit_hi", "b_simple_at_target_se", "b_simple_mean_se", "ratio_se",
+    "ratio_at_target", "ratio_at_target_se", "b_noise_at_target", "b_noise_at_target_se",
+    "b_noise_mean", "b_noise_mean_se", "ratio_noise", "ratio_noise_se", "lr_model", "eps_max",
+    "eps_max_se", "b_noise_lr", "b_noise_lr_se", "lr_alpha", "lr_alpha_se", "lr_refused"]
+ALL_FIT_COLUMNS = FIT_COLUMNS + FIT_EXTRA_COLUMNS
+OUTPUT_FILES = ("steps.parquet", "front.parquet", "fits.parquet", "lr_fits.parquet",
+                "loss_scaling.parquet", "fits.json")
+
+
+class AnalysisError(store.StoreError):
+    """The data cannot support an analysis (no run reached a target, bad table); names why."""
 
 
 @dataclass
@@ -28,74 +48,198 @@ class Analysis:
     fits: pd.DataFrame
     """One row per target: the fit, B_crit, B_simple beside it."""
     warnings: list[str] = field(default_factory=list)
+    lr_fits: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LR_FIT_COLUMNS))
+    """eps_opt(B) fits, one row per (target, model)."""
+    loss_scaling: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=LOSS_SCALING_COLUMNS))
+    """B_crit(L) = B*/L^(1/alpha_B), one row."""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fits": _records(self.fits), "lr_fits": _records(self.lr_fits),
+                "loss_scaling": (_records(self.loss_scaling) or [None])[0],
+                "warnings": self.warnings, "meta": self.meta}
 
 
-def analyze_tables(runs: pd.DataFrame, metrics: pd.DataFrame, targets: list[float],
-                   loss: str = "smoothed") -> Analysis:
-    steps = steps_to_target(metrics, runs, targets, loss=loss)
+def analyze_tables(runs: pd.DataFrame | None, metrics: pd.DataFrame | Curves, targets: list[float],
+                   loss: str = "smoothed", *, ema_examples: float | None = None,
+                   bootstrap: int = 0, optimizer: str = "sgd", source: str = "sweep"
+                   ) -> Analysis:
+    """Steps-to-target from curves, then everything `analyze_steps` does."""
+    steps = steps_to_target(metrics, runs, targets, loss=loss, ema_examples=ema_examples)
+    meta = {"source": source, "loss": loss, "ema_examples": ema_examples}
+    return analyze_steps(steps, targets, bootstrap=bootstrap, optimizer=optimizer, meta=meta)
+
+
+def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int = 0,
+                  optimizer: str = "sgd", meta: dict[str, Any] | None = None) -> Analysis:
+    """Best learning rates, fronts, the fits of eq. 2.11, eps_opt(B) and B_crit(L)."""
+    meta = {"source": "table", **(meta or {}), "bootstrap": bootstrap, "optimizer": optimizer,
+            "n_runs": int(steps["run_id"].nunique()) if "run_id" in steps else len(steps)}
+    where = meta["source"]
+    if steps.empty:
+        raise AnalysisError(f"{where}: nothing to analyze (no runs or no targets)")
+    for target in targets:
+        if not steps.loc[steps["target"] == target, "reached"].any():
+            raise AnalysisError(f"{where}: target {target:g}: no run reached it"
+                                f"{_closest(steps)}; train longer or choose reachable targets "
+                                "(--targets)")
     best = best_per_batch(steps)
     front = pareto_front(best)
+    warnings = _grid_warnings(best)
+    lr_fits = fit_lr_table(front, targets)
+    lr_model = "power" if optimizer == "adam" else "sgd"
+    fits = pd.DataFrame([fit_target(t, best[best["target"] == t], warnings, bootstrap,
+                                    lr_fits[(lr_fits["target"] == t)
+                                            & (lr_fits["model"] == lr_model)])
+                         for t in sorted(targets, reverse=True)], columns=ALL_FIT_COLUMNS)
+    fits["n_batch_sizes"] = fits["n_batch_sizes"].astype(int)
+    fits["dof"] = fits["dof"].astype(int)
+    fits["n_bootstrap"] = fits["n_bootstrap"].astype(int)
+    _add_residuals(front, fits)
+    return Analysis(steps, front, fits, warnings, lr_fits, fit_loss_scaling(fits), meta)
+
+
+def _closest(steps: pd.DataFrame) -> str:
+    if "min_loss" not in steps or not np.isfinite(steps["min_loss"]).any():
+        return ""
+    row = steps.loc[steps["min_loss"].idxmin()]
+    return f" (lowest loss {row['min_loss']:.4g}, run {row['run_id']})"
+
+
+def _grid_warnings(best: pd.DataFrame) -> list[str]:
     warnings = []
     for row in best.itertuples(index=False):
+        where = f"target {row.target:g}, batch {row.batch_size}"
         if row.lr_on_edge:
-            warnings.append(f"target {row.target:g}, batch {row.batch_size}: best learning rate "
-                            f"{row.learning_rate:g} is on the edge of the grid; widen it there")
-    fits = [fit_target(target, best[best["target"] == target], warnings) for target in targets]
-    return Analysis(steps, front, pd.DataFrame(fits, columns=FIT_COLUMNS), warnings)
+            side = "below" if row.lr_edge == "low" else "above"
+            warnings.append(f"{where}: best learning rate {row.learning_rate:g} is on the "
+                            f"{row.lr_edge} edge of the grid; widen it {side}")
+        if row.n_lr_reached < 2 and np.isfinite(row.learning_rate):
+            warnings.append(f"{where}: only {row.n_lr_reached} learning rate reached the target; "
+                            "its best learning rate is a guess")
+    return warnings
 
 
-def fit_target(target: float, best: pd.DataFrame, warnings: list[str]) -> dict:
-    """The fit of eq. 2.11 at one target, with B_simple of the best-tuned runs beside it."""
-    row: dict = dict.fromkeys(FIT_COLUMNS, math.nan)
-    row.update(target=target, n_batch_sizes=len(best), refused="")
-    # B_simple from the best-tuned runs: the median over batch sizes, robust to one bad run.
-    row["b_simple_at_target"] = _median(best["b_simple_at_target"])
-    row["b_simple_mean"] = _median(best["b_simple_mean"])
+def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap: int = 0,
+               lr_fit: pd.DataFrame | None = None) -> dict:
+    """The fit of eq. 2.11 at one target, with the noise scales of the best-tuned runs beside."""
+    row: dict = dict.fromkeys(ALL_FIT_COLUMNS, math.nan)
+    row.update(target=target, n_batch_sizes=len(best), refused="", dof=0, n_bootstrap=0,
+               lr_model="", lr_refused="")
+    # Noise scales of the best-tuned runs: the median over batch sizes, robust to one bad run.
+    for name in ("b_simple_at_target", "b_simple_mean", "b_noise_at_target", "b_noise_mean"):
+        row[name], row[f"{name}_se"] = median_with_error(best[name])
+    if lr_fit is not None and len(lr_fit):
+        lr = lr_fit.iloc[0]
+        row.update(lr_model=lr["model"], eps_max=lr["eps_max"], eps_max_se=lr["eps_max_se"],
+                   b_noise_lr=lr["b_noise"], b_noise_lr_se=lr["b_noise_se"],
+                   lr_alpha=lr["alpha"], lr_alpha_se=lr["alpha_se"], lr_refused=lr["refused"])
     try:
-        fit = fit_hyperbola(best["batch_size"].to_numpy(), best["steps"].to_numpy())
+        fit = fit_hyperbola(best["batch_size"].to_numpy(), best["steps"].to_numpy(),
+                            bootstrap=bootstrap)
     except FitRefused as err:
         row["refused"] = str(err)
         warnings.append(f"target {target:g}: no fit: {err}")
         return row
     row.update({k: v for k, v in fit.as_dict().items() if k in row})
-    row["ratio"] = fit.b_crit / row["b_simple_mean"] if row["b_simple_mean"] > 0 else math.nan
+    row["n_batch_sizes"] = fit.n_points
+    for out, denominator in (("ratio", "b_simple_mean"), ("ratio_at_target", "b_simple_at_target"),
+                             ("ratio_noise", "b_noise_mean")):
+        row[out], row[f"{out}_se"] = ratio_with_error(
+            fit.b_crit, fit.b_crit_se, row[denominator], row[f"{denominator}_se"])
     return row
 
 
-def _median(values: pd.Series) -> float:
-    finite = values[np.isfinite(values.astype(float))]
-    return float(finite.median()) if len(finite) else math.nan
+def median_with_error(values: pd.Series) -> tuple[float, float]:
+    """Median and its large-sample standard error 1.2533 sd/sqrt(n) (NaN for n < 2)."""
+    finite = values.astype(float)
+    finite = finite[np.isfinite(finite)]
+    if not len(finite):
+        return math.nan, math.nan
+    se = 1.2533 * float(finite.std(ddof=1)) / math.sqrt(len(finite)) if len(finite) > 1 \
+        else math.nan
+    return float(finite.median()), se
+
+
+def ratio_with_error(a: float, a_se: float, b: float, b_se: float) -> tuple[float, float]:
+    """a/b and its delta-method error: (a/b) sqrt((a_se/a)^2 + (b_se/b)^2)."""
+    if not (np.isfinite(a) and np.isfinite(b) and a > 0 and b > 0):
+        return math.nan, math.nan
+    ratio = a / b
+    return ratio, ratio * math.sqrt((a_se / a) ** 2 + (b_se / b) ** 2)
+
+
+def _add_residuals(front: pd.DataFrame, fits: pd.DataFrame) -> None:
+    """steps_fit and resid_log of every front point, from its target's fit."""
+    fitted = fits[fits["refused"] == ""].set_index("target")
+    s_min = front["target"].map(fitted["s_min"])
+    e_min = front["target"].map(fitted["e_min"])
+    front["steps_fit"] = predict_steps(front["batch_size"].to_numpy(float), s_min.to_numpy(float),
+                                       e_min.to_numpy(float))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        front["resid_log"] = np.log(front["steps"].astype(float) / front["steps_fit"])
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return [{k: _plain(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (float, np.floating)):
+        return None if not math.isfinite(value) else float(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
 
 
 def write_outputs(out_dir: Path, analysis: Analysis) -> None:
+    """Every output table, each atomically; called only once the analysis is complete."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     store.write_frame(out_dir / "steps.parquet", analysis.steps)
     store.write_frame(out_dir / "front.parquet", analysis.front)
     store.write_frame(out_dir / "fits.parquet", analysis.fits)
-    records = analysis.fits.replace({np.nan: None}).to_dict(orient="records")
-    store.write_json(out_dir / "fits.json", {"fits": records, "warnings": analysis.warnings})
+    store.write_frame(out_dir / "lr_fits.parquet", analysis.lr_fits)
+    store.write_frame(out_dir / "loss_scaling.parquet", analysis.loss_scaling)
+    store.write_json(out_dir / "fits.json", analysis.to_json())
 
 
-def analyze_sweep(sweep_dir: Path, loss: str = "smoothed", skip_corrupt: bool = False
-                  ) -> Analysis:
-    """Load a sweep, analyze it, write its tables into the sweep folder."""
-    from gnsweep.analysis.load import load_sweep
+def analyze_sweep(sweep_dir: Path, loss: str = "smoothed", skip_corrupt: bool = False, *,
+                  bootstrap: int = 0, ema_examples: float | None = None,
+                  targets: list[float] | None = None, out_dir: Path | None = None,
+                  write: bool = True) -> Analysis:
+    """Load a sweep, analyze it, write its tables into the sweep folder (or `out_dir`)."""
+    from gnsweep.analysis.load import load_curves
 
-    runs, metrics = load_sweep(sweep_dir, skip_corrupt=skip_corrupt)
-    targets = sweep_targets(sweep_dir)
-    analysis = analyze_tables(runs, metrics, targets, loss=loss)
-    unfinished = runs[~runs["state"].isin(store.FINISHED)]
+    curves = load_curves(sweep_dir, skip_corrupt=skip_corrupt)
+    config = sweep_config(sweep_dir)
+    targets = targets or config["targets"]
+    analysis = analyze_tables(None, curves, targets, loss=loss, ema_examples=ema_examples,
+                              bootstrap=bootstrap, optimizer=config["optimizer"],
+                              source=str(sweep_dir))
+    unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
     for run in unfinished.itertuples(index=False):
         analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
-    write_outputs(sweep_dir, analysis)
+    if write:
+        write_outputs(out_dir or sweep_dir, analysis)
     return analysis
 
 
 def sweep_targets(sweep_dir: Path) -> list[float]:
+    return sweep_config(sweep_dir)["targets"]
+
+
+def sweep_config(sweep_dir: Path) -> dict[str, Any]:
+    """The targets and optimizer of a sweep, from its config.yaml."""
     import yaml
 
     path = sweep_dir / store.SWEEP_CONFIG
     try:
         config = yaml.safe_load(path.read_text())
-        return [float(t) for t in config["sweep"]["targets"]]
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as err:
+        targets = [float(t) for t in config["sweep"]["targets"]]
+        optimizer = str(config["sweep"].get("optimizer", "sgd"))
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as err:
         raise store.StoreError(f"{path}: cannot read the sweep's targets ({err})") from None
+    return {"targets": targets, "optimizer": optimizer}

@@ -1,56 +1,190 @@
-"""Steps-to-target: the first logged step at which a run's loss reaches each target."""
+"""Steps-to-target: the first logged step at which a run's loss reaches each target.
+
+Works on `Curves`: every run's logged rows concatenated into flat numpy arrays with offsets, so a
+sweep of 1,000 runs x 2,000 steps is a handful of vectorized passes, not a Python loop per row.
+"""
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 LOSS_COLUMNS = {"smoothed": "loss_smooth", "raw": "loss", "eval": "eval_loss"}
+CURVE_COLUMNS = ("step", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise")
+RUN_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "state"]
+
+STEPS_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "target", "state", "reached",
+                 "steps", "examples", "b_simple_at_target", "b_simple_mean", "outcome",
+                 "b_noise_at_target", "b_noise_mean", "min_loss", "last_step"]
 
 
-def steps_to_target(metrics: pd.DataFrame, runs: pd.DataFrame, targets: list[float],
-                    loss: str = "smoothed") -> pd.DataFrame:
+@dataclass
+class Curves:
+    """Logged rows of many runs: run i owns rows offsets[i]:offsets[i+1] of every array."""
+
+    runs: pd.DataFrame
+    """One row per run: run_id, batch_size, learning_rate, seed, state."""
+    offsets: np.ndarray
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+    """step, loss, loss_smooth, eval_loss, b_simple, b_noise (float64, NaN when absent)."""
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
+def curves_from_frames(runs: pd.DataFrame, metrics: pd.DataFrame) -> Curves:
+    """Curves from a runs table and a long metrics table with a run_id column (any row order)."""
+    runs = runs.reset_index(drop=True)
+    position = pd.Series(np.arange(len(runs)), index=runs["run_id"].astype(str))
+    index = metrics["run_id"].astype(str).map(position)
+    keep = index.notna().to_numpy()
+    index = index.to_numpy()[keep].astype(np.int64)
+    step = pd.to_numeric(metrics["step"], errors="coerce").to_numpy(float)[keep]
+    order = np.lexsort((step, index))
+    columns = {}
+    for name in CURVE_COLUMNS:
+        if name in metrics:
+            values = pd.to_numeric(metrics[name], errors="coerce").to_numpy(float)[keep]
+        else:
+            values = np.full(keep.sum(), np.nan)
+        columns[name] = values[order]
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(index, minlength=len(runs)))])
+    return Curves(runs, offsets.astype(np.int64), columns)
+
+
+def resmooth(curves: Curves, ema_examples: float) -> np.ndarray:
+    """Bias-corrected EMA of the raw loss with a time constant in examples (paper appendix A).
+
+    Per logged row the past decays by exp(-B * dstep / ema_examples), the same rule the training
+    loop uses for `loss_smooth`, so every batch size averages over the same number of examples.
+    """
+    from scipy.signal import lfilter
+
+    loss, step = curves.columns["loss"], curves.columns["step"]
+    out = np.full(len(loss), np.nan)
+    batch = curves.runs["batch_size"].to_numpy(float)
+    for i, (lo, hi) in enumerate(zip(curves.offsets[:-1], curves.offsets[1:], strict=True)):
+        if hi <= lo:
+            continue
+        gaps = np.diff(step[lo:hi])
+        every = float(np.median(gaps)) if len(gaps) else 1.0
+        decay = math.exp(-batch[i] * max(every, 1.0) / ema_examples)
+        total = lfilter([1.0], [1.0, -decay], loss[lo:hi])
+        weight = lfilter([1.0], [1.0, -decay], np.ones(hi - lo))
+        out[lo:hi] = total / weight
+    return out
+
+
+def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, targets: list[float],
+                    loss: str = "smoothed", ema_examples: float | None = None) -> pd.DataFrame:
     """One row per (run, target): whether and when the run reached the target.
 
-    `metrics` has run_id, step, examples, the loss column and b_simple; `runs` has run_id,
-    batch_size, learning_rate, seed, state. Runs that never reach a target, or diverged, keep a
-    row with reached=False and steps=NaN: they are marked, never dropped.
+    `metrics` is a long table (run_id, step, the loss column, b_simple, ...) with `runs`
+    (run_id, batch_size, learning_rate, seed, state), or `Curves` (then `runs` is ignored).
+    Runs that never reach a target, diverged, failed or have no metrics keep a row with
+    reached=False, steps=NaN and `outcome` saying why: marked, never dropped. A diverged run
+    counts as not reaching any target, even one passed before it diverged: an unstable learning
+    rate is not a usable one.
 
     Besides the step, each row carries B_simple when the target was reached and B_simple averaged
     over the run up to it with S_min weights `dS / (1 + B_simple/B)` (DESIGN.md): B_crit at a
-    target is the S_min-weighted mean of the noise scale over the path to it.
+    target is the S_min-weighted mean of the noise scale over the path to it. The same for
+    B_noise (eq. 2.8) where measured.
     """
-    column = LOSS_COLUMNS[loss]
-    out = []
-    by_run = dict(tuple(metrics.groupby("run_id", sort=False)))
-    for run in runs.itertuples(index=False):
-        frame = by_run.get(run.run_id)
-        for target in sorted(targets, reverse=True):
-            row = {"run_id": run.run_id, "batch_size": run.batch_size,
-                   "learning_rate": run.learning_rate, "seed": run.seed, "target": target,
-                   "state": run.state, "reached": False, "steps": np.nan, "examples": np.nan,
-                   "b_simple_at_target": np.nan, "b_simple_mean": np.nan}
-            if frame is not None and run.state != "diverged":
-                _fill(row, frame, column, target, run.batch_size)
-            out.append(row)
-    return pd.DataFrame(out, columns=STEPS_COLUMNS)
+    curves = metrics if isinstance(metrics, Curves) else curves_from_frames(runs, metrics)
+    values = curves.columns[LOSS_COLUMNS[loss]]
+    if loss == "smoothed" and ema_examples:
+        values = resmooth(curves, ema_examples)
+    n_runs, n_rows = len(curves.runs), len(values)
+    starts, ends = curves.offsets[:-1], curves.offsets[1:]
+    has_rows = ends > starts
+    batch = curves.runs["batch_size"].to_numpy(float)
+    state = curves.runs["state"].astype(str).to_numpy()
+    usable = has_rows & (state != "diverged")
+    step = curves.columns["step"]
+    run_of_row = np.repeat(np.arange(n_runs), curves.lengths)
+
+    min_loss = np.full(n_runs, np.nan)
+    last_step = np.full(n_runs, np.nan)
+    if has_rows.any():
+        with np.errstate(invalid="ignore"):
+            min_loss[has_rows] = np.fmin.reduceat(values, starts[has_rows])
+        last_step[has_rows] = step[ends[has_rows] - 1]
+    simple = _RunningMeans(curves.columns["b_simple"], step, starts, run_of_row, batch)
+    noise = _RunningMeans(curves.columns["b_noise"], step, starts, run_of_row, batch)
+
+    base = curves.runs[RUN_COLUMNS[:4]].reset_index(drop=True)
+    parts = []
+    for target in sorted(targets, reverse=True):
+        first = np.full(n_runs, n_rows)
+        if usable.any():
+            hit_index = np.where(values <= target, np.arange(n_rows), n_rows)
+            first[has_rows] = np.minimum.reduceat(hit_index, starts[has_rows])
+        reached = usable & (first < ends)
+        at = np.where(reached, first, 0)
+        steps = np.where(reached, step[at] if n_rows else np.nan, np.nan)
+        outcome = np.where(reached, "reached", np.where(has_rows, "not_reached", "no_metrics"))
+        outcome = np.where(np.isin(state, ("done",)), outcome, np.where(
+            state == "diverged", "diverged", np.where(has_rows, outcome, state)))
+        part = base.copy()
+        part["target"] = float(target)
+        part["state"] = state
+        part["reached"] = reached
+        part["steps"] = steps
+        part["examples"] = steps * batch
+        part["b_simple_at_target"], part["b_simple_mean"] = simple.at(at, reached)
+        part["outcome"] = outcome
+        part["b_noise_at_target"], part["b_noise_mean"] = noise.at(at, reached)
+        part["min_loss"] = min_loss
+        part["last_step"] = last_step
+        parts.append(part)
+    if not parts:
+        return pd.DataFrame(columns=STEPS_COLUMNS)
+    out = pd.concat(parts, ignore_index=True)
+    out["reached"] = out["reached"].astype(bool)
+    return out[STEPS_COLUMNS]
 
 
-STEPS_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "target", "state", "reached",
-                 "steps", "examples", "b_simple_at_target", "b_simple_mean"]
+class _RunningMeans:
+    """Last finite value and S_min-weighted mean of a noise scale up to any row of its run.
 
+    Weights `dS/(1 + b/B)` (DESIGN.md, from eq. 2.11's dS_min = dS/(1 + B_noise/B)); rows with a
+    NaN estimate, or one at or below -B (weight undefined), carry no weight. Prefix sums make the
+    value at any row O(1).
+    """
 
-def _fill(row: dict, frame: pd.DataFrame, column: str, target: float, batch: int) -> None:
-    values = frame[column].to_numpy()
-    hit = np.flatnonzero(values <= target)
-    if not len(hit):
-        return
-    first = hit[0]
-    steps = frame["step"].to_numpy()
-    row.update(reached=True, steps=float(steps[first]), examples=float(steps[first] * batch))
-    b_simple = frame["b_simple"].to_numpy()[: first + 1]
-    row["b_simple_at_target"] = _last_finite(b_simple)
-    row["b_simple_mean"] = smin_weighted_mean(steps[: first + 1], b_simple, batch)
+    def __init__(self, b: np.ndarray, step: np.ndarray, starts: np.ndarray,
+                 run_of_row: np.ndarray, batch: np.ndarray) -> None:
+        n = len(b)
+        self.run_start = starts[run_of_row] if n else np.zeros(0, np.int64)
+        index = np.arange(n)
+        finite = np.isfinite(b)
+        self.last = np.maximum.accumulate(np.where(finite, index, -1)) if n else index
+        self.b = b
+        ds = np.diff(step, prepend=0.0)
+        ds[starts[starts < n]] = step[starts[starts < n]]  # first row: steps since the start
+        row_batch = batch[run_of_row] if n else np.zeros(0)
+        ok = finite & (b > -row_batch)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            weight = np.where(ok, ds / (1.0 + b / row_batch), 0.0)
+        self.cw = np.concatenate([[0.0], np.cumsum(weight)])
+        self.cwb = np.concatenate([[0.0], np.cumsum(np.where(ok, weight * b, 0.0))])
+
+    def at(self, row: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not len(self.b):
+            return np.full(len(row), np.nan), np.full(len(row), np.nan)
+        start = self.run_start[row]
+        last = self.last[row]
+        at_target = np.where(valid & (last >= start), self.b[np.maximum(last, 0)], np.nan)
+        w = self.cw[row + 1] - self.cw[start]
+        wb = self.cwb[row + 1] - self.cwb[start]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(valid & (w > 0), wb / w, np.nan)
+        return at_target, mean
 
 
 def smin_weighted_mean(steps: np.ndarray, b_simple: np.ndarray, batch: float) -> float:
@@ -62,8 +196,3 @@ def smin_weighted_mean(steps: np.ndarray, b_simple: np.ndarray, batch: float) ->
     weights = ds[ok] / (1.0 + b_simple[ok] / batch)
     total = weights.sum()
     return float((weights * b_simple[ok]).sum() / total) if total > 0 else np.nan
-
-
-def _last_finite(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(finite[-1]) if len(finite) else np.nan

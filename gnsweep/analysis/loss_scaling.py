@@ -1,0 +1,49 @@
+"""B_crit against the loss: `B_crit(L) = B* / L^(1/alpha_B)` (Kaplan et al. 2020).
+
+A straight line in (log L, log B_crit): log B_crit = log B* - (1/alpha_B) log L, weighted by
+1/se(log B_crit)^2 where every target's fit has an error, unweighted otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+LOSS_SCALING_COLUMNS = ["n_targets", "b_star", "b_star_se", "alpha_b", "alpha_b_se", "rmse_log",
+                        "refused"]
+
+
+def fit_loss_scaling(fits: pd.DataFrame) -> pd.DataFrame:
+    """One row: B* and alpha_B with standard errors, from the targets that have a fit."""
+    row: dict = dict.fromkeys(LOSS_SCALING_COLUMNS, math.nan)
+    row["refused"] = ""
+    ok = fits[(fits["refused"] == "") & (fits["b_crit"] > 0) & (fits["target"] > 0)]
+    row["n_targets"] = len(ok)
+    if len(ok) < 2:
+        row["refused"] = f"{len(ok)} target(s) with a fit; B_crit(L) needs at least 2"
+        return pd.DataFrame([row], columns=LOSS_SCALING_COLUMNS)
+    x = np.log(ok["target"].to_numpy(float))
+    y = np.log(ok["b_crit"].to_numpy(float))
+    if np.ptp(x) == 0:
+        row["refused"] = "all targets are equal"
+        return pd.DataFrame([row], columns=LOSS_SCALING_COLUMNS)
+    rel = (ok["b_crit_se"] / ok["b_crit"]).to_numpy(float)
+    w = 1.0 / rel**2 if np.all(np.isfinite(rel) & (rel > 0)) else np.ones(len(x))
+    design = np.column_stack([np.ones_like(x), x])
+    cov = np.linalg.inv(design.T @ (design * w[:, None]))
+    coef = cov @ design.T @ (w * y)
+    res = y - design @ coef
+    dof = len(x) - 2
+    if dof > 0:
+        # Scale by the reduced chi^2: the targets' errors are estimates, not known variances.
+        cov = cov * float(w @ res**2) / dof
+    se = np.sqrt(np.diag(cov)) if dof > 0 else np.full(2, math.nan)
+    slope = coef[1]
+    b_star = math.exp(coef[0])
+    row.update(b_star=b_star, b_star_se=b_star * se[0],
+               alpha_b=-1.0 / slope if slope != 0 else math.nan,
+               alpha_b_se=se[1] / slope**2 if slope != 0 else math.nan,
+               rmse_log=float(np.sqrt(np.mean(res**2))))
+    return pd.DataFrame([row], columns=LOSS_SCALING_COLUMNS)
