@@ -3,11 +3,16 @@
 With `B` examples per batch, `E|G_B|^2 = |G|^2 + tr(Sigma)/B` (eq. A.1). Two batch sizes measured
 at the same parameters give unbiased estimates of `|G|^2` and `tr(Sigma)` (eq. A.2); the same
 formulas with the H-norm `|v|_H^2 = v^T H v` give `G^T H G` and `tr(H Sigma)` (eq. 2.8).
+
+B_simple (eq. 2.9) and B_noise (eq. 2.8) are ratios of two separately smoothed estimates: never
+an average of per-step ratios and never clamped per step (single estimates are noisy and can be
+negative; the ratio of two noisy unbiased numbers is biased, the ratio of their averages is not).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -16,8 +21,15 @@ def unbiased_g2_and_trace(sq_small: float, sq_big: float, b_small: float, b_big:
     """Unbiased `|G|^2` and `tr(Sigma)` from two squared batch-gradient norms (eq. A.2).
 
     `sq_small` is `|G_small|^2` averaged over the small batches (each of `b_small` examples) and
-    `sq_big` is `|G_big|^2` of their mean (`b_big` examples). Single estimates are noisy and may
-    be negative; never clamp them, smooth them (see `NoiseScaleEma`).
+    `sq_big` is `|G_big|^2` of a batch of `b_big` examples, both at the same parameters. From
+    `E|G_B|^2 = |G|^2 + tr(Sigma)/B` (eq. A.1):
+
+        G2 = (b_big |G_big|^2 - b_small |G_small|^2) / (b_big - b_small)
+        S  = (|G_small|^2 - |G_big|^2) / (1/b_small - 1/b_big)
+
+    With H-norms `|v|_H^2` in place of `|v|^2` the same formulas give `G^T H G` and
+    `tr(H Sigma)` (eq. 2.8). Single estimates are noisy and may be negative: never clamp them,
+    smooth them (see `NoiseScaleEma`).
     """
     if not 0 < b_small < b_big:
         raise ValueError(f"need 0 < b_small < b_big, got b_small={b_small}, b_big={b_big}")
@@ -26,30 +38,65 @@ def unbiased_g2_and_trace(sq_small: float, sq_big: float, b_small: float, b_big:
     return g2, trace
 
 
+def combine_parts(parts: Iterable[tuple[float, float, float, float]]
+                  ) -> tuple[float, float]:
+    """Sum of the unbiased (G2, S) of parameter blocks, each measured with its own batch pair.
+
+    `|G|^2` and `tr(Sigma)` are sums over parameter blocks, so blocks measured with different
+    `(b_small, b_big)` (per-example norms for most layers, micro-batches for the rest) add up to
+    unbiased totals. Each part is `(sq_small, sq_big, b_small, b_big)` (eq. A.2 per block).
+    """
+    g2 = trace = 0.0
+    for sq_small, sq_big, b_small, b_big in parts:
+        part_g2, part_trace = unbiased_g2_and_trace(sq_small, sq_big, b_small, b_big)
+        g2, trace = g2 + part_g2, trace + part_trace
+    return g2, trace
+
+
+def equivalent_norms(g2: float, trace: float, b_small: float, b_big: float
+                     ) -> tuple[float, float]:
+    """The pair `(|G_small|^2, |G_big|^2)` that eq. A.2 maps back to `(g2, trace)` (eq. A.1)."""
+    return g2 + trace / b_small, g2 + trace / b_big
+
+
 class Ema:
-    """Exponential moving average with bias correction, for decays that may change per update."""
+    """Bias-corrected exponential moving average; the decay may change per update.
+
+    Kept as a weighted sum and a sum of weights, so decay 1 is the plain mean (pooling estimates
+    taken at fixed parameters) and any decay < 1 is the usual bias-corrected EMA.
+    """
 
     def __init__(self) -> None:
         self._sum = 0.0
         self._weight = 0.0
 
     def update(self, value: float, decay: float) -> None:
-        self._sum = decay * self._sum + (1.0 - decay) * value
-        self._weight = decay * self._weight + (1.0 - decay)
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"EMA decay {decay} must be in [0, 1]")
+        self._sum = decay * self._sum + value
+        self._weight = decay * self._weight + 1.0
+
+    @property
+    def count(self) -> float:
+        """Effective number of values averaged (0 before the first update)."""
+        return self._weight
 
     @property
     def value(self) -> float:
         return self._sum / self._weight if self._weight > 0 else math.nan
 
 
-def ema_decay(examples: float, *, steps: float = 0.0, examples_scale: float = 0.0) -> float:
+def ema_decay(examples: float, *, steps: float = 0.0, examples_scale: float = 0.0,
+              steps_elapsed: float = 1.0) -> float:
     """Per-update decay for a time constant in steps (`steps` > 0) or in examples.
 
     With a time constant of N examples, an update that saw `examples` examples decays the past by
-    `exp(-examples / N)`, so every batch size averages over the same amount of data.
+    `exp(-examples / N)`, so every batch size averages over the same amount of data; with a time
+    constant of N steps an update `steps_elapsed` steps after the last decays it by
+    `exp(-steps_elapsed / N)`. An infinite time constant gives decay 1: the plain mean.
     """
     if steps > 0:
-        return math.exp(-1.0 / steps)
+        return math.exp(-steps_elapsed / steps)
     if examples_scale > 0:
         return math.exp(-examples / examples_scale)
     raise ValueError("give a time constant in steps or in examples")
@@ -86,37 +133,66 @@ class NoiseEstimate:
 class NoiseScaleEma:
     """B_simple (and B_noise) as ratios of separately smoothed estimates (appendix A.1).
 
-    Never an average of per-step ratios: the ratio of two noisy, unbiased numbers is biased,
-    while the ratio of their averages converges to the right value.
+    `ema_steps` > 0 sets the time constant in optimizer steps, else `ema_examples` in examples;
+    `math.inf` pools all updates with equal weights (estimates at fixed parameters). The H-norm
+    EMAs use, per Hessian measurement, the decay of one plain measurement: they average over as
+    many measurements as the plain EMAs, which span more training when B_noise is measured less
+    often (less noise, more lag).
     """
 
     def __init__(self, *, ema_steps: float = 0.0, ema_examples: float = 2048.0) -> None:
+        if ema_steps < 0 or ema_examples <= 0:
+            raise ValueError("need ema_steps >= 0 and ema_examples > 0")
         self.ema_steps, self.ema_examples = ema_steps, ema_examples
         self._g2, self._trace = Ema(), Ema()
         self._ghg, self._htrace = Ema(), Ema()
+        self._last: tuple[float, ...] | None = None
+        self._decay = 0.0
+
+    def _decay_for(self, examples: float, steps: float) -> float:
+        return ema_decay(examples, steps=self.ema_steps, examples_scale=self.ema_examples,
+                         steps_elapsed=steps)
 
     def update(self, sq_small: float, sq_big: float, b_small: float, b_big: float,
-               *, examples: float | None = None) -> NoiseEstimate:
-        """Fold in one measurement; `examples` seen since the last one (default `b_big`)."""
+               *, examples: float | None = None, steps: float = 1.0) -> NoiseEstimate:
+        """Fold in one measurement (eq. A.2); `examples` and `steps` seen since the last one
+        (default `b_big` and 1)."""
         g2, trace = unbiased_g2_and_trace(sq_small, sq_big, b_small, b_big)
-        decay = ema_decay(b_big if examples is None else examples, steps=self.ema_steps,
-                          examples_scale=self.ema_examples)
+        return self._fold(g2, trace, b_small, b_big, sq_small, sq_big, examples, steps)
+
+    def update_parts(self, parts: list[tuple[float, float, float, float]], *,
+                     examples: float | None = None, steps: float = 1.0) -> NoiseEstimate:
+        """Fold in parameter blocks measured with different batch pairs (`combine_parts`).
+
+        The estimate reports the first part's `(b_small, b_big)` with the equivalent squared
+        norms of the whole model (`equivalent_norms`).
+        """
+        g2, trace = combine_parts(parts)
+        b_small, b_big = parts[0][2], parts[0][3]
+        sq_small, sq_big = equivalent_norms(g2, trace, b_small, b_big)
+        return self._fold(g2, trace, b_small, b_big, sq_small, sq_big, examples, steps)
+
+    def _fold(self, g2: float, trace: float, b_small: float, b_big: float, sq_small: float,
+              sq_big: float, examples: float | None, steps: float) -> NoiseEstimate:
+        decay = self._decay_for(b_big if examples is None else examples, steps)
         self._g2.update(g2, decay)
         self._trace.update(trace, decay)
         self._last = (b_small, b_big, sq_small, sq_big, g2, trace)
-        self._decay = decay
+        self._decay = self._decay_for(b_big, 1.0)
         return self.estimate()
 
     def update_hessian(self, hsq_small: float, hsq_big: float, b_small: float, b_big: float
-                       ) -> NoiseEstimate:
+                       ) -> NoiseEstimate | None:
         """Fold in H-norms `|G_small|_H^2`, `|G_big|_H^2` (eq. 2.8 through eq. A.2)."""
         ghg, htrace = unbiased_g2_and_trace(hsq_small, hsq_big, b_small, b_big)
-        decay = getattr(self, "_decay", 0.0)
-        self._ghg.update(ghg, decay if self._ghg._weight > 0 else 0.0)
-        self._htrace.update(htrace, decay if self._htrace._weight > 0 else 0.0)
-        return self.estimate()
+        decay = self._decay if self._ghg.count > 0 else 0.0
+        self._ghg.update(ghg, decay)
+        self._htrace.update(htrace, decay)
+        return self.estimate() if self._last is not None else None
 
     def estimate(self) -> NoiseEstimate:
+        if self._last is None:
+            raise ValueError("no measurement yet")
         b_small, b_big, sq_small, sq_big, g2, trace = self._last
         ghg, htrace = self._ghg.value, self._htrace.value
         return NoiseEstimate(

@@ -1,0 +1,134 @@
+"""Linear regression with anisotropic Gaussian inputs and label noise: the noise scale is known
+in closed form at any parameters, so measurements can be checked against the truth.
+
+Data: `x ~ N(0, diag(lam))` with eigenvalues `lam` log-spaced from 1 down to 1/condition,
+`y = w*.x + eps`, `eps ~ N(0, noise^2)`. Model: `nn.Linear(dim, 1)` (weights w, bias b), loss
+`0.5 * mean((w.x + b - y)^2)`. With `x~ = (x, 1)`, `delta = (w - w*, b)`, the residual is
+`r = delta.x~ - eps` and one example's gradient is `g = r x~`, so, writing `q = dw^T diag(lam) dw`,
+`c = b`, `s2 = q + c^2 + noise^2` and `H = E[x~ x~^T] = diag(lam, 1)` (Isserlis' theorem for the
+fourth moments of Gaussian x):
+
+    G      = H delta                                   (true gradient)
+    Sigma  = s2 H + G G^T - 2 c^2 e_b e_b^T             (per-example gradient covariance)
+    tr Sigma     = s2 tr H + |G|^2 - 2 c^2
+    tr(H Sigma)  = s2 tr H^2 + G^T H G - 2 c^2
+    B_simple = tr Sigma / |G|^2  (eq. 2.9),   B_noise = tr(H Sigma) / G^T H G  (eq. 2.8)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+DESCRIPTION = ("Linear regression, anisotropic Gaussian inputs, label noise; closed-form G, "
+               "Sigma, H (true B_simple and B_noise at any parameters).")
+
+
+@dataclass
+class Options:
+    dim: int = 16
+    """Input dimension."""
+    condition: float = 100.0
+    """Ratio of the largest to the smallest input variance (eigenvalues log-spaced, max 1)."""
+    noise: float = 0.5
+    """Standard deviation of the label noise (the loss floor is noise^2 / 2)."""
+    eval_size: int = 4096
+    """Held-out examples for the eval loss (0: none)."""
+
+    def __post_init__(self) -> None:
+        from gnsweep.config import ConfigError, _integer, _number
+
+        self.dim = _integer("task.dim", self.dim)
+        self.condition = _number("task.condition", self.condition)
+        self.noise = _number("task.noise", self.noise)
+        self.eval_size = _integer("task.eval_size", self.eval_size)
+        if self.dim < 1:
+            raise ConfigError(f"task.dim: {self.dim} must be >= 1")
+        if self.condition < 1:
+            raise ConfigError(f"task.condition: {self.condition} must be >= 1")
+        if self.noise < 0:
+            raise ConfigError(f"task.noise: {self.noise} must be >= 0")
+        if self.eval_size < 0:
+            raise ConfigError(f"task.eval_size: {self.eval_size} must be >= 0")
+
+
+@dataclass(frozen=True)
+class Truth:
+    """Closed-form quantities at one parameter vector (see the module docstring)."""
+
+    loss: float
+    g2: float
+    """|G|^2."""
+    trace_sigma: float
+    """tr(Sigma)."""
+    g_h_g: float
+    """G^T H G."""
+    trace_h_sigma: float
+    """tr(H Sigma)."""
+
+    @property
+    def b_simple(self) -> float:
+        return self.trace_sigma / self.g2
+
+    @property
+    def b_noise(self) -> float:
+        return self.trace_h_sigma / self.g_h_g
+
+
+class LinReg:
+    def __init__(self, options: Options, seed: int) -> None:
+        self.options, self.seed = options, seed
+        d = options.dim
+        # Input variances from 1 down to 1/condition; the teacher is fixed (seed 0) so that
+        # every run of a sweep learns the same function.
+        self.variances = torch.logspace(0.0, -math.log10(options.condition), d,
+                                        dtype=torch.float64)
+        teacher = torch.Generator().manual_seed(0)
+        self.w_star = torch.randn(d, generator=teacher, dtype=torch.float64)
+        self._eval = None
+        if options.eval_size:
+            self._eval = self._sample(options.eval_size, torch.Generator().manual_seed(1))
+
+    def model(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        return nn.Linear(self.options.dim, 1)
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (outputs.reshape(targets.shape) - targets).pow(2).mean()
+
+    def _sample(self, size: int, generator: torch.Generator
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(size, self.options.dim, generator=generator, dtype=torch.float64)
+        x = x * self.variances.sqrt()
+        y = x @ self.w_star + self.options.noise * torch.randn(
+            size, generator=generator, dtype=torch.float64)
+        return x.float(), y.float()
+
+    def batch(self, size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._sample(size, generator)
+
+    def eval_data(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self._eval
+
+    def truth(self, model: nn.Module) -> Truth:
+        """Exact loss, |G|^2, tr(Sigma), G^T H G, tr(H Sigma) at the model's parameters."""
+        linear = model.module if hasattr(model, "module") else model
+        assert isinstance(linear, nn.Linear), "truth() needs the task's own nn.Linear model"
+        dw = linear.weight.detach().double().reshape(-1) - self.w_star
+        c = float(linear.bias.detach().double()) if linear.bias is not None else 0.0
+        lam = self.variances
+        h = torch.cat([lam, lam.new_ones(1)]) if linear.bias is not None else lam
+        grad = torch.cat([lam * dw, dw.new_tensor([c])]) if linear.bias is not None else lam * dw
+        q = float(dw @ (lam * dw))
+        s2 = q + c * c + self.options.noise ** 2
+        g2 = float(grad @ grad)
+        ghg = float(grad @ (h * grad))
+        return Truth(loss=0.5 * s2, g2=g2, trace_sigma=s2 * float(h.sum()) + g2 - 2 * c * c,
+                     g_h_g=ghg, trace_h_sigma=s2 * float((h * h).sum()) + ghg - 2 * c * c)
+
+
+def make(options: Options, seed: int) -> LinReg:
+    return LinReg(options, seed)
