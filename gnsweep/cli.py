@@ -91,46 +91,169 @@ def launch(
 @app.command()
 @user_errors
 def analyze(
-    sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder written by `gnsweep launch`.")],
-    loss: Annotated[str, typer.Option(help="Loss deciding a target: smoothed, raw or eval.")
-                    ] = "smoothed",
+    sweep_dir: Annotated[Path | None, typer.Argument(
+        help="A sweep folder written by `gnsweep launch` (or use --table).")] = None,
+    table: Annotated[Path | None, typer.Option(
+        "--table", help="CSV or parquet of measurements made elsewhere: steps-to-target rows "
+                        "or loss curves (docs/analysis.md).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Folder for the tables (default: the sweep folder; required with "
+                      "--table).")] = None,
+    targets: Annotated[str | None, typer.Option(
+        "--targets", help="Comma-separated loss targets (default: the sweep's; required for "
+                          "loss curves).")] = None,
+    loss: Annotated[str | None, typer.Option(
+        help="Loss deciding a target: smoothed, raw or eval (default: the sweep's "
+             "analysis.loss, else smoothed).")] = None,
+    ema_examples: Annotated[float | None, typer.Option(
+        "--ema-examples", min=1e-9, help="Re-smooth the raw loss with an EMA of this many "
+                                         "examples (default: the logged smoothed loss).")] = None,
+    bootstrap: Annotated[int | None, typer.Option(
+        "--bootstrap", min=0, help="Bootstrap resamples for 95% intervals (default: the "
+                                   "sweep's analysis.bootstrap, else 0).")] = None,
+    optimizer: Annotated[str, typer.Option(
+        help="For --table: sgd or adam (picks the eps_opt(B) model).")] = "sgd",
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print fits.json's content on stdout; the table goes to stderr.")] = False,
     skip_corrupt: Annotated[bool, typer.Option(
         "--skip-corrupt", help="Leave out runs whose metrics file is unreadable.")] = False,
 ) -> None:
-    """Steps-to-target, best learning rates, Pareto fronts and the fit of eq. 2.11.
+    """Steps-to-target, best learning rates, Pareto fronts, the fit of eq. 2.11, B_crit against
+    B_simple, eps_opt(B) and B_crit(L).
 
-    Writes steps.parquet, front.parquet, fits.parquet and fits.json into the sweep folder.
-    Example: gnsweep analyze runs/digits
+    Writes steps, front, fits, lr_fits and loss_scaling (.parquet) and fits.json.
+    Examples: gnsweep analyze runs/digits --bootstrap 1000;
+    gnsweep analyze --table docs/examples/steps.csv --out /tmp/ext
     """
-    from gnsweep.analysis.report import analyze_sweep
-    from gnsweep.config import LOSS_KINDS, ConfigError
+    import json
 
-    if loss not in LOSS_KINDS:
+    from gnsweep.analysis.external import analyze_table
+    from gnsweep.analysis.report import analyze_sweep, format_fits, sweep_config, write_outputs
+    from gnsweep.config import LOSS_KINDS, OPTIMIZERS, ConfigError
+    from gnsweep.store import is_sweep
+
+    if (sweep_dir is None) == (table is None):
+        raise ConfigError("give a sweep folder or --table FILE (one of them)")
+    if loss is not None and loss not in LOSS_KINDS:
         raise ConfigError(f"--loss: {loss!r} is not one of {', '.join(LOSS_KINDS)}")
-    result = analyze_sweep(sweep_dir, loss=loss, skip_corrupt=skip_corrupt)
-    typer.echo(format_fits(result.fits))
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"--optimizer: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    target_list = _parse_targets(targets)
+    if table is not None:
+        if out is None:
+            raise ConfigError("--table needs --out DIR for the tables")
+        result = analyze_table(table, target_list, loss=loss or "smoothed",
+                               ema_examples=ema_examples, bootstrap=bootstrap or 0,
+                               optimizer=optimizer)
+        write_outputs(out, result)
+    else:
+        assert sweep_dir is not None
+        defaults = sweep_config(sweep_dir)["analysis"] if is_sweep(sweep_dir) else {}
+        result = analyze_sweep(sweep_dir, loss=loss or defaults.get("loss", "smoothed"),
+                               skip_corrupt=skip_corrupt, ema_examples=ema_examples,
+                               bootstrap=bootstrap if bootstrap is not None
+                               else defaults.get("bootstrap", 0),
+                               targets=target_list, out_dir=out)
+        out = out or sweep_dir
+    typer.echo(format_fits(result.fits, result.loss_scaling), err=as_json)
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
-    typer.echo(f"tables: {sweep_dir}/steps.parquet, front.parquet, fits.parquet, fits.json")
+    typer.echo(f"tables: {out}/steps.parquet, front.parquet, fits.parquet, lr_fits.parquet, "
+               "loss_scaling.parquet, fits.json", err=as_json)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
 
 
-def format_fits(fits: Any) -> str:
-    header = (f"{'target':>8} {'#B':>3} {'S_min':>16} {'E_min':>18} {'B_crit':>16} "
-              f"{'B_simple':>9} {'B_crit/B_simple':>15}")
-    lines = [header]
-    for row in fits.itertuples(index=False):
-        if row.refused:
-            lines.append(f"{row.target:>8g} {row.n_batch_sizes:>3} no fit: {row.refused}")
-            continue
-        lines.append(
-            f"{row.target:>8g} {row.n_batch_sizes:>3} {_pm(row.s_min, row.s_min_se):>16} "
-            f"{_pm(row.e_min, row.e_min_se):>18} {_pm(row.b_crit, row.b_crit_se):>16} "
-            f"{row.b_simple_mean:>9.3g} {row.ratio:>15.2f}")
-    return "\n".join(lines)
+def _parse_targets(text: str | None) -> list[float] | None:
+    from gnsweep.config import ConfigError
+
+    if not text:
+        return None
+    try:
+        values = [float(part) for part in text.replace(" ", "").strip("[]").split(",") if part]
+    except ValueError:
+        raise ConfigError(f"--targets: {text!r} is not a comma-separated list of numbers"
+                          ) from None
+    if not values or any(not (v > 0 and v < float("inf")) for v in values):
+        raise ConfigError(f"--targets: {text!r}: give positive finite losses, e.g. 0.5,0.2")
+    return values
 
 
-def _pm(value: float, error: float) -> str:
-    return f"{value:.4g} ± {error:.2g}"
+def _fits_of(folder: Path) -> Any:
+    """Fresh fits of a sweep folder (analyzed now, nothing written), or a folder's fits.parquet."""
+    from gnsweep import store
+    from gnsweep.analysis.report import analyze_sweep
+
+    if store.is_sweep(folder):
+        return analyze_sweep(folder, write=False).fits
+    if (folder / "fits.parquet").is_file():
+        return store.read_table(folder / "fits.parquet").to_pandas()
+    store.require_sweep(folder)  # raises with the usual message
+    return None
+
+
+@app.command()
+@user_errors
+def baseline(
+    folder: Annotated[Path, typer.Argument(
+        help="A sweep folder (analyzed now) or a folder holding fits.parquet.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Baseline JSON to write.")],
+    rtol: Annotated[float, typer.Option(
+        min=0.0, help="Relative change `gnsweep check` allows.")] = 0.05,
+    k_se: Annotated[float, typer.Option(
+        "--k-se", min=0.0, help="Or this many combined standard errors (0: off).")] = 0.0,
+) -> None:
+    """Record the fits (B_crit, S_min, E_min per target) for `gnsweep check`.
+
+    Example: gnsweep baseline runs/tiny -o tests/baseline/tiny.json
+    """
+    from gnsweep import store
+    from gnsweep.analysis.baseline import make_baseline
+
+    fits = _fits_of(folder)
+    record = make_baseline(fits, rtol=rtol, k_se=k_se, source=folder.name)
+    store.write_json(output, record)
+    fitted = sum(1 for t in record["targets"] if t["b_crit"] is not None)
+    typer.echo(f"baseline {output}: {fitted} of {len(record['targets'])} target(s) with a fit")
+
+
+@app.command()
+@user_errors
+def check(
+    folder: Annotated[Path, typer.Argument(
+        help="A sweep folder (analyzed now) or a folder holding fits.parquet.")],
+    baseline_file: Annotated[Path, typer.Option("--baseline", help="From `gnsweep baseline`.")],
+    rtol: Annotated[float | None, typer.Option(
+        min=0.0, help="Allowed relative change (default: the baseline's).")] = None,
+    k_se: Annotated[float | None, typer.Option(
+        "--k-se", min=0.0, help="Or this many combined standard errors (default: the "
+                                "baseline's).")] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
+) -> None:
+    """Compare fresh fits with a baseline; exit 1 when B_crit, S_min or E_min moved too far.
+
+    Example: gnsweep check runs/tiny --baseline tests/baseline/tiny.json --junit fits.xml
+    """
+    from gnsweep import store
+    from gnsweep.analysis.baseline import BaselineError, compare, junit_xml
+
+    record = store.read_json(baseline_file)
+    fits = _fits_of(folder)
+    try:
+        cases = compare(record, fits, rtol=rtol, k_se=k_se)
+    except BaselineError as err:
+        raise store.StoreError(f"{baseline_file}: {err}") from None
+    for case in cases:
+        mark = "ok  " if case.ok else "FAIL"
+        typer.echo(f"{mark} target {case.target:<8g} {case.figure:<7} {case.message}")
+    if junit is not None:
+        store.write_text(junit, junit_xml(cases))
+    failed = [c for c in cases if not c.ok]
+    if failed:
+        typer.echo(f"gnsweep check: {len(failed)} of {len(cases)} figure(s) regressed "
+                   f"against {baseline_file}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"gnsweep check: all {len(cases)} figure(s) within tolerance of {baseline_file}")
 
 
 @app.command()

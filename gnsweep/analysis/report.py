@@ -240,6 +240,48 @@ def sweep_config(sweep_dir: Path) -> dict[str, Any]:
         config = yaml.safe_load(path.read_text())
         targets = [float(t) for t in config["sweep"]["targets"]]
         optimizer = str(config["sweep"].get("optimizer", "sgd"))
+        analysis = dict(config.get("analysis") or {})
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as err:
         raise store.StoreError(f"{path}: cannot read the sweep's targets ({err})") from None
-    return {"targets": targets, "optimizer": optimizer}
+    return {"targets": targets, "optimizer": optimizer, "analysis": analysis}
+
+
+def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None) -> str:
+    """The printed table: one line per target, figures with their standard errors."""
+    header = (f"{'target':>8} {'#B':>3} {'S_min':>16} {'E_min':>18} {'B_crit':>16} "
+              f"{'B_simple':>16} {'B_crit/B_simple':>15} {'B_noise(lr)':>16}")
+    lines = [header]
+    for row in fits.itertuples(index=False):
+        if row.refused:
+            lines.append(f"{row.target:>8g} {row.n_batch_sizes:>3} no fit: {row.refused}")
+            continue
+        b_crit = _pm(row.b_crit, row.b_crit_se)
+        lines.append(
+            f"{row.target:>8g} {row.n_batch_sizes:>3} {_pm(row.s_min, row.s_min_se):>16} "
+            f"{_pm(row.e_min, row.e_min_se):>18} {b_crit:>16} "
+            f"{_pm(row.b_simple_mean, row.b_simple_mean_se):>16} "
+            f"{_pm(row.ratio, row.ratio_se, '.2f'):>15} "
+            f"{_pm(row.b_noise_lr, row.b_noise_lr_se):>16}")
+        if row.n_bootstrap:
+            lines.append(f"{'':>12} 95% bootstrap ({row.n_bootstrap}): B_crit "
+                         f"[{row.b_crit_lo:.4g}, {row.b_crit_hi:.4g}], S_min "
+                         f"[{row.s_min_lo:.4g}, {row.s_min_hi:.4g}], E_min "
+                         f"[{row.e_min_lo:.4g}, {row.e_min_hi:.4g}]")
+    if loss_scaling is not None and len(loss_scaling):
+        scaling = loss_scaling.iloc[0]
+        if scaling["refused"]:
+            lines.append(f"B_crit(L): no fit: {scaling['refused']}")
+        else:
+            b_star = _pm(scaling["b_star"], scaling["b_star_se"])
+            alpha_b = _pm(scaling["alpha_b"], scaling["alpha_b_se"], ".3g")
+            lines.append(f"B_crit(L) = B*/L^(1/alpha_B): B* {b_star}, alpha_B {alpha_b} "
+                         f"({int(scaling['n_targets'])} targets)")
+    return "\n".join(lines)
+
+
+def _pm(value: float, error: float, spec: str = ".4g") -> str:
+    if not np.isfinite(value):
+        return "-"
+    if not np.isfinite(error):
+        return format(value, spec)
+    return f"{format(value, spec)} ± {error:.2g}"
