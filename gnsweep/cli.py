@@ -260,30 +260,47 @@ def check(
 @user_errors
 def plot(
     sweep_dir: Annotated[Path, typer.Argument(help="An analyzed sweep folder.")],
+    svg: Annotated[bool, typer.Option("--svg", help="SVG instead of PDF beside each PNG.")
+                   ] = False,
 ) -> None:
-    """Draw the Pareto fronts with their fits and B_crit against B_simple (PNG and PDF).
+    """Draw every figure the sweep supports into DIR/figures (PNG and PDF).
 
+    Pareto fronts with their fits, B_crit against the noise scale, the noise scale over
+    training, steps over the grid, best learning rate against batch size, B_crit against the
+    loss, loss curves. A figure the sweep cannot support is skipped with one line saying why.
     Runs `gnsweep analyze` first when its tables are missing.
     Example: gnsweep plot runs/digits
     """
-    import pandas as pd
+    from gnsweep.figures import write_figures
 
-    from gnsweep import plots, store
-    from gnsweep.analysis.report import analyze_sweep
-
-    store.require_sweep(sweep_dir)
-    if not (sweep_dir / "fits.parquet").exists():
-        analyze_sweep(sweep_dir)
-    front = store.read_table(sweep_dir / "front.parquet").to_pandas()
-    fits = store.read_table(sweep_dir / "fits.parquet").to_pandas()
-    out = sweep_dir / "figures"
-    written = plots.save(plots.pareto_fronts(front, fits), "pareto_fronts", out)
-    if pd.notna(fits["b_crit"]).any():
-        written += plots.save(plots.bcrit_vs_bsimple(fits), "bcrit_vs_bsimple", out)
-    else:
-        typer.echo("skipped bcrit_vs_bsimple: no target has a fit", err=True)
-    for path in written:
+    written = write_figures(sweep_dir, formats=("png", "svg" if svg else "pdf"))
+    for name, reason in written.skipped.items():
+        typer.echo(f"skipped {name}: {reason}", err=True)
+    for note in written.notes:
+        typer.echo(f"note: {note}", err=True)
+    for path in written.paths:
         typer.echo(str(path))
+
+
+@app.command()
+@user_errors
+def report(
+    sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder written by `gnsweep launch`.")],
+) -> None:
+    """Write DIR/report.html: the answer per target, warnings, fits, figures, grid and config.
+
+    One self-contained file (figures embedded) to open in a browser or send to your team.
+    Runs `gnsweep analyze` first when its tables are missing.
+    Example: gnsweep report runs/digits
+    """
+    from gnsweep.report import write_report
+
+    path, skipped, notes = write_report(sweep_dir)
+    for name, reason in skipped.items():
+        typer.echo(f"skipped {name}: {reason}", err=True)
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)
+    typer.echo(f"report: {path.resolve().as_uri()}")
 
 
 @app.command()

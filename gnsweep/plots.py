@@ -1,9 +1,18 @@
-"""Figures from analysis tables. Takes DataFrames, returns matplotlib figures; reads no files.
+"""Figures from a sweep's tables. Takes DataFrames, returns matplotlib figures; reads no files.
 
-One style for every figure: Okabe-Ito colours (colour-blind safe), sized for a paper column.
+One style for every figure: Okabe-Ito colours for targets (colour-blind safe), viridis for the
+ordered batch sizes, sizes and fonts meant for a paper column (3.4 in) or a page (7 in).
+`draw_all` draws every figure a sweep can support and says in one line why it skipped the rest;
+`gnsweep.figures` writes them to files.
+
+Tables (docs/analysis.md lists their columns): `runs` and `metrics` from
+`gnsweep.analysis.load.load_sweep`, `steps`, `front` and `fits` from `gnsweep analyze`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import matplotlib
 
@@ -12,85 +21,629 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedFormatter, FixedLocator, LogFormatter, NullFormatter
 
 from gnsweep.analysis.fit import predict_steps
 
 # Okabe & Ito (2008): distinguishable with every common colour-vision deficiency.
-COLORS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
+COLORS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442"]
+COLUMN = 3.4
+"""Width of one paper column, inches."""
+PAGE = 7.0
+"""Width of a two-column figure, inches."""
 STYLE = {
-    "figure.figsize": (4.8, 3.6), "figure.dpi": 150, "font.size": 9, "axes.titlesize": 10,
-    "axes.labelsize": 9, "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3,
-    "axes.spines.top": False, "axes.spines.right": False, "savefig.bbox": "tight",
+    "figure.figsize": (COLUMN, 2.7), "figure.dpi": 200, "font.size": 7.5,
+    "axes.titlesize": 8, "axes.labelsize": 7.5, "legend.fontsize": 6.5,
+    "legend.title_fontsize": 6.5, "xtick.labelsize": 6.5, "ytick.labelsize": 6.5,
+    "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.5, "axes.linewidth": 0.6,
+    "axes.spines.top": False, "axes.spines.right": False, "lines.linewidth": 1.2,
+    "savefig.bbox": "tight", "savefig.pad_inches": 0.03, "legend.frameon": False,
+    "figure.constrained_layout.use": True,
 }
+
+
+class Skip(Exception):
+    """The sweep cannot support this figure; the message says why in one line."""
+
+
+@dataclass
+class SweepTables:
+    """Everything the figures and the report are drawn from; all pure tables."""
+
+    runs: pd.DataFrame
+    """One row per run: run_id, batch_size, learning_rate, seed, state."""
+    metrics: pd.DataFrame
+    """One row per logged step: run_id, step, examples, loss, loss_smooth, b_simple, b_noise."""
+    steps: pd.DataFrame
+    """One row per (run, target): reached, steps, examples (steps.parquet)."""
+    front: pd.DataFrame
+    """Best learning rate per (target, batch size) with on_front (front.parquet)."""
+    fits: pd.DataFrame
+    """One row per target: S_min, E_min, B_crit with errors, B_simple (fits.parquet)."""
+    bcrit_law: dict | None = None
+    """The power law B_crit(L) = B_* / L^(1/alpha_B) (loss_scaling.parquet): b_star, alpha_b,
+    their _se, refused; None when the analysis did not write it."""
+    warnings: list[str] = field(default_factory=list)
+
+
+def _batch_colors(batch_sizes: list[int]) -> dict[int, tuple]:
+    """Viridis over the ordered batch sizes, stopping before its pale yellow end."""
+    cmap = plt.get_cmap("viridis")
+    n = max(len(batch_sizes) - 1, 1)
+    return {b: cmap(0.88 * i / n) for i, b in enumerate(sorted(batch_sizes))}
+
+
+def _target_colors(targets) -> dict[float, str]:
+    """One colour per target loss in every figure, in training order (highest loss first)."""
+    ordered = sorted({float(t) for t in targets}, reverse=True)
+    return {t: COLORS[i % len(COLORS)] for i, t in enumerate(ordered)}
+
+
+def _finite(frame: pd.DataFrame, column: str) -> pd.Series:
+    if column not in frame:
+        return pd.Series(False, index=frame.index)
+    values = pd.to_numeric(frame[column], errors="coerce")
+    return np.isfinite(values) & (values > 0)
+
+
+def _plain_ticks(axis, values) -> None:
+    """Major ticks at the given values, labelled plainly (8, 16, ... not 2^3, 2^4)."""
+    values = sorted({float(v) for v in values})
+    axis.set_major_locator(FixedLocator(values))
+    axis.set_major_formatter(FixedFormatter([f"{v:g}" for v in values]))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _number(record: dict | pd.Series | None, key: str) -> float:
+    """record[key] as a float; NaN when missing, None or not a number."""
+    try:
+        return float(record.get(key, np.nan)) if record is not None else np.nan
+    except (TypeError, ValueError):
+        return np.nan
+
+
+def _fitted(fits: pd.DataFrame) -> pd.DataFrame:
+    return fits[_finite(fits, "b_crit") & _finite(fits, "s_min") & _finite(fits, "e_min")]
+
+
+# ---- a. Pareto fronts ---------------------------------------------------------------------
 
 
 def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame) -> Figure:
     """Steps against examples to reach each target, best learning rate per batch size, with the
-    fitted hyperbola (S/S_min - 1)(E/E_min - 1) = 1 and its B_crit point (2 E_min, 2 S_min)."""
+    fitted hyperbola (S/S_min - 1)(E/E_min - 1) = 1 (eq. 2.11) and its B_crit point
+    (E, S) = (2 E_min, 2 S_min) (eq. 2.12), log-log like the paper's fig. 4."""
+    if front.empty:
+        raise Skip("no batch size reached any target at any learning rate")
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots()
-        for i, (target, group) in enumerate(front.groupby("target", sort=True)):
-            color = COLORS[i % len(COLORS)]
-            ax.scatter(group["examples"], group["steps"], color=color, zorder=3, s=22,
-                       label=f"loss {target:g}")
+        fig, ax = plt.subplots(figsize=(COLUMN, 2.9))
+        colors = _target_colors([*front["target"], *fits["target"]])
+        for target, group in front.groupby("target", sort=True):
+            color = colors[float(target)]
+            on = group["on_front"].astype(bool) if "on_front" in group else group["steps"] > 0
+            fit = fits[np.isclose(fits["target"], target)]
+            label = f"loss {target:g}"
+            if len(_fitted(fit)):
+                label += f": B_crit ≈ {float(fit['b_crit'].iloc[0]):.3g}"
+            ax.plot(group["examples"], group["steps"], ":", color=color, lw=0.6, alpha=0.7)
+            ax.scatter(group["examples"][on], group["steps"][on], color=color, s=16, zorder=3,
+                       label=label)
+            ax.scatter(group["examples"][~on], group["steps"][~on], facecolor="white",
+                       edgecolor=color, s=16, zorder=3)
             for row in group.itertuples(index=False):
-                ax.annotate(f"{row.batch_size}", (row.examples, row.steps), fontsize=6,
-                            xytext=(3, 3), textcoords="offset points", color=color)
-            fit = fits[fits["target"] == target]
-            if fit.empty or not np.isfinite(fit["s_min"].iloc[0]):
+                ax.annotate(f"{row.batch_size}", (row.examples, row.steps), fontsize=5,
+                            xytext=(2.5, 2.5), textcoords="offset points", color=color)
+            if not len(_fitted(fit)):
                 continue
             s_min, e_min = float(fit["s_min"].iloc[0]), float(fit["e_min"].iloc[0])
-            b = np.geomspace(group["batch_size"].min() / 4, group["batch_size"].max() * 4, 200)
+            b = np.geomspace(group["batch_size"].min() / 4, group["batch_size"].max() * 4, 300)
             s = predict_steps(b, s_min, e_min)
-            ax.plot(b * s, s, color=color, lw=1.2, alpha=0.8)
-            ax.scatter([2 * e_min], [2 * s_min], marker="*", s=90, color=color,
+            ax.plot(b * s, s, color=color, lw=1.0, alpha=0.85)
+            ax.scatter([2 * e_min], [2 * s_min], marker="*", s=70, color=color,
                        edgecolor="black", linewidth=0.5, zorder=4)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("examples processed E")
-        ax.set_ylabel("optimizer steps S")
-        ax.set_title("Pareto fronts: steps vs examples to reach each target\n"
-                     "(lines: fit of eq. 2.11, stars: B_crit; labels: batch size)")
-        ax.legend(title="target")
+        ax.set_xlabel("examples to reach the target, E (examples)")
+        ax.set_ylabel("steps to reach the target, S (steps)")
+        ax.set_title("Pareto fronts: steps vs examples per target loss")
+        handles, labels = ax.get_legend_handles_labels()
+        handles += [plt.Line2D([], [], color="grey", lw=1.0),
+                    plt.Line2D([], [], marker="*", ls="", color="grey", mec="black", mew=0.5,
+                               ms=8)]
+        labels += ["fit of eq. 2.11", "B_crit point (2 E_min, 2 S_min)"]
+        if "on_front" in front and not front["on_front"].astype(bool).all():
+            handles.append(plt.Line2D([], [], marker="o", ls="", mfc="white", color="grey",
+                                      ms=4))
+            labels.append("not Pareto-optimal")
+        ax.legend(handles, labels, loc="upper right", fontsize=6)
+        ax.text(0.01, 0.01, "numbers: batch size (best learning rate each)", fontsize=5.5,
+                transform=ax.transAxes, color="0.35")
         return fig
 
 
-def bcrit_vs_bsimple(fits: pd.DataFrame) -> Figure:
-    """B_crit from the fits against B_simple (S_min-weighted mean over the run), with y = x."""
+# ---- b. B_crit against the measured noise scale --------------------------------------------
+
+
+def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None) -> Figure:
+    """B_crit of the fit (eq. 2.12) against B_simple, the S_min-weighted mean of the measured
+    noise scale up to the target (median over batch sizes), and B_noise (eq. 2.8) where the
+    fits carry it. y error bars: B_crit's standard error; x bars: range over batch sizes."""
+    ok = _fitted(fits)
+    ok = ok[_finite(ok, "b_simple_mean")]
+    if ok.empty:
+        raise Skip("no target has both a fit of eq. 2.11 and a measured B_simple")
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots()
-        ok = fits[np.isfinite(fits["b_crit"]) & np.isfinite(fits["b_simple_mean"])]
-        for i, row in enumerate(ok.itertuples(index=False)):
-            yerr = row.b_crit_se if np.isfinite(row.b_crit_se) else 0
-            ax.errorbar([row.b_simple_mean], [row.b_crit], yerr=[[min(yerr, row.b_crit * 0.99)],
-                        [yerr]], fmt="o", color=COLORS[i % len(COLORS)], capsize=3,
-                        label=f"loss {row.target:g}")
-        values = np.concatenate([ok["b_crit"], ok["b_simple_mean"]]) if len(ok) else np.ones(1)
-        lo, hi = values[values > 0].min() / 3, values.max() * 3
-        ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
+        values = [ok["b_crit"].to_numpy(float), ok["b_simple_mean"].to_numpy(float)]
+        has_noise = "b_noise_mean" in ok and _finite(ok, "b_noise_mean").any()
+        colors = _target_colors(fits["target"])
+        has_lr = False
+        for row in ok.itertuples(index=False):
+            color = colors[float(row.target)]
+            yerr = _yerr(row.b_crit, getattr(row, "b_crit_se", np.nan))
+            xerr = None
+            if front is not None and "b_simple_mean" in front:
+                spread = front.loc[np.isclose(front["target"], row.target), "b_simple_mean"]
+                spread = spread[np.isfinite(spread) & (spread > 0)]
+                if len(spread) > 1:
+                    xerr = [[max(row.b_simple_mean - spread.min(), 0)],
+                            [max(spread.max() - row.b_simple_mean, 0)]]
+                    values.append(spread.to_numpy(float))
+            ax.errorbar([row.b_simple_mean], [row.b_crit], yerr=yerr, xerr=xerr, fmt="o",
+                        color=color, capsize=2, ms=4, elinewidth=0.8,
+                        label=f"loss {row.target:g}: B_simple" if has_noise else
+                        f"loss {row.target:g}")
+            b_lr = _number(row._asdict(), "b_noise_lr")
+            if np.isfinite(b_lr) and b_lr > 0:
+                ax.errorbar([b_lr], [row.b_crit], yerr=yerr, fmt="D", mfc="white", color=color,
+                            capsize=2, ms=3.5, elinewidth=0.8, alpha=0.8)
+                values.append(np.array([b_lr]))
+                has_lr = True
+            if has_noise and np.isfinite(getattr(row, "b_noise_mean", np.nan)):
+                ax.errorbar([row.b_noise_mean], [row.b_crit], yerr=yerr, fmt="s", mfc="white",
+                            color=color, capsize=2, ms=4, elinewidth=0.8,
+                            label=f"loss {row.target:g}: B_noise")
+                values.append(np.array([row.b_noise_mean]))
+        flat = np.concatenate(values)
+        flat = flat[np.isfinite(flat) & (flat > 0)]
+        lo, hi = flat.min() / 2.5, flat.max() * 2.5
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
-        ax.set_xlabel("B_simple (S_min-weighted mean up to the target)")
-        ax.set_ylabel("B_crit = E_min / S_min (fit)")
-        ax.set_title("Critical batch size vs measured noise scale")
-        ax.legend()
+        ax.set_aspect("equal", adjustable="box")
+        noise = "B_simple" + (" and B_noise" if has_noise else "")
+        ax.set_xlabel(f"measured noise scale {noise} (examples)")
+        ax.set_ylabel("B_crit = E_min / S_min from the fit (examples)")
+        ax.set_title(f"Critical batch size vs measured {noise}")
+        handles, labels = ax.get_legend_handles_labels()
+        if has_lr:
+            handles.append(plt.Line2D([], [], marker="D", ls="", mfc="white", color="grey",
+                                      ms=3.5))
+            labels.append("B_noise implied by the best learning rates")
+        ax.legend(handles, labels, loc="upper left")
         return fig
 
 
-def save(fig: Figure, stem: str, out_dir, formats: tuple[str, ...] = ("png", "pdf")) -> list:
-    """Write one figure in each format; returns the paths."""
-    from pathlib import Path
+def _yerr(value: float, se: float) -> list[list[float]] | None:
+    if not np.isfinite(se) or se <= 0:
+        return None
+    # Keep the lower bar above zero on a log axis.
+    return [[min(se, value * 0.95)], [se]]
 
-    from gnsweep.store import _atomic_path
 
-    paths = []
-    for fmt in formats:
-        path = Path(out_dir) / f"{stem}.{fmt}"
-        with _atomic_path(path) as tmp:
-            fig.savefig(tmp, format=fmt)
-        paths.append(path)
-    plt.close(fig)
-    return paths
+# ---- c. the noise scale over training ------------------------------------------------------
+
+
+def best_runs(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame) -> pd.DataFrame:
+    """The best-tuned run of each batch size: the learning rate that reached the hardest target
+    it reached in fewest steps (from `front`); a batch size that reached none falls back to its
+    run with the lowest final smoothed loss. Diverged runs are never chosen.
+    Columns: batch_size, learning_rate, run_id, reached (whether any target was reached)."""
+    out = []
+    alive = runs[runs["state"] != "diverged"] if "state" in runs else runs
+    have_metrics = set(metrics["run_id"]) if "run_id" in metrics else set()
+    alive = alive[alive["run_id"].isin(have_metrics)]
+    final = (metrics.sort_values("step").groupby("run_id")["loss_smooth"].last()
+             if len(metrics) else pd.Series(dtype=float))
+    for batch, group in alive.groupby("batch_size", sort=True):
+        best = front[front["batch_size"] == batch] if len(front) else front
+        reached = len(best) > 0
+        if reached:
+            lr = float(best.sort_values("target")["learning_rate"].iloc[0])
+            chosen = group[np.isclose(group["learning_rate"], lr)]
+            if chosen.empty:
+                reached, chosen = False, group
+        else:
+            chosen = group
+        if not reached:
+            losses = final.reindex(chosen["run_id"]).to_numpy(float)
+            losses = np.where(np.isfinite(losses), losses, np.inf)
+            chosen = chosen.iloc[[int(np.argmin(losses))]]
+        row = chosen.sort_values("seed").iloc[0] if "seed" in chosen else chosen.iloc[0]
+        out.append({"batch_size": int(batch), "learning_rate": float(row["learning_rate"]),
+                    "run_id": row["run_id"], "reached": reached})
+    return pd.DataFrame(out, columns=["batch_size", "learning_rate", "run_id", "reached"])
+
+
+def _positive(values: pd.Series) -> np.ndarray:
+    array = pd.to_numeric(values, errors="coerce").to_numpy(float)
+    return np.where(np.isfinite(array) & (array > 0), array, np.nan)
+
+
+def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame
+                        ) -> Figure:
+    """B_simple = EMA(tr Sigma)/EMA(|G|^2) (eq. A.2) and B_noise (eq. 2.8, where measured) of
+    the best-tuned run per batch size, against optimizer steps and against the training loss.
+    Non-positive early estimates (noise before the EMAs settle) are not drawn on the log axis."""
+    if metrics.empty or not np.isfinite(_positive(metrics["b_simple"])).any():
+        raise Skip("no run logged a positive B_simple")
+    chosen = best_runs(runs, metrics, front)
+    if chosen.empty:
+        raise Skip("every run diverged or has no metrics")
+    has_noise = "b_noise" in metrics and np.isfinite(_positive(metrics["b_noise"])).any()
+    colors = _batch_colors(list(chosen["batch_size"]))
+    by_run = dict(tuple(metrics.groupby("run_id", sort=False)))
+    with plt.rc_context(STYLE):
+        fig, (ax_step, ax_loss) = plt.subplots(1, 2, figsize=(PAGE, 2.8), sharey=True)
+        for row in chosen.itertuples(index=False):
+            frame = by_run[row.run_id].sort_values("step")
+            color = colors[row.batch_size]
+            label = f"B = {row.batch_size} (lr {row.learning_rate:g})"
+            b_simple = _positive(frame["b_simple"])
+            ax_step.plot(frame["step"], b_simple, color=color, label=label)
+            # The lowest loss so far: the smoothed loss still wobbles, progress does not.
+            reached = frame["loss_smooth"].cummin()
+            ax_loss.plot(reached, b_simple, color=color)
+            if has_noise:
+                b_noise = _positive(frame["b_noise"])
+                ok = np.isfinite(b_noise)
+                ax_step.plot(frame["step"][ok], b_noise[ok], "--", color=color)
+                ax_loss.plot(reached[ok], b_noise[ok], "--", color=color)
+        for ax in (ax_step, ax_loss):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        ax_step.set_xlabel("optimizer step (steps)")
+        ax_loss.set_xlabel("lowest smoothed training loss so far (nats; training →)")
+        ax_loss.invert_xaxis()
+        what = "B_simple (solid) and B_noise (dashed)" if has_noise else "B_simple"
+        ax_step.set_ylabel(f"{what} (examples)")
+        ax_step.set_title(f"Noise scale over training: {what}")
+        ax_loss.set_title("... against the loss reached")
+        ax_loss.tick_params(labelleft=True)
+        fig.legend(title="best-tuned run\nper batch size", loc="outside right upper")
+        return fig
+
+
+# ---- d. steps-to-target over the grid ------------------------------------------------------
+
+
+def grid_cells(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (target, batch size, learning rate): mean steps over seeds where every seed reached
+    the target, and the cell's outcome: 'reached', 'diverged' (any seed) or 'not reached'."""
+    def outcome(group: pd.DataFrame) -> pd.Series:
+        if group["reached"].astype(bool).all():
+            return pd.Series({"steps": group["steps"].mean(), "outcome": "reached"})
+        states = set(group["state"]) if "state" in group else set()
+        if "outcome" in group:  # newer steps tables say why a run did not reach it
+            states |= set(group["outcome"])
+        worst = next((s for s in ("diverged", "failed", "corrupt", "pending", "running")
+                      if s in states), "not reached")
+        return pd.Series({"steps": np.nan, "outcome": worst})
+
+    keys = ["target", "batch_size", "learning_rate"]
+    rows = [{**dict(zip(keys, key, strict=True)), **outcome(group).to_dict()}
+            for key, group in steps.groupby(keys, sort=True)]
+    return pd.DataFrame(rows, columns=[*keys, "steps", "outcome"])
+
+
+CELL_MARKS = {"not reached": "x", "diverged": "div", "failed": "fail", "corrupt": "bad",
+              "pending": "…", "running": "…"}
+
+
+def steps_grid(steps: pd.DataFrame, front: pd.DataFrame) -> Figure:
+    """Steps to reach each target over the batch size x learning rate grid, one panel per
+    target; the best learning rate per batch size is boxed, cells that never reached the target
+    are hatched (x: not reached, div: diverged)."""
+    if steps.empty:
+        raise Skip("the steps table is empty; run `gnsweep analyze` first")
+    cells = grid_cells(steps)
+    targets = sorted(cells["target"].unique(), reverse=True)
+    batches = sorted(cells["batch_size"].unique())
+    lrs = sorted(cells["learning_rate"].unique())
+    reached = cells["steps"].to_numpy(float)
+    reached = reached[np.isfinite(reached) & (reached > 0)]
+    norm = LogNorm(reached.min(), max(reached.max(), reached.min() * 1.01)) if len(reached) \
+        else LogNorm(1, 10)
+    ncols = min(len(targets), 3)
+    nrows = -(-len(targets) // ncols)
+    width = PAGE if ncols > 1 else COLUMN + 0.6
+    height = max(1.6, 0.28 * len(lrs) + 0.9) * nrows
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
+        image = None
+        for ax, target in zip(axes.flat, targets, strict=False):
+            table = cells[np.isclose(cells["target"], target)]
+            grid = np.full((len(lrs), len(batches)), np.nan)
+            for row in table.itertuples(index=False):
+                grid[lrs.index(row.learning_rate), batches.index(row.batch_size)] = row.steps
+            image = ax.imshow(grid, origin="lower", cmap="viridis", norm=norm, aspect="auto")
+            ax.set_facecolor("0.92")
+            for row in table.itertuples(index=False):
+                x, y = batches.index(row.batch_size), lrs.index(row.learning_rate)
+                if row.outcome == "reached":
+                    shade = norm(row.steps)
+                    ax.text(x, y, f"{row.steps:.0f}", ha="center", va="center", fontsize=5,
+                            color="white" if shade < 0.6 else "black")
+                else:
+                    ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False,
+                                               hatch="////", edgecolor="0.7", lw=0))
+                    ax.text(x, y, CELL_MARKS.get(row.outcome, "?"), ha="center",
+                            va="center", fontsize=5.5, color="0.25")
+            best = front[np.isclose(front["target"], target)] if len(front) else front
+            for row in best.itertuples(index=False):
+                x, y = batches.index(row.batch_size), lrs.index(row.learning_rate)
+                ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False,
+                                           edgecolor="#D55E00", lw=1.3))
+            ax.set_xticks(range(len(batches)), [f"{b:g}" for b in batches], rotation=90)
+            ax.set_yticks(range(len(lrs)), [f"{lr:g}" for lr in lrs])
+            ax.grid(False)
+            ax.set_xlabel("batch size B (examples)")
+            if ax in axes[:, 0]:
+                ax.set_ylabel("learning rate")
+            n_reached = int(table["outcome"].eq("reached").sum())
+            ax.set_title(f"loss {target:g}: {n_reached}/{len(table)} cells reached")
+        for ax in list(axes.flat)[len(targets):]:
+            ax.set_visible(False)
+        if image is not None:
+            fig.colorbar(image, ax=axes, label="steps to reach the target (steps)",
+                         shrink=0.9, pad=0.01)
+        marks = sorted(set(cells["outcome"]) - {"reached"})
+        legend = "; ".join(f"{CELL_MARKS.get(m, '?')}: {m}" for m in marks)
+        fig.suptitle("Steps to target over the grid (box: best learning rate"
+                     + (f"; {legend}" if legend else "") + ")", fontsize=8)
+        return fig
+
+
+# ---- e. best learning rate against batch size ----------------------------------------------
+
+
+def lr_fit_curve(fit: pd.Series | None, batch_sizes: np.ndarray) -> np.ndarray | None:
+    """The fitted eps_opt(B) = eps_max / (1 + (B_noise/B)^alpha) (eq. 2.7 with alpha = 1 for
+    SGD; alpha free for Adam-like optimizers) from one fits.parquet row, or None without one."""
+    if fit is None:
+        return None
+    values = [fit.get("eps_max", np.nan), fit.get("b_noise_lr", np.nan),
+              fit.get("lr_alpha", 1.0)]
+    try:
+        eps_max, b_noise, alpha = (float(v) for v in values)
+    except (TypeError, ValueError):
+        return None
+    if not (np.isfinite([eps_max, b_noise, alpha]).all() and eps_max > 0 and b_noise > 0):
+        return None
+    return eps_max / (1 + (b_noise / np.asarray(batch_sizes, float)) ** alpha)
+
+
+def best_lr_vs_batch(front: pd.DataFrame, steps: pd.DataFrame | None = None,
+                     fits: pd.DataFrame | None = None) -> Figure:
+    """The best learning rate per batch size against batch size, log-log: the refined optimum
+    `lr_opt` (parabola vertex in log lr, log steps) where the front has it, else the best grid
+    point; with the fitted eps_opt(B) = eps_max/(1 + (B_noise/B)^alpha) (eq. 2.7) where the fits
+    carry it. Hollow points: the best rate is on the grid's edge (a bound, left out of the fit)."""
+    if front.empty or front["batch_size"].nunique() < 2:
+        raise Skip("fewer than 2 batch sizes reached a target")
+    column = "lr_opt" if "lr_opt" in front and np.isfinite(front["lr_opt"]).any() \
+        else "learning_rate"
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots()
+        targets = sorted(front["target"].unique(), reverse=True)
+        n = len(targets)
+        offsets = {t: 1.05 ** (i - (n - 1) / 2) for i, t in enumerate(targets)}
+        colors = _target_colors(targets)
+        drawn_fit = False
+        for target in targets:
+            group = front[np.isclose(front["target"], target)].sort_values("batch_size")
+            color = colors[float(target)]
+            edge = group["lr_on_edge"].astype(bool) if "lr_on_edge" in group else \
+                pd.Series(False, index=group.index)
+            # Small horizontal offsets so targets sharing a rate do not hide each other.
+            x = group["batch_size"] * offsets[target]
+            y = group[column].where(np.isfinite(group[column]), group["learning_rate"])
+            label = f"loss {target:g}"
+            fit = None
+            if fits is not None and len(fits):
+                match = fits[np.isclose(fits["target"], target)]
+                fit = match.iloc[0] if len(match) else None
+            b = np.geomspace(group["batch_size"].min() / 2, group["batch_size"].max() * 2, 200)
+            curve = lr_fit_curve(fit, b)
+            if curve is not None:
+                ax.plot(b, curve, "-", color=color, lw=1.0, alpha=0.9)
+                label += f": B_noise ≈ {float(fit['b_noise_lr']):.3g}"
+                drawn_fit = True
+            ax.scatter(x[~edge], y[~edge], color=color, s=16, zorder=3, label=label)
+            ax.scatter(x[edge], y[edge], facecolor="white", edgecolor=color, s=16, zorder=3)
+        if steps is not None and len(steps) and "learning_rate" in steps:
+            for lr in (steps["learning_rate"].min(), steps["learning_rate"].max()):
+                if np.isfinite(lr):
+                    ax.axhline(lr, color="0.5", lw=0.6, ls=":")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _plain_ticks(ax.xaxis, front["batch_size"].unique())
+        ax.set_xlabel("batch size B (examples)")
+        ax.set_ylabel("best learning rate" + (" (refined)" if column == "lr_opt" else ""))
+        ax.set_title("Best learning rate vs batch size" + ("" if drawn_fit else " (no fit)"))
+        handles, labels = ax.get_legend_handles_labels()
+        if drawn_fit:
+            handles.append(plt.Line2D([], [], color="grey", lw=1.0))
+            labels.append("fit: eps_max / (1 + (B_noise/B)^α)")
+        if "lr_on_edge" in front and front["lr_on_edge"].astype(bool).any():
+            handles.append(plt.Line2D([], [], marker="o", ls="", mfc="white", color="grey",
+                                      ms=4))
+            labels.append("on the grid's edge (not fitted)")
+        if steps is not None and len(steps):
+            handles.append(plt.Line2D([], [], color="0.5", lw=0.6, ls=":"))
+            labels.append("grid's lowest/highest rate")
+        ax.legend(handles, labels, loc="lower right")
+        return fig
+
+
+# ---- f. B_crit against the target loss -----------------------------------------------------
+
+
+def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None) -> Figure:
+    """B_crit (eq. 2.12) with its standard error against the target loss, log-log, with the
+    power law B_crit(L) = B_* / L^(1/alpha_B) (Kaplan et al. 2020) where a fit is given."""
+    ok = _fitted(fits)
+    if len(ok) < 2:
+        raise Skip(f"{len(ok)} target(s) with a fit of eq. 2.11; a trend needs at least 2")
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots()
+        colors = _target_colors(fits["target"])
+        for row in ok.itertuples(index=False):
+            color = colors[float(row.target)]
+            ax.errorbar([row.target], [row.b_crit], yerr=_yerr(row.b_crit, row.b_crit_se),
+                        fmt="o", color=color, capsize=2, ms=4, elinewidth=0.8)
+        title = "Critical batch size vs target loss"
+        b_star, alpha = _number(law, "b_star"), _number(law, "alpha_b")
+        if np.isfinite([b_star, alpha]).all() and alpha > 0 and b_star > 0:
+            losses = np.geomspace(ok["target"].min() / 1.5, ok["target"].max() * 1.5, 100)
+            ax.plot(losses, b_star / losses ** (1 / alpha), "k--", lw=0.9,
+                    label=f"B_* / L^(1/α_B): B_* = {b_star:.3g}, α_B = {alpha:.2g}")
+            ax.legend(loc="best")
+        else:
+            title += " (no power-law fit)"
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _plain_ticks(ax.xaxis, ok["target"])
+        # Plain numbers; minor ticks get labels only when the range is under a decade or two.
+        ax.yaxis.set_major_formatter(LogFormatter())
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1)))
+        ax.invert_xaxis()
+        ax.set_xlabel("target loss L (nats; lower is further into training)")
+        ax.set_ylabel("B_crit = E_min / S_min (examples)")
+        ax.set_title(title)
+        return fig
+
+
+# ---- g. training-loss curves ---------------------------------------------------------------
+
+
+def loss_curves(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
+                targets: list[float] | None = None) -> Figure:
+    """Smoothed training loss of the best-tuned run per batch size, against optimizer steps and
+    against examples, log-log, with the targets as horizontal lines: larger batches need fewer
+    steps but more examples (the two sides of eq. 2.11)."""
+    if metrics.empty:
+        raise Skip("no run has metrics")
+    chosen = best_runs(runs, metrics, front)
+    if chosen.empty:
+        raise Skip("every run diverged or has no metrics")
+    colors = _batch_colors(list(chosen["batch_size"]))
+    by_run = dict(tuple(metrics.groupby("run_id", sort=False)))
+    with plt.rc_context(STYLE):
+        fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(PAGE, 2.8), sharey=True)
+        for row in chosen.itertuples(index=False):
+            frame = by_run[row.run_id].sort_values("step")
+            loss = _positive(frame["loss_smooth"])
+            label = f"B = {row.batch_size} (lr {row.learning_rate:g})"
+            if not row.reached:
+                label += ", no target reached"
+            style = "-" if row.reached else ":"
+            ax_s.plot(frame["step"], loss, style, color=colors[row.batch_size], label=label)
+            ax_e.plot(frame["examples"], loss, style, color=colors[row.batch_size])
+        for ax in (ax_s, ax_e):
+            for target in targets or []:
+                ax.axhline(target, color="0.4", ls="--", lw=0.6)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        if targets:
+            ax_e.text(1.0, min(targets), " targets", transform=ax_e.get_yaxis_transform(),
+                      fontsize=5.5, color="0.4", va="center")
+        ax_s.set_xlabel("optimizer step (steps)")
+        ax_e.set_xlabel("examples processed (examples)")
+        ax_s.set_ylabel("training loss, smoothed (nats)")
+        ax_e.tick_params(labelleft=True)
+        ax_s.set_title("Training loss of the best-tuned run per batch size")
+        ax_e.set_title("... against examples (dashed: targets)")
+        fig.legend(title="best-tuned run\nper batch size", loc="outside right upper")
+        return fig
+
+
+# ---- all of them ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    name: str
+    """File stem, e.g. pareto_fronts."""
+    caption: str
+    draw: Callable[[SweepTables], Figure]
+
+
+def _targets(tables: SweepTables) -> list[float]:
+    return sorted(float(t) for t in tables.fits["target"]) if len(tables.fits) else []
+
+
+FIGURES = [
+    FigureSpec("pareto_fronts", "Steps against examples to reach each target at the best "
+               "learning rate per batch size, with the fitted hyperbola of eq. 2.11 and B_crit.",
+               lambda t: pareto_fronts(t.front, t.fits)),
+    FigureSpec("bcrit_vs_bsimple", "B_crit from the fit against the noise scale measured "
+               "during training; on the dashed line the noise scale predicts B_crit exactly.",
+               lambda t: bcrit_vs_bsimple(t.fits, t.front)),
+    FigureSpec("noise_over_training", "The measured noise scale of the best-tuned run per "
+               "batch size, over steps and against the loss: it grows as the loss falls.",
+               lambda t: noise_over_training(t.runs, t.metrics, t.front)),
+    FigureSpec("steps_grid", "Steps to reach each target over the batch size x learning rate "
+               "grid; boxed cells are the best learning rate per batch size.",
+               lambda t: steps_grid(t.steps, t.front)),
+    FigureSpec("best_lr", "The best learning rate against batch size; it grows with B, then "
+               "levels off near B_noise (eq. 2.7).",
+               lambda t: best_lr_vs_batch(t.front, t.steps, t.fits)),
+    FigureSpec("bcrit_vs_loss", "B_crit against the target loss: the critical batch size "
+               "grows as training goes on.",
+               lambda t: bcrit_vs_loss(t.fits, t.bcrit_law)),
+    FigureSpec("loss_curves", "Training loss of the best-tuned run per batch size against "
+               "steps and examples; dashed lines are the targets.",
+               lambda t: loss_curves(t.runs, t.metrics, t.front, _targets(t))),
+]
+
+
+def draw_all(tables: SweepTables) -> dict[str, Figure | str]:
+    """Every figure of FIGURES: a Figure, or the one-line reason it was skipped."""
+    out: dict[str, Figure | str] = {}
+    for spec in FIGURES:
+        try:
+            out[spec.name] = spec.draw(tables)
+        except Skip as reason:
+            out[spec.name] = str(reason)
+    return out
+
+
+def notes(tables: SweepTables) -> list[str]:
+    """One line for each thing the figures leave out although the figure is drawn."""
+    out = []
+    if "b_noise" not in tables.metrics or not np.isfinite(
+            _positive(tables.metrics["b_noise"])).any():
+        out.append("B_noise not measured (noise.hessian_every=0): the noise-scale figures show "
+                   "B_simple only")
+    fits = tables.fits
+    if "eps_max" not in fits or not (np.isfinite(fits["eps_max"].astype(float)).any()):
+        why = "; ".join(sorted({str(r) for r in fits.get("lr_refused", []) if r})) or \
+            "not in fits.parquet (re-run gnsweep analyze)"
+        out.append(f"best_lr drawn without the fit of eps_opt(B): {why}")
+    law = tables.bcrit_law or {}
+    if len(_fitted(fits)) >= 2 and not np.isfinite(
+            [law.get("b_star", np.nan), law.get("alpha_b", np.nan)]).all():
+        why = law.get("refused") or "no loss_scaling table (re-run gnsweep analyze)"
+        out.append(f"bcrit_vs_loss drawn without the power law B_crit(L): {why}")
+    return out
+
+
+def axes_of(fig: Figure) -> list[Axes]:
+    """The figure's data axes (colorbars left out)."""
+    return [ax for ax in fig.axes if ax.get_label() != "<colorbar>" and ax.get_visible()]

@@ -1,0 +1,89 @@
+"""Reading a sweep's tables for the figures and writing the figures: the I/O around plots.py.
+
+    <sweep>/figures/<name>.png, <name>.pdf   one pair per figure of gnsweep.plots.FIGURES
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from gnsweep import store
+from gnsweep.plots import SweepTables
+
+FORMATS = ("png", "pdf")
+# Written by `gnsweep analyze` since the B_crit(L) fit; figures draw without it when missing.
+LOSS_SCALING = "loss_scaling.parquet"
+
+
+def load_tables(sweep_dir: Path, analyze: bool = True) -> SweepTables:
+    """The tables of an analyzed sweep; runs `gnsweep analyze` first when they are missing."""
+    from gnsweep.analysis.load import load_sweep
+    from gnsweep.analysis.report import analyze_sweep
+
+    store.require_sweep(sweep_dir)
+    if analyze and not all((sweep_dir / name).exists() for name in (
+            "steps.parquet", "front.parquet", "fits.parquet")):
+        analyze_sweep(sweep_dir)
+    runs, metrics = load_sweep(sweep_dir, skip_corrupt=True)
+
+    def frame(name: str) -> pd.DataFrame:
+        return store.read_table(sweep_dir / name).to_pandas()
+
+    warnings: list[str] = []
+    if (sweep_dir / "fits.json").exists():
+        warnings = [str(w) for w in store.read_json(sweep_dir / "fits.json").get("warnings", [])]
+    law = None
+    if (sweep_dir / LOSS_SCALING).exists():
+        rows = frame(LOSS_SCALING).to_dict(orient="records")
+        law = rows[0] if rows else None
+    return SweepTables(runs=runs, metrics=metrics, steps=frame("steps.parquet"),
+                       front=frame("front.parquet"), fits=frame("fits.parquet"), bcrit_law=law,
+                       warnings=warnings)
+
+
+def save(fig, stem: str, out_dir: Path, formats: tuple[str, ...] = FORMATS) -> list[Path]:
+    """Write one figure in each format atomically and close it; returns the paths."""
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for fmt in formats:
+        path = Path(out_dir) / f"{stem}.{fmt}"
+        with store._atomic_path(path) as tmp:
+            fig.savefig(tmp, format=fmt)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def png_bytes(fig) -> bytes:
+    """The figure as PNG bytes, for embedding in the report."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+@dataclass
+class Written:
+    paths: list[Path]
+    skipped: dict[str, str]
+    """figure name -> why it was not drawn"""
+    notes: list[str]
+
+
+def write_figures(sweep_dir: Path, formats: tuple[str, ...] = FORMATS) -> Written:
+    """Draw every figure the sweep supports into <sweep>/figures/."""
+    from gnsweep import plots
+
+    tables = load_tables(sweep_dir)
+    paths: list[Path] = []
+    skipped: dict[str, str] = {}
+    for name, result in plots.draw_all(tables).items():
+        if isinstance(result, str):
+            skipped[name] = result
+        else:
+            paths += save(result, name, sweep_dir / "figures", formats)
+    return Written(paths, skipped, plots.notes(tables))

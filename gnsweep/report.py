@@ -1,0 +1,269 @@
+"""A one-page, self-contained HTML report of a sweep: the answer, warnings, fits, figures, grid.
+
+`render` is pure (tables and PNG bytes in, HTML text out; every piece of text is escaped);
+`write_report` reads the sweep, draws the figures and writes <sweep>/report.html atomically.
+The answer per target comes from eq. 2.11: with S = S_min + E_min/B, doubling B saves the
+fraction B_crit / (2 (B + B_crit)) of the steps: 1/4 at B = B_crit, half of what perfect
+scaling (1/2) would save, and less beyond it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gnsweep.plots import FIGURES, SweepTables
+
+REPORT = "report.html"
+Z95 = 1.959964
+"""Two-sided 95% normal quantile; B_crit's interval is taken on log B_crit (delta method)."""
+
+
+def rounded(value: float) -> str:
+    """Two significant figures with thousands separators: 74.13 -> '74', 1126 -> '1,100'."""
+    if not math.isfinite(value):
+        return "?"
+    if value == 0:
+        return "0"
+    digits = 1 - math.floor(math.log10(abs(value)))
+    value = round(value, digits)
+    return f"{value:,.{max(digits, 0)}f}"
+
+
+def bcrit_interval(b_crit: float, se: float) -> tuple[float, float]:
+    """95% interval of B_crit, symmetric on the log scale (B_crit is positive and its error
+    comes from log S_min and log E_min by the delta method)."""
+    if not (math.isfinite(se) and se > 0 and b_crit > 0):
+        return math.nan, math.nan
+    spread = math.exp(Z95 * se / b_crit)
+    return b_crit / spread, b_crit * spread
+
+
+def answers(fits: pd.DataFrame, front: pd.DataFrame) -> list[str]:
+    """One plain sentence per target, highest loss first."""
+    out = []
+    batches = sorted(front["batch_size"].unique()) if len(front) else []
+    for row in fits.sort_values("target", ascending=False).itertuples(index=False):
+        b_crit = float(row.b_crit)
+        if not (math.isfinite(b_crit) and b_crit > 0):
+            reason = str(row.refused) or "no fit"
+            out.append(f"At loss {row.target:g}: no answer yet; {reason}.")
+            continue
+        lo, hi = bcrit_interval(b_crit, float(row.b_crit_se))
+        interval = f" ({rounded(lo)} to {rounded(hi)})" if math.isfinite(lo) else ""
+        text = (f"At loss {row.target:g} the largest useful batch size is about "
+                f"{rounded(b_crit)}{interval}; beyond it, doubling the batch saves less than "
+                f"a quarter of the steps, half of what perfect scaling would save.")
+        text += (f" Near it a run needs about {rounded(2 * row.s_min)} steps and "
+                 f"{rounded(2 * row.e_min)} examples.")
+        if batches and not batches[0] <= b_crit <= batches[-1]:
+            text += (f" B_crit lies outside the measured batch sizes ({batches[0]} to "
+                     f"{batches[-1]}): it is extrapolated.")
+        b_simple = float(row.b_simple_mean)
+        if math.isfinite(b_simple) and b_simple > 0:
+            text += f" The noise scale measured during training, B_simple, was about " \
+                    f"{rounded(b_simple)}."
+        out.append(text)
+    return out
+
+
+def collect_warnings(tables: SweepTables) -> list[str]:
+    """Everything a reader should distrust: the analysis's warnings (grid edges, refused fits),
+    unreached targets, and runs that failed, diverged or have not finished."""
+    out = [w for w in tables.warnings
+           if not (w.startswith("run ") and w.endswith(": left out"))]
+    runs, steps = tables.runs, tables.steps
+    for state, what in (("failed", "failed (see its status.json; relaunch to retry)"),
+                        ("diverged", "diverged (loss blew up): left out of the fits"),
+                        ("corrupt", "has an unreadable metrics file: left out"),
+                        ("pending", "has not run yet: results are partial"),
+                        ("running", "is still running: results are partial")):
+        ids = sorted(runs.loc[runs["state"] == state, "run_id"]) if len(runs) else []
+        if ids:
+            out.append(f"{len(ids)} run(s) {what}: {', '.join(ids)}")
+    if len(steps):
+        for target, group in steps.groupby("target", sort=False):
+            reached = group.groupby("batch_size")["reached"].any()
+            never = [int(b) for b in reached.index[~reached]]
+            if len(never) == len(reached):
+                out.append(f"target {target:g}: no run reached it; raise sweep.max_steps or "
+                           "choose a higher target loss")
+            elif never:
+                out.append(f"target {target:g}: batch size(s) {', '.join(map(str, never))} "
+                           "never reached it at any learning rate")
+    return out
+
+
+# ---- HTML ----------------------------------------------------------------------------------
+
+CSS = """
+body { font-family: 'DejaVu Sans', Helvetica, Arial, sans-serif; color: #1a1a1a;
+       max-width: 1100px; margin: 2em auto; padding: 0 1em; line-height: 1.45; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.2em; margin-top: 1.8em;
+  border-bottom: 1px solid #ccc; padding-bottom: 0.2em; }
+.meta { color: #555; font-size: 0.9em; }
+.answer { background: #eef5fb; border-left: 4px solid #0072B2; padding: 0.5em 0.9em;
+          margin: 0.4em 0; }
+.warn li { color: #8a3b00; } .note li { color: #555; }
+table { border-collapse: collapse; font-size: 0.88em; margin: 0.5em 0; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th { background: #f3f3f3; } td.text { text-align: left; }
+.figures { display: grid; grid-template-columns: repeat(auto-fit, minmax(460px, 1fr));
+           gap: 1.2em; }
+figure { margin: 0; } figure.wide { grid-column: 1 / -1; }
+figure img { width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { font-size: 0.88em; color: #444; }
+pre { background: #f7f7f7; padding: 0.7em; font-size: 0.82em; overflow-x: auto; }
+"""
+
+
+def esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG")
+    width, height = struct.unpack(">II", data[16:24])
+    return int(width), int(height)
+
+
+def _pm(value: float, se: float) -> str:
+    if not math.isfinite(value):
+        return ""
+    return f"{value:.4g} ± {se:.2g}" if math.isfinite(se) else f"{value:.4g}"
+
+
+def _num(value: float, fmt: str = ".3g") -> str:
+    return format(value, fmt) if isinstance(value, int | float) and math.isfinite(value) else ""
+
+
+def fit_table(fits: pd.DataFrame) -> str:
+    has_noise = "b_noise_mean" in fits and np.isfinite(fits["b_noise_mean"].astype(float)).any()
+    head = ["target loss", "batch sizes", "S_min (steps)", "E_min (examples)",
+            "B_crit (examples)", "B_crit 95% interval", "B_simple (S_min-weighted mean)",
+            "B_simple at target", *(["B_noise"] if has_noise else []), "B_crit / B_simple",
+            "rms log residual", "note"]
+    rows = []
+    for row in fits.sort_values("target", ascending=False).itertuples(index=False):
+        lo, hi = bcrit_interval(float(row.b_crit), float(row.b_crit_se))
+        cells = [f"{row.target:g}", f"{row.n_batch_sizes}", _pm(row.s_min, row.s_min_se),
+                 _pm(row.e_min, row.e_min_se), _pm(row.b_crit, row.b_crit_se),
+                 f"{lo:.3g} to {hi:.3g}" if math.isfinite(lo) else "",
+                 _num(row.b_simple_mean), _num(row.b_simple_at_target),
+                 *([_num(row.b_noise_mean)] if has_noise else []), _num(row.ratio, ".2f"),
+                 _num(row.rmse_log), str(row.refused or "")]
+        rows.append("<tr>" + "".join(
+            f"<td{' class=text' if i == len(cells) - 1 else ''}>{esc(c)}</td>"
+            for i, c in enumerate(cells)) + "</tr>")
+    header = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
+    return f"<table>{header}{''.join(rows)}</table>"
+
+
+def grid_summary(config: dict, runs: pd.DataFrame) -> str:
+    sweep = config.get("sweep", {}) if isinstance(config, dict) else {}
+    task = config.get("task", {}) if isinstance(config, dict) else {}
+    items = [("task", task.get("name", "?")),
+             ("optimizer", sweep.get("optimizer", "?")),
+             ("batch sizes", ", ".join(map(str, sweep.get("batch_sizes", [])))),
+             ("learning rates", ", ".join(f"{x:g}" if isinstance(x, int | float) else str(x)
+                                          for x in sweep.get("learning_rates", []))),
+             ("seeds", ", ".join(map(str, sweep.get("seeds", [])))),
+             ("target losses", ", ".join(map(str, sweep.get("targets", [])))),
+             ("max steps per run", sweep.get("max_steps", "?"))]
+    states = runs["state"].value_counts().to_dict() if len(runs) else {}
+    items.append(("runs", f"{len(runs)}: " + ", ".join(f"{n} {s}" for s, n in
+                                                     sorted(states.items()))))
+    body = "".join(f"<tr><th>{esc(k)}</th><td class=text>{esc(v)}</td></tr>" for k, v in items)
+    return f"<table>{body}</table>"
+
+
+def _list(items: list[str], cls: str) -> str:
+    return f"<ul class={cls}>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>"
+
+
+def render(tables: SweepTables, figures: dict[str, bytes | str], config: dict,
+           config_text: str, title: str, notes: list[str] | None = None) -> str:
+    """The report as one HTML string. `figures` maps a figure name to PNG bytes or to the
+    one-line reason it was skipped; images are embedded as base64 data URIs."""
+    captions = {spec.name: spec.caption for spec in FIGURES}
+    warnings = collect_warnings(tables)
+    parts = [
+        "<!DOCTYPE html>", "<html lang=en><head><meta charset=utf-8>",
+        f"<title>{esc(title)}</title>",
+        "<meta name=viewport content='width=device-width, initial-scale=1'>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>{esc(title)}</h1>",
+        "<p class=meta>Critical batch size from a batch size x learning rate sweep "
+        "(McCandlish et al. 2018, eq. 2.11-2.12). Written by <code>gnsweep report</code>.</p>",
+        "<h2>Answer</h2>",
+        *(f"<p class=answer>{esc(a)}</p>" for a in answers(tables.fits, tables.front)),
+        f"<h2>Warnings ({len(warnings)})</h2>",
+        _list(warnings, "warn") if warnings else "<p>None.</p>",
+        "<h2>Fits of eq. 2.11: (S/S_min − 1)(E/E_min − 1) = 1</h2>",
+        "<p class=meta>Standard errors from the least-squares Jacobian on log S; "
+        "B_crit = E_min/S_min (eq. 2.12), its error by the delta method.</p>",
+        fit_table(tables.fits),
+        "<h2>Figures</h2><div class=figures>",
+    ]
+    skipped = []
+    for name, item in figures.items():
+        if isinstance(item, str):
+            skipped.append(f"{name}: {item}")
+            continue
+        width, height = png_size(item)
+        wide = " class=wide" if width > 1.6 * height else ""
+        data = base64.b64encode(item).decode("ascii")
+        caption = captions.get(name, name)
+        parts.append(f"<figure{wide} id={esc(name)}><img alt='{esc(caption)}' "
+                     f"src='data:image/png;base64,{data}'>"
+                     f"<figcaption><b>{esc(name)}</b>: {esc(caption)}</figcaption></figure>")
+    parts.append("</div>")
+    if skipped or notes:
+        parts += ["<h3>Not drawn, or drawn without a part</h3>",
+                  _list([*(f"skipped {s}" for s in skipped), *(notes or [])], "note")]
+    parts += ["<h2>Grid</h2>", grid_summary(config, tables.runs),
+              "<h2>Resolved configuration</h2>", f"<pre>{esc(config_text)}</pre>",
+              "</body></html>"]
+    return "\n".join(parts)
+
+
+def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
+    """Draw the figures and write <sweep>/report.html; returns (path, skipped, notes)."""
+    import yaml
+
+    from gnsweep import plots, store
+    from gnsweep.figures import load_tables, png_bytes
+
+    tables = load_tables(sweep_dir)
+    config_path = sweep_dir / store.SWEEP_CONFIG
+    config_text = config_path.read_text()
+    try:
+        config = yaml.safe_load(config_text) or {}
+    except yaml.YAMLError as err:
+        raise store.StoreError(f"{config_path}: not valid YAML ({err})") from None
+    figures: dict[str, bytes | str] = {}
+    for name, result in plots.draw_all(tables).items():
+        if isinstance(result, str):
+            figures[name] = result
+        else:
+            figures[name] = png_bytes(result)
+            import matplotlib.pyplot as plt
+
+            plt.close(result)
+    name = config.get("sweep", {}).get("name", sweep_dir.name) if isinstance(config, dict) \
+        else sweep_dir.name
+    notes = plots.notes(tables)
+    text = render(tables, figures, config if isinstance(config, dict) else {}, config_text,
+                  f"gnsweep report: {name} ({sweep_dir})", notes)
+    path = sweep_dir / REPORT
+    store.write_text(path, text)
+    skipped = {k: v for k, v in figures.items() if isinstance(v, str)}
+    return path, skipped, notes
