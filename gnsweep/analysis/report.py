@@ -251,22 +251,30 @@ def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None) ->
     header = (f"{'target':>8} {'#B':>3} {'S_min':>16} {'E_min':>18} {'B_crit':>16} "
               f"{'B_simple':>16} {'B_crit/B_simple':>15} {'B_noise(lr)':>16}")
     lines = [header]
+    footnote = False
     for row in fits.itertuples(index=False):
         if row.refused:
             lines.append(f"{row.target:>8g} {row.n_batch_sizes:>3} no fit: {row.refused}")
             continue
         b_crit = _pm(row.b_crit, row.b_crit_se)
+        b_simple = _pm(row.b_simple_mean, row.b_simple_mean_se)
+        ratio = _pm(row.ratio, row.ratio_se, ".2f")
+        if not np.isfinite(row.b_simple_mean) and np.isfinite(row.b_simple_at_target):
+            # Only B_simple at the target is known (e.g. a steps table): say so.
+            b_simple = _pm(row.b_simple_at_target, row.b_simple_at_target_se) + "*"
+            ratio = _pm(row.ratio_at_target, row.ratio_at_target_se, ".2f") + "*"
+            footnote = True
         lines.append(
             f"{row.target:>8g} {row.n_batch_sizes:>3} {_pm(row.s_min, row.s_min_se):>16} "
-            f"{_pm(row.e_min, row.e_min_se):>18} {b_crit:>16} "
-            f"{_pm(row.b_simple_mean, row.b_simple_mean_se):>16} "
-            f"{_pm(row.ratio, row.ratio_se, '.2f'):>15} "
+            f"{_pm(row.e_min, row.e_min_se):>18} {b_crit:>16} {b_simple:>16} {ratio:>15} "
             f"{_pm(row.b_noise_lr, row.b_noise_lr_se):>16}")
         if row.n_bootstrap:
             lines.append(f"{'':>12} 95% bootstrap ({row.n_bootstrap}): B_crit "
                          f"[{row.b_crit_lo:.4g}, {row.b_crit_hi:.4g}], S_min "
                          f"[{row.s_min_lo:.4g}, {row.s_min_hi:.4g}], E_min "
                          f"[{row.e_min_lo:.4g}, {row.e_min_hi:.4g}]")
+    if footnote:
+        lines.append("* B_simple at the target (no S_min-weighted mean was given)")
     if loss_scaling is not None and len(loss_scaling):
         scaling = loss_scaling.iloc[0]
         if scaling["refused"]:
