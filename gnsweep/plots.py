@@ -121,7 +121,8 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame) -> Figure:
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(COLUMN, 2.9))
         colors = _target_colors([*front["target"], *fits["target"]])
-        for target, group in front.groupby("target", sort=True):
+        for target in sorted(front["target"].unique(), reverse=True):
+            group = front[np.isclose(front["target"], target)]
             color = colors[float(target)]
             on = group["on_front"].astype(bool) if "on_front" in group else group["steps"] > 0
             fit = fits[np.isclose(fits["target"], target)]
@@ -513,7 +514,7 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None) -> Figure:
             losses = np.geomspace(ok["target"].min() / 1.5, ok["target"].max() * 1.5, 100)
             ax.plot(losses, b_star / losses ** (1 / alpha), "k--", lw=0.9,
                     label=f"B_* / L^(1/α_B): B_* = {b_star:.3g}, α_B = {alpha:.2g}")
-            ax.legend(loc="best")
+            fig.legend(loc="outside lower center")
         else:
             title += " (no power-law fit)"
         ax.set_xscale("log")

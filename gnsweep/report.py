@@ -59,7 +59,7 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame) -> list[str]:
         interval = f" ({rounded(lo)} to {rounded(hi)})" if math.isfinite(lo) else ""
         text = (f"At loss {row.target:g} the largest useful batch size is about "
                 f"{rounded(b_crit)}{interval}; beyond it, doubling the batch saves less than "
-                f"a quarter of the steps, half of what perfect scaling would save.")
+                f"a quarter of the steps (perfect scaling would save half).")
         text += (f" Near it a run needs about {rounded(2 * row.s_min)} steps and "
                  f"{rounded(2 * row.e_min)} examples.")
         if batches and not batches[0] <= b_crit <= batches[-1]:
