@@ -1,0 +1,30 @@
+"""CI's fit regression: launch the tiny deterministic sweep, check it against the committed
+baseline (tests/baseline/tiny.json). Regenerate that file only with an intended change."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gnsweep.cli import app
+
+BASELINE = Path(__file__).parent / "baseline" / "tiny.json"
+runner = CliRunner()
+
+
+@pytest.mark.slow
+def test_tiny_sweep_matches_the_committed_baseline(tmp_path, monkeypatch):
+    # One thread per process: the runs are deterministic for one torch version on CPU, and
+    # threaded reductions would change the last bits (and, rarely, a step count).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    sweep = tmp_path / "tiny"
+    result = runner.invoke(app, ["launch", "sweep=tiny", "--sweep-dir", str(sweep),
+                                 "--workers", "2", "--quiet"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["analyze", str(sweep)])
+    assert result.exit_code == 0, result.output
+    junit = tmp_path / "fits.xml"
+    result = runner.invoke(app, ["check", str(sweep), "--baseline", str(BASELINE), "--junit",
+                                 str(junit)])
+    assert result.exit_code == 0, result.output
+    assert 'failures="0"' in junit.read_text()
