@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import matplotlib
 
@@ -34,7 +35,7 @@ COLUMN = 3.4
 """Width of one paper column, inches."""
 PAGE = 7.0
 """Width of a two-column figure, inches."""
-STYLE = {
+STYLE: dict[Any, Any] = {
     "figure.figsize": (COLUMN, 2.7), "figure.dpi": 200, "font.size": 7.5,
     "axes.titlesize": 8, "axes.labelsize": 7.5, "legend.fontsize": 6.5,
     "legend.title_fontsize": 6.5, "xtick.labelsize": 6.5, "ytick.labelsize": 6.5,
@@ -87,6 +88,16 @@ def _finite(frame: pd.DataFrame, column: str) -> pd.Series:
         return pd.Series(False, index=frame.index)
     values = pd.to_numeric(frame[column], errors="coerce")
     return np.isfinite(values) & (values > 0)
+
+
+def _loglog(ax: Axes) -> None:
+    """Log scales on both axes with plain tick labels (300, not 3x10^2); when the data span
+    less than a decade or two, some minor ticks get labels too, so every axis has numbers."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(LogFormatter())
+        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.5)))
 
 
 def _plain_ticks(axis, values) -> None:
@@ -145,8 +156,7 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame) -> Figure:
             ax.plot(b * s, s, color=color, lw=1.0, alpha=0.85)
             ax.scatter([2 * e_min], [2 * s_min], marker="*", s=70, color=color,
                        edgecolor="black", linewidth=0.5, zorder=4)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _loglog(ax)
         ax.set_xlabel("examples to reach the target, E (examples)")
         ax.set_ylabel("steps to reach the target, S (steps)")
         ax.set_title("Pareto fronts: steps vs examples per target loss")
@@ -212,8 +222,7 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None) -> F
         flat = flat[np.isfinite(flat) & (flat > 0)]
         lo, hi = flat.min() / 2.5, flat.max() * 2.5
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _loglog(ax)
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         ax.set_aspect("equal", adjustable="box")
@@ -306,8 +315,7 @@ def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.Dat
                 ax_step.plot(frame["step"][ok], b_noise[ok], "--", color=color)
                 ax_loss.plot(reached[ok], b_noise[ok], "--", color=color)
         for ax in (ax_step, ax_loss):
-            ax.set_xscale("log")
-            ax.set_yscale("log")
+            _loglog(ax)
         ax_step.set_xlabel("optimizer step (steps)")
         ax_loss.set_xlabel("lowest smoothed training loss so far (nats; training →)")
         ax_loss.invert_xaxis()
@@ -401,7 +409,7 @@ def steps_grid(steps: pd.DataFrame, front: pd.DataFrame) -> Figure:
         for ax in list(axes.flat)[len(targets):]:
             ax.set_visible(False)
         if image is not None:
-            fig.colorbar(image, ax=axes, label="steps to reach the target (steps)",
+            fig.colorbar(image, ax=axes, label="steps to target (steps)",
                          shrink=0.9, pad=0.01)
         marks = sorted(set(cells["outcome"]) - {"reached"})
         legend = "; ".join(f"{CELL_MARKS.get(m, '?')}: {m}" for m in marks)
@@ -463,7 +471,7 @@ def best_lr_vs_batch(front: pd.DataFrame, steps: pd.DataFrame | None = None,
             curve = lr_fit_curve(fit, b)
             if curve is not None:
                 ax.plot(b, curve, "-", color=color, lw=1.0, alpha=0.9)
-                label += f": B_noise ≈ {float(fit['b_noise_lr']):.3g}"
+                label += f": B_noise ≈ {_number(fit, 'b_noise_lr'):.3g}"
                 drawn_fit = True
             ax.scatter(x[~edge], y[~edge], color=color, s=16, zorder=3, label=label)
             ax.scatter(x[edge], y[edge], facecolor="white", edgecolor=color, s=16, zorder=3)
@@ -471,8 +479,7 @@ def best_lr_vs_batch(front: pd.DataFrame, steps: pd.DataFrame | None = None,
             for lr in (steps["learning_rate"].min(), steps["learning_rate"].max()):
                 if np.isfinite(lr):
                     ax.axhline(lr, color="0.5", lw=0.6, ls=":")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _loglog(ax)
         _plain_ticks(ax.xaxis, front["batch_size"].unique())
         ax.set_xlabel("batch size B (examples)")
         ax.set_ylabel("best learning rate" + (" (refined)" if column == "lr_opt" else ""))
@@ -517,12 +524,8 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None) -> Figure:
             fig.legend(loc="outside lower center")
         else:
             title += " (no power-law fit)"
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _loglog(ax)
         _plain_ticks(ax.xaxis, ok["target"])
-        # Plain numbers; minor ticks get labels only when the range is under a decade or two.
-        ax.yaxis.set_major_formatter(LogFormatter())
-        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1)))
         ax.invert_xaxis()
         ax.set_xlabel("target loss L (nats; lower is further into training)")
         ax.set_ylabel("B_crit = E_min / S_min (examples)")
@@ -559,8 +562,7 @@ def loss_curves(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
         for ax in (ax_s, ax_e):
             for target in targets or []:
                 ax.axhline(target, color="0.4", ls="--", lw=0.6)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
+            _loglog(ax)
         if targets:
             ax_e.text(1.0, min(targets), " targets", transform=ax_e.get_yaxis_transform(),
                       fontsize=5.5, color="0.4", va="center")

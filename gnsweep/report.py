@@ -14,6 +14,7 @@ import html
 import math
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,7 @@ def rounded(value: float) -> str:
         return "0"
     digits = 1 - math.floor(math.log10(abs(value)))
     value = round(value, digits)
+    digits = 1 - math.floor(math.log10(abs(value)))  # 9.96 -> 10.0 has one digit fewer
     return f"{value:,.{max(digits, 0)}f}"
 
 
@@ -45,6 +47,15 @@ def bcrit_interval(b_crit: float, se: float) -> tuple[float, float]:
     return b_crit / spread, b_crit * spread
 
 
+def interval_of(row: Any) -> tuple[float, float]:
+    """B_crit's 95% interval: the bootstrap percentiles when `gnsweep analyze --bootstrap` made
+    them, else the delta-method interval of `bcrit_interval`."""
+    lo, hi = (float(getattr(row, k, math.nan)) for k in ("b_crit_lo", "b_crit_hi"))
+    if math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi:
+        return lo, hi
+    return bcrit_interval(float(row.b_crit), float(row.b_crit_se))
+
+
 def answers(fits: pd.DataFrame, front: pd.DataFrame) -> list[str]:
     """One plain sentence per target, highest loss first."""
     out = []
@@ -55,7 +66,7 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame) -> list[str]:
             reason = str(row.refused) or "no fit"
             out.append(f"At loss {row.target:g}: no answer yet; {reason}.")
             continue
-        lo, hi = bcrit_interval(b_crit, float(row.b_crit_se))
+        lo, hi = interval_of(row)
         interval = f" ({rounded(lo)} to {rounded(hi)})" if math.isfinite(lo) else ""
         text = (f"At loss {row.target:g} the largest useful batch size is about "
                 f"{rounded(b_crit)}{interval}; beyond it, doubling the batch saves less than "
@@ -153,7 +164,7 @@ def fit_table(fits: pd.DataFrame) -> str:
             "rms log residual", "note"]
     rows = []
     for row in fits.sort_values("target", ascending=False).itertuples(index=False):
-        lo, hi = bcrit_interval(float(row.b_crit), float(row.b_crit_se))
+        lo, hi = interval_of(row)
         cells = [f"{row.target:g}", f"{row.n_batch_sizes}", _pm(row.s_min, row.s_min_se),
                  _pm(row.e_min, row.e_min_se), _pm(row.b_crit, row.b_crit_se),
                  f"{lo:.3g} to {hi:.3g}" if math.isfinite(lo) else "",
@@ -231,6 +242,10 @@ def render(tables: SweepTables, figures: dict[str, bytes | str], config: dict,
                   _list([*(f"skipped {s}" for s in skipped), *(notes or [])], "note")]
     parts += ["<h2>Grid</h2>", grid_summary(config, tables.runs),
               "<h2>Resolved configuration</h2>", f"<pre>{esc(config_text)}</pre>",
+              # Lets a headless browser test see that every embedded figure decoded.
+              "<script>window.addEventListener('load', () => { document.body.dataset.imagesLoaded"
+              " = [...document.images].filter(i => i.complete && i.naturalWidth > 0).length; "
+              "});</script>",
               "</body></html>"]
     return "\n".join(parts)
 
