@@ -23,7 +23,9 @@ demo: $(STAMP)
 	$(BIN)/gnsweep launch --sweep-dir runs/demo
 	$(BIN)/gnsweep analyze runs/demo
 	$(BIN)/gnsweep plot runs/demo
+	$(BIN)/gnsweep report runs/demo
 	@echo "Done. Tables: runs/demo/*.parquet  Figures: runs/demo/figures/"
+	@echo "Report (one file, figures inside; open it in a browser): file://$(CURDIR)/runs/demo/report.html"
 
 test: $(STAMP)
 	$(BIN)/ruff check .
