@@ -1,0 +1,105 @@
+"""Analysis speed: `analyze_sweep` on a sweep of many runs against pyarrow reading its files.
+
+Writes a synthetic sweep (default 1,000 runs x 2,000 logged steps: 2 million metric rows, real
+parquet files in the store's layout), then times (a) pyarrow alone reading the columns the
+analysis needs from every metrics file and (b) the whole analysis: load, steps-to-target, fronts,
+fits, and writing its tables. Reports (b)/(a); the goal is at most 3.
+
+    python -m gnsweep.bench analysis [--runs N] [--steps N] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from gnsweep import store
+from gnsweep.analysis.load import METRIC_COLUMNS
+from gnsweep.analysis.report import analyze_sweep
+
+TARGETS = (1.0, 0.5, 0.25)
+
+
+def write_sweep(root: Path, n_runs: int, n_steps: int, seed: int = 0) -> None:
+    """Runs over a batch-size x learning-rate x seed grid whose loss decays at a rate given by
+    S = S_min + E_min/B at eps_opt(B) (eq. 2.11), with noise."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / store.SWEEP_CONFIG).write_text(
+        f"sweep:\n  targets: {list(TARGETS)}\n  optimizer: sgd\n")
+    batches = [2 ** k for k in range(3, 13)]
+    lrs = list(np.geomspace(0.05, 5.0, 10))
+    n_seeds = max(1, math.ceil(n_runs / (len(batches) * len(lrs))))
+    grid = [(b, lr, s) for s in range(n_seeds) for b in batches for lr in lrs][:n_runs]
+    step = np.arange(1, n_steps + 1)
+    for b, lr, s in grid:
+        run_id = f"b{b:05d}_lr{lr:.4g}_s{s}"
+        path = store.run_dir(root, run_id)
+        store.write_json(path / store.RUN_CONFIG, {"run": {
+            "batch_size": b, "learning_rate": float(lr), "seed": s}})
+        # Steps to halve the loss: the hyperbola at the best learning rate, a bowl around it.
+        best = 2.0 / (1 + 64 / b)
+        half = (n_steps / 40) * (1 + 64 / b) * math.exp(0.3 * math.log(lr / best) ** 2)
+        loss = 2.0 * np.exp2(-step / half) * np.exp(rng.normal(0, 0.05, n_steps))
+        smooth = np.convolve(loss, np.ones(8) / 8, mode="full")[:n_steps]
+        nan = np.full(n_steps, np.nan)
+        rows = {f.name: nan for f in store.METRICS_SCHEMA}
+        rows.update(step=step, examples=step * b, loss=loss, loss_smooth=smooth,
+                    lr=np.full(n_steps, lr), b_simple=50 + rng.normal(0, 5, n_steps),
+                    wall_time=step * 1e-3)
+        table = store.metrics_table({k: np.asarray(v).tolist() for k, v in rows.items()})
+        store.write_table(path / store.METRICS, table)
+        store.write_json(path / store.STATUS, {"state": "done", "attempts": 1})
+
+
+def time_read(root: Path) -> float:
+    start = time.perf_counter()
+    for run_id in store.run_ids(root):
+        pq.read_table(store.run_dir(root, run_id) / store.METRICS, columns=METRIC_COLUMNS)
+    return time.perf_counter() - start
+
+
+def time_analysis(root: Path) -> float:
+    start = time.perf_counter()
+    analyze_sweep(root)
+    return time.perf_counter() - start
+
+
+def main(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser(prog="gnsweep bench analysis")
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--keep", type=Path, default=None, help="Write the sweep here, keep it.")
+    args = parser.parse_args(argv)
+    root = args.keep or Path(tempfile.mkdtemp(prefix="gnsweep-bench-")) / "sweep"
+    try:
+        if not (root / store.SWEEP_CONFIG).exists():
+            start = time.perf_counter()
+            write_sweep(root, args.runs, args.steps)
+            print(f"wrote {args.runs} runs x {args.steps} steps in "
+                  f"{time.perf_counter() - start:.1f} s -> {root}")
+        time_read(root)  # warm the page cache for both
+        read = min(time_read(root) for _ in range(args.repeat))
+        analysis = min(time_analysis(root) for _ in range(args.repeat))
+    finally:
+        if args.keep is None:
+            shutil.rmtree(root.parent, ignore_errors=True)
+    result = {"subject": "analysis", "runs": args.runs, "steps": args.steps,
+              "rows": args.runs * args.steps, "pyarrow_read_s": round(read, 3),
+              "analyze_s": round(analysis, 3), "ratio": round(analysis / read, 2),
+              "goal_ratio": 3.0}
+    print(f"{'what':<36}{'seconds':>10}")
+    print(f"{'pyarrow reads the metrics files':<36}{read:>10.3f}")
+    print(f"{'gnsweep analyze (load..write)':<36}{analysis:>10.3f}")
+    print(f"{'ratio (goal <= 3)':<36}{analysis / read:>10.2f}")
+    print(json.dumps(result))
+    return result
