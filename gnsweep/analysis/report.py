@@ -56,8 +56,9 @@ class Analysis:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        scaling = _records(self.loss_scaling)
         return {"fits": _records(self.fits), "lr_fits": _records(self.lr_fits),
-                "loss_scaling": (_records(self.loss_scaling) or [None])[0],
+                "loss_scaling": scaling[0] if scaling else None,
                 "warnings": self.warnings, "meta": self.meta}
 
 

@@ -128,8 +128,9 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
         at = np.where(reached, first, 0)
         steps = np.where(reached, step[at] if n_rows else np.nan, np.nan)
         outcome = np.where(reached, "reached", np.where(has_rows, "not_reached", "no_metrics"))
-        outcome = np.where(np.isin(state, ("done",)), outcome, np.where(
-            state == "diverged", "diverged", np.where(has_rows, outcome, state)))
+        outcome = np.where(state == "diverged", "diverged", outcome)
+        # Runs without metrics that did not finish say why: pending, running, failed, corrupt.
+        outcome = np.where(~has_rows & (state != "done"), state, outcome)
         part = base.copy()
         part["target"] = float(target)
         part["state"] = state
