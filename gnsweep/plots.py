@@ -90,14 +90,27 @@ def _finite(frame: pd.DataFrame, column: str) -> pd.Series:
     return np.isfinite(values) & (values > 0)
 
 
+class _PlainLogFormatter(LogFormatter):
+    """LogFormatter's choice of which ticks to label, written plainly: 300 and 0.6, not 3x10^2
+    and 6e-01."""
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
+def _plain_log_axis(axis) -> None:
+    """Plain labels on a log axis; when the data span less than a decade or two, some minor
+    ticks get labels too, so every axis has numbers."""
+    axis.set_major_formatter(_PlainLogFormatter())
+    axis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.5)))
+
+
 def _loglog(ax: Axes) -> None:
-    """Log scales on both axes with plain tick labels (300, not 3x10^2); when the data span
-    less than a decade or two, some minor ticks get labels too, so every axis has numbers."""
+    """Log scales on both axes, plain tick labels."""
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_formatter(LogFormatter())
-        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.5)))
+    _plain_log_axis(ax.xaxis)
+    _plain_log_axis(ax.yaxis)
 
 
 def _plain_ticks(axis, values) -> None:
@@ -323,7 +336,7 @@ def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.Dat
         ax_step.set_ylabel(f"{what} (examples)")
         ax_step.set_title(f"Noise scale over training: {what}")
         ax_loss.set_title("... against the loss reached")
-        ax_loss.tick_params(labelleft=True)
+        ax_loss.tick_params(which="both", labelleft=True)
         fig.legend(title="best-tuned run\nper batch size", loc="outside right upper")
         return fig
 
@@ -371,7 +384,7 @@ def steps_grid(steps: pd.DataFrame, front: pd.DataFrame) -> Figure:
     ncols = min(len(targets), 3)
     nrows = -(-len(targets) // ncols)
     width = PAGE if ncols > 1 else COLUMN + 0.6
-    height = max(1.6, 0.28 * len(lrs) + 0.9) * nrows
+    height = max(2.0, 0.28 * len(lrs) + 0.9) * nrows
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
         image = None
@@ -382,22 +395,26 @@ def steps_grid(steps: pd.DataFrame, front: pd.DataFrame) -> Figure:
                 grid[lrs.index(row.learning_rate), batches.index(row.batch_size)] = row.steps
             image = ax.imshow(grid, origin="lower", cmap="viridis", norm=norm, aspect="auto")
             ax.set_facecolor("0.92")
+            best = front[np.isclose(front["target"], target)] if len(front) else front
+            best_cells = set(zip(best["batch_size"], best["learning_rate"], strict=True))
             for row in table.itertuples(index=False):
                 x, y = batches.index(row.batch_size), lrs.index(row.learning_rate)
                 if row.outcome == "reached":
                     shade = norm(row.steps)
                     ax.text(x, y, f"{row.steps:.0f}", ha="center", va="center", fontsize=5,
-                            color="white" if shade < 0.6 else "black")
+                            color="white" if shade < 0.6 else "black",
+                            weight="bold" if (row.batch_size, row.learning_rate) in best_cells
+                            else "normal")
                 else:
                     ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False,
                                                hatch="////", edgecolor="0.7", lw=0))
                     ax.text(x, y, CELL_MARKS.get(row.outcome, "?"), ha="center",
                             va="center", fontsize=5.5, color="0.25")
-            best = front[np.isclose(front["target"], target)] if len(front) else front
             for row in best.itertuples(index=False):
                 x, y = batches.index(row.batch_size), lrs.index(row.learning_rate)
-                ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False,
-                                           edgecolor="#D55E00", lw=1.3))
+                # Inset, so that neighbouring best cells keep separate boxes.
+                ax.add_patch(plt.Rectangle((x - 0.42, y - 0.4), 0.84, 0.8, fill=False,
+                                           edgecolor="#D55E00", lw=1.4))
             ax.set_xticks(range(len(batches)), [f"{b:g}" for b in batches], rotation=90)
             ax.set_yticks(range(len(lrs)), [f"{lr:g}" for lr in lrs])
             ax.grid(False)
@@ -409,8 +426,9 @@ def steps_grid(steps: pd.DataFrame, front: pd.DataFrame) -> Figure:
         for ax in list(axes.flat)[len(targets):]:
             ax.set_visible(False)
         if image is not None:
-            fig.colorbar(image, ax=axes, label="steps to target (steps)",
-                         shrink=0.9, pad=0.01)
+            bar = fig.colorbar(image, ax=axes, label="steps to target (steps)", shrink=0.9,
+                               pad=0.01)
+            _plain_log_axis(bar.ax.yaxis)
         marks = sorted(set(cells["outcome"]) - {"reached"})
         legend = "; ".join(f"{CELL_MARKS.get(m, '?')}: {m}" for m in marks)
         fig.suptitle("Steps to target over the grid (box: best learning rate"
@@ -569,7 +587,7 @@ def loss_curves(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
         ax_s.set_xlabel("optimizer step (steps)")
         ax_e.set_xlabel("examples processed (examples)")
         ax_s.set_ylabel("training loss, smoothed (nats)")
-        ax_e.tick_params(labelleft=True)
+        ax_e.tick_params(which="both", labelleft=True)
         ax_s.set_title("Training loss of the best-tuned run per batch size")
         ax_e.set_title("... against examples (dashed: targets)")
         fig.legend(title="best-tuned run\nper batch size", loc="outside right upper")
