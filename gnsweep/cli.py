@@ -128,9 +128,8 @@ def analyze(
     import json
 
     from gnsweep.analysis.external import analyze_table
-    from gnsweep.analysis.report import analyze_sweep, format_fits, sweep_config, write_outputs
+    from gnsweep.analysis.report import analyze_sweep, format_fits, write_outputs
     from gnsweep.config import LOSS_KINDS, OPTIMIZERS, ConfigError
-    from gnsweep.store import is_sweep
 
     if (sweep_dir is None) == (table is None):
         raise ConfigError("give a sweep folder or --table FILE (one of them)")
@@ -148,11 +147,8 @@ def analyze(
         write_outputs(out, result)
     else:
         assert sweep_dir is not None
-        defaults = sweep_config(sweep_dir)["analysis"] if is_sweep(sweep_dir) else {}
-        result = analyze_sweep(sweep_dir, loss=loss or defaults.get("loss", "smoothed"),
-                               skip_corrupt=skip_corrupt, ema_examples=ema_examples,
-                               bootstrap=bootstrap if bootstrap is not None
-                               else defaults.get("bootstrap", 0),
+        result = analyze_sweep(sweep_dir, loss=loss, skip_corrupt=skip_corrupt,
+                               ema_examples=ema_examples, bootstrap=bootstrap,
                                targets=target_list, out_dir=out)
         out = out or sweep_dir
     typer.echo(format_fits(result.fits, result.loss_scaling), err=as_json)

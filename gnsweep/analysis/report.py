@@ -207,16 +207,23 @@ def write_outputs(out_dir: Path, analysis: Analysis) -> None:
     store.write_json(out_dir / "fits.json", analysis.to_json())
 
 
-def analyze_sweep(sweep_dir: Path, loss: str = "smoothed", skip_corrupt: bool = False, *,
-                  bootstrap: int = 0, ema_examples: float | None = None,
+def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool = False, *,
+                  bootstrap: int | None = None, ema_examples: float | None = None,
                   targets: list[float] | None = None, out_dir: Path | None = None,
                   write: bool = True) -> Analysis:
-    """Load a sweep, analyze it, write its tables into the sweep folder (or `out_dir`)."""
+    """Load a sweep, analyze it, write its tables into the sweep folder (or `out_dir`).
+
+    `loss` and `bootstrap` default to the sweep's `analysis` config (else smoothed and 0),
+    `targets` to the sweep's targets.
+    """
     from gnsweep.analysis.load import load_curves
 
     curves = load_curves(sweep_dir, skip_corrupt=skip_corrupt)
     config = sweep_config(sweep_dir)
     targets = targets or config["targets"]
+    loss = loss or str(config["analysis"].get("loss", "smoothed"))
+    if bootstrap is None:
+        bootstrap = int(config["analysis"].get("bootstrap", 0))
     analysis = analyze_tables(None, curves, targets, loss=loss, ema_examples=ema_examples,
                               bootstrap=bootstrap, optimizer=config["optimizer"],
                               source=str(sweep_dir))
