@@ -135,6 +135,8 @@ def analyze(
         raise ConfigError("give a sweep folder or --table FILE (one of them)")
     if loss is not None and loss not in LOSS_KINDS:
         raise ConfigError(f"--loss: {loss!r} is not one of {', '.join(LOSS_KINDS)}")
+    if ema_examples is not None and (loss or "smoothed") != "smoothed":
+        raise ConfigError("--ema-examples re-smooths the training loss; it needs --loss smoothed")
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"--optimizer: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
     target_list = _parse_targets(targets)

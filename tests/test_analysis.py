@@ -358,3 +358,26 @@ def test_unreadable_tables_exit_2(tmp_path):
                                  str(tmp_path / "o"), "--targets", "0.1", "--loss", "raw"])
     assert result.exit_code == 2 and "target 0.1: no run reached it" in result.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_b_noise_flows_to_the_fits_when_measured():
+    runs, metrics = frames({"a": [0.9, 0.4]}, batch=10)
+    metrics["b_noise"] = [20.0, 20.0]
+    rows = steps_to_target(metrics, runs, [0.5])
+    assert rows.iloc[0]["b_noise_at_target"] == 20.0 and rows.iloc[0]["b_noise_mean"] == 20.0
+    steps = pd.concat([rows.assign(batch_size=b, steps=100 + 6400 / b, run_id=f"r{b}")
+                       for b in (8, 32, 128, 512)])
+    from gnsweep.analysis.report import analyze_steps
+
+    fit = analyze_steps(steps, [0.5]).fits.iloc[0]
+    assert fit["b_crit"] == pytest.approx(64.0, rel=1e-6)
+    assert fit["ratio_noise"] == pytest.approx(64.0 / 20.0, rel=1e-6)
+    assert math.isnan(fit["ratio"])  # B_simple was not measured: NaN, not a made-up figure
+
+
+def test_json_has_no_nan_and_ema_examples_needs_the_smoothed_loss(sweep, tmp_path):
+    result = runner.invoke(app, ["analyze", str(sweep), "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0 and "NaN" not in result.stdout
+    json.loads(result.stdout)
+    result = runner.invoke(app, ["analyze", str(sweep), "--loss", "raw", "--ema-examples", "64"])
+    assert result.exit_code == 2 and "--ema-examples" in result.stderr
