@@ -150,3 +150,11 @@ def test_loss_scaling_recovers_the_power_law():
     assert row["alpha_b"] == pytest.approx(0.21, rel=1e-6)
     one = fit_loss_scaling(fits.iloc[:1]).iloc[0]
     assert "at least 2" in one["refused"]
+
+
+def test_a_b_crit_beyond_the_batch_sizes_is_flagged():
+    from gnsweep.analysis.report import fit_quality
+
+    assert fit_quality(64.0, 4.0, pd.Series(BATCHES)) == ""
+    assert "above the largest batch size" in fit_quality(5000.0, 100.0, pd.Series([8, 16, 32]))
+    assert "relative error" in fit_quality(64.0, 40.0, pd.Series(BATCHES))

@@ -29,7 +29,8 @@ FIT_EXTRA_COLUMNS = [
     "b_crit_lo", "b_crit_hi", "b_simple_at_target_se", "b_simple_mean_se", "ratio_se",
     "ratio_at_target", "ratio_at_target_se", "b_noise_at_target", "b_noise_at_target_se",
     "b_noise_mean", "b_noise_mean_se", "ratio_noise", "ratio_noise_se", "lr_model", "eps_max",
-    "eps_max_se", "b_noise_lr", "b_noise_lr_se", "lr_alpha", "lr_alpha_se", "lr_refused"]
+    "eps_max_se", "b_noise_lr", "b_noise_lr_se", "lr_alpha", "lr_alpha_se", "lr_refused",
+    "quality"]
 ALL_FIT_COLUMNS = FIT_COLUMNS + FIT_EXTRA_COLUMNS
 OUTPUT_FILES = ("steps.parquet", "front.parquet", "fits.parquet", "lr_fits.parquet",
                 "loss_scaling.parquet", "fits.json")
@@ -127,7 +128,7 @@ def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap
     """The fit of eq. 2.11 at one target, with the noise scales of the best-tuned runs beside."""
     row: dict = dict.fromkeys(ALL_FIT_COLUMNS, math.nan)
     row.update(target=target, n_batch_sizes=len(best), refused="", dof=0, n_bootstrap=0,
-               lr_model="", lr_refused="")
+               lr_model="", lr_refused="", quality="")
     # Noise scales of the best-tuned runs: the median over batch sizes, robust to one bad run.
     for name in ("b_simple_at_target", "b_simple_mean", "b_noise_at_target", "b_noise_mean"):
         row[name], row[f"{name}_se"] = median_with_error(best[name])
@@ -145,11 +146,30 @@ def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap
         return row
     row.update({k: v for k, v in fit.as_dict().items() if k in row})
     row["n_batch_sizes"] = fit.n_points
+    row["quality"] = fit_quality(fit.b_crit, fit.b_crit_se, best["batch_size"])
+    if row["quality"]:
+        warnings.append(f"target {target:g}: B_crit {fit.b_crit:.4g}: {row['quality']}")
     for out, denominator in (("ratio", "b_simple_mean"), ("ratio_at_target", "b_simple_at_target"),
                              ("ratio_noise", "b_noise_mean")):
         row[out], row[f"{out}_se"] = ratio_with_error(
             fit.b_crit, fit.b_crit_se, row[denominator], row[f"{denominator}_se"])
     return row
+
+
+def fit_quality(b_crit: float, b_crit_se: float, batch_sizes: pd.Series) -> str:
+    """Why a fit's B_crit is not determined by the sweep ("" when it is).
+
+    The hyperbola's bend sits at B_crit: batch sizes all below it (or all above) only bound it.
+    """
+    issues = []
+    low, high = float(batch_sizes.min()), float(batch_sizes.max())
+    if not low <= b_crit <= high:
+        side = "above the largest" if b_crit > high else "below the smallest"
+        issues.append(f"{side} batch size ({low:g}..{high:g}); the sweep only bounds it, add "
+                      f"batch sizes {'above' if b_crit > high else 'below'}")
+    if np.isfinite(b_crit_se) and b_crit_se > 0.5 * b_crit:
+        issues.append(f"relative error {b_crit_se / b_crit:.0%} > 50%")
+    return "; ".join(issues)
 
 
 def median_with_error(values: pd.Series) -> tuple[float, float]:
