@@ -381,3 +381,20 @@ def test_json_has_no_nan_and_ema_examples_needs_the_smoothed_loss(sweep, tmp_pat
     json.loads(result.stdout)
     result = runner.invoke(app, ["analyze", str(sweep), "--loss", "raw", "--ema-examples", "64"])
     assert result.exit_code == 2 and "--ema-examples" in result.stderr
+
+
+def test_analysis_never_imports_torch(tmp_path):
+    """People analyze on laptops without torch: a whole table analysis must not import it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).parents[1] / "docs" / "examples" / "steps.csv"
+    code = ("import sys\nfrom pathlib import Path\n"
+            "from gnsweep.analysis.external import analyze_table\n"
+            "from gnsweep.analysis import baseline, load, report\n"
+            f"report.write_outputs(Path({str(tmp_path)!r}), analyze_table(Path({str(example)!r}),"
+            " bootstrap=10))\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
