@@ -1,4 +1,4 @@
-"""The fits recover known laws: eq. 2.11's hyperbola, eps_opt(B) (eq. 2.7), B_crit(L).
+"""The fits recover known laws: eq. 2.11's hyperbola, eps_opt(B) (section 2), B_crit(L).
 
 Ground truth is the formula the points are drawn from; standard errors are checked by how often
 their intervals cover the truth over repeated draws.

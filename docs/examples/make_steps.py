@@ -1,7 +1,7 @@
 """Write docs/examples/steps.csv: steps-to-target from known laws, with 3% noise.
 
 S(B) = S_min + E_min/B (eq. 2.11) at the best learning rate eps_opt(B) = eps_max/(1 + B_noise/B)
-(eq. 2.7), and a bowl exp(0.5 ln(lr/eps_opt)^2) around it. Truth per target:
+(section 2), and a bowl exp(0.5 ln(lr/eps_opt)^2) around it. Truth per target:
 loss 2.0: S_min 500, E_min 20000 (B_crit 40); loss 1.5: S_min 1000, E_min 64000 (B_crit 64);
 eps_max 2.0 and B_noise 50 at both. Run: python docs/examples/make_steps.py
 """

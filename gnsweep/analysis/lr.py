@@ -1,6 +1,6 @@
 """The optimal learning rate against batch size, and the noise scale it implies.
 
-For SGD the paper's quadratic model gives `eps_opt(B) = eps_max / (1 + B_noise/B)` (eq. 2.7);
+For SGD the paper's quadratic model gives `eps_opt(B) = eps_max / (1 + B_noise/B)` (section 2);
 Adam-like optimizers grow like B^alpha, alpha in [0.5, 1], then level off, which we write as the
 saturating power law `eps_opt(B) = eps_max / (1 + (B_noise/B)^alpha)` (alpha = 1 is SGD's law).
 Both are fitted on log lr (relative errors) to the refined best learning rate of every batch size
@@ -37,7 +37,7 @@ class LrFit:
 
 def eps_opt(batch_size: np.ndarray, eps_max: float, b_noise: float, alpha: float = 1.0
             ) -> np.ndarray:
-    """eps_opt(B) = eps_max / (1 + (B_noise/B)^alpha) (eq. 2.7 for alpha = 1)."""
+    """eps_opt(B) = eps_max / (1 + (B_noise/B)^alpha) (SGD, section 2, for alpha = 1)."""
     return eps_max / (1.0 + (b_noise / np.asarray(batch_size, float)) ** alpha)
 
 
