@@ -113,7 +113,7 @@ class NoiseScaleMonitor:
             log.warning("noise scale: world size 1 gives one batch size only; measuring with "
                         "per-example gradient norms instead of the DDP hook")
             return "per_example"
-        self._ddp = _DdpHook(self, model)
+        self._ddp = _DdpHook.attach(self, model)
         return "ddp"
 
     # -- the training-loop API ------------------------------------------------------------
@@ -168,12 +168,12 @@ class NoiseScaleMonitor:
         return self.estimate
 
     def close(self) -> None:
-        """Remove the hooks (a DDP communication hook cannot be removed: it stops measuring)."""
+        """Remove the hooks (DDP's communication hook stays, all-reducing without measuring)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        if self._ddp is not None:
-            self._ddp.closed = True
+        if self._ddp is not None and self._ddp.monitor is self:
+            self._ddp.monitor = None
 
     def __enter__(self) -> NoiseScaleMonitor:
         return self
@@ -468,15 +468,30 @@ class _DdpHook:
     indifferent to that.
     """
 
-    def __init__(self, monitor: NoiseScaleMonitor, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module) -> None:
         import torch.distributed as dist
 
-        self.monitor = monitor
+        self.monitor: NoiseScaleMonitor | None = None
         self.group = getattr(model, "process_group", None)
         self.world = dist.get_world_size(self.group)
         self.local_sq: torch.Tensor | None = None
-        self.closed = False
-        model.register_comm_hook(None, self._hook)  # type: ignore[operator]
+        try:
+            # A lambda: DDP rejects hooks whose (postponed, string) annotations it cannot match.
+            model.register_comm_hook(None, lambda state, bucket: self._hook(state, bucket))
+        except RuntimeError as err:
+            raise ValueError("method='ddp': this DistributedDataParallel model already has a "
+                             "communication hook of its own; DDP allows one") from err
+
+    @classmethod
+    def attach(cls, monitor: NoiseScaleMonitor, model: nn.Module) -> _DdpHook:
+        """DDP takes one hook per model, for good: later monitors reuse it."""
+        hook = getattr(model, "_gnsweep_comm_hook", None)
+        if hook is None:
+            hook = cls(model)
+            model._gnsweep_comm_hook = hook  # type: ignore[assignment]
+        hook.monitor = monitor
+        hook.reset()
+        return hook
 
     def reset(self) -> None:
         self.local_sq = None
@@ -485,7 +500,8 @@ class _DdpHook:
         import torch.distributed as dist
 
         buffer = bucket.buffer()
-        if not self.closed and self.monitor._active():
+        monitor = self.monitor
+        if monitor is not None and monitor.measuring and not monitor._busy:
             sq = buffer.float().pow(2).sum()
             self.local_sq = sq if self.local_sq is None else self.local_sq + sq
         buffer.div_(self.world)
@@ -498,6 +514,7 @@ class _DdpHook:
         """One scalar all-reduce: worker norms, example counts and the Hessian norms."""
         import torch.distributed as dist
 
+        assert self.monitor is not None
         params = self.monitor.params
         local = self.local_sq if self.local_sq is not None else params[0].new_zeros(())
         h_small, h_big, hb_small, hb_big = hess if hess is not None else (0.0, 0.0, 0.0, 0.0)

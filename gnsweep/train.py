@@ -39,12 +39,12 @@ class RunResult:
 
 
 def resolve_method(method: str) -> str:
-    """`auto`: the DDP hook under torch.distributed, else micro-batches in this process."""
+    """`auto`: the DDP hook under torch.distributed, else per-example norms in this process."""
     if method != "auto":
         return method
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return "ddp"
-    return "microbatch"
+    return "per_example"
 
 
 def train(config: Config, spec: RunSpec, out_dir: Path | None,
@@ -61,9 +61,11 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
         optimizer = torch.optim.Adam(model.parameters(), lr=spec.learning_rate)
     method = resolve_method(noise.method)
     monitor = NoiseScaleMonitor(model, method=method, every=noise.every,
-                                ema_steps=noise.ema_steps, ema_examples=noise.ema_examples)
-    # Micro-batches: enough that each holds at least one example.
-    k = min(noise.microbatches, spec.batch_size) if method == "microbatch" else 1
+                                ema_steps=noise.ema_steps, ema_examples=noise.ema_examples,
+                                loss_fn=task.loss, hessian_every=noise.hessian_every)
+    # Micro-batches only where the monitor needs them (method microbatch, or per_example with
+    # layers it cannot handle), each of at least one example.
+    k = min(noise.microbatches, spec.batch_size) if monitor.needs_microbatches else 1
     data_rng = torch.Generator().manual_seed(10_000 + spec.seed)
     eval_data = task.eval_data() if sweep.eval_every else None
     hardest = min(sweep.targets)
@@ -83,10 +85,11 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
                 raise KeyboardInterrupt
             x, y = task.batch(spec.batch_size, data_rng)
             optimizer.zero_grad(set_to_none=True)
-            measure = step % noise.every == 0
+            measure = monitor.measuring
             loss_value = _backward(model, task, x, y, k if measure else 1, monitor, measure)
-            if measure:
-                estimate = monitor.step()
+            # Every step: the monitor counts steps and measures every noise.every of them;
+            # the batch lets it measure B_noise every noise.hessian_every steps.
+            estimate = monitor.step(batch=(x, y))
             optimizer.step()
             step += 1
 

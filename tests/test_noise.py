@@ -1,0 +1,85 @@
+"""The pure estimators (eq. A.1, A.2, EMAs, B_simple) against closed-form expectations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gnsweep import noise
+
+
+def test_a2_inverts_a1_exactly():
+    g2, trace = 3.0, 120.0
+    for b_small, b_big in [(1, 64), (16, 64), (32, 64), (3.5, 7)]:
+        sq_small, sq_big = g2 + trace / b_small, g2 + trace / b_big  # eq. A.1
+        got = noise.unbiased_g2_and_trace(sq_small, sq_big, b_small, b_big)
+        assert got == pytest.approx((g2, trace), rel=1e-12)
+        assert noise.equivalent_norms(*got, b_small, b_big) == pytest.approx((sq_small, sq_big))
+
+
+def test_a2_rejects_equal_batch_sizes():
+    with pytest.raises(ValueError, match="b_small < b_big"):
+        noise.unbiased_g2_and_trace(1.0, 1.0, 8, 8)
+
+
+def test_parts_add_up():
+    # Two parameter blocks measured with different batch pairs: G2 and S are sums over blocks.
+    a = (2.0 + 50.0 / 1, 2.0 + 50.0 / 32, 1, 32)
+    b = (1.0 + 10.0 / 8, 1.0 + 10.0 / 32, 8, 32)
+    assert noise.combine_parts([a, b]) == pytest.approx((3.0, 60.0))
+
+
+def test_ema_is_bias_corrected_and_decay_one_is_the_mean():
+    ema = noise.Ema()
+    assert math.isnan(ema.value)
+    ema.update(5.0, 0.9)
+    assert ema.value == pytest.approx(5.0)  # bias correction: no pull towards 0
+    mean = noise.Ema()
+    for v in [1.0, 2.0, 6.0]:
+        mean.update(v, 1.0)
+    assert mean.value == pytest.approx(3.0)
+    assert noise.ema_decay(64, steps=math.inf) == 1.0
+    assert noise.ema_decay(64, examples_scale=128) == pytest.approx(math.exp(-0.5))
+    assert noise.ema_decay(64, steps=10, steps_elapsed=5) == pytest.approx(math.exp(-0.5))
+
+
+def test_negative_single_estimates_are_kept():
+    est = noise.NoiseScaleEma(ema_steps=math.inf)
+    e = est.update(1.0, 2.0, 1, 8)  # small-batch norm below the big one: S < 0
+    assert e.trace_sigma_step < 0 and e.trace_sigma < 0
+
+
+def _gaussian_gradients(rng, n, dim, g, sigma_diag):
+    return g + rng.standard_normal((n, dim)) * np.sqrt(sigma_diag)
+
+
+def test_b_simple_is_ratio_of_averages_not_average_of_ratios():
+    """Simulated per-example gradients with known G and Sigma (eq. A.1): the ratio of the
+    smoothed estimates converges to tr(Sigma)/|G|^2; the mean of per-step ratios does not."""
+    rng = np.random.default_rng(0)
+    dim, b_small, b_big = 20, 4, 16
+    g = np.full(dim, 0.3)
+    sigma = np.linspace(0.5, 3.0, dim)
+    truth = sigma.sum() / (g @ g)
+    est = noise.NoiseScaleEma(ema_steps=math.inf)
+    ratios = []
+    for _ in range(4000):
+        per_example = _gaussian_gradients(rng, b_big, dim, g, sigma)
+        small = per_example.reshape(b_big // b_small, b_small, dim).mean(1)
+        sq_small = float((small ** 2).sum(1).mean())
+        sq_big = float((per_example.mean(0) ** 2).sum())
+        e = est.update(sq_small, sq_big, b_small, b_big)
+        ratios.append(e.trace_sigma_step / e.g2_step)
+    assert e.b_simple == pytest.approx(truth, rel=0.05)
+    assert abs(np.mean(ratios) / truth - 1) > 0.2
+
+
+def test_hessian_norms_give_b_noise():
+    est = noise.NoiseScaleEma(ema_steps=math.inf)
+    est.update(3.0 + 30.0, 3.0 + 30.0 / 8, 1, 8)
+    e = est.update_hessian(2.0 + 10.0 / 4, 2.0 + 10.0 / 16, 4, 16)
+    assert e is not None
+    assert (e.g_h_g, e.trace_h_sigma, e.b_noise) == pytest.approx((2.0, 10.0, 5.0))
+    assert e.b_simple == pytest.approx(10.0)
