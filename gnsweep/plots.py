@@ -200,7 +200,7 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None) -> F
     if ok.empty:
         raise Skip("no target has both a fit of eq. 2.11 and a measured B_simple")
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots()
+        fig, ax = plt.subplots(figsize=(COLUMN, 3.6))
         values = [ok["b_crit"].to_numpy(float), ok["b_simple_mean"].to_numpy(float)]
         has_noise = "b_noise_mean" in ok and _finite(ok, "b_noise_mean").any()
         colors = _target_colors(fits["target"])
@@ -217,9 +217,7 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None) -> F
                             [max(spread.max() - row.b_simple_mean, 0)]]
                     values.append(spread.to_numpy(float))
             ax.errorbar([row.b_simple_mean], [row.b_crit], yerr=yerr, xerr=xerr, fmt="o",
-                        color=color, capsize=2, ms=4, elinewidth=0.8,
-                        label=f"loss {row.target:g}: B_simple" if has_noise else
-                        f"loss {row.target:g}")
+                        color=color, capsize=2, ms=4, elinewidth=0.8)
             b_lr = _number(row._asdict(), "b_noise_lr")
             if np.isfinite(b_lr) and b_lr > 0:
                 ax.errorbar([b_lr], [row.b_crit], yerr=yerr, fmt="D", mfc="white", color=color,
@@ -228,27 +226,36 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None) -> F
                 has_lr = True
             if has_noise and np.isfinite(getattr(row, "b_noise_mean", np.nan)):
                 ax.errorbar([row.b_noise_mean], [row.b_crit], yerr=yerr, fmt="s", mfc="white",
-                            color=color, capsize=2, ms=4, elinewidth=0.8,
-                            label=f"loss {row.target:g}: B_noise")
+                            color=color, capsize=2, ms=4, elinewidth=0.8)
                 values.append(np.array([row.b_noise_mean]))
         flat = np.concatenate(values)
         flat = flat[np.isfinite(flat) & (flat > 0)]
         lo, hi = flat.min() / 2.5, flat.max() * 2.5
-        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
         _loglog(ax)
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         ax.set_aspect("equal", adjustable="box")
-        noise = "B_simple" + (" and B_noise" if has_noise else "")
-        ax.set_xlabel(f"measured noise scale {noise} (examples)")
-        ax.set_ylabel("B_crit = E_min / S_min from the fit (examples)")
-        ax.set_title(f"Critical batch size vs measured {noise}")
-        handles, labels = ax.get_legend_handles_labels()
+        noise = "B_simple" + (", B_noise" if has_noise else "")
+        ax.set_xlabel(f"measured noise scale: {noise} (examples)")
+        ax.set_ylabel("B_crit = E_min/S_min, fit (examples)")
+        ax.set_title("Critical batch size vs measured noise scale")
+        # Colour says the target, the marker says which noise scale.
+        handles = [plt.Line2D([], [], marker="o", ls="", color=colors[float(t)], ms=4)
+                   for t in ok["target"]]
+        labels = [f"loss {t:g}" for t in ok["target"]]
+        kinds = [("o", "grey", "B_simple (S_min-weighted mean)")]
+        if has_noise:
+            kinds.append(("s", "white", "B_noise (eq. 2.8)"))
         if has_lr:
-            handles.append(plt.Line2D([], [], marker="D", ls="", mfc="white", color="grey",
-                                      ms=3.5))
-            labels.append("B_noise implied by the best learning rates")
-        ax.legend(handles, labels, loc="upper left")
+            kinds.append(("D", "white", "B_noise implied by the best lr"))
+        for marker, face, label in kinds:
+            handles.append(plt.Line2D([], [], marker=marker, ls="", mfc=face, color="grey",
+                                      ms=4))
+            labels.append(label)
+        handles.append(plt.Line2D([], [], color="black", ls="--", lw=0.8))
+        labels.append("y = x")
+        fig.legend(handles, labels, loc="outside lower center", ncol=2)
         return fig
 
 
@@ -332,12 +339,17 @@ def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.Dat
         ax_step.set_xlabel("optimizer step (steps)")
         ax_loss.set_xlabel("lowest smoothed training loss so far (nats; training →)")
         ax_loss.invert_xaxis()
-        what = "B_simple (solid) and B_noise (dashed)" if has_noise else "B_simple"
-        ax_step.set_ylabel(f"{what} (examples)")
-        ax_step.set_title(f"Noise scale over training: {what}")
+        ax_step.set_ylabel(("B_simple, B_noise" if has_noise else "B_simple") + " (examples)")
+        ax_step.set_title("Noise scale over training" + ("" if has_noise else ": B_simple"))
         ax_loss.set_title("... against the loss reached")
         ax_loss.tick_params(which="both", labelleft=True)
-        fig.legend(title="best-tuned run\nper batch size", loc="outside right upper")
+        handles, labels = ax_step.get_legend_handles_labels()
+        if has_noise:
+            handles += [plt.Line2D([], [], color="grey"), plt.Line2D([], [], color="grey",
+                                                                     ls="--")]
+            labels += ["solid: B_simple", "dashed: B_noise"]
+        fig.legend(handles, labels, title="best-tuned run\nper batch size",
+                   loc="outside right upper")
         return fig
 
 
