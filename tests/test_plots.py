@@ -164,9 +164,13 @@ def test_noise_figures_show_b_noise_when_measured(drawn):
     ax = first_axes(plots.noise_over_training(tables.runs, tables.metrics, tables.front))
     assert "B_noise" in ax.get_ylabel()
     assert any(line.get_linestyle() == "--" for line in ax.get_lines())
-    labels = first_axes(plots.bcrit_vs_bsimple(tables.fits, tables.front)
-                        ).get_legend_handles_labels()[1]
-    assert any("B_noise" in label for label in labels)
+    fig = plots.bcrit_vs_bsimple(tables.fits, tables.front)
+    labels = [text.get_text() for legend in fig.legends for text in legend.get_texts()]
+    assert "B_noise (eq. 2.8)" in labels
+    # B_noise = 1.2 B_crit in the synthetic fits: hollow squares at (1.2 B_crit, B_crit).
+    points = {(round(c.lines[0].get_xdata()[0], 6), round(c.lines[0].get_ydata()[0], 6))
+              for c in first_axes(fig).containers}
+    assert all((round(1.2 * b_crit(t), 6), round(b_crit(t), 6)) in points for t in TARGETS)
     assert not any("B_noise" in note for note in plots.notes(tables))
     assert any("B_noise not measured" in note for note in plots.notes(make_tables()))
     assert "B_noise" not in first_axes(drawn["noise_over_training"]).get_ylabel()
