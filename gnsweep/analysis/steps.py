@@ -160,29 +160,33 @@ class _RunningMeans:
 
     def __init__(self, b: np.ndarray, step: np.ndarray, starts: np.ndarray,
                  run_of_row: np.ndarray, batch: np.ndarray) -> None:
-        n = len(b)
-        self.run_start = starts[run_of_row] if n else np.zeros(0, np.int64)
-        index = np.arange(n)
-        finite = np.isfinite(b)
-        self.last = np.maximum.accumulate(np.where(finite, index, -1)) if n else index
         self.b = b
+        self.starts = starts
+        finite = np.isfinite(b)
+        self.measured = bool(finite.any())
+        if not self.measured:  # B_noise is usually not measured: nothing to sum
+            return
+        n = len(b)
+        self.last = np.maximum.accumulate(np.where(finite, np.arange(n), -1))
         ds = np.diff(step, prepend=0.0)
-        ds[starts[starts < n]] = step[starts[starts < n]]  # first row: steps since the start
-        row_batch = batch[run_of_row] if n else np.zeros(0)
-        ok = finite & (b > -row_batch)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            weight = np.where(ok, ds / (1.0 + b / row_batch), 0.0)
+        inside = starts[starts < n]
+        ds[inside] = step[inside]  # a run's first row: steps since its start
+        ratio = b / batch[run_of_row]
+        ok = finite & (ratio > -1.0)
+        weight = np.zeros(n)
+        np.divide(ds, 1.0 + ratio, out=weight, where=ok)
         self.cw = np.concatenate([[0.0], np.cumsum(weight)])
-        self.cwb = np.concatenate([[0.0], np.cumsum(np.where(ok, weight * b, 0.0))])
+        weight *= np.where(ok, b, 0.0)
+        self.cwb = np.concatenate([[0.0], np.cumsum(weight)])
 
     def at(self, row: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if not len(self.b):
+        """Values at `row[i]`, a row of run i (so run i starts at starts[i])."""
+        if not self.measured:
             return np.full(len(row), np.nan), np.full(len(row), np.nan)
-        start = self.run_start[row]
         last = self.last[row]
-        at_target = np.where(valid & (last >= start), self.b[np.maximum(last, 0)], np.nan)
-        w = self.cw[row + 1] - self.cw[start]
-        wb = self.cwb[row + 1] - self.cwb[start]
+        at_target = np.where(valid & (last >= self.starts), self.b[np.maximum(last, 0)], np.nan)
+        w = self.cw[row + 1] - self.cw[self.starts]
+        wb = self.cwb[row + 1] - self.cwb[self.starts]
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(valid & (w > 0), wb / w, np.nan)
         return at_target, mean
