@@ -43,16 +43,71 @@ def parse_run_record(data: dict[str, Any]) -> tuple[Config, RunSpec]:
     return Config.from_dict(data["config"]), RunSpec(**data["run"])
 
 
-def prepare(sweep_dir: Path, config: Config) -> list[RunSpec]:
-    """Create the sweep folder (or check it matches), write every run's config; return the grid.
+# Settings a relaunch may change: where and how runs execute, the grid (runs are added), and
+# the analysis. Anything else changes what a run trains, and mixing them would corrupt the fits.
+RELAUNCH_MAY_CHANGE = ("executor", "analysis", "sweep.name", "sweep.batch_sizes",
+                       "sweep.learning_rates", "sweep.seeds", "sweep.max_retries")
+GRID_KEYS = ("batch_sizes", "learning_rates", "seeds")
 
-    An existing sweep folder keeps its runs: relaunching with a larger grid adds runs, and the
-    runs already finished are never touched.
+
+def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """`key: old -> new` for every setting that differs (nested keys dotted), sorted."""
+    out = []
+    # Keys only one side has come from another gnsweep version's schema, not from the user.
+    for key in sorted(set(old) & set(new)):
+        name = f"{prefix}{key}"
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, f"{name}.")
+        elif a != b:
+            out.append(f"{name}: {a!r} -> {b!r}")
+    return out
+
+
+def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
+    """The sweep config to write: the new one, its grid the union of the old and new grids.
+
+    Raises ConfigError naming every setting that differs from the sweep folder's config in a
+    way that changes what runs train.
     """
     from omegaconf import OmegaConf
 
+    from gnsweep.config import ConfigError
+
+    new = config.to_dict()
+    path = sweep_dir / store.SWEEP_CONFIG
+    if not path.is_file():
+        return new
+    try:
+        old = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as err:
+        raise store.StoreError(f"{path}: unreadable ({str(err).splitlines()[0]})") from None
+    assert isinstance(old, dict)
+    changed = [d for d in config_differences(old, new)
+               if not d.split(":")[0].startswith(RELAUNCH_MAY_CHANGE)]
+    if changed:
+        raise ConfigError(
+            f"{sweep_dir} holds a sweep with other settings ({'; '.join(changed)}); runs "
+            "trained differently cannot share one analysis: choose another --sweep-dir, or "
+            "relaunch with the folder's settings (see its config.yaml)")
+    for key in GRID_KEYS:
+        merged = set(old.get("sweep", {}).get(key) or []) | set(new["sweep"][key])
+        new["sweep"][key] = sorted(merged)
+    return new
+
+
+def prepare(sweep_dir: Path, config: Config) -> list[RunSpec]:
+    """Create the sweep folder (or check it matches), write every run's config; return the grid.
+
+    An existing sweep folder keeps its runs: relaunching with a larger grid adds runs (the
+    folder's config.yaml lists the union), and the runs already finished are never touched. A
+    relaunch whose settings would train runs differently is refused (ConfigError).
+    """
+    from omegaconf import OmegaConf
+
+    merged = _check_relaunch(sweep_dir, config)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    store.write_text(sweep_dir / store.SWEEP_CONFIG, OmegaConf.to_yaml(config.to_dict()))
+    store.write_text(sweep_dir / store.SWEEP_CONFIG, OmegaConf.to_yaml(merged))
     specs = expand_grid(config)
     for spec in specs:
         path = store.run_dir(sweep_dir, spec.run_id)
@@ -61,29 +116,67 @@ def prepare(sweep_dir: Path, config: Config) -> list[RunSpec]:
     return specs
 
 
-def remaining(sweep_dir: Path, specs: list[RunSpec]) -> list[RunSpec]:
-    """Specs whose run has not finished (done or diverged) and has retries left."""
+def remaining(sweep_dir: Path, specs: list[RunSpec], *,
+              include_held: bool = True) -> list[RunSpec]:
+    """Specs whose run has not finished (done or diverged).
+
+    A run that a live executor holds (see `gnsweep.executors.claims`) is left out unless
+    `include_held`; one whose owner died counts as remaining.
+    """
+    from gnsweep.executors import claims
+
     out = []
     for spec in specs:
-        status = store.read_status(store.run_dir(sweep_dir, spec.run_id))
-        if status["state"] in store.FINISHED:
+        path = store.run_dir(sweep_dir, spec.run_id)
+        if store.read_status(path)["state"] in store.FINISHED:
             continue
+        if not include_held:
+            claim = claims.read_claim(path)
+            if claim is not None and not claims.is_stale(claim):
+                continue
         out.append(spec)
     return out
 
 
-def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True) -> Any:
-    """Run every run of the sweep that has not finished; returns the executor's summary."""
+def fresh_retries(sweep_dir: Path, run_ids: list[str]) -> None:
+    """Give every failed run of this launch a fresh `max_retries` (a relaunch means: try again)."""
+    for run_id in run_ids:
+        path = store.run_dir(sweep_dir, run_id)
+        status = store.read_status(path)
+        if status["state"] == "failed":
+            store.write_status(path, "failed", error=status.get("error"),
+                               retry_base=int(status.get("attempts", 0)))
+
+
+def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
+           wait: bool = True) -> Any:
+    """Run every run of the sweep that has not finished; returns the executor's summary.
+
+    Safe to call again at any time, also while another launch runs: runs are claimed before they
+    start, so none runs twice. `wait=False` (Slurm only) returns once the jobs are submitted.
+    """
     from gnsweep.progress import SweepProgress
 
     specs = prepare(sweep_dir, config)
-    todo = [spec.run_id for spec in remaining(sweep_dir, specs)]
     executor = config.executor
+    # Local and torchrun executors wait for runs another launcher holds; Slurm jobs skip them.
+    todo = [spec.run_id for spec in remaining(sweep_dir, specs,
+                                              include_held=executor.kind != "slurm")]
+    fresh_retries(sweep_dir, todo)
+    retries = config.sweep.max_retries
     with SweepProgress(len(specs), len(specs) - len(todo), enabled=show_progress) as progress:
         if executor.kind == "local":
             from gnsweep.executors.local import run_local
 
             return run_local(sweep_dir, todo, workers=executor.n_workers(),
-                             threads=executor.threads_per_worker,
-                             max_retries=config.sweep.max_retries, progress=progress)
-        raise NotImplementedError(f"executor={executor.kind} is not available yet")
+                             threads=executor.threads_per_worker, max_retries=retries,
+                             progress=progress)
+        if executor.kind == "torchrun":
+            from gnsweep.executors.torchrun import run_torchrun
+
+            return run_torchrun(sweep_dir, todo, executor, max_retries=retries,
+                                progress=progress)
+        from gnsweep.executors.slurm import run_slurm
+
+        return run_slurm(sweep_dir, todo, executor, max_retries=retries, progress=progress,
+                         wait=wait)

@@ -8,6 +8,7 @@ exponentially smoothed training loss falls to it.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,21 +54,40 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
     sweep, noise = config.sweep, config.noise
     torch.manual_seed(spec.seed)
     task = make_task(config.task.name, config.task.options, spec.seed)
-    model = task.model()
+    # Under torchrun (a process group initialised by the worker entry point) every rank trains
+    # a DDP replica on its own B/N examples a step; without one, this process does all B.
+    world, rank, device = placement()
+    if spec.batch_size % world:
+        raise ValueError(f"batch size {spec.batch_size} is not divisible by the {world} "
+                         "DDP workers")
+    per_worker = spec.batch_size // world
+    model = task.model().to(device)
+    trained: torch.nn.Module = model
+    if world > 1 or torch.distributed.is_initialized():
+        from torch.nn.parallel import DistributedDataParallel
+
+        trained = DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None)
     if sweep.optimizer == "sgd":
         optimizer: torch.optim.Optimizer = torch.optim.SGD(
             model.parameters(), lr=spec.learning_rate, momentum=sweep.momentum)
     else:
         optimizer = torch.optim.Adam(model.parameters(), lr=spec.learning_rate)
     method = resolve_method(noise.method)
-    monitor = NoiseScaleMonitor(model, method=method, every=noise.every,
+    if trained is not model and method != "ddp":
+        raise ValueError(f"noise.method={method} under torchrun: use ddp (or auto), which "
+                         "reads each worker's gradient before the all-reduce")
+    monitor = NoiseScaleMonitor(trained, method=method, every=noise.every,
                                 ema_steps=noise.ema_steps, ema_examples=noise.ema_examples,
                                 loss_fn=task.loss, hessian_every=noise.hessian_every)
     # Micro-batches only where the monitor needs them (method microbatch, or per_example with
     # layers it cannot handle), each of at least one example.
     k = min(noise.microbatches, spec.batch_size) if monitor.needs_microbatches else 1
-    data_rng = torch.Generator().manual_seed(10_000 + spec.seed)
+    # Each rank draws its own examples; rank 0 alone draws what a single process would.
+    data_rng = torch.Generator().manual_seed(10_000 + spec.seed + 1_000_003 * rank)
     eval_data = task.eval_data() if sweep.eval_every else None
+    if eval_data is not None:
+        eval_data = (eval_data[0].to(device), eval_data[1].to(device))
     hardest = min(sweep.targets)
     loss_decay = ema_decay(spec.batch_size, examples_scale=sweep.loss_ema_examples)
 
@@ -81,12 +101,19 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
             if sweep.max_examples and step * spec.batch_size >= sweep.max_examples:
                 reason = "max_examples"
                 break
-            if should_stop is not None and should_stop():
+            stop = should_stop is not None and should_stop()
+            if stop and world == 1:
                 raise KeyboardInterrupt
-            x, y = task.batch(spec.batch_size, data_rng)
+            x, y = task.batch(per_worker, data_rng)
+            x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
             measure = monitor.measuring
-            loss_value = _backward(model, task, x, y, k if measure else 1, monitor, measure)
+            loss_value = _backward(trained, task, x, y, k if measure else 1, monitor, measure)
+            if world > 1:
+                # Every rank must decide alike (stop, diverged, done): one small all-reduce.
+                loss_value, stop = _agree(loss_value, stop, device)
+                if stop:
+                    raise KeyboardInterrupt
             # Every step: the monitor counts steps and measures every noise.every of them;
             # the batch lets it measure B_noise every noise.hessian_every steps.
             estimate = monitor.step(batch=(x, y))
@@ -119,6 +146,25 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
     if out_dir is not None:
         store.write_table(out_dir / store.METRICS, store.metrics_table(rows))
     return RunResult(state, step, reason, loss_value, time.perf_counter() - start)
+
+
+def placement() -> tuple[int, int, torch.device]:
+    """(world size, rank, device): one GPU per local rank under an nccl process group, else the
+    CPU; (1, 0, cpu) without torch.distributed."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1, 0, torch.device("cpu")
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return dist.get_world_size(), dist.get_rank(), device
+
+
+def _agree(loss: float, stop: bool, device: torch.device) -> tuple[float, bool]:
+    """The global batch-mean loss (equal per-rank batches) and whether any rank must stop."""
+    both = torch.tensor([loss, float(stop)], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(both)
+    return float(both[0]) / torch.distributed.get_world_size(), bool(both[1] > 0)
 
 
 def _backward(model: torch.nn.Module, task, x: torch.Tensor, y: torch.Tensor, k: int,

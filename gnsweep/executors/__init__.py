@@ -1,45 +1,159 @@
 """Executors run a sweep's remaining runs: a local process pool, torchrun, or Slurm.
 
-They share `execute_run`, which trains one run and records its status, so that every executor
-records runs the same way.
+Every executor takes a run the same way (`take_run`: claim it, then check it still needs running)
+and records it the same way (`run_taken`: train, write the final status atomically, release the
+claim), so that any mix of executors and relaunches runs each run once. Under torch.distributed
+only rank 0 claims, writes and logs; the other ranks train alongside it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gnsweep import store
+from gnsweep.executors import claims
+
+HISTORY = "attempts.jsonl"
+"""Append-only log of a run's attempts (start, end, stopped, died), one JSON object a line."""
 
 
-def execute_run(sweep_dir: Path, run_id: str,
-                should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
-    """Train one run of the sweep and record how it ended; returns the final status.
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one run handed to an executor."""
+
+    state: str
+    """done, diverged or failed; held when another live executor holds the run."""
+    ran: bool
+    """Whether this call trained it (False: finished, out of retries, or held elsewhere)."""
+
+
+def rank() -> int:
+    """This process's rank under torch.distributed (0 without it)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def runnable(status: dict[str, Any], max_retries: int) -> bool:
+    """Whether a run still needs running: not finished, and retries left if it failed.
+
+    `retry_base` is the attempt count when the current launch began: each launch gives failed
+    runs a fresh `max_retries`.
+    """
+    if status["state"] in store.FINISHED:
+        return False
+    if status["state"] == "failed":
+        tries = int(status.get("attempts", 0)) - int(status.get("retry_base", 0))
+        return tries <= max_retries
+    return True
+
+
+def log_event(run_path: Path, event: str, **fields: Any) -> None:
+    """Append one line to the run's attempt log (one `write` on an O_APPEND file)."""
+    line = json.dumps({"event": event, "time": time.time(), "host": socket.gethostname(),
+                       "pid": os.getpid(), "slurm_job_id": claims.slurm_job_id(), **fields},
+                      default=str) + "\n"
+    fd = os.open(run_path / HISTORY, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def take_run(sweep_dir: Path, run_id: str, max_retries: int) -> tuple[claims.Claim | None, str]:
+    """Claim a run that still needs running. Returns (claim, "claimed"), or (None, why not):
+    the run's state (done, diverged, failed: out of retries) or "held" (a live owner has it).
+
+    A run found `running` without a live owner died with its worker (kill -9, node lost): that
+    attempt is recorded as failed, and the run runs again if it has retries left.
+    """
+    path = store.run_dir(sweep_dir, run_id)
+    claim, other = claims.try_claim(path)
+    if claim is None:
+        return None, "held"
+    status = store.read_status(path)
+    if status["state"] == "running":
+        who = f"{other['host']}:{other['pid']}" if other else "unknown"
+        job = other.get("slurm_job_id") if other else None
+        error = f"worker {who}{f' (Slurm job {job})' if job else ''} died while running it"
+        status = store.write_status(path, "failed", error=error)
+        log_event(path, "died", owner=who)
+    if not runnable(status, max_retries):
+        claim.release()
+        return None, str(status["state"])
+    return claim, "claimed"
+
+
+def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
+              should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Train a run this process (rank 0: `claim`) has taken; record how it ended on rank 0.
 
     A run that raises is recorded as failed with its error (the executor decides on a retry); a
-    diverged run is recorded as diverged and is final.
+    diverged run is recorded as diverged and is final; a stopped run (KeyboardInterrupt) goes
+    back to pending and the interrupt propagates. Nothing is half-written: metrics are written
+    once, at the end, atomically.
     """
+    path = store.run_dir(sweep_dir, run_id)
+    writer = rank() == 0
+    attempts = 0
+    if writer:
+        assert claim is not None, "rank 0 trains only runs it has claimed"
+        claims.heartbeat().add(claim)
+        attempts = int(store.read_status(path).get("attempts", 0)) + 1
+        store.write_status(path, "running", attempts=attempts, host=socket.gethostname(),
+                           pid=os.getpid(), slurm_job_id=claims.slurm_job_id(),
+                           started=time.time())
+        log_event(path, "start", attempt=attempts)
+    try:
+        return _train_and_record(path, attempts, writer, should_stop)
+    finally:
+        # Released only after the final status is written: whoever claims next sees it.
+        if writer and claim is not None:
+            claims.heartbeat().discard(claim)
+            claim.release()
+
+
+def _train_and_record(path: Path, attempts: int, writer: bool,
+                      should_stop: Callable[[], bool] | None) -> dict[str, Any]:
     from gnsweep.sweep import parse_run_record
     from gnsweep.train import train
 
-    path = store.run_dir(sweep_dir, run_id)
-    attempts = int(store.read_status(path).get("attempts", 0)) + 1
-    store.write_status(path, "running", attempts=attempts, host=socket.gethostname(),
-                       pid=os.getpid(), started=time.time())
     try:
         config, spec = parse_run_record(store.read_json(path / store.RUN_CONFIG))
-        result = train(config, spec, path, should_stop=should_stop)
+        result = train(config, spec, path if writer else None, should_stop=should_stop)
     except KeyboardInterrupt:
-        # Stopped from outside: the run is simply not done; a relaunch runs it again.
-        store.write_status(path, "pending", attempts=attempts - 1)
+        if writer:
+            store.write_status(path, "pending", attempts=attempts - 1)
+            log_event(path, "stopped", attempt=attempts)
         raise
     except Exception as err:
-        return store.write_status(path, "failed", error=f"{type(err).__name__}: {err}",
-                                  traceback=traceback.format_exc(limit=8))
-    return store.write_status(path, result.state, steps=result.steps, reason=result.reason,
-                              final_loss=result.final_loss, train_seconds=result.train_seconds)
+        status: dict[str, Any] = {"state": "failed", "error": f"{type(err).__name__}: {err}"}
+        if writer:
+            status = store.write_status(path, "failed", error=status["error"],
+                                        traceback=traceback.format_exc(limit=8))
+            log_event(path, "end", attempt=attempts, state="failed")
+        return status
+    status = {"state": result.state}
+    if writer:
+        status = store.write_status(path, result.state, steps=result.steps, reason=result.reason,
+                                    final_loss=result.final_loss,
+                                    train_seconds=result.train_seconds)
+        log_event(path, "end", attempt=attempts, state=result.state)
+    return status
+
+
+def execute_run(sweep_dir: Path, run_id: str, should_stop: Callable[[], bool] | None = None,
+                max_retries: int = 0) -> Outcome:
+    """Take one run and train it in this process (no torch.distributed)."""
+    claim, why = take_run(sweep_dir, run_id, max_retries)
+    if claim is None:
+        return Outcome(why, ran=False)
+    return Outcome(str(run_taken(sweep_dir, run_id, claim, should_stop)["state"]), ran=True)

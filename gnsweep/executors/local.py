@@ -2,22 +2,34 @@
 
 Workers are started once (process start-up and `import torch` cost more than a small run) and
 each uses one torch thread: two 1-thread processes beat one 2-thread process on small models.
+On Linux they are forked from the launcher, which has imported torch already, so they start in
+milliseconds (fork is what torch's DataLoader does; the launcher never touches CUDA).
+
 The parent hands one run at a time to each idle worker, so it always knows which run a worker
-holds; a worker that dies is replaced and its run recorded as failed and retried.
+holds. Workers claim each run before training it (`gnsweep.executors.take_run`), so another
+launcher on the same sweep never runs it twice. A worker that dies is replaced and its run
+retried; a worker whose launcher died (kill -9) stops its run cleanly and exits.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import signal
+import sys
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gnsweep import store
+from gnsweep.executors import Outcome, runnable
 from gnsweep.progress import SweepProgress
+
+HELD_RETRY_S = 1.0
+"""How long to wait before asking again for a run another executor holds."""
 
 
 @dataclass
@@ -34,71 +46,107 @@ class Summary:
     done: list[str] = field(default_factory=list)
     diverged: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    elsewhere: list[str] = field(default_factory=list)
+    """Runs finished by another executor while this one waited for them."""
+
+    def add(self, run_id: str, state: str) -> None:
+        getattr(self, state if state in ("done", "diverged") else "failed").append(run_id)
 
 
-def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int) -> None:
+def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: int,
+                 max_retries: int) -> None:
     import torch
 
     from gnsweep.executors import execute_run
 
-    # The parent owns Ctrl-C: it stops the workers and records what was in flight.
+    stop = False
+
+    def on_term(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    # The parent owns Ctrl-C: it asks the workers to stop with SIGTERM, which ends the run in
+    # flight at its next step (recorded pending, claim released).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, on_term)
     torch.set_num_threads(threads)
-    while (run_id := inbox.get()) is not None:
-        status = execute_run(Path(sweep_dir), run_id)
-        outbox.put((run_id, status["state"]))
+
+    def should_stop() -> bool:
+        return stop or os.getppid() != parent
+
+    while not should_stop():
+        try:
+            run_id = inbox.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if run_id is None:
+            break
+        try:
+            outcome = execute_run(Path(sweep_dir), run_id, should_stop, max_retries)
+        except KeyboardInterrupt:
+            break
+        outbox.put((run_id, outcome))
+
+
+def _context() -> Any:
+    return mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
 def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int = 1,
               max_retries: int = 2, progress: SweepProgress | None = None) -> Summary:
-    """Run `run_ids` on `workers` processes; failed runs are retried up to `max_retries` times."""
-    ctx = mp.get_context("spawn")
+    """Run `run_ids` on `workers` processes; failed runs are retried up to `max_retries` times.
+
+    Returns when every run has finished here or elsewhere, or is out of retries.
+    """
+    ctx = _context()
     outbox = ctx.Queue()
     pending = deque(run_ids)
-    pool: list[_Worker] = []
+    later: list[tuple[float, str]] = []  # runs held elsewhere: (when to ask again, run id)
     summary = Summary()
 
     def start_worker() -> _Worker:
-        inbox = ctx.SimpleQueue()
-        process = ctx.Process(target=_worker_main, args=(inbox, outbox, str(sweep_dir), threads),
-                              daemon=True)
+        inbox = ctx.Queue()
+        process = ctx.Process(target=_worker_main, daemon=True,
+                              args=(inbox, outbox, str(sweep_dir), threads, os.getpid(),
+                                    max_retries))
         process.start()
         return _Worker(process, inbox)
 
-    def finish(run_id: str, state: str) -> None:
-        if state == "failed":
-            attempts = int(store.read_status(store.run_dir(sweep_dir, run_id)).get("attempts", 1))
-            if attempts <= max_retries:
-                pending.append(run_id)
-                return
-        getattr(summary, state if state in ("done", "diverged") else "failed").append(run_id)
+    def finish(run_id: str, outcome: Outcome) -> None:
+        if outcome.state == "held":
+            later.append((time.monotonic() + HELD_RETRY_S, run_id))
+            return
+        status = store.read_status(store.run_dir(sweep_dir, run_id))
+        if outcome.ran and runnable(status, max_retries):
+            pending.append(run_id)  # failed with retries left
+            return
+        summary.add(run_id, outcome.state)
+        if not outcome.ran:
+            summary.elsewhere.append(run_id)
         if progress is not None:
-            progress.advance(state)
+            progress.advance(outcome.state)
 
     pool = [start_worker() for _ in range(min(workers, len(pending)))]
     try:
-        while pending or any(w.run_id for w in pool):
+        while pending or later or any(w.run_id for w in pool):
+            now = time.monotonic()
+            pending.extend(run_id for when, run_id in later if when <= now)
+            later[:] = [(when, run_id) for when, run_id in later if when > now]
             for worker in pool:
                 if worker.run_id is None and pending:
                     worker.run_id = pending.popleft()
                     worker.inbox.put(worker.run_id)
             try:
-                run_id, state = outbox.get(timeout=0.5)
+                run_id, outcome = outbox.get(timeout=0.2)
             except queue.Empty:
-                _replace_dead(pool, sweep_dir, start_worker, finish)
+                _replace_dead(pool, pending, start_worker)
                 continue
             for worker in pool:
                 if worker.run_id == run_id:
                     worker.run_id = None
-            finish(run_id, state)
+            finish(run_id, outcome)
     except KeyboardInterrupt:
-        for worker in pool:
-            if worker.process.is_alive():
-                worker.process.terminate()
-            worker.process.join(5)
-            if worker.run_id is not None:
-                # Nothing half-written stays: metrics are written only at the end, atomically.
-                store.write_status(store.run_dir(sweep_dir, worker.run_id), "pending")
+        _stop(pool)
         raise
     for worker in pool:
         worker.inbox.put(None)
@@ -107,12 +155,25 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
     return summary
 
 
-def _replace_dead(pool: list[_Worker], sweep_dir: Path, start_worker: Any, finish: Any) -> None:
+def _stop(pool: list[_Worker]) -> None:
+    """Ask every worker to stop (its run goes back to pending), then make sure they are gone."""
+    for worker in pool:
+        if worker.process.is_alive():
+            worker.process.terminate()
+    deadline = time.monotonic() + 10
+    for worker in pool:
+        worker.process.join(max(0.1, deadline - time.monotonic()))
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join(5)
+
+
+def _replace_dead(pool: list[_Worker], pending: deque[str], start_worker: Any) -> None:
     for i, worker in enumerate(pool):
         if worker.process.is_alive():
             continue
         if worker.run_id is not None:
-            store.write_status(store.run_dir(sweep_dir, worker.run_id), "failed",
-                               error=f"worker process died (exit code {worker.process.exitcode})")
-            finish(worker.run_id, "failed")
+            # Its claim names a dead pid: the next worker to take the run records the death
+            # as a failed attempt and runs it again while it has retries left.
+            pending.appendleft(worker.run_id)
         pool[i] = start_worker()

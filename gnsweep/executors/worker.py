@@ -1,0 +1,118 @@
+"""The worker entry point: one process group that trains many runs in turn.
+
+    python -m gnsweep.executors.worker SWEEP_DIR --runs-file FILE [--max-retries N]
+    torchrun --standalone --nproc_per_node 2 -m gnsweep.executors.worker SWEEP_DIR --runs-file F
+
+Under torchrun (WORLD_SIZE set) it initialises the process group once (nccl with GPUs, else
+gloo) and keeps it for every run: torchrun's start-up costs seconds, more than a small run.
+Rank 0 claims the next run (`gnsweep.executors.take_run`) and broadcasts its id; every rank
+trains it as a DDP replica; rank 0 alone writes. Runs another live executor holds are skipped:
+their launcher waits for them. The runs file holds one run id a line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections import deque
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gnsweep.executors import run_taken, take_run
+
+
+def init_process_group() -> bool:
+    """Join torchrun's process group when started by torchrun; False without one."""
+    if "WORLD_SIZE" not in os.environ or dist.is_initialized():
+        return dist.is_initialized()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    # A peer that dies mid-run must not leave the others waiting for half an hour.
+    dist.init_process_group(backend, timeout=timedelta(minutes=5))
+    return True
+
+
+def serve(sweep_dir: Path, run_ids: list[str], max_retries: int,
+          should_stop: Callable[[], bool]) -> int:
+    """Train `run_ids` in turn (each once, failed ones again while retries last); returns how
+    many this process group trained."""
+    distributed = dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
+    queue = deque(run_ids)
+    trained = 0
+    while True:
+        run_id, claim = None, None
+        if rank == 0 and not should_stop():
+            while queue and claim is None:
+                candidate = queue.popleft()
+                claim, _ = take_run(sweep_dir, candidate, max_retries)
+                run_id = candidate if claim is not None else None
+        if distributed:
+            box: list[Any] = [run_id]
+            dist.broadcast_object_list(box, src=0)
+            run_id = box[0]
+        if run_id is None:
+            return trained
+        status = run_taken(sweep_dir, run_id, claim, should_stop)
+        trained += 1
+        if status["state"] == "failed":
+            queue.append(run_id)  # take_run decides whether it has retries left
+
+
+def _stop_flag(stop_with: int | None) -> Callable[[], bool]:
+    """Stop on SIGTERM/SIGINT, or when process `stop_with` (our launcher) is gone."""
+    stop = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    def should_stop() -> bool:
+        if stop_with is not None and not stop:
+            try:
+                os.kill(stop_with, 0)
+            except ProcessLookupError:
+                return True
+        return stop
+
+    return should_stop
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gnsweep.executors.worker")
+    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("--runs-file", type=Path, required=True, help="One run id a line.")
+    parser.add_argument("--max-retries", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="Torch threads per process.")
+    parser.add_argument("--stop-with", type=int, default=None,
+                        help="Stop cleanly when this pid (the launcher) is gone.")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    should_stop = _stop_flag(args.stop_with)
+    run_ids = [line.strip() for line in args.runs_file.read_text().splitlines() if line.strip()]
+    init_process_group()
+    try:
+        serve(args.sweep_dir, run_ids, args.max_retries, should_stop)
+    except KeyboardInterrupt:
+        return 130  # stopped: the run in flight went back to pending
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
