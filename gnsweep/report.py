@@ -22,6 +22,10 @@ import pandas as pd
 from gnsweep.plots import FIGURES, SweepTables
 
 REPORT = "report.html"
+EXTRAPOLATION = 2.0
+"""B_crit further than this factor outside the measured batch sizes is reported as a bound."""
+POORLY_DETERMINED = 100.0
+"""An interval wider than this factor (hi/lo) is called poorly determined in the answer."""
 Z95 = 1.959964
 """Two-sided 95% normal quantile; B_crit's interval is taken on log B_crit (delta method)."""
 
@@ -43,7 +47,10 @@ def bcrit_interval(b_crit: float, se: float) -> tuple[float, float]:
     comes from log S_min and log E_min by the delta method)."""
     if not (math.isfinite(se) and se > 0 and b_crit > 0):
         return math.nan, math.nan
-    spread = math.exp(Z95 * se / b_crit)
+    log_spread = Z95 * se / b_crit
+    if log_spread > 700:  # exp would overflow: the fit does not pin B_crit down at all
+        return 0.0, math.inf
+    spread = math.exp(log_spread)
     return b_crit / spread, b_crit * spread
 
 
@@ -57,9 +64,13 @@ def interval_of(row: Any) -> tuple[float, float]:
 
 
 def answers(fits: pd.DataFrame, front: pd.DataFrame) -> list[str]:
-    """One plain sentence per target, highest loss first."""
+    """One plain paragraph per target, highest loss first.
+
+    B_crit more than a factor EXTRAPOLATION outside the measured batch sizes is reported as a
+    bound (beyond the largest / below the smallest), not as a number: the fit cannot place it.
+    """
     out = []
-    batches = sorted(front["batch_size"].unique()) if len(front) else []
+    batches = sorted(int(b) for b in front["batch_size"].unique()) if len(front) else []
     for row in fits.sort_values("target", ascending=False).itertuples(index=False):
         b_crit = float(row.b_crit)
         if not (math.isfinite(b_crit) and b_crit > 0):
@@ -67,20 +78,38 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame) -> list[str]:
             out.append(f"At loss {row.target:g}: no answer yet; {reason}.")
             continue
         lo, hi = interval_of(row)
-        interval = f" ({rounded(lo)} to {rounded(hi)})" if math.isfinite(lo) else ""
+        if math.isfinite(lo) and math.isfinite(hi) and lo > 0 and hi / lo <= POORLY_DETERMINED:
+            interval = f"{rounded(lo)} to {rounded(hi)}"
+            poor = False
+        else:
+            interval = f"{rounded(lo)} to {rounded(hi) if math.isfinite(hi) else 'infinity'}"
+            poor = True
+        b_simple = float(row.b_simple_mean)
+        measured = (f" The noise scale measured during training, B_simple, was about "
+                    f"{rounded(b_simple)}." if math.isfinite(b_simple) and b_simple > 0 else "")
+        if batches and b_crit > EXTRAPOLATION * batches[-1]:
+            out.append(f"At loss {row.target:g} the largest useful batch size is beyond the "
+                       f"largest one measured ({batches[-1]}): the fit puts it near "
+                       f"{rounded(b_crit)} (95% interval {interval}), an extrapolation. Add "
+                       f"larger batch sizes to pin it down.{measured}")
+            continue
+        if batches and b_crit < batches[0] / EXTRAPOLATION:
+            out.append(f"At loss {row.target:g} the largest useful batch size is below the "
+                       f"smallest one measured ({batches[0]}): the fit puts it near "
+                       f"{rounded(b_crit)} (95% interval {interval}), an extrapolation. Add "
+                       f"smaller batch sizes to pin it down.{measured}")
+            continue
+        detail = (f"poorly determined: the 95% interval spans {interval}; add batch sizes or "
+                  "seeds" if poor else interval)
         text = (f"At loss {row.target:g} the largest useful batch size is about "
-                f"{rounded(b_crit)}{interval}; beyond it, doubling the batch saves less than "
+                f"{rounded(b_crit)} ({detail}); beyond it, doubling the batch saves less than "
                 f"a quarter of the steps (perfect scaling would save half).")
         text += (f" Near it a run needs about {rounded(2 * row.s_min)} steps and "
                  f"{rounded(2 * row.e_min)} examples.")
         if batches and not batches[0] <= b_crit <= batches[-1]:
             text += (f" B_crit lies outside the measured batch sizes ({batches[0]} to "
                      f"{batches[-1]}): it is extrapolated.")
-        b_simple = float(row.b_simple_mean)
-        if math.isfinite(b_simple) and b_simple > 0:
-            text += f" The noise scale measured during training, B_simple, was about " \
-                    f"{rounded(b_simple)}."
-        out.append(text)
+        out.append(text + measured)
     return out
 
 
