@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from gnsweep import store
 from gnsweep.analysis.steps import CURVE_COLUMNS, Curves
@@ -32,7 +33,7 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
         table = None
         if (path / store.METRICS).exists() and state in store.FINISHED:
             try:
-                table = store.read_table(path / store.METRICS, columns=METRIC_COLUMNS)
+                table = _read_metrics(path / store.METRICS)
             except store.StoreError:
                 if not skip_corrupt:
                     raise
@@ -42,6 +43,22 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
     if not runs:
         raise store.StoreError(f"{sweep_dir}: the sweep has no runs")
     return pd.DataFrame(runs), tables
+
+
+def _read_metrics(path: Path) -> pa.Table:
+    """The analysis' columns of one metrics file.
+
+    `ParquetFile.read` is about twice as fast per small file as `read_table` (no dataset
+    discovery) but skips a missing column silently; anything unexpected goes through
+    `store.read_table`, which raises StoreError naming the file.
+    """
+    try:
+        table = pq.ParquetFile(path).read(columns=METRIC_COLUMNS)
+    except (pa.ArrowException, OSError, ValueError):
+        table = None
+    if table is None or table.column_names != METRIC_COLUMNS:
+        table = store.read_table(path, columns=METRIC_COLUMNS)
+    return table
 
 
 def load_curves(sweep_dir: Path, skip_corrupt: bool = False) -> Curves:

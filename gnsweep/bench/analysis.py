@@ -61,9 +61,10 @@ def write_sweep(root: Path, n_runs: int, n_steps: int, seed: int = 0) -> None:
 
 
 def time_read(root: Path) -> float:
+    """pyarrow alone, its fastest way for many small files (ParquetFile.read, not read_table)."""
     start = time.perf_counter()
     for run_id in store.run_ids(root):
-        pq.read_table(store.run_dir(root, run_id) / store.METRICS, columns=METRIC_COLUMNS)
+        pq.ParquetFile(store.run_dir(root, run_id) / store.METRICS).read(columns=METRIC_COLUMNS)
     return time.perf_counter() - start
 
 
