@@ -57,8 +57,15 @@ def launch(
         "--workers", min=1, help="Worker processes (default: one per core).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid and exit.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    detach: Annotated[bool, typer.Option(
+        "--detach", help="executor=slurm: return once the jobs are submitted.")] = False,
 ) -> None:
     """Run (or resume) a batch-size x learning-rate sweep.
+
+    Relaunching on the same folder runs only what is missing (also while an earlier launch or
+    its Slurm jobs still run: runs are claimed, none runs twice). Executors: executor=local
+    (default), executor=torchrun executor.nproc_per_node=2, executor=slurm
+    executor.partition=gpu executor.gpus_per_node=8 executor.nproc_per_node=8.
 
     Example: gnsweep launch task=digits sweep.batch_sizes=[16,64,256] sweep.learning_rates=[0.1,0.3]
     """
@@ -80,12 +87,47 @@ def launch(
             typer.echo(f"{spec.run_id:<28}{spec.batch_size:>11}{spec.learning_rate:>15g}"
                        f"{spec.seed:>6}")
         return
-    summary = run_sweep(config, sweep_dir, show_progress=not quiet)
+    summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)
+    if detach and config.executor.kind == "slurm":
+        jobs = ", ".join(summary.submitted) or "none (nothing left to run)"
+        typer.echo(f"sweep {sweep_dir}: submitted Slurm jobs {jobs}")
+        typer.echo(f"follow: gnsweep status {sweep_dir}")
+        return
     typer.echo(f"sweep {sweep_dir}: {len(summary.done)} done, {len(summary.diverged)} diverged, "
                f"{len(summary.failed)} failed this launch")
     if summary.failed:
-        typer.echo(f"failed runs (see their status.json): {', '.join(summary.failed)}", err=True)
+        typer.echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
+                   f"{', '.join(summary.failed)}", err=True)
     typer.echo(f"next: gnsweep analyze {sweep_dir}")
+
+
+@app.command()
+@user_errors
+def status(
+    sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder written by `gnsweep launch`.")],
+    all_runs: Annotated[bool, typer.Option(
+        "--all", help="List every run, not only those not done.")] = False,
+) -> None:
+    """Show pending, queued, running, done, failed and diverged runs, with their Slurm job ids.
+
+    `died`: a run whose worker is gone (kill -9, node lost); a relaunch runs it again.
+    Example: gnsweep status runs/digits
+    """
+    from collections import Counter
+
+    from gnsweep.sweep import sweep_status
+
+    rows = sweep_status(sweep_dir)
+    shown = [r for r in rows if all_runs or r["state"] != "done"]
+    if shown:
+        typer.echo(f"{'run_id':<28}{'state':<10}{'tries':>5}  {'slurm job':<12}{'owner':<18}info")
+    for r in shown:
+        info = r["info"] if len(r["info"]) <= 60 else r["info"][:57] + "..."
+        typer.echo(f"{r['run_id']:<28}{r['state']:<10}{r['attempts']:>5}  "
+                   f"{r['slurm_job_id']:<12}{r['owner']:<18}{info}")
+    counts = Counter(r["state"] for r in rows)
+    order = ("done", "diverged", "failed", "running", "queued", "pending", "died")
+    typer.echo(f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s]))
 
 
 @app.command()

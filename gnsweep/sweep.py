@@ -180,3 +180,35 @@ def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
 
         return run_slurm(sweep_dir, todo, executor, max_retries=retries, progress=progress,
                          wait=wait)
+
+
+def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
+    """One row a run: id, state, attempts, Slurm job, owner, and why it ended.
+
+    A `running` run whose owner is gone shows as `died` (a relaunch runs it again); a pending
+    run waiting in a Slurm queue shows as `queued`.
+    """
+    from gnsweep.executors import claims
+    from gnsweep.executors.slurm import job_ids, queue_states
+
+    store.require_sweep(sweep_dir)
+    submitted = job_ids(sweep_dir)
+    queued = queue_states(list(submitted.values()))
+    rows = []
+    for run_id in store.run_ids(sweep_dir):
+        path = store.run_dir(sweep_dir, run_id)
+        status = store.read_status(path)
+        state, job = status["state"], status.get("slurm_job_id") or submitted.get(run_id)
+        claim = claims.read_claim(path)
+        owner = ""
+        if state == "running":
+            if claim is None or claims.is_stale(claim):
+                state = "died"
+            else:
+                owner, job = f"{claim['host']}:{claim['pid']}", claim.get("slurm_job_id") or job
+        elif state == "pending" and job and (queued.get(job) or queued.get(job.split("_")[0])):
+            state = "queued"
+        info = status.get("error") or status.get("reason") or ""
+        rows.append({"run_id": run_id, "state": state, "attempts": int(status.get("attempts", 0)),
+                     "slurm_job_id": job or "", "owner": owner, "info": str(info)})
+    return rows

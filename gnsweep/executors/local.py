@@ -48,6 +48,8 @@ class Summary:
     failed: list[str] = field(default_factory=list)
     elsewhere: list[str] = field(default_factory=list)
     """Runs finished by another executor while this one waited for them."""
+    submitted: list[str] = field(default_factory=list)
+    """Slurm job ids submitted by this launch."""
 
     def add(self, run_id: str, state: str) -> None:
         getattr(self, state if state in ("done", "diverged") else "failed").append(run_id)

@@ -1,0 +1,169 @@
+"""Runs on a Slurm cluster through submitit: one job array, each job taking many runs in turn.
+
+The runs are split into `runs_per_job`-sized chunks (or over `workers` jobs when that is 0) and
+submitted as one job array. Each job runs torchrun across its resources (`nodes` x
+`nproc_per_node` DDP processes, `gpus_per_node` GPUs) with the worker entry point, which claims
+each run before it trains it: a relaunch while jobs still run never runs a run twice, and runs
+of a job that died (node lost, time limit, scancel -9) are found by their stale claims and
+submitted again. Job ids go to `<sweep>/slurm/jobs.json`; job logs to `<sweep>/slurm/`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gnsweep import store
+from gnsweep.config import ExecutorConfig
+from gnsweep.executors.local import Summary
+from gnsweep.executors.torchrun import _Watcher, check_divisible, worker_command, write_runs_file
+from gnsweep.progress import SweepProgress
+
+FOLDER = "slurm"
+JOBS = "jobs.json"
+POLL_S = 2.0
+RDZV_PORT = 29400
+
+
+def chunks(run_ids: list[str], executor: ExecutorConfig) -> list[list[str]]:
+    """Runs split into the jobs of the array, in order."""
+    size = executor.runs_per_job or math.ceil(len(run_ids) / max(1, executor.workers or 1))
+    return [run_ids[i:i + size] for i in range(0, len(run_ids), size)]
+
+
+def slurm_job(sweep_dir: str, runs_file: str, nproc: int, max_retries: int,
+              threads: int) -> int:
+    """The function each Slurm job runs (one task per node): torchrun over this node's
+    processes, joined across nodes by a c10d rendezvous on the first node."""
+    import submitit
+
+    job = submitit.JobEnvironment()
+    rendezvous = None
+    if job.num_nodes > 1:
+        rendezvous = [f"--nnodes={job.num_nodes}", "--rdzv_backend=c10d",
+                      f"--rdzv_endpoint={job.hostnames[0]}:{RDZV_PORT}",
+                      f"--rdzv_id={job.job_id}"]
+    command = worker_command(Path(sweep_dir), Path(runs_file), nproc=nproc,
+                             max_retries=max_retries, threads=threads, rendezvous=rendezvous)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    # Slurm sends SIGUSR2 ahead of the time limit (submitit's --signal): the workers stop their
+    # runs cleanly on it; torchrun's agent, which would die of it, ignores it.
+    return subprocess.call(command, env=env, preexec_fn=_ignore_usr2)
+
+
+def _ignore_usr2() -> None:
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+def make_executor(folder: Path, executor: ExecutorConfig) -> Any:
+    import submitit
+
+    params: dict[str, Any] = {
+        "nodes": executor.nodes, "tasks_per_node": 1, "timeout_min": executor.time_min,
+        "cpus_per_task": max(executor.cpus_per_task,
+                             executor.nproc_per_node * executor.threads_per_worker),
+        "name": "gnsweep", "slurm_additional_parameters": dict(executor.sbatch_extra),
+    }
+    if executor.partition:
+        params["slurm_partition"] = executor.partition
+    if executor.gpus_per_node:
+        params["gpus_per_node"] = executor.gpus_per_node
+    out = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    out.update_parameters(**params)
+    return out
+
+
+def submit(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig,
+           max_retries: int) -> list[Any]:
+    """Submit `run_ids` as one job array; record which job took which run."""
+    if shutil.which("sbatch") is None:
+        from gnsweep.config import ConfigError
+
+        raise ConfigError("executor=slurm: sbatch is not on PATH; run on a Slurm login node")
+    folder = sweep_dir / FOLDER
+    parts = chunks(run_ids, executor)
+    files = [str(write_runs_file(sweep_dir, part)) for part in parts]
+    n = len(parts)
+    jobs = make_executor(folder, executor).map_array(
+        slurm_job, [str(sweep_dir)] * n, files, [executor.nproc_per_node] * n,
+        [max_retries] * n, [executor.threads_per_worker] * n)
+    record = job_ids(sweep_dir)
+    for job, part in zip(jobs, parts, strict=True):
+        record.update(dict.fromkeys(part, job.job_id))
+    store.write_json(folder / JOBS, record)
+    return jobs
+
+
+def job_ids(sweep_dir: Path) -> dict[str, str]:
+    """Run id -> the Slurm job id it was last submitted to."""
+    path = sweep_dir / FOLDER / JOBS
+    return dict(store.read_json(path)) if path.is_file() else {}
+
+
+def queue_states(ids: list[str]) -> dict[str, str]:
+    """Slurm job id -> state (PENDING, RUNNING...) for the jobs still in the queue."""
+    if not ids or shutil.which("squeue") is None:
+        return {}
+    try:
+        out = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j",
+                              ",".join(sorted({i.split('_')[0] for i in ids}))],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+
+
+def run_slurm(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *,
+              max_retries: int = 2, progress: SweepProgress | None = None,
+              wait: bool = True) -> Summary:
+    """Submit the runs and (with `wait`) follow them until every run has finished or is out of
+    retries, resubmitting runs whose job died. Ctrl-C cancels the jobs."""
+    check_divisible(sweep_dir, run_ids, executor.nproc_per_node * executor.nodes)
+    watcher = _Watcher(sweep_dir, run_ids, max_retries, progress)
+    todo = watcher.runnable()
+    if not wait:
+        summary = Summary()
+        summary.submitted = [job.job_id for job in submit(sweep_dir, todo, executor,
+                                                         max_retries)] if todo else []
+        return summary
+    jobs: list[Any] = []
+    rounds = 0
+    try:
+        while todo and rounds <= max_retries + 1:
+            rounds += 1
+            jobs = submit(sweep_dir, todo, executor, max_retries)
+            while not all(job.done() for job in jobs):
+                watcher.update()
+                time.sleep(POLL_S)
+            _report_job_errors(jobs)
+            todo = watcher.runnable()
+    except KeyboardInterrupt:
+        for job in jobs:
+            if not job.done():
+                job.cancel(check=False)
+        raise
+    summary = watcher.summary()
+    summary.submitted = [job.job_id for job in jobs]
+    return summary
+
+
+def _report_job_errors(jobs: list[Any]) -> None:
+    """One line on stderr per job that raised or whose workers exited badly."""
+    for job in jobs:
+        try:
+            code = job.result()
+        except Exception as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+            print(f"gnsweep: Slurm job {job.job_id} failed ({first}); log: {job.paths.stderr}",
+                  file=sys.stderr)
+            continue
+        if code not in (0, 130):
+            print(f"gnsweep: Slurm job {job.job_id}: workers exited with code {code}; log: "
+                  f"{job.paths.stderr}", file=sys.stderr)
