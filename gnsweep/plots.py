@@ -139,37 +139,55 @@ def _fitted(fits: pd.DataFrame) -> pd.DataFrame:
 def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame) -> Figure:
     """Steps against examples to reach each target, best learning rate per batch size, with the
     fitted hyperbola (S/S_min - 1)(E/E_min - 1) = 1 (eq. 2.11) and its B_crit point
-    (E, S) = (2 E_min, 2 S_min) (eq. 2.12), log-log like the paper's fig. 4."""
+    (E, S) = (2 E_min, 2 S_min) (eq. 2.12), log-log like the paper's fig. 4.
+
+    The view is set by the measured points: a B_crit point far outside them (a fit that cannot
+    place B_crit) is left off the chart and its legend entry says where B_crit lies instead."""
     if front.empty:
         raise Skip("no batch size reached any target at any learning rate")
+    examples = front["examples"].to_numpy(float)
+    steps = front["steps"].to_numpy(float)
+    x_lo, x_hi = examples.min() / 1.5, examples.max() * 1.5
+    y_lo, y_hi = steps.min() / 1.5, steps.max() * 1.5
+    b_lo, b_hi = int(front["batch_size"].min()), int(front["batch_size"].max())
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(COLUMN, 2.9))
+        fig, ax = plt.subplots(figsize=(COLUMN, 3.5))
         colors = _target_colors([*front["target"], *fits["target"]])
         for target in sorted(front["target"].unique(), reverse=True):
-            group = front[np.isclose(front["target"], target)]
+            group = front[np.isclose(front["target"], target)].sort_values("batch_size")
             color = colors[float(target)]
             on = group["on_front"].astype(bool) if "on_front" in group else group["steps"] > 0
-            fit = fits[np.isclose(fits["target"], target)]
+            fit = _fitted(fits[np.isclose(fits["target"], target)])
             label = f"loss {target:g}"
-            if len(_fitted(fit)):
-                label += f": B_crit ≈ {float(fit['b_crit'].iloc[0]):.3g}"
             ax.plot(group["examples"], group["steps"], ":", color=color, lw=0.6, alpha=0.7)
+            for row in group.itertuples(index=False):
+                ax.annotate(f"{row.batch_size}", (row.examples, row.steps), fontsize=5,
+                            xytext=(2.5, 2.5), textcoords="offset points", color=color)
+            if len(fit):
+                s_min, e_min = float(fit["s_min"].iloc[0]), float(fit["e_min"].iloc[0])
+                b_crit = e_min / s_min
+                b = np.geomspace(b_lo / 64, b_hi * 64, 300)
+                s = predict_steps(b, s_min, e_min)
+                ax.plot(b * s, s, color=color, lw=1.0, alpha=0.85)
+                if b_crit > 2 * b_hi:
+                    label += f": B_crit beyond {b_hi}"
+                elif b_crit < b_lo / 2:
+                    label += f": B_crit below {b_lo}"
+                else:
+                    label += f": B_crit ≈ {b_crit:.3g}"
+                star_x, star_y = 2 * e_min, 2 * s_min
+                if x_lo / 10 < star_x < x_hi * 10 and y_lo / 10 < star_y < y_hi * 10:
+                    ax.scatter([star_x], [star_y], marker="*", s=70, color=color,
+                               edgecolor="black", linewidth=0.5, zorder=4)
+                    x_lo, x_hi = min(x_lo, star_x / 1.5), max(x_hi, star_x * 1.5)
+                    y_lo, y_hi = min(y_lo, star_y / 1.5), max(y_hi, star_y * 1.5)
             ax.scatter(group["examples"][on], group["steps"][on], color=color, s=16, zorder=3,
                        label=label)
             ax.scatter(group["examples"][~on], group["steps"][~on], facecolor="white",
                        edgecolor=color, s=16, zorder=3)
-            for row in group.itertuples(index=False):
-                ax.annotate(f"{row.batch_size}", (row.examples, row.steps), fontsize=5,
-                            xytext=(2.5, 2.5), textcoords="offset points", color=color)
-            if not len(_fitted(fit)):
-                continue
-            s_min, e_min = float(fit["s_min"].iloc[0]), float(fit["e_min"].iloc[0])
-            b = np.geomspace(group["batch_size"].min() / 4, group["batch_size"].max() * 4, 300)
-            s = predict_steps(b, s_min, e_min)
-            ax.plot(b * s, s, color=color, lw=1.0, alpha=0.85)
-            ax.scatter([2 * e_min], [2 * s_min], marker="*", s=70, color=color,
-                       edgecolor="black", linewidth=0.5, zorder=4)
         _loglog(ax)
+        ax.set_xlim(x_lo, x_hi)
+        ax.set_ylim(y_lo, y_hi)
         ax.set_xlabel("examples to reach the target, E (examples)")
         ax.set_ylabel("steps to reach the target, S (steps)")
         ax.set_title("Pareto fronts: steps vs examples per target loss")
@@ -182,8 +200,8 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame) -> Figure:
             handles.append(plt.Line2D([], [], marker="o", ls="", mfc="white", color="grey",
                                       ms=4))
             labels.append("not Pareto-optimal")
-        ax.legend(handles, labels, loc="upper right", fontsize=6)
-        ax.text(0.01, 0.01, "numbers: batch size (best learning rate each)", fontsize=5.5,
+        fig.legend(handles, labels, loc="outside lower center", ncol=2)
+        ax.text(0.99, 0.99, "numbers: batch size", fontsize=5.5, ha="right", va="top",
                 transform=ax.transAxes, color="0.35")
         return fig
 

@@ -233,3 +233,19 @@ def test_plots_and_report_never_import_torch():
     code = ("import sys, gnsweep.plots, gnsweep.report, gnsweep.figures; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_pareto_view_follows_the_points_when_the_fit_cannot_place_b_crit():
+    tables = make_tables()
+    # A degenerate fit: S_min -> 0, so B_crit = E_min/S_min is absurdly large.
+    tables.fits.loc[0, ["s_min", "b_crit"]] = [1e-8, e_min(1.0) / 1e-8]
+    fig = plots.pareto_fronts(tables.front, tables.fits)
+    ax = first_axes(fig)
+    labels = [text.get_text() for legend in fig.legends for text in legend.get_texts()]
+    assert "loss 1: B_crit beyond 256" in labels
+    assert "loss 0.5: B_crit ≈ 70.7" in labels  # 50 / sqrt(0.5)
+    # Every measured point is in view, and the view is not stretched to S = 2e-8.
+    low, high = ax.get_ylim()
+    assert low <= tables.front["steps"].min() and high >= tables.front["steps"].max()
+    assert low > tables.front["steps"].min() / 10
+    plt.close(fig)
