@@ -133,6 +133,25 @@ def _fitted(fits: pd.DataFrame) -> pd.DataFrame:
     return fits[_finite(fits, "b_crit") & _finite(fits, "s_min") & _finite(fits, "e_min")]
 
 
+def _placed(fits: pd.DataFrame, front: pd.DataFrame | None) -> tuple[pd.DataFrame, list[str]]:
+    """The fitted targets whose B_crit lies within a factor 2 of the measured batch sizes, and
+    one line for each of the others (the fit bounds B_crit there but cannot place it)."""
+    if front is None or front.empty or fits.empty:
+        return fits, []
+    b_lo, b_hi = float(front["batch_size"].min()), float(front["batch_size"].max())
+    inside = (fits["b_crit"] <= 2 * b_hi) & (fits["b_crit"] >= b_lo / 2)
+    off = [f"loss {row.target:g}: B_crit {'beyond' if row.b_crit > b_hi else 'below'} "
+           f"{b_hi if row.b_crit > b_hi else b_lo:g}, not shown"
+           for row in fits[~inside].itertuples(index=False)]
+    return fits[inside], off
+
+
+def _off_note(ax: Axes, off: list[str]) -> None:
+    if off:
+        ax.text(0.99, 0.01, "\n".join(off), transform=ax.transAxes, ha="right", va="bottom",
+                fontsize=5.5, color="0.35")
+
+
 # ---- a. Pareto fronts ---------------------------------------------------------------------
 
 
@@ -213,12 +232,14 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None) -> F
     """B_crit of the fit (eq. 2.12) against B_simple, the S_min-weighted mean of the measured
     noise scale up to the target (median over batch sizes), and B_noise (eq. 2.8) where the
     fits carry it. y error bars: B_crit's standard error; x bars: range over batch sizes."""
-    ok = _fitted(fits)
+    ok, off = _placed(_fitted(fits), front)
     ok = ok[_finite(ok, "b_simple_mean")]
     if ok.empty:
-        raise Skip("no target has both a fit of eq. 2.11 and a measured B_simple")
+        raise Skip("no target has both a fit of eq. 2.11 that places B_crit and a measured "
+                   "B_simple" + (f" ({'; '.join(off)})" if off else ""))
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(COLUMN, 3.6))
+        _off_note(ax, off)
         values = [ok["b_crit"].to_numpy(float), ok["b_simple_mean"].to_numpy(float)]
         has_noise = "b_noise_mean" in ok and _finite(ok, "b_noise_mean").any()
         colors = _target_colors(fits["target"])
@@ -550,14 +571,17 @@ def best_lr_vs_batch(front: pd.DataFrame, steps: pd.DataFrame | None = None,
 # ---- f. B_crit against the target loss -----------------------------------------------------
 
 
-def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None) -> Figure:
+def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
+                  front: pd.DataFrame | None = None) -> Figure:
     """B_crit (eq. 2.12) with its standard error against the target loss, log-log, with the
     power law B_crit(L) = B_* / L^(1/alpha_B) (Kaplan et al. 2020) where a fit is given."""
-    ok = _fitted(fits)
+    ok, off = _placed(_fitted(fits), front)
     if len(ok) < 2:
-        raise Skip(f"{len(ok)} target(s) with a fit of eq. 2.11; a trend needs at least 2")
+        raise Skip(f"{len(ok)} target(s) with a fit of eq. 2.11 that places B_crit; a trend "
+                   "needs at least 2" + (f" ({'; '.join(off)})" if off else ""))
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots()
+        _off_note(ax, off)
         colors = _target_colors(fits["target"])
         for row in ok.itertuples(index=False):
             color = colors[float(row.target)]
@@ -657,7 +681,7 @@ FIGURES = [
                lambda t: best_lr_vs_batch(t.front, t.steps, t.fits)),
     FigureSpec("bcrit_vs_loss", "B_crit against the target loss: the critical batch size "
                "grows as training goes on.",
-               lambda t: bcrit_vs_loss(t.fits, t.bcrit_law)),
+               lambda t: bcrit_vs_loss(t.fits, t.bcrit_law, t.front)),
     FigureSpec("loss_curves", "Training loss of the best-tuned run per batch size against "
                "steps and examples; dashed lines are the targets.",
                lambda t: loss_curves(t.runs, t.metrics, t.front, _targets(t))),
