@@ -355,10 +355,11 @@ def tasks() -> None:
         typer.echo(f"{name:<10} {text}")
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench(
     subjects: Annotated[list[str] | None, typer.Argument(
-        help="noise, analysis, executors (default: all)")] = None,
+        help="noise, analysis, executors (default: all), then options for them, e.g. "
+             "--runs 100")] = None,
 ) -> None:
     """Run benchmarks and print ratios measured side by side (table and JSON).
 

@@ -9,7 +9,9 @@ from gnsweep.bench import SUBJECTS
 
 
 def main(argv: list[str]) -> None:
-    subjects = [a for a in argv if not a.startswith("-")] or list(SUBJECTS)
+    # Leading bare words are subjects; everything from the first option on goes to each one.
+    split = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))
+    subjects, options = argv[:split] or list(SUBJECTS), argv[split:]
     for subject in subjects:
         if subject not in SUBJECTS:
             sys.exit(f"gnsweep bench: unknown subject {subject!r}; choose from {SUBJECTS}")
@@ -18,7 +20,7 @@ def main(argv: list[str]) -> None:
         except ModuleNotFoundError as err:
             print(f"bench {subject}: not available ({err})")
             continue
-        module.main([a for a in argv if a.startswith("-")])
+        module.main(options)
 
 
 if __name__ == "__main__":
