@@ -339,6 +339,17 @@ def best_runs(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame) ->
     return pd.DataFrame(out, columns=["batch_size", "learning_rate", "run_id", "reached"])
 
 
+MAX_POINTS = 2000
+"""Points drawn per curve: long runs are thinned log-uniformly in step (the x axes are log)."""
+
+
+def _thin(frame: pd.DataFrame, n: int = MAX_POINTS) -> pd.DataFrame:
+    if len(frame) <= n:
+        return frame
+    keep = np.unique(np.geomspace(1, len(frame), n).astype(int) - 1)
+    return frame.iloc[keep]
+
+
 def _positive(values: pd.Series) -> np.ndarray:
     array = pd.to_numeric(values, errors="coerce").to_numpy(float)
     return np.where(np.isfinite(array) & (array > 0), array, np.nan)
@@ -360,7 +371,7 @@ def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.Dat
     with plt.rc_context(STYLE):
         fig, (ax_step, ax_loss) = plt.subplots(1, 2, figsize=(PAGE, 2.8), sharey=True)
         for row in chosen.itertuples(index=False):
-            frame = by_run[row.run_id].sort_values("step")
+            frame = _thin(by_run[row.run_id].sort_values("step"))
             color = colors[row.batch_size]
             label = f"B = {row.batch_size} (lr {row.learning_rate:g})"
             b_simple = _positive(frame["b_simple"])
@@ -623,7 +634,7 @@ def loss_curves(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
     with plt.rc_context(STYLE):
         fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(PAGE, 2.8), sharey=True)
         for row in chosen.itertuples(index=False):
-            frame = by_run[row.run_id].sort_values("step")
+            frame = _thin(by_run[row.run_id].sort_values("step"))
             loss = _positive(frame["loss_smooth"])
             label = f"B = {row.batch_size} (lr {row.learning_rate:g})"
             if not row.reached:

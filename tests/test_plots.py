@@ -249,3 +249,15 @@ def test_pareto_view_follows_the_points_when_the_fit_cannot_place_b_crit():
     assert low <= tables.front["steps"].min() and high >= tables.front["steps"].max()
     assert low > tables.front["steps"].min() / 10
     plt.close(fig)
+
+
+def test_long_runs_are_thinned_log_uniformly_keeping_both_ends():
+    frame = pd.DataFrame({"step": np.arange(1, 100_001)})
+    thin = plots._thin(frame)
+    assert len(thin) <= plots.MAX_POINTS
+    assert thin["step"].iloc[0] == 1 and thin["step"].iloc[-1] == 100_000
+    # Log-uniform: 2000 points over 5 decades is 400 a decade, so every step below 100 stays
+    # and the last decade keeps about 400 of its 90,000 steps.
+    steps = thin["step"].to_numpy()
+    assert ((steps >= 10) & (steps < 100)).sum() == 90
+    assert 350 <= ((steps >= 10_000) & (steps < 100_000)).sum() <= 420
