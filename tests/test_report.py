@@ -202,7 +202,8 @@ def test_report_renders_in_headless_chromium(tiny_sweep, tmp_path):
     page = (tiny_sweep / "report.html").resolve().as_uri()
     n_figures = (tiny_sweep / "report.html").read_text().count("data:image/png;base64,")
     # Every embedded figure decoded: the page's load handler counts images with a width.
-    dom = headless(tmp_path, "--dump-dom", page)
+    # The virtual-time budget lets the load handler run before the DOM is dumped.
+    dom = headless(tmp_path, "--virtual-time-budget=10000", "--dump-dom", page)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert f'data-images-loaded="{n_figures}"' in dom.stdout
     assert "largest useful batch size" in dom.stdout or "no answer yet" in dom.stdout
