@@ -305,9 +305,7 @@ def plot(
 ) -> None:
     """Draw every figure the sweep supports into DIR/figures (PNG and PDF).
 
-    Pareto fronts with their fits, B_crit against the noise scale, the noise scale over
-    training, steps over the grid, best learning rate against batch size, B_crit against the
-    loss, loss curves. A figure the sweep cannot support is skipped with one line saying why.
+    A figure the sweep cannot support is skipped with one line saying why (docs/figures.md).
     Runs `gnsweep analyze` first when its tables are missing.
     Example: gnsweep plot runs/digits
     """
@@ -327,9 +325,9 @@ def plot(
 def report(
     sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder written by `gnsweep launch`.")],
 ) -> None:
-    """Write DIR/report.html: the answer per target, warnings, fits, figures, grid and config.
+    """Write DIR/report.html: the answer per target, warnings, fits, figures, grid, config.
 
-    One self-contained file (figures embedded) to open in a browser or send to your team.
+    One self-contained file (figures embedded): open it in a browser or send it around.
     Runs `gnsweep analyze` first when its tables are missing.
     Example: gnsweep report runs/digits
     """
