@@ -128,6 +128,8 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
         if progress is not None:
             progress.advance(outcome.state)
 
+    if ctx.get_start_method() == "fork" and run_ids:
+        _warm(sweep_dir, run_ids[0])
     pool = [start_worker() for _ in range(min(workers, len(pending)))]
     try:
         while pending or later or any(w.run_id for w in pool):
@@ -155,6 +157,17 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
     for worker in pool:
         worker.process.join(10)
     return summary
+
+
+def _warm(sweep_dir: Path, run_id: str) -> None:
+    """Import the training code and the task's data once here: forked workers inherit them."""
+    from gnsweep.sweep import parse_run_record
+    from gnsweep.tasks import make_task
+    from gnsweep.train import train  # noqa: F401
+
+    config, spec = parse_run_record(store.read_json(store.run_dir(sweep_dir, run_id) /
+                                                    store.RUN_CONFIG))
+    make_task(config.task.name, config.task.options, spec.seed)
 
 
 def _stop(pool: list[_Worker]) -> None:

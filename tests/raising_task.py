@@ -1,0 +1,22 @@
+"""A test-only task: the digits MLP whose data source raises after a few steps."""
+
+from gnsweep.tasks.digits import Digits, Options
+
+DESCRIPTION = "digits, but batch() raises at its 6th call (tests only)."
+
+
+__all__ = ["DESCRIPTION", "Options", "make"]
+
+
+class Raising(Digits):
+    calls = 0
+
+    def batch(self, size, generator):
+        self.calls += 1
+        if self.calls > 5:
+            raise RuntimeError("boom: this task fails on purpose")
+        return super().batch(size, generator)
+
+
+def make(options: Options, seed: int) -> Raising:
+    return Raising(options, seed)

@@ -1,0 +1,162 @@
+"""Claims, resume and retries with real files and real processes (no mocks)."""
+
+import json
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from gnsweep import store
+from gnsweep.config import ConfigError, compose
+from gnsweep.executors import claims, execute_run, runnable, take_run
+from gnsweep.sweep import parse_run_record, prepare, remaining
+from gnsweep.train import train
+
+SMALL = ["sweep.batch_sizes=[8,32]", "sweep.learning_rates=[0.3]", "sweep.targets=[0.5]",
+         "sweep.max_steps=200", "sweep.max_retries=1"]
+
+
+def _claim_all(sweep_dir: str, run_ids: list[str], out) -> None:
+    from pathlib import Path
+
+    won = [r for r in run_ids if claims.try_claim(Path(sweep_dir) / "runs" / r)[0] is not None]
+    out.put(won)
+
+
+def test_two_processes_racing_for_the_same_runs_each_win_a_disjoint_set(tmp_path):
+    run_ids = [f"r{i:03d}" for i in range(60)]
+    (tmp_path / "runs").mkdir()
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_claim_all, args=(str(tmp_path), run_ids, out))
+             for _ in range(3)]
+    for p in procs:
+        p.start()
+    won = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join()
+    flat = [r for w in won for r in w]
+    # Every claimer exited, so all of their claims are stale now; but each run was won once.
+    assert sorted(flat) == run_ids
+
+
+def test_a_claim_is_stale_once_its_owner_process_is_gone(tmp_path):
+    path = tmp_path / "runs" / "r"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        info = {**claims.owner(), "pid": child.pid, "pid_start": claims._pid_start(child.pid)}
+        assert not claims.is_stale(info)
+    finally:
+        child.kill()
+        child.wait()
+    assert claims.is_stale(info)
+    # Same pid number, another process (pid reuse): stale too.
+    me = claims.owner()
+    assert not claims.is_stale(me)
+    assert claims.is_stale({**me, "pid_start": "1"})
+    # A dead owner's claim is broken by the next claimer, who learns whose it was.
+    path.mkdir(parents=True)
+    (path / claims.CLAIM).write_text(json.dumps(info))
+    claim, broken = claims.try_claim(path)
+    assert claim is not None and broken is not None and broken["pid"] == child.pid
+
+
+def test_a_claim_from_another_host_is_stale_only_without_heartbeat(tmp_path):
+    path = tmp_path / "runs" / "r"
+    path.mkdir(parents=True)
+    other = {"host": "not-" + socket.gethostname(), "pid": 1, "token": "x"}
+    (path / claims.CLAIM).write_text(json.dumps(other))
+    assert claims.try_claim(path, stale_after=60)[0] is None  # fresh: held
+    old = time.time() - 600
+    os.utime(path / claims.CLAIM, (old, old))
+    claim, broken = claims.try_claim(path, stale_after=60)
+    assert claim is not None and broken["host"] == other["host"]
+    # The heartbeat keeps our own claim fresh.
+    os.utime(path / claims.CLAIM, (old, old))
+    beat = claims.Heartbeat(interval=0.05)
+    beat.add(claim)
+    time.sleep(0.3)
+    beat.close()
+    assert claims.read_claim(path)["age_s"] < 60
+    claim.release()
+    assert claims.read_claim(path) is None
+
+
+def test_retries_are_counted_per_launch():
+    assert runnable({"state": "pending"}, 0)
+    assert not runnable({"state": "done"}, 5)
+    assert not runnable({"state": "diverged"}, 5)
+    # max_retries=1: two attempts in all.
+    assert runnable({"state": "failed", "attempts": 1}, 1)
+    assert not runnable({"state": "failed", "attempts": 2}, 1)
+    # A new launch (retry_base = attempts so far) gives a fresh budget.
+    assert runnable({"state": "failed", "attempts": 2, "retry_base": 2}, 1)
+
+
+def test_a_run_whose_worker_died_is_recorded_and_runs_again(tmp_path):
+    config = compose(SMALL)
+    spec = prepare(tmp_path, config)[0]
+    path = store.run_dir(tmp_path, spec.run_id)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    store.write_status(path, "running", attempts=1, pid=child.pid)
+    (path / claims.CLAIM).write_text(json.dumps({"host": socket.gethostname(),
+                                                 "pid": child.pid, "token": "t"}))
+    assert [s.run_id for s in remaining(tmp_path, [spec], include_held=False)] == [spec.run_id]
+    outcome = execute_run(tmp_path, spec.run_id, max_retries=1)
+    assert outcome.ran and outcome.state == "done"
+    events = [json.loads(line)["event"] for line in (path / "attempts.jsonl").open()]
+    assert events == ["died", "start", "end"]
+    assert store.read_status(path)["attempts"] == 2
+    assert not (path / claims.CLAIM).exists()
+    # Finished: nobody takes it again.
+    assert take_run(tmp_path, spec.run_id, 5) == (None, "done")
+
+
+def test_a_live_claim_keeps_other_executors_off_the_run(tmp_path):
+    config = compose(SMALL)
+    spec = prepare(tmp_path, config)[0]
+    path = store.run_dir(tmp_path, spec.run_id)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (path / claims.CLAIM).write_text(json.dumps(
+            {"host": socket.gethostname(), "pid": holder.pid, "token": "t",
+             "pid_start": claims._pid_start(holder.pid)}))
+        assert execute_run(tmp_path, spec.run_id).state == "held"
+        assert remaining(tmp_path, [spec], include_held=False) == []
+    finally:
+        holder.kill()
+        holder.wait()
+    assert store.read_status(path)["state"] == "pending"
+
+
+def test_relaunch_with_other_training_settings_is_refused_but_a_larger_grid_is_not(tmp_path):
+    prepare(tmp_path, compose(SMALL))
+    with pytest.raises(ConfigError) as err:
+        prepare(tmp_path, compose([*SMALL, "task.hidden=32", "sweep.max_steps=50"]))
+    assert "task.options.hidden: 64 -> 32" in str(err.value)
+    assert "sweep.max_steps: 200 -> 50" in str(err.value)
+    specs = prepare(tmp_path, compose([*SMALL, "sweep.batch_sizes=[8,128]", "executor.workers=1"]))
+    assert [s.batch_size for s in specs] == [8, 128]
+    assert len(store.run_ids(tmp_path)) == 3
+    assert "- 32" in (tmp_path / store.SWEEP_CONFIG).read_text()  # the folder's grid: the union
+
+
+def test_same_config_and_seed_give_identical_metrics_on_cpu(tmp_path):
+    config = compose(SMALL)
+    spec = prepare(tmp_path, config)[0]
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    cfg, spec = parse_run_record(store.read_json(store.run_dir(tmp_path, spec.run_id) /
+                                                 store.RUN_CONFIG))
+    train(cfg, spec, a)
+    train(cfg, spec, b)
+    ta, tb = (pq.read_table(p / store.METRICS).drop(["wall_time"]) for p in (a, b))
+    assert ta.num_rows > 10
+    # Bit for bit (NaN where both are NaN: columns never measured).
+    assert ta.to_pandas().equals(tb.to_pandas())
