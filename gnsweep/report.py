@@ -103,7 +103,7 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame) -> list[str]:
                   "seeds" if poor else interval)
         text = (f"At loss {row.target:g} the largest useful batch size is about "
                 f"{rounded(b_crit)} ({detail}); beyond it, doubling the batch saves less than "
-                f"a quarter of the steps (perfect scaling would save half).")
+                f"half the steps that perfect scaling would save (under a quarter of them).")
         text += (f" Near it a run needs about {rounded(2 * row.s_min)} steps and "
                  f"{rounded(2 * row.e_min)} examples.")
         if batches and not batches[0] <= b_crit <= batches[-1]:

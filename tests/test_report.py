@@ -42,8 +42,8 @@ def test_answer_per_target_worked_by_hand():
     # Highest loss first. Target 1: S_min = 10, E_min = 500, B_crit = 50 +- 5; the 95% interval
     # on log B_crit is 50 * exp(-+1.96 * 0.1) = 41.1 to 60.8.
     assert text[0].startswith("At loss 1 the largest useful batch size is about 50 (41 to 61); "
-                              "beyond it, doubling the batch saves less than a quarter of the "
-                              "steps (perfect scaling would save half).")
+                              "beyond it, doubling the batch saves less than half the steps that "
+                              "perfect scaling would save (under a quarter of them).")
     assert "about 20 steps and 1,000 examples" in text[0]  # 2 S_min, 2 E_min
     # Target 0.25: B_crit = 100 +- 10 -> 82 to 120.
     assert "At loss 0.25 the largest useful batch size is about 100 (82 to 120)" in text[2]
