@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["NoiseScaleMonitor", "__version__"]
+__all__ = ["NoiseScaleMonitor", "__version__", "measure_noise_scale"]
 
 
 def __getattr__(name: str) -> Any:

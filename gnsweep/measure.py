@@ -12,7 +12,8 @@ current step and all unbiased for the same `|G|^2` and `tr(Sigma)`:
   accumulation; `accumulate()` after each records the micro-batch's own gradient.
 - `ddp` (b_small = per-worker batch, b_big = global batch): a DistributedDataParallel
   communication hook reads each worker's gradient before the all-reduce; one extra scalar
-  all-reduce per measured step.
+  all-reduce per measured step, overlapped with the next step (so the estimate `step()` returns
+  lags one measured step; `close()` folds the last one in).
 
 B_noise (eq. 2.8) uses Hessian-vector products (double backward) every `hessian_every` steps:
 see `hessian_norms`.
@@ -173,6 +174,7 @@ class NoiseScaleMonitor:
             handle.remove()
         self._handles = []
         if self._ddp is not None and self._ddp.monitor is self:
+            self._fold(*self._ddp.collect())  # the last measurement's all-reduce
             self._ddp.monitor = None
 
     def __enter__(self) -> NoiseScaleMonitor:
@@ -231,6 +233,10 @@ class NoiseScaleMonitor:
                 self._warn_once("fallback", "noise scale: layers without per-example norms "
                                 "need micro-batches and monitor.accumulate(); this estimate "
                                 "leaves their parameters out")
+        self._fold(parts, hess)
+
+    def _fold(self, parts: list[tuple[float, float, float, float]],
+              hess: tuple[float, float, float, float] | None) -> None:
         valid = [p for p in parts if all(map(math.isfinite, p)) and 0 < p[2] < p[3]]
         if len(valid) < len(parts):
             self._warn_once("skip", "noise scale: a measurement had one batch size only or "
@@ -337,23 +343,37 @@ def _unsupported(module: nn.Module) -> str | None:
 
 def _save_input(module: nn.Module, a: torch.Tensor) -> Any:
     if isinstance(module, nn.Linear) and a.dim() == 2:
-        return (a.float() ** 2).sum(1)  # |a_i|^2 now; the activation itself is not kept
+        # Keep |a_i|^2 (+ 1 for the bias), not the activation: |g_i|^2 = (|a_i|^2 + 1) |d_i|^2.
+        weight, bias = _trainable(module)
+        a = a.float()
+        sq = torch.linalg.vecdot(a, a) if weight else a.new_zeros(a.shape[0])
+        return sq + 1.0 if bias else sq
     return a
+
+
+def _trainable(module: nn.Module) -> tuple[bool, bool]:
+    weight = getattr(module, "weight", None)
+    bias = getattr(module, "bias", None)
+    return (weight is not None and weight.requires_grad,
+            bias is not None and bias.requires_grad)
+
+
+def _sq(t: torch.Tensor) -> torch.Tensor:
+    """Sum of squares, without a squared copy."""
+    return torch.linalg.vector_norm(t).square()
 
 
 def _per_example_sq(module: nn.Module, saved: Any, d: torch.Tensor) -> torch.Tensor:
     """Sum over examples of this layer's `|g_i|^2`, `g_i` the gradient of the captured loss."""
     d = d.float()
-    weight = module.weight is not None and module.weight.requires_grad
-    bias = getattr(module, "bias", None) is not None and module.bias.requires_grad
+    weight, bias = _trainable(module)
     if isinstance(module, nn.Linear):
         if d.dim() == 2:
-            d_sq = (d * d).sum(1)
-            return (saved * d_sq).sum() * weight + d_sq.sum() * bias
+            return torch.dot(saved, torch.linalg.vecdot(d, d))
         a = saved.float().flatten(1, -2)
         d = d.flatten(1, -2)
         out = _weight_sq(a, d) if weight else d.new_zeros(())
-        return out + (d.sum(1) ** 2).sum() * bias if bias else out
+        return out + _sq(d.sum(1)) if bias else out
     if isinstance(module, nn.Conv2d):
         return _conv_sq(module, saved.float(), d, weight, bias)
     if isinstance(module, nn.Embedding):
@@ -362,7 +382,7 @@ def _per_example_sq(module: nn.Module, saved: Any, d: torch.Tensor) -> torch.Ten
         if module.padding_idx is not None:
             d = d * (index != module.padding_idx).unsqueeze(-1)
         if index.shape[1] == 1:
-            return (d * d).sum()
+            return _sq(d)
         same = index.unsqueeze(2) == index.unsqueeze(1)
         return (torch.bmm(d, d.transpose(1, 2)) * same).sum()
     # LayerNorm / RMSNorm: per-example gradient of the scale is sum over positions of d * x_hat.
@@ -372,13 +392,12 @@ def _per_example_sq(module: nn.Module, saved: Any, d: torch.Tensor) -> torch.Ten
         x_hat = F.layer_norm(x, shape, None, None, module.eps)
     else:
         x_hat = F.rms_norm(x, shape, None, module.eps)
-    keep = len(shape)
-    dims = tuple(range(1, d.dim() - keep))
+    dims = tuple(range(1, d.dim() - len(shape)))
     out = d.new_zeros(())
     if weight:
-        out = out + ((d * x_hat).sum(dims) ** 2).sum() if dims else out + ((d * x_hat) ** 2).sum()
+        out = out + _sq((d * x_hat).sum(dims) if dims else d * x_hat)
     if bias:
-        out = out + (d.sum(dims) ** 2).sum() if dims else out + (d * d).sum()
+        out = out + _sq(d.sum(dims) if dims else d)
     return out
 
 
@@ -387,23 +406,35 @@ def _weight_sq(a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     t, i, o = a.shape[1], a.shape[2], d.shape[2]
     if t * (i + o) < i * o:
         return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(d, d.transpose(1, 2))).sum()
-    return (torch.bmm(d.transpose(1, 2), a) ** 2).sum()
+    return _sq(torch.bmm(d.transpose(1, 2), a))
+
+
+def _patches(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """`F.unfold` of the conv's input, (B, C*kh*kw, L), as one strided copy (unfold loops over
+    the batch on the CPU)."""
+    padding: Any = module.padding
+    if module.padding_mode != "zeros" or isinstance(padding, str):
+        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+        x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
+    else:
+        return F.unfold(x, module.kernel_size, dilation=module.dilation, padding=padding,
+                        stride=module.stride)
+    n, c, h, w = x.shape
+    (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
+    ho, wo = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+    s_n, s_c, s_h, s_w = x.stride()
+    view = x.as_strided((n, c, kh, kw, ho, wo), (s_n, s_c, dh * s_h, dw * s_w, sh * s_h, sw * s_w))
+    return view.reshape(n, c * kh * kw, ho * wo)
 
 
 def _conv_sq(module: nn.Conv2d, x: torch.Tensor, d: torch.Tensor, weight: bool, bias: bool
              ) -> torch.Tensor:
     n, groups = x.shape[0], module.groups
     d = d.reshape(n, d.shape[1], -1)  # (B, out, L)
-    out = (d.sum(2) ** 2).sum() if bias else d.new_zeros(())
+    out = _sq(d.sum(2)) if bias else d.new_zeros(())
     if not weight:
         return out
-    padding: Any = module.padding
-    if module.padding_mode != "zeros" or isinstance(padding, str):
-        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
-        x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
-        padding = 0
-    a = F.unfold(x, module.kernel_size, dilation=module.dilation, padding=padding,
-                 stride=module.stride)  # (B, C*kh*kw, L)
+    a = _patches(module, x)  # (B, C*kh*kw, L)
     a = a.reshape(n, groups, -1, a.shape[-1]).transpose(2, 3).flatten(0, 1)  # (B*g, L, Cg*k)
     dg = d.reshape(n, groups, -1, d.shape[-1]).transpose(2, 3).flatten(0, 1)  # (B*g, L, Og)
     return out + _weight_sq(a, dg)
@@ -433,12 +464,12 @@ class _Increments:
         else:
             increments = torch._foreach_sub(grads, self.previous)
             torch._foreach_copy_(self.previous, grads)
-        self.sq.append(_sq_norm_of(increments))
+        self.sq.extend(torch._foreach_norm(increments))  # summed in measure(): one sync
         self.counts.append(examples_so_far - self._seen)
         self._seen = examples_so_far
 
     def measure(self, required: bool) -> tuple[float, float, float, float] | None:
-        k = len(self.sq)
+        k = len(self.counts)
         if k < 2:
             if required:
                 raise ValueError(
@@ -449,7 +480,8 @@ class _Increments:
         if min(self.counts) < 1:
             raise ValueError("monitor.accumulate() was called without a forward pass of the "
                              "model since the last call: no examples to attribute")
-        values = torch.stack([*self.sq, _sq_norm(self.params)]).tolist()
+        per_batch = torch.stack(self.sq).double().square().reshape(k, -1).sum(1)
+        values = torch.cat([per_batch, _sq_norm(self.params).reshape(1)]).tolist()
         # .grad holds the batch mean: micro-batch j's own gradient is (B / n_j) x its increment;
         # E|g_j|^2 = |G|^2 + tr(Sigma)/n_j, so the mean over j has b_small = 1 / mean(1/n_j).
         sq_small = sum((big / n) ** 2 * s for n, s in zip(self.counts, values, strict=False)) / k
@@ -475,6 +507,7 @@ class _DdpHook:
         self.group = getattr(model, "process_group", None)
         self.world = dist.get_world_size(self.group)
         self.local_sq: torch.Tensor | None = None
+        self.pending: tuple[Any, torch.Tensor] | None = None
         try:
             # A lambda: DDP rejects hooks whose (postponed, string) annotations it cannot match.
             model.register_comm_hook(None, lambda state, bucket: self._hook(state, bucket))
@@ -489,6 +522,7 @@ class _DdpHook:
         if hook is None:
             hook = cls(model)
             model._gnsweep_comm_hook = hook  # type: ignore[assignment]
+        hook.collect()  # a previous monitor's last all-reduce, if it was never closed
         hook.monitor = monitor
         hook.reset()
         return hook
@@ -502,7 +536,7 @@ class _DdpHook:
         buffer = bucket.buffer()
         monitor = self.monitor
         if monitor is not None and monitor.measuring and not monitor._busy:
-            sq = buffer.float().pow(2).sum()
+            sq = _sq(buffer.float())
             self.local_sq = sq if self.local_sq is None else self.local_sq + sq
         buffer.div_(self.world)
         future = dist.all_reduce(buffer, group=self.group, async_op=True).get_future()
@@ -511,30 +545,37 @@ class _DdpHook:
     def measure(self, hess: tuple[float, float, float, float] | None
                 ) -> tuple[list[tuple[float, float, float, float]],
                            tuple[float, float, float, float] | None]:
-        """One scalar all-reduce: worker norms, example counts and the Hessian norms."""
+        """Start this step's one scalar all-reduce (worker norms, example counts, Hessian
+        norms) and return the previous one's result: the reduction overlaps the next step."""
         import torch.distributed as dist
 
+        done = self.collect()
         assert self.monitor is not None
         params = self.monitor.params
         local = self.local_sq if self.local_sq is not None else params[0].new_zeros(())
         h_small, h_big, hb_small, hb_big = hess if hess is not None else (0.0, 0.0, 0.0, 0.0)
-        pack = torch.stack([
-            local.double(), local.new_tensor(float(self.monitor._examples)).double(),
-            local.new_tensor(float(self.local_sq is not None)).double(),
-            *(local.new_tensor(v).double() for v in (h_small, h_big, hb_small, hb_big,
-                                                      float(hess is not None)))])
-        dist.all_reduce(pack, group=self.group)
-        sq_big = float(_sq_norm(params))
-        values = pack.tolist()
+        scalars = [float(self.monitor._examples), float(self.local_sq is not None),
+                   h_small, h_big, hb_small, hb_big, float(hess is not None)]
+        # |G_big|^2 is the same on every worker (after the all-reduce): it rides along.
+        pack = torch.cat([local.double().reshape(1), _sq_norm(params).to(local.device).reshape(1),
+                          torch.tensor(scalars, dtype=torch.float64, device=local.device)])
+        work = dist.all_reduce(pack, group=self.group, async_op=True)
+        self.pending = (work, pack)
+        return done
+
+    def collect(self) -> tuple[list[tuple[float, float, float, float]],
+                               tuple[float, float, float, float] | None]:
+        """Wait for the pending all-reduce, if any; its (parts, Hessian norms)."""
+        if self.pending is None:
+            return [], None
+        work, pack = self.pending
+        self.pending = None
+        work.wait()
         w = float(self.world)
-        parts = []
-        if values[2] == w:
-            parts.append((values[0] / w, sq_big, values[1] / w, values[1]))
-        hess_all = None
-        if values[7] == w:
-            # Every worker measured the same batch pair: average their H-norms.
-            hess_all = (values[3] / w, values[4] / w, values[5] / w, values[6] / w)
-        return parts, hess_all
+        sq_small, sq_big, examples, have, *hessian, have_hessian = (v / w for v in pack.tolist())
+        parts = [(sq_small, sq_big, examples, examples * w)] if have == 1 else []
+        # Every worker measured the same batch pair: their H-norms are averaged.
+        return parts, (tuple(hessian) if have_hessian == 1 else None)  # type: ignore[return-value]
 
 
 # -- Hessian-vector products -----------------------------------------------------------------

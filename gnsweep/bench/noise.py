@@ -1,0 +1,191 @@
+"""Cost of measuring the noise scale: step time with each method / plain step time.
+
+`python -m gnsweep.bench noise` (or `gnsweep bench noise`). For a small MLP and a small CNN at a
+few batch sizes, every variant runs in the same process, interleaved round by round, and the
+ratio of medians is reported:
+
+- per_example: one backward, hooks on every layer;
+- microbatch: over the same 4-micro-batch accumulation loop without a monitor (the monitor's
+  cost), and over one unsplit step (the monitor plus the splitting, if you would not split);
+- hessian: per_example plus B_noise every 20 steps (amortized);
+- ddp: two gloo processes, DDP with the hook / plain DDP (`--no-ddp` skips it).
+
+Flags: `--quick` (fewer rounds), `--no-ddp`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gnsweep.measure import NoiseScaleMonitor
+
+BATCH_SIZES = (32, 128, 512)
+HESSIAN_EVERY = 20
+MICROBATCHES = 4
+TARGETS = {"microbatch": 1.05, "ddp": 1.05, "per_example": 1.3, "hessian": 1.2}
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(),
+                         nn.Linear(256, 10))
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(32 * 8 * 8, 10))
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
+    "mlp": (_mlp, (64,)), "cnn": (_cnn, (1, 16, 16))}
+
+
+def _data(shape: tuple[int, ...], batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(batch, *shape, generator=g), torch.randint(10, (batch,), generator=g)
+
+
+def _stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor, k: int,
+             monitor: NoiseScaleMonitor | None) -> Callable[[], None]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    xs, ys = x.tensor_split(k), y.tensor_split(k)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        for xm, ym in zip(xs, ys, strict=True):
+            (F.cross_entropy(model(xm), ym) * (len(xm) / len(x))).backward()
+            if monitor is not None:
+                monitor.accumulate()
+        if monitor is not None:
+            monitor.step(batch=(x, y))
+        optimizer.step()
+
+    return step
+
+
+def _variants(name: str, batch: int) -> dict[str, Callable[[], None]]:
+    make, shape = MODELS[name]
+    x, y = _data(shape, batch)
+    out = {}
+    for variant in ("plain", "plain_split", "per_example", "microbatch", "hessian"):
+        torch.manual_seed(0)
+        model = make()
+        monitor = None
+        if variant in ("per_example", "hessian"):
+            monitor = NoiseScaleMonitor(model, "per_example", loss_fn=F.cross_entropy,
+                                        hessian_every=HESSIAN_EVERY if variant == "hessian" else 0)
+        elif variant == "microbatch":
+            monitor = NoiseScaleMonitor(model, "microbatch")
+        k = MICROBATCHES if variant in ("plain_split", "microbatch") else 1
+        out[variant] = _stepper(model, x, y, k, monitor)
+    return out
+
+
+def _time_side_by_side(steppers: dict[str, Callable[[], None]], rounds: int, steps: int
+                       ) -> dict[str, float]:
+    """Median seconds per step of each variant, the variants interleaved round by round."""
+    for fn in steppers.values():  # warm-up
+        for _ in range(3):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in steppers}
+    for _ in range(rounds):
+        for key, fn in steppers.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            times[key].append((time.perf_counter() - start) / steps)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _ddp_worker(rank: int, world: int, port: int, out: str, rounds: int, steps: int) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        results = {}
+        for name in MODELS:
+            make, shape = MODELS[name]
+            for batch in BATCH_SIZES:
+                x, y = _data(shape, batch // world)
+                steppers = {}
+                for variant in ("plain", "ddp"):
+                    torch.manual_seed(0)
+                    model = DDP(make())
+                    monitor = NoiseScaleMonitor(model, "ddp") if variant == "ddp" else None
+                    steppers[variant] = _stepper(model, x, y, 1, monitor)
+                # Both ranks run the same schedule, so the collectives pair up.
+                seconds = _time_side_by_side(steppers, rounds, steps)
+                results[f"{name}/{batch}"] = seconds["ddp"] / seconds["plain"]
+        if rank == 0:
+            Path(out).write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def _ddp_ratios(rounds: int, steps: int) -> dict[str, float]:
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "ddp.json"
+        mp.spawn(_ddp_worker, args=(2, port, str(out), rounds, steps), nprocs=2)
+        result: dict[str, float] = json.loads(out.read_text())
+        return result
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    quick = "--quick" in argv
+    rounds, steps = (5, HESSIAN_EVERY) if quick else (15, HESSIAN_EVERY)
+    torch.set_num_threads(1)
+    rows = []
+    ddp = {} if "--no-ddp" in argv else _ddp_ratios(rounds, steps)
+    for name in MODELS:
+        for batch in BATCH_SIZES:
+            seconds = _time_side_by_side(_variants(name, batch), rounds, steps)
+            plain = seconds["plain"]
+            rows.append({
+                "model": name, "batch": batch, "plain_ms": 1e3 * plain,
+                "per_example": seconds["per_example"] / plain,
+                "microbatch": seconds["microbatch"] / seconds["plain_split"],
+                "microbatch_vs_unsplit": seconds["microbatch"] / plain,
+                "hessian": seconds["hessian"] / plain,
+                "ddp": ddp.get(f"{name}/{batch}", float("nan")),
+            })
+    columns = ["model", "batch", "plain_ms", "per_example", "microbatch",
+               "microbatch_vs_unsplit", "hessian", "ddp"]
+    print(f"noise-scale measurement cost (step time / plain step time, 1 thread; hessian: "
+          f"per_example + B_noise every {HESSIAN_EVERY} steps; microbatch: over the same "
+          f"{MICROBATCHES}-micro-batch loop; ddp: 2 gloo processes)")
+    print("  ".join(f"{c:>21}" if i > 1 else f"{c:>6}" for i, c in enumerate(columns)))
+    for row in rows:
+        print("  ".join(f"{row[c]:>21.3f}" if isinstance(row[c], float) else f"{row[c]:>6}"
+                        for c in columns))
+    worst = {key: max(r[key] for r in rows) for key in TARGETS if key in rows[0]}
+    result = {"subject": "noise", "rows": rows, "worst": worst, "targets": TARGETS,
+              "hessian_every": HESSIAN_EVERY, "microbatches": MICROBATCHES}
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
