@@ -110,7 +110,7 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
         attempts = int(store.read_status(path).get("attempts", 0)) + 1
         store.write_status(path, "running", attempts=attempts, host=socket.gethostname(),
                            pid=os.getpid(), slurm_job_id=claims.slurm_job_id(),
-                           started=time.time())
+                           started=time.time(), traceback=None)
         log_event(path, "start", attempt=attempts)
     try:
         return _train_and_record(path, attempts, writer, should_stop)

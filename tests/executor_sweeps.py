@@ -1,0 +1,43 @@
+"""Shared by the executor tests: the tiny sweep every executor runs, and how to compare them."""
+
+import math
+from pathlib import Path
+
+from gnsweep import store
+from gnsweep.analysis.report import analyze_sweep
+from gnsweep.config import compose
+from gnsweep.sweep import launch
+
+TINY = ["sweep=tiny"]
+RUN_FILES = {"config.json", "status.json", "metrics.parquet", "attempts.jsonl"}
+
+
+def run_sweep(sweep_dir: Path, *overrides: str):
+    return launch(compose([*TINY, *overrides]), sweep_dir, show_progress=False)
+
+
+def assert_same_fits_up_to_noise(a: Path, b: Path) -> None:
+    """Two sweeps of the same grid on different executors see different examples (DDP ranks
+    draw their own), so their fits agree only up to training noise: S_min, E_min and B_crit
+    within three combined standard errors, at every target both could fit."""
+    fa = analyze_sweep(a, write=False).fits.set_index("target")
+    fb = analyze_sweep(b, write=False).fits.set_index("target")
+    compared = 0
+    for target in fa.index.intersection(fb.index):
+        ra, rb = fa.loc[target], fb.loc[target]
+        if ra["refused"] or rb["refused"]:
+            continue
+        for name in ("s_min", "e_min", "b_crit"):
+            se = math.hypot(ra[f"{name}_se"], rb[f"{name}_se"])
+            assert abs(ra[name] - rb[name]) <= 3 * se, (target, name, ra[name], rb[name], se)
+        compared += 1
+    assert compared >= 1
+
+
+def assert_all_finished_once(sweep_dir: Path) -> None:
+    for run_id in store.run_ids(sweep_dir):
+        path = store.run_dir(sweep_dir, run_id)
+        assert store.read_status(path)["state"] in store.FINISHED, run_id
+        # Rank 0 alone writes: a run folder holds exactly these files.
+        assert {p.name for p in path.iterdir()} == RUN_FILES, run_id
+        assert (path / "attempts.jsonl").read_text().count('"event": "start"') == 1

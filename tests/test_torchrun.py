@@ -1,0 +1,91 @@
+"""The torchrun executor for real: 2 DDP processes (gloo on CPU), runs taken in turn."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from executor_sweeps import assert_all_finished_once, assert_same_fits_up_to_noise, run_sweep
+
+from gnsweep import store
+from gnsweep.config import ConfigError
+from gnsweep.executors import HISTORY
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+GNSWEEP = str(Path(sys.executable).parent / "gnsweep")
+
+
+def test_a_tiny_sweep_through_torchrun_matches_the_local_one(tmp_path):
+    local, ddp = tmp_path / "local", tmp_path / "ddp"
+    run_sweep(local)
+    summary = run_sweep(ddp, "executor=torchrun", "executor.nproc_per_node=2")
+    assert len(summary.done) + len(summary.diverged) == len(store.run_ids(ddp))
+    assert_all_finished_once(ddp)
+    pids = set()
+    for run_id in store.run_ids(ddp):
+        path = store.run_dir(ddp, run_id)
+        metrics = pq.read_table(path / store.METRICS).to_pandas()
+        batch = int(run_id[1:6])
+        # The DDP hook: a worker's gradient over B/2 examples against the all-reduced one.
+        assert set(metrics["b_small"].dropna()) == {batch / 2}
+        assert set(metrics["b_big"].dropna()) == {batch}
+        pids |= {json.loads(line)["pid"] for line in (path / HISTORY).open()}
+    assert len(pids) == 1  # one torchrun job (its rank 0) trained every run in turn
+    assert_same_fits_up_to_noise(local, ddp)
+
+
+def test_batch_sizes_that_do_not_split_over_the_workers_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="multiples of 2"):
+        run_sweep(tmp_path, "executor=torchrun", "sweep.batch_sizes=[8,33]")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def test_kill_9_of_one_ddp_worker_reruns_its_run(tmp_path):
+    proc = subprocess.Popen(
+        [GNSWEEP, "launch", "-q", "--sweep-dir", str(tmp_path), "executor=torchrun",
+         "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.05,0.1]", "sweep.targets=[0.001]",
+         "sweep.max_steps=500"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            running = [s for s in (store.read_status(store.run_dir(tmp_path, r))
+                                   for r in store.run_ids(tmp_path)) if s["state"] == "running"]
+            if running:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        rank0 = running[0]["pid"]
+        agent = int(Path(f"/proc/{rank0}/stat").read_text().split(")")[1].split()[1])
+        rank1 = next(p for p in _children(agent) if p != rank0)
+        os.kill(rank1, signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    for run_id in store.run_ids(tmp_path):
+        path = store.run_dir(tmp_path, run_id)
+        assert store.read_status(path)["state"] == "done"
+        events = [json.loads(line) for line in (path / HISTORY).open()]
+        assert [e.get("state") for e in events if e["event"] == "end"][-1] == "done"
+        assert sum(e.get("state") == "done" for e in events) == 1
+        pq.read_table(path / store.METRICS)
+    assert not list(tmp_path.rglob("claim.json"))
