@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
-import socket
 from pathlib import Path
 
 import pytest
@@ -290,19 +288,13 @@ def test_readme_example_runs():
 # -- DDP, for real: two gloo processes --------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
+def _ddp_worker(rank: int, world: int, store: str, out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A file store: no port to race for with other tests.
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         result: dict = {}
         with pytest.raises(ValueError, match="DistributedDataParallel-wrapped"):
@@ -353,7 +345,7 @@ def test_ddp_hook_matches_the_truth_and_keeps_training_exact(tmp_path):
     import torch.multiprocessing as mp
 
     out = tmp_path / "result.json"
-    mp.spawn(_ddp_worker, args=(2, _free_port(), str(out)), nprocs=2)
+    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "store"), str(out)), nprocs=2)
     result = json.loads(out.read_text())
     assert result["pair"] == [BATCH // 2, BATCH]
     assert result["b_simple"] == pytest.approx(1, abs=0.05)

@@ -16,8 +16,6 @@ Flags: `--quick` (fewer rounds), `--no-ddp`.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -108,13 +106,12 @@ def _time_side_by_side(steppers: dict[str, Callable[[], None]], rounds: int, ste
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def _ddp_worker(rank: int, world: int, port: int, out: str, rounds: int, steps: int) -> None:
+def _ddp_worker(rank: int, world: int, store: str, out: str, rounds: int, steps: int) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         results = {}
         for name in MODELS:
@@ -141,12 +138,10 @@ def _ddp_ratios(rounds: int, steps: int) -> dict[str, float]:
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "ddp.json"
-        mp.spawn(_ddp_worker, args=(2, port, str(out), rounds, steps), nprocs=2)
+        store = str(Path(folder) / "store")
+        mp.spawn(_ddp_worker, args=(2, store, str(out), rounds, steps), nprocs=2)
         result: dict[str, float] = json.loads(out.read_text())
         return result
 
