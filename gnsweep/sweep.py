@@ -159,9 +159,9 @@ def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
 
     specs = prepare(sweep_dir, config)
     executor = config.executor
-    # Local and torchrun executors wait for runs another launcher holds; Slurm jobs skip them.
-    todo = [spec.run_id for spec in remaining(sweep_dir, specs,
-                                              include_held=executor.kind != "slurm")]
+    # Runs another launcher holds stay in: every executor waits for them (and runs them should
+    # their owner die), but none starts them while their owner lives.
+    todo = [spec.run_id for spec in remaining(sweep_dir, specs)]
     fresh_retries(sweep_dir, todo)
     retries = config.sweep.max_retries
     with SweepProgress(len(specs), len(specs) - len(todo), enabled=show_progress) as progress:

@@ -50,6 +50,12 @@ def slurm_job(sweep_dir: str, runs_file: str, nproc: int, max_retries: int,
         rendezvous = [f"--nnodes={job.num_nodes}", "--rdzv_backend=c10d",
                       f"--rdzv_endpoint={job.hostnames[0]}:{RDZV_PORT}",
                       f"--rdzv_id={job.job_id}"]
+    if nproc == 1 and rendezvous is None:
+        # One process: no torchrun, no second interpreter; train right here.
+        from gnsweep.executors import worker
+
+        return worker.main([sweep_dir, "--runs-file", runs_file, "--max-retries",
+                            str(max_retries), "--threads", str(threads)])
     command = worker_command(Path(sweep_dir), Path(runs_file), nproc=nproc,
                              max_retries=max_retries, threads=threads, rendezvous=rendezvous)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -134,23 +140,36 @@ def run_slurm(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *,
                                                          max_retries)] if todo else []
         return summary
     jobs: list[Any] = []
+    submitted: list[str] = []
     rounds = 0
     try:
-        while todo and rounds <= max_retries + 1:
-            rounds += 1
-            jobs = submit(sweep_dir, todo, executor, max_retries)
-            while not all(job.done() for job in jobs):
+        while True:
+            todo, held = watcher.runnable(), watcher.held()
+            if not todo and not held:
+                break
+            if todo and rounds <= max_retries + 1:
+                rounds += 1
+                jobs = submit(sweep_dir, todo, executor, max_retries)
+                submitted += [job.job_id for job in jobs]
+            elif not held:
+                break  # runs left, but their jobs keep dying: give up (their status says why)
+            else:
+                jobs = []
+            # Wait for our jobs, and for runs other launches' jobs hold, until one frees up.
+            while True:
                 watcher.update()
+                if all(job.done() for job in jobs) and (not watcher.held()
+                                                        or watcher.runnable()):
+                    break
                 time.sleep(POLL_S)
             _report_job_errors(jobs)
-            todo = watcher.runnable()
     except KeyboardInterrupt:
         for job in jobs:
             if not job.done():
                 job.cancel(check=False)
         raise
     summary = watcher.summary()
-    summary.submitted = [job.job_id for job in jobs]
+    summary.submitted = submitted
     return summary
 
 

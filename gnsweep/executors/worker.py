@@ -77,8 +77,9 @@ def _stop_flag(stop_with: int | None) -> Callable[[], bool]:
         nonlocal stop
         stop = True
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # SIGUSR2: Slurm's warning ahead of the time limit (submitit asks for it).
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+        signal.signal(signum, on_signal)
 
     def should_stop() -> bool:
         if stop_with is not None and not stop:

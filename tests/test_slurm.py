@@ -1,0 +1,88 @@
+"""The Slurm executor for real, through submitit, on the single-node Slurm of `make slurm-up`."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from executor_sweeps import assert_all_finished_once, assert_same_fits_up_to_noise, run_sweep
+from typer.testing import CliRunner
+
+from gnsweep import store
+from gnsweep.cli import app
+from gnsweep.executors import HISTORY
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+GNSWEEP = str(Path(sys.executable).parent / "gnsweep")
+SLURM = ["executor=slurm", "executor.partition=debug", "executor.time_min=10"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slurm_up():
+    if shutil.which("sinfo") is None and not os.environ.get("CI"):
+        pytest.skip("no Slurm here: `make slurm-up` (root, Debian) starts one")
+    probe = subprocess.run(["sinfo", "-h", "-p", "debug", "-o", "%a %T"], capture_output=True,
+                           text=True, timeout=30)
+    if probe.returncode != 0 or not probe.stdout.strip():
+        pytest.fail(f"Slurm is not up ({probe.stderr.strip()}): run `make slurm-up` first")
+
+
+def _events(sweep_dir: Path, run_id: str) -> list[dict]:
+    path = store.run_dir(sweep_dir, run_id) / HISTORY
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_tiny_sweep_through_slurm_and_torchrun_matches_the_local_one(tmp_path):
+    local, slurm = tmp_path / "local", tmp_path / "slurm"
+    run_sweep(local)
+    # Two jobs of three runs each (a job array), each torchrun over 2 DDP processes.
+    summary = run_sweep(slurm, *SLURM, "executor.nproc_per_node=2", "executor.runs_per_job=3")
+    assert len(summary.submitted) == 2 and summary.submitted[0].endswith("_0")
+    assert_all_finished_once(slurm)
+    jobs = {store.read_status(store.run_dir(slurm, r))["slurm_job_id"]
+            for r in store.run_ids(slurm)}
+    assert jobs == set(summary.submitted)
+    result = CliRunner().invoke(app, ["status", str(slurm), "--all"])
+    assert result.exit_code == 0
+    assert all(job in result.output for job in jobs)
+    assert_same_fits_up_to_noise(local, slurm)
+
+
+def test_relaunch_while_jobs_run_and_a_killed_job_lose_and_repeat_nothing(tmp_path):
+    slow = [*SLURM, "sweep.batch_sizes=[8,16]", "sweep.learning_rates=[0.05,0.1]",
+            "sweep.targets=[0.001]", "sweep.max_steps=1500", "executor.runs_per_job=2"]
+    detach = [GNSWEEP, "launch", "-q", "--detach", "--sweep-dir", str(tmp_path), *slow]
+    first = subprocess.run(detach, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    # A second launch while the first one's jobs are queued or running: more jobs, same runs.
+    second = subprocess.run(detach, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    deadline = time.monotonic() + 180
+    while True:
+        running = [store.read_status(store.run_dir(tmp_path, r)) for r in store.run_ids(tmp_path)]
+        running = [s for s in running if s["state"] == "running"]
+        if running:
+            break
+        assert time.monotonic() < deadline, "no run started"
+        time.sleep(0.2)
+    # The worker inside a Slurm job is lost: SIGKILL, no chance to clean up (Slurm itself
+    # would send SIGTERM first, which stops the run cleanly).
+    os.kill(running[0]["pid"], signal.SIGKILL)
+    final = subprocess.run([GNSWEEP, "launch", "-q", "--sweep-dir", str(tmp_path), *slow],
+                           capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stderr
+    died = 0
+    for run_id in store.run_ids(tmp_path):
+        events = _events(tmp_path, run_id)
+        assert store.read_status(store.run_dir(tmp_path, run_id))["state"] == "done"
+        assert [e.get("state") for e in events if e["event"] == "end"] == ["done"], events
+        died += sum(e["event"] == "died" for e in events)
+    assert died >= 1
+    assert not list(tmp_path.rglob("claim.json"))
+    status = CliRunner().invoke(app, ["status", str(tmp_path)])
+    assert "4 runs: 4 done" in status.output
