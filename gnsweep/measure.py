@@ -81,9 +81,7 @@ class NoiseScaleMonitor:
         self._warned: set[str] = set()
         self._examples = 0
         self._since_examples, self._since_steps = 0, 0
-        self._handles: list[Any] = [
-            model.register_forward_pre_hook(self._count_examples, with_kwargs=True)]
-
+        self._handles: list[Any] = []
         self._ddp: _DdpHook | None = None
         self._per_example: _PerExample | None = None
         self._increments: _Increments | None = None
@@ -91,7 +89,13 @@ class NoiseScaleMonitor:
         self.module = model.module if _is_ddp(model) else model
         if method == "ddp":
             method = self._setup_ddp(model)
+        elif _is_ddp(model) and model.process_group.size() > 1:  # type: ignore[union-attr]
+            # .grad is all-reduced while per-example / micro-batch norms stay local.
+            raise ValueError(f"method={method!r} with a DistributedDataParallel model: use "
+                             "method='ddp'")
         self.method = method
+        self._handles.append(
+            model.register_forward_pre_hook(self._count_examples, with_kwargs=True))
         if method == "microbatch":
             self._increments = _Increments(self.params)
         elif method == "per_example":
@@ -267,8 +271,7 @@ class _PerExample:
     def __init__(self, monitor: NoiseScaleMonitor, model: nn.Module) -> None:
         self.monitor = monitor
         self.forward_id = 0
-        self.total: torch.Tensor | None = None
-        self.invalid = False
+        self.reset()
         self.covered: set[int] = set()
         self.handles: list[Any] = []
         self._last_forward: dict[int, int] = {}
@@ -293,7 +296,7 @@ class _PerExample:
         self.params = [p for p in monitor.params if id(p) in self.covered]
 
     def reset(self) -> None:
-        self.total = None
+        self.values: list[torch.Tensor] = []
         self.invalid = False
 
     def _forward(self, module: nn.Module, inputs: tuple, output: Any) -> None:
@@ -310,20 +313,25 @@ class _PerExample:
             return
         self._last_forward[id(module)] = self.forward_id
         saved = _save_input(module, inputs[0].detach())
-        output.register_hook(lambda grad: self._backward(module, saved, grad))
+        if isinstance(module, nn.Linear) and saved.dim() == 1:
+            # The common case, kept to two small ops: (|a_i|^2 + 1) . |d_i|^2.
+            output.register_hook(lambda d: self.values.append(
+                torch.dot(saved, torch.linalg.vecdot(d.detach().float(), d.detach().float()))))
+        else:
+            output.register_hook(lambda grad: self._backward(module, saved, grad))
 
     def _backward(self, module: nn.Module, saved: Any, grad: torch.Tensor) -> None:
         with torch.no_grad():
-            value = _per_example_sq(module, saved, grad.detach())
-        self.total = value if self.total is None else self.total + value
+            self.values.append(_per_example_sq(module, saved, grad.detach()))
 
     def measure(self, examples: int) -> tuple[float, float, float, float] | None:
-        if self.total is None or self.invalid:
+        if not self.values or self.invalid:
             return None
         # With a mean-reduced loss every captured gradient is 1/B of the example's own, so the
         # mean over examples of |g_i|^2 is B^2 / B times the sum captured.
-        values = torch.stack([self.total.double() * examples, _sq_norm(self.params)]).tolist()
-        return values[0], values[1], 1.0, float(examples)
+        total = torch.stack(self.values).sum().double().reshape(1)
+        values = torch.cat([total, _sq_norm(self.params).reshape(1)]).tolist()
+        return values[0] * examples, values[1], 1.0, float(examples)
 
 
 def _unsupported(module: nn.Module) -> str | None:
@@ -733,16 +741,13 @@ def _check_scalar(loss: Any) -> None:
                          f"{shape}; reduce it with .mean()")
 
 
-def _sq_norm_of(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    norms = torch._foreach_norm([t.detach() for t in tensors])
-    return torch.stack(norms).double().pow(2).sum()
-
-
 def _sq_norm(params: Sequence[nn.Parameter]) -> torch.Tensor:
+    """Squared norm of the parameters' `.grad` (float64, 0-d)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), dtype=torch.float64)
-    return _sq_norm_of(grads)
+    norms = torch.stack(torch._foreach_norm(grads)).double()
+    return torch.dot(norms, norms)
 
 
 @contextmanager

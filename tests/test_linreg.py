@@ -73,6 +73,6 @@ def test_bad_options(option):
 
 def test_sweep_and_listing():
     config = compose(["sweep=linreg", "noise=hessian"])
-    assert config.task.name == "linreg" and config.noise.hessian_every == 20
+    assert config.task.name == "linreg" and config.noise.hessian_every == 50
     result = CliRunner().invoke(app, ["tasks"])
     assert result.exit_code == 0 and "linreg" in result.output

@@ -299,6 +299,8 @@ def _ddp_worker(rank: int, world: int, store: str, out: str) -> None:
         result: dict = {}
         with pytest.raises(ValueError, match="DistributedDataParallel-wrapped"):
             NoiseScaleMonitor(nn.Linear(2, 1), "ddp")
+        with pytest.raises(ValueError, match="use method='ddp'"):
+            NoiseScaleMonitor(DDP(nn.Linear(2, 1)), "per_example")
         # Ground truth at fixed parameters: b_small = per-worker batch, b_big = global batch.
         task = linreg.make(TRUTH_OPTIONS, seed=0)
         model = DDP(task.model())
