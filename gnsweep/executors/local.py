@@ -160,10 +160,17 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
 
 
 def _warm(sweep_dir: Path, run_id: str) -> None:
-    """Import the training code and the task's data once here: forked workers inherit them."""
+    """Import the training code and the task's data once here: forked workers inherit them.
+
+    The first optimizer a process builds imports torch._dynamo (over a second here): build one.
+    """
+    import torch
+
     from gnsweep.sweep import parse_run_record
     from gnsweep.tasks import make_task
     from gnsweep.train import train  # noqa: F401
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
     config, spec = parse_run_record(store.read_json(store.run_dir(sweep_dir, run_id) /
                                                     store.RUN_CONFIG))
