@@ -452,27 +452,28 @@ def _conv_sq(module: nn.Conv2d, x: torch.Tensor, d: torch.Tensor, weight: bool, 
 
 
 class _Increments:
-    """Each micro-batch's own gradient, as the increment of `.grad` since the previous one."""
+    """Each micro-batch's own gradient, as the increment of `.grad` since the previous one.
+
+    The gradients are flattened into one vector per call: a few ops whatever the number of
+    parameters (`foreach` ops run per tensor on the CPU).
+    """
 
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = params
         self.reset()
 
     def reset(self) -> None:
-        self.previous: list[torch.Tensor] | None = None
+        self.previous: torch.Tensor | None = None
         self.sq: list[torch.Tensor] = []
         self.counts: list[int] = []
         self._seen = 0
 
     def accumulate(self, examples_so_far: int) -> None:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        if self.previous is None:
-            increments = grads
-            self.previous = [g.detach().clone() for g in grads]
-        else:
-            increments = torch._foreach_sub(grads, self.previous)
-            torch._foreach_copy_(self.previous, grads)
-        self.sq.extend(torch._foreach_norm(increments))  # summed in measure(): one sync
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.params]).detach()
+        increment = flat if self.previous is None else flat - self.previous
+        self.sq.append(torch.dot(increment, increment))
+        self.previous = flat
         self.counts.append(examples_so_far - self._seen)
         self._seen = examples_so_far
 
@@ -488,8 +489,9 @@ class _Increments:
         if min(self.counts) < 1:
             raise ValueError("monitor.accumulate() was called without a forward pass of the "
                              "model since the last call: no examples to attribute")
-        per_batch = torch.stack(self.sq).double().square().reshape(k, -1).sum(1)
-        values = torch.cat([per_batch, _sq_norm(self.params).reshape(1)]).tolist()
+        assert self.previous is not None
+        # After the last accumulate() the flat vector is the batch-mean gradient: |G_big|^2.
+        values = torch.stack([*self.sq, torch.dot(self.previous, self.previous)]).tolist()
         # .grad holds the batch mean: micro-batch j's own gradient is (B / n_j) x its increment;
         # E|g_j|^2 = |G|^2 + tr(Sigma)/n_j, so the mean over j has b_small = 1 / mean(1/n_j).
         sq_small = sum((big / n) ** 2 * s for n, s in zip(self.counts, values, strict=False)) / k

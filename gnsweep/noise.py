@@ -178,7 +178,7 @@ class NoiseScaleEma:
         self._g2.update(g2, decay)
         self._trace.update(trace, decay)
         self._last = (b_small, b_big, sq_small, sq_big, g2, trace)
-        self._decay = self._decay_for(b_big, 1.0)
+        self._decay = decay
         return self.estimate()
 
     def update_hessian(self, hsq_small: float, hsq_big: float, b_small: float, b_big: float
