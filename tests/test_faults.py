@@ -20,9 +20,9 @@ from gnsweep.executors import HISTORY, claims
 from gnsweep.sweep import launch
 
 GNSWEEP = str(Path(sys.executable).parent / "gnsweep")
-# Four runs of ~1-2 s each that never reach their target: kills land mid-run.
+# Four runs of about a second each that never reach their target: kills land mid-run.
 SLOW = ["sweep.batch_sizes=[8,16]", "sweep.learning_rates=[0.05,0.1]", "sweep.targets=[0.001]",
-        "sweep.max_steps=1500", "executor.workers=2"]
+        "sweep.max_steps=800", "executor.workers=2"]
 
 pytestmark = pytest.mark.slow
 

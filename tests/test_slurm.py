@@ -55,7 +55,7 @@ def test_a_tiny_sweep_through_slurm_and_torchrun_matches_the_local_one(tmp_path)
 
 def test_relaunch_while_jobs_run_and_a_killed_job_lose_and_repeat_nothing(tmp_path):
     slow = [*SLURM, "sweep.batch_sizes=[8,16]", "sweep.learning_rates=[0.05,0.1]",
-            "sweep.targets=[0.001]", "sweep.max_steps=1500", "executor.runs_per_job=2"]
+            "sweep.targets=[0.001]", "sweep.max_steps=800", "executor.runs_per_job=2"]
     detach = [GNSWEEP, "launch", "-q", "--detach", "--sweep-dir", str(tmp_path), *slow]
     first = subprocess.run(detach, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
