@@ -70,7 +70,7 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
     Raises ConfigError naming every setting that differs from the sweep folder's config in a
     way that changes what runs train.
     """
-    from omegaconf import OmegaConf
+    import yaml
 
     from gnsweep.config import ConfigError
 
@@ -79,10 +79,12 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
     if not path.is_file():
         return new
     try:
-        old = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except Exception as err:
+        loaded = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
         raise store.StoreError(f"{path}: unreadable ({str(err).splitlines()[0]})") from None
-    assert isinstance(old, dict)
+    if not isinstance(loaded, dict):
+        raise store.StoreError(f"{path}: not a sweep config (no mapping at the top)")
+    old: dict[str, Any] = {str(k): v for k, v in loaded.items()}
     changed = [d for d in config_differences(old, new)
                if not d.split(":")[0].startswith(RELAUNCH_MAY_CHANGE)]
     if changed:
