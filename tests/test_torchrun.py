@@ -60,8 +60,8 @@ def _children(pid: int) -> list[int]:
 def test_kill_9_of_one_ddp_worker_reruns_its_run(tmp_path):
     proc = subprocess.Popen(
         [GNSWEEP, "launch", "-q", "--sweep-dir", str(tmp_path), "executor=torchrun",
-         "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.05,0.1]", "sweep.targets=[0.001]",
-         "sweep.max_steps=500"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+         "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]", "sweep.targets=[0.001]",
+         "sweep.max_steps=400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -89,3 +89,33 @@ def test_kill_9_of_one_ddp_worker_reruns_its_run(tmp_path):
         assert sum(e.get("state") == "done" for e in events) == 1
         pq.read_table(path / store.METRICS)
     assert not list(tmp_path.rglob("claim.json"))
+
+
+def test_ctrl_c_stops_the_ddp_runs_cleanly(tmp_path):
+    proc = subprocess.Popen(
+        [GNSWEEP, "launch", "-q", "--sweep-dir", str(tmp_path), "executor=torchrun",
+         "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]", "sweep.targets=[0.001]",
+         "sweep.max_steps=5000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(store.read_status(store.run_dir(tmp_path, r))["state"] == "running"
+                      for r in store.run_ids(tmp_path)):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C reaches the launcher
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1].endswith("interrupted; relaunch the same command to "
+                                                 "continue")
+    for run_id in store.run_ids(tmp_path):
+        path = store.run_dir(tmp_path, run_id)
+        assert store.read_status(path)["state"] == "pending"
+        assert not (path / store.METRICS).exists()
+    assert not list(tmp_path.rglob("claim.json"))
+    workers = subprocess.run(["pgrep", "-f", f"gnsweep.executors.worker {tmp_path}"],
+                             capture_output=True, text=True).stdout
+    assert workers == ""

@@ -150,6 +150,23 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
     return status
 
 
+def warm_up(sweep_dir: Path, run_id: str) -> None:
+    """Import the training code and the task's data libraries once, before the first run.
+
+    The first optimizer a process builds imports torch._dynamo (over a second here): build one.
+    """
+    import torch
+
+    from gnsweep.sweep import parse_run_record
+    from gnsweep.tasks import make_task
+    from gnsweep.train import train  # noqa: F401
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    config, spec = parse_run_record(store.read_json(store.run_dir(sweep_dir, run_id) /
+                                                    store.RUN_CONFIG))
+    make_task(config.task.name, config.task.options, spec.seed)
+
+
 def execute_run(sweep_dir: Path, run_id: str, should_stop: Callable[[], bool] | None = None,
                 max_retries: int = 0) -> Outcome:
     """Take one run and train it in this process (no torch.distributed)."""

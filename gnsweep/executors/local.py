@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
-from gnsweep.executors import Outcome, runnable
+from gnsweep.executors import Outcome, runnable, warm_up
 from gnsweep.progress import SweepProgress
 
 HELD_RETRY_S = 1.0
@@ -129,7 +129,7 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
             progress.advance(outcome.state)
 
     if ctx.get_start_method() == "fork" and run_ids:
-        _warm(sweep_dir, run_ids[0])
+        warm_up(sweep_dir, run_ids[0])  # forked workers inherit it
     pool = [start_worker() for _ in range(min(workers, len(pending)))]
     try:
         while pending or later or any(w.run_id for w in pool):
@@ -157,24 +157,6 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
     for worker in pool:
         worker.process.join(10)
     return summary
-
-
-def _warm(sweep_dir: Path, run_id: str) -> None:
-    """Import the training code and the task's data once here: forked workers inherit them.
-
-    The first optimizer a process builds imports torch._dynamo (over a second here): build one.
-    """
-    import torch
-
-    from gnsweep.sweep import parse_run_record
-    from gnsweep.tasks import make_task
-    from gnsweep.train import train  # noqa: F401
-
-    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-
-    config, spec = parse_run_record(store.read_json(store.run_dir(sweep_dir, run_id) /
-                                                    store.RUN_CONFIG))
-    make_task(config.task.name, config.task.options, spec.seed)
 
 
 def _stop(pool: list[_Worker]) -> None:

@@ -89,16 +89,30 @@ def run_torchrun(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, 
                                      max_retries=max_retries,
                                      threads=executor.threads_per_worker, stop_with=os.getpid())
             # Own sessions: Ctrl-C reaches the launcher alone, which stops the jobs in order.
-            jobs = [subprocess.Popen(command, env=env, start_new_session=True)
-                    for _ in range(min(executor.workers or 1, len(todo)))]
+            # Their output goes to a log beside the runs file (it would garble the progress bar).
+            logs = [runs_file.with_suffix(f".{i}.log")
+                    for i in range(min(executor.workers or 1, len(todo)))]
+            jobs = [_start(command, env, log) for log in logs]
             while any(job.poll() is None for job in jobs):
                 watcher.update()
                 time.sleep(POLL_S)
+            for job, log in zip(jobs, logs, strict=True):
+                if job.returncode != 0:
+                    print(f"gnsweep: torchrun job exited with code {job.returncode}; its log: "
+                          f"{log}", file=sys.stderr)
+                else:
+                    log.unlink(missing_ok=True)
             runs_file.unlink(missing_ok=True)
     except KeyboardInterrupt:
         stop_jobs(jobs)
         raise
     return watcher.summary()
+
+
+def _start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen(command, env=env, start_new_session=True, stdout=out,
+                                stderr=subprocess.STDOUT)
 
 
 def stop_jobs(jobs: list[subprocess.Popen], grace_s: float = 20.0) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gnsweep.executors import run_taken, take_run
+from gnsweep.executors import run_taken, take_run, warm_up
 
 
 def init_process_group() -> bool:
@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     should_stop = _stop_flag(args.stop_with)
     run_ids = [line.strip() for line in args.runs_file.read_text().splitlines() if line.strip()]
     init_process_group()
+    if run_ids:
+        warm_up(args.sweep_dir, run_ids[0])  # before claiming: a claimed run starts at once
     try:
         serve(args.sweep_dir, run_ids, args.max_retries, should_stop)
     except KeyboardInterrupt:
