@@ -150,6 +150,21 @@ def fresh_retries(sweep_dir: Path, run_ids: list[str]) -> None:
                                retry_base=int(status.get("attempts", 0)))
 
 
+def check_method(config: Config) -> None:
+    """The noise measurement must suit the executor: with DDP (more than one process per run)
+    only the communication hook sees the per-worker gradients; without it there is no hook."""
+    from gnsweep.config import ConfigError
+
+    executor, method = config.executor, config.noise.method
+    world = 1 if executor.kind == "local" else executor.nproc_per_node * executor.nodes
+    if world > 1 and method not in ("auto", "ddp"):
+        raise ConfigError(f"noise.method={method} with {world} DDP processes per run: use "
+                          "noise.method=ddp (or auto)")
+    if world == 1 and method == "ddp":
+        raise ConfigError("noise.method=ddp needs DDP: executor=torchrun (or slurm) with "
+                          "executor.nproc_per_node >= 2, or noise.method=auto")
+
+
 def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
            wait: bool = True) -> Any:
     """Run every run of the sweep that has not finished; returns the executor's summary.
@@ -159,6 +174,7 @@ def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
     """
     from gnsweep.progress import SweepProgress
 
+    check_method(config)
     specs = prepare(sweep_dir, config)
     executor = config.executor
     # Runs another launcher holds stay in: every executor waits for them (and runs them should

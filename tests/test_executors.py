@@ -160,3 +160,16 @@ def test_same_config_and_seed_give_identical_metrics_on_cpu(tmp_path):
     assert ta.num_rows > 10
     # Bit for bit (NaN where both are NaN: columns never measured).
     assert ta.to_pandas().equals(tb.to_pandas())
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["noise.method=ddp"], "noise.method=ddp needs DDP"),
+    (["executor=torchrun", "noise.method=microbatch"], "noise.method=microbatch with 2 DDP"),
+])
+def test_a_noise_method_that_cannot_work_with_the_executor_is_refused(tmp_path, overrides,
+                                                                       expected):
+    from gnsweep.sweep import launch
+
+    with pytest.raises(ConfigError, match=expected):
+        launch(compose([*SMALL, *overrides]), tmp_path, show_progress=False)
+    assert not tmp_path.joinpath("runs").exists()
