@@ -50,7 +50,11 @@ def resolve_method(method: str) -> str:
 
 def train(config: Config, spec: RunSpec, out_dir: Path | None,
           should_stop: Callable[[], bool] | None = None) -> RunResult:
-    """Train one run; write `out_dir/metrics.parquet` (when given) atomically at the end."""
+    """Train one run; write `out_dir/metrics.parquet` (when given) atomically at the end.
+
+    Under torch.distributed every rank calls this with the same arguments; only rank 0 passes
+    `out_dir` (the executors gate every write on the rank).
+    """
     sweep, noise = config.sweep, config.noise
     torch.manual_seed(spec.seed)
     task = make_task(config.task.name, config.task.options, spec.seed)
@@ -63,7 +67,7 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
     per_worker = spec.batch_size // world
     model = task.model().to(device)
     trained: torch.nn.Module = model
-    if world > 1 or torch.distributed.is_initialized():
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
         from torch.nn.parallel import DistributedDataParallel
 
         trained = DistributedDataParallel(
