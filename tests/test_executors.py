@@ -173,3 +173,24 @@ def test_a_noise_method_that_cannot_work_with_the_executor_is_refused(tmp_path, 
     with pytest.raises(ConfigError, match=expected):
         launch(compose([*SMALL, *overrides]), tmp_path, show_progress=False)
     assert not tmp_path.joinpath("runs").exists()
+
+
+def test_status_lists_runs_by_state_and_marks_dead_owners(tmp_path):
+    from typer.testing import CliRunner
+
+    from gnsweep.cli import app
+
+    specs = prepare(tmp_path, compose(SMALL))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path = store.run_dir(tmp_path, specs[0].run_id)
+    store.write_status(path, "running", attempts=1, pid=dead.pid, slurm_job_id="77_3")
+    (path / claims.CLAIM).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid,
+                                                 "token": "t", "slurm_job_id": "77_3"}))
+    result = CliRunner().invoke(app, ["status", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith(specs[0].run_id))
+    assert line.split()[1:4] == ["died", "1", "77_3"]
+    assert result.output.splitlines()[-1] == "2 runs: 1 pending, 1 died"
+    result = CliRunner().invoke(app, ["status", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "no such folder" in result.stderr
