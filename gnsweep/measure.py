@@ -27,7 +27,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -86,10 +86,10 @@ class NoiseScaleMonitor:
         self._per_example: _PerExample | None = None
         self._increments: _Increments | None = None
         # The module the Hessian passes run on: never through DDP's reducer.
-        self.module = model.module if _is_ddp(model) else model
+        self.module: nn.Module = cast(nn.Module, model.module) if _is_ddp(model) else model
         if method == "ddp":
             method = self._setup_ddp(model)
-        elif _is_ddp(model) and model.process_group.size() > 1:  # type: ignore[union-attr]
+        elif _is_ddp(model) and _world_size(model) > 1:
             # .grad is all-reduced while per-example / micro-batch norms stay local.
             raise ValueError(f"method={method!r} with a DistributedDataParallel model: use "
                              "method='ddp'")
@@ -394,6 +394,7 @@ def _per_example_sq(module: nn.Module, saved: Any, d: torch.Tensor) -> torch.Ten
         same = index.unsqueeze(2) == index.unsqueeze(1)
         return (torch.bmm(d, d.transpose(1, 2)) * same).sum()
     # LayerNorm / RMSNorm: per-example gradient of the scale is sum over positions of d * x_hat.
+    assert isinstance(module, (nn.LayerNorm, nn.RMSNorm))
     shape = tuple(module.normalized_shape)
     x = saved.float()
     if isinstance(module, nn.LayerNorm):
@@ -520,7 +521,8 @@ class _DdpHook:
         self.pending: tuple[Any, torch.Tensor] | None = None
         try:
             # A lambda: DDP rejects hooks whose (postponed, string) annotations it cannot match.
-            model.register_comm_hook(None, lambda state, bucket: self._hook(state, bucket))
+            cast(Any, model).register_comm_hook(None, lambda state, bucket: self._hook(state,
+                                                                                    bucket))
         except RuntimeError as err:
             raise ValueError("method='ddp': this DistributedDataParallel model already has a "
                              "communication hook of its own; DDP allows one") from err
@@ -624,10 +626,10 @@ def hessian_norms(module: nn.Module, loss_fn: LossFn, batch: Batch, microbatches
     h_small = []
     hv_sum = [torch.zeros_like(p) for p in params]
     for j, g in enumerate(grads):
-        hv = torch.autograd.grad([g_q[i] for i in keep], params,
-                                 grad_outputs=[g[i] for i in keep],
-                                 retain_graph=j < microbatches - 1, allow_unused=True)
-        hv = [h if h is not None else torch.zeros_like(p) for h, p in zip(hv, params,
+        products = torch.autograd.grad([g_q[i] for i in keep], params,
+                                       grad_outputs=[g[i] for i in keep],
+                                       retain_graph=j < microbatches - 1, allow_unused=True)
+        hv = [h if h is not None else torch.zeros_like(p) for h, p in zip(products, params,
                                                                           strict=True)]
         h_small.append(_dot(g, hv))
         torch._foreach_add_(hv_sum, hv)
@@ -708,6 +710,12 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn, batches: Iterable[Bat
 
 def _is_ddp(model: nn.Module) -> bool:
     return isinstance(model, nn.parallel.DistributedDataParallel)
+
+
+def _world_size(model: nn.Module) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(getattr(model, "process_group", None))
 
 
 def _first_tensor(values: Iterable[Any]) -> torch.Tensor | None:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -72,12 +72,12 @@ def _stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor, k: int,
     return step
 
 
-def _variants(name: str, batch: int) -> dict[str, Callable[[], None]]:
+def _variants(name: str, batch: int) -> dict[str, Callable[[], object]]:
     make, shape = MODELS[name]
     x, y = _data(shape, batch)
     torch.manual_seed(0)
     hessian_model = make()
-    out: dict[str, Callable[[], None]] = {
+    out: dict[str, Callable[[], object]] = {
         # One B_noise measurement on its own (timed per call, amortized over HESSIAN_EVERY).
         "hessian_call": lambda: hessian_norms(hessian_model, F.cross_entropy, (x, y), 2)}
     for variant in ("plain", "plain_split", "per_example", "microbatch"):
@@ -93,7 +93,7 @@ def _variants(name: str, batch: int) -> dict[str, Callable[[], None]]:
     return out
 
 
-def _time_side_by_side(steppers: dict[str, Callable[[], None]], rounds: int, steps: int
+def _time_side_by_side(steppers: Mapping[str, Callable[[], object]], rounds: int, steps: int
                        ) -> dict[str, float]:
     """Seconds per call of each variant: the variants interleaved round by round, the fastest
     round of each (other load on the machine only ever adds time)."""
@@ -181,7 +181,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     for row in rows:
         print("  ".join(f"{row[c]:>{width[c]}.3g}" if isinstance(row[c], float)
                         else f"{row[c]:>{width[c]}}" for c in columns))
-    worst = {key: max(r[key] for r in rows) for key in TARGETS if key in rows[0]}
+    worst = {key: max(cast(float, r[key]) for r in rows) for key in TARGETS if key in rows[0]}
     result = {"subject": "noise", "rows": rows, "worst": worst, "targets": TARGETS,
               "hessian_every": HESSIAN_EVERY, "microbatches": MICROBATCHES}
     print(json.dumps(result))
