@@ -8,6 +8,7 @@ only rank 0 claims, writes and logs; the other ranks train alongside it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -154,7 +155,13 @@ def warm_up(sweep_dir: Path, run_id: str) -> None:
     """Import the training code and the task's data libraries once, before the first run.
 
     The first optimizer a process builds imports torch._dynamo (over a second here): build one.
+    Only a speed-up: a run whose config cannot be read fails when it runs, not here.
     """
+    with contextlib.suppress(Exception):  # the run itself reports the error
+        _warm_up(sweep_dir, run_id)
+
+
+def _warm_up(sweep_dir: Path, run_id: str) -> None:
     import torch
 
     from gnsweep.sweep import parse_run_record

@@ -140,10 +140,10 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
                 if worker.run_id is None and pending:
                     worker.run_id = pending.popleft()
                     worker.inbox.put(worker.run_id)
+            _replace_dead(pool, pending, start_worker)
             try:
                 run_id, outcome = outbox.get(timeout=0.2)
             except queue.Empty:
-                _replace_dead(pool, pending, start_worker)
                 continue
             for worker in pool:
                 if worker.run_id == run_id:
