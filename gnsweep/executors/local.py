@@ -19,7 +19,7 @@ import queue
 import signal
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +87,9 @@ def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: 
             outcome = execute_run(Path(sweep_dir), run_id, should_stop, max_retries)
         except KeyboardInterrupt:
             break
+        except Exception as err:  # the run's files are unreadable: it cannot even be recorded
+            print(f"gnsweep: run {run_id}: {err}", file=sys.stderr)
+            outcome = Outcome("failed", ran=False)
         outbox.put((run_id, outcome))
 
 
@@ -104,6 +107,7 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
     outbox = ctx.Queue()
     pending = deque(run_ids)
     later: list[tuple[float, str]] = []  # runs held elsewhere: (when to ask again, run id)
+    deaths: Counter[str] = Counter()  # workers that died holding each run
     summary = Summary()
 
     def start_worker() -> _Worker:
@@ -123,7 +127,7 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
             pending.append(run_id)  # failed with retries left
             return
         summary.add(run_id, outcome.state)
-        if not outcome.ran:
+        if not outcome.ran and outcome.state in store.FINISHED:
             summary.elsewhere.append(run_id)
         if progress is not None:
             progress.advance(outcome.state)
@@ -140,7 +144,14 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
                 if worker.run_id is None and pending:
                     worker.run_id = pending.popleft()
                     worker.inbox.put(worker.run_id)
-            _replace_dead(pool, pending, start_worker)
+            for run_id in _replace_dead(pool, start_worker):
+                # Its claim names a dead pid: the next worker to take the run records the death
+                # as a failed attempt; a run that kills its worker before that gives up here.
+                deaths[run_id] += 1
+                if deaths[run_id] <= max_retries + 1:
+                    pending.appendleft(run_id)
+                else:
+                    finish(run_id, Outcome("failed", ran=False))
             try:
                 run_id, outcome = outbox.get(timeout=0.2)
             except queue.Empty:
@@ -172,12 +183,13 @@ def _stop(pool: list[_Worker]) -> None:
             worker.process.join(5)
 
 
-def _replace_dead(pool: list[_Worker], pending: deque[str], start_worker: Any) -> None:
+def _replace_dead(pool: list[_Worker], start_worker: Any) -> list[str]:
+    """Replace dead workers; returns the runs they held."""
+    lost = []
     for i, worker in enumerate(pool):
         if worker.process.is_alive():
             continue
         if worker.run_id is not None:
-            # Its claim names a dead pid: the next worker to take the run records the death
-            # as a failed attempt and runs it again while it has retries left.
-            pending.appendleft(worker.run_id)
+            lost.append(worker.run_id)
         pool[i] = start_worker()
+    return lost
