@@ -342,6 +342,7 @@ def _ddp_worker(rank: int, world: int, store: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_hook_matches_the_truth_and_keeps_training_exact(tmp_path):
     import torch.multiprocessing as mp
