@@ -49,12 +49,13 @@ class NoiseScaleMonitor:
     `optimizer.step()`. With gradient accumulation (and for `method="microbatch"`), scale each
     micro-batch's loss so that `.grad` ends up holding the batch mean and call
     `monitor.accumulate()` after each micro-batch's backward. `.grad` must start each step at
-    zero (`optimizer.zero_grad()`).
+    zero (`optimizer.zero_grad()`); call `step()` before clipping or rescaling gradients.
 
     `every`: measure every n steps (hooks idle in between). `ema_steps` > 0 sets the EMA time
     constant in steps, else `ema_examples` in examples (`math.inf`: plain mean, for estimates at
     fixed parameters). `hessian_every` > 0 (with `loss_fn`) measures B_noise every n steps when
-    `step(batch=(inputs, targets))` is given the step's batch.
+    `step(batch=(inputs, targets))` is given the step's batch, with `hessian_microbatches`
+    gradients per measurement (see `hessian_norms`).
     """
 
     def __init__(self, model: nn.Module, method: str = "per_example", *, every: int = 1,
