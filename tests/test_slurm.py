@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from executor_sweeps import assert_all_finished_once, assert_same_fits_up_to_noise, run_sweep
 from typer.testing import CliRunner
@@ -40,9 +41,10 @@ def _events(sweep_dir: Path, run_id: str) -> list[dict]:
 def test_a_tiny_sweep_through_slurm_and_torchrun_matches_the_local_one(tmp_path):
     local, slurm = tmp_path / "local", tmp_path / "slurm"
     run_sweep(local)
-    # Two jobs of three runs each (a job array), each torchrun over 2 DDP processes.
-    summary = run_sweep(slurm, *SLURM, "executor.nproc_per_node=2", "executor.runs_per_job=3")
-    assert len(summary.submitted) == 2 and summary.submitted[0].endswith("_0")
+    # One job taking the six runs in turn, torchrun over 2 DDP processes (the other test
+    # submits a job array).
+    summary = run_sweep(slurm, *SLURM, "executor.nproc_per_node=2", "executor.runs_per_job=6")
+    assert len(summary.submitted) == 1
     assert_all_finished_once(slurm)
     jobs = {store.read_status(store.run_dir(slurm, r))["slurm_job_id"]
             for r in store.run_ids(slurm)}
@@ -51,6 +53,9 @@ def test_a_tiny_sweep_through_slurm_and_torchrun_matches_the_local_one(tmp_path)
     assert result.exit_code == 0
     assert all(job in result.output for job in jobs)
     assert_same_fits_up_to_noise(local, slurm)
+    metrics = pq.read_table(store.run_dir(slurm, store.run_ids(slurm)[0]) / store.METRICS)
+    # b00008 over 2 ranks: the DDP hook compares 4 examples with 8.
+    assert set(metrics.to_pandas()["b_small"].dropna()) == {4.0}
 
 
 def test_relaunch_while_jobs_run_and_a_killed_job_lose_and_repeat_nothing(tmp_path):
@@ -73,6 +78,8 @@ def test_relaunch_while_jobs_run_and_a_killed_job_lose_and_repeat_nothing(tmp_pa
     # The worker inside a Slurm job is lost: SIGKILL, no chance to clean up (Slurm itself
     # would send SIGTERM first, which stops the run cleanly).
     os.kill(running[0]["pid"], signal.SIGKILL)
+    assert any("_" in job for job in json.loads((tmp_path / "slurm" / "jobs.json").read_text())
+               .values())  # array tasks: <array job>_<task>
     final = subprocess.run([GNSWEEP, "launch", "-q", "--sweep-dir", str(tmp_path), *slow],
                            capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, final.stderr
