@@ -71,6 +71,9 @@ def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: 
     # flight at its next step (recorded pending, claim released).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, on_term)
+    # Forked while the launcher's progress bar thread may hold a stream's lock: fresh streams.
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     torch.set_num_threads(threads)
 
     def should_stop() -> bool:
