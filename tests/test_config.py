@@ -59,3 +59,14 @@ def test_bad_values_name_the_value(override, names):
 def test_missing_group_lists_the_choices():
     with pytest.raises(ConfigError, match=r"choose one of .*digits"):
         compose(["task=nope"])
+
+
+def test_digits_read_directly_match_sklearns_loader():
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    from gnsweep.tasks.digits import load_digits
+
+    pixels, labels = load_digits()
+    reference = sklearn_digits()
+    assert pixels.shape == (1797, 64)
+    assert (pixels == reference.data).all() and (labels == reference.target).all()
