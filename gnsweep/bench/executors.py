@@ -1,6 +1,6 @@
 """Executor throughput: does the local pool keep every core busy, and what does torchrun cost?
 
-- local: the default sweep (40 runs) on `--workers` processes. Goal: the launch's wall time at
+- local: the default sweep (56 runs) on `--workers` processes. Goal: the launch's wall time at
   most 1.15x the runs' own training time (`train_seconds`, summed) divided by the workers. The
   wall time is `gnsweep.sweep.launch` from call to return (worker start-up included; the CLI's
   own imports and Hydra compose are not). The start-up (importing the task's data libraries and
