@@ -11,7 +11,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -19,7 +19,7 @@ import torch
 from gnsweep import store
 from gnsweep.config import Config
 from gnsweep.measure import NoiseScaleMonitor
-from gnsweep.noise import Ema, ema_decay
+from gnsweep.noise import Ema, NoiseEstimate, ema_decay
 from gnsweep.sweep import RunSpec
 from gnsweep.tasks import make_task
 
@@ -195,15 +195,14 @@ def _eval_loss(model: torch.nn.Module, task, data: tuple[torch.Tensor, torch.Ten
 
 
 def _log(rows: dict[str, list], step: int, spec: RunSpec, loss: float, smooth: float,
-         eval_loss: float, estimate, wall: float) -> None:
+         eval_loss: float, estimate: NoiseEstimate | None, wall: float) -> None:
     nan = math.nan
     values = {
         "step": step, "examples": step * spec.batch_size, "loss": loss, "loss_smooth": smooth,
         "eval_loss": eval_loss, "lr": spec.learning_rate, "wall_time": wall,
     }
-    for name in ("b_small", "b_big", "sq_norm_small", "sq_norm_big", "g2_step",
-                 "trace_sigma_step", "g2", "trace_sigma", "b_simple", "g_h_g", "trace_h_sigma",
-                 "b_noise"):
-        values[name] = getattr(estimate, name) if estimate is not None else nan
+    # The noise columns of the schema are the estimate's fields, by name.
+    for field in fields(NoiseEstimate):
+        values[field.name] = getattr(estimate, field.name) if estimate is not None else nan
     for name, value in values.items():
         rows[name].append(value)

@@ -70,3 +70,12 @@ def test_digits_read_directly_match_sklearns_loader():
     reference = sklearn_digits()
     assert pixels.shape == (1797, 64)
     assert (pixels == reference.data).all() and (labels == reference.target).all()
+
+
+def test_metrics_schema_holds_every_noise_estimate_field():
+    from dataclasses import fields
+
+    from gnsweep.noise import NoiseEstimate
+    from gnsweep.store import METRICS_SCHEMA
+
+    assert {f.name for f in fields(NoiseEstimate)} <= set(METRICS_SCHEMA.names)
