@@ -29,6 +29,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy gnsweep
 	$(BIN)/pytest -q
 
 test-fast: $(STAMP)
