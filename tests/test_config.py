@@ -79,3 +79,10 @@ def test_metrics_schema_holds_every_noise_estimate_field():
     from gnsweep.store import METRICS_SCHEMA
 
     assert {f.name for f in fields(NoiseEstimate)} <= set(METRICS_SCHEMA.names)
+
+
+def test_experiment_bundle_switches_several_groups():
+    config = compose(["+experiment=linreg_truth"])
+    assert config.task.name == "linreg"
+    assert config.sweep.name == "linreg"
+    assert config.noise.hessian_every > 0
