@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import io
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,20 +52,11 @@ def save(fig, stem: str, out_dir: Path, formats: tuple[str, ...] = FORMATS) -> l
     paths = []
     for fmt in formats:
         path = Path(out_dir) / f"{stem}.{fmt}"
-        with store._atomic_path(path) as tmp:
+        with store.atomic_path(path) as tmp:
             fig.savefig(tmp, format=fmt)
-            shareable(tmp)
         paths.append(path)
     plt.close(fig)
     return paths
-
-
-def shareable(path: Path) -> None:
-    """Figures and reports are for sharing: readable by others as the umask allows (the atomic
-    temporary file starts as 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o666 & ~umask)
 
 
 def png_bytes(fig) -> bytes:

@@ -284,7 +284,7 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
     import yaml
 
     from gnsweep import plots, store
-    from gnsweep.figures import load_tables, png_bytes, shareable
+    from gnsweep.figures import load_tables, png_bytes
 
     tables = load_tables(sweep_dir)
     config_path = sweep_dir / store.SWEEP_CONFIG
@@ -308,8 +308,6 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
     text = render(tables, figures, config if isinstance(config, dict) else {}, config_text,
                   f"gnsweep report: {name} ({sweep_dir})", notes)
     path = sweep_dir / REPORT
-    with store._atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-        shareable(tmp)
+    store.write_text(path, text)
     skipped = {k: v for k, v in figures.items() if isinstance(v, str)}
     return path, skipped, notes

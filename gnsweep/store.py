@@ -62,7 +62,7 @@ class StoreError(RuntimeError):
 
 
 @contextmanager
-def _atomic_path(path: Path) -> Iterator[Path]:
+def atomic_path(path: Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -79,8 +79,8 @@ def _atomic_path(path: Path) -> Iterator[Path]:
 
 
 def write_text(path: Path, text: str) -> None:
-    with _atomic_path(path) as tmp:
-        tmp.write_text(text)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -98,7 +98,7 @@ def read_json(path: Path) -> Any:
 
 def write_table(path: Path, table: pa.Table) -> None:
     """Write a parquet file atomically; the writer is closed before the rename."""
-    with _atomic_path(path) as tmp:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
 
 

@@ -13,14 +13,10 @@ runner = CliRunner()
 
 
 @pytest.mark.slow
-def test_tiny_sweep_matches_the_committed_baseline(tmp_path, monkeypatch):
-    # One thread per process: the runs are deterministic for one torch version on CPU, and
-    # threaded reductions would change the last bits (and, rarely, a step count).
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    sweep = tmp_path / "tiny"
-    result = runner.invoke(app, ["launch", "sweep=tiny", "--sweep-dir", str(sweep),
-                                 "--workers", "2", "--quiet"])
-    assert result.exit_code == 0, result.output
+def test_tiny_sweep_matches_the_committed_baseline(tiny_sweep, tmp_path):
+    # The sweep ran with one thread per process (conftest.py): deterministic for one torch
+    # version on CPU; threaded reductions would change the last bits (rarely, a step count).
+    sweep = tiny_sweep
     result = runner.invoke(app, ["analyze", str(sweep)])
     assert result.exit_code == 0, result.output
     junit = tmp_path / "fits.xml"

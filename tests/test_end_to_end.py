@@ -14,12 +14,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def sweep_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("e2e") / "tiny"
-    result = runner.invoke(app, ["launch", "sweep=tiny", "--sweep-dir", str(out), "--workers", "2",
-                                 "--quiet"])
-    assert result.exit_code == 0, result.output
-    return out
+def sweep_dir(tiny_sweep):
+    return tiny_sweep  # launched through the CLI with 2 workers (conftest.py)
 
 
 def test_every_run_finished_with_a_readable_metrics_file(sweep_dir):

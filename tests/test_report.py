@@ -140,15 +140,6 @@ def test_report_embeds_figures_and_is_self_contained(html_text):
 # ---- a real sweep through the CLI, and a real browser -------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_sweep(tmp_path_factory):
-    out = tmp_path_factory.mktemp("report") / "tiny"
-    result = runner.invoke(app, ["launch", "sweep=tiny", "--sweep-dir", str(out), "--workers", "2",
-                                 "--quiet"])
-    assert result.exit_code == 0, result.output
-    return out
-
-
 @pytest.mark.slow
 def test_plot_and_report_commands_on_a_real_sweep(tiny_sweep):
     result = runner.invoke(app, ["plot", str(tiny_sweep)])
