@@ -281,18 +281,13 @@ def render(tables: SweepTables, figures: dict[str, bytes | str], config: dict,
 
 def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
     """Draw the figures and write <sweep>/report.html; returns (path, skipped, notes)."""
-    import yaml
 
     from gnsweep import plots, store
     from gnsweep.figures import load_tables, png_bytes
 
     tables = load_tables(sweep_dir)
-    config_path = sweep_dir / store.SWEEP_CONFIG
-    config_text = config_path.read_text()
-    try:
-        config = yaml.safe_load(config_text) or {}
-    except yaml.YAMLError as err:
-        raise store.StoreError(f"{config_path}: not valid YAML ({err})") from None
+    config = store.read_sweep_config(sweep_dir)
+    config_text = (sweep_dir / store.SWEEP_CONFIG).read_text()
     figures: dict[str, bytes | str] = {}
     for name, result in plots.draw_all(tables).items():
         if isinstance(result, str):
@@ -302,10 +297,9 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
             import matplotlib.pyplot as plt
 
             plt.close(result)
-    name = config.get("sweep", {}).get("name", sweep_dir.name) if isinstance(config, dict) \
-        else sweep_dir.name
+    name = (config.get("sweep") or {}).get("name", sweep_dir.name)
     notes = plots.notes(tables)
-    text = render(tables, figures, config if isinstance(config, dict) else {}, config_text,
+    text = render(tables, figures, config, config_text,
                   f"gnsweep report: {name} ({sweep_dir})", notes)
     path = sweep_dir / REPORT
     store.write_text(path, text)

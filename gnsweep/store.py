@@ -137,6 +137,22 @@ def require_sweep(sweep_dir: Path) -> None:
                          "give the folder that `gnsweep launch` wrote")
 
 
+def read_sweep_config(sweep_dir: Path) -> dict[str, Any]:
+    """The sweep's resolved config (config.yaml) as plain data; StoreError names a bad file."""
+    import yaml
+
+    path = sweep_dir / SWEEP_CONFIG
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise StoreError(f"{path}: missing") from None
+    except (OSError, yaml.YAMLError) as err:
+        raise StoreError(f"{path}: unreadable ({str(err).splitlines()[0]})") from None
+    if not isinstance(loaded, dict):
+        raise StoreError(f"{path}: not a sweep config (no mapping at the top)")
+    return {str(k): v for k, v in loaded.items()}
+
+
 def run_dir(sweep_dir: Path, run_id: str) -> Path:
     return sweep_dir / RUNS / run_id
 

@@ -70,21 +70,12 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
     Raises ConfigError naming every setting that differs from the sweep folder's config in a
     way that changes what runs train.
     """
-    import yaml
-
     from gnsweep.config import ConfigError
 
     new = config.to_dict()
-    path = sweep_dir / store.SWEEP_CONFIG
-    if not path.is_file():
+    if not (sweep_dir / store.SWEEP_CONFIG).is_file():
         return new
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise store.StoreError(f"{path}: unreadable ({str(err).splitlines()[0]})") from None
-    if not isinstance(loaded, dict):
-        raise store.StoreError(f"{path}: not a sweep config (no mapping at the top)")
-    old: dict[str, Any] = {str(k): v for k, v in loaded.items()}
+    old = store.read_sweep_config(sweep_dir)
     changed = [d for d in config_differences(old, new)
                if not d.split(":")[0].startswith(RELAUNCH_MAY_CHANGE)]
     if changed:

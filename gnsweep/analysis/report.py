@@ -255,21 +255,15 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     return analysis
 
 
-def sweep_targets(sweep_dir: Path) -> list[float]:
-    return sweep_config(sweep_dir)["targets"]
-
-
 def sweep_config(sweep_dir: Path) -> dict[str, Any]:
     """The targets and optimizer of a sweep, from its config.yaml."""
-    import yaml
-
-    path = sweep_dir / store.SWEEP_CONFIG
+    config = store.read_sweep_config(sweep_dir)
     try:
-        config = yaml.safe_load(path.read_text())
         targets = [float(t) for t in config["sweep"]["targets"]]
         optimizer = str(config["sweep"].get("optimizer", "sgd"))
         analysis = dict(config.get("analysis") or {})
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        path = sweep_dir / store.SWEEP_CONFIG
         raise store.StoreError(f"{path}: cannot read the sweep's targets ({err})") from None
     return {"targets": targets, "optimizer": optimizer, "analysis": analysis}
 

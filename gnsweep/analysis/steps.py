@@ -190,14 +190,3 @@ class _RunningMeans:
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(valid & (w > 0), wb / w, np.nan)
         return at_target, mean
-
-
-def smin_weighted_mean(steps: np.ndarray, b_simple: np.ndarray, batch: float) -> float:
-    """Mean of B_simple over a run weighted by dS_min = dS / (1 + B_simple/B) (eq. 2.11 path)."""
-    ds = np.diff(np.concatenate([[0.0], steps.astype(float)]))
-    ok = np.isfinite(b_simple) & (b_simple > -batch)
-    if not ok.any():
-        return np.nan
-    weights = ds[ok] / (1.0 + b_simple[ok] / batch)
-    total = weights.sum()
-    return float((weights * b_simple[ok]).sum() / total) if total > 0 else np.nan

@@ -31,11 +31,6 @@ from gnsweep.sweep import launch, prepare
 GOAL = 1.15
 
 
-def _train_seconds(sweep_dir: Path) -> list[float]:
-    return [float(store.read_status(store.run_dir(sweep_dir, r)).get("train_seconds", 0.0))
-            for r in store.run_ids(sweep_dir)]
-
-
 def _attempts(sweep_dir: Path) -> list[dict]:
     """(pid, start, end, train seconds) of every run, in order of start, from the attempt logs."""
     from gnsweep.executors import HISTORY
