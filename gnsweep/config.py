@@ -7,61 +7,39 @@ torchrun or Slurm load a run's `config.json` without Hydra.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from gnsweep import store, tasks
+from gnsweep.errors import ConfigError
+from gnsweep.errors import choice as _choice
+from gnsweep.errors import integer as _integer
+from gnsweep.errors import number as _number
+from gnsweep.errors import positive_list as _positive_list
 
-class ConfigError(ValueError):
-    """A user mistake in the configuration; the CLI prints it as one line, exit code 2."""
+__all__ = [
+    "EXECUTORS",
+    "LOSS_KINDS",
+    "METHODS",
+    "OPTIMIZERS",
+    "AnalysisConfig",
+    "Config",
+    "ConfigError",
+    "ExecutorConfig",
+    "NoiseConfig",
+    "SweepConfig",
+    "TaskConfig",
+    "compose",
+    "conf_dir",
+]
 
 
 METHODS = ("auto", "per_example", "microbatch", "ddp")
 OPTIMIZERS = ("sgd", "adam")
 EXECUTORS = ("local", "torchrun", "slurm")
 LOSS_KINDS = ("smoothed", "raw", "eval")
-
-
-def _number(where: str, value: Any) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: {value!r} is not a number") from None
-    if not math.isfinite(out):
-        raise ConfigError(f"{where}: {value!r} must be finite")
-    return out
-
-
-def _integer(where: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: {value!r} is not an integer")
-    number = _number(where, value)
-    if number != int(number):
-        raise ConfigError(f"{where}: {value!r} is not an integer")
-    return int(number)
-
-
-def _positive_list(where: str, values: Any, convert: Any) -> list:
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        values = [values]
-    out = [convert(f"{where}", v) for v in values]
-    if not out:
-        raise ConfigError(f"{where}: the list is empty; give at least one value, "
-                          f"e.g. {where}=[...]")
-    for v in out:
-        if v <= 0:
-            raise ConfigError(f"{where}: {v} is not allowed; values must be > 0")
-    if len(set(out)) != len(out):
-        raise ConfigError(f"{where}: {out} has repeated values")
-    return out
-
-
-def _choice(where: str, value: Any, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
-    return str(value)
 
 
 @dataclass
@@ -74,12 +52,7 @@ class TaskConfig:
     """Task-specific options (hidden width, dimension, noise...), validated by the task."""
 
     def __post_init__(self) -> None:
-        from gnsweep.tasks import task_names, validate_options
-
-        if self.name not in task_names():
-            names = ", ".join(task_names())
-            raise ConfigError(f"task={self.name}: no such task; choose one of {names}")
-        self.options = validate_options(self.name, dict(self.options))
+        self.options = tasks.validate_options(self.name, dict(self.options))
 
 
 @dataclass
@@ -88,15 +61,19 @@ class SweepConfig:
 
     name: str = "digits"
     """Sweep name; the default sweep folder is runs/<name>."""
-    batch_sizes: list[int] = field(default_factory=lambda: [8, 32, 128, 512])
+    # The defaults are the default sweep (conf/sweep/digits.yaml names only the sweep); the
+    # YAML files of the sweep group list only what differs from these.
+    batch_sizes: list[int] = field(
+        default_factory=lambda: [8, 16, 32, 64, 128, 256, 512, 1024])
     """Batch sizes (global, in examples) to sweep."""
-    learning_rates: list[float] = field(default_factory=lambda: [0.1, 0.3, 1.0])
+    learning_rates: list[float] = field(
+        default_factory=lambda: [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4])
     """Learning rates to sweep at every batch size."""
     seeds: list[int] = field(default_factory=lambda: [0])
     """Seeds; each grid point runs once per seed."""
-    targets: list[float] = field(default_factory=lambda: [0.5, 0.2])
+    targets: list[float] = field(default_factory=lambda: [0.3, 0.1, 0.03])
     """Training-loss targets; a run stops once it reaches the hardest (smallest)."""
-    max_steps: int = 2000
+    max_steps: int = 5000
     """Step budget of one run."""
     max_examples: int = 0
     """Example budget of one run (0: none)."""
@@ -215,6 +192,14 @@ class ExecutorConfig:
     def n_workers(self) -> int:
         return self.workers or max(1, os.cpu_count() or 1)
 
+    def world_size(self) -> int:
+        """DDP processes that train one run (the one place this is computed)."""
+        if self.kind == "local":
+            return 1
+        if self.kind == "torchrun":
+            return self.nproc_per_node
+        return self.nproc_per_node * self.nodes
+
 
 @dataclass
 class AnalysisConfig:
@@ -240,6 +225,26 @@ class Config:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
 
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """The rules that span sections (each section checks its own values)."""
+        world, method = self.executor.world_size(), self.noise.method
+        # With DDP only the communication hook sees the per-worker gradients; without DDP
+        # there is no hook.
+        if world > 1 and method not in ("auto", "ddp"):
+            raise ConfigError(f"noise.method={method} with {world} DDP processes per run: use "
+                              "noise.method=ddp (or auto)")
+        if world == 1 and method == "ddp":
+            raise ConfigError("noise.method=ddp needs DDP: executor=torchrun (or slurm) with "
+                              "executor.nproc_per_node >= 2, or noise.method=auto")
+        # Each DDP worker trains on B / world examples a step.
+        for batch in self.sweep.batch_sizes:
+            if batch % world:
+                raise ConfigError(f"sweep.batch_sizes: {batch} does not split over {world} "
+                                  f"DDP processes; use multiples of {world}")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -251,6 +256,19 @@ class Config:
         if unknown:
             raise ConfigError(f"unknown config section(s): {', '.join(sorted(unknown))}")
         return cls(**{k: _section(k, t, data.get(k) or {}) for k, t in sections.items()})
+
+    @classmethod
+    def load(cls, sweep_dir: Path) -> Config:
+        """The typed config of a sweep folder (its config.yaml); needs no torch and no Hydra.
+
+        StoreError names a missing or unreadable file; ConfigError one whose settings this
+        version of gnsweep does not accept (the message names the setting).
+        """
+        loaded = store.read_sweep_config(Path(sweep_dir))
+        try:
+            return cls.from_dict(loaded)
+        except ConfigError as err:
+            raise ConfigError(f"{Path(sweep_dir) / store.SWEEP_CONFIG}: {err}") from None
 
 
 def _section(name: str, schema: type, values: dict[str, Any]) -> Any:
@@ -289,6 +307,7 @@ def compose(overrides: list[str] | None = None) -> Config:
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = list(overrides or [])
+    _store_defaults()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
@@ -303,6 +322,22 @@ def compose(overrides: list[str] | None = None) -> Config:
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
     return Config.from_dict({str(k): v for k, v in data.items()})
+
+
+def _store_defaults() -> None:
+    """Give Hydra the dataclass defaults, the one place they are kept: `gnsweep_defaults` (every
+    section but the task) is merged first, so a group's YAML lists only what it changes and
+    every setting can be overridden; `task_defaults/<name>` holds a task's options, which its
+    YAML file extends."""
+    from hydra.core.config_store import ConfigStore
+
+    store_ = ConfigStore.instance()
+    base = Config().to_dict()
+    del base["task"]
+    store_.store(name="gnsweep_defaults", node=base)
+    for name in tasks.task_names():
+        options = asdict(tasks.REGISTRY[name].options())
+        store_.store(group="task_defaults", name=name, node={"name": name, **options})
 
 
 def _missing_config_message(text: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gnsweep.config import Config
 from gnsweep.plots import FIGURES, SweepTables
 
 REPORT = "report.html"
@@ -207,17 +208,15 @@ def fit_table(fits: pd.DataFrame) -> str:
     return f"<table>{header}{''.join(rows)}</table>"
 
 
-def grid_summary(config: dict, runs: pd.DataFrame) -> str:
-    sweep = config.get("sweep", {}) if isinstance(config, dict) else {}
-    task = config.get("task", {}) if isinstance(config, dict) else {}
-    items = [("task", task.get("name", "?")),
-             ("optimizer", sweep.get("optimizer", "?")),
-             ("batch sizes", ", ".join(map(str, sweep.get("batch_sizes", [])))),
-             ("learning rates", ", ".join(f"{x:g}" if isinstance(x, int | float) else str(x)
-                                          for x in sweep.get("learning_rates", []))),
-             ("seeds", ", ".join(map(str, sweep.get("seeds", [])))),
-             ("target losses", ", ".join(map(str, sweep.get("targets", [])))),
-             ("max steps per run", sweep.get("max_steps", "?"))]
+def grid_summary(config: Config, runs: pd.DataFrame) -> str:
+    sweep = config.sweep
+    items = [("task", config.task.name),
+             ("optimizer", sweep.optimizer),
+             ("batch sizes", ", ".join(map(str, sweep.batch_sizes))),
+             ("learning rates", ", ".join(f"{x:g}" for x in sweep.learning_rates)),
+             ("seeds", ", ".join(map(str, sweep.seeds))),
+             ("target losses", ", ".join(map(str, sweep.targets))),
+             ("max steps per run", sweep.max_steps)]
     states = runs["state"].value_counts().to_dict() if len(runs) else {}
     items.append(("runs", f"{len(runs)}: " + ", ".join(f"{n} {s}" for s, n in
                                                      sorted(states.items()))))
@@ -229,7 +228,7 @@ def _list(items: list[str], cls: str) -> str:
     return f"<ul class={cls}>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>"
 
 
-def render(tables: SweepTables, figures: dict[str, bytes | str], config: dict,
+def render(tables: SweepTables, figures: dict[str, bytes | str], config: Config,
            config_text: str, title: str, notes: list[str] | None = None) -> str:
     """The report as one HTML string. `figures` maps a figure name to PNG bytes or to the
     one-line reason it was skipped; images are embedded as base64 data URIs."""
@@ -286,7 +285,7 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
     from gnsweep.figures import load_tables, png_bytes
 
     tables = load_tables(sweep_dir)
-    config = store.read_sweep_config(sweep_dir)
+    config = Config.load(sweep_dir)
     config_text = (sweep_dir / store.SWEEP_CONFIG).read_text()
     figures: dict[str, bytes | str] = {}
     for name, result in plots.draw_all(tables).items():
@@ -297,7 +296,7 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
             import matplotlib.pyplot as plt
 
             plt.close(result)
-    name = (config.get("sweep") or {}).get("name", sweep_dir.name)
+    name = config.sweep.name
     notes = plots.notes(tables)
     text = render(tables, figures, config, config_text,
                   f"gnsweep report: {name} ({sweep_dir})", notes)

@@ -25,6 +25,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gnsweep.errors import StoreError
+
 RUNS = "runs"
 SWEEP_CONFIG = "config.yaml"
 RUN_CONFIG = "config.json"
@@ -55,10 +57,6 @@ METRICS_SCHEMA = pa.schema([
     ("b_noise", pa.float64()),        # EMA(tr H Sigma) / EMA(G^T H G)
     ("wall_time", pa.float64()),      # seconds since the run started
 ])
-
-
-class StoreError(RuntimeError):
-    """A file of the sweep is missing or unreadable; the message names it."""
 
 
 @contextmanager
@@ -138,14 +136,19 @@ def require_sweep(sweep_dir: Path) -> None:
 
 
 def read_sweep_config(sweep_dir: Path) -> dict[str, Any]:
-    """The sweep's resolved config (config.yaml) as plain data; StoreError names a bad file."""
+    """The sweep's config.yaml as plain data; StoreError names a bad file.
+
+    Only `Config.load` (the typed reader) and the relaunch check (which compares raw settings,
+    also those of another version's schema) read it.
+    """
     import yaml
 
     path = sweep_dir / SWEEP_CONFIG
     try:
         loaded = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise StoreError(f"{path}: missing") from None
+        raise StoreError(f"{path}: missing; give the folder that `gnsweep launch` wrote") \
+            from None
     except (OSError, yaml.YAMLError) as err:
         raise StoreError(f"{path}: unreadable ({str(err).splitlines()[0]})") from None
     if not isinstance(loaded, dict):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
-from gnsweep.config import Config
+from gnsweep.config import Config, ConfigError
 
 
 @dataclass(frozen=True, order=True)
@@ -70,12 +70,11 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
     Raises ConfigError naming every setting that differs from the sweep folder's config in a
     way that changes what runs train.
     """
-    from gnsweep.config import ConfigError
-
     new = config.to_dict()
     if not (sweep_dir / store.SWEEP_CONFIG).is_file():
         return new
-    old = store.read_sweep_config(sweep_dir)
+    # Typed: an older folder's missing settings read as their defaults, unknown ones are named.
+    old = Config.load(sweep_dir).to_dict()
     changed = [d for d in config_differences(old, new)
                if not d.split(":")[0].startswith(RELAUNCH_MAY_CHANGE)]
     if changed:
@@ -86,6 +85,7 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
     for key in GRID_KEYS:
         merged = set(old.get("sweep", {}).get(key) or []) | set(new["sweep"][key])
         new["sweep"][key] = sorted(merged)
+    Config.from_dict(new)  # the union grid must suit this executor too (batch / world size)
     return new
 
 
@@ -141,21 +141,6 @@ def fresh_retries(sweep_dir: Path, run_ids: list[str]) -> None:
                                retry_base=int(status.get("attempts", 0)))
 
 
-def check_method(config: Config) -> None:
-    """The noise measurement must suit the executor: with DDP (more than one process per run)
-    only the communication hook sees the per-worker gradients; without it there is no hook."""
-    from gnsweep.config import ConfigError
-
-    executor, method = config.executor, config.noise.method
-    world = 1 if executor.kind == "local" else executor.nproc_per_node * executor.nodes
-    if world > 1 and method not in ("auto", "ddp"):
-        raise ConfigError(f"noise.method={method} with {world} DDP processes per run: use "
-                          "noise.method=ddp (or auto)")
-    if world == 1 and method == "ddp":
-        raise ConfigError("noise.method=ddp needs DDP: executor=torchrun (or slurm) with "
-                          "executor.nproc_per_node >= 2, or noise.method=auto")
-
-
 def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
            wait: bool = True) -> Any:
     """Run every run of the sweep that has not finished; returns the executor's summary.
@@ -165,7 +150,6 @@ def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
     """
     from gnsweep.progress import SweepProgress
 
-    check_method(config)
     specs = prepare(sweep_dir, config)
     executor = config.executor
     # Runs another launcher holds stay in: every executor waits for them (and runs them should

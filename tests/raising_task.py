@@ -1,11 +1,9 @@
-"""A test-only task: the digits MLP whose data source raises after a few steps."""
+"""A test-only task (registered by the test as `raising_task:make`): the digits MLP whose data
+source raises after a few steps."""
 
 from gnsweep.tasks.digits import Digits, Options
 
-DESCRIPTION = "digits, but batch() raises at its 6th call (tests only)."
-
-
-__all__ = ["DESCRIPTION", "Options", "make"]
+__all__ = ["Options", "make"]
 
 
 class Raising(Digits):

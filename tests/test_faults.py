@@ -144,7 +144,8 @@ def test_ctrl_c_stops_cleanly_and_the_relaunch_continues(tmp_path):
 def test_a_task_that_raises_is_recorded_and_retried_up_to_max_retries(tmp_path, monkeypatch):
     from gnsweep import tasks
 
-    monkeypatch.setitem(tasks._MODULES, "raising", "raising_task")  # forked workers see it
+    raising = tasks.TaskEntry(tasks.options.DigitsOptions, "raising_task:make", "raises")
+    monkeypatch.setitem(tasks.REGISTRY, "raising", raising)  # forked workers see it
     config = compose(["sweep.batch_sizes=[8,16]", "sweep.learning_rates=[0.1]",
                       "sweep.max_retries=2", "executor.workers=2"])
     config.task = TaskConfig(name="raising")

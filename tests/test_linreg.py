@@ -72,7 +72,7 @@ def test_bad_options(option):
 
 
 def test_sweep_and_listing():
-    config = compose(["sweep=linreg", "noise=hessian"])
+    config = compose(["task=linreg", "sweep=linreg", "noise=hessian"])
     assert config.task.name == "linreg" and config.noise.hessian_every == 50
     result = CliRunner().invoke(app, ["tasks"])
     assert result.exit_code == 0 and "linreg" in result.output

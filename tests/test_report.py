@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from gnsweep import plots
 from gnsweep.analysis.fit import predict_steps
 from gnsweep.cli import app
+from gnsweep.config import Config
 from gnsweep.figures import png_bytes
 from gnsweep.report import answers, collect_warnings, render, rounded
 
@@ -112,7 +113,8 @@ def html_text():
         figures[name] = png_bytes(fig)
         plt.close(fig)
     figures["bcrit_vs_loss"] = "1 target(s) with a fit of eq. 2.11; a trend needs at least 2"
-    return render(tables, figures, {"sweep": {"batch_sizes": [8, 16], "targets": [1.0]}},
+    config = Config.from_dict({"sweep": {"batch_sizes": [8, 16], "targets": [1.0]}})
+    return render(tables, figures, config,
                   "sweep:\n  name: <b>synthetic</b>\n", "report <synthetic>", ["a note"])
 
 

@@ -237,15 +237,16 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     `targets` to the sweep's targets.
     """
     from gnsweep.analysis.load import load_curves
+    from gnsweep.config import Config
 
     curves = load_curves(sweep_dir, skip_corrupt=skip_corrupt)
-    config = sweep_config(sweep_dir)
-    targets = targets or config["targets"]
-    loss = loss or str(config["analysis"].get("loss", "smoothed"))
+    config = Config.load(sweep_dir)
+    targets = targets or config.sweep.targets
+    loss = loss or config.analysis.loss
     if bootstrap is None:
-        bootstrap = int(config["analysis"].get("bootstrap", 0))
+        bootstrap = config.analysis.bootstrap
     analysis = analyze_tables(None, curves, targets, loss=loss, ema_examples=ema_examples,
-                              bootstrap=bootstrap, optimizer=config["optimizer"],
+                              bootstrap=bootstrap, optimizer=config.sweep.optimizer,
                               source=str(sweep_dir))
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
     for run in unfinished.itertuples(index=False):
@@ -253,19 +254,6 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     if write:
         write_outputs(out_dir or sweep_dir, analysis)
     return analysis
-
-
-def sweep_config(sweep_dir: Path) -> dict[str, Any]:
-    """The targets and optimizer of a sweep, from its config.yaml."""
-    config = store.read_sweep_config(sweep_dir)
-    try:
-        targets = [float(t) for t in config["sweep"]["targets"]]
-        optimizer = str(config["sweep"].get("optimizer", "sgd"))
-        analysis = dict(config.get("analysis") or {})
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        path = sweep_dir / store.SWEEP_CONFIG
-        raise store.StoreError(f"{path}: cannot read the sweep's targets ({err})") from None
-    return {"targets": targets, "optimizer": optimizer, "analysis": analysis}
 
 
 def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None) -> str:

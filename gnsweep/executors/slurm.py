@@ -23,7 +23,7 @@ from typing import Any
 from gnsweep import store
 from gnsweep.config import ExecutorConfig
 from gnsweep.executors.local import Summary
-from gnsweep.executors.torchrun import _Watcher, check_divisible, worker_command, write_runs_file
+from gnsweep.executors.torchrun import _Watcher, worker_command, write_runs_file
 from gnsweep.progress import SweepProgress
 
 FOLDER = "slurm"
@@ -131,7 +131,6 @@ def run_slurm(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *,
               wait: bool = True) -> Summary:
     """Submit the runs and (with `wait`) follow them until every run has finished or is out of
     retries, resubmitting runs whose job died. Ctrl-C cancels the jobs."""
-    check_divisible(sweep_dir, run_ids, executor.nproc_per_node * executor.nodes)
     watcher = _Watcher(sweep_dir, run_ids, max_retries, progress)
     todo = watcher.runnable()
     if not wait:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
-from gnsweep.config import ConfigError, ExecutorConfig
+from gnsweep.config import ExecutorConfig
 from gnsweep.executors import claims, runnable
 from gnsweep.executors.local import Summary
 from gnsweep.progress import SweepProgress
@@ -50,23 +50,10 @@ def write_runs_file(sweep_dir: Path, run_ids: list[str]) -> Path:
     return path
 
 
-def check_divisible(sweep_dir: Path, run_ids: list[str], world: int) -> None:
-    """Every batch size must split evenly over the DDP workers (B/N examples each)."""
-    from gnsweep.sweep import parse_run_record
-
-    for run_id in run_ids:
-        _, spec = parse_run_record(store.read_json(store.run_dir(sweep_dir, run_id) /
-                                                   store.RUN_CONFIG))
-        if spec.batch_size % world:
-            raise ConfigError(f"sweep.batch_sizes: {spec.batch_size} does not split over "
-                              f"{world} DDP processes; use multiples of {world}")
-
-
 def run_torchrun(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *,
                  max_retries: int = 2, progress: SweepProgress | None = None) -> Summary:
     """Train `run_ids` with DDP over `executor.nproc_per_node` processes each, `executor.workers`
     torchrun jobs at a time; returns when every run has finished or is out of retries."""
-    check_divisible(sweep_dir, run_ids, executor.nproc_per_node)
     watcher = _Watcher(sweep_dir, run_ids, max_retries, progress)
     env = {**os.environ, "OMP_NUM_THREADS": str(executor.threads_per_worker)}
     jobs: list[subprocess.Popen] = []

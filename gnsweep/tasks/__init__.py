@@ -1,20 +1,25 @@
-"""Built-in tasks: one module each, a model + data + loss behind the `Task` protocol.
+"""Tasks: a torch-free registry (name -> options schema, import path, description) and the
+`Task` protocol. One module per built-in task holds its model, data and loss.
 
-A task module defines `Options` (a dataclass of its settings, validated in `__post_init__`),
-`DESCRIPTION` (one line for `gnsweep tasks`) and `make(options, seed) -> Task`.
+The registry is read by the config (validation, `gnsweep tasks`) without importing torch; only
+`make_task` imports the task's module, in the process that trains. An entry's `target` is an
+import path `module:function`, the same shape as a Hydra `_target_`, so a user's own task can
+sit beside the built-in ones.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import asdict, fields
+import importlib.util
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
+
+from gnsweep.errors import ConfigError
+from gnsweep.tasks.options import DigitsOptions, LinregOptions
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-_MODULES = {"digits": "gnsweep.tasks.digits", "linreg": "gnsweep.tasks.linreg"}
 
 
 class Task(Protocol):
@@ -33,39 +38,56 @@ class Task(Protocol):
         """Held-out inputs and targets for the eval loss, or None."""
 
 
+@dataclass(frozen=True)
+class TaskEntry:
+    """One registered task."""
+
+    options: type
+    """Dataclass of the task's settings, validated in its `__post_init__` (no torch)."""
+    target: str
+    """`module:function` building the task: `function(options, seed) -> Task`."""
+    description: str
+    """One line for `gnsweep tasks`."""
+    requires: tuple[str, ...] = ()
+    """Optional packages the task needs; it is listed only where they are installed."""
+
+
+REGISTRY: dict[str, TaskEntry] = {
+    "digits": TaskEntry(
+        DigitsOptions, "gnsweep.tasks.digits:make",
+        "MLP on scikit-learn's bundled digits (1797 x 64, 10 classes), cross-entropy."),
+    "linreg": TaskEntry(
+        LinregOptions, "gnsweep.tasks.linreg:make",
+        "Linear regression, anisotropic Gaussian inputs, label noise; closed-form G, Sigma, H "
+        "(true B_simple and B_noise at any parameters)."),
+}
+
+
 def task_names() -> list[str]:
-    return [name for name in _MODULES if _available(name)]
+    """The registered tasks whose optional packages are installed."""
+    return [name for name, entry in REGISTRY.items()
+            if all(importlib.util.find_spec(p) is not None for p in entry.requires)]
 
 
-def _available(name: str) -> bool:
-    try:
-        importlib.import_module(_MODULES[name])
-    except ModuleNotFoundError as err:
-        if err.name == _MODULES[name]:
-            return False
-        raise
-    return True
-
-
-def _module(name: str) -> Any:
-    return importlib.import_module(_MODULES[name])
+def entry(name: str) -> TaskEntry:
+    if name not in REGISTRY or name not in task_names():
+        raise ConfigError(f"task={name}: no such task; choose one of {', '.join(task_names())}")
+    return REGISTRY[name]
 
 
 def describe() -> dict[str, str]:
     """Task name -> one-line description with its default options."""
     out = {}
     for name in task_names():
-        module = _module(name)
-        defaults = ", ".join(f"{k}={v}" for k, v in asdict(module.Options()).items())
-        out[name] = f"{module.DESCRIPTION} Options: {defaults}."
+        task = REGISTRY[name]
+        defaults = ", ".join(f"{k}={v}" for k, v in asdict(task.options()).items())
+        out[name] = f"{task.description} Options: {defaults}."
     return out
 
 
 def validate_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """Check a task's options against its schema; return them complete with defaults."""
-    from gnsweep.config import ConfigError
-
-    schema = _module(name).Options
+    schema = entry(name).options
     known = {f.name for f in fields(schema)}
     unknown = set(options) - known
     if unknown:
@@ -75,7 +97,15 @@ def validate_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     return asdict(schema(**options))
 
 
+def resolve(target: str) -> Any:
+    """The object a `module:function` (or dotted `module.function`) path names."""
+    module, sep, attr = target.partition(":")
+    if not sep:
+        module, _, attr = target.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
 def make_task(name: str, options: dict[str, Any], seed: int) -> Task:
-    module = _module(name)
-    task: Task = module.make(module.Options(**options), seed)
-    return task
+    task = entry(name)
+    made: Task = resolve(task.target)(task.options(**options), seed)
+    return made

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,28 +14,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-DESCRIPTION = "MLP on scikit-learn's bundled digits (1797 x 64, 10 classes), cross-entropy."
+from gnsweep.tasks.options import DigitsOptions
 
-
-@dataclass
-class Options:
-    hidden: int = 64
-    """Width of each hidden layer."""
-    depth: int = 2
-    """Number of hidden layers."""
-    holdout: float = 0.2
-    """Fraction of the examples kept out of training, for the eval loss."""
-
-    def __post_init__(self) -> None:
-        from gnsweep.config import ConfigError, _integer, _number
-
-        self.hidden = _integer("task.hidden", self.hidden)
-        self.depth = _integer("task.depth", self.depth)
-        self.holdout = _number("task.holdout", self.holdout)
-        if self.hidden < 1 or self.depth < 0:
-            raise ConfigError("task.hidden must be >= 1 and task.depth >= 0")
-        if not 0 <= self.holdout < 1:
-            raise ConfigError(f"task.holdout: {self.holdout} must be in [0, 1)")
+Options = DigitsOptions
+"""The task's settings (schema in gnsweep.tasks.options, importable without torch)."""
 
 
 class Digits:

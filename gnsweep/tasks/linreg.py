@@ -23,36 +23,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-DESCRIPTION = ("Linear regression, anisotropic Gaussian inputs, label noise; closed-form G, "
-               "Sigma, H (true B_simple and B_noise at any parameters).")
+from gnsweep.tasks.options import LinregOptions
 
-
-@dataclass
-class Options:
-    dim: int = 16
-    """Input dimension."""
-    condition: float = 100.0
-    """Ratio of the largest to the smallest input variance (eigenvalues log-spaced, max 1)."""
-    noise: float = 0.5
-    """Standard deviation of the label noise (the loss floor is noise^2 / 2)."""
-    eval_size: int = 4096
-    """Held-out examples for the eval loss (0: none)."""
-
-    def __post_init__(self) -> None:
-        from gnsweep.config import ConfigError, _integer, _number
-
-        self.dim = _integer("task.dim", self.dim)
-        self.condition = _number("task.condition", self.condition)
-        self.noise = _number("task.noise", self.noise)
-        self.eval_size = _integer("task.eval_size", self.eval_size)
-        if self.dim < 1:
-            raise ConfigError(f"task.dim: {self.dim} must be >= 1")
-        if self.condition < 1:
-            raise ConfigError(f"task.condition: {self.condition} must be >= 1")
-        if self.noise < 0:
-            raise ConfigError(f"task.noise: {self.noise} must be >= 0")
-        if self.eval_size < 0:
-            raise ConfigError(f"task.eval_size: {self.eval_size} must be >= 0")
+Options = LinregOptions
+"""The task's settings (schema in gnsweep.tasks.options, importable without torch)."""
 
 
 @dataclass(frozen=True)
