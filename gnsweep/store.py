@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,21 @@ RUN_CONFIG = "config.json"
 STATUS = "status.json"
 METRICS = "metrics.parquet"
 
-STATES = ("pending", "running", "done", "failed", "diverged")
-FINISHED = ("done", "diverged")
+
+
+class RunState(StrEnum):
+    """A run's state in its status.json (a str: files and tables hold the plain value)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    DIVERGED = "diverged"
+
+
+STATES = tuple(RunState)
+FINISHED = (RunState.DONE, RunState.DIVERGED)
+"""Final states: a relaunch never trains these runs again."""
 
 METRICS_SCHEMA = pa.schema([
     ("step", pa.int64()),             # optimizer steps taken
@@ -178,8 +192,8 @@ def read_status(path: Path) -> dict[str, Any]:
 
 
 def write_status(path: Path, state: str, **fields: Any) -> dict[str, Any]:
-    assert state in STATES, state
+    state = RunState(state)  # ValueError on a state that does not exist
     status = {k: v for k, v in read_status(path).items() if k not in ("error",)}
-    status.update(fields, state=state, updated=time.time())
+    status.update(fields, state=state.value, updated=time.time())
     write_json(path / STATUS, status)
     return status

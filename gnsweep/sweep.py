@@ -5,42 +5,15 @@ Running them is the executors' job (`gnsweep.executors`); recording them is `gns
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from gnsweep import store
 from gnsweep.config import Config, ConfigError
+from gnsweep.runs import FINISHED, RunSpec, expand_grid, fresh_retries, parse_run_record, write_run
 
-
-@dataclass(frozen=True, order=True)
-class RunSpec:
-    """One point of the grid."""
-
-    batch_size: int
-    learning_rate: float
-    seed: int = 0
-
-    @property
-    def run_id(self) -> str:
-        # Zero-padded batch size so that folders sort by batch size.
-        return f"b{self.batch_size:05d}_lr{self.learning_rate:.4g}_s{self.seed}"
-
-
-def expand_grid(config: Config) -> list[RunSpec]:
-    """Every (batch size, learning rate, seed) of the sweep, small batches first."""
-    sweep = config.sweep
-    return sorted(RunSpec(b, lr, s) for b in sweep.batch_sizes for lr in sweep.learning_rates
-                  for s in sweep.seeds)
-
-
-def run_record(config: Config, spec: RunSpec) -> dict[str, Any]:
-    """What a worker needs to train one run, as JSON: the resolved config and the grid point."""
-    return {"run_id": spec.run_id, "run": asdict(spec), "config": config.to_dict()}
-
-
-def parse_run_record(data: dict[str, Any]) -> tuple[Config, RunSpec]:
-    return Config.from_dict(data["config"]), RunSpec(**data["run"])
+__all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "remaining",
+           "sweep_status"]  # RunSpec, expand_grid, parse_run_record: from gnsweep.runs
 
 
 # Settings a relaunch may change: where and how runs execute, the grid (runs are added), and
@@ -103,9 +76,7 @@ def prepare(sweep_dir: Path, config: Config) -> list[RunSpec]:
     store.write_text(sweep_dir / store.SWEEP_CONFIG, OmegaConf.to_yaml(merged))
     specs = expand_grid(config)
     for spec in specs:
-        path = store.run_dir(sweep_dir, spec.run_id)
-        if not (path / store.RUN_CONFIG).exists():
-            store.write_json(path / store.RUN_CONFIG, run_record(config, spec))
+        write_run(sweep_dir, config, spec)
     return specs
 
 
@@ -121,7 +92,7 @@ def remaining(sweep_dir: Path, specs: list[RunSpec], *,
     out = []
     for spec in specs:
         path = store.run_dir(sweep_dir, spec.run_id)
-        if store.read_status(path)["state"] in store.FINISHED:
+        if store.read_status(path)["state"] in FINISHED:
             continue
         if not include_held:
             claim = claims.read_claim(path)
@@ -131,16 +102,6 @@ def remaining(sweep_dir: Path, specs: list[RunSpec], *,
     return out
 
 
-def fresh_retries(sweep_dir: Path, run_ids: list[str]) -> None:
-    """Give every failed run of this launch a fresh `max_retries` (a relaunch means: try again)."""
-    for run_id in run_ids:
-        path = store.run_dir(sweep_dir, run_id)
-        status = store.read_status(path)
-        if status["state"] == "failed":
-            store.write_status(path, "failed", error=status.get("error"),
-                               retry_base=int(status.get("attempts", 0)))
-
-
 def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
            wait: bool = True) -> Any:
     """Run every run of the sweep that has not finished; returns the executor's summary.
@@ -148,31 +109,18 @@ def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
     Safe to call again at any time, also while another launch runs: runs are claimed before they
     start, so none runs twice. `wait=False` (Slurm only) returns once the jobs are submitted.
     """
+    from gnsweep.executors.registry import executor_for
     from gnsweep.progress import SweepProgress
 
     specs = prepare(sweep_dir, config)
-    executor = config.executor
     # Runs another launcher holds stay in: every executor waits for them (and runs them should
     # their owner die), but none starts them while their owner lives.
     todo = [spec.run_id for spec in remaining(sweep_dir, specs)]
     fresh_retries(sweep_dir, todo)
-    retries = config.sweep.max_retries
     with SweepProgress(len(specs), len(specs) - len(todo), enabled=show_progress) as progress:
-        if executor.kind == "local":
-            from gnsweep.executors.local import run_local
-
-            return run_local(sweep_dir, todo, workers=executor.n_workers(),
-                             threads=executor.threads_per_worker, max_retries=retries,
-                             progress=progress)
-        if executor.kind == "torchrun":
-            from gnsweep.executors.torchrun import run_torchrun
-
-            return run_torchrun(sweep_dir, todo, executor, max_retries=retries,
-                                progress=progress)
-        from gnsweep.executors.slurm import run_slurm
-
-        return run_slurm(sweep_dir, todo, executor, max_retries=retries, progress=progress,
-                         wait=wait)
+        run = executor_for(config.executor.kind)
+        return run(sweep_dir, todo, config.executor, max_retries=config.sweep.max_retries,
+                   progress=progress, wait=wait)
 
 
 def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from gnsweep import store
 from gnsweep.config import Config
 from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.noise import Ema, NoiseEstimate, ema_decay
-from gnsweep.sweep import RunSpec
+from gnsweep.runs import RunSpec
 from gnsweep.tasks import make_task
 
 

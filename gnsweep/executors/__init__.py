@@ -21,6 +21,10 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.executors import claims
+from gnsweep.runs import RunState, needs_running, read_run
+
+runnable = needs_running
+"""Whether a run still needs running (the retry rule lives in `gnsweep.runs.needs_running`)."""
 
 HISTORY = "attempts.jsonl"
 """Append-only log of a run's attempts (start, end, stopped, died), one JSON object a line."""
@@ -41,20 +45,6 @@ def rank() -> int:
     import torch.distributed as dist
 
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def runnable(status: dict[str, Any], max_retries: int) -> bool:
-    """Whether a run still needs running: not finished, and retries left if it failed.
-
-    `retry_base` is the attempt count when the current launch began: each launch gives failed
-    runs a fresh `max_retries`.
-    """
-    if status["state"] in store.FINISHED:
-        return False
-    if status["state"] == "failed":
-        tries = int(status.get("attempts", 0)) - int(status.get("retry_base", 0))
-        return tries <= max_retries
-    return True
 
 
 def log_event(run_path: Path, event: str, **fields: Any) -> None:
@@ -81,13 +71,13 @@ def take_run(sweep_dir: Path, run_id: str, max_retries: int) -> tuple[claims.Cla
     if claim is None:
         return None, "held"
     status = store.read_status(path)
-    if status["state"] == "running":
+    if status["state"] == RunState.RUNNING:
         who = f"{other['host']}:{other['pid']}" if other else "unknown"
         job = other.get("slurm_job_id") if other else None
         error = f"worker {who}{f' (Slurm job {job})' if job else ''} died while running it"
-        status = store.write_status(path, "failed", error=error)
+        status = store.write_status(path, RunState.FAILED, error=error)
         log_event(path, "died", owner=who)
-    if not runnable(status, max_retries):
+    if not needs_running(status, max_retries):
         claim.release()
         return None, str(status["state"])
     return claim, "claimed"
@@ -109,7 +99,7 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
         assert claim is not None, "rank 0 trains only runs it has claimed"
         claims.heartbeat().add(claim)
         attempts = int(store.read_status(path).get("attempts", 0)) + 1
-        store.write_status(path, "running", attempts=attempts, host=socket.gethostname(),
+        store.write_status(path, RunState.RUNNING, attempts=attempts, host=socket.gethostname(),
                            pid=os.getpid(), slurm_job_id=claims.slurm_job_id(),
                            started=time.time(), traceback=None)
         log_event(path, "start", attempt=attempts)
@@ -124,23 +114,22 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
 
 def _train_and_record(path: Path, attempts: int, writer: bool,
                       should_stop: Callable[[], bool] | None) -> dict[str, Any]:
-    from gnsweep.sweep import parse_run_record
     from gnsweep.train import train
 
     try:
-        config, spec = parse_run_record(store.read_json(path / store.RUN_CONFIG))
+        config, spec = read_run(path.parent.parent, path.name)
         result = train(config, spec, path if writer else None, should_stop=should_stop)
     except KeyboardInterrupt:
         if writer:
-            store.write_status(path, "pending", attempts=attempts - 1)
+            store.write_status(path, RunState.PENDING, attempts=attempts - 1)
             log_event(path, "stopped", attempt=attempts)
         raise
     except Exception as err:
-        status: dict[str, Any] = {"state": "failed", "error": f"{type(err).__name__}: {err}"}
+        status: dict[str, Any] = {"state": RunState.FAILED, "error": f"{type(err).__name__}: {err}"}
         if writer:
-            status = store.write_status(path, "failed", error=status["error"],
+            status = store.write_status(path, RunState.FAILED, error=status["error"],
                                         traceback=traceback.format_exc(limit=8))
-            log_event(path, "end", attempt=attempts, state="failed")
+            log_event(path, "end", attempt=attempts, state=RunState.FAILED.value)
         return status
     status = {"state": result.state}
     if writer:
@@ -164,13 +153,11 @@ def warm_up(sweep_dir: Path, run_id: str) -> None:
 def _warm_up(sweep_dir: Path, run_id: str) -> None:
     import torch
 
-    from gnsweep.sweep import parse_run_record
     from gnsweep.tasks import make_task
     from gnsweep.train import train  # noqa: F401
 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-    config, spec = parse_run_record(store.read_json(store.run_dir(sweep_dir, run_id) /
-                                                    store.RUN_CONFIG))
+    config, spec = read_run(sweep_dir, run_id)
     make_task(config.task.name, config.task.options, spec.seed)
 
 

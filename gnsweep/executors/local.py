@@ -20,13 +20,18 @@ import signal
 import sys
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gnsweep import store
-from gnsweep.executors import Outcome, runnable, warm_up
+from gnsweep.config import ExecutorConfig
+from gnsweep.executors import Outcome, warm_up
+from gnsweep.executors.base import Summary
 from gnsweep.progress import SweepProgress
+from gnsweep.runs import FINISHED, max_attempts, needs_running
+
+__all__ = ["Summary", "launch", "run_local"]
 
 HELD_RETRY_S = 1.0
 """How long to wait before asking again for a run another executor holds."""
@@ -37,22 +42,6 @@ class _Worker:
     process: Any
     inbox: Any
     run_id: str | None = None
-
-
-@dataclass
-class Summary:
-    """How the runs handed to an executor ended."""
-
-    done: list[str] = field(default_factory=list)
-    diverged: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    elsewhere: list[str] = field(default_factory=list)
-    """Runs finished by another executor while this one waited for them."""
-    submitted: list[str] = field(default_factory=list)
-    """Slurm job ids submitted by this launch."""
-
-    def add(self, run_id: str, state: str) -> None:
-        getattr(self, state if state in ("done", "diverged") else "failed").append(run_id)
 
 
 def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: int,
@@ -126,11 +115,11 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
             later.append((time.monotonic() + HELD_RETRY_S, run_id))
             return
         status = store.read_status(store.run_dir(sweep_dir, run_id))
-        if outcome.ran and runnable(status, max_retries):
+        if outcome.ran and needs_running(status, max_retries):
             pending.append(run_id)  # failed with retries left
             return
         summary.add(run_id, outcome.state)
-        if not outcome.ran and outcome.state in store.FINISHED:
+        if not outcome.ran and outcome.state in FINISHED:
             summary.elsewhere.append(run_id)
         if progress is not None:
             progress.advance(outcome.state)
@@ -151,7 +140,7 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
                 # Its claim names a dead pid: the next worker to take the run records the death
                 # as a failed attempt; a run that kills its worker before that gives up here.
                 deaths[run_id] += 1
-                if deaths[run_id] <= max_retries + 1:
+                if deaths[run_id] < max_attempts(max_retries):
                     pending.appendleft(run_id)
                 else:
                     finish(run_id, Outcome("failed", ran=False))
@@ -171,6 +160,14 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
     for worker in pool:
         worker.process.join(10)
     return summary
+
+
+def launch(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *, max_retries: int,
+           progress: SweepProgress | None, wait: bool = True) -> Summary:
+    """The registry's entry (`gnsweep.executors.registry`)."""
+    return run_local(sweep_dir, run_ids, workers=executor.n_workers(),
+                     threads=executor.threads_per_worker, max_retries=max_retries,
+                     progress=progress)
 
 
 def _stop(pool: list[_Worker]) -> None:

@@ -16,14 +16,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gnsweep import store
 from gnsweep.config import ExecutorConfig
-from gnsweep.executors.local import Summary
-from gnsweep.executors.torchrun import _Watcher, worker_command, write_runs_file
+from gnsweep.executors.base import Summary, Watcher, run_rounds
+from gnsweep.executors.torchrun import worker_command, write_runs_file
 from gnsweep.progress import SweepProgress
 
 FOLDER = "slurm"
@@ -131,45 +131,56 @@ def run_slurm(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *,
               wait: bool = True) -> Summary:
     """Submit the runs and (with `wait`) follow them until every run has finished or is out of
     retries, resubmitting runs whose job died. Ctrl-C cancels the jobs."""
-    watcher = _Watcher(sweep_dir, run_ids, max_retries, progress)
-    todo = watcher.runnable()
+    watcher = Watcher(sweep_dir, run_ids, max_retries, progress)
     if not wait:
+        todo = watcher.runnable()
         summary = Summary()
         summary.submitted = [job.job_id for job in submit(sweep_dir, todo, executor,
                                                          max_retries)] if todo else []
         return summary
-    jobs: list[Any] = []
-    submitted: list[str] = []
-    rounds = 0
-    try:
-        while True:
-            todo, held = watcher.runnable(), watcher.held()
-            if not todo and not held:
-                break
-            if todo and rounds <= max_retries + 1:
-                rounds += 1
-                jobs = submit(sweep_dir, todo, executor, max_retries)
-                submitted += [job.job_id for job in jobs]
-            elif not held:
-                break  # runs left, but their jobs keep dying: give up (their status says why)
-            else:
-                jobs = []
-            # Wait for our jobs, and for runs other launches' jobs hold, until one frees up.
-            while True:
-                watcher.update()
-                if all(job.done() for job in jobs) and (not watcher.held()
-                                                        or watcher.runnable()):
-                    break
-                time.sleep(POLL_S)
-            _report_job_errors(jobs)
-    except KeyboardInterrupt:
-        for job in jobs:
+    rounds = run_rounds(SlurmBackend(sweep_dir, executor, max_retries), watcher, max_retries)
+    summary = watcher.summary()
+    summary.submitted = [job.job_id for r in rounds if isinstance(r, _ArrayJobs)
+                         for job in r.jobs]
+    return summary
+
+
+def launch(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *, max_retries: int,
+           progress: SweepProgress | None, wait: bool = True) -> Summary:
+    """The registry's entry (`gnsweep.executors.registry`)."""
+    return run_slurm(sweep_dir, run_ids, executor, max_retries=max_retries, progress=progress,
+                     wait=wait)
+
+
+@dataclass
+class SlurmBackend:
+    """Rounds of one job array each."""
+
+    sweep_dir: Path
+    executor: ExecutorConfig
+    max_retries: int
+    poll_s: float = POLL_S
+
+    def start(self, run_ids: list[str]) -> _ArrayJobs:
+        return _ArrayJobs(submit(self.sweep_dir, run_ids, self.executor, self.max_retries))
+
+
+@dataclass
+class _ArrayJobs:
+    """One round: the jobs of one submitted array."""
+
+    jobs: list[Any]
+
+    def done(self) -> bool:
+        return all(job.done() for job in self.jobs)
+
+    def finish(self) -> None:
+        _report_job_errors(self.jobs)
+
+    def stop(self) -> None:
+        for job in self.jobs:
             if not job.done():
                 job.cancel(check=False)
-        raise
-    summary = watcher.summary()
-    summary.submitted = submitted
-    return summary
 
 
 def _report_job_errors(jobs: list[Any]) -> None:

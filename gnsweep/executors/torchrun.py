@@ -15,13 +15,13 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gnsweep import store
 from gnsweep.config import ExecutorConfig
-from gnsweep.executors import claims, runnable
-from gnsweep.executors.local import Summary
+from gnsweep.executors.base import Summary, Watcher, run_rounds
 from gnsweep.progress import SweepProgress
 
 POLL_S = 0.3
@@ -54,46 +54,62 @@ def run_torchrun(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, 
                  max_retries: int = 2, progress: SweepProgress | None = None) -> Summary:
     """Train `run_ids` with DDP over `executor.nproc_per_node` processes each, `executor.workers`
     torchrun jobs at a time; returns when every run has finished or is out of retries."""
-    watcher = _Watcher(sweep_dir, run_ids, max_retries, progress)
-    env = {**os.environ, "OMP_NUM_THREADS": str(executor.threads_per_worker)}
-    jobs: list[subprocess.Popen] = []
-    rounds = 0
-    try:
-        while True:
-            todo, held = watcher.runnable(), watcher.held()
-            if not todo and not held:
-                break
-            if not todo:
-                # Only runs another launcher holds: wait until they finish or their owner dies.
-                while watcher.held() and not watcher.runnable():
-                    time.sleep(POLL_S)
-                continue
-            if rounds > max_retries + 1:
-                break  # runs left, but their jobs keep dying: give up (their status says why)
-            rounds += 1
-            runs_file = write_runs_file(sweep_dir, todo)
-            command = worker_command(sweep_dir, runs_file, nproc=executor.nproc_per_node,
-                                     max_retries=max_retries,
-                                     threads=executor.threads_per_worker, stop_with=os.getpid())
-            # Own sessions: Ctrl-C reaches the launcher alone, which stops the jobs in order.
-            # Their output goes to a log beside the runs file (it would garble the progress bar).
-            logs = [runs_file.with_suffix(f".{i}.log")
-                    for i in range(min(executor.workers or 1, len(todo)))]
-            jobs = [_start(command, env, log) for log in logs]
-            while any(job.poll() is None for job in jobs):
-                watcher.update()
-                time.sleep(POLL_S)
-            for job, log in zip(jobs, logs, strict=True):
-                if job.returncode != 0:
-                    print(f"gnsweep: torchrun job exited with code {job.returncode}; its log: "
-                          f"{log}", file=sys.stderr)
-                else:
-                    log.unlink(missing_ok=True)
-            runs_file.unlink(missing_ok=True)
-    except KeyboardInterrupt:
-        stop_jobs(jobs)
-        raise
+    watcher = Watcher(sweep_dir, run_ids, max_retries, progress)
+    run_rounds(TorchrunBackend(sweep_dir, executor, max_retries), watcher, max_retries)
     return watcher.summary()
+
+
+def launch(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *, max_retries: int,
+           progress: SweepProgress | None, wait: bool = True) -> Summary:
+    """The registry's entry (`gnsweep.executors.registry`)."""
+    return run_torchrun(sweep_dir, run_ids, executor, max_retries=max_retries,
+                        progress=progress)
+
+
+@dataclass
+class TorchrunBackend:
+    """Rounds of `executor.workers` torchrun jobs on this machine."""
+
+    sweep_dir: Path
+    executor: ExecutorConfig
+    max_retries: int
+    poll_s: float = POLL_S
+
+    def start(self, run_ids: list[str]) -> _LocalJobs:
+        runs_file = write_runs_file(self.sweep_dir, run_ids)
+        command = worker_command(self.sweep_dir, runs_file, nproc=self.executor.nproc_per_node,
+                                 max_retries=self.max_retries,
+                                 threads=self.executor.threads_per_worker, stop_with=os.getpid())
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.executor.threads_per_worker)}
+        # Own sessions: Ctrl-C reaches the launcher alone, which stops the jobs in order.
+        # Their output goes to a log beside the runs file (it would garble the progress bar).
+        logs = [runs_file.with_suffix(f".{i}.log")
+                for i in range(min(self.executor.workers or 1, len(run_ids)))]
+        return _LocalJobs([_start(command, env, log) for log in logs], logs, runs_file)
+
+
+@dataclass
+class _LocalJobs:
+    """One round: torchrun processes on this machine."""
+
+    jobs: list[subprocess.Popen]
+    logs: list[Path]
+    runs_file: Path
+
+    def done(self) -> bool:
+        return all(job.poll() is not None for job in self.jobs)
+
+    def finish(self) -> None:
+        for job, log in zip(self.jobs, self.logs, strict=True):
+            if job.returncode != 0:
+                print(f"gnsweep: torchrun job exited with code {job.returncode}; its log: "
+                      f"{log}", file=sys.stderr)
+            else:
+                log.unlink(missing_ok=True)
+        self.runs_file.unlink(missing_ok=True)
+
+    def stop(self) -> None:
+        stop_jobs(self.jobs)
 
 
 def _start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -123,52 +139,3 @@ def _suppress() -> Any:
     import contextlib
 
     return contextlib.suppress(ProcessLookupError, PermissionError)
-
-
-class _Watcher:
-    """Follows the runs of one launch through their status files: progress and the summary."""
-
-    def __init__(self, sweep_dir: Path, run_ids: list[str], max_retries: int,
-                 progress: SweepProgress | None) -> None:
-        self.sweep_dir, self.run_ids, self.max_retries = sweep_dir, run_ids, max_retries
-        self.progress = progress
-        self.final: dict[str, str] = {}
-
-    def _status(self, run_id: str) -> dict[str, Any]:
-        return store.read_status(store.run_dir(self.sweep_dir, run_id))
-
-    def update(self) -> None:
-        for run_id in self.run_ids:
-            if run_id in self.final:
-                continue
-            status = self._status(run_id)
-            if status["state"] in store.FINISHED or (
-                    status["state"] == "failed" and not runnable(status, self.max_retries)):
-                self.final[run_id] = status["state"]
-                if self.progress is not None:
-                    self.progress.advance(status["state"])
-
-    def _open(self) -> list[str]:
-        self.update()
-        return [r for r in self.run_ids if r not in self.final]
-
-    def held(self) -> list[str]:
-        """Open runs a live owner (here or elsewhere) holds."""
-        out = []
-        for run_id in self._open():
-            claim = claims.read_claim(store.run_dir(self.sweep_dir, run_id))
-            if claim is not None and not claims.is_stale(claim):
-                out.append(run_id)
-        return out
-
-    def runnable(self) -> list[str]:
-        """Open runs nobody holds."""
-        held = set(self.held())
-        return [r for r in self._open() if r not in held]
-
-    def summary(self) -> Summary:
-        self.update()
-        summary = Summary()
-        for run_id in self.run_ids:
-            summary.add(run_id, self.final.get(run_id, "failed"))
-        return summary

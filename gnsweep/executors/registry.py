@@ -1,0 +1,38 @@
+"""Executor kind -> the function that runs a launch's runs there; `executor.kind` picks one.
+
+Each entry is `module:function` with the signature of `Launch`, imported only when chosen (the
+Slurm backend needs submitit, the local one nothing beyond torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Protocol
+
+from gnsweep.config import EXECUTORS, ExecutorConfig
+from gnsweep.errors import ConfigError
+from gnsweep.executors.base import Summary
+from gnsweep.progress import SweepProgress
+
+
+class Launch(Protocol):
+    def __call__(self, sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *,
+                 max_retries: int, progress: SweepProgress | None,
+                 wait: bool = True) -> Summary: ...
+
+
+REGISTRY: dict[str, str] = {
+    "local": "gnsweep.executors.local:launch",
+    "torchrun": "gnsweep.executors.torchrun:launch",
+    "slurm": "gnsweep.executors.slurm:launch",
+}
+assert tuple(REGISTRY) == EXECUTORS, "every executor kind the config accepts has an entry"
+
+
+def executor_for(kind: str) -> Launch:
+    if kind not in REGISTRY:
+        raise ConfigError(f"executor.kind: {kind!r} is not one of {', '.join(REGISTRY)}")
+    module, _, name = REGISTRY[kind].partition(":")
+    launch: Launch = getattr(importlib.import_module(module), name)
+    return launch
