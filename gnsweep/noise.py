@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 def unbiased_g2_and_trace(sq_small: float, sq_big: float, b_small: float, b_big: float
@@ -36,6 +37,17 @@ def unbiased_g2_and_trace(sq_small: float, sq_big: float, b_small: float, b_big:
     g2 = (b_big * sq_big - b_small * sq_small) / (b_big - b_small)
     trace = (sq_small - sq_big) / (1.0 / b_small - 1.0 / b_big)
     return g2, trace
+
+
+class NormPair(NamedTuple):
+    """One measurement of eq. A.2: squared gradient norms at two batch sizes."""
+
+    sq_small: float
+    """|G_small|^2 (mean over the small batches); |G_small|_H^2 for B_noise."""
+    sq_big: float
+    """|G_big|^2; |G_big|_H^2 for B_noise."""
+    b_small: float
+    b_big: float
 
 
 def combine_parts(parts: Iterable[tuple[float, float, float, float]]

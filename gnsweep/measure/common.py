@@ -1,0 +1,92 @@
+"""What the measurement sources share: the logger, batch helpers, squared norms, and the
+small view of the monitor (`Gate`) a source may consult while it captures."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+log = logging.getLogger("gnsweep.measure")
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+Batch = tuple[Any, Any]
+
+
+class Gate(Protocol):
+    """What a source asks of the monitor that owns it."""
+
+    @property
+    def capturing(self) -> bool:
+        """This step is measured and no measurement pass of the monitor's own is running."""
+
+    def warn_once(self, key: str, message: str) -> None:
+        """Log `message` the first time `key` is seen."""
+
+
+def sq(t: torch.Tensor) -> torch.Tensor:
+    """Sum of squares, without a squared copy."""
+    return torch.linalg.vector_norm(t).square()
+
+
+def is_ddp(model: nn.Module) -> bool:
+    return isinstance(model, nn.parallel.DistributedDataParallel)
+
+
+def world_size(model: nn.Module) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(getattr(model, "process_group", None))
+
+
+def first_tensor(values: Iterable[Any]) -> torch.Tensor | None:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, (tuple, list)):
+            found = first_tensor(value)
+            if found is not None:
+                return found
+    return None
+
+
+def batch_len(inputs: Any) -> int:
+    first = inputs if isinstance(inputs, torch.Tensor) else first_tensor(inputs)
+    if first is None or first.dim() == 0:
+        raise ValueError("inputs must be a tensor (or tuple of tensors) with a batch dimension")
+    return int(first.shape[0])
+
+
+def take(values: Any, index: slice) -> Any:
+    if isinstance(values, torch.Tensor):
+        return values[index]
+    if isinstance(values, (tuple, list)):
+        return type(values)(take(v, index) for v in values)
+    return values
+
+
+def check_scalar(loss: Any) -> None:
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(f"loss_fn must return a scalar tensor (the batch-mean loss), got "
+                         f"{shape}; reduce it with .mean()")
+
+
+def grad_sq_norm(params: Sequence[nn.Parameter]) -> torch.Tensor:
+    """Squared norm of the parameters' `.grad` (float64, 0-d)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64)
+    norms = torch.stack(torch._foreach_norm(grads)).double()
+    return torch.dot(norms, norms)
+
+
+def batch_loss(module: nn.Module, loss_fn: LossFn, inputs: Any, targets: Any) -> torch.Tensor:
+    with torch.enable_grad():
+        outputs = module(*inputs) if isinstance(inputs, (tuple, list)) else module(inputs)
+        loss = loss_fn(outputs, targets)
+    check_scalar(loss)
+    return loss

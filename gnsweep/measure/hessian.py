@@ -1,0 +1,71 @@
+"""H-norms of micro-batch gradients from Hessian-vector products (double backward), for
+B_noise (eq. 2.8)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from gnsweep.measure.common import Batch, LossFn, batch_len, batch_loss, take
+from gnsweep.noise import NormPair
+
+
+def hessian_norms(module: nn.Module, loss_fn: LossFn, batch: Batch, microbatches: int = 2
+                  ) -> NormPair | None:
+    """H-norms of micro-batch gradients for B_noise (eq. 2.8 through eq. A.2), at the module's
+    current parameters. Returns `(|G_small|_H^2, |G_big|_H^2, b_small, b_big)`, or None when the
+    batch is too small to split.
+
+    The batch is cut in two: k micro-batches of one part give gradients `g_j` (b_small examples
+    each) and their mean `G_big` (b_big = k b_small examples); the other part's loss gives the
+    Hessian `H_Q` through double backward. Because `H_Q` is independent of the `g_j` and
+    `E H_Q = H`, `E[g^T H_Q g] = E[g^T H g]`; taking H from the same examples as g would bias
+    tr(H Sigma) by terms of order 1/B. `H_Q G_big = mean_j H_Q g_j`, so k products suffice.
+    """
+    inputs, targets = batch
+    n = batch_len(inputs)
+    size = n // (2 * microbatches)
+    if size < 1:
+        return None
+    params = [p for p in module.parameters() if p.requires_grad]
+    split = size * microbatches
+    grads = []
+    for j in range(microbatches):
+        index = slice(j * size, (j + 1) * size)
+        loss = batch_loss(module, loss_fn, take(inputs, index), take(targets, index))
+        grads.append(_grad(loss, params, create_graph=False))
+    rest = slice(split, n)
+    with torch.enable_grad():
+        loss = batch_loss(module, loss_fn, take(inputs, rest), take(targets, rest))
+        g_q = _grad(loss, params, create_graph=True)
+    # Gradient entries that do not depend on the parameters have zero Hessian rows.
+    keep = [i for i, g in enumerate(g_q) if g.requires_grad]
+    h_small = []
+    hv_sum = [torch.zeros_like(p) for p in params]
+    for j, g in enumerate(grads):
+        products = torch.autograd.grad([g_q[i] for i in keep], params,
+                                       grad_outputs=[g[i] for i in keep],
+                                       retain_graph=j < microbatches - 1, allow_unused=True)
+        hv = [h if h is not None else torch.zeros_like(p) for h, p in zip(products, params,
+                                                                          strict=True)]
+        h_small.append(_dot(g, hv))
+        torch._foreach_add_(hv_sum, hv)
+    g_big = [torch.stack(gs).mean(0) for gs in zip(*grads, strict=True)]
+    h_big = _dot(g_big, hv_sum) / microbatches
+    values = torch.stack([*h_small, h_big]).tolist()
+    return NormPair(sum(values[:-1]) / microbatches, values[-1], float(size), float(split))
+
+
+def _grad(loss: torch.Tensor, params: list[nn.Parameter], *, create_graph: bool
+          ) -> list[torch.Tensor]:
+    grads = torch.autograd.grad(loss, params, create_graph=create_graph, allow_unused=True)
+    return [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, params,
+                                                                       strict=True)]
+
+
+def _dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([(x.double() * y.double()).sum() for x, y in zip(a, b, strict=True)]
+                       ).sum()
+

@@ -1,0 +1,58 @@
+"""Micro-batch gradient norms (b_small = B / k): each micro-batch's own gradient, as the
+increment of `.grad` between `accumulate()` calls (gradient accumulation)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gnsweep.noise import NormPair
+
+
+class Increments:
+    """Each micro-batch's own gradient, as the increment of `.grad` since the previous one.
+
+    The gradients are flattened into one vector per call: a few ops whatever the number of
+    parameters (`foreach` ops run per tensor on the CPU).
+    """
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.params = params
+        self.reset()
+
+    def reset(self) -> None:
+        self.previous: torch.Tensor | None = None
+        self.sq: list[torch.Tensor] = []
+        self.counts: list[int] = []
+        self._seen = 0
+
+    def accumulate(self, examples_so_far: int) -> None:
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.params]).detach()
+        increment = flat if self.previous is None else flat - self.previous
+        self.sq.append(torch.dot(increment, increment))
+        self.previous = flat
+        self.counts.append(examples_so_far - self._seen)
+        self._seen = examples_so_far
+
+    def measure(self, required: bool) -> NormPair | None:
+        k = len(self.counts)
+        if k < 2:
+            if required:
+                raise ValueError(
+                    "method='microbatch' needs >= 2 micro-batches per measured step, each "
+                    "followed by monitor.accumulate(); a batch of one example cannot be split")
+            return None
+        big = sum(self.counts)
+        if min(self.counts) < 1:
+            raise ValueError("monitor.accumulate() was called without a forward pass of the "
+                             "model since the last call: no examples to attribute")
+        assert self.previous is not None
+        # After the last accumulate() the flat vector is the batch-mean gradient: |G_big|^2.
+        values = torch.stack([*self.sq, torch.dot(self.previous, self.previous)]).tolist()
+        # .grad holds the batch mean: micro-batch j's own gradient is (B / n_j) x its increment;
+        # E|g_j|^2 = |G|^2 + tr(Sigma)/n_j, so the mean over j has b_small = 1 / mean(1/n_j).
+        sq_small = sum((big / n) ** 2 * s for n, s in zip(self.counts, values, strict=False)) / k
+        b_small = k / sum(1.0 / n for n in self.counts)
+        return NormPair(sq_small, values[-1], b_small, float(big))
+

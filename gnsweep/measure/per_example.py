@@ -1,0 +1,203 @@
+"""Per-example gradient norms (b_small = 1) from forward/backward hooks on the layers that
+allow them (`nn.Linear`, `nn.Conv2d`, `nn.Embedding`, `nn.LayerNorm`, `nn.RMSNorm`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gnsweep.measure.common import Gate, grad_sq_norm, log, sq
+from gnsweep.noise import NormPair
+
+
+class PerExample:
+    """Sum over examples of `|g_i|^2` for the covered parameters, from forward/backward hooks.
+
+    For a layer `y = W a + b` the gradient of example i is `sum_t d_it a_it^T` (t over positions
+    of a sequence or an image), so `|g_i|^2 = sum_{t,s} (a_it.a_is)(d_it.d_is)` (the Gram form,
+    `|a_i|^2 |d_i|^2` without positions) plus `|sum_t d_it|^2` for the bias; whichever of the
+    Gram form or the explicit per-example gradient is cheaper is used. Nothing of parameter size
+    is materialised per example unless that is cheaper.
+    """
+
+    def __init__(self, gate: Gate, model: nn.Module, trainable: list[nn.Parameter]) -> None:
+        self.gate = gate
+        self.forward_id = 0
+        self.reset()
+        self.covered: set[int] = set()
+        self.handles: list[Any] = []
+        self._last_forward: dict[int, int] = {}
+        owners = Counter(id(p) for m in model.modules()
+                         for p in m.parameters(recurse=False))
+        skipped: list[str] = []
+        for name, module in model.named_modules():
+            params = [p for p in module.parameters(recurse=False) if p.requires_grad]
+            if not params:
+                continue
+            reason = _unsupported(module)
+            if reason is None and any(owners[id(p)] > 1 for p in params):
+                reason = "parameters shared with another layer"
+            if reason is not None:
+                skipped.append(f"{name or type(module).__name__} ({reason})")
+                continue
+            self.covered.update(id(p) for p in params)
+            self.handles.append(module.register_forward_hook(self._forward))
+        if skipped:
+            log.warning("noise scale: no per-example norms for %s; their parameters are measured "
+                        "with micro-batches", ", ".join(skipped))
+        self.params = [p for p in trainable if id(p) in self.covered]
+
+    def reset(self) -> None:
+        self.values: list[torch.Tensor] = []
+        self.invalid = False
+
+    def _forward(self, module: nn.Module, inputs: tuple, output: Any) -> None:
+        if not (self.gate.capturing and torch.is_grad_enabled()):
+            return
+        if not isinstance(output, torch.Tensor):
+            return
+        if not output.requires_grad or not inputs or not isinstance(inputs[0], torch.Tensor):
+            return
+        if self._last_forward.get(id(module)) == self.forward_id:
+            # Used twice in one forward: per-use norms would miss the cross terms.
+            self.invalid = True
+            self.gate.warn_once(f"reuse{id(module)}", f"noise scale: {type(module).__name__}"
+                                " is called more than once per forward; per-example norms "
+                                "skip such steps")
+            return
+        self._last_forward[id(module)] = self.forward_id
+        saved = _save_input(module, inputs[0].detach())
+        if isinstance(module, nn.Linear) and saved.dim() == 1:
+            # The common case, kept to two small ops: (|a_i|^2 + 1) . |d_i|^2.
+            output.register_hook(lambda d: self.values.append(
+                torch.dot(saved, torch.linalg.vecdot(d.detach().float(), d.detach().float()))))
+        else:
+            output.register_hook(lambda grad: self._backward(module, saved, grad))
+
+    def _backward(self, module: nn.Module, saved: Any, grad: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.values.append(_per_example_sq(module, saved, grad.detach()))
+
+    def measure(self, examples: int) -> NormPair | None:
+        if not self.values or self.invalid:
+            return None
+        # With a mean-reduced loss every captured gradient is 1/B of the example's own, so the
+        # mean over examples of |g_i|^2 is B^2 / B times the sum captured.
+        total = torch.stack(self.values).sum().double().reshape(1)
+        values = torch.cat([total, grad_sq_norm(self.params).reshape(1)]).tolist()
+        return NormPair(values[0] * examples, values[1], 1.0, float(examples))
+
+
+def _unsupported(module: nn.Module) -> str | None:
+    """Why per-example norms are not available for this module's own parameters, or None."""
+    own = {name for name, _ in module.named_parameters(recurse=False)}
+    kinds = (nn.Linear, nn.Conv2d, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
+    if not isinstance(module, kinds):
+        return type(module).__name__
+    if not own <= {"weight", "bias"}:
+        return "extra parameters"
+    if isinstance(module, nn.Embedding) and module.scale_grad_by_freq:
+        return "scale_grad_by_freq"
+    if isinstance(module, nn.Embedding) and module.sparse:
+        return "sparse gradients"
+    return None
+
+
+def _save_input(module: nn.Module, a: torch.Tensor) -> Any:
+    if isinstance(module, nn.Linear) and a.dim() == 2:
+        # Keep |a_i|^2 (+ 1 for the bias), not the activation: |g_i|^2 = (|a_i|^2 + 1) |d_i|^2.
+        weight, bias = _trainable(module)
+        a = a.float()
+        sq = torch.linalg.vecdot(a, a) if weight else a.new_zeros(a.shape[0])
+        return sq + 1.0 if bias else sq
+    return a
+
+
+def _trainable(module: nn.Module) -> tuple[bool, bool]:
+    weight = getattr(module, "weight", None)
+    bias = getattr(module, "bias", None)
+    return (weight is not None and weight.requires_grad,
+            bias is not None and bias.requires_grad)
+
+
+def _per_example_sq(module: nn.Module, saved: Any, d: torch.Tensor) -> torch.Tensor:
+    """Sum over examples of this layer's `|g_i|^2`, `g_i` the gradient of the captured loss."""
+    d = d.float()
+    weight, bias = _trainable(module)
+    if isinstance(module, nn.Linear):
+        if d.dim() == 2:
+            return torch.dot(saved, torch.linalg.vecdot(d, d))
+        a = saved.float().flatten(1, -2)
+        d = d.flatten(1, -2)
+        out = _weight_sq(a, d) if weight else d.new_zeros(())
+        return out + sq(d.sum(1)) if bias else out
+    if isinstance(module, nn.Conv2d):
+        return _conv_sq(module, saved.float(), d, weight, bias)
+    if isinstance(module, nn.Embedding):
+        index = saved.reshape(saved.shape[0], -1)
+        d = d.reshape(index.shape[0], index.shape[1], -1)
+        if module.padding_idx is not None:
+            d = d * (index != module.padding_idx).unsqueeze(-1)
+        if index.shape[1] == 1:
+            return sq(d)
+        same = index.unsqueeze(2) == index.unsqueeze(1)
+        return (torch.bmm(d, d.transpose(1, 2)) * same).sum()
+    # LayerNorm / RMSNorm: per-example gradient of the scale is sum over positions of d * x_hat.
+    assert isinstance(module, (nn.LayerNorm, nn.RMSNorm))
+    shape = tuple(module.normalized_shape)
+    x = saved.float()
+    if isinstance(module, nn.LayerNorm):
+        x_hat = F.layer_norm(x, shape, None, None, module.eps)
+    else:
+        x_hat = F.rms_norm(x, shape, None, module.eps)
+    dims = tuple(range(1, d.dim() - len(shape)))
+    out = d.new_zeros(())
+    if weight:
+        out = out + sq((d * x_hat).sum(dims) if dims else d * x_hat)
+    if bias:
+        out = out + sq(d.sum(dims) if dims else d)
+    return out
+
+
+def _weight_sq(a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """`sum_i |sum_t d_it a_it^T|^2` for a (B, T, I), d (B, T, O): Gram form or explicit."""
+    t, i, o = a.shape[1], a.shape[2], d.shape[2]
+    if t * (i + o) < i * o:
+        return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(d, d.transpose(1, 2))).sum()
+    return sq(torch.bmm(d.transpose(1, 2), a))
+
+
+def _patches(module: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """`F.unfold` of the conv's input, (B, C*kh*kw, L), as one strided copy (unfold loops over
+    the batch on the CPU)."""
+    padding: Any = module.padding
+    if module.padding_mode != "zeros" or isinstance(padding, str):
+        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+        x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
+    else:
+        return F.unfold(x, module.kernel_size, dilation=module.dilation, padding=padding,
+                        stride=module.stride)
+    n, c, h, w = x.shape
+    (kh, kw), (dh, dw), (sh, sw) = module.kernel_size, module.dilation, module.stride
+    ho, wo = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+    s_n, s_c, s_h, s_w = x.stride()
+    view = x.as_strided((n, c, kh, kw, ho, wo), (s_n, s_c, dh * s_h, dw * s_w, sh * s_h, sw * s_w))
+    return view.reshape(n, c * kh * kw, ho * wo)
+
+
+def _conv_sq(module: nn.Conv2d, x: torch.Tensor, d: torch.Tensor, weight: bool, bias: bool
+             ) -> torch.Tensor:
+    n, groups = x.shape[0], module.groups
+    d = d.reshape(n, d.shape[1], -1)  # (B, out, L)
+    out = sq(d.sum(2)) if bias else d.new_zeros(())
+    if not weight:
+        return out
+    a = _patches(module, x)  # (B, C*kh*kw, L)
+    a = a.reshape(n, groups, -1, a.shape[-1]).transpose(2, 3).flatten(0, 1)  # (B*g, L, Cg*k)
+    dg = d.reshape(n, groups, -1, d.shape[-1]).transpose(2, 3).flatten(0, 1)  # (B*g, L, Og)
+    return out + _weight_sq(a, dg)
+
