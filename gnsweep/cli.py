@@ -331,7 +331,7 @@ def report(
     Runs `gnsweep analyze` first when its tables are missing.
     Example: gnsweep report runs/digits
     """
-    from gnsweep.report import write_report
+    from gnsweep.html_report import write_report
 
     path, skipped, notes = write_report(sweep_dir)
     for name, reason in skipped.items():

@@ -9,18 +9,15 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from gnsweep import store
-from gnsweep.plots import SweepTables
+from gnsweep.analysis.results import Results
 
 FORMATS = ("png", "pdf")
-# Written by `gnsweep analyze` since the B_crit(L) fit; figures draw without it when missing.
-LOSS_SCALING = "loss_scaling.parquet"
 
 
-def load_tables(sweep_dir: Path, analyze: bool = True) -> SweepTables:
-    """The tables of an analyzed sweep; runs `gnsweep analyze` first when they are missing."""
+def load_tables(sweep_dir: Path, analyze: bool = True) -> Results:
+    """The results of an analyzed sweep with its runs and metrics; runs `gnsweep analyze`
+    first when they are missing."""
     from gnsweep.analysis.load import load_sweep
     from gnsweep.analysis.report import analyze_sweep
 
@@ -28,21 +25,9 @@ def load_tables(sweep_dir: Path, analyze: bool = True) -> SweepTables:
     if analyze and not all((sweep_dir / name).exists() for name in (
             "steps.parquet", "front.parquet", "fits.parquet")):
         analyze_sweep(sweep_dir)
-    runs, metrics = load_sweep(sweep_dir, skip_corrupt=True)
-
-    def frame(name: str) -> pd.DataFrame:
-        return store.read_table(sweep_dir / name).to_pandas()
-
-    warnings: list[str] = []
-    if (sweep_dir / "fits.json").exists():
-        warnings = [str(w) for w in store.read_json(sweep_dir / "fits.json").get("warnings", [])]
-    law = None
-    if (sweep_dir / LOSS_SCALING).exists():
-        rows = frame(LOSS_SCALING).to_dict(orient="records")
-        law = rows[0] if rows else None
-    return SweepTables(runs=runs, metrics=metrics, steps=frame("steps.parquet"),
-                       front=frame("front.parquet"), fits=frame("fits.parquet"), bcrit_law=law,
-                       warnings=warnings)
+    results = store.read_results(sweep_dir)
+    results.runs, results.metrics = load_sweep(sweep_dir, skip_corrupt=True)
+    return results
 
 
 def save(fig, stem: str, out_dir: Path, formats: tuple[str, ...] = FORMATS) -> list[Path]:

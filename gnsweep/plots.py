@@ -12,7 +12,7 @@ Tables (docs/analysis.md lists their columns): `runs` and `metrics` from
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import matplotlib
@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedFormatter, FixedLocator, LogFormatter, NullFormatter
 
 from gnsweep.analysis.fit import predict_steps
+from gnsweep.analysis.results import Results
 
 # Okabe & Ito (2008): distinguishable with every common colour-vision deficiency.
 COLORS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442"]
@@ -50,24 +51,8 @@ class Skip(Exception):
     """The sweep cannot support this figure; the message says why in one line."""
 
 
-@dataclass
-class SweepTables:
-    """Everything the figures and the report are drawn from; all pure tables."""
-
-    runs: pd.DataFrame
-    """One row per run: run_id, batch_size, learning_rate, seed, state."""
-    metrics: pd.DataFrame
-    """One row per logged step: run_id, step, examples, loss, loss_smooth, b_simple, b_noise."""
-    steps: pd.DataFrame
-    """One row per (run, target): reached, steps, examples (steps.parquet)."""
-    front: pd.DataFrame
-    """Best learning rate per (target, batch size) with on_front (front.parquet)."""
-    fits: pd.DataFrame
-    """One row per target: S_min, E_min, B_crit with errors, B_simple (fits.parquet)."""
-    bcrit_law: dict | None = None
-    """The power law B_crit(L) = B_* / L^(1/alpha_B) (loss_scaling.parquet): b_star, alpha_b,
-    their _se, refused; None when the analysis did not write it."""
-    warnings: list[str] = field(default_factory=list)
+SweepTables = Results
+"""The figures' name for the one results type (`gnsweep.analysis.results.Results`)."""
 
 
 def _batch_colors(batch_sizes: list[int]) -> dict[int, tuple]:

@@ -21,12 +21,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gnsweep.errors import StoreError
+
+if TYPE_CHECKING:
+    from gnsweep.analysis.results import Results
 
 RUNS = "runs"
 SWEEP_CONFIG = "config.yaml"
@@ -197,3 +200,37 @@ def write_status(path: Path, state: str, **fields: Any) -> dict[str, Any]:
     status.update(fields, state=state.value, updated=time.time())
     write_json(path / STATUS, status)
     return status
+
+
+# ---- the results of `gnsweep analyze` -----------------------------------------------------
+
+RESULT_TABLES = ("steps", "front", "fits", "lr_fits", "loss_scaling")
+"""Results fields written as <name>.parquet; fits.json holds the rest (warnings, meta)."""
+FITS_JSON = "fits.json"
+
+
+def write_results(out_dir: Path, results: Results) -> None:
+    """Every table of the results, each atomically; then fits.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in RESULT_TABLES:
+        write_frame(out_dir / f"{name}.parquet", getattr(results, name))
+    write_json(out_dir / FITS_JSON, results.to_json())
+
+
+def read_results(sweep_dir: Path) -> Results:
+    """The results an analysis wrote into a sweep folder. Tables that an older version did not
+    write (lr_fits, loss_scaling) read as empty; steps, front and fits must exist."""
+    from gnsweep.analysis.results import Results
+
+    def frame(name: str) -> Any:
+        return read_table(sweep_dir / f"{name}.parquet").to_pandas()
+
+    results = Results(steps=frame("steps"), front=frame("front"), fits=frame("fits"))
+    for name in ("lr_fits", "loss_scaling"):
+        if (sweep_dir / f"{name}.parquet").exists():
+            setattr(results, name, frame(name))
+    if (sweep_dir / FITS_JSON).exists():
+        saved = read_json(sweep_dir / FITS_JSON)
+        results.warnings = [str(w) for w in saved.get("warnings", [])]
+        results.meta = dict(saved.get("meta") or {})
+    return results

@@ -99,5 +99,5 @@ def make_tables(targets: list[float] = TARGETS, b_noise: bool = False) -> SweepT
            "alpha_b_se": 0.0, "rmse_log": 0.0, "refused": ""}
     return SweepTables(runs=pd.DataFrame(runs), metrics=pd.concat(metrics, ignore_index=True),
                        steps=pd.DataFrame(steps), front=pd.DataFrame(front),
-                       fits=pd.DataFrame(fits), bcrit_law=law,
+                       fits=pd.DataFrame(fits), loss_scaling=pd.DataFrame([law]),
                        warnings=["target 1: best learning rate on the edge of the grid"])

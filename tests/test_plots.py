@@ -230,7 +230,7 @@ def test_plotting_reads_no_files(monkeypatch):
 
 
 def test_plots_and_report_never_import_torch():
-    code = ("import sys, gnsweep.plots, gnsweep.report, gnsweep.figures; "
+    code = ("import sys, gnsweep.plots, gnsweep.html_report, gnsweep.figures; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

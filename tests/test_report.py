@@ -24,7 +24,7 @@ from gnsweep.analysis.fit import predict_steps
 from gnsweep.cli import app
 from gnsweep.config import Config
 from gnsweep.figures import png_bytes
-from gnsweep.report import answers, collect_warnings, render, rounded
+from gnsweep.html_report import answers, collect_warnings, render, rounded
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -7,7 +7,6 @@ Nothing is written until the whole analysis has succeeded.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,9 @@ import pandas as pd
 from gnsweep import store
 from gnsweep.analysis.fit import FitRefused, fit_hyperbola, predict_steps
 from gnsweep.analysis.front import best_per_batch, pareto_front
-from gnsweep.analysis.loss_scaling import LOSS_SCALING_COLUMNS, fit_loss_scaling
-from gnsweep.analysis.lr import LR_FIT_COLUMNS, fit_lr_table
+from gnsweep.analysis.loss_scaling import fit_loss_scaling
+from gnsweep.analysis.lr import fit_lr_table
+from gnsweep.analysis.results import Results
 from gnsweep.analysis.steps import Curves, steps_to_target
 
 FIT_COLUMNS = ["target", "n_batch_sizes", "s_min", "s_min_se", "e_min", "e_min_se", "b_crit",
@@ -40,27 +40,8 @@ class AnalysisError(store.StoreError):
     """The data cannot support an analysis (no run reached a target, bad table); names why."""
 
 
-@dataclass
-class Analysis:
-    steps: pd.DataFrame
-    """One row per (run, target)."""
-    front: pd.DataFrame
-    """Best learning rate per (target, batch size), with on_front."""
-    fits: pd.DataFrame
-    """One row per target: the fit, B_crit, B_simple beside it."""
-    warnings: list[str] = field(default_factory=list)
-    lr_fits: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LR_FIT_COLUMNS))
-    """eps_opt(B) fits, one row per (target, model)."""
-    loss_scaling: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame(columns=LOSS_SCALING_COLUMNS))
-    """B_crit(L) = B*/L^(1/alpha_B), one row."""
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        scaling = _records(self.loss_scaling)
-        return {"fits": _records(self.fits), "lr_fits": _records(self.lr_fits),
-                "loss_scaling": scaling[0] if scaling else None,
-                "warnings": self.warnings, "meta": self.meta}
+Analysis = Results
+"""The analysis's name for the one results type (`gnsweep.analysis.results.Results`)."""
 
 
 def analyze_tables(runs: pd.DataFrame | None, metrics: pd.DataFrame | Curves, targets: list[float],
@@ -202,29 +183,9 @@ def _add_residuals(front: pd.DataFrame, fits: pd.DataFrame) -> None:
         front["resid_log"] = np.log(front["steps"].astype(float) / front["steps_fit"])
 
 
-def _records(frame: pd.DataFrame) -> list[dict]:
-    return [{k: _plain(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (float, np.floating)):
-        return None if not math.isfinite(value) else float(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value
-
-
-def write_outputs(out_dir: Path, analysis: Analysis) -> None:
+def write_outputs(out_dir: Path, analysis: Results) -> None:
     """Every output table, each atomically; called only once the analysis is complete."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    store.write_frame(out_dir / "steps.parquet", analysis.steps)
-    store.write_frame(out_dir / "front.parquet", analysis.front)
-    store.write_frame(out_dir / "fits.parquet", analysis.fits)
-    store.write_frame(out_dir / "lr_fits.parquet", analysis.lr_fits)
-    store.write_frame(out_dir / "loss_scaling.parquet", analysis.loss_scaling)
-    store.write_json(out_dir / "fits.json", analysis.to_json())
+    store.write_results(out_dir, analysis)
 
 
 def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool = False, *,

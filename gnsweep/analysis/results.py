@@ -1,0 +1,71 @@
+"""The one results type of an analysis: the tables `gnsweep analyze` derives from a sweep
+(steps, front, fits, lr_fits, loss_scaling), its warnings and provenance, and, for figures and
+the report, the runs and metrics they came from. Pure: `gnsweep.store` reads and writes it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gnsweep.analysis.loss_scaling import LOSS_SCALING_COLUMNS
+from gnsweep.analysis.lr import LR_FIT_COLUMNS
+
+
+@dataclass
+class Results:
+    steps: pd.DataFrame
+    """One row per (run, target): reached, steps, examples (steps.parquet)."""
+    front: pd.DataFrame
+    """Best learning rate per (target, batch size), with on_front (front.parquet)."""
+    fits: pd.DataFrame
+    """One row per target: S_min, E_min, B_crit with errors, B_simple beside (fits.parquet)."""
+    warnings: list[str] = field(default_factory=list)
+    lr_fits: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LR_FIT_COLUMNS))
+    """eps_opt(B) fits, one row per (target, model) (lr_fits.parquet)."""
+    loss_scaling: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=LOSS_SCALING_COLUMNS))
+    """B_crit(L) = B*/L^(1/alpha_B), one row (loss_scaling.parquet)."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Where the analysis came from and how it was run (fits.json)."""
+    runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """One row per run: run_id, batch_size, learning_rate, seed, state (for figures)."""
+    metrics: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """One row per logged step: run_id, step, examples, loss, loss_smooth, b_simple, b_noise."""
+
+    @property
+    def bcrit_law(self) -> dict | None:
+        """The power law B_crit(L) = B_* / L^(1/alpha_B) as a record (b_star, alpha_b, their
+        _se, refused); None when the analysis did not write it."""
+        rows = self.loss_scaling.to_dict(orient="records")
+        return rows[0] if rows else None
+
+    @bcrit_law.setter
+    def bcrit_law(self, law: dict | None) -> None:
+        self.loss_scaling = (pd.DataFrame([law]) if law is not None
+                             else pd.DataFrame(columns=LOSS_SCALING_COLUMNS))
+
+    def to_json(self) -> dict[str, Any]:
+        """fits.json: the fits, lr fits, loss scaling, warnings and meta as plain data."""
+        scaling = _records(self.loss_scaling)
+        return {"fits": _records(self.fits), "lr_fits": _records(self.lr_fits),
+                "loss_scaling": scaling[0] if scaling else None,
+                "warnings": self.warnings, "meta": self.meta}
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return [{k: _plain(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (float, np.floating)):
+        return None if not math.isfinite(value) else float(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
