@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gnsweep.analysis.results import Results
 from gnsweep.config import Config
-from gnsweep.plots import FIGURES, SweepTables
 
 REPORT = "report.html"
 EXTRAPOLATION = 2.0
@@ -114,7 +114,7 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame) -> list[str]:
     return out
 
 
-def collect_warnings(tables: SweepTables) -> list[str]:
+def collect_warnings(tables: Results) -> list[str]:
     """Everything a reader should distrust: the analysis's warnings (grid edges, refused fits),
     unreached targets, and runs that failed, diverged or have not finished."""
     out = [w for w in tables.warnings
@@ -228,10 +228,12 @@ def _list(items: list[str], cls: str) -> str:
     return f"<ul class={cls}>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>"
 
 
-def render(tables: SweepTables, figures: dict[str, bytes | str], config: Config,
+def render(tables: Results, figures: dict[str, bytes | str], config: Config,
            config_text: str, title: str, notes: list[str] | None = None) -> str:
     """The report as one HTML string. `figures` maps a figure name to PNG bytes or to the
     one-line reason it was skipped; images are embedded as base64 data URIs."""
+    from gnsweep.plots import FIGURES  # captions; matplotlib only once a report is drawn
+
     captions = {spec.name: spec.caption for spec in FIGURES}
     warnings = collect_warnings(tables)
     parts = [

@@ -29,6 +29,7 @@ from matplotlib.ticker import FixedFormatter, FixedLocator, LogFormatter, NullFo
 
 from gnsweep.analysis.fit import predict_steps
 from gnsweep.analysis.results import Results
+from gnsweep.analysis.views import best_runs, finite, fitted, grid_cells, lr_fit_curve, placed
 
 # Okabe & Ito (2008): distinguishable with every common colour-vision deficiency.
 COLORS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442"]
@@ -66,13 +67,6 @@ def _target_colors(targets) -> dict[float, str]:
     """One colour per target loss in every figure, in training order (highest loss first)."""
     ordered = sorted({float(t) for t in targets}, reverse=True)
     return {t: COLORS[i % len(COLORS)] for i, t in enumerate(ordered)}
-
-
-def _finite(frame: pd.DataFrame, column: str) -> pd.Series:
-    if column not in frame:
-        return pd.Series(False, index=frame.index)
-    values = pd.to_numeric(frame[column], errors="coerce")
-    return np.isfinite(values) & (values > 0)
 
 
 class _PlainLogFormatter(LogFormatter):
@@ -114,23 +108,6 @@ def _number(record: dict | pd.Series | None, key: str) -> float:
         return np.nan
 
 
-def _fitted(fits: pd.DataFrame) -> pd.DataFrame:
-    return fits[_finite(fits, "b_crit") & _finite(fits, "s_min") & _finite(fits, "e_min")]
-
-
-def _placed(fits: pd.DataFrame, front: pd.DataFrame | None) -> tuple[pd.DataFrame, list[str]]:
-    """The fitted targets whose B_crit lies within a factor 2 of the measured batch sizes, and
-    one line for each of the others (the fit bounds B_crit there but cannot place it)."""
-    if front is None or front.empty or fits.empty:
-        return fits, []
-    b_lo, b_hi = float(front["batch_size"].min()), float(front["batch_size"].max())
-    inside = (fits["b_crit"] <= 2 * b_hi) & (fits["b_crit"] >= b_lo / 2)
-    off = [f"loss {row.target:g}: B_crit {'beyond' if row.b_crit > b_hi else 'below'} "
-           f"{b_hi if row.b_crit > b_hi else b_lo:g}, not shown"
-           for row in fits[~inside].itertuples(index=False)]
-    return fits[inside], off
-
-
 def _off_note(ax: Axes, off: list[str]) -> None:
     if off:
         ax.text(0.99, 0.01, "\n".join(off), transform=ax.transAxes, ha="right", va="bottom",
@@ -161,7 +138,7 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame) -> Figure:
             group = front[np.isclose(front["target"], target)].sort_values("batch_size")
             color = colors[float(target)]
             on = group["on_front"].astype(bool) if "on_front" in group else group["steps"] > 0
-            fit = _fitted(fits[np.isclose(fits["target"], target)])
+            fit = fitted(fits[np.isclose(fits["target"], target)])
             label = f"loss {target:g}"
             ax.plot(group["examples"], group["steps"], ":", color=color, lw=0.6, alpha=0.7)
             for row in group.itertuples(index=False):
@@ -217,8 +194,8 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None) -> F
     """B_crit of the fit (eq. 2.12) against B_simple, the S_min-weighted mean of the measured
     noise scale up to the target (median over batch sizes), and B_noise (eq. 2.8) where the
     fits carry it. y error bars: B_crit's standard error; x bars: range over batch sizes."""
-    ok, off = _placed(_fitted(fits), front)
-    ok = ok[_finite(ok, "b_simple_mean")]
+    ok, off = placed(fitted(fits), front)
+    ok = ok[finite(ok, "b_simple_mean")]
     if ok.empty:
         raise Skip("no target has both a fit of eq. 2.11 that places B_crit and a measured "
                    "B_simple" + (f" ({'; '.join(off)})" if off else ""))
@@ -226,7 +203,7 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None) -> F
         fig, ax = plt.subplots(figsize=(COLUMN, 3.6))
         _off_note(ax, off)
         values = [ok["b_crit"].to_numpy(float), ok["b_simple_mean"].to_numpy(float)]
-        has_noise = "b_noise_mean" in ok and _finite(ok, "b_noise_mean").any()
+        has_noise = "b_noise_mean" in ok and finite(ok, "b_noise_mean").any()
         colors = _target_colors(fits["target"])
         has_lr = False
         for row in ok.itertuples(index=False):
@@ -291,37 +268,6 @@ def _yerr(value: float, se: float) -> list[list[float]] | None:
 
 
 # ---- c. the noise scale over training ------------------------------------------------------
-
-
-def best_runs(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame) -> pd.DataFrame:
-    """The best-tuned run of each batch size: the learning rate that reached the hardest target
-    it reached in fewest steps (from `front`); a batch size that reached none falls back to its
-    run with the lowest final smoothed loss. Diverged runs are never chosen.
-    Columns: batch_size, learning_rate, run_id, reached (whether any target was reached)."""
-    out = []
-    alive = runs[runs["state"] != "diverged"] if "state" in runs else runs
-    have_metrics = set(metrics["run_id"]) if "run_id" in metrics else set()
-    alive = alive[alive["run_id"].isin(have_metrics)]
-    final = (metrics.sort_values("step").groupby("run_id")["loss_smooth"].last()
-             if len(metrics) else pd.Series(dtype=float))
-    for batch, group in alive.groupby("batch_size", sort=True):
-        best = front[front["batch_size"] == batch] if len(front) else front
-        reached = len(best) > 0
-        if reached:
-            lr = float(best.sort_values("target")["learning_rate"].iloc[0])
-            chosen = group[np.isclose(group["learning_rate"], lr)]
-            if chosen.empty:
-                reached, chosen = False, group
-        else:
-            chosen = group
-        if not reached:
-            losses = final.reindex(chosen["run_id"]).to_numpy(float)
-            losses = np.where(np.isfinite(losses), losses, np.inf)
-            chosen = chosen.iloc[[int(np.argmin(losses))]]
-        row = chosen.sort_values("seed").iloc[0] if "seed" in chosen else chosen.iloc[0]
-        out.append({"batch_size": int(batch), "learning_rate": float(row["learning_rate"]),
-                    "run_id": row["run_id"], "reached": reached})
-    return pd.DataFrame(out, columns=["batch_size", "learning_rate", "run_id", "reached"])
 
 
 MAX_POINTS = 2000
@@ -389,25 +335,6 @@ def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.Dat
 
 
 # ---- d. steps-to-target over the grid ------------------------------------------------------
-
-
-def grid_cells(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per (target, batch size, learning rate): mean steps over seeds where every seed reached
-    the target, and the cell's outcome: 'reached', 'diverged' (any seed) or 'not reached'."""
-    def outcome(group: pd.DataFrame) -> pd.Series:
-        if group["reached"].astype(bool).all():
-            return pd.Series({"steps": group["steps"].mean(), "outcome": "reached"})
-        states = set(group["state"]) if "state" in group else set()
-        if "outcome" in group:  # newer steps tables say why a run did not reach it
-            states |= set(group["outcome"])
-        worst = next((s for s in ("diverged", "failed", "corrupt", "pending", "running")
-                      if s in states), "not reached")
-        return pd.Series({"steps": np.nan, "outcome": worst})
-
-    keys = ["target", "batch_size", "learning_rate"]
-    rows = [{**dict(zip(keys, key, strict=True)), **outcome(group).to_dict()}
-            for key, group in steps.groupby(keys, sort=True)]
-    return pd.DataFrame(rows, columns=[*keys, "steps", "outcome"])
 
 
 CELL_MARKS = {"not reached": "x", "diverged": "div", "failed": "fail", "corrupt": "bad",
@@ -486,22 +413,6 @@ def steps_grid(steps: pd.DataFrame, front: pd.DataFrame) -> Figure:
 # ---- e. best learning rate against batch size ----------------------------------------------
 
 
-def lr_fit_curve(fit: pd.Series | None, batch_sizes: np.ndarray) -> np.ndarray | None:
-    """The fitted eps_opt(B) = eps_max / (1 + (B_noise/B)^alpha) (eq. 2.7 with alpha = 1 for
-    SGD; alpha free for Adam-like optimizers) from one fits.parquet row, or None without one."""
-    if fit is None:
-        return None
-    values = [fit.get("eps_max", np.nan), fit.get("b_noise_lr", np.nan),
-              fit.get("lr_alpha", 1.0)]
-    try:
-        eps_max, b_noise, alpha = (float(v) for v in values)
-    except (TypeError, ValueError):
-        return None
-    if not (np.isfinite([eps_max, b_noise, alpha]).all() and eps_max > 0 and b_noise > 0):
-        return None
-    return eps_max / (1 + (b_noise / np.asarray(batch_sizes, float)) ** alpha)
-
-
 def best_lr_vs_batch(front: pd.DataFrame, steps: pd.DataFrame | None = None,
                      fits: pd.DataFrame | None = None) -> Figure:
     """The best learning rate per batch size against batch size, log-log: the refined optimum
@@ -571,7 +482,7 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
                   front: pd.DataFrame | None = None) -> Figure:
     """B_crit (eq. 2.12) with its standard error against the target loss, log-log, with the
     power law B_crit(L) = B_* / L^(1/alpha_B) (Kaplan et al. 2020) where a fit is given."""
-    ok, off = _placed(_fitted(fits), front)
+    ok, off = placed(fitted(fits), front)
     if len(ok) < 2:
         raise Skip(f"{len(ok)} target(s) with a fit of eq. 2.11 that places B_crit; a trend "
                    "needs at least 2" + (f" ({'; '.join(off)})" if off else ""))
@@ -708,7 +619,7 @@ def notes(tables: SweepTables) -> list[str]:
             "not in fits.parquet (re-run gnsweep analyze)"
         out.append(f"best_lr drawn without the fit of eps_opt(B): {why}")
     law = tables.bcrit_law or {}
-    if len(_fitted(fits)) >= 2 and not np.isfinite(
+    if len(fitted(fits)) >= 2 and not np.isfinite(
             [law.get("b_star", np.nan), law.get("alpha_b", np.nan)]).all():
         why = law.get("refused") or "no loss_scaling table (re-run gnsweep analyze)"
         out.append(f"bcrit_vs_loss drawn without the power law B_crit(L): {why}")

@@ -59,3 +59,14 @@ def test_config_load_names_a_missing_or_broken_file(tmp_path):
     (tmp_path / store.SWEEP_CONFIG).write_text("sweep: {max_steps: -3}\n")
     with pytest.raises(ConfigError, match=r"config\.yaml: sweep\.max_steps: -3"):
         Config.load(tmp_path)
+
+
+def test_pure_modules_import_neither_torch_nor_matplotlib():
+    result = _run("""
+        import gnsweep.analysis.report, gnsweep.analysis.results, gnsweep.analysis.views
+        import gnsweep.config, gnsweep.html_report, gnsweep.noise, gnsweep.runs, gnsweep.store
+        import gnsweep.tasks
+        print(sorted(m for m in ("torch", "matplotlib") if m in sys.modules))
+        """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

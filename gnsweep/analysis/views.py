@@ -1,0 +1,99 @@
+"""What the figures show, decided from the results' tables: which fits can be placed on a
+plot, the best-tuned run of each batch size, the grid's cells, the fitted eps_opt(B) curve.
+Pure pandas/numpy (no matplotlib), so the report and tests use the same rules as the figures.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def finite(frame: pd.DataFrame, column: str) -> pd.Series:
+    if column not in frame:
+        return pd.Series(False, index=frame.index)
+    values = pd.to_numeric(frame[column], errors="coerce")
+    return np.isfinite(values) & (values > 0)
+
+
+def fitted(fits: pd.DataFrame) -> pd.DataFrame:
+    return fits[finite(fits, "b_crit") & finite(fits, "s_min") & finite(fits, "e_min")]
+
+
+def placed(fits: pd.DataFrame, front: pd.DataFrame | None) -> tuple[pd.DataFrame, list[str]]:
+    """The fitted targets whose B_crit lies within a factor 2 of the measured batch sizes, and
+    one line for each of the others (the fit bounds B_crit there but cannot place it)."""
+    if front is None or front.empty or fits.empty:
+        return fits, []
+    b_lo, b_hi = float(front["batch_size"].min()), float(front["batch_size"].max())
+    inside = (fits["b_crit"] <= 2 * b_hi) & (fits["b_crit"] >= b_lo / 2)
+    off = [f"loss {row.target:g}: B_crit {'beyond' if row.b_crit > b_hi else 'below'} "
+           f"{b_hi if row.b_crit > b_hi else b_lo:g}, not shown"
+           for row in fits[~inside].itertuples(index=False)]
+    return fits[inside], off
+
+
+def best_runs(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame) -> pd.DataFrame:
+    """The best-tuned run of each batch size: the learning rate that reached the hardest target
+    it reached in fewest steps (from `front`); a batch size that reached none falls back to its
+    run with the lowest final smoothed loss. Diverged runs are never chosen.
+    Columns: batch_size, learning_rate, run_id, reached (whether any target was reached)."""
+    out = []
+    alive = runs[runs["state"] != "diverged"] if "state" in runs else runs
+    have_metrics = set(metrics["run_id"]) if "run_id" in metrics else set()
+    alive = alive[alive["run_id"].isin(have_metrics)]
+    final = (metrics.sort_values("step").groupby("run_id")["loss_smooth"].last()
+             if len(metrics) else pd.Series(dtype=float))
+    for batch, group in alive.groupby("batch_size", sort=True):
+        best = front[front["batch_size"] == batch] if len(front) else front
+        reached = len(best) > 0
+        if reached:
+            lr = float(best.sort_values("target")["learning_rate"].iloc[0])
+            chosen = group[np.isclose(group["learning_rate"], lr)]
+            if chosen.empty:
+                reached, chosen = False, group
+        else:
+            chosen = group
+        if not reached:
+            losses = final.reindex(chosen["run_id"]).to_numpy(float)
+            losses = np.where(np.isfinite(losses), losses, np.inf)
+            chosen = chosen.iloc[[int(np.argmin(losses))]]
+        row = chosen.sort_values("seed").iloc[0] if "seed" in chosen else chosen.iloc[0]
+        out.append({"batch_size": int(batch), "learning_rate": float(row["learning_rate"]),
+                    "run_id": row["run_id"], "reached": reached})
+    return pd.DataFrame(out, columns=["batch_size", "learning_rate", "run_id", "reached"])
+
+
+def grid_cells(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (target, batch size, learning rate): mean steps over seeds where every seed reached
+    the target, and the cell's outcome: 'reached', 'diverged' (any seed) or 'not reached'."""
+    def outcome(group: pd.DataFrame) -> pd.Series:
+        if group["reached"].astype(bool).all():
+            return pd.Series({"steps": group["steps"].mean(), "outcome": "reached"})
+        states = set(group["state"]) if "state" in group else set()
+        if "outcome" in group:  # newer steps tables say why a run did not reach it
+            states |= set(group["outcome"])
+        worst = next((s for s in ("diverged", "failed", "corrupt", "pending", "running")
+                      if s in states), "not reached")
+        return pd.Series({"steps": np.nan, "outcome": worst})
+
+    keys = ["target", "batch_size", "learning_rate"]
+    rows = [{**dict(zip(keys, key, strict=True)), **outcome(group).to_dict()}
+            for key, group in steps.groupby(keys, sort=True)]
+    return pd.DataFrame(rows, columns=[*keys, "steps", "outcome"])
+
+
+def lr_fit_curve(fit: pd.Series | None, batch_sizes: np.ndarray) -> np.ndarray | None:
+    """The fitted eps_opt(B) = eps_max / (1 + (B_noise/B)^alpha) (eq. 2.7 with alpha = 1 for
+    SGD; alpha free for Adam-like optimizers) from one fits.parquet row, or None without one."""
+    if fit is None:
+        return None
+    values = [fit.get("eps_max", np.nan), fit.get("b_noise_lr", np.nan),
+              fit.get("lr_alpha", 1.0)]
+    try:
+        eps_max, b_noise, alpha = (float(v) for v in values)
+    except (TypeError, ValueError):
+        return None
+    if not (np.isfinite([eps_max, b_noise, alpha]).all() and eps_max > 0 and b_noise > 0):
+        return None
+    return eps_max / (1 + (b_noise / np.asarray(batch_sizes, float)) ** alpha)
