@@ -153,7 +153,7 @@ def test_best_learning_rate_warnings_for_edges_and_single_learning_rates():
     assert best.loc[128, "n_lr_reached"] == 1
     analysis = analyze_tables(None, curves_from_frames(*frames({"a": [0.1]})), [0.5])
     assert analysis.fits.iloc[0]["refused"]  # one batch size: refused, with the reason
-    from gnsweep.analysis.report import _grid_warnings
+    from gnsweep.analysis.pipeline import _grid_warnings
     text = " | ".join(_grid_warnings(best.reset_index()))
     assert "batch 32: best learning rate 1 is on the high edge" in text
     assert "batch 128: only 1 learning rate reached" in text

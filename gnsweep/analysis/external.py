@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gnsweep.analysis.report import Analysis, AnalysisError, analyze_steps, analyze_tables
+from gnsweep.analysis.pipeline import Analysis, AnalysisError, analyze_steps, analyze_tables
 from gnsweep.analysis.steps import LOSS_COLUMNS, STEPS_COLUMNS, curves_from_frames
 
 STEPS_REQUIRED = ("batch_size", "target", "steps")

@@ -1,0 +1,55 @@
+"""The analysis as printed by `gnsweep analyze`: one line per target with standard errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None) -> str:
+    """The printed table: one line per target, figures with their standard errors."""
+    header = (f"{'target':>8} {'#B':>3} {'S_min':>16} {'E_min':>18} {'B_crit':>16} "
+              f"{'B_simple':>16} {'B_crit/B_simple':>15} {'B_noise(lr)':>16}")
+    lines = [header]
+    footnote = False
+    for row in fits.itertuples(index=False):
+        if row.refused:
+            lines.append(f"{row.target:>8g} {row.n_batch_sizes:>3} no fit: {row.refused}")
+            continue
+        b_crit = _pm(row.b_crit, row.b_crit_se)
+        b_simple = _pm(row.b_simple_mean, row.b_simple_mean_se)
+        ratio = _pm(row.ratio, row.ratio_se, ".2f")
+        if not np.isfinite(row.b_simple_mean) and np.isfinite(row.b_simple_at_target):
+            # Only B_simple at the target is known (e.g. a steps table): say so.
+            b_simple = _pm(row.b_simple_at_target, row.b_simple_at_target_se) + "*"
+            ratio = _pm(row.ratio_at_target, row.ratio_at_target_se, ".2f") + "*"
+            footnote = True
+        lines.append(
+            f"{row.target:>8g} {row.n_batch_sizes:>3} {_pm(row.s_min, row.s_min_se):>16} "
+            f"{_pm(row.e_min, row.e_min_se):>18} {b_crit:>16} {b_simple:>16} {ratio:>15} "
+            f"{_pm(row.b_noise_lr, row.b_noise_lr_se):>16}")
+        if row.n_bootstrap:
+            lines.append(f"{'':>12} 95% bootstrap ({row.n_bootstrap}): B_crit "
+                         f"[{row.b_crit_lo:.4g}, {row.b_crit_hi:.4g}], S_min "
+                         f"[{row.s_min_lo:.4g}, {row.s_min_hi:.4g}], E_min "
+                         f"[{row.e_min_lo:.4g}, {row.e_min_hi:.4g}]")
+    if footnote:
+        lines.append("* B_simple at the target (no S_min-weighted mean was given)")
+    if loss_scaling is not None and len(loss_scaling):
+        scaling = loss_scaling.iloc[0]
+        if scaling["refused"]:
+            lines.append(f"B_crit(L): no fit: {scaling['refused']}")
+        else:
+            b_star = _pm(scaling["b_star"], scaling["b_star_se"])
+            alpha_b = _pm(scaling["alpha_b"], scaling["alpha_b_se"], ".3g")
+            lines.append(f"B_crit(L) = B*/L^(1/alpha_B): B* {b_star}, alpha_B {alpha_b} "
+                         f"({int(scaling['n_targets'])} targets)")
+    return "\n".join(lines)
+
+
+def _pm(value: float, error: float, spec: str = ".4g") -> str:
+    if not np.isfinite(value):
+        return "-"
+    if not np.isfinite(error):
+        return format(value, spec)
+    return f"{format(value, spec)} ± {error:.2g}"

@@ -1,0 +1,180 @@
+"""The pure analysis pipeline: steps-to-target, best learning rates, fronts, the fits of eq. 2.11,
+eps_opt(B) and B_crit(L), from tables to one `Results`. No files, no printing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gnsweep.analysis.fit import FitRefused, fit_hyperbola, predict_steps
+from gnsweep.analysis.front import best_per_batch, pareto_front
+from gnsweep.analysis.loss_scaling import fit_loss_scaling
+from gnsweep.analysis.lr import fit_lr_table
+from gnsweep.analysis.results import Results
+from gnsweep.analysis.steps import Curves, steps_to_target
+from gnsweep.errors import StoreError
+
+FIT_COLUMNS = ["target", "n_batch_sizes", "s_min", "s_min_se", "e_min", "e_min_se", "b_crit",
+               "b_crit_se", "rmse_log", "b_simple_at_target", "b_simple_mean", "ratio",
+               "refused"]
+FIT_EXTRA_COLUMNS = [
+    "dof", "max_abs_resid_log", "n_bootstrap", "s_min_lo", "s_min_hi", "e_min_lo", "e_min_hi",
+    "b_crit_lo", "b_crit_hi", "b_simple_at_target_se", "b_simple_mean_se", "ratio_se",
+    "ratio_at_target", "ratio_at_target_se", "b_noise_at_target", "b_noise_at_target_se",
+    "b_noise_mean", "b_noise_mean_se", "ratio_noise", "ratio_noise_se", "lr_model", "eps_max",
+    "eps_max_se", "b_noise_lr", "b_noise_lr_se", "lr_alpha", "lr_alpha_se", "lr_refused",
+    "quality"]
+ALL_FIT_COLUMNS = FIT_COLUMNS + FIT_EXTRA_COLUMNS
+OUTPUT_FILES = ("steps.parquet", "front.parquet", "fits.parquet", "lr_fits.parquet",
+                "loss_scaling.parquet", "fits.json")
+
+
+class AnalysisError(StoreError):
+    """The data cannot support an analysis (no run reached a target, bad table); names why."""
+
+
+Analysis = Results
+"""The analysis's name for the one results type (`gnsweep.analysis.results.Results`)."""
+
+
+def analyze_tables(runs: pd.DataFrame | None, metrics: pd.DataFrame | Curves, targets: list[float],
+                   loss: str = "smoothed", *, ema_examples: float | None = None,
+                   bootstrap: int = 0, optimizer: str = "sgd", source: str = "sweep"
+                   ) -> Analysis:
+    """Steps-to-target from curves, then everything `analyze_steps` does."""
+    steps = steps_to_target(metrics, runs, targets, loss=loss, ema_examples=ema_examples)
+    meta = {"source": source, "loss": loss, "ema_examples": ema_examples}
+    return analyze_steps(steps, targets, bootstrap=bootstrap, optimizer=optimizer, meta=meta)
+
+
+def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int = 0,
+                  optimizer: str = "sgd", meta: dict[str, Any] | None = None) -> Analysis:
+    """Best learning rates, fronts, the fits of eq. 2.11, eps_opt(B) and B_crit(L)."""
+    meta = {"source": "table", **(meta or {}), "bootstrap": bootstrap, "optimizer": optimizer,
+            "n_runs": int(steps["run_id"].nunique()) if "run_id" in steps else len(steps)}
+    where = meta["source"]
+    if steps.empty:
+        raise AnalysisError(f"{where}: nothing to analyze (no runs or no targets)")
+    for target in targets:
+        if not steps.loc[steps["target"] == target, "reached"].any():
+            raise AnalysisError(f"{where}: target {target:g}: no run reached it"
+                                f"{_closest(steps)}; train longer or choose reachable targets "
+                                "(--targets)")
+    best = best_per_batch(steps)
+    front = pareto_front(best)
+    warnings = _grid_warnings(best)
+    lr_fits = fit_lr_table(front, targets)
+    lr_model = "power" if optimizer == "adam" else "sgd"
+    fits = pd.DataFrame([fit_target(t, best[best["target"] == t], warnings, bootstrap,
+                                    lr_fits[(lr_fits["target"] == t)
+                                            & (lr_fits["model"] == lr_model)])
+                         for t in sorted(targets, reverse=True)], columns=ALL_FIT_COLUMNS)
+    fits["n_batch_sizes"] = fits["n_batch_sizes"].astype(int)
+    fits["dof"] = fits["dof"].astype(int)
+    fits["n_bootstrap"] = fits["n_bootstrap"].astype(int)
+    _add_residuals(front, fits)
+    return Analysis(steps, front, fits, warnings, lr_fits, fit_loss_scaling(fits), meta)
+
+
+def _closest(steps: pd.DataFrame) -> str:
+    if "min_loss" not in steps or not np.isfinite(steps["min_loss"]).any():
+        return ""
+    row = steps.loc[steps["min_loss"].idxmin()]
+    return f" (lowest loss {row['min_loss']:.4g}, run {row['run_id']})"
+
+
+def _grid_warnings(best: pd.DataFrame) -> list[str]:
+    warnings = []
+    for row in best.itertuples(index=False):
+        where = f"target {row.target:g}, batch {row.batch_size}"
+        if row.lr_on_edge:
+            side = "below" if row.lr_edge == "low" else "above"
+            warnings.append(f"{where}: best learning rate {row.learning_rate:g} is on the "
+                            f"{row.lr_edge} edge of the grid; widen it {side}")
+        if row.n_lr_reached < 2 and np.isfinite(row.learning_rate):
+            warnings.append(f"{where}: only {row.n_lr_reached} learning rate reached the target; "
+                            "its best learning rate is a guess")
+    return warnings
+
+
+def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap: int = 0,
+               lr_fit: pd.DataFrame | None = None) -> dict:
+    """The fit of eq. 2.11 at one target, with the noise scales of the best-tuned runs beside."""
+    row: dict = dict.fromkeys(ALL_FIT_COLUMNS, math.nan)
+    row.update(target=target, n_batch_sizes=len(best), refused="", dof=0, n_bootstrap=0,
+               lr_model="", lr_refused="", quality="")
+    # Noise scales of the best-tuned runs: the median over batch sizes, robust to one bad run.
+    for name in ("b_simple_at_target", "b_simple_mean", "b_noise_at_target", "b_noise_mean"):
+        row[name], row[f"{name}_se"] = median_with_error(best[name])
+    if lr_fit is not None and len(lr_fit):
+        lr = lr_fit.iloc[0]
+        row.update(lr_model=lr["model"], eps_max=lr["eps_max"], eps_max_se=lr["eps_max_se"],
+                   b_noise_lr=lr["b_noise"], b_noise_lr_se=lr["b_noise_se"],
+                   lr_alpha=lr["alpha"], lr_alpha_se=lr["alpha_se"], lr_refused=lr["refused"])
+    try:
+        fit = fit_hyperbola(best["batch_size"].to_numpy(), best["steps"].to_numpy(),
+                            bootstrap=bootstrap)
+    except FitRefused as err:
+        row["refused"] = str(err)
+        warnings.append(f"target {target:g}: no fit: {err}")
+        return row
+    row.update({k: v for k, v in fit.as_dict().items() if k in row})
+    row["n_batch_sizes"] = fit.n_points
+    row["quality"] = fit_quality(fit.b_crit, fit.b_crit_se, best["batch_size"])
+    if row["quality"]:
+        warnings.append(f"target {target:g}: B_crit {fit.b_crit:.4g}: {row['quality']}")
+    for out, denominator in (("ratio", "b_simple_mean"), ("ratio_at_target", "b_simple_at_target"),
+                             ("ratio_noise", "b_noise_mean")):
+        row[out], row[f"{out}_se"] = ratio_with_error(
+            fit.b_crit, fit.b_crit_se, row[denominator], row[f"{denominator}_se"])
+    return row
+
+
+def fit_quality(b_crit: float, b_crit_se: float, batch_sizes: pd.Series) -> str:
+    """Why a fit's B_crit is not determined by the sweep ("" when it is).
+
+    The hyperbola's bend sits at B_crit: batch sizes all below it (or all above) only bound it.
+    """
+    issues = []
+    low, high = float(batch_sizes.min()), float(batch_sizes.max())
+    if not low <= b_crit <= high:
+        side = "above the largest" if b_crit > high else "below the smallest"
+        issues.append(f"{side} batch size ({low:g}..{high:g}); the sweep only bounds it, add "
+                      f"batch sizes {'above' if b_crit > high else 'below'}")
+    if np.isfinite(b_crit_se) and b_crit_se > 0.5 * b_crit:
+        issues.append(f"relative error {b_crit_se / b_crit:.0%} > 50%")
+    return "; ".join(issues)
+
+
+def median_with_error(values: pd.Series) -> tuple[float, float]:
+    """Median and its large-sample standard error 1.2533 sd/sqrt(n) (NaN for n < 2)."""
+    finite = values.astype(float)
+    finite = finite[np.isfinite(finite)]
+    if not len(finite):
+        return math.nan, math.nan
+    se = 1.2533 * float(finite.std(ddof=1)) / math.sqrt(len(finite)) if len(finite) > 1 \
+        else math.nan
+    return float(finite.median()), se
+
+
+def ratio_with_error(a: float, a_se: float, b: float, b_se: float) -> tuple[float, float]:
+    """a/b and its delta-method error: (a/b) sqrt((a_se/a)^2 + (b_se/b)^2)."""
+    if not (np.isfinite(a) and np.isfinite(b) and a > 0 and b > 0):
+        return math.nan, math.nan
+    ratio = a / b
+    return ratio, ratio * math.sqrt((a_se / a) ** 2 + (b_se / b) ** 2)
+
+
+def _add_residuals(front: pd.DataFrame, fits: pd.DataFrame) -> None:
+    """steps_fit and resid_log of every front point, from its target's fit."""
+    fitted = fits[fits["refused"] == ""].set_index("target")
+    s_min = front["target"].map(fitted["s_min"])
+    e_min = front["target"].map(fitted["e_min"])
+    front["steps_fit"] = predict_steps(front["batch_size"].to_numpy(float), s_min.to_numpy(float),
+                                       e_min.to_numpy(float))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        front["resid_log"] = np.log(front["steps"].astype(float) / front["steps_fit"])
