@@ -204,7 +204,58 @@ def write_status(path: Path, state: str, **fields: Any) -> dict[str, Any]:
 
 # ---- the results of `gnsweep analyze` -----------------------------------------------------
 
-RESULT_TABLES = ("steps", "front", "fits", "lr_fits", "loss_scaling")
+# Column types of the analysis's tables (docs/analysis.md says what each column means). A
+# table written from elsewhere (`gnsweep analyze --table`) may hold a subset of the columns.
+RESULT_SCHEMAS: dict[str, pa.Schema] = {
+    "steps": pa.schema([
+        ("run_id", pa.large_string()), ("batch_size", pa.int64()), ("learning_rate", pa.float64()),
+        ("seed", pa.int64()), ("target", pa.float64()), ("state", pa.large_string()),
+        ("reached", pa.bool_()), ("steps", pa.float64()), ("examples", pa.float64()),
+        ("b_simple_at_target", pa.float64()), ("b_simple_mean", pa.float64()),
+        ("outcome", pa.large_string()), ("b_noise_at_target", pa.float64()),
+        ("b_noise_mean", pa.float64()), ("min_loss", pa.float64()), ("last_step", pa.float64()),
+    ]),
+    "front": pa.schema([
+        ("target", pa.float64()), ("batch_size", pa.int64()), ("learning_rate", pa.float64()),
+        ("steps", pa.float64()), ("examples", pa.float64()), ("n_lr_reached", pa.int64()),
+        ("lr_on_edge", pa.bool_()), ("b_simple_at_target", pa.float64()),
+        ("b_simple_mean", pa.float64()), ("on_front", pa.bool_()), ("n_lr", pa.int64()),
+        ("lr_edge", pa.large_string()), ("lr_opt", pa.float64()), ("n_seeds", pa.int64()),
+        ("b_noise_at_target", pa.float64()), ("b_noise_mean", pa.float64()),
+        ("steps_fit", pa.float64()), ("resid_log", pa.float64()),
+    ]),
+    "fits": pa.schema([
+        ("target", pa.float64()), ("n_batch_sizes", pa.int64()), ("s_min", pa.float64()),
+        ("s_min_se", pa.float64()), ("e_min", pa.float64()), ("e_min_se", pa.float64()),
+        ("b_crit", pa.float64()), ("b_crit_se", pa.float64()), ("rmse_log", pa.float64()),
+        ("b_simple_at_target", pa.float64()), ("b_simple_mean", pa.float64()),
+        ("ratio", pa.float64()), ("refused", pa.large_string()), ("dof", pa.int64()),
+        ("max_abs_resid_log", pa.float64()), ("n_bootstrap", pa.int64()),
+        ("s_min_lo", pa.float64()), ("s_min_hi", pa.float64()), ("e_min_lo", pa.float64()),
+        ("e_min_hi", pa.float64()), ("b_crit_lo", pa.float64()), ("b_crit_hi", pa.float64()),
+        ("b_simple_at_target_se", pa.float64()), ("b_simple_mean_se", pa.float64()),
+        ("ratio_se", pa.float64()), ("ratio_at_target", pa.float64()),
+        ("ratio_at_target_se", pa.float64()), ("b_noise_at_target", pa.float64()),
+        ("b_noise_at_target_se", pa.float64()), ("b_noise_mean", pa.float64()),
+        ("b_noise_mean_se", pa.float64()), ("ratio_noise", pa.float64()),
+        ("ratio_noise_se", pa.float64()), ("lr_model", pa.large_string()),
+        ("eps_max", pa.float64()), ("eps_max_se", pa.float64()), ("b_noise_lr", pa.float64()),
+        ("b_noise_lr_se", pa.float64()), ("lr_alpha", pa.float64()), ("lr_alpha_se", pa.float64()),
+        ("lr_refused", pa.large_string()), ("quality", pa.large_string()),
+    ]),
+    "lr_fits": pa.schema([
+        ("target", pa.float64()), ("model", pa.large_string()), ("n_points", pa.int64()),
+        ("eps_max", pa.float64()), ("eps_max_se", pa.float64()), ("b_noise", pa.float64()),
+        ("b_noise_se", pa.float64()), ("alpha", pa.float64()), ("alpha_se", pa.float64()),
+        ("rmse_log", pa.float64()), ("refused", pa.large_string()),
+    ]),
+    "loss_scaling": pa.schema([
+        ("n_targets", pa.int64()), ("b_star", pa.float64()), ("b_star_se", pa.float64()),
+        ("alpha_b", pa.float64()), ("alpha_b_se", pa.float64()), ("rmse_log", pa.float64()),
+        ("refused", pa.large_string()),
+    ]),
+}
+RESULT_TABLES = tuple(RESULT_SCHEMAS)
 """Results fields written as <name>.parquet; fits.json holds the rest (warnings, meta)."""
 FITS_JSON = "fits.json"
 
@@ -213,8 +264,16 @@ def write_results(out_dir: Path, results: Results) -> None:
     """Every table of the results, each atomically; then fits.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in RESULT_TABLES:
-        write_frame(out_dir / f"{name}.parquet", getattr(results, name))
+        frame = getattr(results, name)
+        write_frame(out_dir / f"{name}.parquet", frame,
+                    schema=_schema_of(frame, RESULT_SCHEMAS[name]))
     write_json(out_dir / FITS_JSON, results.to_json())
+
+
+def _schema_of(frame: Any, schema: pa.Schema) -> pa.Schema:
+    """The table's schema for the frame's columns: declared types, inferred for the others."""
+    inferred = pa.Schema.from_pandas(frame, preserve_index=False)
+    return pa.schema([schema.field(f.name) if f.name in schema.names else f for f in inferred])
 
 
 def read_results(sweep_dir: Path) -> Results:
