@@ -42,14 +42,14 @@ class Watched(nn.Module):
                  call: Callable[..., Any] | None = None) -> None:
         super().__init__()
         self.inner = inner
-        self._call = call
+        self.call = call
         self._counting = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._counting:
             return None
-        if self._call is not None:
-            return self._call(self.inner, *args, **kwargs)
+        if self.call is not None:
+            return self.call(self.inner, *args, **kwargs)
         return self.inner(*args, **kwargs)
 
     def count(self, batch: Any) -> bool:
