@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from pathlib import Path
 
 import pytest
 
@@ -139,3 +140,44 @@ def test_wandb_missing_package_warns_once(tmp_path, caplog):
         _run(logger, "r2")
     assert len(caplog.records) == 1
     assert "pip install 'gnsweep[wandb]'" in caplog.records[0].getMessage()
+
+
+def test_mlflow_workers_share_a_fresh_local_store(tmp_path, no_mlflow_env):
+    """Worker processes of one sweep open the local store at once: the first creates it, the
+    others wait for it; every run lands, none warns."""
+    import subprocess
+    import sys
+
+    mlflow = pytest.importorskip("mlflow")
+    sweep = tmp_path / "sweep"
+    script = ("import sys\nfrom gnsweep.tracking import make_logger\n"
+              "logger = make_logger('mlflow', sys.argv[1])\n"
+              "for run in sys.argv[2:]:\n"
+              "    logger.start(run, {'run': run})\n"
+              "    logger.log(0, {'loss': 1.0})\n"
+              "    logger.close()\n"
+              "assert logger.failed is None, logger.failed\n")
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
+    workers = [subprocess.Popen([sys.executable, "-c", script, str(sweep), f"w{i}a", f"w{i}b"],
+                                env=env, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    for worker in workers:
+        _, err = worker.communicate(timeout=300)
+        assert worker.returncode == 0, err
+        assert "could not" not in err
+    mlflow.set_tracking_uri(f"sqlite:///{sweep / 'mlflow' / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["sweep"])
+    assert sorted(runs["tags.mlflow.runName"]) == [f"w{i}{s}" for i in range(3) for s in "ab"]
+
+
+def test_importing_gnsweep_needs_no_framework_or_tracker():
+    import subprocess
+    import sys
+
+    heavy = ["lightning", "transformers", "tensorboard", "mlflow", "wandb"]
+    code = ("import sys, gnsweep, gnsweep.tracking, gnsweep.integrations\n"
+            f"print([m for m in {heavy!r} if m in sys.modules])")
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": root}, check=True)
+    assert out.stdout.strip() == "[]"
