@@ -127,13 +127,10 @@ def test_a_backend_that_fails_while_logging_warns_once(tmp_path, caplog):
     assert len(warnings) == 1 and "logger=tensorboard could not log" in warnings[0]
 
 
-def test_wandb_missing_package_warns_once(tmp_path, caplog):
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("wandb is installed")
+def test_wandb_missing_package_warns_once(tmp_path, caplog, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
     logger = make_logger("wandb", tmp_path)
     with caplog.at_level(logging.WARNING, logger="gnsweep.tracking"):
         _run(logger, "r1")
@@ -181,3 +178,19 @@ def test_importing_gnsweep_needs_no_framework_or_tracker():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": root}, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_wandb_offline_when_not_configured(tmp_path, monkeypatch):
+    """No WANDB_MODE, no API key, no netrc entry: the run is written offline under
+    <sweep>/wandb/, with its config and history."""
+    pytest.importorskip("wandb")
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = make_logger("wandb", tmp_path / "sweep")
+    _run(logger, "bs32_lr0.1_s0")
+    assert logger.failed is None
+    offline = list((tmp_path / "sweep" / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1
+    assert list(offline[0].glob("*.wandb"))  # the run's history, for `wandb sync`
