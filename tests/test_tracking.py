@@ -139,6 +139,7 @@ def test_wandb_missing_package_warns_once(tmp_path, caplog, monkeypatch):
     assert "pip install 'gnsweep[wandb]'" in caplog.records[0].getMessage()
 
 
+@pytest.mark.slow
 def test_mlflow_workers_share_a_fresh_local_store(tmp_path, no_mlflow_env):
     """Worker processes of one sweep open the local store at once: the first creates it, the
     others wait for it; every run lands, none warns."""
