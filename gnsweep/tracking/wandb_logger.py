@@ -9,9 +9,11 @@ import netrc
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from gnsweep.tracking.base import RunLogger
+
+MODES = ("online", "offline", "disabled")
 
 
 def configured() -> bool:
@@ -30,6 +32,8 @@ class WandbLogger(RunLogger):
 
     def __init__(self, sweep_dir: Path, *, project: str | None = None,
                  entity: str | None = None, mode: str | None = None) -> None:
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"logger.mode={mode}: choose one of {', '.join(MODES)}")
         self.sweep_dir = Path(sweep_dir)
         self.project = project or self.sweep_dir.resolve().name
         self.entity = entity
@@ -43,7 +47,7 @@ class WandbLogger(RunLogger):
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=self.project, entity=self.entity, name=run_id,
                               group=self.sweep_dir.resolve().name, config=dict(params),
-                              dir=str(self.sweep_dir), mode=self.mode)
+                              dir=str(self.sweep_dir), mode=cast(Any, self.mode))
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.run is not None:
