@@ -36,7 +36,7 @@ def test_kinds_and_bad_input():
         make_logger("bogus", "x")
     with pytest.raises(ValueError, match="unknown option colour; accepted: tracking_uri"):
         make_logger("mlflow", "x", colour="red")
-    with pytest.raises(ValueError, match="logger.mode=loud: choose one of online, offline"):
+    with pytest.raises(ValueError, match=r"logger\.mode=loud: choose one of online, offline"):
         make_logger("wandb", "x", mode="loud")
     _run(make_logger("none", "x"), "r0")  # a no-op that accepts the calls
 
