@@ -1,0 +1,77 @@
+"""What the framework callbacks share: finding a batch's size, the module the monitor watches,
+and the logged metric names (a public contract: `b_simple`, `g2`, `trace_sigma`, `b_noise`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from gnsweep.noise import NoiseEstimate
+
+
+def first_tensor(value: Any) -> torch.Tensor | None:
+    """The first tensor with a batch dimension in a batch (tensor, tuple, list or mapping)."""
+    if isinstance(value, torch.Tensor):
+        return value if value.dim() > 0 else None
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+class Watched(nn.Module):
+    """The module a `NoiseScaleMonitor` watches when the framework never calls the model itself.
+
+    Lightning calls `training_step`, not `forward`, so the monitor's example count (taken from
+    the inputs of the watched module's forward) would stay at zero. This module holds the
+    user's model as its one child (the monitor's per-layer hooks reach every layer through it)
+    and `count(batch)` marks one forward of the model with the batch's size. Its ordinary
+    forward delegates to the model through `call` (used for the Hessian passes of B_noise).
+    """
+
+    def __init__(self, inner: nn.Module,
+                 call: Callable[..., Any] | None = None) -> None:
+        super().__init__()
+        self.inner = inner
+        self.call = call
+        self._counting = False
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._counting:
+            return None
+        if self.call is not None:
+            return self.call(self.inner, *args, **kwargs)
+        return self.inner(*args, **kwargs)
+
+    def count(self, batch: Any) -> bool:
+        """Record one forward of the model on `batch`; False when it has no batch dimension."""
+        first = first_tensor(batch)
+        if first is None:
+            return False
+        self._counting = True
+        try:
+            self(first)
+        finally:
+            self._counting = False
+        return True
+
+
+def metrics(estimate: NoiseEstimate | None, *, with_b_noise: bool) -> dict[str, float]:
+    """The logged values: B_simple (eq. 2.9) with its parts |G|^2 and tr(Sigma) (EMAs, eq. A.2),
+    and B_noise (eq. 2.8) once measured."""
+    if estimate is None:
+        return {}
+    out = {"b_simple": float(estimate.b_simple), "g2": float(estimate.g2),
+           "trace_sigma": float(estimate.trace_sigma)}
+    if with_b_noise and math.isfinite(estimate.b_noise):
+        out["b_noise"] = float(estimate.b_noise)
+    return out
