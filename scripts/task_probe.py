@@ -72,8 +72,8 @@ def run(module, options, args, batch_size: int, lr: float) -> None:
                 print(f"B={batch_size} lr={lr}: diverged at step {step}")
                 return
             continue
-        decay = math.exp(-n / args.ema_examples) if n < args.ema_examples * 20 else 0.0
-        decay = min(decay, 0.5) if name == "loss" else 0.0  # metric: already a window mean
+        # An EMA over about ema_examples examples; a metric is already a window mean.
+        decay = math.exp(-n / args.ema_examples) if name == "loss" else 0.0
         ema, weight = decay * ema + (1 - decay) * value, decay * weight + (1 - decay)
         smooth = ema / weight
         for target in targets:
