@@ -74,10 +74,10 @@ def test_seed_reproduces_model_and_batches():
 
 
 @pytest.mark.parametrize(("options", "field"), [
-    ({"width": 30, "heads": 4}, "task.heads"),
-    ({"context": 0}, "task.context"),
-    ({"holdout": 0.7}, "task.holdout"),
-    ({"holdout": 0.0}, "task.eval_windows"),
+    ({"width": 30, "heads": 4}, r"task.heads"),
+    ({"context": 0}, r"task.context"),
+    ({"holdout": 0.7}, r"task.holdout"),
+    ({"holdout": 0.0}, r"task.eval_windows"),
 ])
 def test_bad_options(options, field):
     with pytest.raises(ConfigError, match=field):

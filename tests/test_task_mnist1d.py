@@ -9,10 +9,10 @@ import socket
 import numpy as np
 import pytest
 import torch
+from task_training import mean, train
 
 from gnsweep.config import ConfigError
 from gnsweep.tasks import mnist1d
-from task_training import mean, train
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_seed_reproduces_model_and_batches(cache):
 
 
 def test_bad_options():
-    with pytest.raises(ConfigError, match="task.channels"):
+    with pytest.raises(ConfigError, match=r"task.channels"):
         mnist1d.Options(channels=0)
 
 

@@ -57,7 +57,7 @@ def test_batch_carries_its_noise(task):
     batch = task.sample(10, generator)
     assert batch["x"].shape == (10, 64) and batch["eps"].shape == (10, 8)
     assert task.examples(batch) == 10
-    assert 0 <= float(batch["x"].min()) and float(batch["x"].max()) <= 1
+    assert float(batch["x"].min()) >= 0 and float(batch["x"].max()) <= 1
     model = task.model()
     loss = task.loss(model, batch)
     assert float(task.loss(model, batch)) == float(loss)
@@ -77,8 +77,8 @@ def test_seed_reproduces_model_and_batches():
 
 
 @pytest.mark.parametrize(("options", "field"), [
-    ({"latent": 0}, "task.latent"), ({"hidden": 0}, "task.hidden"),
-    ({"holdout": 1.0}, "task.holdout")])
+    ({"latent": 0}, r"task.latent"), ({"hidden": 0}, r"task.hidden"),
+    ({"holdout": 1.0}, r"task.holdout")])
 def test_bad_options(options, field):
     with pytest.raises(ConfigError, match=field):
         vae.Options(**options)

@@ -89,7 +89,7 @@ def load(folder: Path) -> dict[str, np.ndarray]:
     data = generate()
     folder.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
-    np.savez(buffer, **data)
+    np.savez(buffer, x=data["x"], y=data["y"], x_test=data["x_test"], y_test=data["y_test"])
     # Same folder, then rename: another process sees the old state or the whole file.
     handle, temp = tempfile.mkstemp(prefix=f".{CACHE_NAME}.", dir=folder)
     try:
