@@ -3,7 +3,7 @@ print the per-step cost and the step at which the smoothed loss (or the task's m
 crosses each target.
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD python scripts/task_probe.py mnist1d --batch 64 \
-        --lr 0.1 --optimizer adam --steps 2000 --targets 1.0 0.5 0.3
+        --lr 0.1 --optimizer adam --steps 2000 --targets 1.0 0.5 0.3 --workers 2
 
 Smoothing: an EMA over about `--ema-examples` examples (as the sweep's loss_ema_examples), at
 least over one step. For a task with `metric_name` the metric is tracked instead of the loss.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import multiprocessing
 import time
 
 import torch
@@ -29,20 +30,27 @@ def main() -> None:
     parser.add_argument("--targets", type=float, nargs="+", default=[])
     parser.add_argument("--ema-examples", type=float, default=128.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-examples", type=float, default=0.0, help="0: no limit")
+    parser.add_argument("--workers", type=int, default=1, help="processes for the grid")
     parser.add_argument("--option", nargs="*", default=[], help="key=value task options")
     args = parser.parse_args()
+    # Largest batches first, as a sweep would start its slowest runs early.
+    grid = [(b, lr) for b in sorted(args.batch, reverse=True) for lr in args.lr]
+    start = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+        pool.starmap(run, [(args, b, lr) for b, lr in grid], chunksize=1)
+    print(f"grid of {len(grid)} runs on {args.workers} processes: "
+          f"{time.perf_counter() - start:.0f} s wall", flush=True)
+
+
+def run(args, batch_size: int, lr: float) -> None:
     torch.set_num_threads(1)
     module = importlib.import_module(f"gnsweep.tasks.{args.task}")
-    options = {}
+    values = {}
     for item in args.option:
         key, value = item.split("=", 1)
-        options[key] = type(getattr(module.Options(), key))(value)
-    for batch in args.batch:
-        for lr in args.lr:
-            run(module, module.Options(**options), args, batch, lr)
-
-
-def run(module, options, args, batch_size: int, lr: float) -> None:
+        values[key] = type(getattr(module.Options(), key))(value)
+    options = module.Options(**values)
     task = module.make(options, args.seed)
     model = task.model()
     params = list(model.parameters())
@@ -55,7 +63,7 @@ def run(module, options, args, batch_size: int, lr: float) -> None:
     name = getattr(task, "metric_name", "loss")
     targets = sorted(args.targets, reverse=not higher)
     reached: dict[float, int] = {}
-    ema, weight, examples = 0.0, 0.0, 0
+    ema, weight, examples, smooth = 0.0, 0.0, 0, math.nan
     start = time.perf_counter()
     step = 0
     for step in range(1, args.steps + 1):
@@ -81,6 +89,8 @@ def run(module, options, args, batch_size: int, lr: float) -> None:
             if target not in reached and hit:
                 reached[target] = step
         if len(reached) == len(targets) and targets:
+            break
+        if args.max_examples and examples >= args.max_examples:
             break
     seconds = time.perf_counter() - start
     extra = ""
