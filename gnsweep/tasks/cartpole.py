@@ -1,0 +1,210 @@
+"""Advantage actor-critic (A2C, Mnih et al. 2016) on gymnasium's CartPole-v1; the batch is
+environments x steps per update, counted in environment steps; the target metric is the mean
+episode return (higher is better, at most 500).
+
+Additions to the task protocol (everything else is the ordinary one):
+
+- `metric_name = "return"` and `higher_is_better = True`: the sweep's targets are returns to reach,
+  not losses to fall below. A task without these attributes means `"loss"`, lower is better.
+- `metric(model) -> float`: the mean return of the last `return_window` episodes that ended
+  during training (the stochastic policy's own episodes, so it costs no extra environment step;
+  NaN until one has ended). The loop calls it after each step and tests the targets on it, not on
+  the loss. It is already a window mean: smooth it no further (or only lightly), or the lag adds
+  steps to every run. The A2C loss is logged as usual but has no target meaning.
+- The task is stateful: `model()` builds a fresh network, keeps it as the policy that `sample`
+  rolls out, and resets the environments and the episode record, so one task object can serve
+  one run at a time. `sample(B, generator)` steps `n = max(1, B // steps_per_update)`
+  environments for `B // n` steps each with the current policy (no gradient), continuing their
+  episodes across calls, and returns a dict of `n * (B // n)` transitions (= B when B is a
+  multiple of `steps_per_update`): `obs` (B, 4), `action` (B,), `ret` (B,), the n-step
+  bootstrapped discounted return. `examples(batch)` is that number of environment steps.
+
+Reproducible under a seed: the network from `torch.manual_seed(seed)`, environment i reset once
+with seed `seed * 100_003 + i` (later resets continue its own generator), actions drawn from the
+loop's generator. Truncation at 500 steps bootstraps from the value of the final observation.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+DESCRIPTION = ("Advantage actor-critic on gymnasium's CartPole-v1; B in environment steps "
+               "(environments x steps per update); target: mean episode return (higher is better).")
+
+ENV_ID = "CartPole-v1"
+
+
+@dataclass
+class Options:
+    hidden: int = 64
+    """Width of the two hidden layers of the actor and of the critic (separate networks)."""
+    steps_per_update: int = 8
+    """Steps each environment takes per update (B / steps_per_update environments)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    value_coef: float = 0.5
+    """Weight of the critic's squared error in the loss."""
+    entropy_coef: float = 0.01
+    """Weight of the policy's entropy bonus in the loss."""
+    return_window: int = 20
+    """Episodes averaged by the return metric."""
+
+    def __post_init__(self) -> None:
+        from gnsweep.config import ConfigError, _integer, _number
+
+        self.hidden = _integer("task.hidden", self.hidden)
+        self.steps_per_update = _integer("task.steps_per_update", self.steps_per_update)
+        self.return_window = _integer("task.return_window", self.return_window)
+        for name in ("gamma", "value_coef", "entropy_coef"):
+            setattr(self, name, _number(f"task.{name}", getattr(self, name)))
+        for name in ("hidden", "steps_per_update", "return_window"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"task.{name}: {getattr(self, name)} must be >= 1")
+        if not 0 <= self.gamma <= 1:
+            raise ConfigError(f"task.gamma: {self.gamma} must be in [0, 1]")
+        for name in ("value_coef", "entropy_coef"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"task.{name}: {getattr(self, name)} must be >= 0")
+
+
+def _gym() -> Any:
+    try:
+        import gymnasium
+    except ModuleNotFoundError as err:
+        if err.name != "gymnasium":
+            raise
+        from gnsweep.config import ConfigError
+
+        raise ConfigError("task cartpole needs the gymnasium package: pip install gymnasium"
+                          ) from None
+    return gymnasium
+
+
+def _mlp(width: int, out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(),
+                         nn.Linear(width, out))
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic: returns reach 100, so a shared trunk would let the critic's
+    squared error swamp the policy gradient."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.actor, self.critic = _mlp(hidden, 2), _mlp(hidden, 1)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.actor(obs), self.critic(obs).squeeze(-1)
+
+
+class Cartpole:
+    metric_name = "return"
+    higher_is_better = True
+
+    def __init__(self, options: Options, seed: int) -> None:
+        self.gym = _gym()
+        self.options, self.seed = options, seed
+        self._policy: ActorCritic | None = None
+        self._reset_environments()
+
+    def _reset_environments(self) -> None:
+        self._envs: list[Any] = []
+        self._obs: list[np.ndarray] = []
+        self._running: list[float] = []
+        self.finished: collections.deque[float] = collections.deque(
+            maxlen=self.options.return_window)
+        self.env_steps = 0
+        """Environment steps taken since the last `model()`."""
+
+    def _grow(self, count: int) -> None:
+        while len(self._envs) < count:
+            env = self.gym.make(ENV_ID)
+            obs, _ = env.reset(seed=self.seed * 100_003 + len(self._envs))
+            self._envs.append(env)
+            self._obs.append(obs)
+            self._running.append(0.0)
+
+    def model(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        self._policy = ActorCritic(self.options.hidden)
+        self._reset_environments()
+        return self._policy
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        if self._policy is None:
+            raise RuntimeError("cartpole: call model() before sample(); it rolls out that model")
+        n = max(1, batch_size // self.options.steps_per_update)
+        steps = max(1, batch_size // n)
+        self._grow(n)
+        obs = torch.empty(steps, n, 4)
+        actions = torch.empty(steps, n, dtype=torch.long)
+        rewards = torch.zeros(steps, n)
+        # next_value[t, i]: what to bootstrap from after step t; NaN = the following step's return.
+        next_value = torch.full((steps, n), math.nan)
+        truncated: list[tuple[int, int, np.ndarray]] = []
+        with torch.no_grad():
+            for t in range(steps):
+                obs[t] = torch.from_numpy(np.stack(self._obs[:n])).float()
+                logits, _ = self._policy(obs[t])
+                actions[t] = torch.multinomial(F.softmax(logits, -1), 1,
+                                               generator=generator).squeeze(1)
+                for i in range(n):
+                    new, reward, terminated, truncation, _ = self._envs[i].step(
+                        int(actions[t, i]))
+                    rewards[t, i] = float(reward)
+                    self._running[i] += float(reward)
+                    if terminated:
+                        next_value[t, i] = 0.0
+                    elif truncation:
+                        truncated.append((t, i, new))
+                    if terminated or truncation:
+                        self.finished.append(self._running[i])
+                        self._running[i] = 0.0
+                        new, _ = self._envs[i].reset()
+                    self._obs[i] = new
+            last = torch.from_numpy(np.stack(self._obs[:n])).float()
+            _, last_value = self._policy(last)
+            if truncated:
+                finals = torch.from_numpy(np.stack([o for _, _, o in truncated])).float()
+                _, values = self._policy(finals)
+                for (t, i, _), value in zip(truncated, values, strict=True):
+                    next_value[t, i] = value
+        returns = torch.empty(steps, n)
+        following = last_value
+        for t in reversed(range(steps)):
+            bootstrap = torch.where(next_value[t].isnan(), following, next_value[t])
+            returns[t] = rewards[t] + self.options.gamma * bootstrap
+            following = returns[t]
+        self.env_steps += steps * n
+        return {"obs": obs.reshape(-1, 4), "action": actions.reshape(-1),
+                "ret": returns.reshape(-1)}
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits, value = model(batch["obs"])
+        log_p = F.log_softmax(logits, -1)
+        advantage = (batch["ret"] - value).detach()
+        policy = -(log_p.gather(1, batch["action"][:, None]).squeeze(1) * advantage).mean()
+        critic = 0.5 * (batch["ret"] - value).pow(2).mean()
+        entropy = -(log_p.exp() * log_p).sum(-1).mean()
+        o = self.options
+        return policy + o.value_coef * critic - o.entropy_coef * entropy
+
+    def examples(self, batch: dict[str, torch.Tensor]) -> int:
+        """Environment steps."""
+        return len(batch["obs"])
+
+    def metric(self, model: nn.Module | None = None) -> float:
+        """Mean return of the last `return_window` finished training episodes (NaN before one)."""
+        return float(np.mean(self.finished)) if self.finished else math.nan
+
+
+def make(options: Options, seed: int) -> Cartpole:
+    return Cartpole(options, seed)

@@ -1,0 +1,154 @@
+"""A small character-level transformer language model on text that ships with Python: the
+standard library's `pydoc_data.topics` (the help() pages, about 465k characters, 103 distinct),
+cross-entropy in nats per character.
+
+Batch sizes and B_crit are counted in tokens: `sample(B, generator)` draws B windows of
+`context + 1` characters at uniform random offsets of the training text (a tensor of shape
+(B, context + 1)); each window predicts its `context` next characters, so `examples(batch)` is
+`B * context` predicted tokens. A sweep's `batch_sizes` are therefore windows per step, and the
+loop's examples column (and B_crit) is in tokens. The last `holdout` fraction of the text is kept
+for `eval_loss` (fixed windows, the same for every run).
+
+The model is a pre-norm GPT built only from `nn.Embedding`, `nn.Linear` and `nn.LayerNorm`
+(attention through `F.scaled_dot_product_attention`), the layers whose per-example gradient norms
+gnsweep measures, so the per-example noise method covers every parameter.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+DESCRIPTION = ("Character-level transformer LM on the standard library's pydoc_data.topics "
+               "(465k characters), nats per character; B counted in tokens.")
+
+
+@dataclass
+class Options:
+    context: int = 64
+    """Characters each window predicts (the attention span)."""
+    width: int = 64
+    """Embedding width."""
+    depth: int = 2
+    """Transformer blocks."""
+    heads: int = 4
+    """Attention heads (must divide width)."""
+    holdout: float = 0.1
+    """Fraction of the text (its end) kept out of training, for the eval loss."""
+    eval_windows: int = 128
+    """Held-out windows for the eval loss (0: none)."""
+
+    def __post_init__(self) -> None:
+        from gnsweep.config import ConfigError, _integer, _number
+
+        for name in ("context", "width", "depth", "heads", "eval_windows"):
+            setattr(self, name, _integer(f"task.{name}", getattr(self, name)))
+        self.holdout = _number("task.holdout", self.holdout)
+        for name in ("context", "width", "depth", "heads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"task.{name}: {getattr(self, name)} must be >= 1")
+        if self.width % self.heads:
+            raise ConfigError(f"task.heads: {self.heads} must divide task.width={self.width}")
+        if not 0 <= self.holdout < 0.5:
+            raise ConfigError(f"task.holdout: {self.holdout} must be in [0, 0.5)")
+        if self.eval_windows < 0:
+            raise ConfigError(f"task.eval_windows: {self.eval_windows} must be >= 0")
+        if self.eval_windows and not self.holdout:
+            raise ConfigError("task.eval_windows needs task.holdout > 0 (or set it to 0)")
+
+
+@functools.cache
+def text() -> str:
+    """The corpus: every pydoc topic page, in sorted key order (the same on every machine with
+    the same Python)."""
+    from pydoc_data.topics import topics
+
+    return "".join(topics[key] for key in sorted(topics))
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        b, t, w = h.shape
+        q, k, v = self.qkv(self.norm1(h)).split(w, dim=-1)
+        q, k, v = (z.reshape(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + self.proj(att.transpose(1, 2).reshape(b, t, w))
+        return h + self.down(F.gelu(self.up(self.norm2(h))))
+
+
+class CharLM(nn.Module):
+    def __init__(self, vocab: int, options: Options) -> None:
+        super().__init__()
+        self.token = nn.Embedding(vocab, options.width)
+        self.position = nn.Embedding(options.context, options.width)
+        self.blocks = nn.ModuleList(Block(options.width, options.heads)
+                                    for _ in range(options.depth))
+        self.norm = nn.LayerNorm(options.width)
+        self.head = nn.Linear(options.width, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        h = self.token(tokens) + self.position(positions)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h))
+
+
+class Chars:
+    def __init__(self, options: Options, seed: int) -> None:
+        corpus = text()
+        self.alphabet = sorted(set(corpus))
+        index = {c: i for i, c in enumerate(self.alphabet)}
+        tokens = torch.tensor([index[c] for c in corpus], dtype=torch.long)
+        n_eval = round(options.holdout * len(tokens))
+        self.train = tokens[:len(tokens) - n_eval]
+        self.options, self.seed = options, seed
+        self._eval = None
+        if options.eval_windows:
+            held = tokens[len(tokens) - n_eval:]
+            starts = torch.randint(len(held) - options.context,
+                                   (options.eval_windows,),
+                                   generator=torch.Generator().manual_seed(0))
+            self._eval = self._windows(held, starts)
+
+    def _windows(self, tokens: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        offsets = torch.arange(self.options.context + 1)
+        return tokens[starts[:, None] + offsets]
+
+    def model(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        return CharLM(len(self.alphabet), self.options)
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+        starts = torch.randint(len(self.train) - self.options.context, (batch_size,),
+                               generator=generator)
+        return self._windows(self.train, starts)
+
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        logits = model(batch[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+    def eval_loss(self, model: nn.Module) -> float:
+        if self._eval is None:
+            return float("nan")
+        with torch.no_grad():
+            return float(self.loss(model, self._eval))
+
+    def examples(self, batch: torch.Tensor) -> int:
+        """Predicted tokens: every window predicts `context` characters."""
+        return batch.shape[0] * (batch.shape[1] - 1)
+
+
+def make(options: Options, seed: int) -> Chars:
+    return Chars(options, seed)
