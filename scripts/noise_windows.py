@@ -15,15 +15,17 @@ oracle's ratio-of-expectations means.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import time
 
 import numpy as np
 import torch
 
+from gnsweep.analysis.smoothing import centred_ratio
 from gnsweep.linreg_exact import Problem, exact_truth
-from gnsweep.measure import NoiseScaleMonitor
-from gnsweep.noise import NoiseScaleEma
+from gnsweep.measure import NoiseScaleMonitor, measure_noise_scale
+from gnsweep.noise import NoiseScaleEma, combine_parts, unbiased_g2_and_trace
 from gnsweep.tasks import linreg
 
 WINDOWS: dict[str, dict] = {
@@ -34,17 +36,32 @@ WINDOWS: dict[str, dict] = {
 }
 
 
+CENTRED = (0.1, 0.2, 0.4)
+"""Post-hoc centred windows (analysis.smoothing.centred_ratio) on the per-step raw estimates:
+half-width max(f * steps so far, MIN_EXAMPLES / B steps)."""
+MIN_EXAMPLES = 64.0
+PROBE = {"per_octave": 2, "batch": 512, "batches": 8, "hessian_microbatches": 4}
+"""Frozen-parameter probes at log-spaced points in examples: `batches` fresh batches of `batch`
+examples pooled at fixed parameters (measure_noise_scale), B_noise from `hessian_microbatches`
+micro-batches of half of each batch (b_big = batch / 2);
+the per-step value between probes is interpolated linearly in log steps."""
+
+
 class Tee:
-    """Feeds one monitor's measurements to several windows; answers with the first."""
+    """Feeds one monitor's measurements to several windows (answers with the first), and keeps
+    this step's raw unbiased estimates (eq. A.2) for the post-hoc centred windows."""
 
     def __init__(self, emas: dict[str, NoiseScaleEma]) -> None:
         self.emas = emas
+        self.raw = [math.nan] * 4  # g2, trace, ghg, htrace of the current step
 
     def update_parts(self, parts, **kwargs):
+        self.raw[0], self.raw[1] = combine_parts(parts)
         answers = [e.update_parts(parts, **kwargs) for e in self.emas.values()]
         return answers[0]
 
     def update_hessian(self, *args):
+        self.raw[2], self.raw[3] = unbiased_g2_and_trace(*args)
         answers = [e.update_hessian(*args) for e in self.emas.values()]
         return answers[0]
 
@@ -67,24 +84,43 @@ def problem_of(task: linreg.LinReg) -> Problem:
 
 
 def run(task: linreg.LinReg, batch: int, lr: float, hardest: float, hessian_every: int,
-        seed: int, max_steps: int) -> dict[str, np.ndarray]:
+        seed: int, max_steps: int, margin: float) -> dict[str, np.ndarray]:
     model = task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     monitor = NoiseScaleMonitor(model, "per_example", loss_fn=task.loss,
                                 hessian_every=hessian_every)
     emas = {name: NoiseScaleEma(**kw) for name, kw in WINDOWS.items()}
-    monitor.ema = Tee(emas)  # type: ignore[assignment]
+    tee = Tee(emas)
+    monitor.ema = tee  # type: ignore[assignment]
     rng = torch.Generator().manual_seed(10_000 + seed)
-    rows: dict[str, list[float]] = {k: [] for k in ("loss", "bs_true", "bn_true")}
+    rows: dict[str, list[float]] = {k: [] for k in ("loss", "bs_true", "bn_true", "g2", "trace",
+                                                    "ghg", "htrace")}
     for name in emas:
         rows |= {f"bs_{name}": [], f"bn_{name}": [], f"drift_{name}": []}
-    for _ in range(max_steps):
+    stop = max_steps
+    probe_rng = torch.Generator().manual_seed(20_000 + seed)
+    probes: list[tuple[float, float, float]] = []
+    next_probe, probe_cost = 0.0, 0.0
+    for step in range(max_steps):
+        if step * batch >= next_probe:
+            begin = time.perf_counter()
+            batches = [task.batch(PROBE["batch"], probe_rng) for _ in range(PROBE["batches"])]
+            # On a copy: the training monitor's hooks would see the probe's batches.
+            est = measure_noise_scale(copy.deepcopy(model), task.loss, batches, hessian=True,
+                                      hessian_microbatches=PROBE["hessian_microbatches"])
+            probes.append((float(step), est.b_simple, est.b_noise))
+            probe_cost += time.perf_counter() - begin
+            next_probe = max(step * batch, batch) * 2 ** (1 / PROBE["per_octave"])
         truth = task.truth(model)  # the parameters this step's gradient is taken at
         rows["loss"].append(truth.loss)
         rows["bs_true"].append(truth.b_simple)
         rows["bn_true"].append(truth.b_noise)
-        if truth.loss <= hardest:
+        if truth.loss <= hardest and stop == max_steps:
+            # Run on past the hardest target so that centred windows there are whole.
+            stop = step + math.ceil(margin * step)
+        if step >= stop:
             break
+        tee.raw = [math.nan] * 4
         x, y = task.batch(batch, rng)
         optimizer.zero_grad(set_to_none=True)
         task.loss(model(x), y).backward()
@@ -95,10 +131,21 @@ def run(task: linreg.LinReg, batch: int, lr: float, hardest: float, hessian_ever
             rows[f"bs_{name}"].append(est.b_simple)
             rows[f"bn_{name}"].append(est.b_noise)
             rows[f"drift_{name}"].append(ema.drift)
+        for key, value in zip(("g2", "trace", "ghg", "htrace"), tee.raw, strict=True):
+            rows[key].append(value)
     monitor.close()
     out = {k: np.asarray(v, float) for k, v in rows.items()}
-    # Row s (s = 1..S) holds the values at the parameters before update s.
-    out["loss"] = out["loss"]
+    # Row s (0-based) holds the values at the parameters after s updates (before update s+1).
+    x = np.arange(len(out["g2"]), dtype=float)
+    at = np.array(probes)
+    # Interpolate in log(step + 1) between probes (constant beyond the first and the last).
+    for col, q in ((1, "bs"), (2, "bn")):
+        out[f"{q}_probes"] = np.interp(np.log1p(x), np.log1p(at[:, 0]), at[:, col])
+    out["probe_seconds"] = np.array([probe_cost, len(probes)])
+    for f in CENTRED:
+        out[f"bs_centred{f:g}"] = centred_ratio(x, out["trace"], out["g2"], f, MIN_EXAMPLES / batch)
+        out[f"bn_centred{f:g}"] = centred_ratio(x, out["htrace"], out["ghg"], f,
+                                                MIN_EXAMPLES / batch)
     return out
 
 
@@ -120,6 +167,8 @@ def main() -> None:
                                                                         256])
     parser.add_argument("--hessian-every", type=int, default=5)
     parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--margin", type=float, default=0.25,
+                        help="steps past the hardest target, as a fraction of the steps to it")
     args = parser.parse_args()
     torch.set_num_threads(1)
     targets = sorted(args.targets, reverse=True)
@@ -130,18 +179,22 @@ def main() -> None:
         print(f"  target {t.target:g}: B_crit(fit) {t.b_crit_fit:.1f}  B_simple mean "
               f"{t.b_simple_mean:.1f}  B_noise mean {t.b_noise_mean:.1f}")
     # per[target][quantity][B] -> list over seeds
-    names = ["true", *WINDOWS]
+    windows = [*WINDOWS, *(f"centred{f:g}" for f in CENTRED), "probes"]
+    names = ["true", *windows]
     per = {t: {f"{q}_{n}": {b: [] for b in args.batch_sizes} for q in ("bs", "bn")
                for n in names} for t in targets}
     drift_share = {n: [] for n in WINDOWS}
     steps_total, start = 0, time.perf_counter()
+    probe_total, probe_count = 0.0, 0
     for j, batch in enumerate(args.batch_sizes):
         lr = float(truth.best_lr[-1, j])
         for seed in range(args.seeds):
             rows = run(task, batch, lr, targets[-1], args.hessian_every, seed,
-                       int(5 * truth.steps[-1, j]) + 50)
+                       int(5 * truth.steps[-1, j]) + 50, args.margin)
             n_rows = len(rows["bs_frac0.2"])
             steps_total += n_rows
+            probe_total += rows["probe_seconds"][0]
+            probe_count += int(rows["probe_seconds"][1])
             for n in WINDOWS:
                 d = rows[f"drift_{n}"]
                 drift_share[n].append(float(np.mean(np.isfinite(d) & ((d > 2) | (d < 0.5)))))
@@ -155,7 +208,8 @@ def main() -> None:
                         per[t][f"{q}_{n}"][batch].append(weighted_mean(rows[f"{q}_{n}"], batch, s))
     elapsed = time.perf_counter() - start
     print(f"{steps_total} steps in {elapsed:.1f} s ({1e3 * elapsed / steps_total:.2f} ms/step, "
-          f"hessian every {args.hessian_every})")
+          f"hessian every {args.hessian_every}; of which {probe_total:.1f} s in {probe_count} "
+          "probes)")
     print("share of steps flagged |G|^2 drift > 2x in window:",
           {n: round(float(np.mean(v)), 3) for n, v in drift_share.items()})
     for k, t in enumerate(targets):
@@ -165,7 +219,7 @@ def main() -> None:
                                           if v])) for n in names}
             exact = truth.per_target[k].b_simple_mean if q == "bs" else \
                 truth.per_target[k].b_noise_mean
-            ratios = " ".join(f"{n} {med[n]:.1f} ({med[n] / med['true']:.2f})" for n in WINDOWS)
+            ratios = " ".join(f"{n} {med[n]:.1f} ({med[n] / med['true']:.2f})" for n in windows)
             print(f"  {label}: oracle {exact:.1f}  path-true {med['true']:.1f}  {ratios}")
             for b in args.batch_sizes:
                 row = per[t]
