@@ -284,3 +284,25 @@ def _ratio(numerator: float, denominator: float) -> float:
     if math.isnan(numerator) or math.isnan(denominator) or denominator == 0:
         return math.nan
     return numerator / denominator
+
+
+class ProbeSchedule:
+    """Log-spaced points in examples for frozen-parameter probes of the noise scale.
+
+    A probe measures B_simple / B_noise from fresh examples at fixed parameters (no window, so no
+    lag and no |G|^2 weighting over training). `due(seen)` is True at the first call and then
+    each time the examples seen reach the next point, `per_octave` points per doubling: a run of
+    S steps gets about `per_octave * log2(S)` probes, so their cost shrinks relative to long runs.
+    """
+
+    def __init__(self, per_octave: float = 2.0) -> None:
+        if per_octave <= 0:
+            raise ValueError(f"per_octave={per_octave}: need > 0")
+        self.factor = 2.0 ** (1.0 / per_octave)
+        self.next = 0.0
+
+    def due(self, seen: float) -> bool:
+        if seen < self.next:
+            return False
+        self.next = max(seen, 1.0) * self.factor
+        return True

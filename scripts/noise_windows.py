@@ -22,10 +22,10 @@ import time
 import numpy as np
 import torch
 
-from gnsweep.analysis.smoothing import centred_ratio
+from gnsweep.analysis.smoothing import centred_ratio, interpolate_log_steps
 from gnsweep.linreg_exact import Problem, exact_truth
 from gnsweep.measure import NoiseScaleMonitor, measure_noise_scale
-from gnsweep.noise import NoiseScaleEma, combine_parts, unbiased_g2_and_trace
+from gnsweep.noise import NoiseScaleEma, ProbeSchedule, combine_parts, unbiased_g2_and_trace
 from gnsweep.tasks import linreg
 
 WINDOWS: dict[str, dict] = {
@@ -100,9 +100,9 @@ def run(task: linreg.LinReg, batch: int, lr: float, hardest: float, hessian_ever
     stop = max_steps
     probe_rng = torch.Generator().manual_seed(20_000 + seed)
     probes: list[tuple[float, float, float]] = []
-    next_probe, probe_cost = 0.0, 0.0
+    schedule, probe_cost = ProbeSchedule(PROBE["per_octave"]), 0.0
     for step in range(max_steps):
-        if step * batch >= next_probe:
+        if schedule.due(step * batch):
             begin = time.perf_counter()
             batches = [task.batch(PROBE["batch"], probe_rng) for _ in range(PROBE["batches"])]
             # On a copy: the training monitor's hooks would see the probe's batches.
@@ -110,7 +110,6 @@ def run(task: linreg.LinReg, batch: int, lr: float, hardest: float, hessian_ever
                                       hessian_microbatches=PROBE["hessian_microbatches"])
             probes.append((float(step), est.b_simple, est.b_noise))
             probe_cost += time.perf_counter() - begin
-            next_probe = max(step * batch, batch) * 2 ** (1 / PROBE["per_octave"])
         truth = task.truth(model)  # the parameters this step's gradient is taken at
         rows["loss"].append(truth.loss)
         rows["bs_true"].append(truth.b_simple)
@@ -138,9 +137,8 @@ def run(task: linreg.LinReg, batch: int, lr: float, hardest: float, hessian_ever
     # Row s (0-based) holds the values at the parameters after s updates (before update s+1).
     x = np.arange(len(out["g2"]), dtype=float)
     at = np.array(probes)
-    # Interpolate in log(step + 1) between probes (constant beyond the first and the last).
     for col, q in ((1, "bs"), (2, "bn")):
-        out[f"{q}_probes"] = np.interp(np.log1p(x), np.log1p(at[:, 0]), at[:, col])
+        out[f"{q}_probes"] = interpolate_log_steps(at[:, 0], at[:, col], x)
     out["probe_seconds"] = np.array([probe_cost, len(probes)])
     for f in CENTRED:
         out[f"bs_centred{f:g}"] = centred_ratio(x, out["trace"], out["g2"], f, MIN_EXAMPLES / batch)

@@ -121,3 +121,9 @@ def test_drift_flags_a_fast_falling_g2():
         steady.update(2.0, 1.0 + 1.0 / 8, 1, 8, examples=1)
     assert falling.drifting and falling.drift < 0.1
     assert not steady.drifting and steady.drift == pytest.approx(1.0)
+
+
+def test_probe_schedule_is_log_spaced():
+    schedule = noise.ProbeSchedule(per_octave=1)
+    due = [s for s in range(0, 1000, 4) if schedule.due(s)]
+    assert due == [0, 4, 8, 16, 32, 64, 128, 256, 512]

@@ -74,3 +74,11 @@ def test_steps_to_target_from_noisy_runs_match_the_exact_expected_curve():
                         ema.append(s)
                         break
             assert np.mean(ema) / exact > 1.15
+
+
+def test_probes_interpolate_in_log_steps():
+    from gnsweep.analysis.smoothing import interpolate_log_steps
+
+    out = interpolate_log_steps(np.array([0.0, 3.0, np.nan]), np.array([1.0, 3.0, 9.0]),
+                                np.array([0.0, 1.0, 3.0, 10.0]))
+    assert out == pytest.approx([1.0, 2.0, 3.0, 3.0])  # log1p(1) is half of log1p(3)

@@ -87,3 +87,16 @@ def first_reach(x: np.ndarray, values: np.ndarray, target: float) -> float:
         return float(x[i])
     frac = (v[i - 1] - target) / (v[i - 1] - v[i])
     return float(x[i - 1] + frac * (x[i] - x[i - 1]))
+
+
+def interpolate_log_steps(probe_steps: np.ndarray, probe_values: np.ndarray,
+                          steps: np.ndarray) -> np.ndarray:
+    """Per-step values from sparse probes (e.g. B_noise measured at log-spaced points), linear
+    in log(1 + step) between probes and constant beyond the first and the last; NaN probes are
+    skipped, and without any finite probe the result is NaN."""
+    ps = np.asarray(probe_steps, float)
+    pv = np.asarray(probe_values, float)
+    ok = np.isfinite(ps) & np.isfinite(pv)
+    if not ok.any():
+        return np.full(len(np.asarray(steps)), np.nan)
+    return np.interp(np.log1p(np.asarray(steps, float)), np.log1p(ps[ok]), pv[ok])
