@@ -165,10 +165,13 @@ def main() -> None:
                                                                         256])
     parser.add_argument("--hessian-every", type=int, default=5)
     parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--probe-batches", type=int, default=PROBE["batches"])
+    parser.add_argument("--probe-per-octave", type=float, default=PROBE["per_octave"])
     parser.add_argument("--margin", type=float, default=0.25,
                         help="steps past the hardest target, as a fraction of the steps to it")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    PROBE.update(batches=args.probe_batches, per_octave=args.probe_per_octave)
     targets = sorted(args.targets, reverse=True)
     task = make_task(args.dim, args.condition, args.noise, args.teacher_power, 0)
     truth = exact_truth(problem_of(task), args.batch_sizes, targets, limits=False)
