@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from gnsweep.analysis.smoothing import centred_ratio, interpolate_log_steps
+from gnsweep.analysis.smoothing import centred_ratio, interpolate_log_steps, pooled_probes
 from gnsweep.linreg_exact import Problem, exact_truth
 from gnsweep.measure import NoiseScaleMonitor, measure_noise_scale
 from gnsweep.noise import NoiseScaleEma, ProbeSchedule, combine_parts, unbiased_g2_and_trace
@@ -45,6 +45,8 @@ PROBE = {"per_octave": 2, "batch": 512, "batches": 8, "hessian_microbatches": 4}
 examples pooled at fixed parameters (measure_noise_scale), B_noise from `hessian_microbatches`
 micro-batches of half of each batch (b_big = batch / 2);
 the per-step value between probes is interpolated linearly in log steps."""
+POOL_OCTAVES = 1.0
+"""The "pooled" variant: probes within this many octaves of steps either side are pooled."""
 
 
 class Tee:
@@ -99,7 +101,7 @@ def run(task: linreg.LinReg, batch: int, lr: float, hardest: float, hessian_ever
         rows |= {f"bs_{name}": [], f"bn_{name}": [], f"drift_{name}": []}
     stop = max_steps
     probe_rng = torch.Generator().manual_seed(20_000 + seed)
-    probes: list[tuple[float, float, float]] = []
+    probes: list[tuple[float, ...]] = []
     schedule, probe_cost = ProbeSchedule(PROBE["per_octave"]), 0.0
     for step in range(max_steps):
         if schedule.due(step * batch):
@@ -108,7 +110,8 @@ def run(task: linreg.LinReg, batch: int, lr: float, hardest: float, hessian_ever
             # On a copy: the training monitor's hooks would see the probe's batches.
             est = measure_noise_scale(copy.deepcopy(model), task.loss, batches, hessian=True,
                                       hessian_microbatches=PROBE["hessian_microbatches"])
-            probes.append((float(step), est.b_simple, est.b_noise))
+            probes.append((float(step), est.b_simple, est.b_noise, est.trace_sigma, est.g2,
+                           est.trace_h_sigma, est.g_h_g))
             probe_cost += time.perf_counter() - begin
         truth = task.truth(model)  # the parameters this step's gradient is taken at
         rows["loss"].append(truth.loss)
@@ -139,6 +142,11 @@ def run(task: linreg.LinReg, batch: int, lr: float, hardest: float, hessian_ever
     at = np.array(probes)
     for col, q in ((1, "bs"), (2, "bn")):
         out[f"{q}_probes"] = interpolate_log_steps(at[:, 0], at[:, col], x)
+    # Pooled: numerator and denominator smoothed across neighbouring probes (a centred window
+    # of POOL_OCTAVES either side in log steps) before the ratio, which shrinks the bias of a
+    # ratio of finite pools.
+    for q, num, den in (("bs", 3, 4), ("bn", 5, 6)):
+        out[f"{q}_pooled"] = pooled_probes(at[:, 0], at[:, num], at[:, den], x, POOL_OCTAVES)
     out["probe_seconds"] = np.array([probe_cost, len(probes)])
     for f in CENTRED:
         out[f"bs_centred{f:g}"] = centred_ratio(x, out["trace"], out["g2"], f, MIN_EXAMPLES / batch)
@@ -180,7 +188,7 @@ def main() -> None:
         print(f"  target {t.target:g}: B_crit(fit) {t.b_crit_fit:.1f}  B_simple mean "
               f"{t.b_simple_mean:.1f}  B_noise mean {t.b_noise_mean:.1f}")
     # per[target][quantity][B] -> list over seeds
-    windows = [*WINDOWS, *(f"centred{f:g}" for f in CENTRED), "probes"]
+    windows = [*WINDOWS, *(f"centred{f:g}" for f in CENTRED), "probes", "pooled"]
     names = ["true", *windows]
     per = {t: {f"{q}_{n}": {b: [] for b in args.batch_sizes} for q in ("bs", "bn")
                for n in names} for t in targets}

@@ -82,3 +82,18 @@ def test_probes_interpolate_in_log_steps():
     out = interpolate_log_steps(np.array([0.0, 3.0, np.nan]), np.array([1.0, 3.0, 9.0]),
                                 np.array([0.0, 1.0, 3.0, 10.0]))
     assert out == pytest.approx([1.0, 2.0, 3.0, 3.0])  # log1p(1) is half of log1p(3)
+
+
+def test_pooled_probes_recover_a_ratio_that_moves_linearly_in_log_steps():
+    from gnsweep.analysis.smoothing import pooled_probes
+
+    """B_simple rising linearly in log(1 + step) while |G|^2 falls as (1 + step)^-p: the pool is
+    |G|^2-weighted, so it leans low by a few per cent when |G|^2 falls fast (p = 1: one e-fold
+    per e-fold of steps) and hardly at all when it falls slowly (p = 0.3)."""
+    steps = np.array([0.0, 1, 2, 4, 8, 16, 32, 64])
+    b = 10.0 + 3.0 * np.log1p(steps)
+    for p, tolerance in ((1.0, 0.06), (0.3, 0.02)):
+        den = (1.0 + steps) ** -p
+        out = pooled_probes(steps, b * den, den, steps, octaves=1.0)
+        assert out == pytest.approx(b, rel=tolerance)
+        assert np.all(out <= b * (1 + 1e-12))

@@ -100,3 +100,16 @@ def interpolate_log_steps(probe_steps: np.ndarray, probe_values: np.ndarray,
     if not ok.any():
         return np.full(len(np.asarray(steps)), np.nan)
     return np.interp(np.log1p(np.asarray(steps, float)), np.log1p(ps[ok]), pv[ok])
+
+
+def pooled_probes(probe_steps: np.ndarray, numerator: np.ndarray, denominator: np.ndarray,
+                  steps: np.ndarray, octaves: float = 1.0) -> np.ndarray:
+    """Per-step noise scale from frozen-parameter probes: each probe's pooled numerator and
+    denominator (tr(Sigma) and |G|^2, or tr(H Sigma) and G^T H G, eq. A.2) are smoothed across
+    the probes within `octaves` doublings of steps either side (centred local-linear in
+    log(1 + step)) before the ratio (eq. 2.9 / 2.8), then interpolated to every step. Pooling
+    before the ratio shrinks the upward bias of a ratio with a noisy denominator; measured on
+    linreg in docs/noise.md."""
+    where = np.log1p(np.asarray(probe_steps, float))
+    ratio = centred_ratio(where, numerator, denominator, 0.0, octaves * float(np.log(2.0)))
+    return interpolate_log_steps(probe_steps, ratio, steps)
