@@ -145,23 +145,83 @@ class NoiseEstimate:
 class NoiseScaleEma:
     """B_simple (and B_noise) as ratios of separately smoothed estimates (appendix A.1).
 
-    `ema_steps` > 0 sets the time constant in optimizer steps, else `ema_examples` in examples;
-    `math.inf` pools all updates with equal weights (estimates at fixed parameters). The H-norm
-    EMAs use, per Hessian measurement, the decay of one plain measurement: they average over as
-    many measurements as the plain EMAs, which span more training when B_noise is measured less
-    often (less noise, more lag).
+    The time window, one of:
+    - `ema_fraction` > 0: a window that follows training, `ema_fraction` times the examples
+      seen so far (per-update decay `exp(-examples / (ema_fraction * seen))`). A ratio of two
+      EMAs is a |G|^2-weighted mean of B_simple over the window; |G|^2 falls 100-1000x over a
+      run, so a window of fixed length that spans the run reports early training. A window
+      that is a fixed fraction of the run so far averages the same share of training (the same
+      span in log examples) at every point, whatever the run's length. Proposed default 0.2
+      (docs/noise.md, "Windows that follow training").
+    - else `ema_steps` > 0: a time constant in optimizer steps;
+    - else `ema_examples`: a time constant in examples (`math.inf` pools all updates with equal
+      weights: estimates at fixed parameters).
+
+    `hessian_clock`: "examples" (default) decays the H-norm EMAs by the examples (or steps) seen
+    since the last Hessian measurement, so B_noise averages over the same span of training as
+    B_simple however rarely it is measured; "measurements" is the former rule (per Hessian
+    measurement, the decay of one plain measurement: with B_noise every k steps its window is k
+    times longer than B_simple's).
+
+    `drift` is |G|^2 now over |G|^2 one window ago (each from an EMA a quarter of the window
+    long): outside [1/2, 2], |G|^2 changed more than 2x inside the averaging window and the
+    ratio leans to the window's large-|G|^2 end (`drifting`).
     """
 
-    def __init__(self, *, ema_steps: float = 0.0, ema_examples: float = 2048.0) -> None:
-        if ema_steps < 0 or ema_examples <= 0:
-            raise ValueError("need ema_steps >= 0 and ema_examples > 0")
+    def __init__(self, *, ema_steps: float = 0.0, ema_examples: float = 2048.0,
+                 ema_fraction: float = 0.0, hessian_clock: str = "examples") -> None:
+        if ema_steps < 0 or ema_examples <= 0 or ema_fraction < 0:
+            raise ValueError("need ema_steps >= 0, ema_examples > 0 and ema_fraction >= 0")
+        if hessian_clock not in ("examples", "measurements"):
+            raise ValueError(f"hessian_clock={hessian_clock!r}: choose examples or measurements")
         self.ema_steps, self.ema_examples = ema_steps, ema_examples
+        self.ema_fraction, self.hessian_clock = ema_fraction, hessian_clock
         self._g2, self._trace = Ema(), Ema()
         self._ghg, self._htrace = Ema(), Ema()
         self._last: tuple[float, ...] | None = None
         self._decay = 0.0
+        self.seen_examples = 0.0
+        self.seen_steps = 0.0
+        # Examples and steps since the last Hessian measurement (its clock).
+        self._h_examples = self._h_steps = 0.0
+        # |G|^2 over a quarter window, and its history (seen, value) for the drift flag.
+        self._g2_short = Ema()
+        self._history: list[tuple[float, float]] = []
+
+    @property
+    def window(self) -> float:
+        """The current time constant: in steps when `ema_steps` > 0, else in examples."""
+        if self.ema_fraction > 0:
+            return self.ema_fraction * max(self.seen_examples, 1.0)
+        return self.ema_steps if self.ema_steps > 0 else self.ema_examples
+
+    @property
+    def drift(self) -> float:
+        """|G|^2 (quarter-window EMA) now over its value one window ago; NaN until a window
+        has passed, or when either is not positive (|G|^2 lost in the noise)."""
+        if not self._history or not math.isfinite(self.window):
+            return math.nan
+        clock = self.seen_steps if (self.ema_steps > 0 and self.ema_fraction <= 0) \
+            else self.seen_examples
+        then = clock - self.window
+        if then < self._history[0][0]:
+            return math.nan
+        lo, hi = 0, len(self._history) - 1
+        while lo < hi:  # last entry at or before `then`
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self._history[mid][0] <= then else (lo, mid - 1)
+        past, now = self._history[lo][1], self._history[-1][1]
+        return now / past if past > 0 and now > 0 else math.nan
+
+    @property
+    def drifting(self) -> bool:
+        """|G|^2 changed more than 2x inside the averaging window."""
+        d = self.drift
+        return math.isfinite(d) and not 0.5 <= d <= 2.0
 
     def _decay_for(self, examples: float, steps: float) -> float:
+        if self.ema_fraction > 0:
+            return math.exp(-examples / (self.ema_fraction * max(self.seen_examples, 1.0)))
         return ema_decay(examples, steps=self.ema_steps, examples_scale=self.ema_examples,
                          steps_elapsed=steps)
 
@@ -186,18 +246,35 @@ class NoiseScaleEma:
 
     def _fold(self, g2: float, trace: float, b_small: float, b_big: float, sq_small: float,
               sq_big: float, examples: float | None, steps: float) -> NoiseEstimate:
-        decay = self._decay_for(b_big if examples is None else examples, steps)
+        examples = b_big if examples is None else examples
+        self.seen_examples += examples
+        self.seen_steps += steps
+        self._h_examples += examples
+        self._h_steps += steps
+        decay = self._decay_for(examples, steps)
         self._g2.update(g2, decay)
         self._trace.update(trace, decay)
         self._last = (b_small, b_big, sq_small, sq_big, g2, trace)
         self._decay = decay
+        if math.isfinite(self.window):
+            # The quarter-window EMA: decay^4 has a time constant a quarter as long.
+            self._g2_short.update(g2, decay ** 4)
+            clock = self.seen_steps if (self.ema_steps > 0 and self.ema_fraction <= 0) \
+                else self.seen_examples
+            self._history.append((clock, self._g2_short.value))
         return self.estimate()
 
     def update_hessian(self, hsq_small: float, hsq_big: float, b_small: float, b_big: float
                        ) -> NoiseEstimate | None:
         """Fold in H-norms `|G_small|_H^2`, `|G_big|_H^2` (eq. 2.8 through eq. A.2)."""
         ghg, htrace = unbiased_g2_and_trace(hsq_small, hsq_big, b_small, b_big)
-        decay = self._decay if self._ghg.count > 0 else 0.0
+        if self._ghg.count == 0:
+            decay = 0.0
+        elif self.hessian_clock == "measurements":
+            decay = self._decay
+        else:
+            decay = self._decay_for(self._h_examples, self._h_steps)
+        self._h_examples = self._h_steps = 0.0
         self._ghg.update(ghg, decay)
         self._htrace.update(htrace, decay)
         return self.estimate() if self._last is not None else None
@@ -219,3 +296,25 @@ def _ratio(numerator: float, denominator: float) -> float:
     if math.isnan(numerator) or math.isnan(denominator) or denominator == 0:
         return math.nan
     return numerator / denominator
+
+
+class ProbeSchedule:
+    """Log-spaced points in examples for frozen-parameter probes of the noise scale.
+
+    A probe measures B_simple / B_noise from fresh examples at fixed parameters (no window, so no
+    lag and no |G|^2 weighting over training). `due(seen)` is True at the first call and then
+    each time the examples seen reach the next point, `per_octave` points per doubling: a run of
+    S steps gets about `per_octave * log2(S)` probes, so their cost shrinks relative to long runs.
+    """
+
+    def __init__(self, per_octave: float = 2.0) -> None:
+        if per_octave <= 0:
+            raise ValueError(f"per_octave={per_octave}: need > 0")
+        self.factor = 2.0 ** (1.0 / per_octave)
+        self.next = 0.0
+
+    def due(self, seen: float) -> bool:
+        if seen < self.next:
+            return False
+        self.next = max(seen, 1.0) * self.factor
+        return True

@@ -83,3 +83,47 @@ def test_hessian_norms_give_b_noise():
     assert e is not None
     assert (e.g_h_g, e.trace_h_sigma, e.b_noise) == pytest.approx((2.0, 10.0, 5.0))
     assert e.b_simple == pytest.approx(10.0)
+
+
+def test_fraction_window_follows_training():
+    """ema_fraction f: the decay of an update of n examples is exp(-n / (f * seen)), seen
+    counting this update; a constant signal is returned as is."""
+    est = noise.NoiseScaleEma(ema_fraction=0.5)
+    est.update(3.0 + 30.0, 3.0 + 30.0 / 8, 1, 8, examples=8)
+    e = est.update(1.0 + 10.0, 1.0 + 10.0 / 8, 1, 8, examples=8)
+    d = math.exp(-8 / (0.5 * 16))
+    assert e.g2 == pytest.approx((3.0 * d + 1.0) / (d + 1))
+    assert est.window == pytest.approx(0.5 * 16)
+    with pytest.raises(ValueError, match="ema_fraction"):
+        noise.NoiseScaleEma(ema_fraction=-1)
+
+
+def test_hessian_ema_runs_on_the_plain_clock():
+    """B_noise measured every 5th update of 10 examples: each Hessian fold decays the past by
+    the 50 examples since the last one, exp(-50/100), not by one update's exp(-10/100)."""
+    for clock, seen in (("examples", 50), ("measurements", 10)):
+        est = noise.NoiseScaleEma(ema_examples=100.0, hessian_clock=clock)
+        for i in range(6):
+            est.update(3.0 + 30.0, 3.0 + 30.0 / 8, 1, 8, examples=10)
+            if i % 5 == 0:
+                value = 1.0 if i == 0 else 0.0  # G^T H G = value, tr(H Sigma) = 0
+                e = est.update_hessian(value, value, 4, 16)
+        d = math.exp(-seen / 100)
+        assert e is not None and e.g_h_g == pytest.approx(d / (d + 1)), clock
+
+
+def test_drift_flags_a_fast_falling_g2():
+    """|G|^2 halving every 10 examples with a window of 40: it falls 16x inside the window."""
+    falling, steady = (noise.NoiseScaleEma(ema_examples=40.0) for _ in range(2))
+    for i in range(200):
+        g2 = 0.5 ** (i / 10)
+        falling.update(g2 + 1.0, g2 + 1.0 / 8, 1, 8, examples=1)
+        steady.update(2.0, 1.0 + 1.0 / 8, 1, 8, examples=1)
+    assert falling.drifting and falling.drift < 0.1
+    assert not steady.drifting and steady.drift == pytest.approx(1.0)
+
+
+def test_probe_schedule_is_log_spaced():
+    schedule = noise.ProbeSchedule(per_octave=1)
+    due = [s for s in range(0, 1000, 4) if schedule.due(s)]
+    assert due == [0, 4, 8, 16, 32, 64, 128, 256, 512]
