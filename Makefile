@@ -4,7 +4,10 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
+# The demo installs the package alone; the tests add the dev extra (linters and the
+# frameworks the integrations are tested against), which the demo does not need.
 STAMP   := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 TORCH_CPU := torch==2.13.0
 
 .PHONY: install demo test test-fast lint bench slurm-up slurm-down clean
@@ -14,10 +17,14 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH_CPU)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e .
 	@touch $(STAMP)
 
-install: $(STAMP)
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(DEV_STAMP)
+
+install: $(DEV_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/gnsweep launch --sweep-dir runs/demo
@@ -27,19 +34,19 @@ demo: $(STAMP)
 	@echo "Done. Tables: runs/demo/*.parquet  Figures: runs/demo/figures/"
 	@echo "Report (one file, figures inside; open it in a browser): file://$(CURDIR)/runs/demo/report.html"
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy gnsweep
 	$(BIN)/pytest -q
 
-test-fast: $(STAMP)
+test-fast: $(DEV_STAMP)
 	$(BIN)/pytest -q -m "not slow and not distributed and not slurm and not browser"
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy gnsweep
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(BIN)/python -m gnsweep.bench
 
 slurm-up:
