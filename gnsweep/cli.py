@@ -101,6 +101,43 @@ def launch(
     typer.echo(f"next: gnsweep analyze {sweep_dir}")
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@user_errors
+def plan(
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="Hydra overrides, as for `gnsweep launch`; the grid bounds what the plan runs")
+    ] = None,
+    sweep_dir: Annotated[Path | None, typer.Option(
+        "--sweep-dir", help="Sweep folder (default: runs/<sweep name>-plan).")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="Worker processes (default: one per core).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Find B_crit at a fraction of the grid's compute: a pilot run's B_simple picks the batch
+    sizes, eq. 2.7 the first learning rate at each, and only the rates that can still win run.
+
+    Every run lives under DIR/runs like a launch's (analyze, plot and report work unchanged);
+    DIR/plan.json records each decision, and re-running the same command resumes.
+    Example: gnsweep plan --sweep-dir runs/digits-plan
+    """
+    from gnsweep.config import compose
+    from gnsweep.planner.orchestrate import examples_processed
+    from gnsweep.planner.orchestrate import plan as run_plan
+
+    overrides = list(overrides or [])
+    if workers is not None:
+        overrides.append(f"executor.workers={workers}")
+    config = compose(overrides)
+    sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
+    summary = run_plan(config, sweep_dir, show_progress=not quiet, echo=typer.echo)
+    ids = sorted(set(summary.run_ids))
+    typer.echo(f"plan {sweep_dir}: {len(ids)} of {summary.grid_size} grid runs in "
+               f"{summary.rounds} round(s) ({summary.grid_size - len(ids)} pruned: never run; "
+               f"{len(set(summary.capped))} with a smaller step budget); "
+               f"{examples_processed(sweep_dir, ids):,} examples processed")
+    typer.echo(f"next: gnsweep analyze {sweep_dir}")
+
+
 @app.command()
 @user_errors
 def status(

@@ -12,8 +12,9 @@ from gnsweep import store
 from gnsweep.config import Config, ConfigError
 from gnsweep.runs import FINISHED, RunSpec, expand_grid, fresh_retries, parse_run_record, write_run
 
-__all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "remaining",
-           "sweep_status"]  # RunSpec, expand_grid, parse_run_record: from gnsweep.runs
+# RunSpec, expand_grid, parse_run_record: from gnsweep.runs
+__all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "prepare_folder",
+           "remaining", "run_specs", "sweep_status"]
 
 
 # Settings a relaunch may change: where and how runs execute, the grid (runs are added), and
@@ -62,6 +63,16 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
     return new
 
 
+def prepare_folder(sweep_dir: Path, config: Config) -> None:
+    """Create the sweep folder or check that it matches (ConfigError if runs would train
+    differently), and write its config.yaml (the grid: the union of the old and new grids)."""
+    from omegaconf import OmegaConf
+
+    merged = _check_relaunch(sweep_dir, config)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    store.write_text(sweep_dir / store.SWEEP_CONFIG, OmegaConf.to_yaml(merged))
+
+
 def prepare(sweep_dir: Path, config: Config) -> list[RunSpec]:
     """Create the sweep folder (or check it matches), write every run's config; return the grid.
 
@@ -69,11 +80,7 @@ def prepare(sweep_dir: Path, config: Config) -> list[RunSpec]:
     folder's config.yaml lists the union), and the runs already finished are never touched. A
     relaunch whose settings would train runs differently is refused (ConfigError).
     """
-    from omegaconf import OmegaConf
-
-    merged = _check_relaunch(sweep_dir, config)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    store.write_text(sweep_dir / store.SWEEP_CONFIG, OmegaConf.to_yaml(merged))
+    prepare_folder(sweep_dir, config)
     specs = expand_grid(config)
     for spec in specs:
         write_run(sweep_dir, config, spec)
@@ -102,17 +109,15 @@ def remaining(sweep_dir: Path, specs: list[RunSpec], *,
     return out
 
 
-def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
-           wait: bool = True) -> Any:
-    """Run every run of the sweep that has not finished; returns the executor's summary.
-
-    Safe to call again at any time, also while another launch runs: runs are claimed before they
-    start, so none runs twice. `wait=False` (Slurm only) returns once the jobs are submitted.
-    """
+def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
+              show_progress: bool = True, wait: bool = True) -> Any:
+    """Hand the runs (records written) that have not finished to the configured executor;
+    returns its summary. `launch` runs the grid with it, `gnsweep plan` its chosen runs."""
     from gnsweep.executors.registry import executor_for
     from gnsweep.progress import SweepProgress
 
-    specs = prepare(sweep_dir, config)
+    specs = [RunSpec(**store.read_json(store.run_dir(sweep_dir, r) / store.RUN_CONFIG)["run"])
+             for r in run_ids]
     # Runs another launcher holds stay in: every executor waits for them (and runs them should
     # their owner die), but none starts them while their owner lives.
     todo = [spec.run_id for spec in remaining(sweep_dir, specs)]
@@ -121,6 +126,18 @@ def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
         run = executor_for(config.executor.kind)
         return run(sweep_dir, todo, config.executor, max_retries=config.sweep.max_retries,
                    progress=progress, wait=wait)
+
+
+def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
+           wait: bool = True) -> Any:
+    """Run every run of the sweep that has not finished; returns the executor's summary.
+
+    Safe to call again at any time, also while another launch runs: runs are claimed before they
+    start, so none runs twice. `wait=False` (Slurm only) returns once the jobs are submitted.
+    """
+    specs = prepare(sweep_dir, config)
+    return run_specs(config, sweep_dir, [spec.run_id for spec in specs],
+                     show_progress=show_progress, wait=wait)
 
 
 def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:

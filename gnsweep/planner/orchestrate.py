@@ -1,0 +1,165 @@
+"""`gnsweep plan`: read the finished runs, ask `rules.decide` for the next round, record it in
+D/plan.json (atomically, before any of its runs starts), write the runs' records and hand them to
+the executors exactly as `gnsweep launch` does; repeat until nothing is left to decide.
+
+A re-run resumes: recorded rounds are run to the end first (their finished runs are skipped),
+then decisions are derived again from the finished runs, which give the same answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gnsweep import store
+from gnsweep.config import Config
+from gnsweep.planner.rules import Decision, Proposal, RunOutcome, decide
+from gnsweep.runs import RunSpec, read_run, write_run
+
+PLAN_FILE = "plan.json"
+"""The plan's record in the sweep folder: every round decided, its runs and why."""
+
+
+@dataclass
+class PlanSummary:
+    """What a plan ran (over all its rounds, resumed ones included)."""
+
+    rounds: int = 0
+    run_ids: list[str] = field(default_factory=list)
+    capped: list[str] = field(default_factory=list)
+    """Runs given a step budget below sweep.max_steps (rule 5)."""
+    grid_size: int = 0
+    final: Decision | None = None
+
+
+def plan(config: Config, sweep_dir: Path, *, show_progress: bool = True,
+         echo: Callable[[str], None] = print) -> PlanSummary:
+    """Run the plan in `sweep_dir` (or resume it) until every chosen batch size is bracketed."""
+    from gnsweep.sweep import prepare_folder, run_specs
+
+    prepare_folder(sweep_dir, config)
+    path = sweep_dir / PLAN_FILE
+    record: dict[str, Any] = store.read_json(path) if path.exists() else {"rounds": []}
+    rounds: list[dict[str, Any]] = record["rounds"]
+    seed = config.sweep.seeds[0]
+    grid_size = len(config.sweep.batch_sizes) * len(config.sweep.learning_rates)
+    summary = PlanSummary(grid_size=grid_size)
+    announced = False
+    while True:
+        index = summary.rounds
+        if index < len(rounds):
+            entry = rounds[index]
+            echo(f"round {index + 1} ({entry['phase']}, recorded): {len(entry['runs'])} run(s)")
+        else:
+            decision = decide(read_outcomes(sweep_dir, config), config.sweep.batch_sizes,
+                              config.sweep.learning_rates, config.sweep.targets,
+                              config.sweep.max_steps)
+            if decision.pilot is not None and not announced:
+                announced = True
+                for line in explain(decision, config):
+                    echo(line)
+            if not decision.proposals:
+                summary.final = decision
+                record["final"] = _decision_record(decision)
+                store.write_json(path, record)
+                break
+            entry = {"phase": decision.phase,
+                     "runs": [{**asdict(p), "seed": seed,
+                               "run_id": RunSpec(p.batch_size, p.learning_rate, seed).run_id}
+                              for p in decision.proposals]}
+            rounds.append(entry)
+            store.write_json(path, record)  # decided before anything of it runs
+            echo(f"round {index + 1} ({decision.phase}): {len(entry['runs'])} run(s)")
+            for run in entry["runs"]:
+                budget = (f", max_steps {run['max_steps']}"
+                          if run["max_steps"] < config.sweep.max_steps else "")
+                echo(f"  b={run['batch_size']} lr={run['learning_rate']:g}{budget}: "
+                     f"{run['why']}")
+        ids = []
+        for run in entry["runs"]:
+            run_config = Config.from_dict(
+                {**config.to_dict(), "sweep": {**config.to_dict()["sweep"],
+                                               "max_steps": int(run["max_steps"])}})
+            spec = RunSpec(int(run["batch_size"]), float(run["learning_rate"]), int(run["seed"]))
+            write_run(sweep_dir, run_config, spec)
+            ids.append(spec.run_id)
+            if run["max_steps"] < config.sweep.max_steps:
+                summary.capped.append(spec.run_id)
+        run_specs(config, sweep_dir, ids, show_progress=show_progress)
+        summary.run_ids += ids
+        summary.rounds += 1
+    return summary
+
+
+def read_outcomes(sweep_dir: Path, config: Config) -> list[RunOutcome]:
+    """Every finished run of the folder at `seed`, as the rules see it (steps-to-target on the
+    sweep's loss, B_simple's S_min-weighted mean up to each target)."""
+    from gnsweep.analysis.load import load_curves
+    from gnsweep.analysis.steps import steps_to_target
+
+    if not store.run_ids(sweep_dir):
+        return []
+    seed = config.sweep.seeds[0]
+    curves = load_curves(sweep_dir)
+    steps = steps_to_target(curves, None, config.sweep.targets, loss=config.analysis.loss)
+    out = []
+    for run in curves.runs.itertuples(index=False):
+        if run.state not in ("done", "diverged", "failed") or run.seed != seed:
+            continue
+        rows = steps[(steps["run_id"] == run.run_id) & steps["reached"]]
+        run_config, _ = read_run(sweep_dir, str(run.run_id))
+        b_simple = {float(r.target): float(r.b_simple_mean) for r in rows.itertuples()
+                    if math.isfinite(r.b_simple_mean)}
+        out.append(RunOutcome(int(run.batch_size), float(run.learning_rate), str(run.state),
+                              run_config.sweep.max_steps,
+                              {float(r.target): float(r.steps) for r in rows.itertuples()},
+                              b_simple))
+    return out
+
+
+def examples_processed(sweep_dir: Path, run_ids: list[str] | None = None) -> int:
+    """Compute of the runs: examples processed (steps x batch size), diverged runs included."""
+    total = 0
+    for run_id in run_ids if run_ids is not None else store.run_ids(sweep_dir):
+        run_path = store.run_dir(sweep_dir, run_id)
+        batch = int(store.read_json(run_path / store.RUN_CONFIG)["run"]["batch_size"])
+        total += int(store.read_status(run_path).get("steps") or 0) * batch
+    return total
+
+
+def explain(decision: Decision, config: Config) -> list[str]:
+    """What the plan decided from the pilot and why, in a few lines."""
+    assert decision.pilot is not None
+    b_pilot, lr_pilot = decision.pilot
+    noise = ", ".join(f"{v:.4g} (loss {t:g})" for t, v in sorted(decision.b_noise.items(),
+                                                                    reverse=True))
+    grid = sorted(config.sweep.batch_sizes)
+    finite = [v for v in decision.b_noise.values() if math.isfinite(v) and v > 0]
+    span = (f"the grid's within [{min(finite) / 8:.3g}, {max(finite) * 8:.3g}] = B_simple / 8 .. "
+            "B_simple x 8, where S = S_min + E_min/B is within 12.5% of each asymptote"
+            if finite else "no B_simple measured: the whole grid")
+    first = ", ".join(f"{b}: {lr:g}" for b, lr in sorted(decision.first.items()))
+    return [
+        f"pilot b={b_pilot} lr={lr_pilot:g}: B_simple {noise}; predicts B_crit ~ B_simple",
+        f"batch sizes {decision.batch_sizes} ({len(decision.batch_sizes)} of {len(grid)}): "
+        f"{span}",
+        f"learning rates: eps_opt(B) = eps_max / (1 + B_noise/B) (eq. 2.7), B_noise ~ "
+        f"{decision.b_noise_lr:.4g}, eps_max {decision.eps_max:.4g} (the pilot's rate optimal "
+        f"at b={b_pilot}); first rate per batch size {first}; then each target's best rate is "
+        "bracketed by its grid neighbours",
+    ]
+
+
+def _decision_record(decision: Decision) -> dict[str, Any]:
+    return {"pilot": list(decision.pilot) if decision.pilot else None,
+            "b_noise": {f"{t:g}": v for t, v in decision.b_noise.items()},
+            "batch_sizes": decision.batch_sizes, "eps_max": decision.eps_max,
+            "b_noise_lr": decision.b_noise_lr,
+            "first": {str(b): lr for b, lr in decision.first.items()}}
+
+
+__all__ = ["PLAN_FILE", "PlanSummary", "Proposal", "examples_processed", "explain", "plan",
+           "read_outcomes"]

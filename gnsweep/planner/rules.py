@@ -1,0 +1,291 @@
+"""The planner's decisions, pure: which pilot to run, which batch sizes and learning rates to try,
+which step budget each run gets, and when a batch size is done. No files, no torch, no printing.
+
+Every run the planner chooses is a point of the configured grid (`sweep.batch_sizes` x
+`sweep.learning_rates`): the plan is the full grid minus the runs that cannot win, so its answer
+can be compared run for run with the grid's. The rules:
+
+1. Pilot: the grid's middle batch size at the grid's middle learning rate; if it diverges the next
+   lower rate, if it reaches no target the next higher one. Its B_simple (the S_min-weighted mean
+   up to each target, DESIGN.md) predicts B_crit at each target.
+2. Batch sizes: the grid's batch sizes in [min B_pred / SPREAD, max B_pred * SPREAD]. With
+   S = S_min (1 + B_crit/B) (eq. 2.11), B = B_crit/8 sits on the E = E_min asymptote
+   (E/E_min = 1.125) and B = 8 B_crit on the S = S_min one (S/S_min = 1.125): both are seen.
+3. First learning rate at each batch size: eps_opt(B) = eps_max / (1 + B_noise/B) (eq. 2.7) with
+   B_noise ~ B_simple, eps_max = lr_pilot (1 + B_noise/B_pilot) (the pilot's rate taken as
+   optimal there), snapped to the grid's nearest rate (in log).
+4. Bracketing: at each batch size and target, the best rate so far (fewest steps to the target)
+   must have both grid neighbours run (or be at the grid's edge); a missing neighbour runs next,
+   the higher side first: a higher rate is cheaper to try (it diverges within a few steps or
+   reaches the target sooner), and if it wins the lower side is never needed. No rate reaching
+   a target: one rate higher if the highest did not diverge, else one lower.
+5. Pruning by budget: a run added to bracket the best rates of some targets gets
+   max_steps = ceil(CAP_FACTOR x the most steps those bests took). Past that it cannot win at
+   those targets; nor at any other: the rates tried at a batch size are contiguous on the grid
+   (each added one is a neighbour of a tried one), so between this rate and another target's
+   best lies a tried rate already worse than that best, and S(lr) is bowl-shaped (unimodal in
+   log lr). So the budget never changes a best rate; the margin above 1 lets close neighbours
+   finish and show the bowl around the optimum.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gnsweep.errors import ConfigError
+
+SPREAD = 8.0
+"""Batch sizes from B_pred / SPREAD to B_pred x SPREAD (rule 2)."""
+MIN_BATCH_SIZES = 5
+"""At least this many batch sizes (or the whole grid): a 2-parameter fit needs a few more."""
+CAP_FACTOR = 1.5
+"""Step budget of a run added where a best exists: this x the best steps there (rule 5)."""
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """One finished run, as the planner sees it."""
+
+    batch_size: int
+    learning_rate: float
+    state: str
+    """done, diverged or failed."""
+    max_steps: int
+    """Its step budget."""
+    steps: dict[float, float] = field(default_factory=dict)
+    """Target -> steps to reach it; a target it did not reach is absent."""
+    b_simple: dict[float, float] = field(default_factory=dict)
+    """Target -> B_simple averaged (S_min weights) up to reaching it."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A run the planner decides to start, and why."""
+
+    batch_size: int
+    learning_rate: float
+    max_steps: int
+    why: str
+
+
+class PlanError(ConfigError):
+    """The grid cannot support a plan (the pilot reaches no target at any learning rate)."""
+
+
+def middle(values: list[float] | list[int]) -> float:
+    """The middle of a sorted grid (the lower middle for an even count)."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def snap(value: float, grid: list[float]) -> float:
+    """The grid value nearest `value` in log (ties: the smaller)."""
+    return min(sorted(grid), key=lambda g: abs(math.log(g / value)))
+
+
+def neighbours(value: float, grid: list[float]) -> tuple[float | None, float | None]:
+    """The grid values just below and just above `value` (None at an edge)."""
+    ordered = sorted(grid)
+    i = ordered.index(value)
+    return (ordered[i - 1] if i > 0 else None,
+            ordered[i + 1] if i + 1 < len(ordered) else None)
+
+
+def eps_opt(batch_size: float, eps_max: float, b_noise: float) -> float:
+    """The optimal SGD learning rate at batch size B, eq. 2.7: eps_max / (1 + B_noise/B)."""
+    return eps_max / (1.0 + b_noise / batch_size)
+
+
+def eps_max_from(learning_rate: float, batch_size: float, b_noise: float) -> float:
+    """eps_max for which `learning_rate` is optimal at `batch_size` (eq. 2.7 inverted)."""
+    return learning_rate * (1.0 + b_noise / batch_size)
+
+
+def next_pilot(pilots: list[RunOutcome], learning_rates: list[float]) -> float | None:
+    """The next pilot learning rate, or None once a pilot reached a target with a measured
+    B_simple. Raises PlanError when the rates run out."""
+    if any(p.steps and p.b_simple for p in pilots):
+        return None
+    tried = {p.learning_rate for p in pilots}
+    last = pilots[-1]
+    low, high = neighbours(last.learning_rate, learning_rates)
+    step = low if last.state == "diverged" else high
+    if step is None or step in tried:
+        raise PlanError(
+            f"the pilot at batch size {last.batch_size} reached no target at learning rates "
+            f"{', '.join(f'{r:g}' for r in sorted(tried))}: choose reachable sweep.targets, a "
+            "larger sweep.max_steps or other sweep.learning_rates")
+    return step
+
+
+def pilot_noise(pilots: list[RunOutcome], targets: list[float]) -> dict[float, float]:
+    """B_simple per target from the pilot that reached the most targets (fewest steps to the
+    easiest on ties); a target it did not reach takes the value at the hardest one it reached
+    (the noise scale grows during training: a lower bound)."""
+    usable = [p for p in pilots if p.steps and p.b_simple]
+    best = min(usable, key=lambda p: (-len(p.b_simple), p.steps.get(max(targets), math.inf)))
+    out: dict[float, float] = {}
+    last = math.nan
+    for target in sorted(targets, reverse=True):
+        last = best.b_simple.get(target, last)
+        out[target] = last
+    return out
+
+
+def choose_batch_sizes(grid: list[int], b_pred: list[float], spread: float = SPREAD,
+                       at_least: int = MIN_BATCH_SIZES) -> list[int]:
+    """Grid batch sizes within [min b_pred / spread, max b_pred x spread] (rule 2); at least
+    `at_least` of them (the grid's nearest to the range are added, alternating sides)."""
+    finite = [b for b in b_pred if math.isfinite(b) and b > 0]
+    ordered = sorted(grid)
+    if not finite:
+        return ordered
+    lo, hi = min(finite) / spread, max(finite) * spread
+    chosen = [b for b in ordered if lo <= b <= hi]
+    below = [b for b in ordered if b < lo][::-1]
+    above = [b for b in ordered if b > hi]
+    while len(chosen) < min(at_least, len(ordered)):
+        # The side whose nearest batch size lies closer (in log) to the range comes first.
+        if above and (not below or math.log(above[0] / hi) <= math.log(lo / below[0])):
+            chosen.append(above.pop(0))
+        else:
+            chosen.append(below.pop(0))
+    return sorted(chosen)
+
+
+def first_learning_rates(batch_sizes: list[int], learning_rates: list[float], eps_max: float,
+                         b_noise: float) -> dict[int, float]:
+    """The grid rate nearest eps_opt(B) (eq. 2.7) at each batch size (rule 3)."""
+    return {b: snap(eps_opt(b, eps_max, b_noise), learning_rates) for b in batch_sizes}
+
+
+def best_run(runs: list[RunOutcome], target: float) -> RunOutcome | None:
+    """The run reaching `target` in the fewest steps; on ties the larger rate (with a bowl-shaped
+    S(lr) the optimum lies between tied rates, so the lower one's lower neighbour cannot win)."""
+    reached = [r for r in runs if target in r.steps and r.state == "done"]
+    return min(reached, key=lambda r: (r.steps[target], -r.learning_rate), default=None)
+
+
+@dataclass(frozen=True)
+class Want:
+    """A rate one batch size still needs (rule 4)."""
+
+    up: bool
+    """Above a best rate, or going up."""
+    why: str
+    budget_steps: float = math.nan
+    """The most steps the best rates it brackets took (NaN: not bracketing a best; rule 5)."""
+
+
+def bracket(runs: list[RunOutcome], learning_rates: list[float],
+            targets: list[float]) -> dict[float, Want]:
+    """Rates still to run at one batch size so that every target's best rate is bracketed
+    (rule 4): rate -> what it is wanted for."""
+    tried = {r.learning_rate: r for r in runs}
+    wanted: dict[float, Want] = {}
+    for target in sorted(targets, reverse=True):
+        best = best_run(runs, target)
+        if best is not None:
+            for side, other in zip(("below", "above"),
+                                   neighbours(best.learning_rate, learning_rates), strict=True):
+                if other is None or other in tried:
+                    continue
+                steps = best.steps[target]
+                why = (f"brackets the best rate {best.learning_rate:g} ({steps:g} steps to "
+                       f"{target:g}) from {side}")
+                if other in wanted:  # wanted at several targets: the largest budget, first why
+                    why, steps = wanted[other].why, max(steps, wanted[other].budget_steps)
+                wanted[other] = Want(side == "above", why, steps)
+            continue
+        # Nothing reached this target: too slow (go up) unless the top already diverged.
+        top, bottom = max(tried), min(tried)
+        low, high = neighbours(bottom, learning_rates)[0], neighbours(top, learning_rates)[1]
+        if tried[top].state != "diverged" and high is not None:
+            wanted[high] = Want(True, f"no rate up to {top:g} reached {target:g}; going up")
+        elif tried[bottom].state == "diverged" and low is not None:
+            wanted[low] = Want(False, f"every rate down to {bottom:g} diverged; going down")
+    return wanted
+
+
+def next_round(outcomes: dict[int, list[RunOutcome]], batch_sizes: list[int],
+               first: dict[int, float], learning_rates: list[float], targets: list[float],
+               max_steps: int, cap_factor: float = CAP_FACTOR) -> list[Proposal]:
+    """The runs to start next: a first rate where a batch size has none, then the missing
+    neighbours of every target's best rate. Empty when every batch size is bracketed."""
+    out = []
+    for b in sorted(batch_sizes):
+        runs = outcomes.get(b, [])
+        if not runs:
+            lr = first[b]
+            out.append(Proposal(b, lr, max_steps, f"eps_opt({b}) from eq. 2.7 -> {lr:g}"))
+            continue
+        wanted = bracket(runs, learning_rates, targets)
+        # Rule 4: the higher side first; the lower side once no higher rate is wanted.
+        if any(w.up for w in wanted.values()):
+            wanted = {lr: w for lr, w in wanted.items() if w.up}
+        for lr, want in sorted(wanted.items()):
+            cap, note = max_steps, ""
+            if math.isfinite(want.budget_steps):  # rule 5
+                cap = min(max_steps, max(1, math.ceil(cap_factor * want.budget_steps)))
+                note = f"; budget {cap} steps = {cap_factor:g} x the best" if cap < max_steps \
+                    else ""
+            out.append(Proposal(b, lr, cap, want.why + note))
+    return out
+
+
+@dataclass
+class Decision:
+    """What the planner decides from the runs finished so far (`decide`)."""
+
+    phase: str
+    """pilot (a pilot runs next), grid (the planned runs), or done."""
+    proposals: list[Proposal]
+    pilot: tuple[int, float] | None = None
+    """The pilot (batch size, learning rate) whose B_simple the plan uses."""
+    b_noise: dict[float, float] = field(default_factory=dict)
+    """Target -> the pilot's B_simple, the prediction of B_crit."""
+    batch_sizes: list[int] = field(default_factory=list)
+    eps_max: float = math.nan
+    b_noise_lr: float = math.nan
+    """The B_noise of eq. 2.7 for the learning rates (the pilot's, at the hardest target)."""
+    first: dict[int, float] = field(default_factory=dict)
+    """Batch size -> its first learning rate (eq. 2.7 snapped to the grid)."""
+
+
+def decide(outcomes: list[RunOutcome], batch_grid: list[int], lr_grid: list[float],
+           targets: list[float], max_steps: int, cap_factor: float = CAP_FACTOR) -> Decision:
+    """The next runs from the finished ones: a function of the outcomes alone, so a resumed plan
+    re-derives the same decisions. Rules 1-5 of this module's docstring."""
+    by_batch: dict[int, list[RunOutcome]] = {}
+    on_grid = [r for r in outcomes if r.batch_size in batch_grid and r.learning_rate in lr_grid]
+    for run in sorted(on_grid, key=lambda r: (r.batch_size, r.learning_rate)):
+        by_batch.setdefault(run.batch_size, []).append(run)
+    # Rule 1: the pilot chain at the middle batch size, from the middle rate.
+    b_pilot, lr = int(middle(batch_grid)), float(middle(lr_grid))
+    at_pilot = {r.learning_rate: r for r in by_batch.get(b_pilot, [])}
+    chain: list[RunOutcome] = []
+    while True:
+        if lr not in at_pilot:
+            why = "pilot: the grid's middle" if not chain else (
+                f"pilot: {chain[-1].learning_rate:g} "
+                f"{'diverged' if chain[-1].state == 'diverged' else 'reached no target'}")
+            return Decision("pilot", [Proposal(b_pilot, lr, max_steps, why)])
+        chain.append(at_pilot[lr])
+        following = next_pilot(chain, lr_grid)
+        if following is None:
+            break
+        lr = following
+    b_noise = pilot_noise(chain, targets)
+    pilot = (b_pilot, chain[-1].learning_rate)
+    # Rules 2 and 3.
+    batch_sizes = choose_batch_sizes(batch_grid, list(b_noise.values()))
+    b_noise_lr = b_noise[min(targets)]
+    if not b_noise_lr > 0:  # unmeasured (NaN) or a noisy negative estimate: eps_opt = eps_max
+        b_noise_lr = 0.0
+    eps_max = eps_max_from(pilot[1], b_pilot, b_noise_lr)
+    first = first_learning_rates(batch_sizes, lr_grid, eps_max, b_noise_lr)
+    # Rules 4 and 5.
+    proposals = next_round(by_batch, batch_sizes, first, lr_grid, targets, max_steps, cap_factor)
+    return Decision("grid" if proposals else "done", proposals, pilot, b_noise, batch_sizes,
+                    eps_max, b_noise_lr, first)

@@ -1,0 +1,160 @@
+"""The planner's pure rules against a known truth: steps-to-target on the hyperbola
+S = S_min (1 + B_crit/B) (eq. 2.11) at the optimal rate eps_opt(B) = eps_max/(1 + B_noise/B)
+(eq. 2.7), a bowl in log(lr) around it, divergence far above it. The planner must find, at every
+batch size it chooses, the same best grid rate as the full grid, and spend a fraction of it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gnsweep.analysis.fit import fit_hyperbola
+from gnsweep.planner.rules import (
+    PlanError,
+    RunOutcome,
+    choose_batch_sizes,
+    decide,
+    eps_opt,
+    first_learning_rates,
+    next_pilot,
+    next_round,
+    snap,
+)
+
+BATCHES = [8, 16, 32, 64, 128, 256, 512, 1024]
+RATES = [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4]
+TARGETS = [0.3, 0.1, 0.03]
+MAX_STEPS = 5000
+
+
+class Truth:
+    """A known S(B, lr, target): the hyperbola times a bowl (1 + (ln lr/eps_opt)^2)."""
+
+    def __init__(self, eps_max: float = 3.0, b_noise: float = 100.0,
+                 s_min: tuple[float, ...] = (10.0, 25.0, 60.0),
+                 b_crit: tuple[float, ...] = (60.0, 90.0, 150.0),
+                 diverge: float = 2.5) -> None:
+        self.eps_max, self.b_noise, self.diverge = eps_max, b_noise, diverge
+        self.s_min = dict(zip(TARGETS, s_min, strict=True))
+        self.b_crit = dict(zip(TARGETS, b_crit, strict=True))
+
+    def steps(self, b: int, lr: float, target: float) -> float:
+        bowl = 1.0 + math.log(lr / eps_opt(b, self.eps_max, self.b_noise)) ** 2
+        return math.ceil(self.s_min[target] * (1 + self.b_crit[target] / b) * bowl)
+
+    def run(self, b: int, lr: float, max_steps: int = MAX_STEPS) -> RunOutcome:
+        if lr > self.diverge * eps_opt(b, self.eps_max, self.b_noise):
+            return RunOutcome(b, lr, "diverged", max_steps)
+        steps = {t: self.steps(b, lr, t) for t in TARGETS if self.steps(b, lr, t) <= max_steps}
+        # The pilot's B_simple: the true B_crit at each target (DESIGN.md: its S_min mean).
+        return RunOutcome(b, lr, "done", max_steps, steps, {t: self.b_crit[t] for t in steps})
+
+    def examples(self, run: RunOutcome) -> float:
+        """Examples the run processed: to its hardest target, its budget, or divergence."""
+        if run.state == "diverged":
+            return 5 * run.batch_size
+        return run.batch_size * run.steps.get(min(TARGETS), run.max_steps)
+
+
+def plan(truth: Truth) -> tuple[list[RunOutcome], list]:
+    """Drive `decide` to the end with the truth as the executor."""
+    outcomes: list[RunOutcome] = []
+    decisions = []
+    for _ in range(100):
+        decision = decide(outcomes, BATCHES, RATES, TARGETS, MAX_STEPS)
+        decisions.append(decision)
+        if not decision.proposals:
+            return outcomes, decisions
+        outcomes += [truth.run(p.batch_size, p.learning_rate, p.max_steps)
+                     for p in decision.proposals]
+    raise AssertionError("the planner did not finish")
+
+
+def best_steps(runs: list[RunOutcome], b: int, target: float) -> tuple[float, float]:
+    reached = [(r.steps[target], r.learning_rate) for r in runs
+               if r.batch_size == b and target in r.steps]
+    return min(reached)
+
+
+@pytest.mark.parametrize("truth", [Truth(), Truth(eps_max=12.0, b_noise=40.0),
+                                   Truth(eps_max=0.6, b_noise=50.0, b_crit=(40.0, 60.0, 100.0),
+                                         diverge=2.0)],
+                         ids=["centred", "pilot-rate-too-low", "pilot-diverges"])
+def test_plan_finds_the_grids_best_rates_and_b_crit_at_a_fraction_of_its_compute(truth):
+    outcomes, decisions = plan(truth)
+    grid = [truth.run(b, lr) for b in BATCHES for lr in RATES]
+    chosen = decisions[-1].batch_sizes
+    for target in TARGETS:
+        # The same fewest steps as the full grid at every batch size the plan chose.
+        for b in chosen:
+            assert best_steps(outcomes, b, target)[0] == best_steps(grid, b, target)[0], b
+        planned = fit_hyperbola([float(b) for b in chosen],
+                                [best_steps(outcomes, b, target)[0] for b in chosen])
+        full = fit_hyperbola([float(b) for b in BATCHES],
+                             [best_steps(grid, b, target)[0] for b in BATCHES])
+        assert planned.b_crit == pytest.approx(full.b_crit, rel=0.25)
+    used = sum(truth.examples(r) for r in outcomes)
+    assert used <= 0.3 * sum(truth.examples(r) for r in grid)
+
+
+def test_the_batch_sizes_see_both_asymptotes_of_the_hyperbola():
+    truth = Truth()
+    _, decisions = plan(truth)
+    chosen = decisions[-1].batch_sizes
+    for target in TARGETS:
+        b_crit = truth.b_crit[target]
+        # S/S_min = 1 + B_crit/B: >= 5 at the smallest (E near E_min), <= 1.25 at the largest.
+        assert 1 + b_crit / min(chosen) >= 5
+        assert 1 + b_crit / max(chosen) <= 1.25
+
+
+def test_choose_batch_sizes_spans_the_prediction_and_keeps_enough():
+    assert choose_batch_sizes(BATCHES, [100.0], spread=8) == [16, 32, 64, 128, 256, 512]
+    # A prediction at the grid's edge still gets at least five batch sizes, nearest first.
+    assert choose_batch_sizes(BATCHES, [2000.0], spread=2) == [64, 128, 256, 512, 1024]
+    assert choose_batch_sizes(BATCHES, [math.nan]) == BATCHES
+
+
+def test_first_rate_is_the_grid_point_nearest_eps_opt():
+    for b_noise in (10.0, 100.0, 1000.0):
+        first = first_learning_rates(BATCHES, RATES, 3.0, b_noise)
+        for b, lr in first.items():
+            exact = eps_opt(b, 3.0, b_noise)
+            if RATES[0] * 1.5 < exact < RATES[-1] / 1.5:  # inside the grid: within sqrt(2)
+                assert abs(math.log(lr / exact)) <= math.log(2) / 2 + 1e-12
+            assert lr == snap(exact, RATES)
+
+
+def test_pilot_goes_down_after_divergence_up_when_too_slow_and_stops_at_the_edge():
+    diverged = RunOutcome(64, 0.8, "diverged", MAX_STEPS)
+    slow = RunOutcome(64, 0.8, "done", MAX_STEPS)
+    assert next_pilot([diverged], RATES) == 0.4
+    assert next_pilot([slow], RATES) == 1.6
+    assert next_pilot([RunOutcome(64, 0.8, "done", 9, {0.3: 5}, {0.3: 40.0})], RATES) is None
+    with pytest.raises(PlanError, match="reached no target"):
+        next_pilot([RunOutcome(64, 0.1, "diverged", MAX_STEPS)], RATES)
+
+
+def test_decisions_are_a_function_of_the_outcomes():
+    truth = Truth()
+    outcomes, decisions = plan(truth)
+    # Any order of the same finished runs gives the same decision (a resumed plan re-derives it).
+    again = decide(list(reversed(outcomes)), BATCHES, RATES, TARGETS, MAX_STEPS)
+    assert again == decisions[-1]
+    assert decisions[0].phase == "pilot" and decisions[-1].phase == "done"
+
+
+def test_a_neighbour_gets_a_budget_of_a_multiple_of_the_steps_of_the_best_it_brackets():
+    # Batch 1024: rate 1.6 is best at the easiest target (8 steps), 3.2 at the two harder ones
+    # (19 and 28 steps), 6.4 diverged. Only the easiest target's best lacks a neighbour (0.8),
+    # and 0.8 cannot win at the harder ones (1.6 lies between it and 3.2 and is worse there),
+    # so it needs ceil(1.5 x 8) = 12 steps at most.
+    runs = [RunOutcome(1024, 1.6, "done", MAX_STEPS, {0.3: 8, 0.1: 20, 0.03: 48}),
+            RunOutcome(1024, 3.2, "done", 72, {0.3: 16, 0.1: 19, 0.03: 28}),
+            RunOutcome(1024, 6.4, "diverged", 42)]
+    (proposal,) = next_round({1024: runs}, [1024], {}, RATES, TARGETS, MAX_STEPS, 1.5)
+    assert (proposal.batch_size, proposal.learning_rate, proposal.max_steps) == (1024, 0.8, 12)
+    # The higher side runs first: with 3.2 untried, 0.8 waits.
+    (proposal,) = next_round({1024: runs[:1]}, [1024], {}, RATES, TARGETS, MAX_STEPS, 1.5)
+    assert (proposal.learning_rate, proposal.max_steps) == (3.2, 72)
