@@ -1,0 +1,107 @@
+"""`gnsweep plan` through the CLI with real worker processes: the public contract (default task,
+no overrides), a small plan, its resume, and bad input."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from gnsweep import store
+from gnsweep.cli import app
+from gnsweep.config import compose
+from gnsweep.planner.orchestrate import PLAN_FILE
+
+runner = CliRunner()
+TINY = ["sweep=tiny", "--workers", "2"]
+
+
+def plan(*args: str):
+    return runner.invoke(app, ["plan", *args])
+
+
+@pytest.mark.slow
+def test_contract_plan_writes_runs_with_examples_and_analyze_writes_fits(tmp_path):
+    out = tmp_path / "D"
+    result = plan("--sweep-dir", str(out), "-q")
+    assert result.exit_code == 0, result.output
+    files = sorted(out.glob("runs/*/metrics.parquet"))
+    assert files
+    for path in files:
+        assert "examples" in pq.read_schema(path).names
+    result = runner.invoke(app, ["analyze", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "fits.parquet").is_file()
+    # Fewer runs than the default grid: the plan pruned some.
+    grid = compose([]).sweep
+    assert len(files) < len(grid.batch_sizes) * len(grid.learning_rates)
+
+
+@pytest.fixture(scope="module")
+def tiny_plan(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan") / "tiny"
+    result = plan(*TINY, "--sweep-dir", str(out), "-q")
+    assert result.exit_code == 0, result.output
+    return out, result.output
+
+
+def test_plan_prints_what_it_decided_and_why(tiny_plan):
+    _, output = tiny_plan
+    assert "pilot b=32 lr=0.3" in output  # the tiny grid's middle batch size and lower-middle rate
+    assert "B_simple" in output and "eq. 2.7" in output
+    assert "batch sizes [8, 32, 128]" in output
+    assert "pruned" in output
+
+
+def test_every_run_of_the_plan_is_a_grid_run_under_runs_and_analyzes(tiny_plan, tmp_path):
+    out, _ = tiny_plan
+    record = store.read_json(out / PLAN_FILE)
+    planned = {run["run_id"] for entry in record["rounds"] for run in entry["runs"]}
+    assert set(store.run_ids(out)) == planned
+    grid = compose(["sweep=tiny"]).sweep
+    for run in (r for entry in record["rounds"] for r in entry["runs"]):
+        assert run["batch_size"] in grid.batch_sizes
+        assert run["learning_rate"] in grid.learning_rates
+        assert run["max_steps"] <= grid.max_steps
+        assert store.read_status(store.run_dir(out, run["run_id"]))["state"] in ("done",
+                                                                                  "diverged")
+    result = runner.invoke(app, ["analyze", str(out), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_rerun_resumes_and_re_derives_the_same_decisions(tiny_plan, tmp_path):
+    out, _ = tiny_plan
+    record = store.read_json(out / PLAN_FILE)
+    attempts = {r: store.read_status(store.run_dir(out, r))["attempts"]
+                for r in store.run_ids(out)}
+    # A finished plan re-run starts nothing.
+    result = plan(*TINY, "--sweep-dir", str(out), "-q")
+    assert result.exit_code == 0, result.output
+    assert {r: store.read_status(store.run_dir(out, r))["attempts"]
+            for r in store.run_ids(out)} == attempts
+    # Cut the plan after its first round, as if it had been stopped there: the re-run decides
+    # the same rounds again from the same finished runs.
+    import shutil
+
+    cut = tmp_path / "cut"
+    shutil.copytree(out, cut)
+    later = {r["run_id"] for entry in record["rounds"][1:] for r in entry["runs"]}
+    for run_id in later:
+        shutil.rmtree(store.run_dir(cut, run_id))
+    store.write_json(cut / PLAN_FILE, {"rounds": record["rounds"][:1]})
+    result = plan(*TINY, "--sweep-dir", str(cut), "-q")
+    assert result.exit_code == 0, result.output
+    assert store.read_json(cut / PLAN_FILE)["rounds"] == record["rounds"]
+
+
+def test_a_pilot_that_reaches_no_target_is_one_line_and_exit_2(tmp_path):
+    result = plan(*TINY, "sweep.max_steps=1", "--sweep-dir", str(tmp_path / "p"), "-q")
+    assert result.exit_code == 2
+    assert "reached no target" in result.output and "Traceback" not in result.output
+
+
+def test_a_folder_with_other_settings_is_refused(tiny_plan):
+    out, _ = tiny_plan
+    result = plan(*TINY, "sweep.momentum=0.5", "--sweep-dir", str(out), "-q")
+    assert result.exit_code == 2
+    assert "other settings" in result.output
