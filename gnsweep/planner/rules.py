@@ -228,8 +228,8 @@ def next_round(outcomes: dict[int, list[RunOutcome]], batch_sizes: list[int],
             cap, note = max_steps, ""
             if math.isfinite(want.budget_steps):  # rule 5
                 cap = min(max_steps, max(1, math.ceil(cap_factor * want.budget_steps)))
-                note = f"; budget {cap} steps = {cap_factor:g} x the best" if cap < max_steps \
-                    else ""
+                note = (f"; budget {cap} steps = {cap_factor:g} x {want.budget_steps:g}, the "
+                        "most steps a bracketed best took" if cap < max_steps else "")
             out.append(Proposal(b, lr, cap, want.why + note))
     return out
 
