@@ -16,7 +16,7 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.config import Config
-from gnsweep.planner.rules import Decision, Proposal, RunOutcome, decide
+from gnsweep.planner.rules import SPREAD, Decision, Proposal, RunOutcome, decide
 from gnsweep.runs import RunSpec, read_run, write_run
 
 PLAN_FILE = "plan.json"
@@ -138,9 +138,10 @@ def explain(decision: Decision, config: Config) -> list[str]:
                                                                     reverse=True))
     grid = sorted(config.sweep.batch_sizes)
     finite = [v for v in decision.b_noise.values() if math.isfinite(v) and v > 0]
-    span = (f"the grid's within [{min(finite) / 8:.3g}, {max(finite) * 8:.3g}] = B_simple / 8 .. "
-            "B_simple x 8, where S = S_min + E_min/B is within 12.5% of each asymptote"
-            if finite else "no B_simple measured: the whole grid")
+    k = SPREAD
+    span = (f"the grid's within [{min(finite) / k:.3g}, {max(finite) * k:.3g}] = B_simple / {k:g}"
+            f" .. B_simple x {k:g}, where S = S_min + E_min/B is within {1 / k:.1%} of each "
+            "asymptote" if finite else "no B_simple measured: the whole grid")
     first = ", ".join(f"{b}: {lr:g}" for b, lr in sorted(decision.first.items()))
     return [
         f"pilot b={b_pilot} lr={lr_pilot:g}: B_simple {noise}; predicts B_crit ~ B_simple",
