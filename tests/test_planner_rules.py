@@ -132,6 +132,11 @@ def test_pilot_goes_down_after_divergence_up_when_too_slow_and_stops_at_the_edge
     assert next_pilot([diverged], RATES) == 0.4
     assert next_pilot([slow], RATES) == 1.6
     assert next_pilot([RunOutcome(64, 0.8, "done", 9, {0.3: 5}, {0.3: 40.0})], RATES) is None
+    # A pilot without a measured B_simple still ends the pilot: the plan then takes the grid.
+    assert next_pilot([RunOutcome(64, 0.8, "done", 9, {0.3: 5})], RATES) is None
+    decision = decide([RunOutcome(64, 0.8, "done", 9, {0.3: 5})], BATCHES, RATES, TARGETS,
+                      MAX_STEPS)
+    assert decision.batch_sizes == BATCHES and set(decision.first.values()) == {0.8}
     with pytest.raises(PlanError, match="reached no target"):
         next_pilot([RunOutcome(64, 0.1, "diverged", MAX_STEPS)], RATES)
 

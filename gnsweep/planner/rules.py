@@ -103,9 +103,9 @@ def eps_max_from(learning_rate: float, batch_size: float, b_noise: float) -> flo
 
 
 def next_pilot(pilots: list[RunOutcome], learning_rates: list[float]) -> float | None:
-    """The next pilot learning rate, or None once a pilot reached a target with a measured
-    B_simple. Raises PlanError when the rates run out."""
-    if any(p.steps and p.b_simple for p in pilots):
+    """The next pilot learning rate, or None once a pilot reached a target. Raises PlanError
+    when the rates run out."""
+    if any(p.steps for p in pilots):
         return None
     tried = {p.learning_rate for p in pilots}
     last = pilots[-1]
@@ -122,9 +122,9 @@ def next_pilot(pilots: list[RunOutcome], learning_rates: list[float]) -> float |
 def pilot_noise(pilots: list[RunOutcome], targets: list[float]) -> dict[float, float]:
     """B_simple per target from the pilot that reached the most targets (fewest steps to the
     easiest on ties); a target it did not reach takes the value at the hardest one it reached
-    (the noise scale grows during training: a lower bound)."""
-    usable = [p for p in pilots if p.steps and p.b_simple]
-    best = min(usable, key=lambda p: (-len(p.b_simple), p.steps.get(max(targets), math.inf)))
+    (the noise scale grows during training: a lower bound). NaN where none was measured."""
+    usable = [p for p in pilots if p.steps]
+    best = min(usable, key=lambda p: (-len(p.steps), p.steps.get(max(targets), math.inf)))
     out: dict[float, float] = {}
     last = math.nan
     for target in sorted(targets, reverse=True):
