@@ -34,8 +34,9 @@ class Truth:
     def __init__(self, eps_max: float = 3.0, b_noise: float = 100.0,
                  s_min: tuple[float, ...] = (10.0, 25.0, 60.0),
                  b_crit: tuple[float, ...] = (60.0, 90.0, 150.0),
-                 diverge: float = 2.5) -> None:
+                 diverge: float = 2.5, b_simple_bias: float = 1.0) -> None:
         self.eps_max, self.b_noise, self.diverge = eps_max, b_noise, diverge
+        self.bias = b_simple_bias
         self.s_min = dict(zip(TARGETS, s_min, strict=True))
         self.b_crit = dict(zip(TARGETS, b_crit, strict=True))
 
@@ -47,8 +48,10 @@ class Truth:
         if lr > self.diverge * eps_opt(b, self.eps_max, self.b_noise):
             return RunOutcome(b, lr, "diverged", max_steps)
         steps = {t: self.steps(b, lr, t) for t in TARGETS if self.steps(b, lr, t) <= max_steps}
-        # The pilot's B_simple: the true B_crit at each target (DESIGN.md: its S_min mean).
-        return RunOutcome(b, lr, "done", max_steps, steps, {t: self.b_crit[t] for t in steps})
+        # The pilot's B_simple: the true B_crit at each target (DESIGN.md: its S_min mean), or
+        # a multiple of it (a lagging or biased estimate).
+        return RunOutcome(b, lr, "done", max_steps, steps,
+                          {t: self.bias * self.b_crit[t] for t in steps})
 
     def examples(self, run: RunOutcome) -> float:
         """Examples the run processed: to its hardest target, its budget, or divergence."""
@@ -79,8 +82,11 @@ def best_steps(runs: list[RunOutcome], b: int, target: float) -> tuple[float, fl
 
 @pytest.mark.parametrize("truth", [Truth(), Truth(eps_max=12.0, b_noise=40.0),
                                    Truth(eps_max=0.6, b_noise=50.0, b_crit=(40.0, 60.0, 100.0),
-                                         diverge=2.0)],
-                         ids=["centred", "pilot-rate-too-low", "pilot-diverges"])
+                                         diverge=2.0),
+                                   Truth(b_crit=(150.0, 250.0, 300.0), b_simple_bias=0.2),
+                                   Truth(b_crit=(20.0, 30.0, 40.0), b_simple_bias=5.0)],
+                         ids=["centred", "pilot-rate-too-low", "pilot-diverges",
+                              "b-simple-5x-low", "b-simple-5x-high"])
 def test_plan_finds_the_grids_best_rates_and_b_crit_at_a_fraction_of_its_compute(truth):
     outcomes, decisions = plan(truth)
     grid = [truth.run(b, lr) for b in BATCHES for lr in RATES]
@@ -94,6 +100,9 @@ def test_plan_finds_the_grids_best_rates_and_b_crit_at_a_fraction_of_its_compute
         full = fit_hyperbola([float(b) for b in BATCHES],
                              [best_steps(grid, b, target)[0] for b in BATCHES])
         assert planned.b_crit == pytest.approx(full.b_crit, rel=0.25)
+        # Rule 6: the batch sizes reach EDGE x B_crit on both sides, or the grid's edges.
+        assert max(chosen) >= min(4 * planned.b_crit, max(BATCHES))
+        assert min(chosen) <= max(planned.b_crit / 4, min(BATCHES))
     used = sum(truth.examples(r) for r in outcomes)
     assert used <= 0.3 * sum(truth.examples(r) for r in grid)
 

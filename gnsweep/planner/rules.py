@@ -26,6 +26,10 @@ can be compared run for run with the grid's. The rules:
    best lies a tried rate already worse than that best, and S(lr) is bowl-shaped (unimodal in
    log lr). So the budget never changes a best rate; the margin above 1 lets close neighbours
    finish and show the bowl around the optimum.
+6. Widening: B_simple is only a prior for B_crit (it can lag the noise scale, or differ from
+   B_noise). Once every chosen batch size is bracketed, S = S_min + E_min/B is fitted at each
+   target (eq. 2.11, `gnsweep.analysis.fit`); while a fitted B_crit lies less than EDGE times
+   inside the smallest or largest batch size, the grid's next batch sizes beyond it are added.
 """
 
 from __future__ import annotations
@@ -33,12 +37,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from gnsweep.analysis.fit import FitRefused, fit_hyperbola
 from gnsweep.errors import ConfigError
 
 SPREAD = 8.0
 """Batch sizes from B_pred / SPREAD to B_pred x SPREAD (rule 2)."""
 MIN_BATCH_SIZES = 5
 """At least this many batch sizes (or the whole grid): a 2-parameter fit needs a few more."""
+EDGE = 4.0
+"""Rule 6: the fit's B_crit at least this far inside the batch sizes on both sides (on
+S = S_min (1 + B_crit/B), S/S_min <= 1.25 at the largest and E/E_min <= 1.25 at the smallest)."""
 CAP_FACTOR = 1.5
 """Step budget of a run added where a best exists: this x the best steps there (rule 5)."""
 
@@ -208,9 +218,44 @@ def bracket(runs: list[RunOutcome], learning_rates: list[float],
     return wanted
 
 
+def widen(by_batch: dict[int, list[RunOutcome]], batch_sizes: list[int], grid: list[int],
+          targets: list[float], edge: float = EDGE) -> dict[int, str]:
+    """Grid batch sizes to add so that every target's fitted B_crit lies `edge` times inside the
+    batch sizes (rule 6): batch size -> why. Fits on fewer than 3 batch sizes are skipped."""
+    added: dict[int, str] = {}
+    for target in sorted(targets, reverse=True):
+        points = [(b, best.steps[target]) for b in batch_sizes
+                  if (best := best_run(by_batch.get(b, []), target)) is not None]
+        if len(points) < 3:
+            continue
+        try:
+            fit = fit_hyperbola(np.array([b for b, _ in points], float),
+                                np.array([s for _, s in points], float))
+        except FitRefused:
+            continue
+        b_crit = fit.b_crit
+        if not math.isfinite(b_crit):
+            continue
+        low, high = min(batch_sizes), max(batch_sizes)
+        why = f"the fit's B_crit {b_crit:.4g} at loss {target:g} needs batch sizes from " \
+              f"B_crit/{edge:g} to {edge:g} B_crit"
+        if high < edge * b_crit:
+            for b in sorted(g for g in grid if g > high):
+                added.setdefault(b, why)
+                if b >= edge * b_crit:
+                    break
+        if low > b_crit / edge:
+            for b in sorted((g for g in grid if g < low), reverse=True):
+                added.setdefault(b, why)
+                if b <= b_crit / edge:
+                    break
+    return added
+
+
 def next_round(outcomes: dict[int, list[RunOutcome]], batch_sizes: list[int],
                first: dict[int, float], learning_rates: list[float], targets: list[float],
-               max_steps: int, cap_factor: float = CAP_FACTOR) -> list[Proposal]:
+               max_steps: int, cap_factor: float = CAP_FACTOR,
+               added: dict[int, str] | None = None) -> list[Proposal]:
     """The runs to start next: a first rate where a batch size has none, then the missing
     neighbours of every target's best rate. Empty when every batch size is bracketed."""
     out = []
@@ -218,7 +263,10 @@ def next_round(outcomes: dict[int, list[RunOutcome]], batch_sizes: list[int],
         runs = outcomes.get(b, [])
         if not runs:
             lr = first[b]
-            out.append(Proposal(b, lr, max_steps, f"eps_opt({b}) from eq. 2.7 -> {lr:g}"))
+            why = f"eps_opt({b}) from eq. 2.7 -> {lr:g}"
+            if added and b in added:
+                why = f"batch size added: {added[b]}; {why}"
+            out.append(Proposal(b, lr, max_steps, why))
             continue
         wanted = bracket(runs, learning_rates, targets)
         # Rule 4: the higher side first; the lower side once no higher rate is wanted.
@@ -278,14 +326,22 @@ def decide(outcomes: list[RunOutcome], batch_grid: list[int], lr_grid: list[floa
         lr = following
     b_noise = pilot_noise(chain, targets)
     pilot = (b_pilot, chain[-1].learning_rate)
-    # Rules 2 and 3.
-    batch_sizes = choose_batch_sizes(batch_grid, list(b_noise.values()))
+    # Rules 2 and 3; batch sizes with runs stay (those rule 6 added, or from an earlier launch).
+    batch_sizes = sorted(set(choose_batch_sizes(batch_grid, list(b_noise.values())))
+                         | set(by_batch))
     b_noise_lr = b_noise[min(targets)]
     if not b_noise_lr > 0:  # unmeasured (NaN) or a noisy negative estimate: eps_opt = eps_max
         b_noise_lr = 0.0
     eps_max = eps_max_from(pilot[1], b_pilot, b_noise_lr)
     first = first_learning_rates(batch_sizes, lr_grid, eps_max, b_noise_lr)
-    # Rules 4 and 5.
+    # Rules 4 and 5, then 6 once every batch size is bracketed.
     proposals = next_round(by_batch, batch_sizes, first, lr_grid, targets, max_steps, cap_factor)
+    if not proposals:
+        added = widen(by_batch, batch_sizes, batch_grid, targets)
+        if added:
+            batch_sizes = sorted(set(batch_sizes) | set(added))
+            first = first_learning_rates(batch_sizes, lr_grid, eps_max, b_noise_lr)
+            proposals = next_round(by_batch, batch_sizes, first, lr_grid, targets, max_steps,
+                                   cap_factor, added)
     return Decision("grid" if proposals else "done", proposals, pilot, b_noise, batch_sizes,
                     eps_max, b_noise_lr, first)
