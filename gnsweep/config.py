@@ -54,6 +54,31 @@ class TaskConfig:
     def __post_init__(self) -> None:
         self.options = tasks.validate_options(self.name, dict(self.options))
 
+    # The task's direction and unit come from the registry (no torch), not from config.yaml: a
+    # sweep folder names its task, and the task declares what its targets mean.
+    @property
+    def metric(self) -> str:
+        """What the targets are values of: "loss" or the task's metric (e.g. "return")."""
+        return tasks.entry(self.name).metric
+
+    @property
+    def higher_is_better(self) -> bool:
+        """True when a target is reached by rising to it (a return), False for a loss."""
+        return tasks.entry(self.name).higher_is_better
+
+    @property
+    def unit(self) -> str:
+        """What a batch size counts: examples, tokens or environment steps."""
+        return tasks.entry(self.name).unit
+
+    def reached(self, value: float, target: float) -> bool:
+        """Whether a (smoothed) metric value has reached `target` in the task's direction."""
+        return value >= target if self.higher_is_better else value <= target
+
+    def hardest(self, targets: list[float]) -> float:
+        """The target a run stops at: the largest return, the smallest loss."""
+        return max(targets) if self.higher_is_better else min(targets)
+
 
 @dataclass
 class SweepConfig:

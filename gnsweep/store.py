@@ -6,6 +6,7 @@
     <sweep>/runs/<run_id>/metrics.parquet  one row per logged step (METRICS_SCHEMA)
     <sweep>/steps.parquet, front.parquet, fits.parquet, fits.json   written by `gnsweep analyze`
     <sweep>/figures/               written by `gnsweep plot`
+    <out>/compare.parquet          written by `gnsweep compare` across analysed sweeps
 
 Every file is written to a temporary name in the same folder and renamed into place, so a crash
 leaves either the old file or the new one, never half of one. docs/storage.md lists every column.
@@ -255,6 +256,19 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("refused", pa.large_string()),
     ]),
 }
+COMPARE_SCHEMA = pa.schema([
+    ("task", pa.large_string()), ("sweep", pa.large_string()), ("sweep_dir", pa.large_string()),
+    ("metric", pa.large_string()), ("higher_is_better", pa.bool_()), ("unit", pa.large_string()),
+    ("target", pa.float64()), ("n_batch_sizes", pa.int64()), ("b_crit", pa.float64()),
+    ("b_crit_se", pa.float64()), ("b_simple_mean", pa.float64()),
+    ("b_simple_mean_se", pa.float64()), ("b_simple_at_target", pa.float64()),
+    ("b_simple_at_target_se", pa.float64()), ("b_noise_mean", pa.float64()),
+    ("b_noise_mean_se", pa.float64()), ("ratio", pa.float64()), ("ratio_se", pa.float64()),
+    ("ratio_noise", pa.float64()), ("refused", pa.large_string()),
+    ("quality", pa.large_string()),
+])
+"""compare.parquet, written by `gnsweep compare` (docs/compare.md)."""
+COMPARE = "compare.parquet"
 RESULT_TABLES = tuple(RESULT_SCHEMAS)
 """Results fields written as <name>.parquet; fits.json holds the rest (warnings, meta)."""
 FITS_JSON = "fits.json"

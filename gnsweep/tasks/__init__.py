@@ -50,6 +50,15 @@ class TaskEntry:
     """One line for `gnsweep tasks`."""
     requires: tuple[str, ...] = ()
     """Optional packages the task needs; it is listed only where they are installed."""
+    unit: str = "examples"
+    """What a batch size counts (the task's `examples(batch)`): examples, tokens or environment
+    steps. B, E_min and B_crit are in this unit."""
+    metric: str = "loss"
+    """What the sweep's targets are values of: "loss", or the name of the task's own metric
+    (its `metric(model)`, logged by the loop in the metrics' `metric` column)."""
+    higher_is_better: bool = False
+    """The metric's direction: a target is reached when the metric rises to it (True) or falls
+    to it (False, every loss). The same as the task object's `higher_is_better`."""
 
 
 REGISTRY: dict[str, TaskEntry] = {
