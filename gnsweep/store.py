@@ -74,6 +74,8 @@ METRICS_SCHEMA = pa.schema([
     ("trace_h_sigma", pa.float64()),  # EMA of tr(H Sigma)
     ("b_noise", pa.float64()),        # EMA(tr H Sigma) / EMA(G^T H G)
     ("wall_time", pa.float64()),      # seconds since the run started
+    ("metric", pa.float64()),         # the task's own target metric (cartpole: mean return);
+                                      # NaN for a task whose targets are losses
 ])
 
 
@@ -134,8 +136,16 @@ def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
 
 
 def metrics_table(rows: dict[str, list]) -> pa.Table:
-    return pa.table({f.name: pa.array(rows[f.name], type=f.type) for f in METRICS_SCHEMA},
-                    schema=METRICS_SCHEMA)
+    """The metrics file's table; a float column the loop did not log (absent or empty: the task
+    has no metric) is NaN on every row."""
+    n = len(rows["step"])
+    columns = {}
+    for f in METRICS_SCHEMA:
+        values = rows.get(f.name) or []
+        if not values and n and pa.types.is_floating(f.type):
+            values = [float("nan")] * n
+        columns[f.name] = pa.array(values, type=f.type)
+    return pa.table(columns, schema=METRICS_SCHEMA)
 
 
 # ---- the sweep folder -------------------------------------------------------------------

@@ -13,6 +13,8 @@ from gnsweep import store
 from gnsweep.analysis.steps import CURVE_COLUMNS, Curves
 
 METRIC_COLUMNS = ["step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise"]
+OPTIONAL_COLUMNS = ["metric"]
+"""Read when the file has them, NaN otherwise (a task's own metric; files written before it)."""
 
 
 def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[pa.Table | None]]:
@@ -46,18 +48,25 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
 
 
 def _read_metrics(path: Path) -> pa.Table:
-    """The analysis' columns of one metrics file.
+    """The analysis' columns of one metrics file (OPTIONAL_COLUMNS NaN where it has none).
 
     `ParquetFile.read` is about twice as fast per small file as `read_table` (no dataset
     discovery) but skips a missing column silently; anything unexpected goes through
     `store.read_table`, which raises StoreError naming the file.
     """
+    present: list[str] = []
     try:
-        table = pq.ParquetFile(path).read(columns=METRIC_COLUMNS)
+        file = pq.ParquetFile(path)
+        present = [c for c in OPTIONAL_COLUMNS if c in file.schema_arrow.names]
+        table = file.read(columns=METRIC_COLUMNS + present)
     except (pa.ArrowException, OSError, ValueError):
         table = None
-    if table is None or table.column_names != METRIC_COLUMNS:
+    if table is None or table.column_names != METRIC_COLUMNS + present:
+        present = []
         table = store.read_table(path, columns=METRIC_COLUMNS)
+    for name in OPTIONAL_COLUMNS:
+        if name not in present:
+            table = table.append_column(name, pa.array(np.full(table.num_rows, np.nan)))
     return table
 
 
@@ -91,5 +100,5 @@ def load_sweep(sweep_dir: Path, skip_corrupt: bool = False) -> tuple[pd.DataFram
     parts = [t.append_column("run_id", pa.array([run_id] * t.num_rows, pa.string()))
              for run_id, t in zip(runs["run_id"], tables, strict=True) if t is not None]
     metrics = (pa.concat_tables(parts).to_pandas() if parts
-               else pd.DataFrame(columns=[*METRIC_COLUMNS, "run_id"]))
+               else pd.DataFrame(columns=[*METRIC_COLUMNS, *OPTIONAL_COLUMNS, "run_id"]))
     return runs, metrics
