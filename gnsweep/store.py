@@ -135,14 +135,16 @@ def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
                          "delete it to re-run that run, or pass --skip-corrupt") from None
 
 
+OPTIONAL_METRICS = ("metric",)
+"""Columns a run logs only when its task has them; NaN on every row otherwise."""
+
+
 def metrics_table(rows: dict[str, list]) -> pa.Table:
-    """The metrics file's table; a float column the loop did not log (absent or empty: the task
-    has no metric) is NaN on every row."""
     n = len(rows["step"])
     columns = {}
     for f in METRICS_SCHEMA:
-        values = rows.get(f.name) or []
-        if not values and n and pa.types.is_floating(f.type):
+        values = rows.get(f.name, []) if f.name in OPTIONAL_METRICS else rows[f.name]
+        if f.name in OPTIONAL_METRICS and not len(values):
             values = [float("nan")] * n
         columns[f.name] = pa.array(values, type=f.type)
     return pa.table(columns, schema=METRICS_SCHEMA)

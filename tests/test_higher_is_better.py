@@ -104,12 +104,12 @@ def _write_sweep(folder) -> None:
         store.write_status(path, run.state)
         curve = metrics[metrics["run_id"] == run.run_id]
         n = len(curve)
-        rows: dict[str, list] = {
-            "step": curve["step"].tolist(),
-            "examples": (curve["step"] * run.batch_size).tolist(),
-            "loss": curve["loss"].tolist(), "loss_smooth": curve["loss_smooth"].tolist(),
-            "lr": [run.learning_rate] * n, "b_simple": curve["b_simple"].tolist(),
-            "metric": curve["metric"].tolist()}
+        rows: dict[str, list] = {f.name: [math.nan] * n for f in store.METRICS_SCHEMA}
+        rows.update(step=curve["step"].tolist(),
+                    examples=(curve["step"] * run.batch_size).tolist(),
+                    loss=curve["loss"].tolist(), loss_smooth=curve["loss_smooth"].tolist(),
+                    lr=[run.learning_rate] * n, b_simple=curve["b_simple"].tolist(),
+                    metric=curve["metric"].tolist())
         store.write_table(path / store.METRICS, store.metrics_table(rows))
 
 
@@ -144,13 +144,33 @@ def test_a_loss_option_is_refused_for_a_metric_task(uphill_sweep):
     assert "targets are values of its return" in result.output
 
 
-def test_metrics_without_a_metric_column_read_as_nan(tiny_sweep):
-    """Files written before the metric column (and loss tasks) read with metric NaN."""
+def test_a_loss_task_logs_no_metric_and_reads_nan():
+    """The loop logs no metric for a loss task: metrics_table fills it with NaN."""
+    rows: dict[str, list] = {f.name: [1.0, 2.0] for f in store.METRICS_SCHEMA}
+    rows["metric"] = []
+    table = store.metrics_table(rows)
+    assert table.schema.equals(store.METRICS_SCHEMA)
+    assert np.isnan(table.column("metric").to_numpy()).all()
+    del rows["eval_loss"]
+    with pytest.raises(KeyError):  # only the optional columns may be missing
+        store.metrics_table(rows)
+
+
+def test_metrics_without_a_metric_column_read_as_nan(tiny_sweep, tmp_path):
+    """Files written before the metric column existed still load, with metric NaN."""
+    import shutil
+
     from gnsweep.analysis.load import load_curves
 
-    curves = load_curves(tiny_sweep)
+    old = tmp_path / "old"
+    shutil.copytree(tiny_sweep, old)
+    for path in old.glob("runs/*/metrics.parquet"):
+        table = store.read_table(path)
+        store.write_table(path, table.drop_columns(["metric"]))
+    curves = load_curves(old)
     assert len(curves.columns["metric"]) == len(curves.columns["loss"]) > 0
     assert np.isnan(curves.columns["metric"]).all()
+    assert np.isfinite(curves.columns["loss"]).all()
 
 
 def test_prepared_cartpole_entry_matches_the_task():

@@ -13,7 +13,7 @@ from gnsweep import store
 from gnsweep.analysis.steps import CURVE_COLUMNS, Curves
 
 METRIC_COLUMNS = ["step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise"]
-OPTIONAL_COLUMNS = ["metric"]
+OPTIONAL_COLUMNS = list(store.OPTIONAL_METRICS)
 """Read when the file has them, NaN otherwise (a task's own metric; files written before it)."""
 
 

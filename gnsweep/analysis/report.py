@@ -66,6 +66,8 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     analysis = analyze_tables(None, curves, targets, loss=loss, ema_examples=ema_examples,
                               bootstrap=bootstrap, optimizer=config.sweep.optimizer,
                               source=str(sweep_dir), higher_is_better=task.higher_is_better)
+    # What the targets are values of, for figures and the report ("loss", "return"), and B's unit.
+    analysis.meta.update(metric=task.metric, unit=task.unit)
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
     for run in unfinished.itertuples(index=False):
         analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")

@@ -31,7 +31,8 @@ class Curves:
     """One row per run: run_id, batch_size, learning_rate, seed, state."""
     offsets: np.ndarray
     columns: dict[str, np.ndarray] = field(default_factory=dict)
-    """step, loss, loss_smooth, eval_loss, b_simple, b_noise (float64, NaN when absent)."""
+    """step, loss, loss_smooth, eval_loss, b_simple, b_noise, metric (float64, NaN when
+    absent)."""
 
     @property
     def lengths(self) -> np.ndarray:
