@@ -1,7 +1,7 @@
 """`make paper`: every built-in family's default sweep, analysed, then `gnsweep compare`.
 
     python scripts/paper.py [--paper-dir runs/paper] [--tasks digits linreg ...]
-                            [--sweep NAME] [--workers N] [--set KEY=VALUE ...]
+                            [--sweep NAME] [--workers N] [--set KEY=VALUE ...] [--dry-run]
 
 For each task that `gnsweep tasks` lists and that has a default sweep (conf/sweep/<task>.yaml):
 `gnsweep launch task=<task> sweep=<task> --sweep-dir $PAPER_DIR/<task>`, then
@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", default=None,
                         help="sweep for every task (default: the task's own, sweep=<task>)")
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print which task runs which sweep, and exit")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="a Hydra override for every launch")
     args = parser.parse_args(argv)
@@ -75,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             problems.append(f"{task}: no default sweep (conf/sweep/{sweep}.yaml); skipped")
             continue
         folder = paper / task
+        if args.dry_run:
+            print(f"{task}: sweep={sweep} -> {folder}")
+            continue
         start = time.perf_counter()
         launch = ["launch", f"task={task}", f"sweep={sweep}", *args.overrides,
                   "--sweep-dir", str(folder), "--quiet"]
@@ -94,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         timings[task] = {"launch_s": round(launched - start, 1),
                          "analyze_s": round(time.perf_counter() - launched, 1),
                          "sweep_dir": str(folder)}
+    if args.dry_run:
+        for line in problems:
+            print(line)
+        return 0
     if analysed and gnsweep("compare", *map(str, analysed), "--out",
                             str(paper / "compare")).returncode != 0:
         problems.append("gnsweep compare failed")

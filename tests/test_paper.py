@@ -1,7 +1,7 @@
 """`make paper`: every registered family's sweep launched, analysed and compared; resumable.
 
-Run on the families registered today with the tiny sweep (`PAPER_ARGS="--sweep tiny"`): the
-rule and the script are the ones `make paper` runs, only the grid is small.
+Run on digits and linreg with the tiny sweep (`PAPER_ARGS="--tasks digits linreg --sweep
+tiny"`): the rule and the script are the ones `make paper` runs, only the grid is small.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import pytest
 from gnsweep import store, tasks
 
 ROOT = Path(__file__).resolve().parent.parent
+FAMILIES = ["digits", "linreg"]
+"""The families the tiny sweep suits (its targets are losses of 0.5 to 0.2)."""
 
 
 def _script():
@@ -33,13 +35,20 @@ def test_paper_refuses_an_unknown_task(capsys):
     assert "task nope is not one of" in capsys.readouterr().err
 
 
+def test_paper_plans_every_registered_task(capsys, tmp_path):
+    assert _script().main(["--paper-dir", str(tmp_path), "--dry-run"]) == 0
+    planned = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()]
+    # Every listed task is planned, or named with why it cannot run (no default sweep).
+    assert sorted(planned) == sorted(tasks.task_names())
+
+
 def _make_paper(paper: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     # BIN: this interpreter's folder; STAMP empty: the package is already installed here.
     return subprocess.run(
         ["make", "-C", str(ROOT), "paper", f"PAPER_DIR={paper}",
          f"BIN={Path(sys.executable).parent}", "STAMP=",
-         "PAPER_ARGS=--sweep tiny --workers 2"],
+         f"PAPER_ARGS=--tasks {' '.join(FAMILIES)} --sweep tiny --workers 2"],
         env=env, capture_output=True, text=True, check=False)
 
 
@@ -53,7 +62,7 @@ def test_make_paper_compares_every_family_and_resumes(tmp_path):
     paper = tmp_path / "paper"
     first = _make_paper(paper)
     assert first.returncode == 0, first.stdout + first.stderr
-    families = tasks.task_names()
+    families = FAMILIES
     table = store.read_table(paper / "compare" / "compare.parquet").to_pandas()
     assert sorted(set(table["task"])) == sorted(families)
     assert (paper / "compare" / "bcrit_vs_noise_scale.png").is_file()
