@@ -180,3 +180,20 @@ def test_prepared_cartpole_entry_matches_the_task():
     assert entry.higher_is_better == cartpole.Cartpole.higher_is_better
     assert entry.options is cartpole.Options
     assert entry.description == cartpole.DESCRIPTION
+
+
+def test_task_config_declares_direction_unit_and_stop(monkeypatch):
+    from gnsweep.config import TaskConfig
+
+    digits = TaskConfig("digits")
+    assert (digits.metric, digits.higher_is_better, digits.unit) == ("loss", False, "examples")
+    assert digits.hardest(TARGETS) == 50.0
+    assert digits.reached(40.0, 50.0) and not digits.reached(60.0, 50.0)
+    entry = dataclasses.replace(tasks.PREPARED["cartpole"], requires=())
+    monkeypatch.setitem(tasks.REGISTRY, "cartpole", entry)
+    cartpole = TaskConfig("cartpole")
+    assert (cartpole.metric, cartpole.higher_is_better) == ("return", True)
+    assert cartpole.unit == "environment steps"
+    assert cartpole.hardest(TARGETS) == 200.0
+    assert cartpole.reached(200.0, 200.0) and not cartpole.reached(150.0, 200.0)
+    assert not cartpole.reached(math.nan, 50.0)  # no episode ended yet: nothing reached
