@@ -13,8 +13,8 @@ from gnsweep import store
 from gnsweep.analysis.steps import CURVE_COLUMNS, Curves
 
 METRIC_COLUMNS = ["step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise"]
-OPTIONAL_COLUMNS = list(store.OPTIONAL_METRICS)
-"""Read when the file has them, NaN otherwise (a task's own metric; files written before it)."""
+OPTIONAL_COLUMNS = [c for c in CURVE_COLUMNS if c not in METRIC_COLUMNS]
+"""Columns newer than some sweeps on disk (drift, probes, exact truth): NaN where absent."""
 
 
 def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[pa.Table | None]]:
@@ -48,24 +48,22 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
 
 
 def _read_metrics(path: Path) -> pa.Table:
-    """The analysis' columns of one metrics file (OPTIONAL_COLUMNS NaN where it has none).
+    """The analysis' columns of one metrics file.
 
     `ParquetFile.read` is about twice as fast per small file as `read_table` (no dataset
     discovery) but skips a missing column silently; anything unexpected goes through
     `store.read_table`, which raises StoreError naming the file.
     """
-    present: list[str] = []
     try:
         file = pq.ParquetFile(path)
-        present = [c for c in OPTIONAL_COLUMNS if c in file.schema_arrow.names]
-        table = file.read(columns=METRIC_COLUMNS + present)
+        names = set(file.schema_arrow.names)
+        table = file.read(columns=METRIC_COLUMNS + [c for c in OPTIONAL_COLUMNS if c in names])
     except (pa.ArrowException, OSError, ValueError):
         table = None
-    if table is None or table.column_names != METRIC_COLUMNS + present:
-        present = []
+    if table is None or table.column_names[:len(METRIC_COLUMNS)] != METRIC_COLUMNS:
         table = store.read_table(path, columns=METRIC_COLUMNS)
     for name in OPTIONAL_COLUMNS:
-        if name not in present:
+        if name not in table.column_names:
             table = table.append_column(name, pa.array(np.full(table.num_rows, np.nan)))
     return table
 
