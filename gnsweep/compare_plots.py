@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from gnsweep.analysis.compare import log_error_bars, placeable
 from gnsweep.plots import COLORS, COLUMN, STYLE, Skip
@@ -42,7 +43,7 @@ def bcrit_vs_noise_scale(table: pd.DataFrame) -> Figure:
         raise Skip("no target with both a fitted B_crit and a measured B_simple")
     style = _style(list(dict.fromkeys(table["task"])))
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(COLUMN, COLUMN * 0.9))
+        fig, ax = plt.subplots(figsize=(COLUMN * 1.15, COLUMN * 1.1))
         values = np.concatenate([shown["b_simple_mean"], shown["b_crit"]]).astype(float)
         lo, hi = values.min() / 3 / BAND, values.max() * 3 * BAND
         line = np.array([lo, hi])
@@ -58,8 +59,8 @@ def bcrit_vs_noise_scale(table: pd.DataFrame) -> Figure:
                         label=f"{task} ({rows['unit'].iloc[0]})")
         ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), aspect="equal")
         units = _units(shown)
-        ax.set_xlabel(f"$B_{{simple}}$, mean up to the target ({units})")
-        ax.set_ylabel(f"$B_{{crit}}$ from the sweep ({units})")
+        ax.set_xlabel(f"$B_{{simple}}$, mean up to the target\n({units})")
+        ax.set_ylabel(f"$B_{{crit}}$ from the sweep\n({units})")
         ax.set_title("Critical batch size against the gradient noise scale")
         ax.legend(loc="upper left", fontsize=5.5)
     return fig
@@ -92,8 +93,9 @@ def noise_scale_vs_target(table: pd.DataFrame) -> Figure:
             if np.isfinite(at).any():
                 ax.plot(x, at, marker, color=color, mfc="none", ms=3.5, label="at target")
             ax.set_yscale("log")
-            if (x > 0).all():
+            if (x > 0).all() and x.max() > 10 * x.min():  # log only over a decade or more
                 ax.set_xscale("log")
+                ax.xaxis.set_minor_formatter(NullFormatter())
             if not bool(rows["higher_is_better"].iloc[0]):
                 ax.invert_xaxis()
             ax.set_xlabel(f"{rows['metric'].iloc[0]} reached")
