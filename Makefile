@@ -10,7 +10,12 @@ STAMP   := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 TORCH_CPU := torch==2.13.0
 
-.PHONY: install demo test test-fast lint bench slurm-up slurm-down clean
+# `make paper`: every built-in family's default sweep, analysed and compared (README, "The
+# headline comparison"). Resumable: run it again to finish what is missing.
+PAPER_DIR ?= runs/paper
+PAPER_ARGS ?=
+
+.PHONY: install demo test test-fast lint bench paper slurm-up slurm-down clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,6 +50,10 @@ test-fast: $(DEV_STAMP)
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy gnsweep
+
+paper: $(STAMP)
+	$(BIN)/python scripts/paper.py --paper-dir $(PAPER_DIR) $(PAPER_ARGS)
+	@echo "Table: $(PAPER_DIR)/compare/compare.parquet  Figure: $(PAPER_DIR)/compare/bcrit_vs_noise_scale.png"
 
 bench: $(DEV_STAMP)
 	$(BIN)/python -m gnsweep.bench

@@ -379,6 +379,33 @@ def report(
 
 
 @app.command()
+@user_errors
+def compare(
+    sweep_dirs: Annotated[list[Path], typer.Argument(
+        help="Analysed sweep folders (`gnsweep analyze` wrote their fits.parquet).")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for compare.parquet and the "
+                                                    "figures.")],
+    svg: Annotated[bool, typer.Option("--svg", help="SVG instead of PDF beside each PNG.")
+                   ] = False,
+) -> None:
+    """B_crit against the noise scale B_simple across sweeps (the paper's headline figure).
+
+    Writes OUT/compare.parquet (one row per sweep x target), bcrit_vs_noise_scale.png/.pdf and
+    noise_scale_vs_target.png/.pdf (docs/compare.md).
+    Example: gnsweep compare runs/paper/digits runs/paper/linreg --out runs/paper/compare
+    """
+    from gnsweep.analysis.compare import format_compare
+    from gnsweep.comparison import compare_sweeps
+
+    result = compare_sweeps(sweep_dirs, out, formats=("png", "svg" if svg else "pdf"))
+    typer.echo(format_compare(result.table))
+    for name, reason in result.skipped.items():
+        typer.echo(f"skipped {name}: {reason}", err=True)
+    for path in result.paths:
+        typer.echo(str(path))
+
+
+@app.command()
 def tasks() -> None:
     """List the built-in tasks and their options.
 

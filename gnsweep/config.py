@@ -54,6 +54,37 @@ class TaskConfig:
     def __post_init__(self) -> None:
         self.options = tasks.validate_options(self.name, dict(self.options))
 
+    # The task's direction and unit come from the registry (no torch), not from config.yaml: a
+    # sweep folder names its task, and the task declares what its targets mean. A task outside
+    # the registry (a user's own, by import path) declares nothing there: its targets are
+    # losses and B counts its examples.
+    def _declared(self, name: str, default: Any) -> Any:
+        entry = tasks.REGISTRY.get(self.name)
+        return getattr(entry, name) if entry is not None else default
+
+    @property
+    def metric(self) -> str:
+        """What the targets are values of: "loss" or the task's metric (e.g. "return")."""
+        return str(self._declared("metric", "loss"))
+
+    @property
+    def higher_is_better(self) -> bool:
+        """True when a target is reached by rising to it (a return), False for a loss."""
+        return bool(self._declared("higher_is_better", False))
+
+    @property
+    def unit(self) -> str:
+        """What a batch size counts: examples, tokens or environment steps."""
+        return str(self._declared("unit", "examples"))
+
+    def reached(self, value: float, target: float) -> bool:
+        """Whether a (smoothed) metric value has reached `target` in the task's direction."""
+        return value >= target if self.higher_is_better else value <= target
+
+    def hardest(self, targets: list[float]) -> float:
+        """The target a run stops at: the largest return, the smallest loss."""
+        return max(targets) if self.higher_is_better else min(targets)
+
 
 @dataclass
 class SweepConfig:

@@ -6,6 +6,7 @@
     <sweep>/runs/<run_id>/metrics.parquet  one row per logged step (METRICS_SCHEMA)
     <sweep>/steps.parquet, front.parquet, fits.parquet, fits.json   written by `gnsweep analyze`
     <sweep>/figures/               written by `gnsweep plot`
+    <out>/compare.parquet          written by `gnsweep compare` across analysed sweeps
 
 Every file is written to a temporary name in the same folder and renamed into place, so a crash
 leaves either the old file or the new one, never half of one. docs/storage.md lists every column.
@@ -73,6 +74,8 @@ METRICS_SCHEMA = pa.schema([
     ("trace_h_sigma", pa.float64()),  # EMA of tr(H Sigma)
     ("b_noise", pa.float64()),        # EMA(tr H Sigma) / EMA(G^T H G)
     ("wall_time", pa.float64()),      # seconds since the run started
+    ("metric", pa.float64()),         # the task's own target metric (cartpole: mean return);
+                                      # NaN for a task whose targets are losses
 ])
 
 
@@ -132,9 +135,19 @@ def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
                          "delete it to re-run that run, or pass --skip-corrupt") from None
 
 
+OPTIONAL_METRICS = ("metric",)
+"""Columns a run logs only when its task has them; NaN on every row otherwise."""
+
+
 def metrics_table(rows: dict[str, list]) -> pa.Table:
-    return pa.table({f.name: pa.array(rows[f.name], type=f.type) for f in METRICS_SCHEMA},
-                    schema=METRICS_SCHEMA)
+    n = len(rows["step"])
+    columns = {}
+    for f in METRICS_SCHEMA:
+        values = rows.get(f.name, []) if f.name in OPTIONAL_METRICS else rows[f.name]
+        if f.name in OPTIONAL_METRICS and not len(values):
+            values = [float("nan")] * n
+        columns[f.name] = pa.array(values, type=f.type)
+    return pa.table(columns, schema=METRICS_SCHEMA)
 
 
 # ---- the sweep folder -------------------------------------------------------------------
@@ -255,6 +268,19 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("refused", pa.large_string()),
     ]),
 }
+COMPARE_SCHEMA = pa.schema([
+    ("task", pa.large_string()), ("sweep", pa.large_string()), ("sweep_dir", pa.large_string()),
+    ("metric", pa.large_string()), ("higher_is_better", pa.bool_()), ("unit", pa.large_string()),
+    ("target", pa.float64()), ("n_batch_sizes", pa.int64()), ("b_crit", pa.float64()),
+    ("b_crit_se", pa.float64()), ("b_simple_mean", pa.float64()),
+    ("b_simple_mean_se", pa.float64()), ("b_simple_at_target", pa.float64()),
+    ("b_simple_at_target_se", pa.float64()), ("b_noise_mean", pa.float64()),
+    ("b_noise_mean_se", pa.float64()), ("ratio", pa.float64()), ("ratio_se", pa.float64()),
+    ("ratio_noise", pa.float64()), ("refused", pa.large_string()),
+    ("quality", pa.large_string()),
+])
+"""compare.parquet, written by `gnsweep compare` (docs/compare.md)."""
+COMPARE = "compare.parquet"
 RESULT_TABLES = tuple(RESULT_SCHEMAS)
 """Results fields written as <name>.parquet; fits.json holds the rest (warnings, meta)."""
 FITS_JSON = "fits.json"

@@ -13,6 +13,8 @@ from gnsweep import store
 from gnsweep.analysis.steps import CURVE_COLUMNS, Curves
 
 METRIC_COLUMNS = ["step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise"]
+OPTIONAL_COLUMNS = [c for c in CURVE_COLUMNS if c not in METRIC_COLUMNS]
+"""Columns newer than some sweeps on disk (drift, probes, exact truth): NaN where absent."""
 
 
 def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[pa.Table | None]]:
@@ -53,11 +55,16 @@ def _read_metrics(path: Path) -> pa.Table:
     `store.read_table`, which raises StoreError naming the file.
     """
     try:
-        table = pq.ParquetFile(path).read(columns=METRIC_COLUMNS)
+        file = pq.ParquetFile(path)
+        names = set(file.schema_arrow.names)
+        table = file.read(columns=METRIC_COLUMNS + [c for c in OPTIONAL_COLUMNS if c in names])
     except (pa.ArrowException, OSError, ValueError):
         table = None
-    if table is None or table.column_names != METRIC_COLUMNS:
+    if table is None or table.column_names[:len(METRIC_COLUMNS)] != METRIC_COLUMNS:
         table = store.read_table(path, columns=METRIC_COLUMNS)
+    for name in OPTIONAL_COLUMNS:
+        if name not in table.column_names:
+            table = table.append_column(name, pa.array(np.full(table.num_rows, np.nan)))
     return table
 
 
@@ -91,5 +98,5 @@ def load_sweep(sweep_dir: Path, skip_corrupt: bool = False) -> tuple[pd.DataFram
     parts = [t.append_column("run_id", pa.array([run_id] * t.num_rows, pa.string()))
              for run_id, t in zip(runs["run_id"], tables, strict=True) if t is not None]
     metrics = (pa.concat_tables(parts).to_pandas() if parts
-               else pd.DataFrame(columns=[*METRIC_COLUMNS, "run_id"]))
+               else pd.DataFrame(columns=[*METRIC_COLUMNS, *OPTIONAL_COLUMNS, "run_id"]))
     return runs, metrics

@@ -43,11 +43,16 @@ Analysis = Results
 
 def analyze_tables(runs: pd.DataFrame | None, metrics: pd.DataFrame | Curves, targets: list[float],
                    loss: str = "smoothed", *, ema_examples: float | None = None,
-                   bootstrap: int = 0, optimizer: str = "sgd", source: str = "sweep"
-                   ) -> Analysis:
-    """Steps-to-target from curves, then everything `analyze_steps` does."""
-    steps = steps_to_target(metrics, runs, targets, loss=loss, ema_examples=ema_examples)
-    meta = {"source": source, "loss": loss, "ema_examples": ema_examples}
+                   bootstrap: int = 0, optimizer: str = "sgd", source: str = "sweep",
+                   higher_is_better: bool = False) -> Analysis:
+    """Steps-to-target from curves, then everything `analyze_steps` does.
+
+    `higher_is_better`: the targets are values of a metric that rises to them (a return).
+    """
+    steps = steps_to_target(metrics, runs, targets, loss=loss, ema_examples=ema_examples,
+                            higher_is_better=higher_is_better)
+    meta = {"source": source, "loss": loss, "ema_examples": ema_examples,
+            "higher_is_better": higher_is_better}
     return analyze_steps(steps, targets, bootstrap=bootstrap, optimizer=optimizer, meta=meta)
 
 
@@ -61,9 +66,9 @@ def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int =
         raise AnalysisError(f"{where}: nothing to analyze (no runs or no targets)")
     for target in targets:
         if not steps.loc[steps["target"] == target, "reached"].any():
-            raise AnalysisError(f"{where}: target {target:g}: no run reached it"
-                                f"{_closest(steps)}; train longer or choose reachable targets "
-                                "(--targets)")
+            closest = _closest(steps, bool(meta.get("higher_is_better")))
+            raise AnalysisError(f"{where}: target {target:g}: no run reached it{closest}; "
+                                "train longer or choose reachable targets (--targets)")
     best = best_per_batch(steps)
     front = pareto_front(best)
     warnings = _grid_warnings(best)
@@ -80,9 +85,13 @@ def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int =
     return Analysis(steps, front, fits, warnings, lr_fits, fit_loss_scaling(fits), meta)
 
 
-def _closest(steps: pd.DataFrame) -> str:
+def _closest(steps: pd.DataFrame, higher_is_better: bool = False) -> str:
+    # min_loss holds each run's best value: the lowest loss, or the highest rising metric.
     if "min_loss" not in steps or not np.isfinite(steps["min_loss"]).any():
         return ""
+    if higher_is_better:
+        row = steps.loc[steps["min_loss"].idxmax()]
+        return f" (highest value {row['min_loss']:.4g}, run {row['run_id']})"
     row = steps.loc[steps["min_loss"].idxmin()]
     return f" (lowest loss {row['min_loss']:.4g}, run {row['run_id']})"
 

@@ -45,20 +45,29 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     """Load a sweep, analyze it, write its tables into the sweep folder (or `out_dir`).
 
     `loss` and `bootstrap` default to the sweep's `analysis` config (else smoothed and 0),
-    `targets` to the sweep's targets.
+    `targets` to the sweep's targets. A task that declares its own metric (cartpole's return)
+    has its targets decided on the logged `metric` column, in the task's direction.
     """
     from gnsweep.analysis.load import load_curves
-    from gnsweep.config import Config
+    from gnsweep.config import Config, ConfigError
 
     curves = load_curves(sweep_dir, skip_corrupt=skip_corrupt)
     config = Config.load(sweep_dir)
     targets = targets or config.sweep.targets
+    task = config.task
+    if task.metric != "loss":
+        if loss is not None or ema_examples is not None:
+            raise ConfigError(f"task {task.name}: its targets are values of its {task.metric}, "
+                              "not of a loss; drop --loss and --ema-examples")
+        loss = "metric"
     loss = loss or config.analysis.loss
     if bootstrap is None:
         bootstrap = config.analysis.bootstrap
     analysis = analyze_tables(None, curves, targets, loss=loss, ema_examples=ema_examples,
                               bootstrap=bootstrap, optimizer=config.sweep.optimizer,
-                              source=str(sweep_dir))
+                              source=str(sweep_dir), higher_is_better=task.higher_is_better)
+    # What the targets are values of, for figures and the report ("loss", "return"), and B's unit.
+    analysis.meta.update(metric=task.metric, unit=task.unit)
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
     for run in unfinished.itertuples(index=False):
         analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-LOSS_COLUMNS = {"smoothed": "loss_smooth", "raw": "loss", "eval": "eval_loss"}
-CURVE_COLUMNS = ("step", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise")
+LOSS_COLUMNS = {"smoothed": "loss_smooth", "raw": "loss", "eval": "eval_loss",
+                "metric": "metric"}
+"""Which logged column decides a target; "metric" is a task's own (cartpole's return)."""
+CURVE_COLUMNS = ("step", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise", "metric")
 RUN_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "state"]
 
 STEPS_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "target", "state", "reached",
@@ -29,7 +31,8 @@ class Curves:
     """One row per run: run_id, batch_size, learning_rate, seed, state."""
     offsets: np.ndarray
     columns: dict[str, np.ndarray] = field(default_factory=dict)
-    """step, loss, loss_smooth, eval_loss, b_simple, b_noise (float64, NaN when absent)."""
+    """step, loss, loss_smooth, eval_loss, b_simple, b_noise, metric (float64, NaN when
+    absent)."""
 
     @property
     def lengths(self) -> np.ndarray:
@@ -80,7 +83,8 @@ def resmooth(curves: Curves, ema_examples: float) -> np.ndarray:
 
 
 def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, targets: list[float],
-                    loss: str = "smoothed", ema_examples: float | None = None) -> pd.DataFrame:
+                    loss: str = "smoothed", ema_examples: float | None = None,
+                    higher_is_better: bool = False) -> pd.DataFrame:
     """One row per (run, target): whether and when the run reached the target.
 
     `metrics` is a long table (run_id, step, the loss column, b_simple, ...) with `runs`
@@ -94,11 +98,18 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     over the run up to it with S_min weights `dS / (1 + B_simple/B)` (DESIGN.md): B_crit at a
     target is the S_min-weighted mean of the noise scale over the path to it. The same for
     B_noise (eq. 2.8) where measured.
+
+    `higher_is_better` (a task's metric such as a return): a target is reached when the value
+    rises to it, and `min_loss` holds the best (largest) value reached.
     """
     curves = metrics if isinstance(metrics, Curves) else curves_from_frames(runs, metrics)
     values = curves.columns[LOSS_COLUMNS[loss]]
     if loss == "smoothed" and ema_examples:
         values = resmooth(curves, ema_examples)
+    # A metric that rises to its targets: negate values and targets, so every comparison
+    # below is the loss's (NaN, a metric not measured yet, reaches nothing either way).
+    sign = -1.0 if higher_is_better else 1.0
+    values = sign * values
     n_runs, n_rows = len(curves.runs), len(values)
     starts, ends = curves.offsets[:-1], curves.offsets[1:]
     has_rows = ends > starts
@@ -112,7 +123,7 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     last_step = np.full(n_runs, np.nan)
     if has_rows.any():
         with np.errstate(invalid="ignore"):
-            min_loss[has_rows] = np.fmin.reduceat(values, starts[has_rows])
+            min_loss[has_rows] = sign * np.fmin.reduceat(values, starts[has_rows])
         last_step[has_rows] = step[ends[has_rows] - 1]
     simple = _RunningMeans(curves.columns["b_simple"], step, starts, run_of_row, batch)
     noise = _RunningMeans(curves.columns["b_noise"], step, starts, run_of_row, batch)
@@ -122,7 +133,7 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     for target in sorted(targets, reverse=True):
         first = np.full(n_runs, n_rows)
         if usable.any():
-            hit_index = np.where(values <= target, np.arange(n_rows), n_rows)
+            hit_index = np.where(values <= sign * target, np.arange(n_rows), n_rows)
             first[has_rows] = np.minimum.reduceat(hit_index, starts[has_rows])
         reached = usable & (first < ends)
         at = np.where(reached, first, 0)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gnsweep.errors import ConfigError
-from gnsweep.tasks.options import DigitsOptions, LinregOptions
+from gnsweep.tasks.options import CartpoleOptions, DigitsOptions, LinregOptions
 
 if TYPE_CHECKING:
     import torch
@@ -50,6 +50,15 @@ class TaskEntry:
     """One line for `gnsweep tasks`."""
     requires: tuple[str, ...] = ()
     """Optional packages the task needs; it is listed only where they are installed."""
+    unit: str = "examples"
+    """What a batch size counts (the task's `examples(batch)`): examples, tokens or environment
+    steps. B, E_min and B_crit are in this unit."""
+    metric: str = "loss"
+    """What the sweep's targets are values of: "loss", or the name of the task's own metric
+    (its `metric(model)`, logged by the loop in the metrics' `metric` column)."""
+    higher_is_better: bool = False
+    """The metric's direction: a target is reached when the metric rises to it (True) or falls
+    to it (False, every loss). The same as the task object's `higher_is_better`."""
 
 
 REGISTRY: dict[str, TaskEntry] = {
@@ -61,6 +70,21 @@ REGISTRY: dict[str, TaskEntry] = {
         "Linear regression, anisotropic Gaussian inputs, label noise; closed-form G, Sigma, H "
         "(true B_simple and B_noise at any parameters)."),
 }
+
+
+PREPARED: dict[str, TaskEntry] = {
+    # Registered (moved into REGISTRY) once the training loop follows the task protocol of
+    # issue 10 and logs the task's metric: the loop must call `task.metric(model)` at every
+    # logged step into the metrics' `metric` column and stop at `TaskConfig.hardest(targets)`
+    # tested with `TaskConfig.reached` on that metric (docs/compare.md, "Wiring cartpole").
+    "cartpole": TaskEntry(
+        CartpoleOptions, "gnsweep.tasks.cartpole:make",
+        "Advantage actor-critic on gymnasium's CartPole-v1; B in environment steps "
+        "(environments x steps per update); target: mean episode return (higher is better).",
+        requires=("gymnasium",), unit="environment steps", metric="return",
+        higher_is_better=True),
+}
+"""Built-in tasks whose entries are ready but that the training loop cannot run yet."""
 
 
 def task_names() -> list[str]:

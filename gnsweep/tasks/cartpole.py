@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,43 +35,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from gnsweep.tasks.options import CartpoleOptions
+
 DESCRIPTION = ("Advantage actor-critic on gymnasium's CartPole-v1; B in environment steps "
                "(environments x steps per update); target: mean episode return (higher is better).")
 
 ENV_ID = "CartPole-v1"
 
 
-@dataclass
-class Options:
-    hidden: int = 64
-    """Width of the two hidden layers of the actor and of the critic (separate networks)."""
-    steps_per_update: int = 8
-    """Steps each environment takes per update (B / steps_per_update environments)."""
-    gamma: float = 0.99
-    """Discount factor."""
-    value_coef: float = 0.5
-    """Weight of the critic's squared error in the loss."""
-    entropy_coef: float = 0.01
-    """Weight of the policy's entropy bonus in the loss."""
-    return_window: int = 20
-    """Episodes averaged by the return metric."""
-
-    def __post_init__(self) -> None:
-        from gnsweep.config import ConfigError, _integer, _number
-
-        self.hidden = _integer("task.hidden", self.hidden)
-        self.steps_per_update = _integer("task.steps_per_update", self.steps_per_update)
-        self.return_window = _integer("task.return_window", self.return_window)
-        for name in ("gamma", "value_coef", "entropy_coef"):
-            setattr(self, name, _number(f"task.{name}", getattr(self, name)))
-        for name in ("hidden", "steps_per_update", "return_window"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"task.{name}: {getattr(self, name)} must be >= 1")
-        if not 0 <= self.gamma <= 1:
-            raise ConfigError(f"task.gamma: {self.gamma} must be in [0, 1]")
-        for name in ("value_coef", "entropy_coef"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"task.{name}: {getattr(self, name)} must be >= 0")
+# The option schema lives with the other tasks' schemas, apart from torch (config checks).
+Options = CartpoleOptions
 
 
 def _gym() -> Any:

@@ -51,3 +51,32 @@ class LinregOptions:
             raise ConfigError(f"task.noise: {self.noise} must be >= 0")
         if self.eval_size < 0:
             raise ConfigError(f"task.eval_size: {self.eval_size} must be >= 0")
+
+
+@dataclass
+class CartpoleOptions:
+    hidden: int = 64
+    """Width of the two hidden layers of the actor and of the critic (separate networks)."""
+    steps_per_update: int = 8
+    """Steps each environment takes per update (B / steps_per_update environments)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    value_coef: float = 0.5
+    """Weight of the critic's squared error in the loss."""
+    entropy_coef: float = 0.01
+    """Weight of the policy's entropy bonus in the loss."""
+    return_window: int = 20
+    """Episodes averaged by the return metric."""
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "steps_per_update", "return_window"):
+            setattr(self, name, integer(f"task.{name}", getattr(self, name)))
+            if getattr(self, name) < 1:
+                raise ConfigError(f"task.{name}: {getattr(self, name)} must be >= 1")
+        for name in ("gamma", "value_coef", "entropy_coef"):
+            setattr(self, name, number(f"task.{name}", getattr(self, name)))
+        if not 0 <= self.gamma <= 1:
+            raise ConfigError(f"task.gamma: {self.gamma} must be in [0, 1]")
+        for name in ("value_coef", "entropy_coef"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"task.{name}: {getattr(self, name)} must be >= 0")

@@ -1,0 +1,86 @@
+"""`gnsweep compare`: the I/O around the pure comparison (`gnsweep.analysis.compare`) and its
+figures (`gnsweep.compare_plots`).
+
+    <out>/compare.parquet                    one row per sweep x target (store.COMPARE_SCHEMA)
+    <out>/bcrit_vs_noise_scale.png, .pdf     the paper's headline figure
+    <out>/noise_scale_vs_target.png, .pdf    B_simple against the target reached, per task
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from gnsweep import store
+from gnsweep.analysis.compare import SweepFits, compare_rows
+from gnsweep.errors import ConfigError, StoreError
+
+FORMATS = ("png", "pdf")
+
+
+def load_sweep_fits(sweep_dir: Path) -> SweepFits:
+    """An analysed sweep's fits with what its task declares (through Config.load, no torch).
+
+    StoreError in one line for a folder that is not a sweep or not analysed yet.
+    """
+    from gnsweep.config import Config
+
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise StoreError(f"{sweep_dir}: no such folder; give sweep folders written by "
+                         "`gnsweep launch` and analysed by `gnsweep analyze`")
+    if not store.is_sweep(sweep_dir):
+        raise StoreError(f"{sweep_dir}: not a sweep folder (no {store.SWEEP_CONFIG} and "
+                         f"{store.RUNS}/); give folders written by `gnsweep launch`")
+    if not (sweep_dir / "fits.parquet").is_file():
+        raise StoreError(f"{sweep_dir}: not an analysed sweep (no fits.parquet); run "
+                         f"`gnsweep analyze {sweep_dir}` first")
+    config = Config.load(sweep_dir)
+    fits = store.read_table(sweep_dir / "fits.parquet").to_pandas()
+    task = config.task
+    return SweepFits(task=task.name, sweep=sweep_dir.name, sweep_dir=str(sweep_dir),
+                     metric=task.metric, higher_is_better=task.higher_is_better,
+                     unit=task.unit, fits=fits)
+
+
+@dataclass
+class Compared:
+    table: pd.DataFrame
+    paths: list[Path]
+    """compare.parquet and the figures written."""
+    skipped: dict[str, str]
+    """figure name -> why it was not drawn"""
+
+
+def compare_sweeps(sweep_dirs: list[Path], out_dir: Path,
+                   formats: tuple[str, ...] = FORMATS) -> Compared:
+    """Read every sweep (all of them first: a bad folder stops before anything is written),
+    then write compare.parquet and the figures into `out_dir`."""
+    from gnsweep import compare_plots
+    from gnsweep.figures import save
+
+    if not sweep_dirs:
+        raise ConfigError("give at least one analysed sweep folder")
+    seen: set[Path] = set()
+    for path in sweep_dirs:
+        if Path(path).resolve() in seen:
+            raise ConfigError(f"{path}: given twice")
+        seen.add(Path(path).resolve())
+    table = compare_rows([load_sweep_fits(Path(p)) for p in sweep_dirs])
+    out_dir = Path(out_dir)
+    store.write_frame(out_dir / store.COMPARE, table, schema=store.COMPARE_SCHEMA)
+    paths = [out_dir / store.COMPARE]
+    skipped: dict[str, str] = {}
+    for name, figure in compare_plots.draw_all(table).items():
+        if isinstance(figure, str):
+            skipped[name] = figure
+        else:
+            paths += save(figure, name, out_dir, formats)
+    return Compared(table, paths, skipped)
+
+
+def read_compare(out_dir: Path) -> pd.DataFrame:
+    """compare.parquet of a `gnsweep compare` folder."""
+    return store.read_table(Path(out_dir) / store.COMPARE).to_pandas()
