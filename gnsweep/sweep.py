@@ -16,9 +16,10 @@ __all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "r
            "sweep_status"]  # RunSpec, expand_grid, parse_run_record: from gnsweep.runs
 
 
-# Settings a relaunch may change: where and how runs execute, the grid (runs are added), and
-# the analysis. Anything else changes what a run trains, and mixing them would corrupt the fits.
-RELAUNCH_MAY_CHANGE = ("executor", "analysis", "sweep.name", "sweep.batch_sizes",
+# Settings a relaunch may change: where and how runs execute, the grid (runs are added), the
+# analysis and where runs are logged. Anything else changes what a run trains, and mixing them
+# would corrupt the fits.
+RELAUNCH_MAY_CHANGE = ("executor", "analysis", "logger", "sweep.name", "sweep.batch_sizes",
                        "sweep.learning_rates", "sweep.seeds", "sweep.max_retries")
 GRID_KEYS = ("batch_sizes", "learning_rates", "seeds")
 
