@@ -14,12 +14,6 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-app = typer.Typer(
-    help="Sweep batch size x learning rate, measure the gradient noise scale, and find the "
-         "critical batch size (McCandlish et al. 2018).",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-)
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -29,11 +23,14 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def user_errors(func: F) -> F:
-    """Turn the project's user-facing errors into one line and exit code 2."""
+    """Turn the errors a user can cause into one line and exit code 2: the project's own
+    (bad config, missing or corrupt files) and the operating system's (a folder that cannot be
+    created or written, a full disk, permission denied), which name the path and the reason."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from gnsweep.config import ConfigError
+        from gnsweep.errors import os_error_message
         from gnsweep.store import StoreError
 
         try:
@@ -42,12 +39,36 @@ def user_errors(func: F) -> F:
             raise fail(str(err)) from None
         except KeyboardInterrupt:
             raise fail("interrupted; relaunch the same command to continue", 130) from None
+        except BrokenPipeError:
+            raise  # the reader went away (`| head`): main() exits quietly
+        except OSError as err:
+            raise fail(os_error_message(err)) from None
 
     return wrapper  # type: ignore[return-value]
 
 
+class _App(typer.Typer):
+    """Every command registered here reports user errors the same way (`user_errors`): the
+    one place, so a new command cannot forget it."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[F], F]:
+        register = super().command(*args, **kwargs)
+
+        def decorator(func: F) -> F:
+            register(user_errors(func))
+            return func
+
+        return decorator
+
+
+app = _App(
+    help="Sweep batch size x learning rate, measure the gradient noise scale, and find the "
+         "critical batch size (McCandlish et al. 2018).",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-@user_errors
 def launch(
     overrides: Annotated[list[str] | None, typer.Argument(
         help="Hydra overrides, e.g. task=digits sweep.batch_sizes=[16,64,256]")] = None,
@@ -93,8 +114,7 @@ def launch(
         typer.echo(f"sweep {sweep_dir}: submitted Slurm jobs {jobs}")
         typer.echo(f"follow: gnsweep status {sweep_dir}")
         return
-    typer.echo(f"sweep {sweep_dir}: {len(summary.done)} done, {len(summary.diverged)} diverged, "
-               f"{len(summary.failed)} failed this launch")
+    typer.echo(f"sweep {sweep_dir}: {summary.describe()}")
     if summary.failed:
         typer.echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
                    f"{', '.join(summary.failed)}", err=True)
@@ -102,7 +122,6 @@ def launch(
 
 
 @app.command()
-@user_errors
 def status(
     sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder written by `gnsweep launch`.")],
     all_runs: Annotated[bool, typer.Option(
@@ -131,7 +150,6 @@ def status(
 
 
 @app.command()
-@user_errors
 def analyze(
     sweep_dir: Annotated[Path | None, typer.Argument(
         help="A sweep folder written by `gnsweep launch` (or use --table).")] = None,
@@ -233,7 +251,6 @@ def _fits_of(folder: Path) -> Any:
 
 
 @app.command()
-@user_errors
 def baseline(
     folder: Annotated[Path, typer.Argument(
         help="A sweep folder (analyzed now) or a folder holding fits.parquet.")],
@@ -258,7 +275,6 @@ def baseline(
 
 
 @app.command()
-@user_errors
 def check(
     folder: Annotated[Path, typer.Argument(
         help="A sweep folder (analyzed now) or a folder holding fits.parquet.")],
@@ -297,7 +313,6 @@ def check(
 
 
 @app.command()
-@user_errors
 def plot(
     sweep_dir: Annotated[Path, typer.Argument(help="An analyzed sweep folder.")],
     svg: Annotated[bool, typer.Option("--svg", help="SVG instead of PDF beside each PNG.")
@@ -321,7 +336,6 @@ def plot(
 
 
 @app.command()
-@user_errors
 def report(
     sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder written by `gnsweep launch`.")],
 ) -> None:
@@ -336,8 +350,9 @@ def report(
     path, skipped, notes = write_report(sweep_dir)
     for name, reason in skipped.items():
         typer.echo(f"skipped {name}: {reason}", err=True)
-    for note in notes:
-        typer.echo(f"note: {note}", err=True)
+    if notes:
+        # Listed in the report itself; `gnsweep plot` (run before it by `make demo`) prints them.
+        typer.echo(f"the report lists {len(notes)} note(s) on how to read the figures", err=True)
     typer.echo(f"report: {path.resolve().as_uri()}")
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 
 from gnsweep.analysis.pipeline import Analysis, AnalysisError, analyze_steps, analyze_tables
 from gnsweep.analysis.steps import LOSS_COLUMNS, STEPS_COLUMNS, curves_from_frames
+from gnsweep.errors import shown as show_value
 
 STEPS_REQUIRED = ("batch_size", "target", "steps")
 CURVES_REQUIRED = ("run_id", "batch_size", "learning_rate", "step", "loss")
@@ -82,7 +83,7 @@ def _numeric(path: Path, frame: pd.DataFrame, column: str, *, positive: bool = F
         if len(rows):
             # Row numbers as a spreadsheet shows them: the header is row 1.
             shown = ", ".join(str(r + 2) for r in rows[:5]) + (" ..." if len(rows) > 5 else "")
-            raise AnalysisError(f"{path}: column {column!r}: {raw.iloc[rows[0]]!r} {why} "
+            raise AnalysisError(f"{path}: column {column!r}: {show_value(raw.iloc[rows[0]])} {why} "
                                 f"(row(s) {shown})")
     return values
 

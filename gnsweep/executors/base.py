@@ -35,6 +35,17 @@ class Summary:
     def add(self, run_id: str, state: str) -> None:
         getattr(self, state if state in FINISHED else RunState.FAILED).append(run_id)
 
+    def describe(self) -> str:
+        """What this launch ran, and what another launch sharing the folder finished meanwhile
+        ("4 done, 0 diverged, 0 failed this launch; 5 more finished by another launch")."""
+        other = set(self.elsewhere)
+        here = [sum(1 for r in runs if r not in other)
+                for runs in (self.done, self.diverged, self.failed)]
+        text = f"{here[0]} done, {here[1]} diverged, {here[2]} failed this launch"
+        if other:
+            text += f"; {len(other)} more finished by another launch"
+        return text
+
 
 class Watcher:
     """Follows the runs of one launch through their status files: progress and the summary."""
