@@ -173,6 +173,10 @@ def analyze(
                                    "sweep's analysis.bootstrap, else 0).")] = None,
     optimizer: Annotated[str, typer.Option(
         help="For --table: sgd or adam (picks the eps_opt(B) model).")] = "sgd",
+    group_by: Annotated[str | None, typer.Option(
+        "--group-by", help="For --table: a column naming the workload; one fit per value, "
+                           "that column in every output table (a target column is then "
+                           "optional).")] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print fits.json's content on stdout; the table goes to stderr.")] = False,
     skip_corrupt: Annotated[bool, typer.Option(
@@ -200,12 +204,15 @@ def analyze(
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"--optimizer: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
     target_list = _parse_targets(targets)
+    if group_by is not None and table is None:
+        raise ConfigError("--group-by groups the rows of a --table FILE; a sweep folder is one "
+                          "workload")
     if table is not None:
         if out is None:
             raise ConfigError("--table needs --out DIR for the tables")
         result = analyze_table(table, target_list, loss=loss or "smoothed",
                                ema_examples=ema_examples, bootstrap=bootstrap or 0,
-                               optimizer=optimizer)
+                               optimizer=optimizer, group_by=group_by)
         write_outputs(out, result)
     else:
         assert sweep_dir is not None
@@ -213,7 +220,8 @@ def analyze(
                                ema_examples=ema_examples, bootstrap=bootstrap,
                                targets=target_list, out_dir=out)
         out = out or sweep_dir
-    typer.echo(format_fits(result.fits, result.loss_scaling), err=as_json)
+    typer.echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by")),
+               err=as_json)
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"tables: {out}/steps.parquet, front.parquet, fits.parquet, lr_fits.parquet, "
