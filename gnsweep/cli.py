@@ -245,17 +245,20 @@ def _parse_targets(text: str | None) -> list[float] | None:
     return values
 
 
-def _fits_of(folder: Path) -> Any:
-    """Fresh fits of a sweep folder (analyzed now, nothing written), or a folder's fits.parquet."""
+def _fits_of(folder: Path) -> tuple[Any, str | None]:
+    """Fresh fits of a sweep folder (analyzed now, nothing written), or a folder's fits.parquet;
+    with the column the fits are grouped by (`analyze --group-by`), else None."""
     from gnsweep import store
+    from gnsweep.analysis.groups import group_of
     from gnsweep.analysis.report import analyze_sweep
 
     if store.is_sweep(folder):
-        return analyze_sweep(folder, write=False).fits
+        return analyze_sweep(folder, write=False).fits, None
     if (folder / "fits.parquet").is_file():
-        return store.read_table(folder / "fits.parquet").to_pandas()
+        results = store.read_results(folder)
+        return results.fits, group_of(results)
     store.require_sweep(folder)  # raises with the usual message
-    return None
+    return None, None
 
 
 @app.command()
@@ -275,8 +278,8 @@ def baseline(
     from gnsweep import store
     from gnsweep.analysis.baseline import make_baseline
 
-    fits = _fits_of(folder)
-    record = make_baseline(fits, rtol=rtol, k_se=k_se, source=folder.name)
+    fits, group_by = _fits_of(folder)
+    record = make_baseline(fits, rtol=rtol, k_se=k_se, source=folder.name, group_by=group_by)
     store.write_json(output, record)
     fitted = sum(1 for t in record["targets"] if t["b_crit"] is not None)
     typer.echo(f"baseline {output}: {fitted} of {len(record['targets'])} target(s) with a fit")
@@ -302,14 +305,15 @@ def check(
     from gnsweep.analysis.baseline import BaselineError, compare, junit_xml
 
     record = store.read_json(baseline_file)
-    fits = _fits_of(folder)
+    fits, _ = _fits_of(folder)
     try:
         cases = compare(record, fits, rtol=rtol, k_se=k_se)
     except BaselineError as err:
         raise store.StoreError(f"{baseline_file}: {err}") from None
     for case in cases:
         mark = "ok  " if case.ok else "FAIL"
-        typer.echo(f"{mark} target {case.target:<8g} {case.figure:<7} {case.message}")
+        where = f"{case.group} " if case.group else ""
+        typer.echo(f"{mark} {where}target {case.target:<8g} {case.figure:<7} {case.message}")
     if junit is not None:
         store.write_text(junit, junit_xml(cases))
     failed = [c for c in cases if not c.ok]
