@@ -131,3 +131,19 @@ def test_logging_that_cannot_start_never_fails_a_run(tmp_path):
     assert 1 <= out.stderr.count("logger=mlflow could not start") <= 2, out.stderr
     assert "pip install 'gnsweep[mlflow]'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.distributed
+def test_torchrun_logs_each_run_once_from_rank_0(tmp_path):
+    """Two DDP processes train each run; only rank 0 writes its events: one file a run."""
+    pytest.importorskip("tensorboard")
+    sweep = tmp_path / "tr"
+    result = CliRunner().invoke(app, [
+        "launch", "sweep=tiny", "sweep.batch_sizes=[8,32]", "sweep.learning_rates=[0.3]",
+        "sweep.max_steps=60", "executor=torchrun", "executor.nproc_per_node=2",
+        "logger=tensorboard", "--sweep-dir", str(sweep), "-q"])
+    assert result.exit_code == 0, result.output
+    runs = store.run_ids(sweep)
+    assert sorted(p.name for p in (sweep / "tensorboard").iterdir()) == sorted(runs)
+    for run_id in runs:
+        assert len(list((sweep / "tensorboard" / run_id).glob("events.out.tfevents.*"))) == 1
