@@ -110,9 +110,16 @@ def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
     Safe to call again at any time, also while another launch runs: runs are claimed before they
     start, so none runs twice. `wait=False` (Slurm only) returns once the jobs are submitted.
     """
+    import os
+    import uuid
+
+    from gnsweep.executors import LAUNCH_ENV
     from gnsweep.executors.registry import executor_for
     from gnsweep.progress import SweepProgress
 
+    # Every worker inherits it and records it with each attempt: the summary can then say
+    # which runs this launch ran and which another launch on the same folder did.
+    os.environ[LAUNCH_ENV] = uuid.uuid4().hex
     specs = prepare(sweep_dir, config)
     # Runs another launcher holds stay in: every executor waits for them (and runs them should
     # their owner die), but none starts them while their owner lives.

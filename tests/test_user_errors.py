@@ -169,3 +169,27 @@ def test_two_launches_on_one_folder_split_the_summary(tmp_path):
     (ran_a, other_a), (ran_b, other_b) = said
     assert ran_a + ran_b == 6
     assert other_a <= ran_b and other_b <= ran_a
+
+
+def test_torchrun_and_slurm_summaries_tell_runs_of_another_launch(tmp_path, monkeypatch):
+    """Their launcher follows runs through status files: the launch id each attempt records
+    says who ran it."""
+    from gnsweep import store
+    from gnsweep.config import compose
+    from gnsweep.executors import LAUNCH_ENV, log_event
+    from gnsweep.executors.base import Watcher
+    from gnsweep.sweep import prepare
+
+    specs = prepare(tmp_path, compose(["sweep=tiny", "sweep.batch_sizes=[8,32]",
+                                       "sweep.learning_rates=[0.3]"]))
+    ours, theirs = (store.run_dir(tmp_path, s.run_id) for s in specs)
+    for path, launch in ((ours, "mine"), (theirs, "another")):
+        monkeypatch.setenv(LAUNCH_ENV, launch)
+        log_event(path, "start", attempt=1)
+        store.write_status(path, "done", attempts=1)
+        log_event(path, "end", attempt=1, state="done")
+    monkeypatch.setenv(LAUNCH_ENV, "mine")
+    summary = Watcher(tmp_path, [s.run_id for s in specs], 1, None).summary()
+    assert summary.elsewhere == [theirs.name]
+    assert summary.describe() == ("1 done, 0 diverged, 0 failed this launch; "
+                                  "1 more finished by another launch")

@@ -29,6 +29,9 @@ runnable = needs_running
 
 HISTORY = "attempts.jsonl"
 """Append-only log of a run's attempts (start, end, stopped, died), one JSON object a line."""
+LAUNCH_ENV = "GNSWEEP_LAUNCH"
+"""The id of the `gnsweep launch` a worker serves (inherited by every worker, also under
+torchrun and Slurm): each attempt records it, so a launch can tell its runs from another's."""
 
 
 @dataclass(frozen=True)
@@ -51,13 +54,28 @@ def rank() -> int:
 def log_event(run_path: Path, event: str, **fields: Any) -> None:
     """Append one line to the run's attempt log (one `write` on an O_APPEND file)."""
     line = json.dumps({"event": event, "time": time.time(), "host": socket.gethostname(),
-                       "pid": os.getpid(), "slurm_job_id": claims.slurm_job_id(), **fields},
+                       "pid": os.getpid(), "slurm_job_id": claims.slurm_job_id(),
+                       "launch": os.environ.get(LAUNCH_ENV), **fields},
                       default=str) + "\n"
     fd = os.open(run_path / HISTORY, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+
+
+def ended_by(run_path: Path) -> str | None:
+    """The launch whose worker recorded the run's last end (None: unknown)."""
+    try:
+        lines = (run_path / HISTORY).read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if event.get("event") == "end":
+                return event.get("launch")
+    return None
 
 
 def process_logger(sweep_dir: Path) -> RunLogger:
