@@ -14,12 +14,6 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-app = typer.Typer(
-    help="Sweep batch size x learning rate, measure the gradient noise scale, and find the "
-         "critical batch size (McCandlish et al. 2018).",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-)
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -29,11 +23,14 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def user_errors(func: F) -> F:
-    """Turn the project's user-facing errors into one line and exit code 2."""
+    """Turn the errors a user can cause into one line and exit code 2: the project's own
+    (bad config, missing or corrupt files) and the operating system's (a folder that cannot be
+    created or written, a full disk, permission denied), which name the path and the reason."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from gnsweep.config import ConfigError
+        from gnsweep.errors import os_error_message
         from gnsweep.store import StoreError
 
         try:
@@ -42,12 +39,36 @@ def user_errors(func: F) -> F:
             raise fail(str(err)) from None
         except KeyboardInterrupt:
             raise fail("interrupted; relaunch the same command to continue", 130) from None
+        except BrokenPipeError:
+            raise  # the reader went away (`| head`): main() exits quietly
+        except OSError as err:
+            raise fail(os_error_message(err)) from None
 
     return wrapper  # type: ignore[return-value]
 
 
+class _App(typer.Typer):
+    """Every command registered here reports user errors the same way (`user_errors`): the
+    one place, so a new command cannot forget it."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[F], F]:
+        register = super().command(*args, **kwargs)
+
+        def decorator(func: F) -> F:
+            register(user_errors(func))
+            return func
+
+        return decorator
+
+
+app = _App(
+    help="Sweep batch size x learning rate, measure the gradient noise scale, and find the "
+         "critical batch size (McCandlish et al. 2018).",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-@user_errors
 def launch(
     overrides: Annotated[list[str] | None, typer.Argument(
         help="Hydra overrides, e.g. task=digits sweep.batch_sizes=[16,64,256]")] = None,
@@ -93,8 +114,7 @@ def launch(
         typer.echo(f"sweep {sweep_dir}: submitted Slurm jobs {jobs}")
         typer.echo(f"follow: gnsweep status {sweep_dir}")
         return
-    typer.echo(f"sweep {sweep_dir}: {len(summary.done)} done, {len(summary.diverged)} diverged, "
-               f"{len(summary.failed)} failed this launch")
+    typer.echo(f"sweep {sweep_dir}: {summary.describe()}")
     if summary.failed:
         typer.echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
                    f"{', '.join(summary.failed)}", err=True)
@@ -139,7 +159,6 @@ def plan(
 
 
 @app.command()
-@user_errors
 def status(
     sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder written by `gnsweep launch`.")],
     all_runs: Annotated[bool, typer.Option(
@@ -168,7 +187,6 @@ def status(
 
 
 @app.command()
-@user_errors
 def analyze(
     sweep_dir: Annotated[Path | None, typer.Argument(
         help="A sweep folder written by `gnsweep launch` (or use --table).")] = None,
@@ -192,6 +210,10 @@ def analyze(
                                    "sweep's analysis.bootstrap, else 0).")] = None,
     optimizer: Annotated[str, typer.Option(
         help="For --table: sgd or adam (picks the eps_opt(B) model).")] = "sgd",
+    group_by: Annotated[str | None, typer.Option(
+        "--group-by", help="For --table: a column naming the workload; one fit per value, "
+                           "that column in every output table (a target column is then "
+                           "optional).")] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print fits.json's content on stdout; the table goes to stderr.")] = False,
     skip_corrupt: Annotated[bool, typer.Option(
@@ -219,12 +241,15 @@ def analyze(
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"--optimizer: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
     target_list = _parse_targets(targets)
+    if group_by is not None and table is None:
+        raise ConfigError("--group-by groups the rows of a --table FILE; a sweep folder is one "
+                          "workload")
     if table is not None:
         if out is None:
             raise ConfigError("--table needs --out DIR for the tables")
         result = analyze_table(table, target_list, loss=loss or "smoothed",
                                ema_examples=ema_examples, bootstrap=bootstrap or 0,
-                               optimizer=optimizer)
+                               optimizer=optimizer, group_by=group_by)
         write_outputs(out, result)
     else:
         assert sweep_dir is not None
@@ -232,7 +257,8 @@ def analyze(
                                ema_examples=ema_examples, bootstrap=bootstrap,
                                targets=target_list, out_dir=out)
         out = out or sweep_dir
-    typer.echo(format_fits(result.fits, result.loss_scaling), err=as_json)
+    typer.echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by")),
+               err=as_json)
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"tables: {out}/steps.parquet, front.parquet, fits.parquet, lr_fits.parquet, "
@@ -256,21 +282,23 @@ def _parse_targets(text: str | None) -> list[float] | None:
     return values
 
 
-def _fits_of(folder: Path) -> Any:
-    """Fresh fits of a sweep folder (analyzed now, nothing written), or a folder's fits.parquet."""
+def _fits_of(folder: Path) -> tuple[Any, str | None]:
+    """Fresh fits of a sweep folder (analyzed now, nothing written), or a folder's fits.parquet;
+    with the column the fits are grouped by (`analyze --group-by`), else None."""
     from gnsweep import store
+    from gnsweep.analysis.groups import group_of
     from gnsweep.analysis.report import analyze_sweep
 
     if store.is_sweep(folder):
-        return analyze_sweep(folder, write=False).fits
+        return analyze_sweep(folder, write=False).fits, None
     if (folder / "fits.parquet").is_file():
-        return store.read_table(folder / "fits.parquet").to_pandas()
+        results = store.read_results(folder)
+        return results.fits, group_of(results)
     store.require_sweep(folder)  # raises with the usual message
-    return None
+    return None, None
 
 
 @app.command()
-@user_errors
 def baseline(
     folder: Annotated[Path, typer.Argument(
         help="A sweep folder (analyzed now) or a folder holding fits.parquet.")],
@@ -287,15 +315,14 @@ def baseline(
     from gnsweep import store
     from gnsweep.analysis.baseline import make_baseline
 
-    fits = _fits_of(folder)
-    record = make_baseline(fits, rtol=rtol, k_se=k_se, source=folder.name)
+    fits, group_by = _fits_of(folder)
+    record = make_baseline(fits, rtol=rtol, k_se=k_se, source=folder.name, group_by=group_by)
     store.write_json(output, record)
     fitted = sum(1 for t in record["targets"] if t["b_crit"] is not None)
     typer.echo(f"baseline {output}: {fitted} of {len(record['targets'])} target(s) with a fit")
 
 
 @app.command()
-@user_errors
 def check(
     folder: Annotated[Path, typer.Argument(
         help="A sweep folder (analyzed now) or a folder holding fits.parquet.")],
@@ -315,14 +342,15 @@ def check(
     from gnsweep.analysis.baseline import BaselineError, compare, junit_xml
 
     record = store.read_json(baseline_file)
-    fits = _fits_of(folder)
+    fits, _ = _fits_of(folder)
     try:
         cases = compare(record, fits, rtol=rtol, k_se=k_se)
     except BaselineError as err:
         raise store.StoreError(f"{baseline_file}: {err}") from None
     for case in cases:
         mark = "ok  " if case.ok else "FAIL"
-        typer.echo(f"{mark} target {case.target:<8g} {case.figure:<7} {case.message}")
+        where = f"{case.group} " if case.group else ""
+        typer.echo(f"{mark} {where}target {case.target:<8g} {case.figure:<7} {case.message}")
     if junit is not None:
         store.write_text(junit, junit_xml(cases))
     failed = [c for c in cases if not c.ok]
@@ -334,7 +362,6 @@ def check(
 
 
 @app.command()
-@user_errors
 def plot(
     sweep_dir: Annotated[Path, typer.Argument(help="An analyzed sweep folder.")],
     svg: Annotated[bool, typer.Option("--svg", help="SVG instead of PDF beside each PNG.")
@@ -358,7 +385,6 @@ def plot(
 
 
 @app.command()
-@user_errors
 def report(
     sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder written by `gnsweep launch`.")],
 ) -> None:
@@ -373,8 +399,9 @@ def report(
     path, skipped, notes = write_report(sweep_dir)
     for name, reason in skipped.items():
         typer.echo(f"skipped {name}: {reason}", err=True)
-    for note in notes:
-        typer.echo(f"note: {note}", err=True)
+    if notes:
+        # Listed in the report itself; `gnsweep plot` (run before it by `make demo`) prints them.
+        typer.echo(f"the report lists {len(notes)} note(s) on how to read the figures", err=True)
     typer.echo(f"report: {path.resolve().as_uri()}")
 
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from gnsweep import store, tasks
+from gnsweep import store, tasks, tracking
 from gnsweep.errors import ConfigError
 from gnsweep.errors import choice as _choice
 from gnsweep.errors import integer as _integer
@@ -28,6 +28,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "ExecutorConfig",
+    "LoggerConfig",
     "NoiseConfig",
     "SweepConfig",
     "TaskConfig",
@@ -247,14 +248,65 @@ class AnalysisConfig:
 
 
 @dataclass
+class LoggerConfig:
+    """Where every run's per-step metrics also go: an experiment tracker (`gnsweep.tracking`).
+
+    One dataclass for every kind; a kind reads only its own options (conf/logger/*.yaml).
+    """
+
+    kind: str = "none"
+    """none, tensorboard, mlflow or wandb."""
+    tracking_uri: str | None = None
+    """mlflow: the tracking store (null: $MLFLOW_TRACKING_URI, else <sweep>/mlflow/mlflow.db)."""
+    experiment: str | None = None
+    """mlflow: the experiment (null: the sweep folder's name)."""
+    project: str | None = None
+    """wandb: the project (null: the sweep folder's name)."""
+    entity: str | None = None
+    """wandb: the entity (null: W&B's default)."""
+    mode: str | None = None
+    """wandb: online, offline or disabled (null: offline unless W&B is set up)."""
+    flush_secs: int = 10
+    """tensorboard: how often a live run's events reach the files."""
+
+    def __post_init__(self) -> None:
+        self.kind = _choice("logger.kind", self.kind, tracking.KINDS)
+        self.flush_secs = _integer("logger.flush_secs", self.flush_secs)
+        if self.flush_secs < 1:
+            raise ConfigError(f"logger.flush_secs: {self.flush_secs} must be >= 1")
+        try:
+            tracking.make_logger(self.kind, ".", **self.options())
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+    def options(self) -> dict[str, Any]:
+        """The options `make_logger` takes for this kind: those set (not null) that the kind
+        reads. One set for another kind is refused (it would silently do nothing)."""
+        defaults = LoggerConfig.__dataclass_fields__
+        accepted = set(tracking.options_of(self.kind))
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "kind" or value is None:
+                continue
+            if f.name in accepted:
+                out[f.name] = value
+            elif value != defaults[f.name].default:
+                raise ConfigError(f"logger.{f.name}: not an option of logger={self.kind}; "
+                                  f"it takes {', '.join(sorted(accepted)) or 'none'}")
+        return out
+
+
+@dataclass
 class Config:
-    """The whole sweep: task, grid, noise measurement, executor, analysis."""
+    """The whole sweep: task, grid, noise measurement, executor, analysis, run logging."""
 
     task: TaskConfig = field(default_factory=TaskConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     noise: NoiseConfig = field(default_factory=NoiseConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     def __post_init__(self) -> None:
         self.check()
@@ -282,7 +334,8 @@ class Config:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Config:
         sections = {"task": TaskConfig, "sweep": SweepConfig, "noise": NoiseConfig,
-                    "executor": ExecutorConfig, "analysis": AnalysisConfig}
+                    "executor": ExecutorConfig, "analysis": AnalysisConfig,
+                    "logger": LoggerConfig}
         unknown = set(data) - set(sections)
         if unknown:
             raise ConfigError(f"unknown config section(s): {', '.join(sorted(unknown))}")

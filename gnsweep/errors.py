@@ -6,7 +6,10 @@ of a sweep folder that is missing or unreadable. The CLI prints either as one li
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,24 +24,33 @@ class StoreError(RuntimeError):
     """A file of the sweep is missing or unreadable; the message names it."""
 
 
+def shown(value: Any) -> str:
+    """A value as an error message shows it: `nan`, `2.5`, `'abc'` (numpy scalars unwrapped,
+    never `np.float64(nan)`)."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        with contextlib.suppress(TypeError, ValueError):
+            value = value.item()
+    return repr(value) if isinstance(value, (str, bytes)) else str(value)
+
+
 def number(where: str, value: Any) -> float:
     """`value` as a finite float; `where` names the setting in the error."""
     try:
         out = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{where}: {value!r} is not a number") from None
+        raise ConfigError(f"{where}: {shown(value)} is not a number") from None
     if not math.isfinite(out):
-        raise ConfigError(f"{where}: {value!r} must be finite")
+        raise ConfigError(f"{where}: {shown(value)} must be finite")
     return out
 
 
 def integer(where: str, value: Any) -> int:
     """`value` as an int (2.0 is 2; 2.5 and True are refused)."""
     if isinstance(value, bool):
-        raise ConfigError(f"{where}: {value!r} is not an integer")
+        raise ConfigError(f"{where}: {shown(value)} is not an integer")
     as_number = number(where, value)
     if as_number != int(as_number):
-        raise ConfigError(f"{where}: {value!r} is not an integer")
+        raise ConfigError(f"{where}: {shown(value)} is not an integer")
     return int(as_number)
 
 
@@ -68,3 +80,27 @@ def choice(where: str, value: Any, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ConfigError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
     return str(value)
+
+
+_OS_HINTS = {
+    errno.EACCES: "choose a folder you may write to, or fix its permissions",
+    errno.EPERM: "choose a folder you may write to, or fix its permissions",
+    errno.EROFS: "choose a folder on a writable file system",
+    errno.ENOSPC: "free some space there, or choose a folder on another disk",
+    errno.EDQUOT: "free some space there, or choose a folder on another disk",
+    errno.ENOTDIR: "a part of the path is a file, not a folder; choose another path",
+    errno.EEXIST: "a file is in the way; choose another path",
+}
+
+
+def os_error_message(err: OSError) -> str:
+    """An operating-system error as one line for the user: the path, the reason, the fix
+    (`/data/runs: Permission denied; choose a folder you may write to, ...`)."""
+    first = str(err).strip().splitlines()
+    # The system's words for the errno: libraries (pyarrow) wrap them in their own.
+    reason = os.strerror(err.errno) if err.errno else (
+        err.strerror or (first[0] if first else type(err).__name__))
+    path = err.filename if err.filename is not None else err.filename2
+    hint = _OS_HINTS.get(err.errno or -1)
+    where = f"{os.fsdecode(path)}: " if path is not None else ""
+    return f"{where}{reason}" + (f"; {hint}" if hint else "")

@@ -21,6 +21,8 @@ def load_tables(sweep_dir: Path, analyze: bool = True) -> Results:
     from gnsweep.analysis.load import load_sweep
     from gnsweep.analysis.report import analyze_sweep
 
+    if not store.is_sweep(sweep_dir) and (sweep_dir / "fits.parquet").is_file():
+        return store.read_results(sweep_dir)  # `analyze --table` output: no runs, no curves
     store.require_sweep(sweep_dir)
     if analyze and not all((sweep_dir / name).exists() for name in (
             "steps.parquet", "front.parquet", "fits.parquet")):
@@ -60,15 +62,28 @@ class Written:
 
 
 def write_figures(sweep_dir: Path, formats: tuple[str, ...] = FORMATS) -> Written:
-    """Draw every figure the sweep supports into <sweep>/figures/."""
+    """Draw every figure the sweep supports into <sweep>/figures/ (into figures/<group>/ for
+    each group of an `analyze --group-by` output; skipped and notes then name the group)."""
     from gnsweep import plots
+    from gnsweep.analysis.groups import split
 
     tables = load_tables(sweep_dir)
     paths: list[Path] = []
     skipped: dict[str, str] = {}
-    for name, result in plots.draw_all(tables).items():
-        if isinstance(result, str):
-            skipped[name] = result
-        else:
-            paths += save(result, name, sweep_dir / "figures", formats)
-    return Written(paths, skipped, plots.notes(tables))
+    notes: list[str] = []
+    for group, part in split(tables).items():
+        out = sweep_dir / "figures" / folder_name(group) if group else sweep_dir / "figures"
+        for name, result in plots.draw_all(part).items():
+            if isinstance(result, str):
+                skipped[f"{group}/{name}" if group else name] = result
+            else:
+                paths += save(result, name, out, formats)
+        notes += [f"{group}: {n}" if group else n for n in plots.notes(part)]
+    return Written(paths, skipped, notes)
+
+
+def folder_name(group: str) -> str:
+    """A group's value as a folder name (slashes and spaces replaced)."""
+    import re
+
+    return re.sub(r"[^\w.=+-]+", "_", group).strip("._") or "_"

@@ -228,14 +228,14 @@ def _list(items: list[str], cls: str) -> str:
     return f"<ul class={cls}>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>"
 
 
-def render(tables: Results, figures: dict[str, bytes | str], config: Config,
-           config_text: str, title: str, notes: list[str] | None = None) -> str:
+def render(tables: Results, figures: dict[str, bytes | str], config: Config | None,
+           config_text: str, title: str, notes: list[str] | None = None,
+           groups: dict[str, tuple[Results, dict[str, bytes | str], list[str]]] | None = None
+           ) -> str:
     """The report as one HTML string. `figures` maps a figure name to PNG bytes or to the
-    one-line reason it was skipped; images are embedded as base64 data URIs."""
-    from gnsweep.plots import FIGURES  # captions; matplotlib only once a report is drawn
-
-    captions = {spec.name: spec.caption for spec in FIGURES}
-    warnings = collect_warnings(tables)
+    one-line reason it was skipped; images are embedded as base64 data URIs. `groups` (an
+    analysis `--group-by`): one section per group, each with its own tables, figures and notes.
+    Without `config` (measurements from a table) the grid is the table's source."""
     parts = [
         "<!DOCTYPE html>", "<html lang=en><head><meta charset=utf-8>",
         f"<title>{esc(title)}</title>",
@@ -244,6 +244,35 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config,
         f"<h1>{esc(title)}</h1>",
         "<p class=meta>Critical batch size from a batch size x learning rate sweep "
         "(McCandlish et al. 2018, eq. 2.11-2.12). Written by <code>gnsweep report</code>.</p>",
+    ]
+    if groups:
+        column = tables.meta.get("group_by", "group")
+        for name, (part, part_figures, part_notes) in groups.items():
+            parts += [f"<h1 class=group id='{esc(name)}'>{esc(column)} {esc(name)}</h1>",
+                      *_section(part, part_figures, part_notes)]
+    else:
+        parts += _section(tables, figures, notes)
+    if config is not None:
+        parts += ["<h2>Grid</h2>", grid_summary(config, tables.runs),
+                  "<h2>Resolved configuration</h2>", f"<pre>{esc(config_text)}</pre>"]
+    else:
+        parts += ["<h2>Source</h2>", f"<pre>{esc(config_text)}</pre>"]
+    # Lets a headless browser test see that every embedded figure decoded.
+    parts += ["<script>window.addEventListener('load', () => { document.body.dataset.imagesLoaded"
+              " = [...document.images].filter(i => i.complete && i.naturalWidth > 0).length; "
+              "});</script>",
+              "</body></html>"]
+    return "\n".join(parts)
+
+
+def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] | None
+             ) -> list[str]:
+    """Answer, warnings, fits and figures of one analysis."""
+    from gnsweep.plots import FIGURES  # captions; matplotlib only once a report is drawn
+
+    captions = {spec.name: spec.caption for spec in FIGURES}
+    warnings = collect_warnings(tables)
+    parts = [
         "<h2>Answer</h2>",
         *(f"<p class=answer>{esc(a)}</p>" for a in answers(tables.fits, tables.front)),
         f"<h2>Warnings ({len(warnings)})</h2>",
@@ -270,39 +299,51 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config,
     if skipped or notes:
         parts += ["<h3>Not drawn, or drawn without a part</h3>",
                   _list([*(f"skipped {s}" for s in skipped), *(notes or [])], "note")]
-    parts += ["<h2>Grid</h2>", grid_summary(config, tables.runs),
-              "<h2>Resolved configuration</h2>", f"<pre>{esc(config_text)}</pre>",
-              # Lets a headless browser test see that every embedded figure decoded.
-              "<script>window.addEventListener('load', () => { document.body.dataset.imagesLoaded"
-              " = [...document.images].filter(i => i.complete && i.naturalWidth > 0).length; "
-              "});</script>",
-              "</body></html>"]
-    return "\n".join(parts)
+    return parts
 
 
 def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
-    """Draw the figures and write <sweep>/report.html; returns (path, skipped, notes)."""
+    """Draw the figures and write <folder>/report.html; returns (path, skipped, notes).
+
+    The folder is a sweep, or the output of `gnsweep analyze --table` (one section per group
+    when it was grouped; skipped figures and notes are then named `<group>/<figure>`)."""
+    import json
 
     from gnsweep import plots, store
+    from gnsweep.analysis.groups import split
     from gnsweep.figures import load_tables, png_bytes
 
     tables = load_tables(sweep_dir)
-    config = Config.load(sweep_dir)
-    config_text = (sweep_dir / store.SWEEP_CONFIG).read_text()
-    figures: dict[str, bytes | str] = {}
-    for name, result in plots.draw_all(tables).items():
-        if isinstance(result, str):
-            figures[name] = result
-        else:
-            figures[name] = png_bytes(result)
-            import matplotlib.pyplot as plt
+    if store.is_sweep(sweep_dir):
+        config: Config | None = Config.load(sweep_dir)
+        config_text = (sweep_dir / store.SWEEP_CONFIG).read_text()
+        name = config.sweep.name if config is not None else sweep_dir.name
+    else:
+        config, name = None, sweep_dir.name
+        config_text = json.dumps(tables.meta, indent=2, sort_keys=True, default=str)
+    sections: dict[str, tuple[Results, dict[str, bytes | str], list[str]]] = {}
+    skipped: dict[str, str] = {}
+    all_notes: list[str] = []
+    for group, part in split(tables).items():
+        figures: dict[str, bytes | str] = {}
+        for figure, result in plots.draw_all(part).items():
+            if isinstance(result, str):
+                figures[figure] = result
+                skipped[f"{group}/{figure}" if group else figure] = result
+            else:
+                figures[figure] = png_bytes(result)
+                import matplotlib.pyplot as plt
 
-            plt.close(result)
-    name = config.sweep.name
-    notes = plots.notes(tables)
-    text = render(tables, figures, config, config_text,
-                  f"gnsweep report: {name} ({sweep_dir})", notes)
+                plt.close(result)
+        notes = plots.notes(part)
+        all_notes += [f"{group}: {n}" if group else n for n in notes]
+        sections[group] = (part, figures, notes)
+    title = f"gnsweep report: {name} ({sweep_dir})"
+    if list(sections) == [""]:
+        part, figures, notes = sections[""]
+        text = render(tables, figures, config, config_text, title, notes)
+    else:
+        text = render(tables, {}, config, config_text, title, groups=sections)
     path = sweep_dir / REPORT
     store.write_text(path, text)
-    skipped = {k: v for k, v in figures.items() if isinstance(v, str)}
-    return path, skipped, notes
+    return path, skipped, all_notes

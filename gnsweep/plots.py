@@ -348,6 +348,8 @@ def steps_grid(steps: pd.DataFrame, front: pd.DataFrame) -> Figure:
     if steps.empty:
         raise Skip("the steps table is empty; run `gnsweep analyze` first")
     cells = grid_cells(steps)
+    if cells.empty:  # a table of measurements without learning rates: no grid
+        raise Skip("the steps table has no learning rates (a table of best runs only)")
     targets = sorted(cells["target"].unique(), reverse=True)
     batches = sorted(cells["batch_size"].unique())
     lrs = sorted(cells["learning_rate"].unique())
@@ -423,6 +425,8 @@ def best_lr_vs_batch(front: pd.DataFrame, steps: pd.DataFrame | None = None,
         raise Skip("fewer than 2 batch sizes reached a target")
     column = "lr_opt" if "lr_opt" in front and np.isfinite(front["lr_opt"]).any() \
         else "learning_rate"
+    if not (np.isfinite(front[column].astype(float)) & (front[column] > 0)).any():
+        raise Skip("no learning rates (a table of best runs only)")
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots()
         targets = sorted(front["target"].unique(), reverse=True)

@@ -81,7 +81,24 @@ METRICS_SCHEMA = pa.schema([
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """A temporary path beside `path`, renamed onto it when the block ends without error. An
+    OSError names `path` (a full disk, say, reports no file), so that the user sees which."""
+    path.parent.mkdir(parents=True, exist_ok=True)  # names the folder it cannot make
+    try:
+        with _atomic_path(path) as tmp:
+            yield tmp
+    except OSError as err:
+        named = err.filename
+        if named is not None and not os.path.basename(str(named)).startswith(f".{path.name}."):
+            raise  # about another file, which it names
+        # pyarrow's errors carry the errno but wrap the reason in their own words.
+        reason = os.strerror(err.errno) if err.errno else (
+            err.strerror or (str(err).strip().splitlines() or [type(err).__name__])[0])
+        raise OSError(err.errno, reason, str(path)) from err
+
+
+@contextmanager
+def _atomic_path(path: Path) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     # mkstemp makes the file private (0600); results are for sharing, so honour the umask.

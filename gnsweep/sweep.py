@@ -17,9 +17,10 @@ __all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "p
            "remaining", "run_specs", "sweep_status"]
 
 
-# Settings a relaunch may change: where and how runs execute, the grid (runs are added), and
-# the analysis. Anything else changes what a run trains, and mixing them would corrupt the fits.
-RELAUNCH_MAY_CHANGE = ("executor", "analysis", "sweep.name", "sweep.batch_sizes",
+# Settings a relaunch may change: where and how runs execute, the grid (runs are added), the
+# analysis and where runs are logged. Anything else changes what a run trains, and mixing them
+# would corrupt the fits.
+RELAUNCH_MAY_CHANGE = ("executor", "analysis", "logger", "sweep.name", "sweep.batch_sizes",
                        "sweep.learning_rates", "sweep.seeds", "sweep.max_retries")
 GRID_KEYS = ("batch_sizes", "learning_rates", "seeds")
 
@@ -113,9 +114,16 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
               show_progress: bool = True, wait: bool = True) -> Any:
     """Hand the runs (records written) that have not finished to the configured executor;
     returns its summary. `launch` runs the grid with it, `gnsweep plan` its chosen runs."""
+    import os
+    import uuid
+
+    from gnsweep.executors import LAUNCH_ENV
     from gnsweep.executors.registry import executor_for
     from gnsweep.progress import SweepProgress
 
+    # Every worker inherits it and records it with each attempt: the summary can then say
+    # which runs this launch ran and which another launch on the same folder did.
+    os.environ[LAUNCH_ENV] = uuid.uuid4().hex
     specs = [RunSpec(**store.read_json(store.run_dir(sweep_dir, r) / store.RUN_CONFIG)["run"])
              for r in run_ids]
     # Runs another launcher holds stay in: every executor waits for them (and runs them should

@@ -49,8 +49,11 @@ def resolve_method(method: str) -> str:
 
 
 def train(config: Config, spec: RunSpec, out_dir: Path | None,
-          should_stop: Callable[[], bool] | None = None) -> RunResult:
+          should_stop: Callable[[], bool] | None = None,
+          on_row: Callable[[dict[str, float]], None] | None = None) -> RunResult:
     """Train one run; write `out_dir/metrics.parquet` (when given) atomically at the end.
+
+    `on_row` sees every metrics row as it is logged (a run logger; it must not raise).
 
     Under torch.distributed every rank calls this with the same arguments; only rank 0 passes
     `out_dir` (the executors gate every write on the rank).
@@ -138,8 +141,10 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
                 eval_loss = math.nan
                 if eval_data is not None and step % sweep.eval_every == 0:
                     eval_loss = _eval_loss(model, task, eval_data)
-                _log(rows, step, spec, loss_value, smooth, eval_loss, estimate,
-                     time.perf_counter() - start)
+                row = _log(rows, step, spec, loss_value, smooth, eval_loss, estimate,
+                           time.perf_counter() - start)
+                if on_row is not None:
+                    on_row(row)
             if done:
                 reason = "target"
                 break
@@ -195,7 +200,7 @@ def _eval_loss(model: torch.nn.Module, task, data: tuple[torch.Tensor, torch.Ten
 
 
 def _log(rows: dict[str, list], step: int, spec: RunSpec, loss: float, smooth: float,
-         eval_loss: float, estimate: NoiseEstimate | None, wall: float) -> None:
+         eval_loss: float, estimate: NoiseEstimate | None, wall: float) -> dict[str, float]:
     nan = math.nan
     values = {
         "step": step, "examples": step * spec.batch_size, "loss": loss, "loss_smooth": smooth,
@@ -206,3 +211,4 @@ def _log(rows: dict[str, list], step: int, spec: RunSpec, loss: float, smooth: f
         values[field.name] = getattr(estimate, field.name) if estimate is not None else nan
     for name, value in values.items():
         rows[name].append(value)
+    return values

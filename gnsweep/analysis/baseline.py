@@ -8,7 +8,7 @@ a target new since the baseline is reported, never failed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -25,17 +25,24 @@ class BaselineError(ValueError):
 
 
 def make_baseline(fits: pd.DataFrame, *, rtol: float = DEFAULT_RTOL, k_se: float = DEFAULT_K_SE,
-                  source: str = "") -> dict[str, Any]:
-    """The record `gnsweep check` compares against: per target, each figure and its error."""
+                  source: str = "", group_by: str | None = None) -> dict[str, Any]:
+    """The record `gnsweep check` compares against: per target (per group and target with
+    `group_by`, the column of a multi-workload analysis), each figure and its error."""
     targets = []
-    for row in fits.sort_values("target", ascending=False).itertuples(index=False):
-        entry: dict[str, Any] = {"target": float(row.target), "refused": str(row.refused)}
+    order = [group_by, "target"] if group_by else ["target"]
+    for _, row in fits.sort_values(order, ascending=[True, False][-len(order):]).iterrows():
+        entry: dict[str, Any] = {"target": float(row["target"]), "refused": str(row["refused"])}
+        if group_by:
+            entry["group"] = str(row[group_by])
         for name in FIGURES:
-            entry[name] = _num(getattr(row, name))
-            entry[f"{name}_se"] = _num(getattr(row, f"{name}_se"))
+            entry[name] = _num(row[name])
+            entry[f"{name}_se"] = _num(row[f"{name}_se"])
         targets.append(entry)
-    return {"version": VERSION, "source": source, "tolerance": {"rtol": rtol, "k_se": k_se},
-            "targets": targets}
+    record = {"version": VERSION, "source": source, "tolerance": {"rtol": rtol, "k_se": k_se},
+              "targets": targets}
+    if group_by:
+        record["group_by"] = group_by
+    return record
 
 
 def _num(value: Any) -> float | None:
@@ -53,6 +60,12 @@ class Case:
     new: float
     ok: bool
     message: str
+    group: str = ""
+    """The group (workload) of a multi-workload baseline; "" otherwise."""
+
+    @property
+    def label(self) -> str:
+        return (f"{self.group} " if self.group else "") + f"target {self.target:g}"
 
 
 def validate(baseline: Any) -> dict[str, Any]:
@@ -74,19 +87,26 @@ def compare(baseline: dict[str, Any], fits: pd.DataFrame, rtol: float | None = N
     tolerance = baseline.get("tolerance", {})
     rtol = float(tolerance.get("rtol", DEFAULT_RTOL)) if rtol is None else rtol
     k_se = float(tolerance.get("k_se", DEFAULT_K_SE)) if k_se is None else k_se
+    group_by = baseline.get("group_by")
+    if group_by and group_by not in fits:
+        raise BaselineError(f"the baseline holds one fit per {group_by!r}, the new fits have no "
+                            f"such column; analyze with --group-by {group_by}")
     new_targets = fits["target"].to_numpy(float)
+    groups = fits[group_by].astype(str).to_numpy() if group_by else np.full(len(fits), "")
     cases = []
     seen = np.zeros(len(fits), bool)
     for entry in baseline["targets"]:
-        target = float(entry["target"])
-        match = np.flatnonzero(np.isclose(new_targets, target, rtol=1e-9, atol=0.0))
+        target, group = float(entry["target"]), str(entry.get("group", "")) if group_by else ""
+        match = np.flatnonzero(np.isclose(new_targets, target, rtol=1e-9, atol=0.0)
+                               & (groups == group))
         row = fits.iloc[match[0]] if len(match) else None
         seen[match] = True
         for name in FIGURES:
-            cases.append(_case(target, name, entry, row, rtol, k_se))
-    for row in fits[~seen].itertuples(index=False):
-        cases.append(Case(float(row.target), "b_crit", math.nan, float(row.b_crit), True,
-                          "new target, not in the baseline"))
+            cases.append(replace(_case(target, name, entry, row, rtol, k_se), group=group))
+    for i in np.flatnonzero(~seen):
+        row = fits.iloc[i]
+        cases.append(Case(float(row["target"]), "b_crit", math.nan, float(row["b_crit"]), True,
+                          "new target, not in the baseline", group=str(groups[i])))
     return cases
 
 
@@ -123,11 +143,12 @@ def junit_xml(cases: list[Case], suite: str = "gnsweep check") -> str:
     node = ET.SubElement(root, "testsuite", name=suite, tests=str(len(cases)),
                          failures=str(failures), errors="0", skipped="0")
     for case in cases:
-        test = ET.SubElement(node, "testcase", classname=f"fits.target_{case.target:g}",
+        group = f"{case.group}." if case.group else ""
+        test = ET.SubElement(node, "testcase", classname=f"fits.{group}target_{case.target:g}",
                              name=case.figure)
         if not case.ok:
             failure = ET.SubElement(test, "failure", message=case.message, type="regression")
-            failure.text = f"target {case.target:g} {case.figure}: {case.message}"
+            failure.text = f"{case.label} {case.figure}: {case.message}"
         else:
             ET.SubElement(test, "system-out").text = case.message
     ET.indent(root)

@@ -6,8 +6,19 @@ import numpy as np
 import pandas as pd
 
 
-def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None) -> str:
-    """The printed table: one line per target, figures with their standard errors."""
+def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None,
+                group_by: str | None = None) -> str:
+    """The printed table: one line per target, figures with their standard errors; with
+    `group_by`, one block per group under its name."""
+    if group_by is not None and group_by in fits:
+        blocks = []
+        for value in pd.unique(fits[group_by].astype(str)):
+            rows = fits[fits[group_by].astype(str) == value].drop(columns=[group_by])
+            scaling = None
+            if loss_scaling is not None and group_by in loss_scaling:
+                scaling = loss_scaling[loss_scaling[group_by].astype(str) == value]
+            blocks.append(f"{group_by} {value}:\n" + format_fits(rows, scaling))
+        return "\n".join(blocks)
     header = (f"{'target':>8} {'#B':>3} {'S_min':>16} {'E_min':>18} {'B_crit':>16} "
               f"{'B_simple':>16} {'B_crit/B_simple':>15} {'B_noise(lr)':>16}")
     lines = [header]
@@ -38,7 +49,8 @@ def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None) ->
     if loss_scaling is not None and len(loss_scaling):
         scaling = loss_scaling.iloc[0]
         if scaling["refused"]:
-            lines.append(f"B_crit(L): no fit: {scaling['refused']}")
+            if len(fits) > 1:  # with one target there is no law to fit: nothing to say
+                lines.append(f"B_crit(L): no fit: {scaling['refused']}")
         else:
             b_star = _pm(scaling["b_star"], scaling["b_star_se"])
             alpha_b = _pm(scaling["alpha_b"], scaling["alpha_b_se"], ".3g")

@@ -13,8 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gnsweep.analysis.groups import combine
 from gnsweep.analysis.pipeline import Analysis, AnalysisError, analyze_steps, analyze_tables
 from gnsweep.analysis.steps import LOSS_COLUMNS, STEPS_COLUMNS, curves_from_frames
+from gnsweep.errors import shown as show_value
 
 STEPS_REQUIRED = ("batch_size", "target", "steps")
 CURVES_REQUIRED = ("run_id", "batch_size", "learning_rate", "step", "loss")
@@ -81,10 +83,17 @@ def _numeric(path: Path, frame: pd.DataFrame, column: str, *, positive: bool = F
         rows = np.flatnonzero(mask)
         if len(rows):
             # Row numbers as a spreadsheet shows them: the header is row 1.
-            shown = ", ".join(str(r + 2) for r in rows[:5]) + (" ..." if len(rows) > 5 else "")
-            raise AnalysisError(f"{path}: column {column!r}: {raw.iloc[rows[0]]!r} {why} "
+            shown = ", ".join(str(_row_number(frame, r)) for r in rows[:5]) + (
+                " ..." if len(rows) > 5 else "")
+            raise AnalysisError(f"{path}: column {column!r}: {show_value(raw.iloc[rows[0]])} {why} "
                                 f"(row(s) {shown})")
     return values
+
+
+def _row_number(frame: pd.DataFrame, position: int) -> int:
+    """The row as a spreadsheet shows it (the header is row 1), also within one group."""
+    label = frame.index[position]
+    return int(label) + 2 if isinstance(label, (int, np.integer)) else position + 2
 
 
 def steps_from_table(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
@@ -101,7 +110,7 @@ def steps_from_table(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
                        else np.full(n, np.nan))
                 for name in ("b_simple", "b_simple_mean", "b_noise", "b_noise_mean")}
     run_id = (frame["run_id"].astype(str).to_numpy() if "run_id" in frame
-              else np.array([f"row{i + 2}" for i in range(n)]))
+              else np.array([f"row{_row_number(frame, i)}" for i in range(n)]))
     out = pd.DataFrame({
         "run_id": run_id, "batch_size": batch.astype(int), "learning_rate": lr, "seed": seed,
         "target": target, "state": "done", "reached": True, "steps": steps,
@@ -145,12 +154,46 @@ def curves_from_table(path: Path, frame: pd.DataFrame, loss: str):
 
 def analyze_table(path: Path, targets: list[float] | None = None, loss: str = "smoothed",
                   ema_examples: float | None = None, bootstrap: int = 0,
-                  optimizer: str = "sgd") -> Analysis:
-    """Analyze a table of external measurements; writes nothing."""
+                  optimizer: str = "sgd", group_by: str | None = None) -> Analysis:
+    """Analyze a table of external measurements; writes nothing.
+
+    `group_by` names a column (workload, model...): one analysis per value, put back together
+    with that column in front of every table (`gnsweep.analysis.groups`). A grouped steps table
+    may leave out `target`: each group's steps are then to its own quality target, numbered 1.
+    """
     frame = read_table_file(path)
     frame.columns = [str(c).strip() for c in frame.columns]
     if frame.empty:
         raise AnalysisError(f"{path}: the table has no rows")
+    options = dict(targets=targets, loss=loss, ema_examples=ema_examples, bootstrap=bootstrap,
+                   optimizer=optimizer)
+    if group_by is None:
+        return _analyze_frame(path, frame, **options)  # type: ignore[arg-type]
+    if group_by not in frame:
+        raise AnalysisError(f"{path}: --group-by {group_by}: no such column (columns: "
+                            f"{', '.join(frame.columns)})")
+    if group_by in (*CURVES_REQUIRED, *STEPS_REQUIRED, "learning_rate", "seed"):
+        raise AnalysisError(f"{path}: --group-by {group_by}: that column is a measurement; "
+                            "group by a column naming the workload")
+    empty = np.flatnonzero(frame[group_by].isna().to_numpy())
+    if len(empty):
+        raise AnalysisError(f"{path}: column {group_by!r} is empty in row(s) "
+                            f"{', '.join(str(r + 2) for r in empty[:5])}")
+    if "target" not in frame and not {"step", "loss"} & set(frame.columns):
+        frame = frame.assign(target=1.0)  # one quality target per workload (MLPerf style)
+    labels = frame[group_by].astype(str)
+    parts = {}
+    for value in pd.unique(labels):
+        rows = frame[labels == value].drop(columns=[group_by])
+        try:
+            parts[str(value)] = _analyze_frame(path, rows, **options)  # type: ignore[arg-type]
+        except AnalysisError as err:
+            raise AnalysisError(f"{group_by} {value}: {err}") from None
+    return combine(parts, group_by)
+
+
+def _analyze_frame(path: Path, frame: pd.DataFrame, targets: list[float] | None, loss: str,
+                   ema_examples: float | None, bootstrap: int, optimizer: str) -> Analysis:
     shape = table_shape(path, frame)
     if shape == "steps":
         steps = steps_from_table(path, frame)

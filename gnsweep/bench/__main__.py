@@ -7,11 +7,20 @@ import sys
 
 from gnsweep.bench import SUBJECTS
 
+USAGE = f"""usage: python -m gnsweep.bench [SUBJECT ...] [OPTIONS]   (or: gnsweep bench ...)
+
+Run the named benchmarks (default: all of {", ".join(SUBJECTS)}) and print ratios measured side
+by side, as a table and as JSON. Options after the subjects go to each of them; see one
+subject's options with: python -m gnsweep.bench SUBJECT --help"""
+
 
 def main(argv: list[str]) -> None:
     # Leading bare words are subjects; everything from the first option on goes to each one.
     split = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))
     subjects, options = argv[:split] or list(SUBJECTS), argv[split:]
+    if not argv[:split] and {"-h", "--help"} & set(options):
+        print(USAGE)  # help without a subject: not every subject's help, and nothing run
+        return
     for subject in subjects:
         if subject not in SUBJECTS:
             sys.exit(f"gnsweep bench: unknown subject {subject!r}; choose from {SUBJECTS}")

@@ -152,11 +152,17 @@ def _ddp_ratios(rounds: int, steps: int) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> dict[str, Any]:
-    quick = "--quick" in argv
-    rounds, steps = (3, HESSIAN_EVERY) if quick else (9, HESSIAN_EVERY)
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="gnsweep bench noise",
+                                     description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 rounds instead of 9.")
+    parser.add_argument("--no-ddp", action="store_true", help="Skip the two-process DDP part.")
+    args = parser.parse_args(argv)
+    rounds, steps = (3, HESSIAN_EVERY) if args.quick else (9, HESSIAN_EVERY)
     torch.set_num_threads(1)
     rows = []
-    ddp = {} if "--no-ddp" in argv else _ddp_ratios(rounds, steps)
+    ddp = {} if args.no_ddp else _ddp_ratios(rounds, steps)
     for name in MODELS:
         for batch in BATCH_SIZES:
             seconds = _time_side_by_side(_variants(name, batch), rounds, steps)

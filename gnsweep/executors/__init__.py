@@ -15,19 +15,23 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from gnsweep import store
 from gnsweep.executors import claims
 from gnsweep.runs import RunState, needs_running, read_run
+from gnsweep.tracking import METRICS, RunLogger, make_logger
 
 runnable = needs_running
 """Whether a run still needs running (the retry rule lives in `gnsweep.runs.needs_running`)."""
 
 HISTORY = "attempts.jsonl"
 """Append-only log of a run's attempts (start, end, stopped, died), one JSON object a line."""
+LAUNCH_ENV = "GNSWEEP_LAUNCH"
+"""The id of the `gnsweep launch` a worker serves (inherited by every worker, also under
+torchrun and Slurm): each attempt records it, so a launch can tell its runs from another's."""
 
 
 @dataclass(frozen=True)
@@ -50,13 +54,47 @@ def rank() -> int:
 def log_event(run_path: Path, event: str, **fields: Any) -> None:
     """Append one line to the run's attempt log (one `write` on an O_APPEND file)."""
     line = json.dumps({"event": event, "time": time.time(), "host": socket.gethostname(),
-                       "pid": os.getpid(), "slurm_job_id": claims.slurm_job_id(), **fields},
+                       "pid": os.getpid(), "slurm_job_id": claims.slurm_job_id(),
+                       "launch": os.environ.get(LAUNCH_ENV), **fields},
                       default=str) + "\n"
     fd = os.open(run_path / HISTORY, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+
+
+def ended_by(run_path: Path) -> str | None:
+    """The launch whose worker recorded the run's last end (None: unknown)."""
+    try:
+        lines = (run_path / HISTORY).read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if event.get("event") == "end":
+                return event.get("launch")
+    return None
+
+
+def process_logger(sweep_dir: Path) -> RunLogger:
+    """The run logger of this worker process (the sweep's `logger=` setting), made once at
+    worker start and reused for every run it trains; rank 0 alone logs under torch.distributed.
+
+    Read from the sweep's config.yaml, which the latest launch wrote: a relaunch may switch
+    logging on for the runs still to do. It never raises (a sweep config this process cannot
+    read fails the runs themselves, with the reason).
+    """
+    from gnsweep.config import Config
+
+    if rank() != 0:
+        return RunLogger()
+    try:
+        settings = Config.load(sweep_dir).logger
+        return make_logger(settings.kind, sweep_dir, **settings.options())
+    except Exception:
+        return RunLogger()
 
 
 def take_run(sweep_dir: Path, run_id: str, max_retries: int) -> tuple[claims.Claim | None, str]:
@@ -84,7 +122,8 @@ def take_run(sweep_dir: Path, run_id: str, max_retries: int) -> tuple[claims.Cla
 
 
 def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
-              should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+              should_stop: Callable[[], bool] | None = None,
+              logger: RunLogger | None = None) -> dict[str, Any]:
     """Train a run this process (rank 0: `claim`) has taken; record how it ended on rank 0.
 
     A run that raises is recorded as failed with its error (the executor decides on a retry); a
@@ -104,7 +143,7 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
                            started=time.time(), traceback=None)
         log_event(path, "start", attempt=attempts)
     try:
-        return _train_and_record(path, attempts, writer, should_stop)
+        return _train_and_record(path, attempts, writer, should_stop, logger or RunLogger())
     finally:
         # Released only after the final status is written: whoever claims next sees it.
         if writer and claim is not None:
@@ -113,12 +152,26 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
 
 
 def _train_and_record(path: Path, attempts: int, writer: bool,
-                      should_stop: Callable[[], bool] | None) -> dict[str, Any]:
+                      should_stop: Callable[[], bool] | None,
+                      logger: RunLogger) -> dict[str, Any]:
     from gnsweep.train import train
 
     try:
         config, spec = read_run(path.parent.parent, path.name)
-        result = train(config, spec, path if writer else None, should_stop=should_stop)
+
+        def on_row(row: dict[str, float]) -> None:
+            metrics = {name: row[name] for name in METRICS if name in row}
+            logger.log(int(row["step"]), {**metrics, "batch_size": spec.batch_size})
+
+        # A diverged run is an outcome, not a failure: only one that raised is marked failed.
+        failed = True
+        logger.start(path.name, {**config.to_dict(), "run": asdict(spec)})
+        try:
+            result = train(config, spec, path if writer else None, should_stop=should_stop,
+                           on_row=on_row)
+            failed = False
+        finally:
+            logger.close(failed=failed)
     except KeyboardInterrupt:
         if writer:
             store.write_status(path, RunState.PENDING, attempts=attempts - 1)
@@ -162,9 +215,10 @@ def _warm_up(sweep_dir: Path, run_id: str) -> None:
 
 
 def execute_run(sweep_dir: Path, run_id: str, should_stop: Callable[[], bool] | None = None,
-                max_retries: int = 0) -> Outcome:
+                max_retries: int = 0, logger: RunLogger | None = None) -> Outcome:
     """Take one run and train it in this process (no torch.distributed)."""
     claim, why = take_run(sweep_dir, run_id, max_retries)
     if claim is None:
         return Outcome(why, ran=False)
-    return Outcome(str(run_taken(sweep_dir, run_id, claim, should_stop)["state"]), ran=True)
+    return Outcome(str(run_taken(sweep_dir, run_id, claim, should_stop, logger)["state"]),
+                   ran=True)

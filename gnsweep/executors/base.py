@@ -9,6 +9,7 @@ uses only the summary and the retry rules of `gnsweep.runs`.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,17 @@ class Summary:
 
     def add(self, run_id: str, state: str) -> None:
         getattr(self, state if state in FINISHED else RunState.FAILED).append(run_id)
+
+    def describe(self) -> str:
+        """What this launch ran, and what another launch sharing the folder finished meanwhile
+        ("4 done, 0 diverged, 0 failed this launch; 5 more finished by another launch")."""
+        other = set(self.elsewhere)
+        here = [sum(1 for r in runs if r not in other)
+                for runs in (self.done, self.diverged, self.failed)]
+        text = f"{here[0]} done, {here[1]} diverged, {here[2]} failed this launch"
+        if other:
+            text += f"; {len(other)} more finished by another launch"
+        return text
 
 
 class Watcher:
@@ -77,10 +89,18 @@ class Watcher:
         return [r for r in self._open() if r not in held]
 
     def summary(self) -> Summary:
+        from gnsweep.executors import LAUNCH_ENV, ended_by
+
         self.update()
         summary = Summary()
+        launch = os.environ.get(LAUNCH_ENV)
         for run_id in self.run_ids:
-            summary.add(run_id, self.final.get(run_id, RunState.FAILED))
+            state = self.final.get(run_id, RunState.FAILED)
+            summary.add(run_id, state)
+            # Finished by the workers of another launch sharing the folder.
+            if launch and state in FINISHED and ended_by(
+                    store.run_dir(self.sweep_dir, run_id)) not in (launch, None):
+                summary.elsewhere.append(run_id)
         return summary
 
 

@@ -48,7 +48,7 @@ def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: 
                  max_retries: int) -> None:
     import torch
 
-    from gnsweep.executors import execute_run
+    from gnsweep.executors import execute_run, process_logger
 
     stop = False
 
@@ -68,6 +68,7 @@ def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: 
     def should_stop() -> bool:
         return stop or os.getppid() != parent
 
+    logger = process_logger(Path(sweep_dir))  # one per worker, reused for each of its runs
     while not should_stop():
         try:
             run_id = inbox.get(timeout=0.5)
@@ -76,7 +77,7 @@ def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: 
         if run_id is None:
             break
         try:
-            outcome = execute_run(Path(sweep_dir), run_id, should_stop, max_retries)
+            outcome = execute_run(Path(sweep_dir), run_id, should_stop, max_retries, logger)
         except KeyboardInterrupt:
             break
         except Exception as err:  # the run's files are unreadable: it cannot even be recorded

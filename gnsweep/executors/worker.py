@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gnsweep.executors import run_taken, take_run, warm_up
+from gnsweep.executors import process_logger, run_taken, take_run, warm_up
 
 
 def init_process_group() -> bool:
@@ -50,6 +50,7 @@ def serve(sweep_dir: Path, run_ids: list[str], max_retries: int,
     rank = dist.get_rank() if distributed else 0
     queue = deque(run_ids)
     trained = 0
+    logger = process_logger(sweep_dir)  # one per process group (rank 0 logs), for every run
     while True:
         run_id, claim = None, None
         if rank == 0 and not should_stop():
@@ -63,7 +64,7 @@ def serve(sweep_dir: Path, run_ids: list[str], max_retries: int,
             run_id = box[0]
         if run_id is None:
             return trained
-        status = run_taken(sweep_dir, run_id, claim, should_stop)
+        status = run_taken(sweep_dir, run_id, claim, should_stop, logger)
         trained += 1
         if status["state"] == "failed":
             queue.append(run_id)  # take_run decides whether it has retries left

@@ -17,7 +17,7 @@ from gnsweep.tracking.mlflow_logger import MlflowLogger
 from gnsweep.tracking.tensorboard_logger import TensorBoardLogger
 from gnsweep.tracking.wandb_logger import WandbLogger
 
-__all__ = ["KINDS", "METRICS", "RunLogger", "make_logger"]
+__all__ = ["KINDS", "METRICS", "RunLogger", "make_logger", "options_of"]
 
 # kind -> (backend class, taking (sweep_dir, **options); how to fix one that cannot start)
 _BACKENDS: dict[str, tuple[Callable[..., RunLogger], str]] = {
@@ -40,10 +40,18 @@ def make_logger(kind: str, sweep_dir: Path | str, **options: Any) -> RunLogger:
     if kind not in _BACKENDS:
         raise ValueError(f"logger={kind}: unknown; choose one of {', '.join(KINDS)}")
     backend, hint = _BACKENDS[kind]
-    accepted = [name for name, p in inspect.signature(backend).parameters.items()
-                if p.kind is p.KEYWORD_ONLY]
+    accepted = options_of(kind)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise ValueError(f"logger={kind}: unknown option {', '.join(unknown)}; accepted: "
                          f"{', '.join(accepted)}")
     return SafeLogger(backend(Path(sweep_dir), **options), hint)
+
+
+def options_of(kind: str) -> list[str]:
+    """The options logger `kind` takes (its backend's keyword-only arguments); [] for none or
+    an unknown kind."""
+    if kind not in _BACKENDS:
+        return []
+    return [name for name, p in inspect.signature(_BACKENDS[kind][0]).parameters.items()
+            if p.kind is p.KEYWORD_ONLY]

@@ -41,17 +41,27 @@ class MlflowLogger(RunLogger):
     def _is_local(self) -> bool:
         return self.tracking_uri.startswith(f"sqlite:///{self.local.resolve()}")
 
+    def _lock_path(self) -> Path | None:
+        """Where workers queue to open a SQLite store (None: a server, which serialises)."""
+        if self._is_local():
+            self.local.mkdir(parents=True, exist_ok=True)
+            return self.local / ".lock"
+        if self.tracking_uri.startswith("sqlite:///"):
+            db = Path(self.tracking_uri.removeprefix("sqlite:///").split("?")[0])
+            return db.with_name(db.name + ".gnsweep-lock")
+        return None
+
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
-        """Several worker processes open the local store at once: the first creates its tables
-        (and the experiment) while the others wait."""
-        if not self._is_local():
+        """Several worker processes open a SQLite store at once: the first creates its tables
+        (and the experiment) while the others wait (else some fail with "table exists")."""
+        path = self._lock_path()
+        if path is None:
             yield
             return
         import fcntl
 
-        self.local.mkdir(parents=True, exist_ok=True)
-        with open(self.local / ".lock", "w") as lock:
+        with open(path, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
