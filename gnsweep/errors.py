@@ -68,3 +68,9 @@ def choice(where: str, value: Any, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ConfigError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
     return str(value)
+
+
+class StopRequested(Exception):
+    """The launcher asked the run in flight to stop (Ctrl-C, SIGTERM, the launcher gone): the
+    run goes back to pending. Its own exception, so that `except KeyboardInterrupt` in user
+    code or a library never swallows it and a real Ctrl-C stays distinguishable."""
