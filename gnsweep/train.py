@@ -100,6 +100,8 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
             size = schedule.next_batch_size(Progress(step, examples, estimate, per_sample))
             batch = _draw(task, size, world, data_rng, device)
             n_examples = examples_of(task, batch) * world
+            if step == 0:
+                monitor = _fallback_if_unsplittable(monitor, batch, trained, task, config)
             per_sample = n_examples / size
             optimizer.zero_grad(set_to_none=True)
             measure = monitor.measuring
@@ -159,9 +161,10 @@ def _build_model(task: Task, device: torch.device) -> tuple[torch.nn.Module, tor
     return model, model
 
 
-def _make_monitor(trained: torch.nn.Module, task: Task, config: Config) -> NoiseScaleMonitor:
+def _make_monitor(trained: torch.nn.Module, task: Task, config: Config,
+                  method: str | None = None) -> NoiseScaleMonitor:
     noise = config.noise
-    method = resolve_method(noise.method)
+    method = method or resolve_method(noise.method)
     if isinstance(trained, torch.nn.parallel.DistributedDataParallel) and method != "ddp":
         raise ValueError(f"noise.method={method} under torchrun: use ddp (or auto), which "
                          "reads each worker's gradient before the all-reduce")
@@ -169,6 +172,20 @@ def _make_monitor(trained: torch.nn.Module, task: Task, config: Config) -> Noise
     return NoiseScaleMonitor(trained, method=method, every=noise.every,
                              ema_steps=noise.ema_steps, ema_examples=noise.ema_examples,
                              task_loss=task.loss, hessian_every=noise.hessian_every)
+
+
+def _fallback_if_unsplittable(monitor: NoiseScaleMonitor, batch: Any,
+                              trained: torch.nn.Module, task: Task,
+                              config: Config) -> NoiseScaleMonitor:
+    """noise.method=microbatch on a batch that cannot be cut along dim 0: per-example norms
+    instead, said once (they need no split, except for layers they do not cover)."""
+    if monitor.method != "microbatch" or split_batch(batch, 2) is not None:
+        return monitor
+    monitor.warn_once("nosplit", "noise scale: this task's batch cannot be split along dim 0 "
+                      "(no tensor, or tensors of different lengths): measuring with "
+                      "per-example norms instead of micro-batches")
+    monitor.close()
+    return _make_monitor(trained, task, config, method="per_example")
 
 
 def _draw(task: Task, size: int, world: int, generator: torch.Generator,

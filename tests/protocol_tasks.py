@@ -71,3 +71,14 @@ class RaisesLater(Regression):
 
 def raises_later(seed: int) -> RaisesLater:
     return RaisesLater(seed)
+
+
+class Unsplittable(Regression):
+    """A batch with a shared table whose first dimension is not the examples'."""
+
+    def sample(self, batch_size, generator):
+        return {**super().sample(batch_size, generator), "table": torch.ones(7)}
+
+
+def unsplittable(seed: int) -> Unsplittable:
+    return Unsplittable(seed)

@@ -210,3 +210,38 @@ def test_new_tasks_compose_and_pass_the_launch_check(name):
     config = compose(overrides)
     assert config.task.name == name
     check_task(config.task.name, config.task.options)
+
+
+def test_microbatch_method_on_an_unsplittable_batch_falls_back_said_once(tmp_path, clean_env,
+                                                                        caplog):
+    config = Config(task=TaskConfig("custom", {"_target_": "protocol_tasks.unsplittable"}),
+                    sweep=SweepConfig(batch_sizes=[8], learning_rates=[0.05], targets=[1e-9],
+                                      max_steps=5),
+                    noise=NoiseConfig(method="microbatch"))
+    with caplog.at_level("WARNING", logger="gnsweep.measure"):
+        result = train(config, RunSpec(8, 0.05, 0), tmp_path)
+    assert result.steps == 5
+    assert sum("cannot be split" in r.getMessage() for r in caplog.records) == 1
+    metrics = store.read_table(tmp_path / store.METRICS).to_pandas()
+    assert (metrics["b_small"] == 1).all()  # per-example norms
+
+
+def test_the_analysis_sees_batch_sizes_in_the_tasks_unit(tmp_path):
+    """A task counting 3 examples a sample: the steps table's batch_size is 3 x the grid's, and
+    examples = steps x batch_size; a run without metrics takes the sweep's ratio."""
+    from gnsweep.analysis.load import load_curves
+    from gnsweep.analysis.steps import steps_to_target
+
+    result = _launch(["task=custom", "task._target_=protocol_tasks.make", "+task.per_sample=3",
+                      "sweep.batch_sizes=[4,8]", "sweep.learning_rates=[0.05]",
+                      "sweep.targets=[3.5,1e-9]", "sweep.max_steps=6", "--workers", "1",
+                      "--sweep-dir", str(tmp_path / "s")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    missing = tmp_path / "s" / "runs" / "b00008_lr0.05_s0" / store.METRICS
+    missing.unlink()
+    curves = load_curves(tmp_path / "s")
+    assert curves.runs.set_index("run_id")["batch_size"].to_dict() == {
+        "b00004_lr0.05_s0": 12, "b00008_lr0.05_s0": 24}
+    steps = steps_to_target(curves, None, [3.5])
+    row = steps[steps["run_id"] == "b00004_lr0.05_s0"].iloc[0]
+    assert row["reached"] and row["examples"] == row["steps"] * 12
