@@ -84,7 +84,7 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
     hardest = min(sweep.targets)
 
     rows: dict[str, list] = {f.name: [] for f in store.METRICS_SCHEMA}
-    loss_ema, first_loss = Ema(), math.nan
+    watch = LossWatch(sweep.loss_ema_examples, sweep.divergence_factor)
     estimate: NoiseEstimate | None = None
     per_sample = 1.0
     start = time.perf_counter()
@@ -104,9 +104,7 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
                 monitor = _fallback_if_unsplittable(monitor, batch, trained, task, config)
             per_sample = n_examples / size
             optimizer.zero_grad(set_to_none=True)
-            measure = monitor.measuring
-            k = min(noise.microbatches, size // world) if measure and \
-                monitor.needs_microbatches else 1
+            k = _microbatches(monitor, noise.microbatches, size // world)
             loss_value = _backward(trained, task, batch, k, monitor)
             if world > 1:
                 # Every rank must decide alike (stop, diverged, done): one small all-reduce.
@@ -120,17 +118,7 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
             step += 1
             examples += n_examples
 
-            if not math.isfinite(loss_value):
-                raise Diverged(f"loss is {loss_value} at step {step}")
-            if step == 1:
-                first_loss = loss_value
-            # The smoothing's time constant is in examples: every batch size averages alike.
-            loss_ema.update(loss_value, ema_decay(n_examples,
-                                                  examples_scale=sweep.loss_ema_examples))
-            smooth = loss_ema.value
-            if smooth > sweep.divergence_factor * first_loss:
-                raise Diverged(f"smoothed loss {smooth:.3g} > {sweep.divergence_factor:g} x "
-                               f"first loss {first_loss:.3g} at step {step}")
+            smooth = watch.update(loss_value, n_examples, step)
             done = smooth <= hardest
             if step % sweep.log_every == 0 or done:
                 eval_loss = math.nan
@@ -148,6 +136,31 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
     if out_dir is not None:
         store.write_table(out_dir / store.METRICS, store.metrics_table(rows))
     return RunResult(state, step, reason, loss_value, time.perf_counter() - start)
+
+
+class LossWatch:
+    """The smoothed training loss (paper appendix A), and divergence: a NaN/inf loss, or a
+    smoothed loss above `factor` x the first."""
+
+    def __init__(self, ema_examples: float, factor: float) -> None:
+        self.ema_examples, self.factor = ema_examples, factor
+        self.ema, self.first = Ema(), math.nan
+
+    def update(self, loss: float, examples: int, step: int) -> float:
+        """Fold in step `step`'s loss over `examples` examples; the smoothed loss, or Diverged.
+
+        The time constant is in examples (decay exp(-examples / ema_examples) per step), so
+        every batch size averages over the same amount of data."""
+        if not math.isfinite(loss):
+            raise Diverged(f"loss is {loss} at step {step}")
+        if step == 1:
+            self.first = loss
+        self.ema.update(loss, ema_decay(examples, examples_scale=self.ema_examples))
+        smooth = self.ema.value
+        if smooth > self.factor * self.first:
+            raise Diverged(f"smoothed loss {smooth:.3g} > {self.factor:g} x first loss "
+                           f"{self.first:.3g} at step {step}")
+        return smooth
 
 
 def _build_model(task: Task, device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -223,6 +236,12 @@ def _agree(loss: float, stop: bool, device: torch.device) -> tuple[float, bool]:
     both = torch.tensor([loss, float(stop)], dtype=torch.float64, device=device)
     torch.distributed.all_reduce(both)
     return float(both[0]) / torch.distributed.get_world_size(), bool(both[1] > 0)
+
+
+def _microbatches(monitor: NoiseScaleMonitor, wanted: int, samples: int) -> int:
+    """Micro-batches for this step: only where the monitor needs them (method microbatch, or
+    per_example with layers it cannot handle) and measures, each of at least one sample."""
+    return min(wanted, samples) if monitor.measuring and monitor.needs_microbatches else 1
 
 
 def _backward(model: torch.nn.Module, task: Task, batch: Any, k: int,
