@@ -164,7 +164,7 @@ def analyze(
         "--bootstrap", min=0, help="Bootstrap resamples for 95% intervals (default: the "
                                    "sweep's analysis.bootstrap, else 0).")] = None,
     optimizer: Annotated[str, typer.Option(
-        help="For --table: sgd or adam (picks the eps_opt(B) model).")] = "sgd",
+        help="For --table: sgd, momentum, adam or adamw (picks the eps_opt(B) model).")] = "sgd",
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print fits.json's content on stdout; the table goes to stderr.")] = False,
     skip_corrupt: Annotated[bool, typer.Option(
