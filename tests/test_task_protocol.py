@@ -245,3 +245,26 @@ def test_the_analysis_sees_batch_sizes_in_the_tasks_unit(tmp_path):
     steps = steps_to_target(curves, None, [3.5])
     row = steps[steps["run_id"] == "b00004_lr0.05_s0"].iloc[0]
     assert row["reached"] and row["examples"] == row["steps"] * 12
+
+
+def test_b_noise_on_a_model_without_double_backward_is_said_once_and_left_out(caplog):
+    """Fused attention has no double backward: the monitor says so once and goes on without
+    B_noise; B_simple is still measured."""
+    from gnsweep.tasks import chars
+
+    task = chars.make(chars.Options(context=8, width=16, heads=2, depth=1, eval_windows=0), 0)
+    model = task.model()
+    monitor = NoiseScaleMonitor(model, "per_example", task_loss=task.loss, hessian_every=1)
+    generator = torch.Generator().manual_seed(0)
+    with caplog.at_level("WARNING", logger="gnsweep.measure"):
+        for _ in range(3):
+            batch = task.sample(8, generator)
+            model.zero_grad(set_to_none=True)
+            task.loss(model, batch).backward()
+            estimate = monitor.step(batch=batch)
+    monitor.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("double backward" in m for m in messages) == 1
+    assert not any("too small" in m for m in messages)
+    assert estimate is not None and math.isfinite(estimate.b_simple)
+    assert math.isnan(estimate.b_noise)

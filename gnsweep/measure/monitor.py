@@ -233,10 +233,8 @@ class NoiseScaleMonitor:
                 self.warn_once("hbatch", "noise scale: B_noise needs the step's batch: call "
                                "monitor.step(batch=(inputs, targets))")
             else:
-                with _busy(self):
-                    hess = hessian_norms(self.module, self.loss_fn, batch,
-                                         self.hessian_microbatches, task_loss=self.task_loss)
-                if hess is None:
+                hess = self._hessian(batch)
+                if hess is None and self.hessian_every:
                     self.warn_once("hsmall", "noise scale: batch too small to split for "
                                    f"B_noise (needs >= {2 * self.hessian_microbatches} examples)")
         parts: list[NormPair] = []
@@ -255,6 +253,23 @@ class NoiseScaleMonitor:
                                "need micro-batches and monitor.accumulate(); this estimate "
                                "leaves their parameters out")
         self._fold(parts, hess)
+
+    def _hessian(self, batch: Batch) -> NormPair | None:
+        """H-norms for B_noise; a model whose loss has no double backward (e.g. a fused
+        attention kernel) is said once and B_noise is no longer measured."""
+        try:
+            with _busy(self):
+                return hessian_norms(self.module, self.loss_fn, batch,
+                                     self.hessian_microbatches, task_loss=self.task_loss)
+        except RuntimeError as err:
+            text = str(err)
+            if "derivative for" not in text and "double backward" not in text:
+                raise
+            self.warn_once("hdouble", "noise scale: B_noise needs Hessian-vector products "
+                           "(double backward) of the loss, which this model does not support ("
+                           f"{text.splitlines()[0]}); B_noise is not measured")
+            self.hessian_every = 0
+            return None
 
     def _fold(self, parts: list[NormPair], hess: NormPair | None) -> None:
         valid = [p for p in parts if all(map(math.isfinite, p)) and 0 < p.b_small < p.b_big]
