@@ -268,3 +268,12 @@ def test_b_noise_on_a_model_without_double_backward_is_said_once_and_left_out(ca
     assert not any("too small" in m for m in messages)
     assert estimate is not None and math.isfinite(estimate.b_simple)
     assert math.isnan(estimate.b_noise)
+
+
+def test_tasks_lists_the_new_tasks_and_the_custom_form():
+    result = runner.invoke(app, ["tasks"])
+    assert result.exit_code == 0
+    for name in ("digits", "linreg", "chars", "vae", "custom"):
+        assert any(line.startswith(name) for line in result.output.splitlines()), name
+    assert "task._target_=" in result.output
+    assert not any(line.startswith("cartpole") for line in result.output.splitlines())
