@@ -26,8 +26,9 @@ from gnsweep.tasks.options import (
 )
 from gnsweep.tasks.protocol import Batch, Task, examples_of
 
-__all__ = ["CUSTOM", "REGISTRY", "Batch", "Task", "TaskEntry", "describe", "entry",
-           "examples_of", "make_task", "resolve", "task_names", "validate_options"]
+__all__ = ["CUSTOM", "REGISTRY", "TARGET", "Batch", "Task", "TaskEntry", "describe", "entry",
+           "examples_of", "importable_cwd", "make_task", "resolve", "resolve_custom",
+           "task_names", "validate_options"]
 
 CUSTOM = "custom"
 """`task=custom task._target_=module.function`: a user's own task."""
