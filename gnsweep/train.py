@@ -113,7 +113,10 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
                     raise StopRequested
             # Every step: the monitor counts steps and measures every noise.every of them;
             # the batch lets it measure B_noise every noise.hessian_every steps.
-            estimate = _in_task_units(monitor.step(batch=batch), per_sample)
+            # The EMA's time constant (noise.ema_examples) counts this rank's examples in the
+            # task's unit, as its forward calls would count samples.
+            estimate = _in_task_units(monitor.step(batch=batch, examples=n_examples // world),
+                                      per_sample)
             optimizer.step()
             step += 1
             examples += n_examples

@@ -162,16 +162,19 @@ class NoiseScaleMonitor:
             self._increments.accumulate(self._examples)
 
     @torch.no_grad()
-    def step(self, batch: Batch | None = None) -> NoiseEstimate | None:
+    def step(self, batch: Batch | None = None, *, examples: int | None = None
+             ) -> NoiseEstimate | None:
         """Fold this step's measurement in; call after backward, before `optimizer.step()`.
 
         `batch` (the step's batch: `(inputs, targets)` for `loss_fn`, anything the task samples
         for `task_loss`) lets a due Hessian measurement run. Returns
-        the current estimate (None before the first measurement).
+        the current estimate (None before the first measurement). `examples`: the examples
+        this step trained on, in the caller's unit (tokens for a language model), for the EMA's
+        time constant in examples; default the batch dimension of the model's forward calls.
         """
         measuring = self.measuring
         self.steps += 1
-        self._since_examples += self._examples
+        self._since_examples += self._examples if examples is None else examples
         self._since_steps += 1
         hessian = bool(self.hessian_every and (self.steps - 1) % self.hessian_every == 0)
         try:
