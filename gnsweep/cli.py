@@ -83,6 +83,10 @@ def launch(
 ) -> None:
     """Run (or resume) a batch-size x learning-rate sweep.
 
+    Exit codes: 0 every run ended done or diverged; 1 a run failed (named on stderr; `gnsweep
+    status` shows why); 2 bad input (config, task that fails its check, sweep folder); 130
+    interrupted (Ctrl-C; relaunch to continue).
+
     Relaunching on the same folder runs only what is missing (also while an earlier launch or
     its Slurm jobs still run: runs are claimed, none runs twice). Executors: executor=local
     (default), executor=torchrun executor.nproc_per_node=2, executor=slurm
@@ -108,6 +112,10 @@ def launch(
             typer.echo(f"{spec.run_id:<28}{spec.batch_size:>11}{spec.learning_rate:>15g}"
                        f"{spec.seed:>6}")
         return
+    from gnsweep.tasks.check import check_task
+
+    # Before the sweep folder is written: a task that cannot train is refused here (exit 2).
+    check_task(config.task.name, config.task.options, config.sweep.seeds[0])
     summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)
     if detach and config.executor.kind == "slurm":
         jobs = ", ".join(summary.submitted) or "none (nothing left to run)"
@@ -119,6 +127,8 @@ def launch(
         typer.echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
                    f"{', '.join(summary.failed)}", err=True)
     typer.echo(f"next: gnsweep analyze {sweep_dir}")
+    if summary.failed:
+        raise typer.Exit(1)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -209,7 +219,7 @@ def analyze(
         "--bootstrap", min=0, help="Bootstrap resamples for 95% intervals (default: the "
                                    "sweep's analysis.bootstrap, else 0).")] = None,
     optimizer: Annotated[str, typer.Option(
-        help="For --table: sgd or adam (picks the eps_opt(B) model).")] = "sgd",
+        help="For --table: sgd, momentum, adam or adamw (picks the eps_opt(B) model).")] = "sgd",
     group_by: Annotated[str | None, typer.Option(
         "--group-by", help="For --table: a column naming the workload; one fit per value, "
                            "that column in every output table (a target column is then "

@@ -38,7 +38,7 @@ __all__ = [
 
 
 METHODS = ("auto", "per_example", "microbatch", "ddp")
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 EXECUTORS = ("local", "torchrun", "slurm")
 LOSS_KINDS = ("smoothed", "raw", "eval")
 
@@ -110,7 +110,7 @@ class SweepConfig:
     max_examples: int = 0
     """Example budget of one run (0: none)."""
     optimizer: str = "sgd"
-    """sgd or adam."""
+    """sgd, momentum (SGD with sweep.momentum, else 0.9), adam or adamw (gnsweep.optim)."""
     momentum: float = 0.0
     """SGD momentum (0: plain SGD, the setting the paper's eps_opt(B) describes)."""
     loss_ema_examples: float = 128.0

@@ -104,3 +104,9 @@ def os_error_message(err: OSError) -> str:
     hint = _OS_HINTS.get(err.errno or -1)
     where = f"{os.fsdecode(path)}: " if path is not None else ""
     return f"{where}{reason}" + (f"; {hint}" if hint else "")
+
+
+class StopRequested(Exception):
+    """The launcher asked the run in flight to stop (Ctrl-C, SIGTERM, the launcher gone): the
+    run goes back to pending. Its own exception, so that `except KeyboardInterrupt` in user
+    code or a library never swallows it and a real Ctrl-C stays distinguishable."""

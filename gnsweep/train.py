@@ -11,17 +11,25 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from gnsweep import store
 from gnsweep.config import Config
+from gnsweep.errors import StopRequested
 from gnsweep.measure import NoiseScaleMonitor
+from gnsweep.measure.common import split_batch
 from gnsweep.noise import Ema, NoiseEstimate, ema_decay
+from gnsweep.optim import make_optimizer
 from gnsweep.runs import RunSpec
-from gnsweep.tasks import make_task
+from gnsweep.schedule import BatchSchedule, ConstantBatch, Progress
+from gnsweep.tasks import Task, examples_of, make_task
+from gnsweep.tasks.protocol import first_dim
+
+__all__ = ["Diverged", "RunResult", "StopRequested", "placement", "resolve_method", "train"]
 
 
 class Diverged(RuntimeError):
@@ -53,6 +61,11 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
           on_row: Callable[[dict[str, float]], None] | None = None) -> RunResult:
     """Train one run; write `out_dir/metrics.parquet` (when given) atomically at the end.
 
+    The task owns the forward pass and the loss (`task.loss(model, batch)`); the loop draws
+    each step's batch at the size the schedule asks, counts its examples (`task.examples`),
+    measures the noise scale, and stops at the hardest target, the budget or divergence.
+    Raises StopRequested when `should_stop()` says so (the run goes back to pending).
+
     `on_row` sees every metrics row as it is logged (a run logger; it must not raise).
 
     Under torch.distributed every rank calls this with the same arguments; only rank 0 passes
@@ -64,85 +77,61 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
     # Under torchrun (a process group initialised by the worker entry point) every rank trains
     # a DDP replica on its own B/N examples a step; without one, this process does all B.
     world, rank, device = placement()
-    if spec.batch_size % world:
-        raise ValueError(f"batch size {spec.batch_size} is not divisible by the {world} "
-                         "DDP workers")
-    per_worker = spec.batch_size // world
-    model = task.model().to(device)
-    trained: torch.nn.Module = model
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        from torch.nn.parallel import DistributedDataParallel
-
-        trained = DistributedDataParallel(
-            model, device_ids=[device] if device.type == "cuda" else None)
-    if sweep.optimizer == "sgd":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(
-            model.parameters(), lr=spec.learning_rate, momentum=sweep.momentum)
-    else:
-        optimizer = torch.optim.Adam(model.parameters(), lr=spec.learning_rate)
-    method = resolve_method(noise.method)
-    if trained is not model and method != "ddp":
-        raise ValueError(f"noise.method={method} under torchrun: use ddp (or auto), which "
-                         "reads each worker's gradient before the all-reduce")
-    monitor = NoiseScaleMonitor(trained, method=method, every=noise.every,
-                                ema_steps=noise.ema_steps, ema_examples=noise.ema_examples,
-                                loss_fn=task.loss, hessian_every=noise.hessian_every)
-    # Micro-batches only where the monitor needs them (method microbatch, or per_example with
-    # layers it cannot handle), each of at least one example.
-    k = min(noise.microbatches, spec.batch_size) if monitor.needs_microbatches else 1
+    model, trained = _build_model(task, device)
+    optimizer = make_optimizer(sweep.optimizer, model.parameters(), lr=spec.learning_rate,
+                               momentum=sweep.momentum)
+    monitor = _make_monitor(trained, task, config)
+    schedule: BatchSchedule = ConstantBatch(spec.batch_size)
     # Each rank draws its own examples; rank 0 alone draws what a single process would.
     data_rng = torch.Generator().manual_seed(10_000 + spec.seed + 1_000_003 * rank)
-    eval_data = task.eval_data() if sweep.eval_every else None
-    if eval_data is not None:
-        eval_data = (eval_data[0].to(device), eval_data[1].to(device))
     hardest = min(sweep.targets)
-    loss_decay = ema_decay(spec.batch_size, examples_scale=sweep.loss_ema_examples)
 
     rows: dict[str, list] = {f.name: [] for f in store.METRICS_SCHEMA}
-    loss_ema, first_loss = Ema(), math.nan
-    estimate = None
+    watch = LossWatch(sweep.loss_ema_examples, sweep.divergence_factor)
+    estimate: NoiseEstimate | None = None
+    per_sample = 1.0
     start = time.perf_counter()
-    state, reason, step, loss_value = "done", "max_steps", 0, math.nan
+    state, reason, step, examples, loss_value = "done", "max_steps", 0, 0, math.nan
     try:
         while step < sweep.max_steps:
-            if sweep.max_examples and step * spec.batch_size >= sweep.max_examples:
+            if sweep.max_examples and examples >= sweep.max_examples:
                 reason = "max_examples"
                 break
             stop = should_stop is not None and should_stop()
             if stop and world == 1:
-                raise KeyboardInterrupt
-            x, y = task.batch(per_worker, data_rng)
-            x, y = x.to(device), y.to(device)
+                raise StopRequested
+            size = schedule.next_batch_size(Progress(step, examples, estimate, per_sample))
+            batch = _draw(task, size, world, data_rng, device)
+            n_examples = examples_of(task, batch) * world
+            if step == 0:
+                monitor = _fallback_if_unsplittable(monitor, batch, trained, task, config)
+            per_sample = n_examples / size
             optimizer.zero_grad(set_to_none=True)
-            measure = monitor.measuring
-            loss_value = _backward(trained, task, x, y, k if measure else 1, monitor, measure)
+            k = _microbatches(monitor, noise.microbatches, size // world)
+            loss_value = _backward(trained, task, batch, k, monitor)
             if world > 1:
                 # Every rank must decide alike (stop, diverged, done): one small all-reduce.
                 loss_value, stop = _agree(loss_value, stop, device)
                 if stop:
-                    raise KeyboardInterrupt
+                    raise StopRequested
             # Every step: the monitor counts steps and measures every noise.every of them;
             # the batch lets it measure B_noise every noise.hessian_every steps.
-            estimate = monitor.step(batch=(x, y))
+            # The EMA's time constant (noise.ema_examples) counts this rank's examples in the
+            # task's unit, as its forward calls would count samples.
+            estimate = _in_task_units(monitor.step(batch=batch, examples=n_examples // world),
+                                      per_sample)
             optimizer.step()
             step += 1
+            examples += n_examples
 
-            if not math.isfinite(loss_value):
-                raise Diverged(f"loss is {loss_value} at step {step}")
-            if step == 1:
-                first_loss = loss_value
-            loss_ema.update(loss_value, loss_decay)
-            smooth = loss_ema.value
-            if smooth > sweep.divergence_factor * first_loss:
-                raise Diverged(f"smoothed loss {smooth:.3g} > {sweep.divergence_factor:g} x "
-                               f"first loss {first_loss:.3g} at step {step}")
+            smooth = watch.update(loss_value, n_examples, step)
             done = smooth <= hardest
             if step % sweep.log_every == 0 or done:
                 eval_loss = math.nan
-                if eval_data is not None and step % sweep.eval_every == 0:
-                    eval_loss = _eval_loss(model, task, eval_data)
-                row = _log(rows, step, spec, loss_value, smooth, eval_loss, estimate,
-                           time.perf_counter() - start)
+                if sweep.eval_every and step % sweep.eval_every == 0:
+                    eval_loss = _eval_loss(model, task)
+                row = _log(rows, step, examples, spec, loss_value, smooth, eval_loss,
+                           estimate, time.perf_counter() - start)
                 if on_row is not None:
                     on_row(row)
             if done:
@@ -155,6 +144,87 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
     if out_dir is not None:
         store.write_table(out_dir / store.METRICS, store.metrics_table(rows))
     return RunResult(state, step, reason, loss_value, time.perf_counter() - start)
+
+
+class LossWatch:
+    """The smoothed training loss (paper appendix A), and divergence: a NaN/inf loss, or a
+    smoothed loss above `factor` x the first."""
+
+    def __init__(self, ema_examples: float, factor: float) -> None:
+        self.ema_examples, self.factor = ema_examples, factor
+        self.ema, self.first = Ema(), math.nan
+
+    def update(self, loss: float, examples: int, step: int) -> float:
+        """Fold in step `step`'s loss over `examples` examples; the smoothed loss, or Diverged.
+
+        The time constant is in examples (decay exp(-examples / ema_examples) per step), so
+        every batch size averages over the same amount of data."""
+        if not math.isfinite(loss):
+            raise Diverged(f"loss is {loss} at step {step}")
+        if step == 1:
+            self.first = loss
+        self.ema.update(loss, ema_decay(examples, examples_scale=self.ema_examples))
+        smooth = self.ema.value
+        if smooth > self.factor * self.first:
+            raise Diverged(f"smoothed loss {smooth:.3g} > {self.factor:g} x first loss "
+                           f"{self.first:.3g} at step {step}")
+        return smooth
+
+
+def _build_model(task: Task, device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the task's model on `device`, the module to train: DDP-wrapped under torchrun)."""
+    model = task.model().to(device)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        from torch.nn.parallel import DistributedDataParallel
+
+        return model, DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None)
+    return model, model
+
+
+def _make_monitor(trained: torch.nn.Module, task: Task, config: Config,
+                  method: str | None = None) -> NoiseScaleMonitor:
+    noise = config.noise
+    method = method or resolve_method(noise.method)
+    if isinstance(trained, torch.nn.parallel.DistributedDataParallel) and method != "ddp":
+        raise ValueError(f"noise.method={method} under torchrun: use ddp (or auto), which "
+                         "reads each worker's gradient before the all-reduce")
+    # The Hessian passes run the task's own loss on the unwrapped model (`task_loss`).
+    return NoiseScaleMonitor(trained, method=method, every=noise.every,
+                             ema_steps=noise.ema_steps, ema_examples=noise.ema_examples,
+                             task_loss=task.loss, hessian_every=noise.hessian_every)
+
+
+def _fallback_if_unsplittable(monitor: NoiseScaleMonitor, batch: Any,
+                              trained: torch.nn.Module, task: Task,
+                              config: Config) -> NoiseScaleMonitor:
+    """noise.method=microbatch on a batch that cannot be cut along dim 0: per-example norms
+    instead, said once (they need no split, except for layers they do not cover)."""
+    if monitor.method != "microbatch" or split_batch(batch, 2) is not None:
+        return monitor
+    monitor.warn_once("nosplit", "noise scale: this task's batch cannot be split along dim 0 "
+                      "(no tensor, or tensors of different lengths): measuring with "
+                      "per-example norms instead of micro-batches")
+    monitor.close()
+    return _make_monitor(trained, task, config, method="per_example")
+
+
+def _draw(task: Task, size: int, world: int, generator: torch.Generator,
+          device: torch.device) -> Any:
+    """This rank's share (size / world samples) of the step's batch, on `device`."""
+    if size % world:
+        raise ValueError(f"batch size {size} is not divisible by the {world} DDP workers")
+    return _to_device(task.sample(size // world, generator), device)
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_device(v, device) for v in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
 
 
 def placement() -> tuple[int, int, torch.device]:
@@ -176,34 +246,81 @@ def _agree(loss: float, stop: bool, device: torch.device) -> tuple[float, bool]:
     return float(both[0]) / torch.distributed.get_world_size(), bool(both[1] > 0)
 
 
-def _backward(model: torch.nn.Module, task, x: torch.Tensor, y: torch.Tensor, k: int,
-              monitor: NoiseScaleMonitor, measure: bool) -> float:
-    """Forward and backward over `k` micro-batches; `.grad` ends as the batch-mean gradient."""
-    total = 0.0
-    for xs, ys in zip(x.tensor_split(k), y.tensor_split(k), strict=True):
-        weight = len(xs) / len(x)
-        loss = task.loss(model(xs), ys)
+def _microbatches(monitor: NoiseScaleMonitor, wanted: int, samples: int) -> int:
+    """Micro-batches for this step: only where the monitor needs them (method microbatch, or
+    per_example with layers it cannot handle) and measures, each of at least one sample."""
+    return min(wanted, samples) if monitor.measuring and monitor.needs_microbatches else 1
+
+
+def _backward(model: torch.nn.Module, task: Task, batch: Any, k: int,
+              monitor: NoiseScaleMonitor) -> float:
+    """Forward and backward over `k` micro-batches; `.grad` ends as the batch-mean gradient.
+
+    Micro-batches are weighted by their share of the batch's first dimension. A batch that
+    cannot be split (`split_batch`) is back-propagated whole, said once."""
+    parts = split_batch(batch, k) if k > 1 else None
+    if k > 1 and parts is None:
+        monitor.warn_once("nosplit", f"noise scale: this task's batch cannot be split into {k} "
+                          "micro-batches along dim 0; back-propagating it whole")
+    if parts is None:
+        loss = _scalar(task.loss(model, batch))
+        loss.backward()
+        return float(loss.detach())
+    total, n = 0.0, first_dim(batch) or 1
+    for part in parts:
+        weight = (first_dim(part) or 0) / n
+        loss = _scalar(task.loss(model, part))
         (loss * weight).backward()
         total += weight * float(loss.detach())
-        if measure and k > 1:
-            monitor.accumulate()
+        monitor.accumulate()
     return total
 
 
-@torch.no_grad()
-def _eval_loss(model: torch.nn.Module, task, data: tuple[torch.Tensor, torch.Tensor]) -> float:
-    was_training = model.training
-    model.eval()
-    loss = float(task.loss(model(data[0]), data[1]))
-    model.train(was_training)
+def _scalar(loss: Any) -> torch.Tensor:
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(f"task.loss must return the batch-mean loss as a scalar tensor, got "
+                         f"{shape}")
     return loss
 
 
-def _log(rows: dict[str, list], step: int, spec: RunSpec, loss: float, smooth: float,
-         eval_loss: float, estimate: NoiseEstimate | None, wall: float) -> dict[str, float]:
+def _in_task_units(estimate: NoiseEstimate | None, per_sample: float) -> NoiseEstimate | None:
+    """The estimate with batch sizes and noise scales in the task's example unit.
+
+    The monitor counts samples (a language model's windows); a task counting `per_sample`
+    examples in each (tokens) has B_simple, B_noise, tr(Sigma) and tr(H Sigma) per example
+    `per_sample` times those per sample, so that B / B_simple is unit-free."""
+    if estimate is None or per_sample == 1:
+        return estimate
+    return replace(estimate, b_small=estimate.b_small * per_sample,
+                   b_big=estimate.b_big * per_sample,
+                   trace_sigma_step=estimate.trace_sigma_step * per_sample,
+                   trace_sigma=estimate.trace_sigma * per_sample,
+                   b_simple=estimate.b_simple * per_sample,
+                   trace_h_sigma=estimate.trace_h_sigma * per_sample,
+                   b_noise=estimate.b_noise * per_sample)
+
+
+@torch.no_grad()
+def _eval_loss(model: torch.nn.Module, task: Task) -> float:
+    """The task's `eval_loss(model)` in eval mode (NaN when the task has none)."""
+    evaluate = getattr(task, "eval_loss", None)
+    if evaluate is None:
+        return math.nan
+    was_training = model.training
+    model.eval()
+    try:
+        return float(evaluate(model))
+    finally:
+        model.train(was_training)
+
+
+def _log(rows: dict[str, list], step: int, examples: int, spec: RunSpec, loss: float,
+         smooth: float, eval_loss: float, estimate: NoiseEstimate | None, wall: float
+         ) -> dict[str, float]:
     nan = math.nan
     values = {
-        "step": step, "examples": step * spec.batch_size, "loss": loss, "loss_smooth": smooth,
+        "step": step, "examples": examples, "loss": loss, "loss_smooth": smooth,
         "eval_loss": eval_loss, "lr": spec.learning_rate, "wall_time": wall,
     }
     # The noise columns of the schema are the estimate's fields, by name.

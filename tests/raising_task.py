@@ -9,11 +9,11 @@ __all__ = ["Options", "make"]
 class Raising(Digits):
     calls = 0
 
-    def batch(self, size, generator):
+    def sample(self, batch_size, generator):
         self.calls += 1
         if self.calls > 5:
             raise RuntimeError("boom: this task fails on purpose")
-        return super().batch(size, generator)
+        return super().sample(batch_size, generator)
 
 
 def make(options: Options, seed: int) -> Raising:

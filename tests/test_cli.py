@@ -54,3 +54,11 @@ def test_analyze_refuses_a_folder_that_is_not_a_sweep(tmp_path):
     result = runner.invoke(app, ["analyze", str(tmp_path / "missing")])
     assert result.exit_code == 2
     assert "no such folder" in result.stderr
+
+
+def test_launch_help_documents_the_exit_codes():
+    result = runner.invoke(app, ["launch", "--help"])
+    text = " ".join(result.output.split())
+    for code in ("0 every run ended done or diverged", "1 a run failed", "2 bad input",
+                 "130 interrupted"):
+        assert code in text

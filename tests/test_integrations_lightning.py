@@ -31,7 +31,7 @@ class LinRegModule(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        loss = self.task.loss(self.linear(x), y)
+        loss = self.task.output_loss(self.linear(x), y)
         self.log("train_loss", loss)
         return loss
 
@@ -40,7 +40,7 @@ class LinRegModule(pl.LightningModule):
 
 
 def _data(task: linreg.LinReg, batches: int, batch: int, seed: int = 0) -> DataLoader:
-    x, y = task.batch(batches * batch, torch.Generator().manual_seed(seed))
+    x, y = task.sample(batches * batch, torch.Generator().manual_seed(seed))
     return DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=False)
 
 
@@ -94,7 +94,7 @@ def test_lightning_b_noise_when_asked():
 
     module = WithForward(task, lr=0.0)
     truth = task.truth(module.linear)
-    callback = NoiseScaleCallback(ema_steps=math.inf, hessian_every=1, loss_fn=task.loss,
+    callback = NoiseScaleCallback(ema_steps=math.inf, hessian_every=1, loss_fn=task.output_loss,
                                   hessian_microbatches=8)
     trainer = _trainer(callback)
     trainer.fit(module, _data(task, 150, BATCH))

@@ -32,11 +32,11 @@ class LinRegModel(nn.Module):
 
     def forward(self, x, labels=None):
         out = self.linear(x)
-        return {"loss": self.task.loss(out, labels), "logits": out}
+        return {"loss": self.task.output_loss(out, labels), "logits": out}
 
 
 def _rows(task: linreg.LinReg, n: int, seed: int = 0) -> list[dict]:
-    x, y = task.batch(n, torch.Generator().manual_seed(seed))
+    x, y = task.sample(n, torch.Generator().manual_seed(seed))
     return [{"x": x[i], "labels": y[i]} for i in range(n)]
 
 

@@ -16,7 +16,7 @@ from gnsweep.tasks import linreg, make_task
 def _monte_carlo(task: linreg.LinReg, model: torch.nn.Linear, n: int) -> dict[str, float]:
     """Per-example gradients written out by hand (`r x~`, in float64), their mean, covariance
     and the empirical Hessian `E[x~ x~^T]`: no use of the task's formulas."""
-    x, y = task.batch(n, torch.Generator().manual_seed(7))
+    x, y = task.sample(n, torch.Generator().manual_seed(7))
     x, y = x.double(), y.double()
     w, b = model.weight.detach().double().reshape(-1), float(model.bias.detach())
     residual = x @ w + b - y
@@ -57,10 +57,10 @@ def test_truth_at_the_optimum_has_no_signal():
 
 def test_batches_and_loss():
     task = make_task("linreg", {"dim": 3}, seed=0)
-    x, y = task.batch(5, torch.Generator().manual_seed(0))
+    x, y = task.sample(5, torch.Generator().manual_seed(0))
     assert x.shape == (5, 3) and y.shape == (5,)
     model = task.model()
-    loss = task.loss(model(x), y)
+    loss = task.output_loss(model(x), y)
     assert loss.dim() == 0 and math.isfinite(float(loss.detach()))
 
 

@@ -94,7 +94,7 @@ def _truth_setup(seed: int = 0):
     task = linreg.make(TRUTH_OPTIONS, seed=0)
     model = task.model()
     generator = torch.Generator().manual_seed(seed)
-    batches = [task.batch(BATCH, generator) for _ in range(BATCHES)]
+    batches = [task.sample(BATCH, generator) for _ in range(BATCHES)]
     return task, model, batches
 
 
@@ -103,7 +103,7 @@ def test_b_simple_and_b_noise_match_the_truth(method):
     task, model, batches = _truth_setup()
     truth = task.truth(model)
     before = [p.detach().clone() for p in model.parameters()]
-    estimate = measure_noise_scale(model, task.loss, batches, method=method, hessian=True,
+    estimate = measure_noise_scale(model, task.output_loss, batches, method=method, hessian=True,
                                    hessian_microbatches=8)
     assert estimate.b_simple == pytest.approx(truth.b_simple, rel=0.05)
     assert estimate.g2 == pytest.approx(truth.g2, rel=0.05)
@@ -141,7 +141,7 @@ def test_per_example_falls_back_to_microbatches(caplog):
     g2 = truth.g2 + c * c
     trace = truth.trace_sigma + 2 * truth.loss - c * c  # Var(g_b) = s2 - c^2 = 2 loss - c^2
     with caplog.at_level(logging.WARNING, logger="gnsweep.measure"):
-        estimate = measure_noise_scale(model, task.loss, batches[:300], method="per_example")
+        estimate = measure_noise_scale(model, task.output_loss, batches[:300], method="per_example")
     assert "no per-example norms for 1 (_Shift)" in caplog.text
     assert estimate.b_simple == pytest.approx(trace / g2, rel=0.05)
 
@@ -172,9 +172,9 @@ def test_methods_agree_within_sampling_error():
     task = make_task("digits", {}, seed=0)
     model = task.model()
     generator = torch.Generator().manual_seed(3)
-    batches = [task.batch(64, generator) for _ in range(150)]
-    per_example = _pooled_ratio_and_error(model, task.loss, batches, "per_example")
-    microbatch = _pooled_ratio_and_error(model, task.loss, batches, "microbatch")
+    batches = [task.sample(64, generator) for _ in range(150)]
+    per_example = _pooled_ratio_and_error(model, task.output_loss, batches, "per_example")
+    microbatch = _pooled_ratio_and_error(model, task.output_loss, batches, "microbatch")
     difference = abs(per_example[0] - microbatch[0])
     assert difference < 4 * math.hypot(per_example[1], microbatch[1])
 
@@ -186,16 +186,16 @@ def test_monitor_in_a_training_loop(caplog):
     task = linreg.make(linreg.Options(dim=8), seed=0)
     model = task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    monitor = NoiseScaleMonitor(model, "per_example", every=3, loss_fn=task.loss,
+    monitor = NoiseScaleMonitor(model, "per_example", every=3, loss_fn=task.output_loss,
                                 hessian_every=6, ema_examples=512)
     generator = torch.Generator().manual_seed(0)
     seen = []
     with caplog.at_level(logging.WARNING, logger="gnsweep.measure"):
         for step in range(13):
-            x, y = task.batch(32, generator)
+            x, y = task.sample(32, generator)
             optimizer.zero_grad()
             assert monitor.measuring == (step % 3 == 0)
-            task.loss(model(x), y).backward()
+            task.output_loss(model(x), y).backward()
             estimate = monitor.step(batch=(x, y) if step < 12 else None)
             seen.append(estimate)
             optimizer.step()
@@ -210,16 +210,16 @@ def test_monitor_in_a_training_loop(caplog):
 def test_gradient_accumulation_with_per_example():
     task = linreg.make(linreg.Options(dim=8), seed=0)
     model = task.model()
-    x, y = task.batch(12, torch.Generator().manual_seed(0))
+    x, y = task.sample(12, torch.Generator().manual_seed(0))
     whole = NoiseScaleMonitor(model, "per_example")
     model.zero_grad()
-    task.loss(model(x), y).backward()
+    task.output_loss(model(x), y).backward()
     one = whole.step()
     whole.close()
     split = NoiseScaleMonitor(model, "per_example")
     model.zero_grad()
     for xs, ys in zip(x.tensor_split(3), y.tensor_split(3), strict=True):
-        (task.loss(model(xs), ys) / 3).backward()
+        (task.output_loss(model(xs), ys) / 3).backward()
         split.accumulate()
     three = split.step()
     split.close()
@@ -306,8 +306,8 @@ def _ddp_worker(rank: int, world: int, store: str, out: str) -> None:
         model = DDP(task.model())
         truth = task.truth(model)
         generator = torch.Generator().manual_seed(100 + rank)
-        batches = (task.batch(BATCH // 2, generator) for _ in range(BATCHES))
-        estimate = measure_noise_scale(model, task.loss, batches, method="ddp", hessian=True,
+        batches = (task.sample(BATCH // 2, generator) for _ in range(BATCHES))
+        estimate = measure_noise_scale(model, task.output_loss, batches, method="ddp", hessian=True,
                                        hessian_microbatches=8)
         result.update(b_simple=estimate.b_simple / truth.b_simple,
                       b_noise=estimate.b_noise / truth.b_noise,
@@ -321,7 +321,7 @@ def _ddp_worker(rank: int, world: int, store: str, out: str) -> None:
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
         for step in range(4):
-            xs = [small.batch(16, torch.Generator().manual_seed(10 * step + r)) for r in (0, 1)]
+            xs = [small.sample(16, torch.Generator().manual_seed(10 * step + r)) for r in (0, 1)]
             opt.zero_grad()
             small.loss(ddp(xs[rank][0]), xs[rank][1]).backward()
             last = monitor.step()

@@ -119,3 +119,26 @@ def test_ctrl_c_stops_the_ddp_runs_cleanly(tmp_path):
     workers = subprocess.run(["pgrep", "-f", f"gnsweep.executors.worker {tmp_path}"],
                              capture_output=True, text=True).stdout
     assert workers == ""
+
+
+def test_a_users_task_from_the_working_directory_trains_under_torchrun(tmp_path):
+    """The module sits in the launch folder only (not on PYTHONPATH): the torchrun workers find
+    it too, and its dict batches go through DDP and the Hessian."""
+    (tmp_path / "cwd_ddp_task.py").write_text(
+        (Path(__file__).parent / "protocol_tasks.py").read_text())
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "gnsweep", "launch", "task=custom",
+         "task._target_=cwd_ddp_task.make", "+task.per_sample=2", "executor=torchrun",
+         "executor.nproc_per_node=2", "sweep.batch_sizes=[16]", "sweep.learning_rates=[0.05]",
+         "sweep.max_steps=12", "noise.hessian_every=4", "--workers", "1", "-q",
+         "--sweep-dir", "s"], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr
+    metrics = pq.read_table(tmp_path / "s" / "runs" / "b00016_lr0.05_s0" / store.METRICS
+                            ).to_pandas()
+    # 16 samples of 2 examples a step, split over 2 workers (the DDP hook's b_small).
+    assert metrics["examples"].tolist() == [32 * s for s in range(1, 13)]
+    assert set(metrics["b_small"].dropna()) == {16} and set(metrics["b_big"].dropna()) == {32}
+    assert metrics["b_noise"].notna().any()

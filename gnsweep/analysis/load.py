@@ -44,7 +44,35 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
         tables.append(table)
     if not runs:
         raise store.StoreError(f"{sweep_dir}: the sweep has no runs")
-    return pd.DataFrame(runs), tables
+    frame = pd.DataFrame(runs)
+    frame["batch_size"] = batch_in_examples(frame["batch_size"].to_numpy(), tables)
+    return frame, tables
+
+
+def batch_in_examples(samples: np.ndarray, tables: list[pa.Table | None]) -> np.ndarray:
+    """Each run's batch size in the task's example unit: examples per step from its metrics.
+
+    A run's spec gives samples per step (`task.sample`'s argument); a task may count more
+    examples in each (a language model's tokens). The metrics' `examples / step` is the
+    examples per step of a fixed-batch run, so B, E = S B and B_crit share the unit of the
+    examples column. Runs without metrics take the sweep's ratio (one task, one ratio); a
+    sweep written before examples were counted per step has examples = step x B: unchanged.
+    """
+    out = samples.astype(np.int64).copy()
+    ratios = []
+    for i, table in enumerate(tables):
+        if table is None or table.num_rows == 0:
+            continue
+        step = float(table.column("step")[-1].as_py() or 0)
+        examples = float(table.column("examples")[-1].as_py() or 0)
+        if step > 0 and examples > 0:
+            out[i] = round(examples / step)
+            ratios.append(examples / step / samples[i])
+    if ratios:
+        ratio = float(np.median(ratios))
+        missing = [i for i, t in enumerate(tables) if t is None or t.num_rows == 0]
+        out[missing] = np.round(samples[missing] * ratio).astype(np.int64)
+    return out
 
 
 def _read_metrics(path: Path) -> pa.Table:

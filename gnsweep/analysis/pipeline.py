@@ -73,7 +73,8 @@ def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int =
     front = pareto_front(best)
     warnings = _grid_warnings(best)
     lr_fits = fit_lr_table(front, targets)
-    lr_model = "power" if optimizer == "adam" else "sgd"
+    # Adam-like optimizers saturate (power law); SGD, with or without momentum, is linear in B.
+    lr_model = "power" if optimizer in ("adam", "adamw") else "sgd"
     fits = pd.DataFrame([fit_target(t, best[best["target"] == t], warnings, bootstrap,
                                     lr_fits[(lr_fits["target"] == t)
                                             & (lr_fits["model"] == lr_model)])

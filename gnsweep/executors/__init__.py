@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
+from gnsweep.errors import StopRequested
 from gnsweep.executors import claims
 from gnsweep.runs import RunState, needs_running, read_run
 from gnsweep.tracking import METRICS, RunLogger, make_logger
@@ -127,9 +128,9 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
     """Train a run this process (rank 0: `claim`) has taken; record how it ended on rank 0.
 
     A run that raises is recorded as failed with its error (the executor decides on a retry); a
-    diverged run is recorded as diverged and is final; a stopped run (KeyboardInterrupt) goes
-    back to pending and the interrupt propagates. Nothing is half-written: metrics are written
-    once, at the end, atomically.
+    diverged run is recorded as diverged and is final; a stopped run (StopRequested, or
+    KeyboardInterrupt) goes back to pending and the exception propagates. Nothing is
+    half-written: metrics are written once, at the end, atomically.
     """
     path = store.run_dir(sweep_dir, run_id)
     writer = rank() == 0
@@ -172,7 +173,7 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
             failed = False
         finally:
             logger.close(failed=failed)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, StopRequested):
         if writer:
             store.write_status(path, RunState.PENDING, attempts=attempts - 1)
             log_event(path, "stopped", attempt=attempts)

@@ -26,6 +26,7 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.config import ExecutorConfig
+from gnsweep.errors import StopRequested
 from gnsweep.executors import Outcome, warm_up
 from gnsweep.executors.base import Summary
 from gnsweep.progress import SweepProgress
@@ -78,7 +79,7 @@ def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: 
             break
         try:
             outcome = execute_run(Path(sweep_dir), run_id, should_stop, max_retries, logger)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, StopRequested):
             break
         except Exception as err:  # the run's files are unreadable: it cannot even be recorded
             print(f"gnsweep: run {run_id}: {err}", file=sys.stderr)

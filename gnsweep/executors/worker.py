@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gnsweep.errors import StopRequested
 from gnsweep.executors import process_logger, run_taken, take_run, warm_up
 
 
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         warm_up(args.sweep_dir, run_ids[0])  # before claiming: a claimed run starts at once
     try:
         serve(args.sweep_dir, run_ids, args.max_retries, should_stop)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, StopRequested):
         return 130  # stopped: the run in flight went back to pending
     finally:
         if dist.is_initialized():

@@ -3,6 +3,7 @@ small view of the monitor (`Gate`) a source may consult while it captures."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -13,7 +14,12 @@ from torch import nn
 log = logging.getLogger("gnsweep.measure")
 
 LossFn = Callable[[Any, Any], torch.Tensor]
-Batch = tuple[Any, Any]
+"""`loss_fn(outputs, targets)`: the batch-mean loss of the model's outputs."""
+TaskLoss = Callable[[nn.Module, Any], torch.Tensor]
+"""`task_loss(model, batch)`: the batch-mean loss of a whole batch (a task's `loss`)."""
+Batch = Any
+"""`(inputs, targets)` with `loss_fn`; with `task_loss`, whatever the task samples: a tensor or
+a tuple / list / dict of tensors whose first dimension indexes the examples."""
 
 
 class Gate(Protocol):
@@ -43,10 +49,12 @@ def world_size(model: nn.Module) -> int:
 
 
 def first_tensor(values: Iterable[Any]) -> torch.Tensor | None:
+    if isinstance(values, dict):
+        values = values.values()
     for value in values:
         if isinstance(value, torch.Tensor):
             return value
-        if isinstance(value, (tuple, list)):
+        if isinstance(value, (tuple, list, dict)):
             found = first_tensor(value)
             if found is not None:
                 return found
@@ -56,7 +64,8 @@ def first_tensor(values: Iterable[Any]) -> torch.Tensor | None:
 def batch_len(inputs: Any) -> int:
     first = inputs if isinstance(inputs, torch.Tensor) else first_tensor(inputs)
     if first is None or first.dim() == 0:
-        raise ValueError("inputs must be a tensor (or tuple of tensors) with a batch dimension")
+        raise ValueError("inputs must be a tensor (or a tuple, list or dict of tensors) with a "
+                         "batch dimension")
     return int(first.shape[0])
 
 
@@ -65,7 +74,35 @@ def take(values: Any, index: slice) -> Any:
         return values[index]
     if isinstance(values, (tuple, list)):
         return type(values)(take(v, index) for v in values)
+    if isinstance(values, dict):
+        return {k: take(v, index) for k, v in values.items()}
     return values
+
+
+def split_batch(batch: Any, k: int) -> list[Any] | None:
+    """`batch` cut into `k` micro-batches along dim 0 (sizes differing by at most one): a
+    tensor, or a tuple / list / dict of them, nested; other values are shared by every piece.
+    None when the batch cannot be cut: no tensor, tensors whose first dimensions differ, or
+    fewer than `k` examples."""
+    sizes = set(_first_dims(batch))
+    if len(sizes) != 1:
+        return None
+    n = sizes.pop()
+    if k < 1 or n < k:
+        return None
+    bounds = [round(j * n / k) for j in range(k + 1)]
+    return [take(batch, slice(lo, hi)) for lo, hi in itertools.pairwise(bounds)]
+
+
+def _first_dims(values: Any) -> Iterable[int]:
+    if isinstance(values, torch.Tensor):
+        yield int(values.shape[0]) if values.dim() else -1
+    elif isinstance(values, (tuple, list)):
+        for v in values:
+            yield from _first_dims(v)
+    elif isinstance(values, dict):
+        for v in values.values():
+            yield from _first_dims(v)
 
 
 def check_scalar(loss: Any) -> None:

@@ -3,16 +3,25 @@ B_noise (eq. 2.8)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
-from gnsweep.measure.common import Batch, LossFn, batch_len, batch_loss, take
+from gnsweep.measure.common import (
+    Batch,
+    LossFn,
+    TaskLoss,
+    batch_len,
+    batch_loss,
+    check_scalar,
+    take,
+)
 from gnsweep.noise import NormPair
 
 
-def hessian_norms(module: nn.Module, loss_fn: LossFn, batch: Batch, microbatches: int = 2
+def hessian_norms(module: nn.Module, loss_fn: LossFn | None, batch: Batch,
+                  microbatches: int = 2, *, task_loss: TaskLoss | None = None
                   ) -> NormPair | None:
     """H-norms of micro-batch gradients for B_noise (eq. 2.8 through eq. A.2), at the module's
     current parameters. Returns `(|G_small|_H^2, |G_big|_H^2, b_small, b_big)`, or None when the
@@ -23,9 +32,13 @@ def hessian_norms(module: nn.Module, loss_fn: LossFn, batch: Batch, microbatches
     Hessian `H_Q` through double backward. Because `H_Q` is independent of the `g_j` and
     `E H_Q = H`, `E[g^T H_Q g] = E[g^T H g]`; taking H from the same examples as g would bias
     tr(H Sigma) by terms of order 1/B. `H_Q G_big = mean_j H_Q g_j`, so k products suffice.
+
+    The loss is `loss_fn(module(inputs), targets)` on `batch=(inputs, targets)`, or, with
+    `task_loss`, `task_loss(module, part)` on parts of any batch a task samples (split along
+    dim 0, dicts included).
     """
-    inputs, targets = batch
-    n = batch_len(inputs)
+    loss_of = _loss_closure(module, loss_fn, task_loss, batch)
+    n = batch_len(batch if task_loss is not None else batch[0])
     size = n // (2 * microbatches)
     if size < 1:
         return None
@@ -34,11 +47,11 @@ def hessian_norms(module: nn.Module, loss_fn: LossFn, batch: Batch, microbatches
     grads = []
     for j in range(microbatches):
         index = slice(j * size, (j + 1) * size)
-        loss = batch_loss(module, loss_fn, take(inputs, index), take(targets, index))
+        loss = loss_of(index)
         grads.append(_grad(loss, params, create_graph=False))
     rest = slice(split, n)
     with torch.enable_grad():
-        loss = batch_loss(module, loss_fn, take(inputs, rest), take(targets, rest))
+        loss = loss_of(rest)
         g_q = _grad(loss, params, create_graph=True)
     # Gradient entries that do not depend on the parameters have zero Hessian rows.
     keep = [i for i, g in enumerate(g_q) if g.requires_grad]
@@ -56,6 +69,28 @@ def hessian_norms(module: nn.Module, loss_fn: LossFn, batch: Batch, microbatches
     h_big = _dot(g_big, hv_sum) / microbatches
     values = torch.stack([*h_small, h_big]).tolist()
     return NormPair(sum(values[:-1]) / microbatches, values[-1], float(size), float(split))
+
+
+def _loss_closure(module: nn.Module, loss_fn: LossFn | None, task_loss: TaskLoss | None,
+                  batch: Batch) -> Callable[[slice], torch.Tensor]:
+    """The loss of the examples `index` of the batch."""
+    if task_loss is not None:
+        def of_task(index: slice) -> torch.Tensor:
+            with torch.enable_grad():
+                loss = task_loss(module, take(batch, index))
+            check_scalar(loss)
+            return loss
+
+        return of_task
+    if loss_fn is None:
+        raise ValueError("hessian_norms needs loss_fn(outputs, targets) or task_loss(model, "
+                         "batch)")
+    inputs, targets = batch
+
+    def of_outputs(index: slice) -> torch.Tensor:
+        return batch_loss(module, loss_fn, take(inputs, index), take(targets, index))
+
+    return of_outputs
 
 
 def _grad(loss: torch.Tensor, params: list[nn.Parameter], *, create_graph: bool

@@ -34,6 +34,7 @@ from torch import nn
 from gnsweep.measure.common import (
     Batch,
     LossFn,
+    TaskLoss,
     batch_len,
     batch_loss,
     first_tensor,
@@ -62,28 +63,31 @@ class NoiseScaleMonitor:
 
     `every`: measure every n steps (hooks idle in between). `ema_steps` > 0 sets the EMA time
     constant in steps, else `ema_examples` in examples (`math.inf`: plain mean, for estimates at
-    fixed parameters). `hessian_every` > 0 (with `loss_fn`) measures B_noise every n steps when
-    `step(batch=(inputs, targets))` is given the step's batch, with `hessian_microbatches`
-    gradients per measurement (see `hessian_norms`).
+    fixed parameters). `hessian_every` > 0 measures B_noise every n steps when `step(batch=...)`
+    is given the step's batch, with `hessian_microbatches` gradients per measurement (see
+    `hessian_norms`). The loss for those passes is either `loss_fn(outputs, targets)` with
+    `batch=(inputs, targets)`, or `task_loss(model, batch)` with whatever batch the training
+    loop drew (a task's `loss`: tensor, tuple, list or dict of tensors, split along dim 0).
     """
 
     def __init__(self, model: nn.Module, method: str = "per_example", *, every: int = 1,
                  ema_steps: float = 0.0, ema_examples: float = 2048.0,
                  loss_fn: LossFn | None = None, hessian_every: int = 0,
-                 hessian_microbatches: int = 2) -> None:
+                 hessian_microbatches: int = 2, task_loss: TaskLoss | None = None) -> None:
         if method not in METHODS:
             raise ValueError(f"method={method!r}: choose one of {', '.join(METHODS)}")
         if every < 1 or hessian_every < 0 or hessian_microbatches < 2:
             raise ValueError("need every >= 1, hessian_every >= 0 and hessian_microbatches >= 2")
-        if hessian_every and loss_fn is None:
-            raise ValueError("hessian_every > 0 needs loss_fn(outputs, targets) for B_noise")
+        if hessian_every and loss_fn is None and task_loss is None:
+            raise ValueError("hessian_every > 0 needs loss_fn(outputs, targets) or "
+                             "task_loss(model, batch) for B_noise")
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters: nothing to measure")
         self.every, self.hessian_every = every, hessian_every
         self.hessian_microbatches = hessian_microbatches
-        self.loss_fn = loss_fn
+        self.loss_fn, self.task_loss = loss_fn, task_loss
         self.ema = NoiseScaleEma(ema_steps=ema_steps, ema_examples=ema_examples)
         self.steps = 0
         self.estimate: NoiseEstimate | None = None
@@ -158,15 +162,19 @@ class NoiseScaleMonitor:
             self._increments.accumulate(self._examples)
 
     @torch.no_grad()
-    def step(self, batch: Batch | None = None) -> NoiseEstimate | None:
+    def step(self, batch: Batch | None = None, *, examples: int | None = None
+             ) -> NoiseEstimate | None:
         """Fold this step's measurement in; call after backward, before `optimizer.step()`.
 
-        `batch=(inputs, targets)` (the step's batch) lets a due Hessian measurement run. Returns
-        the current estimate (None before the first measurement).
+        `batch` (the step's batch: `(inputs, targets)` for `loss_fn`, anything the task samples
+        for `task_loss`) lets a due Hessian measurement run. Returns
+        the current estimate (None before the first measurement). `examples`: the examples
+        this step trained on, in the caller's unit (tokens for a language model), for the EMA's
+        time constant in examples; default the batch dimension of the model's forward calls.
         """
         measuring = self.measuring
         self.steps += 1
-        self._since_examples += self._examples
+        self._since_examples += self._examples if examples is None else examples
         self._since_steps += 1
         hessian = bool(self.hessian_every and (self.steps - 1) % self.hessian_every == 0)
         try:
@@ -228,11 +236,8 @@ class NoiseScaleMonitor:
                 self.warn_once("hbatch", "noise scale: B_noise needs the step's batch: call "
                                "monitor.step(batch=(inputs, targets))")
             else:
-                assert self.loss_fn is not None
-                with _busy(self):
-                    hess = hessian_norms(self.module, self.loss_fn, batch,
-                                         self.hessian_microbatches)
-                if hess is None:
+                hess = self._hessian(batch)
+                if hess is None and self.hessian_every:
                     self.warn_once("hsmall", "noise scale: batch too small to split for "
                                    f"B_noise (needs >= {2 * self.hessian_microbatches} examples)")
         parts: list[NormPair] = []
@@ -251,6 +256,23 @@ class NoiseScaleMonitor:
                                "need micro-batches and monitor.accumulate(); this estimate "
                                "leaves their parameters out")
         self._fold(parts, hess)
+
+    def _hessian(self, batch: Batch) -> NormPair | None:
+        """H-norms for B_noise; a model whose loss has no double backward (e.g. a fused
+        attention kernel) is said once and B_noise is no longer measured."""
+        try:
+            with _busy(self):
+                return hessian_norms(self.module, self.loss_fn, batch,
+                                     self.hessian_microbatches, task_loss=self.task_loss)
+        except RuntimeError as err:
+            text = str(err)
+            if "derivative for" not in text and "double backward" not in text:
+                raise
+            self.warn_once("hdouble", "noise scale: B_noise needs Hessian-vector products "
+                           "(double backward) of the loss, which this model does not support ("
+                           f"{text.splitlines()[0]}); B_noise is not measured")
+            self.hessian_every = 0
+            return None
 
     def _fold(self, parts: list[NormPair], hess: NormPair | None) -> None:
         valid = [p for p in parts if all(map(math.isfinite, p)) and 0 < p.b_small < p.b_big]

@@ -1,41 +1,39 @@
-"""Tasks: a torch-free registry (name -> options schema, import path, description) and the
-`Task` protocol. One module per built-in task holds its model, data and loss.
+"""Tasks: a torch-free registry (name -> options schema, import path, description), the `Task`
+protocol (`gnsweep.tasks.protocol`), and a user's own task by import path (`task=custom`).
 
 The registry is read by the config (validation, `gnsweep tasks`) without importing torch; only
 `make_task` imports the task's module, in the process that trains. An entry's `target` is an
-import path `module:function`, the same shape as a Hydra `_target_`, so a user's own task can
-sit beside the built-in ones.
+import path `module:function`; a user's task is named the Hydra way, `task._target_=module.fn`,
+and called with `seed=` and the task node's other keys as keyword arguments.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import sys
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from gnsweep.errors import ConfigError
-from gnsweep.tasks.options import CartpoleOptions, DigitsOptions, LinregOptions
+from gnsweep.tasks.options import (
+    CartpoleOptions,
+    CharsOptions,
+    DigitsOptions,
+    LinregOptions,
+    Mnist1dOptions,
+    VaeOptions,
+)
+from gnsweep.tasks.protocol import Batch, Task, examples_of
 
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
+__all__ = ["CUSTOM", "REGISTRY", "TARGET", "Batch", "Task", "TaskEntry", "describe", "entry",
+           "examples_of", "importable_cwd", "make_task", "resolve", "resolve_custom",
+           "task_names", "validate_options"]
 
-
-class Task(Protocol):
-    """What a run needs from a task. All tensors live on the CPU unless moved by the run."""
-
-    def model(self) -> nn.Module:
-        """A freshly initialised model (seeded by the task's seed)."""
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The batch-mean loss (a scalar)."""
-
-    def batch(self, size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """`size` training examples drawn i.i.d. (with replacement) from the training data."""
-
-    def eval_data(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Held-out inputs and targets for the eval loss, or None."""
+CUSTOM = "custom"
+"""`task=custom task._target_=module.function`: a user's own task."""
+TARGET = "_target_"
 
 
 @dataclass(frozen=True)
@@ -69,6 +67,17 @@ REGISTRY: dict[str, TaskEntry] = {
         LinregOptions, "gnsweep.tasks.linreg:make",
         "Linear regression, anisotropic Gaussian inputs, label noise; closed-form G, Sigma, H "
         "(true B_simple and B_noise at any parameters)."),
+    "mnist1d": TaskEntry(
+        Mnist1dOptions, "gnsweep.tasks.mnist1d:make",
+        "1-D CNN on MNIST-1D (4000 x 40 signals, 10 classes; generated offline, cached), "
+        "cross-entropy.", requires=("mnist1d",)),
+    "chars": TaskEntry(
+        CharsOptions, "gnsweep.tasks.chars:make",
+        "Character-level transformer LM on the standard library's pydoc_data.topics (465k "
+        "characters), nats per character; B counted in tokens (windows x context)."),
+    "vae": TaskEntry(
+        VaeOptions, "gnsweep.tasks.vae:make",
+        "VAE on scikit-learn's bundled digits images (8 x 8), negative ELBO in nats per image."),
 }
 
 
@@ -95,7 +104,8 @@ def task_names() -> list[str]:
 
 def entry(name: str) -> TaskEntry:
     if name not in REGISTRY or name not in task_names():
-        raise ConfigError(f"task={name}: no such task; choose one of {', '.join(task_names())}")
+        raise ConfigError(f"task={name}: no such task; choose one of "
+                          f"{', '.join([*task_names(), CUSTOM])}")
     return REGISTRY[name]
 
 
@@ -106,11 +116,18 @@ def describe() -> dict[str, str]:
         task = REGISTRY[name]
         defaults = ", ".join(f"{k}={v}" for k, v in asdict(task.options()).items())
         out[name] = f"{task.description} Options: {defaults}."
+    out[CUSTOM] = ("Your own task (docs/tasks.md): task=custom task._target_=module.function "
+                   "+task.key=value ...; called with seed= and the other keys.")
     return out
 
 
 def validate_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Check a task's options against its schema; return them complete with defaults."""
+    """Check a task's options against its schema; return them complete with defaults.
+
+    A custom task's options are its `_target_` and whatever keyword arguments it takes (its
+    own function checks those when it is built)."""
+    if name == CUSTOM:
+        return _custom_options(options)
     schema = entry(name).options
     known = {f.name for f in fields(schema)}
     unknown = set(options) - known
@@ -121,6 +138,18 @@ def validate_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     return asdict(schema(**options))
 
 
+def _custom_options(options: dict[str, Any]) -> dict[str, Any]:
+    target = options.get(TARGET)
+    if not isinstance(target, str) or not target.strip():
+        raise ConfigError("task=custom needs the function that builds your task: "
+                          "task._target_=mymodule.make_task (docs/tasks.md)")
+    module, _, attr = target.replace(":", ".").rpartition(".")
+    if not module or not attr:
+        raise ConfigError(f"task._target_={target}: give module.function, e.g. "
+                          "mymodule.make_task")
+    return dict(options)
+
+
 def resolve(target: str) -> Any:
     """The object a `module:function` (or dotted `module.function`) path names."""
     module, sep, attr = target.partition(":")
@@ -129,7 +158,48 @@ def resolve(target: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
+def importable_cwd() -> None:
+    """Make the working directory importable here and in every process started from here
+    (local workers, torchrun, Slurm jobs inherit PYTHONPATH): a user's task module beside the
+    command is found as it is by `python -m`."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if cwd not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([cwd, *paths])
+
+
+def resolve_custom(target: str) -> Any:
+    """A user's task-building function; ConfigError naming what is wrong if it cannot be."""
+    importable_cwd()
+    module, sep, attr = target.partition(":")
+    if not sep:
+        module, _, attr = target.rpartition(".")
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name is not None and module.startswith(err.name):
+            raise ConfigError(f"task._target_={target}: no module named {err.name!r} (put "
+                              f"{module.replace('.', '/')}.py in the working directory or on "
+                              "PYTHONPATH)") from None
+        raise
+    if not hasattr(loaded, attr):
+        raise ConfigError(f"task._target_={target}: module {module!r} has no {attr!r}")
+    function = getattr(loaded, attr)
+    if not callable(function):
+        raise ConfigError(f"task._target_={target}: {attr!r} is a "
+                          f"{type(function).__name__}, not a callable that builds the task")
+    return function
+
+
 def make_task(name: str, options: dict[str, Any], seed: int) -> Task:
+    """Build a task: a registered one from its options, a custom one by calling its
+    `_target_` with `seed=` and the other options as keyword arguments."""
+    if name == CUSTOM:
+        kwargs = {k: v for k, v in options.items() if k != TARGET}
+        made_custom: Task = resolve_custom(options[TARGET])(seed=seed, **kwargs)
+        return made_custom
     task = entry(name)
     made: Task = resolve(task.target)(task.options(**options), seed)
     return made

@@ -17,48 +17,19 @@ gnsweep measures, so the per-example noise method covers every parameter.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from gnsweep.tasks.options import CharsOptions
+
 DESCRIPTION = ("Character-level transformer LM on the standard library's pydoc_data.topics "
                "(465k characters), nats per character; B counted in tokens.")
 
 
-@dataclass
-class Options:
-    context: int = 64
-    """Characters each window predicts (the attention span)."""
-    width: int = 64
-    """Embedding width."""
-    depth: int = 2
-    """Transformer blocks."""
-    heads: int = 4
-    """Attention heads (must divide width)."""
-    holdout: float = 0.1
-    """Fraction of the text (its end) kept out of training, for the eval loss."""
-    eval_windows: int = 128
-    """Held-out windows for the eval loss (0: none)."""
-
-    def __post_init__(self) -> None:
-        from gnsweep.config import ConfigError, _integer, _number
-
-        for name in ("context", "width", "depth", "heads", "eval_windows"):
-            setattr(self, name, _integer(f"task.{name}", getattr(self, name)))
-        self.holdout = _number("task.holdout", self.holdout)
-        for name in ("context", "width", "depth", "heads"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"task.{name}: {getattr(self, name)} must be >= 1")
-        if self.width % self.heads:
-            raise ConfigError(f"task.heads: {self.heads} must divide task.width={self.width}")
-        if not 0 <= self.holdout < 0.5:
-            raise ConfigError(f"task.holdout: {self.holdout} must be in [0, 0.5)")
-        if self.eval_windows < 0:
-            raise ConfigError(f"task.eval_windows: {self.eval_windows} must be >= 0")
-        if self.eval_windows and not self.holdout:
-            raise ConfigError("task.eval_windows needs task.holdout > 0 (or set it to 0)")
+Options = CharsOptions
+"""The task's settings (schema in gnsweep.tasks.options, importable without torch)."""
 
 
 @functools.cache

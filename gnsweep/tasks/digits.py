@@ -46,15 +46,29 @@ class Digits:
         layers.append(nn.Linear(width, 10))
         return nn.Sequential(*layers)
 
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(outputs, targets)
-
-    def batch(self, size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.randint(len(self.x), (size,), generator=generator)
+    def sample(self, batch_size: int, generator: torch.Generator
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.randint(len(self.x), (batch_size,), generator=generator)
         return self.x[index], self.y[index]
 
-    def eval_data(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return self._eval
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return self.output_loss(model(x), y)
+
+    @staticmethod
+    def output_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The batch-mean cross-entropy of the model's outputs: the `loss_fn(outputs, targets)`
+        form that `NoiseScaleMonitor` and the framework integrations take."""
+        return F.cross_entropy(outputs, targets)
+
+    def eval_loss(self, model: nn.Module) -> float:
+        """Cross-entropy on the held-out split (NaN without one)."""
+        if self._eval is None:
+            return float("nan")
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            x, y = self._eval
+            return float(self.loss(model, (x.to(device), y.to(device))))
 
 
 @functools.cache

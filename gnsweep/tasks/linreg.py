@@ -62,36 +62,39 @@ class LinReg:
                                         dtype=torch.float64)
         teacher = torch.Generator().manual_seed(0)
         self.w_star = torch.randn(d, generator=teacher, dtype=torch.float64)
-        self._eval = None
-        if options.eval_size:
-            self._eval = self._sample(options.eval_size, torch.Generator().manual_seed(1))
 
     def model(self) -> nn.Module:
         torch.manual_seed(self.seed)
         return nn.Linear(self.options.dim, 1)
 
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return 0.5 * (outputs.reshape(targets.shape) - targets).pow(2).mean()
-
-    def _sample(self, size: int, generator: torch.Generator
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.randn(size, self.options.dim, generator=generator, dtype=torch.float64)
+    def sample(self, batch_size: int, generator: torch.Generator
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(batch_size, self.options.dim, generator=generator, dtype=torch.float64)
         x = x * self.variances.sqrt()
         y = x @ self.w_star + self.options.noise * torch.randn(
-            size, generator=generator, dtype=torch.float64)
+            batch_size, generator=generator, dtype=torch.float64)
         return x.float(), y.float()
 
-    def batch(self, size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._sample(size, generator)
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return self.output_loss(model(x), y)
 
-    def eval_data(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return self._eval
+    @staticmethod
+    def output_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """`0.5 * mean((outputs - targets)^2)`: the `loss_fn(outputs, targets)` form that
+        `NoiseScaleMonitor` and the framework integrations take."""
+        return 0.5 * (outputs.reshape(targets.shape) - targets).pow(2).mean()
+
+    def eval_loss(self, model: nn.Module) -> float:
+        """The exact population loss `E[loss]` at the model's parameters (closed form, no
+        sampling noise): `truth(model).loss`."""
+        return self.truth(model).loss
 
     def truth(self, model: nn.Module) -> Truth:
         """Exact loss, |G|^2, tr(Sigma), G^T H G, tr(H Sigma) at the model's parameters."""
         linear = model.module if hasattr(model, "module") else model
         assert isinstance(linear, nn.Linear), "truth() needs the task's own nn.Linear model"
-        dw = linear.weight.detach().double().reshape(-1) - self.w_star
+        dw = linear.weight.detach().cpu().double().reshape(-1) - self.w_star
         c = float(linear.bias.detach().double()) if linear.bias is not None else 0.0
         lam = self.variances
         h = torch.cat([lam, lam.new_ones(1)]) if linear.bias is not None else lam

@@ -17,13 +17,14 @@ from __future__ import annotations
 import io
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from gnsweep.tasks.options import Mnist1dOptions
 
 DESCRIPTION = ("1-D CNN on MNIST-1D (4000 x 40 signals, 10 classes; generated offline, cached), "
                "cross-entropy.")
@@ -33,21 +34,8 @@ CACHE_NAME = "mnist1d-default-v1.npz"
 """Bump the suffix if the generation or the arrays kept ever change."""
 
 
-@dataclass
-class Options:
-    channels: int = 32
-    """Channels of each convolution layer."""
-    cache_dir: str = ""
-    """Folder for the generated data ('': $XDG_CACHE_HOME/gnsweep or ~/.cache/gnsweep)."""
-
-    def __post_init__(self) -> None:
-        from gnsweep.config import ConfigError, _integer
-
-        self.channels = _integer("task.channels", self.channels)
-        if self.channels < 1:
-            raise ConfigError(f"task.channels: {self.channels} must be >= 1")
-        if not isinstance(self.cache_dir, str):
-            raise ConfigError(f"task.cache_dir: {self.cache_dir!r} must be a folder path")
+Options = Mnist1dOptions
+"""The task's settings (schema in gnsweep.tasks.options, importable without torch)."""
 
 
 def cache_dir(option: str = "") -> Path:
@@ -65,7 +53,7 @@ def generate() -> dict[str, np.ndarray]:
     except ModuleNotFoundError as err:
         if err.name != "mnist1d":
             raise
-        from gnsweep.config import ConfigError
+        from gnsweep.errors import ConfigError
 
         raise ConfigError("task mnist1d needs the mnist1d package: pip install mnist1d") from None
     # make_dataset reseeds numpy's and random's global generators; keep the caller's.

@@ -36,7 +36,8 @@ class LinregOptions:
     noise: float = 0.5
     """Standard deviation of the label noise (the loss floor is noise^2 / 2)."""
     eval_size: int = 4096
-    """Held-out examples for the eval loss (0: none)."""
+    """Unused: the eval loss is the exact population loss (closed form, `LinReg.eval_loss`);
+    kept so that sweep folders written before it load and relaunch unchanged."""
 
     def __post_init__(self) -> None:
         self.dim = integer("task.dim", self.dim)
@@ -80,3 +81,71 @@ class CartpoleOptions:
         for name in ("value_coef", "entropy_coef"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"task.{name}: {getattr(self, name)} must be >= 0")
+
+
+@dataclass
+class Mnist1dOptions:
+    channels: int = 32
+    """Channels of each convolution layer."""
+    cache_dir: str = ""
+    """Folder for the generated data ('': $XDG_CACHE_HOME/gnsweep or ~/.cache/gnsweep)."""
+
+    def __post_init__(self) -> None:
+        self.channels = integer("task.channels", self.channels)
+        if self.channels < 1:
+            raise ConfigError(f"task.channels: {self.channels} must be >= 1")
+        if not isinstance(self.cache_dir, str):
+            raise ConfigError(f"task.cache_dir: {self.cache_dir!r} must be a folder path")
+
+
+@dataclass
+class CharsOptions:
+    context: int = 64
+    """Characters each window predicts (the attention span)."""
+    width: int = 64
+    """Embedding width."""
+    depth: int = 2
+    """Transformer blocks."""
+    heads: int = 4
+    """Attention heads (must divide width)."""
+    holdout: float = 0.1
+    """Fraction of the text (its end) kept out of training, for the eval loss."""
+    eval_windows: int = 128
+    """Held-out windows for the eval loss (0: none)."""
+
+    def __post_init__(self) -> None:
+        for name in ("context", "width", "depth", "heads", "eval_windows"):
+            setattr(self, name, integer(f"task.{name}", getattr(self, name)))
+        self.holdout = number("task.holdout", self.holdout)
+        for name in ("context", "width", "depth", "heads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"task.{name}: {getattr(self, name)} must be >= 1")
+        if self.width % self.heads:
+            raise ConfigError(f"task.heads: {self.heads} must divide task.width={self.width}")
+        if not 0 <= self.holdout < 0.5:
+            raise ConfigError(f"task.holdout: {self.holdout} must be in [0, 0.5)")
+        if self.eval_windows < 0:
+            raise ConfigError(f"task.eval_windows: {self.eval_windows} must be >= 0")
+        if self.eval_windows and not self.holdout:
+            raise ConfigError("task.eval_windows needs task.holdout > 0 (or set it to 0)")
+
+
+@dataclass
+class VaeOptions:
+    latent: int = 8
+    """Latent dimensions."""
+    hidden: int = 128
+    """Width of the encoder's and the decoder's hidden layer."""
+    holdout: float = 0.2
+    """Fraction of the images kept out of training, for the eval loss."""
+
+    def __post_init__(self) -> None:
+        self.latent = integer("task.latent", self.latent)
+        self.hidden = integer("task.hidden", self.hidden)
+        self.holdout = number("task.holdout", self.holdout)
+        if self.latent < 1:
+            raise ConfigError(f"task.latent: {self.latent} must be >= 1")
+        if self.hidden < 1:
+            raise ConfigError(f"task.hidden: {self.hidden} must be >= 1")
+        if not 0 <= self.holdout < 1:
+            raise ConfigError(f"task.holdout: {self.holdout} must be in [0, 1)")

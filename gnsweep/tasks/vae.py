@@ -17,13 +17,12 @@ held-out images with fixed noise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from gnsweep.tasks.digits import load_digits
+from gnsweep.tasks.options import VaeOptions
 
 DESCRIPTION = ("VAE on scikit-learn's bundled digits images (8 x 8), negative ELBO in nats per "
                "image.")
@@ -31,27 +30,8 @@ DESCRIPTION = ("VAE on scikit-learn's bundled digits images (8 x 8), negative EL
 PIXELS = 64
 
 
-@dataclass
-class Options:
-    latent: int = 8
-    """Latent dimensions."""
-    hidden: int = 128
-    """Width of the encoder's and the decoder's hidden layer."""
-    holdout: float = 0.2
-    """Fraction of the images kept out of training, for the eval loss."""
-
-    def __post_init__(self) -> None:
-        from gnsweep.config import ConfigError, _integer, _number
-
-        self.latent = _integer("task.latent", self.latent)
-        self.hidden = _integer("task.hidden", self.hidden)
-        self.holdout = _number("task.holdout", self.holdout)
-        if self.latent < 1:
-            raise ConfigError(f"task.latent: {self.latent} must be >= 1")
-        if self.hidden < 1:
-            raise ConfigError(f"task.hidden: {self.hidden} must be >= 1")
-        if not 0 <= self.holdout < 1:
-            raise ConfigError(f"task.holdout: {self.holdout} must be in [0, 1)")
+Options = VaeOptions
+"""The task's settings (schema in gnsweep.tasks.options, importable without torch)."""
 
 
 class Vae(nn.Module):

@@ -1,0 +1,66 @@
+"""The check `gnsweep launch` makes before anything runs: the task builds, samples a batch of 2,
+and its loss is a finite scalar with gradients on the model's trainable parameters.
+
+Every problem is a ConfigError naming it in one line (exit code 2): a user's task that cannot
+train is refused before a sweep folder is written or a run started.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from gnsweep.errors import ConfigError
+from gnsweep.tasks import CUSTOM, TARGET, Task, examples_of, make_task
+
+
+def check_task(name: str, options: dict[str, Any], seed: int = 0) -> None:
+    """Build the task, draw a batch of 2 and back-propagate its loss once; ConfigError if any
+    part of the protocol (docs/tasks.md) fails."""
+    label = f"task {options.get(TARGET)}" if name == CUSTOM else f"task {name}"
+    task: Task = _call(label, "building it", lambda: make_task(name, options, seed))
+    for method in ("model", "sample", "loss"):
+        if not callable(getattr(task, method, None)):
+            raise ConfigError(f"{label}: the object it builds ({type(task).__name__}) has no "
+                              f"{method}() method; see docs/tasks.md")
+    model = _call(label, "model()", task.model)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{label}: model() returned a {type(model).__name__}, not a "
+                          "torch.nn.Module")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError(f"{label}: the model has no trainable parameters (nothing to train)")
+    batch = _call(label, "sample(2, generator)",
+                  lambda: task.sample(2, torch.Generator().manual_seed(seed)))
+    loss = _call(label, "loss(model, batch)", lambda: task.loss(model, batch))
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        got = (f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+               else f"a {type(loss).__name__}")
+        raise ConfigError(f"{label}: loss(model, batch) must return a scalar tensor (the "
+                          f"batch-mean loss), got {got}; reduce it with .mean()")
+    if not math.isfinite(float(loss.detach())):
+        raise ConfigError(f"{label}: the loss of a batch of 2 is {float(loss.detach())} at "
+                          "initialisation")
+    if not loss.requires_grad:
+        raise ConfigError(f"{label}: the loss does not depend on the model's parameters (no "
+                          "gradient); compute it from model(...) inside loss()")
+    _call(label, "loss.backward()", loss.backward)
+    if all(p.grad is None for p in params):
+        raise ConfigError(f"{label}: the loss has no gradient on the model's trainable "
+                          "parameters; compute it from the model loss() is given")
+    count = _call(label, "examples(batch)", lambda: examples_of(task, batch))
+    if count < 1:
+        raise ConfigError(f"{label}: examples(batch) is {count} for a batch of 2; must be >= 1")
+
+
+def _call(label: str, what: str, function: Callable[[], Any]) -> Any:
+    try:
+        return function()
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(f"{label}: {what} raised {type(err).__name__}: {err}") from None
