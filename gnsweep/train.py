@@ -17,8 +17,10 @@ from pathlib import Path
 import torch
 
 from gnsweep import store
+from gnsweep.analysis.smoothing import MIN_WINDOW_EXAMPLES, SMOOTHING_FRACTION
 from gnsweep.config import Config
 from gnsweep.measure import NoiseScaleMonitor
+from gnsweep.measure.probe import RunProbes, overrun_steps
 from gnsweep.noise import Ema, NoiseEstimate, ema_decay
 from gnsweep.runs import RunSpec
 from gnsweep.tasks import make_task
@@ -83,7 +85,9 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
                          "reads each worker's gradient before the all-reduce")
     monitor = NoiseScaleMonitor(trained, method=method, every=noise.every,
                                 ema_steps=noise.ema_steps, ema_examples=noise.ema_examples,
-                                loss_fn=task.loss, hessian_every=noise.hessian_every)
+                                loss_fn=task.loss, hessian_every=noise.hessian_every,
+                                ema_fraction=noise.ema_fraction)
+    probes = RunProbes(noise, task, spec.seed)  # frozen-parameter probes, exact truth
     # Micro-batches only where the monitor needs them (method microbatch, or per_example with
     # layers it cannot handle), each of at least one example.
     k = min(noise.microbatches, spec.batch_size) if monitor.needs_microbatches else 1
@@ -97,7 +101,7 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
 
     rows: dict[str, list] = {f.name: [] for f in store.METRICS_SCHEMA}
     loss_ema, first_loss = Ema(), math.nan
-    estimate = None
+    estimate, stop_at = None, None
     start = time.perf_counter()
     state, reason, step, loss_value = "done", "max_steps", 0, math.nan
     try:
@@ -133,13 +137,19 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
             if smooth > sweep.divergence_factor * first_loss:
                 raise Diverged(f"smoothed loss {smooth:.3g} > {sweep.divergence_factor:g} x "
                                f"first loss {first_loss:.3g} at step {step}")
-            done = smooth <= hardest
+            # Past the hardest target, train on until the analysis's centred window is whole.
+            if stop_at is None and smooth <= hardest:
+                stop_at = step + overrun_steps(step, spec.batch_size, SMOOTHING_FRACTION,
+                                               MIN_WINDOW_EXAMPLES)
+            done = stop_at is not None and step >= stop_at
             if step % sweep.log_every == 0 or done:
                 eval_loss = math.nan
-                if eval_data is not None and step % sweep.eval_every == 0:
-                    eval_loss = _eval_loss(model, task, eval_data)
+                if sweep.eval_every and step % sweep.eval_every == 0:
+                    exact = probes.exact_loss(model)
+                    eval_loss = exact if exact is not None else (
+                        _eval_loss(model, task, eval_data) if eval_data is not None else math.nan)
                 _log(rows, step, spec, loss_value, smooth, eval_loss, estimate,
-                     time.perf_counter() - start)
+                     time.perf_counter() - start, probes.values(model, step * spec.batch_size))
             if done:
                 reason = "target"
                 break
@@ -195,7 +205,8 @@ def _eval_loss(model: torch.nn.Module, task, data: tuple[torch.Tensor, torch.Ten
 
 
 def _log(rows: dict[str, list], step: int, spec: RunSpec, loss: float, smooth: float,
-         eval_loss: float, estimate: NoiseEstimate | None, wall: float) -> None:
+         eval_loss: float, estimate: NoiseEstimate | None, wall: float,
+         extra: dict[str, float]) -> None:
     nan = math.nan
     values = {
         "step": step, "examples": step * spec.batch_size, "loss": loss, "loss_smooth": smooth,
@@ -204,5 +215,6 @@ def _log(rows: dict[str, list], step: int, spec: RunSpec, loss: float, smooth: f
     # The noise columns of the schema are the estimate's fields, by name.
     for field in fields(NoiseEstimate):
         values[field.name] = getattr(estimate, field.name) if estimate is not None else nan
+    values.update(extra)  # probes and exact truth (gnsweep.measure.probe)
     for name, value in values.items():
         rows[name].append(value)

@@ -13,6 +13,8 @@ from gnsweep import store
 from gnsweep.analysis.steps import CURVE_COLUMNS, Curves
 
 METRIC_COLUMNS = ["step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise"]
+OPTIONAL_COLUMNS = [c for c in CURVE_COLUMNS if c not in METRIC_COLUMNS]
+"""Columns newer than some sweeps on disk (drift, probes, exact truth): NaN where absent."""
 
 
 def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[pa.Table | None]]:
@@ -53,11 +55,16 @@ def _read_metrics(path: Path) -> pa.Table:
     `store.read_table`, which raises StoreError naming the file.
     """
     try:
-        table = pq.ParquetFile(path).read(columns=METRIC_COLUMNS)
+        file = pq.ParquetFile(path)
+        names = set(file.schema_arrow.names)
+        table = file.read(columns=METRIC_COLUMNS + [c for c in OPTIONAL_COLUMNS if c in names])
     except (pa.ArrowException, OSError, ValueError):
         table = None
-    if table is None or table.column_names != METRIC_COLUMNS:
+    if table is None or table.column_names[:len(METRIC_COLUMNS)] != METRIC_COLUMNS:
         table = store.read_table(path, columns=METRIC_COLUMNS)
+    for name in OPTIONAL_COLUMNS:
+        if name not in table.column_names:
+            table = table.append_column(name, pa.array(np.full(table.num_rows, np.nan)))
     return table
 
 

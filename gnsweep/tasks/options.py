@@ -36,10 +36,15 @@ class LinregOptions:
     noise: float = 0.5
     """Standard deviation of the label noise (the loss floor is noise^2 / 2)."""
     eval_size: int = 4096
-    """Held-out examples for the eval loss (0: none)."""
+    """Held-out examples for the eval loss (0: none; runs log the exact population loss as
+    their eval loss whatever this is)."""
+    teacher_power: float = 0.0
+    """Teacher w*_i = z_i * variance_i^(-p/2): 0 gives w* ~ N(0, I), 1 gives every
+    eigen-direction the same expected share of the initial loss (a long, realistic run)."""
 
     def __post_init__(self) -> None:
         self.dim = integer("task.dim", self.dim)
+        self.teacher_power = number("task.teacher_power", self.teacher_power)
         self.condition = number("task.condition", self.condition)
         self.noise = number("task.noise", self.noise)
         self.eval_size = integer("task.eval_size", self.eval_size)
