@@ -193,9 +193,10 @@ class NoiseScaleEma:
         self.seen_steps = 0.0
         # Examples and steps since the last Hessian measurement (its clock).
         self._h_examples = self._h_steps = 0.0
-        # |G|^2 over a quarter window (and its square, for its standard error), and its
-        # history (seen, value, relative standard error) for the drift flag.
-        self._g2_short, self._g2_sq_short = Ema(), Ema()
+        # |G|^2 over a quarter window, the spread of single estimates relative to it (scale
+        # free, so early large values do not leak into it), and the history (seen, value,
+        # relative standard error) for the drift flag.
+        self._g2_short, self._g2_spread = Ema(), Ema()
         self._history: list[tuple[float, float, float]] = []
 
     @property
@@ -270,13 +271,15 @@ class NoiseScaleEma:
         self._decay = decay
         if math.isfinite(self.window):
             # The quarter-window EMA: decay^4 has a time constant a quarter as long.
+            before = self._g2_short.value
+            if before > 0:
+                self._g2_spread.update((g2 / before - 1.0) ** 2, decay ** 4)
             self._g2_short.update(g2, decay ** 4)
-            self._g2_sq_short.update(g2 * g2, decay ** 4)
             clock = self.seen_steps if (self.ema_steps > 0 and self.ema_fraction <= 0) \
                 else self.seen_examples
             mean, count = self._g2_short.value, self._g2_short.count
-            spread = max(self._g2_sq_short.value - mean * mean, 0.0)
-            error = math.sqrt(spread / count) / mean if mean > 0 and count > 1 else math.inf
+            error = (math.sqrt(self._g2_spread.value / count)
+                     if mean > 0 and count > 1 and self._g2_spread.count > 0 else math.inf)
             self._history.append((clock, mean, error))
         return self.estimate()
 

@@ -99,10 +99,11 @@ def resmooth(curves: Curves, ema_examples: float) -> np.ndarray:
 
 
 def centred_loss(curves: Curves, fraction: float = SMOOTHING_FRACTION,
-                  min_examples: float = MIN_WINDOW_EXAMPLES) -> np.ndarray:
-    """The raw training loss of every run smoothed by a centred local-linear window (no lag):
+                  min_examples: float = MIN_WINDOW_EXAMPLES, column: str = "loss") -> np.ndarray:
+    """A loss column of every run smoothed by a centred local-linear window (no lag):
     half-width max(fraction * x, min_examples / B) at x updates (`smoothing.centred_fit`)."""
-    loss, x = curves.columns["loss"], curves.columns["step"] - 1.0
+    loss = curves.columns[column]
+    x = curves.columns["step"] - (0.0 if column == "eval_loss" else 1.0)
     out = np.full(len(loss), np.nan)
     batch = curves.runs["batch_size"].to_numpy(float)
     for i, (lo, hi) in enumerate(zip(curves.offsets[:-1], curves.offsets[1:], strict=True)):
@@ -114,10 +115,13 @@ def centred_loss(curves: Curves, fraction: float = SMOOTHING_FRACTION,
 def loss_curve(curves: Curves, loss: str, ema_examples: float | None = None,
                smoothing: float = SMOOTHING_FRACTION) -> tuple[np.ndarray, np.ndarray]:
     """(updates, loss) per row for the chosen loss: the training losses at step - 1 updates
-    (computed before update `step`), the eval loss at `step`."""
+    (computed before update `step`), the eval loss at `step`. The eval loss is smoothed with
+    the same centred window as the training loss: even the exact population loss of one run
+    fluctuates with its parameters, and the first crossing of a fluctuating curve comes early
+    (on linreg_truth the unsmoothed exact loss gave B_crit 0.55-0.75 of the exact one)."""
     step = curves.columns["step"]
     if loss == "eval":
-        return step, curves.columns["eval_loss"]
+        return step, centred_loss(curves, smoothing, column="eval_loss")
     if loss == "raw":
         return step - 1.0, curves.columns["loss"]
     if ema_examples:

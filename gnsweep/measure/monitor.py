@@ -72,7 +72,8 @@ class NoiseScaleMonitor:
     ratios cover the same span however rarely B_noise is measured. Where |G|^2 changed more than
     2x inside the window the estimate leans to the window's start: `estimate.drift` says so.
 
-    `every`: measure every n steps (hooks idle in between). `hessian_every` > 0 (with `loss_fn`) measures B_noise every n steps when
+    `every`: measure every n steps (hooks idle in between). `hessian_every` > 0 (with
+    `loss_fn`) measures B_noise every n steps when
     `step(batch=(inputs, targets))` is given the step's batch, with `hessian_microbatches`
     gradients per measurement (see `hessian_norms`).
     """

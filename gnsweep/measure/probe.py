@@ -14,12 +14,12 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from gnsweep.measure.common import LossFn
+from gnsweep.measure.common import LossFn, is_ddp
 from gnsweep.measure.monitor import measure_noise_scale
 from gnsweep.noise import ProbeSchedule
 
@@ -59,7 +59,7 @@ class RunProbes:
         import time
 
         start = time.perf_counter()
-        module = model.module if hasattr(model, "module") else model
+        module = cast(nn.Module, model.module) if is_ddp(model) else model
         loss_fn: LossFn = self.task.loss
         batches = [self.task.batch(self.batch_size, self.generator) for _ in range(self.batches)]
         was_training = module.training
