@@ -23,6 +23,7 @@ from gnsweep.analysis.smoothing import (
     MIN_WINDOW_EXAMPLES,
     SMOOTHING_FRACTION,
     centred_fit,
+    interpolate_log_steps,
     pooled_probes,
 )
 
@@ -190,8 +191,8 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
         last_step[has_rows] = step[ends[has_rows] - 1]
     simple = _RunningMeans(noise_rows(curves, "simple"), step, starts, run_of_row, batch)
     noise = _RunningMeans(noise_rows(curves, "noise"), step, starts, run_of_row, batch)
-    simple_true = _RunningMeans(curves.columns["b_simple_true"], step, starts, run_of_row, batch)
-    noise_true = _RunningMeans(curves.columns["b_noise_true"], step, starts, run_of_row, batch)
+    simple_true = _RunningMeans(_filled(curves, "b_simple_true"), step, starts, run_of_row, batch)
+    noise_true = _RunningMeans(_filled(curves, "b_noise_true"), step, starts, run_of_row, batch)
     drift = curves.columns["drift"]
     with np.errstate(invalid="ignore", divide="ignore"):
         flagged = np.isfinite(drift) & (np.abs(np.log(drift)) > np.log(DRIFT_LIMIT))
@@ -233,6 +234,20 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     out = pd.concat(parts, ignore_index=True)
     out["reached"] = out["reached"].astype(bool)
     return out[STEPS_COLUMNS]
+
+
+def _filled(curves: Curves, column: str) -> np.ndarray:
+    """A column logged at some rows only (a costly exact truth), interpolated to every row of
+    its run linearly in log steps (`smoothing.interpolate_log_steps`); unchanged where dense."""
+    values = curves.columns[column].copy()
+    step = curves.columns["step"]
+    finite = np.isfinite(values)
+    for lo, hi in zip(curves.offsets[:-1], curves.offsets[1:], strict=True):
+        known = finite[lo:hi]
+        if known.any() and not known.all():
+            values[lo:hi] = interpolate_log_steps(step[lo:hi][known], values[lo:hi][known],
+                                                  step[lo:hi])
+    return values
 
 
 def _interpolated(x: np.ndarray, values: np.ndarray, at: np.ndarray, starts: np.ndarray,

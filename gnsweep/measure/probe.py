@@ -39,16 +39,27 @@ class RunProbes:
         self.task = task
         self.generator = torch.Generator().manual_seed(20_000 + seed)
         self.truth: Callable[[nn.Module], Any] | None = getattr(task, "truth", None)
+        # A costly truth (a pass over a whole training set) at log-spaced points only, 4 per
+        # doubling of examples; the analysis interpolates between them.
+        self.truth_schedule = ProbeSchedule(4.0) if getattr(task, "truth_is_costly", False) \
+            else None
         self.seconds = 0.0
         self.count = 0
 
     def exact_loss(self, model: nn.Module) -> float | None:
-        """The closed-form population loss where the task has one (None elsewhere)."""
-        return float(self.truth(model).loss) if self.truth is not None else None
+        """The exact loss (population or whole training set) where the task has a cheap one
+        (None elsewhere: the task's own eval loss is used)."""
+        if self.truth is None:
+            return None
+        if self.truth_schedule is not None:  # a cheap whole-set loss beside a costly truth
+            whole = getattr(self.task, "training_loss", None)
+            return float(whole(model)) if whole is not None else None
+        return float(self.truth(model).loss)
 
     def values(self, model: nn.Module, examples: float) -> dict[str, float]:
         out = dict.fromkeys(PROBE_COLUMNS + TRUTH_COLUMNS, math.nan)
-        if self.truth is not None:
+        if self.truth is not None and (self.truth_schedule is None
+                                       or self.truth_schedule.due(examples)):
             truth = self.truth(model)
             out["b_simple_true"], out["b_noise_true"] = truth.b_simple, truth.b_noise
         if self.schedule is not None and self.schedule.due(examples):

@@ -16,8 +16,14 @@ class DigitsOptions:
     """Number of hidden layers."""
     holdout: float = 0.2
     """Fraction of the examples kept out of training, for the eval loss."""
+    exact_truth: bool = False
+    """Log the exact B_simple of the training set (per-example gradients over every training
+    example) and its whole loss as the eval loss, every logged step: the second oracle
+    (docs/truth.md); costs about one pass over the 1,438 training examples per logged step."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.exact_truth, bool):
+            raise ConfigError(f"task.exact_truth: {self.exact_truth!r} must be true or false")
         self.hidden = integer("task.hidden", self.hidden)
         self.depth = integer("task.depth", self.depth)
         self.holdout = number("task.holdout", self.holdout)
