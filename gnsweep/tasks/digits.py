@@ -6,9 +6,10 @@ The data ship inside scikit-learn's wheel, so the default sweep needs no downloa
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -71,7 +72,7 @@ class Digits:
         and the training set's whole loss (no sampling noise, no smoothing)."""
         from torch.func import functional_call, grad, vmap
 
-        live = model.module if hasattr(model, "module") else model
+        live = cast(nn.Module, model.module) if hasattr(model, "module") else model
         # A hook-free copy: the training monitor's hooks do not work under vmap.
         module = self._build()
         module.load_state_dict(live.state_dict())
