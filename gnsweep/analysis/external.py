@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.pipeline import Analysis, AnalysisError, analyze_steps, analyze_tables
-from gnsweep.analysis.steps import LOSS_COLUMNS, STEPS_COLUMNS, curves_from_frames
+from gnsweep.analysis.steps import STEPS_COLUMNS, curves_from_frames
 
 STEPS_REQUIRED = ("batch_size", "target", "steps")
 CURVES_REQUIRED = ("run_id", "batch_size", "learning_rate", "step", "loss")
@@ -169,9 +169,8 @@ def analyze_table(path: Path, targets: list[float] | None = None, loss: str = "s
     if not targets:
         raise AnalysisError(f"{path}: a loss-curve table needs --targets (e.g. --targets 2.5,2.0)")
     runs, metrics = curves_from_table(path, frame, loss)
-    column = LOSS_COLUMNS[loss]
-    if loss == "smoothed" and not ema_examples and not np.isfinite(metrics[column]).any():
-        ema_examples = DEFAULT_EMA_EXAMPLES
+    # The default smoothed loss is the centred, lag-free smooth of `loss` (analysis.steps);
+    # a table with only `loss_smooth` uses that column, --ema-examples the former causal EMA.
     curves = curves_from_frames(runs, metrics)
     return analyze_tables(None, curves, targets, loss=loss, ema_examples=ema_examples,
                           bootstrap=bootstrap, optimizer=optimizer, source=str(path))
