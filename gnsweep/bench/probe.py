@@ -23,7 +23,7 @@ from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.measure.probe import RunProbes
 from gnsweep.tasks import make_task
 
-TASKS = {"linreg": {"dim": 32, "teacher_power": 1.0, "eval_size": 0},
+TASKS: dict[str, dict[str, Any]] = {"linreg": {"dim": 32, "teacher_power": 1.0, "eval_size": 0},
          "digits": {"exact_truth": True}}
 BATCH_SIZES = (8, 64)
 RUN_STEPS = (100, 1000)
@@ -38,6 +38,33 @@ def _fastest(fn, rounds: int) -> float:
     return best
 
 
+def _row(name: str, task: Any, model: torch.nn.Module, probes: RunProbes, batch: int,
+         rounds: int) -> dict[str, Any]:
+    monitor = NoiseScaleMonitor(model, "per_example", ema_fraction=0.2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+
+    def steps(n: int = 20) -> None:
+        for _ in range(n):
+            x, y = task.batch(batch, g)
+            optimizer.zero_grad(set_to_none=True)
+            task.loss(model(x), y).backward()
+            monitor.step()
+            optimizer.step()
+
+    plain = _fastest(steps, rounds) / 20
+    monitor.close()
+    probe = _fastest(lambda: probes.probe(model), max(rounds // 2, 2))
+    assert probes.truth is not None
+    truth_fn = probes.truth
+    truth = _fastest(lambda: truth_fn(model), max(rounds // 2, 2))
+    row: dict[str, Any] = {"task": name, "batch": batch, "step_ms": 1e3 * plain,
+                           "probe_steps": probe / plain, "truth_steps": truth / plain}
+    for s in RUN_STEPS:
+        row[f"probes_per_step_S{s}"] = (2 * math.log2(s) + 1) * probe / (s * plain)
+    return row
+
+
 def main(argv: list[str]) -> dict[str, Any]:
     rounds = 3 if "--quick" in argv else 7
     torch.set_num_threads(1)
@@ -47,28 +74,10 @@ def main(argv: list[str]) -> dict[str, Any]:
         task = make_task(name, options, 0)
         model = task.model()
         probes = RunProbes(noise, task, 0)
-        probes.truth(model)  # first call pays one-off setup (torch.func)
+        assert probes.truth is not None
+        probes.truth(model)  # the first call pays a one-off setup (torch.func)
         for batch in BATCH_SIZES:
-            monitor = NoiseScaleMonitor(model, "per_example", ema_fraction=0.2)
-            optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-            g = torch.Generator().manual_seed(0)
-
-            def step() -> None:
-                x, y = task.batch(batch, g)
-                optimizer.zero_grad(set_to_none=True)
-                task.loss(model(x), y).backward()
-                monitor.step()
-                optimizer.step()
-
-            plain = _fastest(lambda: [step() for _ in range(20)], rounds) / 20
-            monitor.close()
-            probe = _fastest(lambda: probes.probe(model), max(rounds // 2, 2))
-            truth = _fastest(lambda: probes.truth(model), max(rounds // 2, 2))
-            row = {"task": name, "batch": batch, "step_ms": 1e3 * plain,
-                   "probe_steps": probe / plain, "truth_steps": truth / plain}
-            for s in RUN_STEPS:
-                row[f"probes_per_step_S{s}"] = (2 * math.log2(s) + 1) * probe / (s * plain)
-            rows.append(row)
+            rows.append(_row(name, task, model, probes, batch, rounds))
     columns = list(rows[0])
     print("lag-free measurement cost (one probe / one exact truth in training steps; probes "
           "amortized over a run of S steps at 2 per doubling of examples)")
