@@ -166,6 +166,18 @@ class NoiseConfig:
     """EMA time constant of G2 and S in examples (used when ema_steps is 0)."""
     hessian_every: int = 0
     """Measure B_noise with Hessian-vector products every this many steps (0: never)."""
+    ema_fraction: float = 0.2
+    """EMA window as this fraction of the examples seen so far (0: ema_steps / ema_examples);
+    a window that follows training (docs/noise.md)."""
+    probe_per_octave: float = 0.0
+    """Frozen-parameter probes of B_simple and B_noise, this many per doubling of the examples
+    seen (0: none); each costs about probe_batches * probe_batch_size examples of gradients."""
+    probe_batches: int = 16
+    """Fresh batches per probe, pooled at the probe's fixed parameters."""
+    probe_batch_size: int = 512
+    """Examples per probe batch (B_noise's b_big is half of it: keep it >> B_noise)."""
+    probe_hessian_microbatches: int = 4
+    """Hessian-vector-product micro-batches per probe batch."""
 
     def __post_init__(self) -> None:
         self.method = _choice("noise.method", self.method, METHODS)
@@ -182,6 +194,15 @@ class NoiseConfig:
         self.hessian_every = _integer("noise.hessian_every", self.hessian_every)
         if self.hessian_every < 0:
             raise ConfigError(f"noise.hessian_every: {self.hessian_every} must be >= 0")
+        self.ema_fraction = _number("noise.ema_fraction", self.ema_fraction)
+        self.probe_per_octave = _number("noise.probe_per_octave", self.probe_per_octave)
+        if self.ema_fraction < 0 or self.probe_per_octave < 0:
+            raise ConfigError("noise.ema_fraction and noise.probe_per_octave must be >= 0")
+        for name in ("probe_batches", "probe_batch_size", "probe_hessian_microbatches"):
+            value = _integer(f"noise.{name}", getattr(self, name))
+            if value < (1 if name == "probe_batches" else 2):
+                raise ConfigError(f"noise.{name}: {value} is too small")
+            setattr(self, name, value)
 
 
 @dataclass

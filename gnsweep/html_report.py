@@ -110,8 +110,20 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame) -> list[str]:
         if batches and not batches[0] <= b_crit <= batches[-1]:
             text += (f" B_crit lies outside the measured batch sizes ({batches[0]} to "
                      f"{batches[-1]}): it is extrapolated.")
-        out.append(text + measured)
+        out.append(text + measured + _robustness(row))
     return out
+
+
+def _robustness(row: Any) -> str:
+    """How much B_crit moves when the loss is smoothed over half and double the window."""
+    lo, hi = (float(getattr(row, name, math.nan)) for name in ("b_crit_window_lo",
+                                                               "b_crit_window_hi"))
+    spread = float(getattr(row, "b_crit_window_spread", math.nan))
+    if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(spread)):
+        return ""
+    verdict = "robust" if spread <= 0.2 else "not robust: more seeds or longer runs"
+    return (f" Smoothing the loss over half / double the window gives B_crit {rounded(lo)} / "
+            f"{rounded(hi)} (a {spread:.0%} spread: {verdict}).")
 
 
 def collect_warnings(tables: Results) -> list[str]:
@@ -186,20 +198,36 @@ def _num(value: float, fmt: str = ".3g") -> str:
     return format(value, fmt) if isinstance(value, int | float) and math.isfinite(value) else ""
 
 
+def _has(fits: pd.DataFrame, column: str) -> bool:
+    return column in fits and bool(np.isfinite(fits[column].astype(float)).any())
+
+
 def fit_table(fits: pd.DataFrame) -> str:
-    has_noise = "b_noise_mean" in fits and np.isfinite(fits["b_noise_mean"].astype(float)).any()
+    has_noise = _has(fits, "b_noise_mean")
+    has_window = _has(fits, "b_crit_window_spread")
+    true = [c for c in ("b_simple_true_mean", "b_noise_true_mean") if _has(fits, c)]
     head = ["target loss", "batch sizes", "S_min (steps)", "E_min (examples)",
-            "B_crit (examples)", "B_crit 95% interval", "B_simple (S_min-weighted mean)",
-            "B_simple at target", *(["B_noise"] if has_noise else []), "B_crit / B_simple",
-            "rms log residual", "note"]
+            "B_crit (examples)", "B_crit 95% interval",
+            *(["B_crit at half / double smoothing window"] if has_window else []),
+            "B_simple (S_min-weighted mean)",
+            *(["B_simple exact (same runs)"] if "b_simple_true_mean" in true else []),
+            "B_simple at target", *(["B_noise"] if has_noise else []),
+            *(["B_noise exact (same runs)"] if "b_noise_true_mean" in true else []),
+            "B_crit / B_simple", "rms log residual", "note"]
     rows = []
     for row in fits.sort_values("target", ascending=False).itertuples(index=False):
         lo, hi = interval_of(row)
         cells = [f"{row.target:g}", f"{row.n_batch_sizes}", _pm(row.s_min, row.s_min_se),
                  _pm(row.e_min, row.e_min_se), _pm(row.b_crit, row.b_crit_se),
                  f"{lo:.3g} to {hi:.3g}" if math.isfinite(lo) else "",
-                 _num(row.b_simple_mean), _num(row.b_simple_at_target),
-                 *([_num(row.b_noise_mean)] if has_noise else []), _num(row.ratio, ".2f"),
+                 *([f"{_num(row.b_crit_window_lo)} / {_num(row.b_crit_window_hi)} "
+                    f"({_num(100 * row.b_crit_window_spread, '.0f')}%)"] if has_window else []),
+                 _num(row.b_simple_mean),
+                 *([_num(row.b_simple_true_mean)] if "b_simple_true_mean" in true else []),
+                 _num(row.b_simple_at_target),
+                 *([_num(row.b_noise_mean)] if has_noise else []),
+                 *([_num(row.b_noise_true_mean)] if "b_noise_true_mean" in true else []),
+                 _num(row.ratio, ".2f"),
                  _num(row.rmse_log), str(row.refused or "")]
         rows.append("<tr>" + "".join(
             f"<td{' class=text' if i == len(cells) - 1 else ''}>{esc(c)}</td>"

@@ -71,6 +71,10 @@ def equivalent_norms(g2: float, trace: float, b_small: float, b_big: float
     return g2 + trace / b_small, g2 + trace / b_big
 
 
+DRIFT_MAX_RELATIVE_ERROR = 0.25
+"""The drift flag needs both ends of the window known to 25% (a 2x change is then > 2.8 sigma)."""
+
+
 class Ema:
     """Bias-corrected exponential moving average; the decay may change per update.
 
@@ -140,6 +144,8 @@ class NoiseEstimate:
     """EMA of tr(H Sigma) (eq. 2.8), when measured."""
     b_noise: float = math.nan
     """EMA(tr(H Sigma)) / EMA(G^T H G): the true noise scale (eq. 2.8), when measured."""
+    drift: float = math.nan
+    """|G|^2 now over |G|^2 one window ago (`NoiseScaleEma.drift`); NaN until resolvable."""
 
 
 class NoiseScaleEma:
@@ -165,7 +171,10 @@ class NoiseScaleEma:
 
     `drift` is |G|^2 now over |G|^2 one window ago (each from an EMA a quarter of the window
     long): outside [1/2, 2], |G|^2 changed more than 2x inside the averaging window and the
-    ratio leans to the window's large-|G|^2 end (`drifting`).
+    ratio leans to the window's large-|G|^2 end (`drifting`). Single-step |G|^2 estimates are
+    noisy (relative spread about B_simple / B), so a quarter-window EMA of them can move 2x on
+    noise alone: `drift` is NaN unless both ends are resolved, their standard errors (from the
+    EMA's own spread and effective count) under `DRIFT_MAX_RELATIVE_ERROR` of their values.
     """
 
     def __init__(self, *, ema_steps: float = 0.0, ema_examples: float = 2048.0,
@@ -184,9 +193,11 @@ class NoiseScaleEma:
         self.seen_steps = 0.0
         # Examples and steps since the last Hessian measurement (its clock).
         self._h_examples = self._h_steps = 0.0
-        # |G|^2 over a quarter window, and its history (seen, value) for the drift flag.
-        self._g2_short = Ema()
-        self._history: list[tuple[float, float]] = []
+        # |G|^2 over a quarter window, the spread of single estimates relative to it (scale
+        # free, so early large values do not leak into it), and the history (seen, value,
+        # relative standard error) for the drift flag.
+        self._g2_short, self._g2_spread = Ema(), Ema()
+        self._history: list[tuple[float, float, float]] = []
 
     @property
     def window(self) -> float:
@@ -210,7 +221,9 @@ class NoiseScaleEma:
         while lo < hi:  # last entry at or before `then`
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if self._history[mid][0] <= then else (lo, mid - 1)
-        past, now = self._history[lo][1], self._history[-1][1]
+        (_, past, past_err), (_, now, now_err) = self._history[lo], self._history[-1]
+        if max(past_err, now_err) > DRIFT_MAX_RELATIVE_ERROR:
+            return math.nan  # a 2x change would not stand out of the noise
         return now / past if past > 0 and now > 0 else math.nan
 
     @property
@@ -258,10 +271,16 @@ class NoiseScaleEma:
         self._decay = decay
         if math.isfinite(self.window):
             # The quarter-window EMA: decay^4 has a time constant a quarter as long.
+            before = self._g2_short.value
+            if before > 0:
+                self._g2_spread.update((g2 / before - 1.0) ** 2, decay ** 4)
             self._g2_short.update(g2, decay ** 4)
             clock = self.seen_steps if (self.ema_steps > 0 and self.ema_fraction <= 0) \
                 else self.seen_examples
-            self._history.append((clock, self._g2_short.value))
+            mean, count = self._g2_short.value, self._g2_short.count
+            error = (math.sqrt(self._g2_spread.value / count)
+                     if mean > 0 and count > 1 and self._g2_spread.count > 0 else math.inf)
+            self._history.append((clock, mean, error))
         return self.estimate()
 
     def update_hessian(self, hsq_small: float, hsq_big: float, b_small: float, b_big: float
@@ -288,7 +307,7 @@ class NoiseScaleEma:
             b_small=b_small, b_big=b_big, sq_norm_small=sq_small, sq_norm_big=sq_big,
             g2_step=g2, trace_sigma_step=trace, g2=self._g2.value, trace_sigma=self._trace.value,
             b_simple=_ratio(self._trace.value, self._g2.value),
-            g_h_g=ghg, trace_h_sigma=htrace, b_noise=_ratio(htrace, ghg),
+            g_h_g=ghg, trace_h_sigma=htrace, b_noise=_ratio(htrace, ghg), drift=self.drift,
         )
 
 

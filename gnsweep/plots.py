@@ -615,8 +615,8 @@ def notes(tables: SweepTables) -> list[str]:
     out = []
     if "b_noise" not in tables.metrics or not np.isfinite(
             _positive(tables.metrics["b_noise"])).any():
-        out.append("B_noise not measured (noise.hessian_every=0): the noise-scale figures show "
-                   "B_simple only")
+        out.append("B_noise not measured in the training loop (noise.hessian_every=0; probes, "
+                   "where run, feed the fits only): the noise-scale figures show B_simple only")
     fits = tables.fits
     if "eps_max" not in fits or not (np.isfinite(fits["eps_max"].astype(float)).any()):
         why = "; ".join(sorted({str(r) for r in fits.get("lr_refused", []) if r})) or \

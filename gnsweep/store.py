@@ -73,6 +73,13 @@ METRICS_SCHEMA = pa.schema([
     ("g_h_g", pa.float64()),          # EMA of G^T H G (NaN unless measured)
     ("trace_h_sigma", pa.float64()),  # EMA of tr(H Sigma)
     ("b_noise", pa.float64()),        # EMA(tr H Sigma) / EMA(G^T H G)
+    ("drift", pa.float64()),          # |G|^2 now / one EMA window ago (NaN: not resolvable)
+    ("probe_g2", pa.float64()),       # frozen-parameter probe: |G|^2 (NaN between probes)
+    ("probe_trace_sigma", pa.float64()),    # probe: tr(Sigma)
+    ("probe_g_h_g", pa.float64()),          # probe: G^T H G
+    ("probe_trace_h_sigma", pa.float64()),  # probe: tr(H Sigma)
+    ("b_simple_true", pa.float64()),  # exact B_simple at these parameters (closed-form tasks)
+    ("b_noise_true", pa.float64()),   # exact B_noise at these parameters (closed-form tasks)
     ("wall_time", pa.float64()),      # seconds since the run started
     ("metric", pa.float64()),         # the task's own target metric (cartpole: mean return);
                                       # NaN for a task whose targets are losses
@@ -244,6 +251,8 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("b_simple_at_target", pa.float64()), ("b_simple_mean", pa.float64()),
         ("outcome", pa.large_string()), ("b_noise_at_target", pa.float64()),
         ("b_noise_mean", pa.float64()), ("min_loss", pa.float64()), ("last_step", pa.float64()),
+        ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
+        ("drift_share", pa.float64()),
     ]),
     "front": pa.schema([
         ("target", pa.float64()), ("batch_size", pa.int64()), ("learning_rate", pa.float64()),
@@ -253,6 +262,8 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("lr_edge", pa.large_string()), ("lr_opt", pa.float64()), ("n_seeds", pa.int64()),
         ("b_noise_at_target", pa.float64()), ("b_noise_mean", pa.float64()),
         ("steps_fit", pa.float64()), ("resid_log", pa.float64()),
+        ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
+        ("drift_share", pa.float64()),
     ]),
     "fits": pa.schema([
         ("target", pa.float64()), ("n_batch_sizes", pa.int64()), ("s_min", pa.float64()),
@@ -272,6 +283,9 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("eps_max", pa.float64()), ("eps_max_se", pa.float64()), ("b_noise_lr", pa.float64()),
         ("b_noise_lr_se", pa.float64()), ("lr_alpha", pa.float64()), ("lr_alpha_se", pa.float64()),
         ("lr_refused", pa.large_string()), ("quality", pa.large_string()),
+        ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
+        ("drift_share", pa.float64()), ("b_crit_window_lo", pa.float64()),
+        ("b_crit_window_hi", pa.float64()), ("b_crit_window_spread", pa.float64()),
     ]),
     "lr_fits": pa.schema([
         ("target", pa.float64()), ("model", pa.large_string()), ("n_points", pa.int64()),

@@ -18,10 +18,12 @@ from typing import Any
 import torch
 
 from gnsweep import store
+from gnsweep.analysis.smoothing import MIN_WINDOW_EXAMPLES, SMOOTHING_FRACTION
 from gnsweep.config import Config
 from gnsweep.errors import StopRequested
 from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.measure.common import split_batch
+from gnsweep.measure.probe import RunProbes, overrun_steps
 from gnsweep.noise import Ema, NoiseEstimate, ema_decay
 from gnsweep.optim import make_optimizer
 from gnsweep.runs import RunSpec
@@ -82,6 +84,7 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
                                momentum=sweep.momentum)
     monitor = _make_monitor(trained, task, config)
     schedule: BatchSchedule = ConstantBatch(spec.batch_size)
+    probes = RunProbes(noise, task, spec.seed)  # frozen-parameter probes, exact truth
     # Each rank draws its own examples; rank 0 alone draws what a single process would.
     data_rng = torch.Generator().manual_seed(10_000 + spec.seed + 1_000_003 * rank)
     hardest = min(sweep.targets)
@@ -89,6 +92,7 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
     rows: dict[str, list] = {f.name: [] for f in store.METRICS_SCHEMA}
     watch = LossWatch(sweep.loss_ema_examples, sweep.divergence_factor)
     estimate: NoiseEstimate | None = None
+    stop_at: int | None = None
     per_sample = 1.0
     start = time.perf_counter()
     state, reason, step, examples, loss_value = "done", "max_steps", 0, 0, math.nan
@@ -125,13 +129,19 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
             examples += n_examples
 
             smooth = watch.update(loss_value, n_examples, step)
-            done = smooth <= hardest
+            # Past the hardest target, train on until the analysis's centred window is whole.
+            if stop_at is None and smooth <= hardest:
+                stop_at = step + overrun_steps(step, n_examples, SMOOTHING_FRACTION,
+                                               MIN_WINDOW_EXAMPLES)
+            done = stop_at is not None and step >= stop_at
             if step % sweep.log_every == 0 or done:
                 eval_loss = math.nan
                 if sweep.eval_every and step % sweep.eval_every == 0:
-                    eval_loss = _eval_loss(model, task)
+                    exact = probes.exact_loss(model)
+                    eval_loss = exact if exact is not None else _eval_loss(model, task)
                 row = _log(rows, step, examples, spec, loss_value, smooth, eval_loss,
-                           estimate, time.perf_counter() - start)
+                           estimate, time.perf_counter() - start,
+                           probes.values(model, examples))
                 if on_row is not None:
                     on_row(row)
             if done:
@@ -192,7 +202,8 @@ def _make_monitor(trained: torch.nn.Module, task: Task, config: Config,
     # The Hessian passes run the task's own loss on the unwrapped model (`task_loss`).
     return NoiseScaleMonitor(trained, method=method, every=noise.every,
                              ema_steps=noise.ema_steps, ema_examples=noise.ema_examples,
-                             task_loss=task.loss, hessian_every=noise.hessian_every)
+                             task_loss=task.loss, hessian_every=noise.hessian_every,
+                             ema_fraction=noise.ema_fraction)
 
 
 def _fallback_if_unsplittable(monitor: NoiseScaleMonitor, batch: Any,
@@ -316,8 +327,8 @@ def _eval_loss(model: torch.nn.Module, task: Task) -> float:
 
 
 def _log(rows: dict[str, list], step: int, examples: int, spec: RunSpec, loss: float,
-         smooth: float, eval_loss: float, estimate: NoiseEstimate | None, wall: float
-         ) -> dict[str, float]:
+         smooth: float, eval_loss: float, estimate: NoiseEstimate | None, wall: float,
+         extra: dict[str, float]) -> dict[str, float]:
     nan = math.nan
     values = {
         "step": step, "examples": examples, "loss": loss, "loss_smooth": smooth,
@@ -326,6 +337,7 @@ def _log(rows: dict[str, list], step: int, examples: int, spec: RunSpec, loss: f
     # The noise columns of the schema are the estimate's fields, by name.
     for field in fields(NoiseEstimate):
         values[field.name] = getattr(estimate, field.name) if estimate is not None else nan
+    values.update(extra)  # probes and exact truth (gnsweep.measure.probe)
     for name, value in values.items():
         rows[name].append(value)
     return values

@@ -46,9 +46,10 @@ def one(steps, run_id, target):
 
 def test_first_step_at_or_below_the_target():
     runs, metrics = frames({"a": [1.0, 0.8, 0.5, 0.49, 0.7]})
-    steps = steps_to_target(metrics, runs, [0.5, 0.3])
-    assert one(steps, "a", 0.5)["steps"] == 3  # equality counts as reached
-    assert one(steps, "a", 0.5)["examples"] == 24
+    steps = steps_to_target(metrics, runs, [0.5, 0.3], loss="raw")
+    # The training loss logged at step 3 was computed before update 3: after 2 updates.
+    assert one(steps, "a", 0.5)["steps"] == 2  # equality counts as reached
+    assert one(steps, "a", 0.5)["examples"] == 16
     miss = one(steps, "a", 0.3)
     assert not miss["reached"] and math.isnan(miss["steps"]) and miss["outcome"] == "not_reached"
     assert miss["min_loss"] == 0.49 and miss["last_step"] == 5
@@ -71,14 +72,17 @@ def test_unreached_diverged_and_unfinished_runs_are_kept_and_marked():
 
 def test_rows_in_any_order_and_sparse_logging():
     runs, metrics = frames({"a": [0.9, 0.6, 0.45, 0.3]}, step_a=[10, 20, 30, 40])
-    steps = steps_to_target(metrics.sample(frac=1, random_state=0), runs, [0.5, 0.35])
-    assert one(steps, "a", 0.5)["steps"] == 30 and one(steps, "a", 0.35)["steps"] == 40
+    steps = steps_to_target(metrics.sample(frac=1, random_state=0), runs, [0.5, 0.35],
+                            loss="raw")
+    # Losses at 9, 19, 29, 39 updates; crossings interpolated linearly between logged rows.
+    assert one(steps, "a", 0.5)["steps"] == pytest.approx(19 + 10 * 0.1 / 0.15)
+    assert one(steps, "a", 0.35)["steps"] == pytest.approx(29 + 10 * 0.1 / 0.15)
 
 
 def test_b_simple_at_target_and_its_smin_weighted_mean():
     # B = 10; rows at steps 1, 2, 3 with B_simple 10, 30, NaN. Weights dS/(1 + b/B): 1/2, 1/4.
     runs, metrics = frames({"a": [0.9, 0.8, 0.7]}, batch=10, b_a=[10.0, 30.0, math.nan])
-    steps = steps_to_target(metrics, runs, [0.7])
+    steps = steps_to_target(metrics, runs, [0.7], loss="raw")
     row = one(steps, "a", 0.7)
     assert row["b_simple_at_target"] == 30.0  # the last finite estimate
     assert row["b_simple_mean"] == pytest.approx((0.5 * 10 + 0.25 * 30) / 0.75)
@@ -90,16 +94,21 @@ def reference(metrics, runs, targets):
     for run in runs.itertuples():
         rows = metrics[metrics["run_id"] == run.run_id].sort_values("step")
         for t in targets:
-            hit = rows[rows["loss_smooth"] <= t]
+            hit = rows[rows["loss"] <= t]
             if run.state == "diverged" or hit.empty:
                 out[run.run_id, t] = (math.nan, math.nan)
                 continue
+            # The raw loss of row i was taken after step_i - 1 updates; interpolated crossing.
+            i = rows.index.get_loc(hit.index[0])
+            x, v = rows["step"].to_numpy() - 1.0, rows["loss"].to_numpy()
+            crossing = x[i] if i == 0 or v[i - 1] <= v[i] else \
+                x[i - 1] + (v[i - 1] - t) / (v[i - 1] - v[i]) * (x[i] - x[i - 1])
             upto = rows[rows["step"] <= hit["step"].iloc[0]]
             ds = np.diff(np.concatenate([[0.0], upto["step"]]))
             b = upto["b_simple"].to_numpy()
             ok = np.isfinite(b) & (b > -run.batch_size)
             w = ds[ok] / (1 + b[ok] / run.batch_size)
-            out[run.run_id, t] = (hit["step"].iloc[0],
+            out[run.run_id, t] = (crossing,
                                   (w * b[ok]).sum() / w.sum() if w.sum() > 0 else math.nan)
     return out
 
@@ -121,7 +130,7 @@ def test_vectorized_steps_match_a_plain_loop():
                  for s, (v, bb) in enumerate(zip(loss, b, strict=True))]
     runs, metrics = pd.DataFrame(runs), pd.DataFrame(rows)
     targets = [0.8, 0.5, 0.2]
-    steps = steps_to_target(metrics, runs, targets)
+    steps = steps_to_target(metrics, runs, targets, loss="raw")
     expected = reference(metrics, runs, targets)
     for row in steps.itertuples():
         step, mean = expected[row.run_id, row.target]
@@ -304,7 +313,7 @@ def test_loss_curve_table_as_csv_and_parquet(sweep, tmp_path):
     runs, metrics = load_sweep(sweep)
     table = metrics.merge(runs, on="run_id")[
         ["run_id", "batch_size", "learning_rate", "step", "loss", "b_simple"]]
-    expected = analyze_sweep(sweep, write=False).fits.set_index("target")["b_crit"]
+    expected = analyze_sweep(sweep, "raw", write=False).fits.set_index("target")["b_crit"]
     for name in ("curves.csv", "curves.parquet"):
         path = tmp_path / name
         if name.endswith("csv"):

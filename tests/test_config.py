@@ -85,4 +85,4 @@ def test_experiment_bundle_switches_several_groups():
     config = compose(["+experiment=linreg_truth"])
     assert config.task.name == "linreg"
     assert config.sweep.name == "linreg"
-    assert config.noise.hessian_every > 0
+    assert config.noise.probe_per_octave > 0 and config.task.options["teacher_power"] == 1

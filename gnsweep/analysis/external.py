@@ -15,7 +15,7 @@ import pandas as pd
 
 from gnsweep.analysis.groups import combine
 from gnsweep.analysis.pipeline import Analysis, AnalysisError, analyze_steps, analyze_tables
-from gnsweep.analysis.steps import LOSS_COLUMNS, STEPS_COLUMNS, curves_from_frames
+from gnsweep.analysis.steps import STEPS_COLUMNS, curves_from_frames
 from gnsweep.errors import shown as show_value
 
 STEPS_REQUIRED = ("batch_size", "target", "steps")
@@ -117,7 +117,8 @@ def steps_from_table(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
         "examples": steps * batch, "b_simple_at_target": optional["b_simple"],
         "b_simple_mean": optional["b_simple_mean"], "outcome": "reached",
         "b_noise_at_target": optional["b_noise"], "b_noise_mean": optional["b_noise_mean"],
-        "min_loss": np.nan, "last_step": steps})
+        "min_loss": np.nan, "last_step": steps, "b_simple_true_mean": np.nan,
+        "b_noise_true_mean": np.nan, "drift_share": np.nan})
     return out[STEPS_COLUMNS]
 
 
@@ -211,9 +212,8 @@ def _analyze_frame(path: Path, frame: pd.DataFrame, targets: list[float] | None,
     if not targets:
         raise AnalysisError(f"{path}: a loss-curve table needs --targets (e.g. --targets 2.5,2.0)")
     runs, metrics = curves_from_table(path, frame, loss)
-    column = LOSS_COLUMNS[loss]
-    if loss == "smoothed" and not ema_examples and not np.isfinite(metrics[column]).any():
-        ema_examples = DEFAULT_EMA_EXAMPLES
+    # The default smoothed loss is the centred, lag-free smooth of `loss` (analysis.steps);
+    # a table with only `loss_smooth` uses that column, --ema-examples the former causal EMA.
     curves = curves_from_frames(runs, metrics)
     return analyze_tables(None, curves, targets, loss=loss, ema_examples=ema_examples,
                           bootstrap=bootstrap, optimizer=optimizer, source=str(path))

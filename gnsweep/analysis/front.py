@@ -9,7 +9,8 @@ import pandas as pd
 
 BEST_COLUMNS = ["target", "batch_size", "learning_rate", "steps", "examples", "n_lr_reached",
                 "lr_on_edge", "b_simple_at_target", "b_simple_mean"]
-EXTRA_COLUMNS = ["n_lr", "lr_edge", "lr_opt", "n_seeds", "b_noise_at_target", "b_noise_mean"]
+EXTRA_COLUMNS = ["n_lr", "lr_edge", "lr_opt", "n_seeds", "b_noise_at_target", "b_noise_mean",
+                 "b_simple_true_mean", "b_noise_true_mean", "drift_share"]
 FRONT_COLUMNS = [*BEST_COLUMNS, "on_front", *EXTRA_COLUMNS, "steps_fit", "resid_log"]
 
 
@@ -22,8 +23,10 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
     Columns: BEST_COLUMNS then EXTRA_COLUMNS (docs/analysis.md).
     """
     steps = steps.copy()
-    if "b_noise_at_target" not in steps:
-        steps["b_noise_at_target"] = steps["b_noise_mean"] = np.nan
+    for name in ("b_noise_at_target", "b_noise_mean", "b_simple_true_mean", "b_noise_true_mean",
+                 "drift_share"):
+        if name not in steps:
+            steps[name] = np.nan
     if "seed" not in steps:
         steps["seed"] = 0
     keys = ["target", "batch_size", "learning_rate"]
@@ -33,7 +36,10 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
                     b_simple_at_target=("b_simple_at_target", "mean"),
                     b_simple_mean=("b_simple_mean", "mean"),
                     b_noise_at_target=("b_noise_at_target", "mean"),
-                    b_noise_mean=("b_noise_mean", "mean")))
+                    b_noise_mean=("b_noise_mean", "mean"),
+                    b_simple_true_mean=("b_simple_true_mean", "mean"),
+                    b_noise_true_mean=("b_noise_true_mean", "mean"),
+                    drift_share=("drift_share", "mean")))
     tried = grouped.groupby(["target", "batch_size"])["learning_rate"]
     grouped["n_lr"] = tried.transform("size")
     grouped["lr_min"] = tried.transform("min")

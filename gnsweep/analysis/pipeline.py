@@ -15,7 +15,8 @@ from gnsweep.analysis.front import best_per_batch, pareto_front
 from gnsweep.analysis.loss_scaling import fit_loss_scaling
 from gnsweep.analysis.lr import fit_lr_table
 from gnsweep.analysis.results import Results
-from gnsweep.analysis.steps import Curves, steps_to_target
+from gnsweep.analysis.smoothing import SMOOTHING_FRACTION
+from gnsweep.analysis.steps import Curves, curves_from_frames, steps_to_target
 from gnsweep.errors import StoreError
 
 FIT_COLUMNS = ["target", "n_batch_sizes", "s_min", "s_min_se", "e_min", "e_min_se", "b_crit",
@@ -27,7 +28,12 @@ FIT_EXTRA_COLUMNS = [
     "ratio_at_target", "ratio_at_target_se", "b_noise_at_target", "b_noise_at_target_se",
     "b_noise_mean", "b_noise_mean_se", "ratio_noise", "ratio_noise_se", "lr_model", "eps_max",
     "eps_max_se", "b_noise_lr", "b_noise_lr_se", "lr_alpha", "lr_alpha_se", "lr_refused",
-    "quality"]
+    "quality", "b_simple_true_mean", "b_noise_true_mean", "drift_share", "b_crit_window_lo",
+    "b_crit_window_hi", "b_crit_window_spread"]
+WINDOW_SPREAD_WARNING = 0.2
+"""Warn when B_crit moves more than this (relative) between half and double smoothing windows."""
+DRIFT_SHARE_WARNING = 0.25
+"""Warn when the drift flag is up on more than this share of the best runs' steps to a target."""
 ALL_FIT_COLUMNS = FIT_COLUMNS + FIT_EXTRA_COLUMNS
 OUTPUT_FILES = ("steps.parquet", "front.parquet", "fits.parquet", "lr_fits.parquet",
                 "loss_scaling.parquet", "fits.json")
@@ -45,15 +51,50 @@ def analyze_tables(runs: pd.DataFrame | None, metrics: pd.DataFrame | Curves, ta
                    loss: str = "smoothed", *, ema_examples: float | None = None,
                    bootstrap: int = 0, optimizer: str = "sgd", source: str = "sweep",
                    higher_is_better: bool = False) -> Analysis:
-    """Steps-to-target from curves, then everything `analyze_steps` does.
+    """Steps-to-target from curves, then everything `analyze_steps` does; with the centred
+    smoother, B_crit again at half and double its window (`window_robustness`).
 
     `higher_is_better`: the targets are values of a metric that rises to them (a return).
     """
-    steps = steps_to_target(metrics, runs, targets, loss=loss, ema_examples=ema_examples,
+    curves = metrics if isinstance(metrics, Curves) else curves_from_frames(runs, metrics)
+    steps = steps_to_target(curves, None, targets, loss=loss, ema_examples=ema_examples,
                             higher_is_better=higher_is_better)
     meta = {"source": source, "loss": loss, "ema_examples": ema_examples,
-            "higher_is_better": higher_is_better}
-    return analyze_steps(steps, targets, bootstrap=bootstrap, optimizer=optimizer, meta=meta)
+            "higher_is_better": higher_is_better,
+            "smoothing": SMOOTHING_FRACTION if loss == "smoothed" and not ema_examples else None}
+    result = analyze_steps(steps, targets, bootstrap=bootstrap, optimizer=optimizer, meta=meta)
+    if meta["smoothing"] is not None and np.isfinite(curves.columns["loss"]).any():
+        window_robustness(curves, targets, result)
+    return result
+
+
+def window_robustness(curves: Curves, targets: list[float], result: Analysis) -> None:
+    """B_crit refitted with the loss smoothed over half and double the default window:
+    `b_crit_window_lo`/`_hi` (at half / double) and `b_crit_window_spread` (max - min of the
+    three over the default), with a warning where the spread exceeds 20%."""
+    fits = result.fits
+    found: dict[str, dict[float, float]] = {}
+    for name, fraction in (("b_crit_window_lo", SMOOTHING_FRACTION / 2),
+                           ("b_crit_window_hi", SMOOTHING_FRACTION * 2)):
+        best = best_per_batch(steps_to_target(curves, None, targets, smoothing=fraction))
+        found[name] = {}
+        for target in targets:
+            rows = best[best["target"] == target]
+            try:
+                fit = fit_hyperbola(rows["batch_size"].to_numpy(), rows["steps"].to_numpy())
+                found[name][target] = fit.b_crit
+            except FitRefused:
+                found[name][target] = math.nan
+        fits[name] = fits["target"].map(found[name]).astype(float)
+    trio = fits[["b_crit", "b_crit_window_lo", "b_crit_window_hi"]].to_numpy(float)
+    with np.errstate(invalid="ignore"):
+        fits["b_crit_window_spread"] = (trio.max(axis=1) - trio.min(axis=1)) / trio[:, 0]
+    for row in fits.itertuples(index=False):
+        if row.b_crit_window_spread > WINDOW_SPREAD_WARNING:
+            result.warnings.append(
+                f"target {row.target:g}: B_crit moves {row.b_crit_window_spread:.0%} between "
+                f"smoothing windows ({row.b_crit_window_lo:.4g} at half, "
+                f"{row.b_crit_window_hi:.4g} at double): not robust; more seeds or longer runs")
 
 
 def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int = 0,
@@ -120,6 +161,14 @@ def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap
     # Noise scales of the best-tuned runs: the median over batch sizes, robust to one bad run.
     for name in ("b_simple_at_target", "b_simple_mean", "b_noise_at_target", "b_noise_mean"):
         row[name], row[f"{name}_se"] = median_with_error(best[name])
+    for name in ("b_simple_true_mean", "b_noise_true_mean", "drift_share"):
+        if name in best:
+            row[name] = median_with_error(best[name])[0]
+    if row["drift_share"] > DRIFT_SHARE_WARNING:
+        warnings.append(f"target {target:g}: |G|^2 changed more than 2x inside the noise-scale "
+                        f"window on {row['drift_share']:.0%} of the best runs' steps: their "
+                        "B_simple/B_noise lean to earlier training (noise.ema_fraction smaller, "
+                        "or probes: noise.probe_per_octave)")
     if lr_fit is not None and len(lr_fit):
         lr = lr_fit.iloc[0]
         row.update(lr_model=lr["model"], eps_max=lr["eps_max"], eps_max_se=lr["eps_max_se"],

@@ -1,4 +1,11 @@
-"""Steps-to-target: the first logged step at which a run's loss reaches each target.
+"""Steps-to-target: the first (interpolated) step at which a run's loss reaches each target.
+
+Every loss refers to the parameters after the same number of updates: the training loss logged
+at step s was computed before update s (after s - 1 updates), the eval loss after it (s). The
+default "smoothed" loss is a centred local-linear smooth of the raw training loss
+(`analysis.smoothing.centred_fit`, half-width max(fraction x steps, MIN_WINDOW_EXAMPLES / B)):
+no lag, unlike the training loop's causal EMA (`loss_smooth`, used only where no raw loss is
+logged or with `ema_examples`).
 
 Works on `Curves`: every run's logged rows concatenated into flat numpy arrays with offsets, so a
 sweep of 1,000 runs x 2,000 steps is a handful of vectorized passes, not a Python loop per row.
@@ -12,15 +19,28 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from gnsweep.analysis.smoothing import (
+    MIN_WINDOW_EXAMPLES,
+    SMOOTHING_FRACTION,
+    centred_fit,
+    interpolate_log_steps,
+    pooled_probes,
+)
+
 LOSS_COLUMNS = {"smoothed": "loss_smooth", "raw": "loss", "eval": "eval_loss",
                 "metric": "metric"}
 """Which logged column decides a target; "metric" is a task's own (cartpole's return)."""
-CURVE_COLUMNS = ("step", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise", "metric")
+CURVE_COLUMNS = ("step", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise", "drift",
+                 "probe_g2", "probe_trace_sigma", "probe_g_h_g", "probe_trace_h_sigma",
+                 "b_simple_true", "b_noise_true", "metric")
 RUN_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "state"]
 
 STEPS_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "target", "state", "reached",
                  "steps", "examples", "b_simple_at_target", "b_simple_mean", "outcome",
-                 "b_noise_at_target", "b_noise_mean", "min_loss", "last_step"]
+                 "b_noise_at_target", "b_noise_mean", "min_loss", "last_step",
+                 "b_simple_true_mean", "b_noise_true_mean", "drift_share"]
+DRIFT_LIMIT = 2.0
+"""A step's drift flag: |G|^2 changed more than this factor inside the noise-scale window."""
 
 
 @dataclass
@@ -31,8 +51,7 @@ class Curves:
     """One row per run: run_id, batch_size, learning_rate, seed, state."""
     offsets: np.ndarray
     columns: dict[str, np.ndarray] = field(default_factory=dict)
-    """step, loss, loss_smooth, eval_loss, b_simple, b_noise, metric (float64, NaN when
-    absent)."""
+    """CURVE_COLUMNS (float64, NaN when absent)."""
 
     @property
     def lengths(self) -> np.ndarray:
@@ -53,7 +72,7 @@ def curves_from_frames(runs: pd.DataFrame, metrics: pd.DataFrame) -> Curves:
         if name in metrics:
             values = pd.to_numeric(metrics[name], errors="coerce").to_numpy(float)[keep]
         else:
-            values = np.full(keep.sum(), np.nan)
+            values = np.full(int(keep.sum()), np.nan)
         columns[name] = values[order]
     offsets = np.concatenate([[0], np.cumsum(np.bincount(index, minlength=len(runs)))])
     return Curves(runs, offsets.astype(np.int64), columns)
@@ -82,9 +101,65 @@ def resmooth(curves: Curves, ema_examples: float) -> np.ndarray:
     return out
 
 
+def centred_loss(curves: Curves, fraction: float = SMOOTHING_FRACTION,
+                  min_examples: float = MIN_WINDOW_EXAMPLES, column: str = "loss") -> np.ndarray:
+    """A loss column of every run smoothed by a centred local-linear window (no lag):
+    half-width max(fraction * x, min_examples / B) at x updates (`smoothing.centred_fit`)."""
+    loss = curves.columns[column]
+    x = curves.columns["step"] - (0.0 if column == "eval_loss" else 1.0)
+    out = np.full(len(loss), np.nan)
+    batch = curves.runs["batch_size"].to_numpy(float)
+    for i, (lo, hi) in enumerate(zip(curves.offsets[:-1], curves.offsets[1:], strict=True)):
+        if hi > lo:
+            out[lo:hi] = centred_fit(x[lo:hi], loss[lo:hi], fraction, min_examples / batch[i])
+    return out
+
+
+def loss_curve(curves: Curves, loss: str, ema_examples: float | None = None,
+               smoothing: float = SMOOTHING_FRACTION) -> tuple[np.ndarray, np.ndarray]:
+    """(updates, loss) per row for the chosen loss: the training losses at step - 1 updates
+    (computed before update `step`), the eval loss at `step`. The eval loss is smoothed with
+    the same centred window as the training loss: even the exact population loss of one run
+    fluctuates with its parameters, and the first crossing of a fluctuating curve comes early
+    (on linreg_truth the unsmoothed exact loss gave B_crit 0.55-0.75 of the exact one)."""
+    step = curves.columns["step"]
+    if loss == "metric":  # a task's own metric, already a window mean (cartpole's return)
+        return step - 1.0, curves.columns["metric"]
+    if loss == "eval":
+        return step, centred_loss(curves, smoothing, column="eval_loss")
+    if loss == "raw":
+        return step - 1.0, curves.columns["loss"]
+    if ema_examples:
+        return step - 1.0, resmooth(curves, ema_examples)
+    if not np.isfinite(curves.columns["loss"]).any():
+        return step - 1.0, curves.columns["loss_smooth"]  # a table without the raw loss
+    return step - 1.0, centred_loss(curves, smoothing)
+
+
+def noise_rows(curves: Curves, scale: str) -> np.ndarray:
+    """Per-row B_simple ("simple") or B_noise ("noise"): from the frozen-parameter probes where a
+    run has them (pooled over +-1 octave before the ratio, `smoothing.pooled_probes`), else the
+    training loop's EMA column."""
+    num, den = (("probe_trace_sigma", "probe_g2") if scale == "simple"
+                else ("probe_trace_h_sigma", "probe_g_h_g"))
+    out = curves.columns[f"b_{scale}"].copy()
+    numerator, denominator = curves.columns[num], curves.columns[den]
+    probed = np.isfinite(numerator) & np.isfinite(denominator)
+    if not probed.any():
+        return out
+    x = curves.columns["step"] - 1.0
+    for lo, hi in zip(curves.offsets[:-1], curves.offsets[1:], strict=True):
+        at = np.flatnonzero(probed[lo:hi])
+        if len(at):
+            out[lo:hi] = pooled_probes(x[lo:hi][at], numerator[lo:hi][at],
+                                       denominator[lo:hi][at], x[lo:hi])
+    return out
+
+
 def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, targets: list[float],
                     loss: str = "smoothed", ema_examples: float | None = None,
-                    higher_is_better: bool = False) -> pd.DataFrame:
+                    smoothing: float = SMOOTHING_FRACTION, higher_is_better: bool = False
+                    ) -> pd.DataFrame:
     """One row per (run, target): whether and when the run reached the target.
 
     `metrics` is a long table (run_id, step, the loss column, b_simple, ...) with `runs`
@@ -92,20 +167,21 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     Runs that never reach a target, diverged, failed or have no metrics keep a row with
     reached=False, steps=NaN and `outcome` saying why: marked, never dropped. A diverged run
     counts as not reaching any target, even one passed before it diverged: an unstable learning
-    rate is not a usable one.
+    rate is not a usable one. `steps` is interpolated between the last row above the target and
+    the first at or below it (`loss_curve` says which loss and which update count).
 
     Besides the step, each row carries B_simple when the target was reached and B_simple averaged
     over the run up to it with S_min weights `dS / (1 + B_simple/B)` (DESIGN.md): B_crit at a
     target is the S_min-weighted mean of the noise scale over the path to it. The same for
-    B_noise (eq. 2.8) where measured.
+    B_noise (eq. 2.8) where measured, for the exact values where logged (`b_*_true_mean`), and
+    `drift_share`: the share of rows up to the target whose drift flag says |G|^2 changed more
+    than 2x inside the noise-scale window.
 
     `higher_is_better` (a task's metric such as a return): a target is reached when the value
     rises to it, and `min_loss` holds the best (largest) value reached.
     """
     curves = metrics if isinstance(metrics, Curves) else curves_from_frames(runs, metrics)
-    values = curves.columns[LOSS_COLUMNS[loss]]
-    if loss == "smoothed" and ema_examples:
-        values = resmooth(curves, ema_examples)
+    x, values = loss_curve(curves, loss, ema_examples, smoothing)
     # A metric that rises to its targets: negate values and targets, so every comparison
     # below is the loss's (NaN, a metric not measured yet, reaches nothing either way).
     sign = -1.0 if higher_is_better else 1.0
@@ -125,8 +201,14 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
         with np.errstate(invalid="ignore"):
             min_loss[has_rows] = sign * np.fmin.reduceat(values, starts[has_rows])
         last_step[has_rows] = step[ends[has_rows] - 1]
-    simple = _RunningMeans(curves.columns["b_simple"], step, starts, run_of_row, batch)
-    noise = _RunningMeans(curves.columns["b_noise"], step, starts, run_of_row, batch)
+    simple = _RunningMeans(noise_rows(curves, "simple"), step, starts, run_of_row, batch)
+    noise = _RunningMeans(noise_rows(curves, "noise"), step, starts, run_of_row, batch)
+    simple_true = _RunningMeans(_filled(curves, "b_simple_true"), step, starts, run_of_row, batch)
+    noise_true = _RunningMeans(_filled(curves, "b_noise_true"), step, starts, run_of_row, batch)
+    drift = curves.columns["drift"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        flagged = np.isfinite(drift) & (np.abs(np.log(drift)) > np.log(DRIFT_LIMIT))
+    flag_sum = np.concatenate([[0.0], np.cumsum(flagged)])
 
     base = curves.runs[RUN_COLUMNS[:4]].reset_index(drop=True)
     parts = []
@@ -137,7 +219,7 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
             first[has_rows] = np.minimum.reduceat(hit_index, starts[has_rows])
         reached = usable & (first < ends)
         at = np.where(reached, first, 0)
-        steps = np.where(reached, step[at] if n_rows else np.nan, np.nan)
+        steps = np.where(reached, _interpolated(x, values, at, starts, sign * target), np.nan)
         outcome = np.where(reached, "reached", np.where(has_rows, "not_reached", "no_metrics"))
         outcome = np.where(state == "diverged", "diverged", outcome)
         # Runs without metrics that did not finish say why: pending, running, failed, corrupt.
@@ -153,12 +235,45 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
         part["b_noise_at_target"], part["b_noise_mean"] = noise.at(at, reached)
         part["min_loss"] = min_loss
         part["last_step"] = last_step
+        part["b_simple_true_mean"] = simple_true.at(at, reached)[1]
+        part["b_noise_true_mean"] = noise_true.at(at, reached)[1]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = (flag_sum[at + 1] - flag_sum[starts]) / (at + 1 - starts)
+        part["drift_share"] = np.where(reached, share, np.nan)
         parts.append(part)
     if not parts:
         return pd.DataFrame(columns=STEPS_COLUMNS)
     out = pd.concat(parts, ignore_index=True)
     out["reached"] = out["reached"].astype(bool)
     return out[STEPS_COLUMNS]
+
+
+def _filled(curves: Curves, column: str) -> np.ndarray:
+    """A column logged at some rows only (a costly exact truth), interpolated to every row of
+    its run linearly in log steps (`smoothing.interpolate_log_steps`); unchanged where dense."""
+    values = curves.columns[column].copy()
+    step = curves.columns["step"]
+    finite = np.isfinite(values)
+    for lo, hi in zip(curves.offsets[:-1], curves.offsets[1:], strict=True):
+        known = finite[lo:hi]
+        if known.any() and not known.all():
+            values[lo:hi] = interpolate_log_steps(step[lo:hi][known], values[lo:hi][known],
+                                                  step[lo:hi])
+    return values
+
+
+def _interpolated(x: np.ndarray, values: np.ndarray, at: np.ndarray, starts: np.ndarray,
+                  target: float) -> np.ndarray:
+    """x where the loss crosses `target` between row at-1 (above) and row at (at or below),
+    linear as `smoothing.first_reach`; x[at] at a run's first row or after a NaN."""
+    if not len(x):
+        return np.full(len(at), np.nan)
+    prev = np.maximum(at - 1, 0)
+    v0, v1 = values[prev], values[at]
+    ok = (at > starts) & np.isfinite(v0) & (v0 > v1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = np.where(ok, (v0 - target) / (v0 - v1), 1.0)
+    return np.where(ok, x[prev] + frac * (x[at] - x[prev]), x[at])
 
 
 class _RunningMeans:

@@ -61,11 +61,21 @@ class NoiseScaleMonitor:
     `monitor.accumulate()` after each micro-batch's backward. `.grad` must start each step at
     zero (`optimizer.zero_grad()`); call `step()` before clipping or rescaling gradients.
 
-    `every`: measure every n steps (hooks idle in between). `ema_steps` > 0 sets the EMA time
-    constant in steps, else `ema_examples` in examples (`math.inf`: plain mean, for estimates at
-    fixed parameters). `hessian_every` > 0 measures B_noise every n steps when `step(batch=...)`
-    is given the step's batch, with `hessian_microbatches` gradients per measurement (see
-    `hessian_norms`). The loss for those passes is either `loss_fn(outputs, targets)` with
+    The time window of the estimate: `b_simple` is EMA(tr Sigma) / EMA(|G|^2), a |G|^2-weighted
+    mean of B_simple over the EMA's window, which is
+    - `ema_fraction` > 0: the last `ema_fraction` of the examples seen so far (time constant
+      `ema_fraction * seen`; 0.2 in gnsweep's runs), so it covers the same span of log examples
+      all run long and follows training as |G|^2 falls;
+    - else `ema_steps` > 0: a time constant in steps;
+    - else `ema_examples`: a time constant in examples (`math.inf`: the plain mean of every
+      measurement, for estimates at fixed parameters).
+    B_noise's EMAs run on the same clock (examples since the last Hessian measurement), so both
+    ratios cover the same span however rarely B_noise is measured. Where |G|^2 changed more than
+    2x inside the window the estimate leans to the window's start: `estimate.drift` says so.
+
+    `every`: measure every n steps (hooks idle in between). `hessian_every` > 0 measures
+    B_noise every n steps when `step(batch=...)` is given the step's batch, with
+    `hessian_microbatches` gradients per measurement (see `hessian_norms`). The loss for those passes is either `loss_fn(outputs, targets)` with
     `batch=(inputs, targets)`, or `task_loss(model, batch)` with whatever batch the training
     loop drew (a task's `loss`: tensor, tuple, list or dict of tensors, split along dim 0).
     """
@@ -73,7 +83,8 @@ class NoiseScaleMonitor:
     def __init__(self, model: nn.Module, method: str = "per_example", *, every: int = 1,
                  ema_steps: float = 0.0, ema_examples: float = 2048.0,
                  loss_fn: LossFn | None = None, hessian_every: int = 0,
-                 hessian_microbatches: int = 2, task_loss: TaskLoss | None = None) -> None:
+                 hessian_microbatches: int = 2, task_loss: TaskLoss | None = None,
+                 ema_fraction: float = 0.0) -> None:
         if method not in METHODS:
             raise ValueError(f"method={method!r}: choose one of {', '.join(METHODS)}")
         if every < 1 or hessian_every < 0 or hessian_microbatches < 2:
@@ -88,7 +99,8 @@ class NoiseScaleMonitor:
         self.every, self.hessian_every = every, hessian_every
         self.hessian_microbatches = hessian_microbatches
         self.loss_fn, self.task_loss = loss_fn, task_loss
-        self.ema = NoiseScaleEma(ema_steps=ema_steps, ema_examples=ema_examples)
+        self.ema = NoiseScaleEma(ema_steps=ema_steps, ema_examples=ema_examples,
+                                 ema_fraction=ema_fraction)
         self.steps = 0
         self.estimate: NoiseEstimate | None = None
         self._busy = False

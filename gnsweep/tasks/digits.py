@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -35,9 +37,16 @@ class Digits:
         if self._eval is not None:
             self._eval = ((self._eval[0] - mean) / std, self._eval[1])
         self.options, self.seed = options, seed
+        if options.exact_truth:
+            # Runs log `truth(model)` where a task has it (gnsweep.measure.probe).
+            self.truth = self.exact
+            self.truth_is_costly = True
 
     def model(self) -> nn.Module:
         torch.manual_seed(self.seed)
+        return self._build()
+
+    def _build(self) -> nn.Module:
         layers: list[nn.Module] = []
         width = self.x.shape[1]
         for _ in range(self.options.depth):
@@ -69,6 +78,56 @@ class Digits:
         with torch.no_grad():
             x, y = self._eval
             return float(self.loss(model, (x.to(device), y.to(device))))
+
+    def exact(self, model: nn.Module) -> TrainingSetTruth:
+        """The exact noise scale of the distribution SGD samples from (uniform over the training
+        set, with replacement): with per-example gradients g_i over all N training examples,
+        G = mean g_i, tr(Sigma) = mean |g_i|^2 - |G|^2, B_simple = tr(Sigma) / |G|^2 (eq. 2.9);
+        and the training set's whole loss (no sampling noise, no smoothing)."""
+        from torch.func import functional_call, grad, vmap
+
+        live = cast(nn.Module, model.module) if hasattr(model, "module") else model
+        # A hook-free copy: the training monitor's hooks do not work under vmap.
+        module = self._build()
+        module.load_state_dict(live.state_dict())
+        params = {k: v.detach() for k, v in module.named_parameters()}
+
+        def one(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(functional_call(module, p, (x[None],)), y[None])
+
+        total = torch.zeros((), dtype=torch.float64)
+        mean = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in params.items()}
+        n = len(self.x)
+        for lo in range(0, n, 512):
+            x, y = self.x[lo:lo + 512], self.y[lo:lo + 512]
+            grads = vmap(grad(one), in_dims=(None, 0, 0))(params, x, y)
+            for k, g in grads.items():
+                g = g.double()
+                total += g.reshape(len(x), -1).pow(2).sum()
+                mean[k] += g.sum(0)
+        g2 = float(sum((m / n).pow(2).sum() for m in mean.values()))
+        trace = float(total) / n - g2
+        return TrainingSetTruth(loss=self.training_loss(model),
+                                b_simple=trace / g2 if g2 > 0 else float("nan"))
+
+    @torch.no_grad()
+    def training_loss(self, model: nn.Module) -> float:
+        """The mean loss over every training example: lag-free, no sampling noise."""
+        was_training = model.training
+        model.eval()
+        loss = float(F.cross_entropy(model(self.x), self.y))
+        model.train(was_training)
+        return loss
+
+
+@dataclass(frozen=True)
+class TrainingSetTruth:
+    loss: float
+    """The whole training set's mean loss."""
+    b_simple: float
+    """Exact tr(Sigma) / |G|^2 over the training set (eq. 2.9)."""
+    b_noise: float = float("nan")
+    """Not computed (it needs the Hessian)."""
 
 
 @functools.cache

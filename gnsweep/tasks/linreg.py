@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -62,6 +63,8 @@ class LinReg:
                                         dtype=torch.float64)
         teacher = torch.Generator().manual_seed(0)
         self.w_star = torch.randn(d, generator=teacher, dtype=torch.float64)
+        if options.teacher_power:
+            self.w_star = self.w_star * self.variances ** (-options.teacher_power / 2)
 
     def model(self) -> nn.Module:
         torch.manual_seed(self.seed)
@@ -105,6 +108,18 @@ class LinReg:
         ghg = float(grad @ (h * grad))
         return Truth(loss=0.5 * s2, g2=g2, trace_sigma=s2 * float(h.sum()) + g2 - 2 * c * c,
                      g_h_g=ghg, trace_h_sigma=s2 * float((h * h).sum()) + ghg - 2 * c * c)
+
+
+    def exact_problem(self) -> Any:
+        """This task from its initial parameters as a `gnsweep.linreg_exact.Problem` (the exact
+        expected SGD dynamics: the test oracle)."""
+        from gnsweep.linreg_exact import Problem
+
+        model = self.model()
+        assert isinstance(model, nn.Linear) and model.bias is not None
+        d0 = torch.cat([model.weight.detach().double().reshape(-1) - self.w_star,
+                        model.bias.detach().double()])
+        return Problem.linreg(self.variances.numpy(), d0.numpy(), self.options.noise)
 
 
 def make(options: Options, seed: int) -> LinReg:

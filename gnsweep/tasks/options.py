@@ -16,8 +16,14 @@ class DigitsOptions:
     """Number of hidden layers."""
     holdout: float = 0.2
     """Fraction of the examples kept out of training, for the eval loss."""
+    exact_truth: bool = False
+    """Log the exact B_simple of the training set (per-example gradients over every training
+    example) and its whole loss as the eval loss, every logged step: the second oracle
+    (docs/truth.md); costs about one pass over the 1,438 training examples per logged step."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.exact_truth, bool):
+            raise ConfigError(f"task.exact_truth: {self.exact_truth!r} must be true or false")
         self.hidden = integer("task.hidden", self.hidden)
         self.depth = integer("task.depth", self.depth)
         self.holdout = number("task.holdout", self.holdout)
@@ -38,9 +44,13 @@ class LinregOptions:
     eval_size: int = 4096
     """Unused: the eval loss is the exact population loss (closed form, `LinReg.eval_loss`);
     kept so that sweep folders written before it load and relaunch unchanged."""
+    teacher_power: float = 0.0
+    """Teacher w*_i = z_i * variance_i^(-p/2): 0 gives w* ~ N(0, I), 1 gives every
+    eigen-direction the same expected share of the initial loss (a long, realistic run)."""
 
     def __post_init__(self) -> None:
         self.dim = integer("task.dim", self.dim)
+        self.teacher_power = number("task.teacher_power", self.teacher_power)
         self.condition = number("task.condition", self.condition)
         self.noise = number("task.noise", self.noise)
         self.eval_size = integer("task.eval_size", self.eval_size)
