@@ -1,8 +1,9 @@
 """Targets in either direction: a metric that rises to its targets (cartpole's return).
 
 Ground truth by construction: at the best learning rate the metric rises linearly,
-m(s) = s / (a + c/B), so it first reaches a target T at step S = ceil(T (a + c/B)) =
-S_min + E_min/B with S_min = a T and E_min = c T (eq. 2.11, within one step); B_crit = c / a
+m = u / (a + c/B) after u updates, so it first reaches a target T after S = T (a + c/B) =
+S_min + E_min/B updates with S_min = a T and E_min = c T (eq. 2.11); the row logged at step s
+holds the metric measured before update s (u = s - 1), as the training loop logs it; B_crit = c / a
 (eq. 2.12) at every target. Other learning rates rise 1.3x slower; one run diverges.
 """
 
@@ -39,7 +40,7 @@ def _curve(batch: int, lr: float) -> pd.DataFrame:
     rate = 1.0 / (A + C / batch) / (1.0 if lr == 1.0 else 1.3)
     last = math.ceil(max(TARGETS) / rate) + 2
     step = np.arange(1, last + 1)
-    metric = np.where(step <= WARMUP, np.nan, step * rate)
+    metric = np.where(step <= WARMUP, np.nan, (step - 1) * rate)
     return pd.DataFrame({"step": step, "metric": metric, "loss": 1.0 / step,
                          "loss_smooth": 1.0 / step, "b_simple": B_CRIT})
 
