@@ -74,7 +74,8 @@ def test_rising_metric_recovers_the_hyperbola():
     steps = analysis.steps
     best = steps[(steps["learning_rate"] == 1.0) & (steps["batch_size"] == 64)]
     for row in best.itertuples(index=False):
-        assert row.steps == math.ceil(row.target * (A + C / 64))
+        # Interpolated between logged rows: exact on a straight line.
+        assert row.steps == pytest.approx(row.target * (A + C / 64))
     # The best value reached is the metric's largest, not its smallest.
     run = steps[steps["run_id"] == "b00064_lr1_s0"].iloc[0]
     assert run["min_loss"] == pytest.approx(metrics.loc[metrics["run_id"] == run["run_id"],
@@ -87,7 +88,8 @@ def test_direction_matters():
     runs, metrics = _tables()
     steps = steps_to_target(metrics, runs, TARGETS, loss="metric")
     reached = steps[steps["reached"]]
-    assert (reached["steps"] == WARMUP + 1).all()
+    # The first logged value (row WARMUP + 1, measured after WARMUP updates) 'reaches' them all.
+    assert (reached["steps"] == WARMUP).all()
 
 
 def _write_sweep(folder) -> None:

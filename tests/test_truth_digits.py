@@ -29,11 +29,11 @@ def test_exact_b_simple_is_the_training_sets_gradient_spread():
     task = make_task("digits", {"exact_truth": True, "hidden": 16}, 0)
     model = task.model()
     truth = task.truth(model)
-    est = measure_noise_scale(model, task.loss, [(task.x, task.y)])
+    est = measure_noise_scale(model, task.output_loss, [(task.x, task.y)])
     exact = (est.sq_norm_small - est.sq_norm_big) / est.sq_norm_big
     assert truth.b_simple == pytest.approx(exact, rel=1e-5)
     with torch.no_grad():
-        whole = float(task.loss(model(task.x), task.y))
+        whole = float(task.output_loss(model(task.x), task.y))
     assert truth.loss == pytest.approx(whole, rel=1e-6)
     assert math.isnan(truth.b_noise)
 

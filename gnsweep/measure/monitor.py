@@ -76,8 +76,9 @@ class NoiseScaleMonitor:
     `every`: measure every n steps (hooks idle in between). `hessian_every` > 0 measures
     B_noise every n steps when `step(batch=...)` is given the step's batch, with
     `hessian_microbatches` gradients per measurement (see `hessian_norms`). The loss for those
-    passes is either `loss_fn(outputs, targets)` with `batch=(inputs, targets)`, or `task_loss(model, batch)` with whatever batch the training
-    loop drew (a task's `loss`: tensor, tuple, list or dict of tensors, split along dim 0).
+    passes is either `loss_fn(outputs, targets)` with `batch=(inputs, targets)`, or
+    `task_loss(model, batch)` with whatever batch the training loop drew (a task's `loss`:
+    tensor, tuple, list or dict of tensors, split along dim 0).
     """
 
     def __init__(self, model: nn.Module, method: str = "per_example", *, every: int = 1,
