@@ -323,13 +323,13 @@ def _ddp_worker(rank: int, world: int, store: str, out: str) -> None:
         for step in range(4):
             xs = [small.sample(16, torch.Generator().manual_seed(10 * step + r)) for r in (0, 1)]
             opt.zero_grad()
-            small.loss(ddp(xs[rank][0]), xs[rank][1]).backward()
+            small.output_loss(ddp(xs[rank][0]), xs[rank][1]).backward()
             last = monitor.step()
             opt.step()
             ref_opt.zero_grad()
             x = torch.cat([xs[0][0], xs[1][0]])
             y = torch.cat([xs[0][1], xs[1][1]])
-            small.loss(reference(x), y).backward()
+            small.output_loss(reference(x), y).backward()
             ref_opt.step()
         monitor.close()
         result["same_params"] = all(

@@ -41,9 +41,9 @@ def _events(sweep_dir: Path, run_id: str) -> list[dict]:
 def test_a_tiny_sweep_through_slurm_and_torchrun_matches_the_local_one(tmp_path):
     local, slurm = tmp_path / "local", tmp_path / "slurm"
     run_sweep(local)
-    # One job taking the six runs in turn, torchrun over 2 DDP processes (the other test
+    # One job taking the ten runs in turn, torchrun over 2 DDP processes (the other test
     # submits a job array).
-    summary = run_sweep(slurm, *SLURM, "executor.nproc_per_node=2", "executor.runs_per_job=6")
+    summary = run_sweep(slurm, *SLURM, "executor.nproc_per_node=2", "executor.runs_per_job=10")
     assert len(summary.submitted) == 1
     assert_all_finished_once(slurm)
     jobs = {store.read_status(store.run_dir(slurm, r))["slurm_job_id"]
