@@ -143,6 +143,10 @@ class SweepConfig:
     adaptive_min_change: float = 0.1
     """schedule=adaptive: change the batch size only when sqrt(r B_noise) moves this much
     (relative), so that it does not jitter with the estimate's noise."""
+    adaptive_lr_noise: float = 0.0
+    """schedule=adaptive: B_noise of the learning-rate rule eps_max / (1 + B_noise/B); 0: the
+    run's measured noise scale each step; > 0: this constant (e.g. `b_noise_lr` of the
+    fixed-batch fit, the B_noise its best learning rates imply)."""
 
     def __post_init__(self) -> None:
         self.batch_sizes = _positive_list("sweep.batch_sizes", self.batch_sizes, _integer)
@@ -176,6 +180,10 @@ class SweepConfig:
         self.exchange_rates = self.exchange_rates or []
         self.eps_max = _number("sweep.eps_max", self.eps_max)
         self.adaptive_min_change = _number("sweep.adaptive_min_change", self.adaptive_min_change)
+        self.adaptive_lr_noise = _number("sweep.adaptive_lr_noise", self.adaptive_lr_noise)
+        if self.adaptive_lr_noise < 0:
+            raise ConfigError(f"sweep.adaptive_lr_noise: {self.adaptive_lr_noise} must be >= 0 "
+                              "(0: the measured noise scale)")
         for name in ("adaptive_min_batch", "adaptive_max_batch"):
             setattr(self, name, _integer(f"sweep.{name}", getattr(self, name)))
         low, high = self.adaptive_bounds()

@@ -31,6 +31,8 @@ class RunSpec:
     seed: int = 0
     exchange_rate: float = 0.0
     """Appendix D's exchange rate r (examples per step) of an adaptive run; 0 for a grid run."""
+    lr_noise: float = 0.0
+    """An adaptive run's fixed B_noise in its learning-rate rule (0: the measured one)."""
 
     @property
     def adaptive(self) -> bool:
@@ -39,7 +41,8 @@ class RunSpec:
     @property
     def run_id(self) -> str:
         if self.adaptive:  # never a grid run's id: those start with b
-            return f"r{self.exchange_rate:.4g}_lr{self.learning_rate:.4g}_s{self.seed}"
+            noise = f"_bn{self.lr_noise:.4g}" if self.lr_noise > 0 else ""
+            return f"r{self.exchange_rate:.4g}_lr{self.learning_rate:.4g}{noise}_s{self.seed}"
         # Zero-padded batch size so that folders sort by batch size.
         return f"b{self.batch_size:05d}_lr{self.learning_rate:.4g}_s{self.seed}"
 
@@ -57,8 +60,8 @@ def expand_grid(config: Config) -> list[RunSpec]:
     if not sweep.eps_max > 0:
         raise ConfigError("sweep.schedule=adaptive needs eps_max: set sweep.eps_max=..., or "
                           "analyse the sweep's fixed-batch runs first (gnsweep analyze DIR)")
-    return grid + [RunSpec(0, sweep.eps_max, s, r) for r in sweep.exchange_rates
-                   for s in sweep.seeds]
+    return grid + [RunSpec(0, sweep.eps_max, s, r, sweep.adaptive_lr_noise)
+                   for r in sweep.exchange_rates for s in sweep.seeds]
 
 
 def run_record(config: Config, spec: RunSpec) -> dict[str, Any]:

@@ -64,7 +64,7 @@ class AdaptiveBatch:
     """
 
     def __init__(self, exchange_rate: float, eps_max: float, min_batch: int, max_batch: int,
-                 min_change: float = 0.1, world: int = 1) -> None:
+                 min_change: float = 0.1, world: int = 1, lr_noise: float = 0.0) -> None:
         if not (exchange_rate > 0 and eps_max > 0 and 0 < min_batch <= max_batch):
             raise ValueError("AdaptiveBatch needs exchange_rate > 0, eps_max > 0 and "
                              f"0 < min_batch <= max_batch, got {exchange_rate}, {eps_max}, "
@@ -78,6 +78,9 @@ class AdaptiveBatch:
         self.size = self.min_batch
         self.b_noise = math.nan
         """The noise scale (samples) the current size was set from (NaN: none yet)."""
+        self.lr_noise = lr_noise
+        """A fixed B_noise (examples) for the learning-rate rule (0: the measured one)."""
+        self.per_sample = 1.0
 
     def target(self, b_noise: float, examples_per_sample: float = 1.0) -> int:
         """sqrt(r * B_noise) with r and B_noise in examples, in samples (divided by the
@@ -86,6 +89,7 @@ class AdaptiveBatch:
         return min(self.max_batch, max(self.min_batch, _multiple(wanted, self.world)))
 
     def next_batch_size(self, progress: Progress) -> int:
+        self.per_sample = progress.examples_per_sample
         b_noise = noise_in_samples(progress)
         if math.isfinite(b_noise) and b_noise > 0:
             self.b_noise = b_noise
@@ -96,8 +100,10 @@ class AdaptiveBatch:
         return self.size
 
     def learning_rate(self) -> float:
-        """eps(B) = eps_max / (1 + B_noise/B) at the current size (eq. 2.7); eps_max / 2, as at
-        B = B_noise, before any estimate."""
+        """eps(B) = eps_max / (1 + B_noise/B) at the current size (eq. 2.7), B_noise the measured
+        one or `lr_noise`; eps_max / 2, as at B = B_noise, before any estimate."""
+        if self.lr_noise > 0:
+            return eps_of_batch(self.size, self.eps_max, self.lr_noise / self.per_sample)
         if not math.isfinite(self.b_noise):
             return self.eps_max / 2
         return eps_of_batch(self.size, self.eps_max, self.b_noise)

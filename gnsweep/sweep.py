@@ -24,7 +24,8 @@ __all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "p
 # folder adds runs, as a larger grid does.
 RELAUNCH_MAY_CHANGE = ("executor", "analysis", "logger", "sweep.name", "sweep.batch_sizes",
                        "sweep.learning_rates", "sweep.seeds", "sweep.max_retries",
-                       "sweep.schedule", "sweep.exchange_rates", "sweep.eps_max")
+                       "sweep.schedule", "sweep.exchange_rates", "sweep.eps_max",
+                       "sweep.adaptive_lr_noise")
 GRID_KEYS = ("batch_sizes", "learning_rates", "seeds", "exchange_rates")
 
 

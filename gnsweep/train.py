@@ -190,7 +190,7 @@ def _make_schedule(config: Config, spec: RunSpec, world: int) -> BatchSchedule:
     sweep = config.sweep
     low, high = sweep.adaptive_bounds()
     return AdaptiveBatch(spec.exchange_rate, spec.learning_rate, low, high,
-                         sweep.adaptive_min_change, world)
+                         sweep.adaptive_min_change, world, spec.lr_noise)
 
 
 def _set_learning_rate(optimizer: torch.optim.Optimizer, schedule: BatchSchedule,

@@ -229,3 +229,11 @@ def test_adaptive_runs_on_digits_end_to_end(tiny_sweep):
     assert result.exit_code == 0, result.output
     assert "Adaptive batch size" in (sweep_dir / "report.html").read_text()
     shutil.rmtree(sweep_dir / "figures", ignore_errors=True)
+
+
+def test_a_fixed_lr_noise_replaces_the_measured_one_in_eq_2_7():
+    schedule = AdaptiveBatch(100.0, eps_max=2.0, min_batch=8, max_batch=1024, lr_noise=20.0)
+    assert schedule.learning_rate() == pytest.approx(2.0 / (1 + 20 / 8))  # before an estimate
+    assert schedule.next_batch_size(_progress(64.0)) == 80
+    assert schedule.learning_rate() == pytest.approx(2.0 / (1 + 20 / 80))
+    assert RunSpec(0, 2.0, 0, 30.0, 20.0).run_id == "r30_lr2_bn20_s0"
