@@ -241,11 +241,11 @@ def adaptive_section(table: pd.DataFrame) -> list[str]:
     gain in examples at equal steps; nothing without adaptive runs."""
     if table is None or not len(table):
         return []
-    head = ["target", "exchange rate r", "seed", "S (steps)", "E (examples)", "mean B",
+    head = ["target", "run", "exchange rate r", "S (steps)", "E (examples)", "mean B",
             "gamma", "gain predicted", "gain measured", "(S/S_min−1)(E/E_min−1)"]
     rows = []
     for row in table.itertuples(index=False):
-        cells = [f"{row.target:g}", f"{row.exchange_rate:g}", f"{row.seed}"]
+        cells = [f"{row.target:g}", str(row.run_id), f"{row.exchange_rate:g}"]
         if row.reached:
             cells += [_num(row.steps), _num(row.examples), _num(row.mean_batch),
                       f"{_num(row.gamma)} ({row.noise_source})", _num(row.gain_predicted),

@@ -189,7 +189,7 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame,
             handles += [plt.Line2D([], [], marker="D", ls="", color="grey", mec="black",
                                    mew=0.5, ms=4), plt.Line2D([], [], color="grey", ls="--",
                                                               lw=0.8)]
-            labels += ["adaptive B = sqrt(r B_noise) (number: r)",
+            labels += ["adaptive, B = sqrt(r B_noise)",
                        "adaptive front, = gamma (app. D)"]
         if "on_front" in front and not front["on_front"].astype(bool).all():
             handles.append(plt.Line2D([], [], marker="o", ls="", mfc="white", color="grey",

@@ -155,7 +155,7 @@ def format_adaptive(table: pd.DataFrame) -> str:
         return ""
     lines = ["adaptive batch size (appendix D): gain = E_fixed / E at equal S"]
     for row in table.itertuples(index=False):
-        head = f"{row.target:>8g} r={row.exchange_rate:<8g} seed {row.seed}"
+        head = f"{row.target:>8g} {row.run_id}"
         if not row.reached:
             lines.append(f"{head}: not reached ({row.state})")
             continue
