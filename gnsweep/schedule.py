@@ -101,11 +101,13 @@ class AdaptiveBatch:
 
     def learning_rate(self) -> float:
         """eps(B) = eps_max / (1 + B_noise/B) at the current size (eq. 2.7), B_noise the measured
-        one or `lr_noise`; eps_max / 2, as at B = B_noise, before any estimate."""
+        one or `lr_noise`. Before any estimate B_noise is taken at the upper bound: a step too
+        small wastes one small batch, one too large can throw the run off (on linreg eps_max/2
+        at the smallest batch doubled the loss)."""
         if self.lr_noise > 0:
             return eps_of_batch(self.size, self.eps_max, self.lr_noise / self.per_sample)
         if not math.isfinite(self.b_noise):
-            return self.eps_max / 2
+            return eps_of_batch(self.size, self.eps_max, self.max_batch)
         return eps_of_batch(self.size, self.eps_max, self.b_noise)
 
 

@@ -84,7 +84,8 @@ def test_gains_at_equal_steps_follow_the_two_fronts():
 def test_schedule_sets_sqrt_r_b_noise_within_bounds():
     schedule = AdaptiveBatch(100.0, eps_max=2.0, min_batch=8, max_batch=1024, min_change=0.1)
     assert schedule.next_batch_size(Progress(0, 0, None, 1.0)) == 8  # no estimate yet
-    assert schedule.learning_rate() == pytest.approx(1.0)  # eps_max / 2 before any estimate
+    # Before any estimate: B_noise taken at the upper bound (a small, safe first step).
+    assert schedule.learning_rate() == pytest.approx(2.0 / (1 + 1024 / 8))
     assert schedule.next_batch_size(_progress(64.0)) == 80  # sqrt(100 * 64)
     assert schedule.learning_rate() == pytest.approx(2.0 / (1 + 64 / 80))  # eq. 2.7
     assert schedule.next_batch_size(_progress(1e9)) == 1024  # the upper bound
