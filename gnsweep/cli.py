@@ -92,6 +92,9 @@ def launch(
     (default), executor=torchrun executor.nproc_per_node=2, executor=slurm
     executor.partition=gpu executor.gpus_per_node=8 executor.nproc_per_node=8.
 
+    Adaptive batch size runs beside the grid (appendix D, docs/adaptive.md): sweep.schedule=adaptive
+    sweep.exchange_rates=[30,300] (eps_max from the folder's fit, or sweep.eps_max=...).
+
     Example: gnsweep launch task=digits sweep.batch_sizes=[16,64,256] sweep.learning_rates=[0.1,0.3]
     """
     from gnsweep.config import compose

@@ -78,6 +78,37 @@ def test_gains_at_equal_steps_follow_the_two_fronts():
     assert math.isnan(fixed_examples(9.0, s_min, e_min))  # faster than S_min: no fixed B
 
 
+def test_analysis_of_an_adaptive_run_with_known_answers():
+    """A run whose batch size is s at step s and whose loss falls linearly, 1 - x/100 after x
+    updates: it reaches 0.5 after S = 50 updates having drawn E = 1 + ... + 50 = 1275 examples.
+    With B_simple = s at step s the S_min weights ds/(1 + B_simple/B) are all 1/2, so gamma is
+    <sqrt(s)>^2 / <s> over s = 1..50."""
+    from gnsweep.analysis.adaptive import analyze_adaptive, split_adaptive
+    from gnsweep.analysis.steps import curves_from_frames
+
+    n = 120
+    step = np.arange(1, n + 1)
+    metrics = pd.DataFrame({"run_id": "r10_lr1_s0", "step": step, "examples": np.cumsum(step),
+                            "loss": 1 - (step - 1) / 100, "b_simple": step.astype(float)})
+    grid = pd.DataFrame({"run_id": "b00008_lr1_s0", "step": step, "examples": 8 * step,
+                         "loss": 1 - (step - 1) / 100, "b_simple": 5.0})
+    runs = pd.DataFrame({"run_id": ["b00008_lr1_s0", "r10_lr1_s0"], "batch_size": [8, 60],
+                         "learning_rate": [1.0, 1.0], "seed": [0, 0], "state": ["done", "done"],
+                         "exchange_rate": [0.0, 10.0]})
+    fixed, adaptive = split_adaptive(curves_from_frames(runs, pd.concat([grid, metrics])))
+    assert list(fixed.runs["run_id"]) == ["b00008_lr1_s0"] and adaptive is not None
+    fits = pd.DataFrame({"target": [0.5], "s_min": [20.0], "e_min": [500.0], "refused": [""]})
+    row = analyze_adaptive(adaptive, fits, [0.5]).iloc[0]
+    assert row["reached"] and row["steps"] == pytest.approx(50.0)
+    assert row["examples"] == pytest.approx(1275.0)
+    s = np.arange(1, 51)
+    assert row["gamma"] == pytest.approx(np.mean(np.sqrt(s)) ** 2 / np.mean(s))
+    assert row["e_fixed"] == pytest.approx(500 * 50 / 30)
+    assert row["gain_measured"] == pytest.approx(500 * 50 / 30 / 1275)
+    assert row["front_product"] == pytest.approx((50 / 20 - 1) * (1275 / 500 - 1))
+    assert row["noise_source"] == "b_simple"
+
+
 # ---- the schedule and the learning rate ---------------------------------------------------
 
 
