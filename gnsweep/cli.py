@@ -92,10 +92,13 @@ def launch(
     (default), executor=torchrun executor.nproc_per_node=2, executor=slurm
     executor.partition=gpu executor.gpus_per_node=8 executor.nproc_per_node=8.
 
+    Adaptive batch size runs beside the grid (appendix D, docs/adaptive.md): sweep.schedule=adaptive
+    sweep.exchange_rates=[30,300] (eps_max from the folder's fit, or sweep.eps_max=...).
+
     Example: gnsweep launch task=digits sweep.batch_sizes=[16,64,256] sweep.learning_rates=[0.1,0.3]
     """
     from gnsweep.config import compose
-    from gnsweep.sweep import expand_grid
+    from gnsweep.sweep import expand_grid, resolve_eps_max
     from gnsweep.sweep import launch as run_sweep
 
     overrides = list(overrides or [])
@@ -103,6 +106,7 @@ def launch(
         overrides.append(f"executor.workers={workers}")
     config = compose(overrides)
     sweep_dir = sweep_dir or Path("runs") / config.sweep.name
+    config = resolve_eps_max(config, sweep_dir)  # adaptive runs: eps_max from the folder's fit
     specs = expand_grid(config)
     if dry_run:
         typer.echo(f"sweep {config.sweep.name}: task {config.task.name}, {len(specs)} runs "
@@ -269,6 +273,10 @@ def analyze(
         out = out or sweep_dir
     typer.echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by")),
                err=as_json)
+    if len(result.adaptive):
+        from gnsweep.analysis.adaptive import format_adaptive
+
+        typer.echo(format_adaptive(result.adaptive), err=as_json)
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"tables: {out}/steps.parquet, front.parquet, fits.parquet, lr_fits.parquet, "

@@ -24,6 +24,7 @@ __all__ = [
     "LOSS_KINDS",
     "METHODS",
     "OPTIMIZERS",
+    "SCHEDULES",
     "AnalysisConfig",
     "Config",
     "ConfigError",
@@ -41,6 +42,7 @@ METHODS = ("auto", "per_example", "microbatch", "ddp")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 EXECUTORS = ("local", "torchrun", "slurm")
 LOSS_KINDS = ("smoothed", "raw", "eval")
+SCHEDULES = ("constant", "adaptive")
 
 
 @dataclass
@@ -125,6 +127,26 @@ class SweepConfig:
     """Evaluate on the held-out split every this many steps (0: never)."""
     max_retries: int = 2
     """How often a run that raised is retried before it counts as failed."""
+    schedule: str = "constant"
+    """constant: the grid's fixed batch sizes only; adaptive: also one run per exchange rate
+    whose batch size follows the noise scale, B = sqrt(r B_noise) (appendix D, docs/adaptive.md)."""
+    exchange_rates: list[float] = field(default_factory=list)
+    """schedule=adaptive: exchange rates r (examples per step), one adaptive run per rate and
+    seed."""
+    eps_max: float = 0.0
+    """schedule=adaptive: eps_max of the learning-rate rule eps(B) = eps_max / (1 + B_noise/B)
+    (eq. 2.7); 0: the fixed-batch fit of the sweep folder (`gnsweep analyze` first)."""
+    adaptive_min_batch: int = 0
+    """schedule=adaptive: smallest batch size (0: the grid's smallest)."""
+    adaptive_max_batch: int = 0
+    """schedule=adaptive: largest batch size (0: the grid's largest)."""
+    adaptive_min_change: float = 0.1
+    """schedule=adaptive: change the batch size only when sqrt(r B_noise) moves this much
+    (relative), so that it does not jitter with the estimate's noise."""
+    adaptive_lr_noise: float = 0.0
+    """schedule=adaptive: B_noise of the learning-rate rule eps_max / (1 + B_noise/B); 0: the
+    run's measured noise scale each step; > 0: this constant (e.g. `b_noise_lr` of the
+    fixed-batch fit, the B_noise its best learning rates imply)."""
 
     def __post_init__(self) -> None:
         self.batch_sizes = _positive_list("sweep.batch_sizes", self.batch_sizes, _integer)
@@ -148,6 +170,44 @@ class SweepConfig:
             if value < (1 if name == "log_every" else 0):
                 raise ConfigError(f"sweep.{name}: {value} is not allowed")
             setattr(self, name, value)
+        self._check_adaptive()
+
+    def _check_adaptive(self) -> None:
+        self.schedule = _choice("sweep.schedule", self.schedule, SCHEDULES)
+        if self.exchange_rates not in (None, []):
+            self.exchange_rates = sorted(_positive_list("sweep.exchange_rates",
+                                                        self.exchange_rates, _number))
+        self.exchange_rates = self.exchange_rates or []
+        self.eps_max = _number("sweep.eps_max", self.eps_max)
+        self.adaptive_min_change = _number("sweep.adaptive_min_change", self.adaptive_min_change)
+        self.adaptive_lr_noise = _number("sweep.adaptive_lr_noise", self.adaptive_lr_noise)
+        if self.adaptive_lr_noise < 0:
+            raise ConfigError(f"sweep.adaptive_lr_noise: {self.adaptive_lr_noise} must be >= 0 "
+                              "(0: the measured noise scale)")
+        for name in ("adaptive_min_batch", "adaptive_max_batch"):
+            setattr(self, name, _integer(f"sweep.{name}", getattr(self, name)))
+        low, high = self.adaptive_bounds()
+        if self.schedule == "constant" and self.exchange_rates:
+            raise ConfigError("sweep.exchange_rates is set but sweep.schedule=constant; add "
+                              "sweep.schedule=adaptive (or drop the exchange rates)")
+        if self.schedule == "adaptive" and not self.exchange_rates:
+            raise ConfigError("sweep.schedule=adaptive needs exchange rates: "
+                              "sweep.exchange_rates=[100,1000] (examples per step)")
+        if self.eps_max < 0 or not 0 <= self.adaptive_min_change < 1:
+            raise ConfigError(f"sweep.eps_max ({self.eps_max}) must be >= 0 and "
+                              f"sweep.adaptive_min_change ({self.adaptive_min_change}) in [0, 1)")
+        if not 0 < low <= high:
+            raise ConfigError(f"sweep.adaptive_min_batch/adaptive_max_batch: {low} .. {high} is "
+                              "not a range of batch sizes; use 0 < min <= max (0: the grid's)")
+        if self.schedule == "adaptive" and self.optimizer in ("adam", "adamw"):
+            raise ConfigError(f"sweep.schedule=adaptive with sweep.optimizer={self.optimizer}: "
+                              "its learning-rate rule eps(B) = eps_max/(1 + B_noise/B) is SGD's "
+                              "(eq. 2.7); use sgd or momentum")
+
+    def adaptive_bounds(self) -> tuple[int, int]:
+        """(smallest, largest) batch size of an adaptive run: the settings, else the grid's."""
+        return (self.adaptive_min_batch or min(self.batch_sizes),
+                self.adaptive_max_batch or max(self.batch_sizes))
 
 
 @dataclass

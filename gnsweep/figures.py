@@ -28,7 +28,11 @@ def load_tables(sweep_dir: Path, analyze: bool = True) -> Results:
             "steps.parquet", "front.parquet", "fits.parquet")):
         analyze_sweep(sweep_dir)
     results = store.read_results(sweep_dir)
-    results.runs, results.metrics = load_sweep(sweep_dir, skip_corrupt=True)
+    runs, metrics = load_sweep(sweep_dir, skip_corrupt=True)
+    # Adaptive runs are drawn from the adaptive table; the curves figures show grid runs.
+    adaptive = runs["run_id"][runs.get("exchange_rate", 0.0 * runs["batch_size"]) > 0]
+    results.runs = runs[~runs["run_id"].isin(adaptive)].reset_index(drop=True)
+    results.metrics = metrics[~metrics["run_id"].isin(adaptive)].reset_index(drop=True)
     return results
 
 

@@ -236,6 +236,32 @@ def fit_table(fits: pd.DataFrame) -> str:
     return f"<table>{header}{''.join(rows)}</table>"
 
 
+def adaptive_section(table: pd.DataFrame) -> list[str]:
+    """Adaptive batch size runs (appendix D) against the fits: gamma, predicted and measured
+    gain in examples at equal steps; nothing without adaptive runs."""
+    if table is None or not len(table):
+        return []
+    head = ["target", "run", "exchange rate r", "S (steps)", "E (examples)", "mean B",
+            "gamma", "gain predicted", "gain measured", "(S/S_min−1)(E/E_min−1)"]
+    rows = []
+    for row in table.itertuples(index=False):
+        cells = [f"{row.target:g}", str(row.run_id), f"{row.exchange_rate:g}"]
+        if row.reached:
+            cells += [_num(row.steps), _num(row.examples), _num(row.mean_batch),
+                      f"{_num(row.gamma)} ({row.noise_source})", _num(row.gain_predicted),
+                      _num(row.gain_measured), _num(row.front_product)]
+        else:
+            cells += [f"not reached ({row.state})", "", "", "", "", "", ""]
+        rows.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
+    header = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
+    return ["<h2>Adaptive batch size (appendix D): (S/S_min − 1)(E/E_min − 1) = γ</h2>",
+            "<p class=meta>B = sqrt(r B_noise) each step (B_simple standing in for B_noise "
+            "unless measured), learning rate eps_max/(1 + B_noise/B) (eq. 2.7). γ = "
+            "⟨√B_noise⟩²/⟨B_noise⟩ over the run's own noise path, S_min-weighted; gain = "
+            "E of a fixed batch size at the same S (from the fit) / E.</p>",
+            f"<table>{header}{''.join(rows)}</table>"]
+
+
 def grid_summary(config: Config, runs: pd.DataFrame) -> str:
     sweep = config.sweep
     items = [("task", config.task.name),
@@ -309,6 +335,7 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
         "<p class=meta>Standard errors from the least-squares Jacobian on log S; "
         "B_crit = E_min/S_min (eq. 2.12), its error by the delta method.</p>",
         fit_table(tables.fits),
+        *adaptive_section(tables.adaptive),
         "<h2>Figures</h2><div class=figures>",
     ]
     skipped = []

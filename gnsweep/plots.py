@@ -117,17 +117,23 @@ def _off_note(ax: Axes, off: list[str]) -> None:
 # ---- a. Pareto fronts ---------------------------------------------------------------------
 
 
-def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame) -> Figure:
+def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame,
+                  adaptive: pd.DataFrame | None = None) -> Figure:
     """Steps against examples to reach each target, best learning rate per batch size, with the
     fitted hyperbola (S/S_min - 1)(E/E_min - 1) = 1 (eq. 2.11) and its B_crit point
-    (E, S) = (2 E_min, 2 S_min) (eq. 2.12), log-log like the paper's fig. 4.
+    (E, S) = (2 E_min, 2 S_min) (eq. 2.12), log-log like the paper's fig. 4. Adaptive runs
+    (appendix D), where given, are their own series (diamonds, numbered by exchange rate r),
+    with the adaptive front (S/S_min - 1)(E/E_min - 1) = gamma at their median gamma (dashed).
 
     The view is set by the measured points: a B_crit point far outside them (a fit that cannot
     place B_crit) is left off the chart and its legend entry says where B_crit lies instead."""
     if front.empty:
         raise Skip("no batch size reached any target at any learning rate")
-    examples = front["examples"].to_numpy(float)
-    steps = front["steps"].to_numpy(float)
+    reached = (adaptive[adaptive["reached"].astype(bool)] if adaptive is not None
+               else pd.DataFrame(columns=["target", "steps", "examples"]))
+    examples = np.concatenate([front["examples"].to_numpy(float),
+                               reached["examples"].to_numpy(float)])
+    steps = np.concatenate([front["steps"].to_numpy(float), reached["steps"].to_numpy(float)])
     x_lo, x_hi = examples.min() / 1.5, examples.max() * 1.5
     y_lo, y_hi = steps.min() / 1.5, steps.max() * 1.5
     b_lo, b_hi = int(front["batch_size"].min()), int(front["batch_size"].max())
@@ -166,6 +172,8 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame) -> Figure:
                        label=label)
             ax.scatter(group["examples"][~on], group["steps"][~on], facecolor="white",
                        edgecolor=color, s=16, zorder=3)
+            _adaptive_series(ax, reached[np.isclose(reached["target"].astype(float), target)],
+                             fit, color)
         _loglog(ax)
         ax.set_xlim(x_lo, x_hi)
         ax.set_ylim(y_lo, y_hi)
@@ -177,6 +185,12 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame) -> Figure:
                     plt.Line2D([], [], marker="*", ls="", color="grey", mec="black", mew=0.5,
                                ms=8)]
         labels += ["fit of eq. 2.11", "B_crit point (2 E_min, 2 S_min)"]
+        if len(reached):
+            handles += [plt.Line2D([], [], marker="D", ls="", color="grey", mec="black",
+                                   mew=0.5, ms=4), plt.Line2D([], [], color="grey", ls="--",
+                                                              lw=0.8)]
+            labels += ["adaptive, B = sqrt(r B_noise)",
+                       "adaptive front, = gamma (app. D)"]
         if "on_front" in front and not front["on_front"].astype(bool).all():
             handles.append(plt.Line2D([], [], marker="o", ls="", mfc="white", color="grey",
                                       ms=4))
@@ -185,6 +199,23 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame) -> Figure:
         ax.text(0.99, 0.99, "numbers: batch size", fontsize=5.5, ha="right", va="top",
                 transform=ax.transAxes, color="0.35")
         return fig
+
+
+def _adaptive_series(ax: Axes, runs: pd.DataFrame, fit: pd.DataFrame, color: Any) -> None:
+    """One target's adaptive runs, and the front (S/S_min - 1)(E/E_min - 1) = gamma."""
+    if not len(runs):
+        return
+    ax.scatter(runs["examples"], runs["steps"], marker="D", color=color, edgecolor="black",
+               linewidth=0.5, s=18, zorder=5)
+    for row in runs.itertuples(index=False):
+        ax.annotate(f"r={row.exchange_rate:g}", (row.examples, row.steps), fontsize=5,
+                    xytext=(3, -6), textcoords="offset points", color=color)
+    gamma = float(np.nanmedian(runs["gamma"].to_numpy(float)))
+    if len(fit) and gamma > 0:
+        s_min, e_min = float(fit["s_min"].iloc[0]), float(fit["e_min"].iloc[0])
+        s = s_min * (1.0 + np.geomspace(1e-2, 1e3, 300))
+        ax.plot(e_min * (1.0 + gamma / (s / s_min - 1.0)), s, "--", color=color, lw=0.8,
+                alpha=0.85)
 
 
 # ---- b. B_crit against the measured noise scale --------------------------------------------
@@ -577,7 +608,7 @@ def _targets(tables: SweepTables) -> list[float]:
 FIGURES = [
     FigureSpec("pareto_fronts", "Steps against examples to reach each target at the best "
                "learning rate per batch size, with the fitted hyperbola of eq. 2.11 and B_crit.",
-               lambda t: pareto_fronts(t.front, t.fits)),
+               lambda t: pareto_fronts(t.front, t.fits, t.adaptive)),
     FigureSpec("bcrit_vs_bsimple", "B_crit from the fit against the noise scale measured "
                "during training; on the dashed line the noise scale predicts B_crit exactly.",
                lambda t: bcrit_vs_bsimple(t.fits, t.front)),

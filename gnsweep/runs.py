@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
-from gnsweep.config import Config
+from gnsweep.config import Config, ConfigError
 from gnsweep.store import FINISHED, RunState
 
 __all__ = ["FINISHED", "RunSpec", "RunState", "expand_grid", "fresh_retries", "max_attempts",
@@ -22,23 +22,46 @@ __all__ = ["FINISHED", "RunSpec", "RunState", "expand_grid", "fresh_retries", "m
 
 @dataclass(frozen=True, order=True)
 class RunSpec:
-    """One point of the grid."""
+    """One point of the grid, or one adaptive run (`exchange_rate` > 0)."""
 
     batch_size: int
+    """Samples per step; 0 for an adaptive run (its batch size follows the noise scale)."""
     learning_rate: float
+    """The learning rate; an adaptive run's eps_max (eq. 2.7: eps(B) = eps_max/(1 + B_noise/B))."""
     seed: int = 0
+    exchange_rate: float = 0.0
+    """Appendix D's exchange rate r (examples per step) of an adaptive run; 0 for a grid run."""
+    lr_noise: float = 0.0
+    """An adaptive run's fixed B_noise in its learning-rate rule (0: the measured one)."""
+
+    @property
+    def adaptive(self) -> bool:
+        return self.exchange_rate > 0
 
     @property
     def run_id(self) -> str:
+        if self.adaptive:  # never a grid run's id: those start with b
+            noise = f"_bn{self.lr_noise:.4g}" if self.lr_noise > 0 else ""
+            return f"r{self.exchange_rate:.4g}_lr{self.learning_rate:.4g}{noise}_s{self.seed}"
         # Zero-padded batch size so that folders sort by batch size.
         return f"b{self.batch_size:05d}_lr{self.learning_rate:.4g}_s{self.seed}"
 
 
 def expand_grid(config: Config) -> list[RunSpec]:
-    """Every (batch size, learning rate, seed) of the sweep, small batches first."""
+    """Every (batch size, learning rate, seed) of the sweep, small batches first; with
+    sweep.schedule=adaptive then one adaptive run per (exchange rate, seed), at eps_max
+    `sweep.eps_max` (resolved from the sweep's fit before the grid is expanded, by
+    `gnsweep.sweep.resolve_eps_max`)."""
     sweep = config.sweep
-    return sorted(RunSpec(b, lr, s) for b in sweep.batch_sizes for lr in sweep.learning_rates
+    grid = sorted(RunSpec(b, lr, s) for b in sweep.batch_sizes for lr in sweep.learning_rates
                   for s in sweep.seeds)
+    if sweep.schedule != "adaptive":
+        return grid
+    if not sweep.eps_max > 0:
+        raise ConfigError("sweep.schedule=adaptive needs eps_max: set sweep.eps_max=..., or "
+                          "analyse the sweep's fixed-batch runs first (gnsweep analyze DIR)")
+    return grid + [RunSpec(0, sweep.eps_max, s, r, sweep.adaptive_lr_noise)
+                   for r in sweep.exchange_rates for s in sweep.seeds]
 
 
 def run_record(config: Config, spec: RunSpec) -> dict[str, Any]:

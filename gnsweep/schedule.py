@@ -3,12 +3,15 @@
 The loop asks the schedule before every step, handing it where training stands (`Progress`:
 steps, examples, the monitor's latest `NoiseEstimate`); the schedule returns the global number
 of samples to draw (`task.sample`'s unit: windows for a language model, not tokens). Constant
-today; an adaptive schedule (B = sqrt(r * B_noise)) reads `progress.estimate`, whose noise
-scales are in the task's example unit: divide by `progress.examples_per_sample` to get samples.
+(the grid's runs), or adaptive (appendix D: B = sqrt(r * B_noise), the learning rate following
+eq. 2.7), which reads `progress.estimate`, whose noise scales are in the task's example unit:
+divided by `progress.examples_per_sample` they are in samples. docs/adaptive.md.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -42,3 +45,83 @@ class ConstantBatch:
 
     def next_batch_size(self, progress: Progress) -> int:
         return self.batch_size
+
+
+def eps_of_batch(batch_size: float, eps_max: float, b_noise: float) -> float:
+    """The learning rate at batch size B, eq. 2.7: eps_max / (1 + B_noise/B) (SGD)."""
+    return eps_max / (1.0 + b_noise / batch_size)
+
+
+class AdaptiveBatch:
+    """Appendix D's schedule: B = sqrt(r * B_noise) with the latest noise scale, each step.
+
+    B_noise is the monitor's B_noise where measured (noise.hessian_every), else B_simple in its
+    place. The exchange rate r is in the task's example unit (examples per step: the price of
+    one step in examples); the answer is in samples, clipped to [min_batch, max_batch], rounded
+    to a multiple of the DDP world size, and changed only when it moves by at least
+    `min_change` (relative) so that the size does not jitter with the estimate's noise. Until
+    a usable estimate exists (the first step, or a negative noisy one) the size stays put.
+    """
+
+    def __init__(self, exchange_rate: float, eps_max: float, min_batch: int, max_batch: int,
+                 min_change: float = 0.1, world: int = 1, lr_noise: float = 0.0) -> None:
+        if not (exchange_rate > 0 and eps_max > 0 and 0 < min_batch <= max_batch):
+            raise ValueError("AdaptiveBatch needs exchange_rate > 0, eps_max > 0 and "
+                             f"0 < min_batch <= max_batch, got {exchange_rate}, {eps_max}, "
+                             f"{min_batch}, {max_batch}")
+        self.exchange_rate, self.eps_max = exchange_rate, eps_max
+        """r in the task's example unit; eps_max of eq. 2.7."""
+        self.world = world
+        self.min_batch = _multiple(min_batch, world, math.ceil)
+        self.max_batch = max(self.min_batch, _multiple(max_batch, world, math.floor))
+        self.min_change = min_change
+        self.size = self.min_batch
+        self.b_noise = math.nan
+        """The noise scale (samples) the current size was set from (NaN: none yet)."""
+        self.lr_noise = lr_noise
+        """A fixed B_noise (examples) for the learning-rate rule (0: the measured one)."""
+        self.per_sample = 1.0
+
+    def target(self, b_noise: float, examples_per_sample: float = 1.0) -> int:
+        """sqrt(r * B_noise) with r and B_noise in examples, in samples (divided by the
+        examples per sample), clipped to the bounds (no jitter threshold)."""
+        wanted = math.sqrt(self.exchange_rate * b_noise) / examples_per_sample
+        return min(self.max_batch, max(self.min_batch, _multiple(wanted, self.world)))
+
+    def next_batch_size(self, progress: Progress) -> int:
+        self.per_sample = progress.examples_per_sample
+        b_noise = noise_in_samples(progress)
+        if math.isfinite(b_noise) and b_noise > 0:
+            self.b_noise = b_noise
+            per_sample = progress.examples_per_sample
+            wanted = self.target(b_noise * per_sample, per_sample)
+            if abs(wanted - self.size) >= self.min_change * self.size:
+                self.size = wanted
+        return self.size
+
+    def learning_rate(self) -> float:
+        """eps(B) = eps_max / (1 + B_noise/B) at the current size (eq. 2.7), B_noise the measured
+        one or `lr_noise`. Before any estimate B_noise is taken at the upper bound: a step too
+        small wastes one small batch, one too large can throw the run off (on linreg eps_max/2
+        at the smallest batch doubled the loss)."""
+        if self.lr_noise > 0:
+            return eps_of_batch(self.size, self.eps_max, self.lr_noise / self.per_sample)
+        if not math.isfinite(self.b_noise):
+            return eps_of_batch(self.size, self.eps_max, self.max_batch)
+        return eps_of_batch(self.size, self.eps_max, self.b_noise)
+
+
+def noise_in_samples(progress: Progress) -> float:
+    """The latest B_noise (B_simple where B_noise is not measured) in samples (the unit of
+    batch sizes and of eq. 2.7's B_noise/B); NaN if none."""
+    estimate = progress.estimate
+    if estimate is None:
+        return math.nan
+    value = estimate.b_noise if math.isfinite(estimate.b_noise) and estimate.b_noise > 0 \
+        else estimate.b_simple
+    return value / progress.examples_per_sample
+
+
+def _multiple(value: float, world: int, rounding: Callable[[float], int] = round) -> int:
+    """A multiple of `world` (at least `world`): the nearest, or as `rounding` (ceil, floor)."""
+    return max(1, int(rounding(value / world))) * world

@@ -5,6 +5,7 @@
     <sweep>/runs/<run_id>/status.json   pending | running | done | failed | diverged, attempts...
     <sweep>/runs/<run_id>/metrics.parquet  one row per logged step (METRICS_SCHEMA)
     <sweep>/steps.parquet, front.parquet, fits.parquet, fits.json   written by `gnsweep analyze`
+    <sweep>/adaptive.parquet       adaptive runs against the fits (only when there are some)
     <sweep>/figures/               written by `gnsweep plot`
     <out>/compare.parquet          written by `gnsweep compare` across analysed sweeps
 
@@ -83,6 +84,7 @@ METRICS_SCHEMA = pa.schema([
     ("wall_time", pa.float64()),      # seconds since the run started
     ("metric", pa.float64()),         # the task's own target metric (cartpole: mean return);
                                       # NaN for a task whose targets are losses
+    ("batch_size", pa.float64()),     # samples drawn this step (varies in an adaptive run)
 ])
 
 
@@ -159,8 +161,9 @@ def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
                          "delete it to re-run that run, or pass --skip-corrupt") from None
 
 
-OPTIONAL_METRICS = ("metric",)
-"""Columns a run logs only when its task has them; NaN on every row otherwise."""
+OPTIONAL_METRICS = ("metric", "batch_size")
+"""Columns a run logs only when its task has them (metric), or that a writer other than the
+training loop may leave out (batch_size); NaN on every row otherwise."""
 
 
 def metrics_table(rows: dict[str, list]) -> pa.Table:
@@ -298,6 +301,16 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("alpha_b", pa.float64()), ("alpha_b_se", pa.float64()), ("rmse_log", pa.float64()),
         ("refused", pa.large_string()),
     ]),
+    "adaptive": pa.schema([
+        ("run_id", pa.large_string()), ("exchange_rate", pa.float64()), ("eps_max", pa.float64()),
+        ("seed", pa.int64()), ("target", pa.float64()), ("state", pa.large_string()),
+        ("reached", pa.bool_()), ("steps", pa.float64()), ("examples", pa.float64()),
+        ("mean_batch", pa.float64()), ("noise_source", pa.large_string()),
+        ("b_noise_mean", pa.float64()), ("gamma", pa.float64()), ("s_min", pa.float64()),
+        ("e_min", pa.float64()), ("e_fixed", pa.float64()), ("e_predicted", pa.float64()),
+        ("gain_predicted", pa.float64()), ("gain_measured", pa.float64()),
+        ("front_product", pa.float64()),
+    ]),
 }
 COMPARE_SCHEMA = pa.schema([
     ("task", pa.large_string()), ("sweep", pa.large_string()), ("sweep_dir", pa.large_string()),
@@ -322,6 +335,8 @@ def write_results(out_dir: Path, results: Results) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in RESULT_TABLES:
         frame = getattr(results, name)
+        if name == "adaptive" and not len(frame):
+            continue  # a sweep without adaptive runs gets no adaptive.parquet
         write_frame(out_dir / f"{name}.parquet", frame,
                     schema=_schema_of(frame, RESULT_SCHEMAS[name]))
     write_json(out_dir / FITS_JSON, results.to_json())
@@ -342,7 +357,7 @@ def read_results(sweep_dir: Path) -> Results:
         return read_table(sweep_dir / f"{name}.parquet").to_pandas()
 
     results = Results(steps=frame("steps"), front=frame("front"), fits=frame("fits"))
-    for name in ("lr_fits", "loss_scaling"):
+    for name in ("lr_fits", "loss_scaling", "adaptive"):
         if (sweep_dir / f"{name}.parquet").exists():
             setattr(results, name, frame(name))
     if (sweep_dir / FITS_JSON).exists():

@@ -14,15 +14,19 @@ from gnsweep.runs import FINISHED, RunSpec, expand_grid, fresh_retries, parse_ru
 
 # RunSpec, expand_grid, parse_run_record: from gnsweep.runs
 __all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "prepare_folder",
-           "remaining", "run_specs", "sweep_status"]
+           "remaining", "resolve_eps_max", "run_specs", "sweep_status"]
 
 
 # Settings a relaunch may change: where and how runs execute, the grid (runs are added), the
 # analysis and where runs are logged. Anything else changes what a run trains, and mixing them
 # would corrupt the fits.
+# Adaptive runs name their exchange rate and eps_max in their id: adding them (or more) to a
+# folder adds runs, as a larger grid does.
 RELAUNCH_MAY_CHANGE = ("executor", "analysis", "logger", "sweep.name", "sweep.batch_sizes",
-                       "sweep.learning_rates", "sweep.seeds", "sweep.max_retries")
-GRID_KEYS = ("batch_sizes", "learning_rates", "seeds")
+                       "sweep.learning_rates", "sweep.seeds", "sweep.max_retries",
+                       "sweep.schedule", "sweep.exchange_rates", "sweep.eps_max",
+                       "sweep.adaptive_lr_noise")
+GRID_KEYS = ("batch_sizes", "learning_rates", "seeds", "exchange_rates")
 
 
 def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -58,10 +62,39 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
             "trained differently cannot share one analysis: choose another --sweep-dir, or "
             "relaunch with the folder's settings (see its config.yaml)")
     for key in GRID_KEYS:
+        if key == "exchange_rates" and new["sweep"]["schedule"] != "adaptive":
+            continue  # a fixed-batch relaunch of a folder that holds adaptive runs
         merged = set(old.get("sweep", {}).get(key) or []) | set(new["sweep"][key])
         new["sweep"][key] = sorted(merged)
     Config.from_dict(new)  # the union grid must suit this executor too (batch / world size)
     return new
+
+
+def resolve_eps_max(config: Config, sweep_dir: Path) -> Config:
+    """The config with sweep.eps_max set for adaptive runs: as given, else the eps_max of the
+    eq. 2.7 fit of the folder's analysed fixed-batch runs (`fits.parquet`) at the hardest target
+    that has one (the adaptive run trains to it). ConfigError (exit 2) when neither exists."""
+    import dataclasses
+    import math
+
+    sweep = config.sweep
+    if sweep.schedule != "adaptive" or sweep.eps_max > 0:
+        return config
+    path = sweep_dir / "fits.parquet"
+    if not path.is_file():
+        raise ConfigError(f"sweep.schedule=adaptive needs eps_max, and {path} does not exist: "
+                          f"set sweep.eps_max=..., or launch and analyse the fixed-batch grid "
+                          f"first (gnsweep analyze {sweep_dir})")
+    fits = store.read_table(path, columns=["target", "eps_max"]).to_pylist()
+    order = sorted(fits, key=lambda row: row["target"], reverse=config.task.higher_is_better)
+    found = [row["eps_max"] for row in order
+             if row["eps_max"] is not None and math.isfinite(row["eps_max"])
+             and row["eps_max"] > 0]
+    if not found:
+        raise ConfigError(f"{path}: no target has a learning-rate fit (eps_max); set "
+                          "sweep.eps_max=... for the adaptive runs")
+    eps_max = float(f"{found[0]:.4g}")  # the precision of the run id
+    return dataclasses.replace(config, sweep=dataclasses.replace(sweep, eps_max=eps_max))
 
 
 def prepare_folder(sweep_dir: Path, config: Config) -> None:

@@ -27,7 +27,7 @@ from gnsweep.measure.probe import RunProbes, overrun_steps
 from gnsweep.noise import Ema, NoiseEstimate, ema_decay
 from gnsweep.optim import make_optimizer
 from gnsweep.runs import RunSpec
-from gnsweep.schedule import BatchSchedule, ConstantBatch, Progress
+from gnsweep.schedule import AdaptiveBatch, BatchSchedule, ConstantBatch, Progress
 from gnsweep.tasks import Task, examples_of, make_task
 from gnsweep.tasks.protocol import first_dim
 
@@ -83,7 +83,7 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
     optimizer = make_optimizer(sweep.optimizer, model.parameters(), lr=spec.learning_rate,
                                momentum=sweep.momentum)
     monitor = _make_monitor(trained, task, config)
-    schedule: BatchSchedule = ConstantBatch(spec.batch_size)
+    schedule = _make_schedule(config, spec, world)
     probes = RunProbes(noise, task, spec.seed)  # frozen-parameter probes, exact truth
     # Each rank draws its own examples; rank 0 alone draws what a single process would.
     data_rng = torch.Generator().manual_seed(10_000 + spec.seed + 1_000_003 * rank)
@@ -105,6 +105,7 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
             if stop and world == 1:
                 raise StopRequested
             size = schedule.next_batch_size(Progress(step, examples, estimate, per_sample))
+            lr = _set_learning_rate(optimizer, schedule, spec.learning_rate)
             batch = _draw(task, size, world, data_rng, device)
             n_examples = examples_of(task, batch) * world
             if step == 0:
@@ -141,7 +142,7 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
                     eval_loss = exact if exact is not None else _eval_loss(model, task)
                 row = _log(rows, step, examples, spec, loss_value, smooth, eval_loss,
                            estimate, time.perf_counter() - start,
-                           probes.values(model, examples))
+                           {**probes.values(model, examples), "batch_size": size, "lr": lr})
                 if on_row is not None:
                     on_row(row)
             if done:
@@ -179,6 +180,28 @@ class LossWatch:
             raise Diverged(f"smoothed loss {smooth:.3g} > {self.factor:g} x first loss "
                            f"{self.first:.3g} at step {step}")
         return smooth
+
+
+def _make_schedule(config: Config, spec: RunSpec, world: int) -> BatchSchedule:
+    """The grid point's fixed batch size, or an adaptive run's B = sqrt(r B_noise) (appendix D)
+    with its learning-rate rule (eq. 2.7; `spec.learning_rate` is then eps_max)."""
+    if not spec.adaptive:
+        return ConstantBatch(spec.batch_size)
+    sweep = config.sweep
+    low, high = sweep.adaptive_bounds()
+    return AdaptiveBatch(spec.exchange_rate, spec.learning_rate, low, high,
+                         sweep.adaptive_min_change, world, spec.lr_noise)
+
+
+def _set_learning_rate(optimizer: torch.optim.Optimizer, schedule: BatchSchedule,
+                       learning_rate: float) -> float:
+    """This step's learning rate: the run's, or an adaptive schedule's eps(B) (set on the
+    optimizer before its step)."""
+    if isinstance(schedule, AdaptiveBatch):
+        learning_rate = schedule.learning_rate()
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate
+    return learning_rate
 
 
 def _build_model(task: Task, device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:

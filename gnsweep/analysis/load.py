@@ -28,7 +28,7 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
             spec = record["run"]
             row = {"run_id": run_id, "batch_size": int(spec["batch_size"]),
                    "learning_rate": float(spec["learning_rate"]), "seed": int(spec["seed"]),
-                   "state": state}
+                   "state": state, "exchange_rate": float(spec.get("exchange_rate", 0.0))}
         except (KeyError, TypeError, ValueError) as err:
             raise store.StoreError(f"{path / store.RUN_CONFIG}: no valid run spec ({err})"
                                    ) from None
@@ -67,7 +67,8 @@ def batch_in_examples(samples: np.ndarray, tables: list[pa.Table | None]) -> np.
         examples = float(table.column("examples")[-1].as_py() or 0)
         if step > 0 and examples > 0:
             out[i] = round(examples / step)
-            ratios.append(examples / step / samples[i])
+            if samples[i] > 0:  # an adaptive run (0 samples: its batch size varies) has its mean
+                ratios.append(examples / step / samples[i])
     if ratios:
         ratio = float(np.median(ratios))
         missing = [i for i, t in enumerate(tables) if t is None or t.num_rows == 0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gnsweep import store
+from gnsweep.analysis.adaptive import analyze_adaptive, split_adaptive
 from gnsweep.analysis.console import format_fits
 from gnsweep.analysis.pipeline import (
     ALL_FIT_COLUMNS,
@@ -52,6 +53,8 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     from gnsweep.config import Config, ConfigError
 
     curves = load_curves(sweep_dir, skip_corrupt=skip_corrupt)
+    # Adaptive runs (appendix D) stay out of the fits of eq. 2.11; they are measured against them.
+    fixed, adaptive = split_adaptive(curves)
     config = Config.load(sweep_dir)
     targets = targets or config.sweep.targets
     task = config.task
@@ -63,9 +66,13 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     loss = loss or config.analysis.loss
     if bootstrap is None:
         bootstrap = config.analysis.bootstrap
-    analysis = analyze_tables(None, curves, targets, loss=loss, ema_examples=ema_examples,
+    analysis = analyze_tables(None, fixed, targets, loss=loss, ema_examples=ema_examples,
                               bootstrap=bootstrap, optimizer=config.sweep.optimizer,
                               source=str(sweep_dir), higher_is_better=task.higher_is_better)
+    if adaptive is not None:
+        analysis.adaptive = analyze_adaptive(adaptive, analysis.fits, targets, loss=loss,
+                                             ema_examples=ema_examples,
+                                             higher_is_better=task.higher_is_better)
     # What the targets are values of, for figures and the report ("loss", "return"), and B's unit.
     analysis.meta.update(metric=task.metric, unit=task.unit)
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gnsweep.analysis.adaptive import ADAPTIVE_COLUMNS
 from gnsweep.analysis.loss_scaling import LOSS_SCALING_COLUMNS
 from gnsweep.analysis.lr import LR_FIT_COLUMNS
 
@@ -36,6 +37,10 @@ class Results:
     """One row per run: run_id, batch_size, learning_rate, seed, state (for figures)."""
     metrics: pd.DataFrame = field(default_factory=pd.DataFrame)
     """One row per logged step: run_id, step, examples, loss, loss_smooth, b_simple, b_noise."""
+    adaptive: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=ADAPTIVE_COLUMNS))
+    """Adaptive batch size runs (appendix D) against the fits, one row per (run, target);
+    empty without adaptive runs (adaptive.parquet, docs/adaptive.md)."""
 
     @property
     def bcrit_law(self) -> dict | None:
@@ -54,6 +59,7 @@ class Results:
         scaling = _records(self.loss_scaling)
         return {"fits": _records(self.fits), "lr_fits": _records(self.lr_fits),
                 "loss_scaling": scaling[0] if scaling else None,
+                "adaptive": _records(self.adaptive),
                 "warnings": self.warnings, "meta": self.meta}
 
 

@@ -30,8 +30,8 @@ from gnsweep.analysis.smoothing import (
 LOSS_COLUMNS = {"smoothed": "loss_smooth", "raw": "loss", "eval": "eval_loss",
                 "metric": "metric"}
 """Which logged column decides a target; "metric" is a task's own (cartpole's return)."""
-CURVE_COLUMNS = ("step", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise", "drift",
-                 "probe_g2", "probe_trace_sigma", "probe_g_h_g", "probe_trace_h_sigma",
+CURVE_COLUMNS = ("step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise",
+                 "drift", "probe_g2", "probe_trace_sigma", "probe_g_h_g", "probe_trace_h_sigma",
                  "b_simple_true", "b_noise_true", "metric")
 RUN_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "state"]
 

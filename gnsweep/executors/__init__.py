@@ -162,7 +162,8 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
 
         def on_row(row: dict[str, float]) -> None:
             metrics = {name: row[name] for name in METRICS if name in row}
-            logger.log(int(row["step"]), {**metrics, "batch_size": spec.batch_size})
+            # The row's own batch size (an adaptive run's varies), else the grid point's.
+            logger.log(int(row["step"]), {"batch_size": spec.batch_size, **metrics})
 
         # A diverged run is an outcome, not a failure: only one that raised is marked failed.
         failed = True
