@@ -143,10 +143,16 @@ class SweepConfig:
     adaptive_min_change: float = 0.1
     """schedule=adaptive: change the batch size only when sqrt(r B_noise) moves this much
     (relative), so that it does not jitter with the estimate's noise."""
+    adaptive_lr: str = "fit"
+    """schedule=adaptive: the B_noise of the learning-rate rule eps_max / (1 + B_noise/B) (eq.
+    2.7). `fit` (default): a constant, `adaptive_lr_noise` when given, else `b_noise_lr` of the
+    folder's fixed-batch fit (the B_noise its best learning rates imply); `measured`: the run's
+    own noise scale each step. `measured` is the literal rule but feeds back on itself (a lower
+    rate raises the measured noise scale, which lowers the rate): on digits and linreg it took
+    2-10x more examples than `fit` (docs/adaptive.md)."""
     adaptive_lr_noise: float = 0.0
-    """schedule=adaptive: B_noise of the learning-rate rule eps_max / (1 + B_noise/B); 0: the
-    run's measured noise scale each step; > 0: this constant (e.g. `b_noise_lr` of the
-    fixed-batch fit, the B_noise its best learning rates imply)."""
+    """schedule=adaptive, adaptive_lr=fit: the constant B_noise of the learning-rate rule (0:
+    take `b_noise_lr` from the folder's fits.parquet at launch)."""
 
     def __post_init__(self) -> None:
         self.batch_sizes = _positive_list("sweep.batch_sizes", self.batch_sizes, _integer)
@@ -183,7 +189,11 @@ class SweepConfig:
         self.adaptive_lr_noise = _number("sweep.adaptive_lr_noise", self.adaptive_lr_noise)
         if self.adaptive_lr_noise < 0:
             raise ConfigError(f"sweep.adaptive_lr_noise: {self.adaptive_lr_noise} must be >= 0 "
-                              "(0: the measured noise scale)")
+                              "(0: the fixed-batch fit's b_noise_lr)")
+        self.adaptive_lr = _choice("sweep.adaptive_lr", self.adaptive_lr, ("fit", "measured"))
+        if self.adaptive_lr == "measured" and self.adaptive_lr_noise:
+            raise ConfigError("sweep.adaptive_lr_noise is set but sweep.adaptive_lr=measured "
+                              "uses the run's own noise scale; drop one of them")
         for name in ("adaptive_min_batch", "adaptive_max_batch"):
             setattr(self, name, _integer(f"sweep.{name}", getattr(self, name)))
         low, high = self.adaptive_bounds()

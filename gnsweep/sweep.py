@@ -25,7 +25,7 @@ __all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "p
 RELAUNCH_MAY_CHANGE = ("executor", "analysis", "logger", "sweep.name", "sweep.batch_sizes",
                        "sweep.learning_rates", "sweep.seeds", "sweep.max_retries",
                        "sweep.schedule", "sweep.exchange_rates", "sweep.eps_max",
-                       "sweep.adaptive_lr_noise")
+                       "sweep.adaptive_lr", "sweep.adaptive_lr_noise")
 GRID_KEYS = ("batch_sizes", "learning_rates", "seeds", "exchange_rates")
 
 
@@ -71,30 +71,37 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
 
 
 def resolve_eps_max(config: Config, sweep_dir: Path) -> Config:
-    """The config with sweep.eps_max set for adaptive runs: as given, else the eps_max of the
-    eq. 2.7 fit of the folder's analysed fixed-batch runs (`fits.parquet`) at the hardest target
-    that has one (the adaptive run trains to it). ConfigError (exit 2) when neither exists."""
+    """The config with the adaptive runs' learning-rate rule resolved: sweep.eps_max as given,
+    else the eps_max of the eq. 2.7 fit of the folder's analysed fixed-batch runs
+    (`fits.parquet`) at the hardest target that has one (the adaptive run trains to it); with
+    `adaptive_lr=fit` and no `adaptive_lr_noise`, that fit's `b_noise_lr` too. ConfigError
+    (exit 2) when neither is given nor fitted."""
     import dataclasses
     import math
 
     sweep = config.sweep
-    if sweep.schedule != "adaptive" or sweep.eps_max > 0:
+    need_noise = sweep.adaptive_lr == "fit" and not sweep.adaptive_lr_noise
+    if sweep.schedule != "adaptive" or (sweep.eps_max > 0 and not need_noise):
         return config
     path = sweep_dir / "fits.parquet"
     if not path.is_file():
-        raise ConfigError(f"sweep.schedule=adaptive needs eps_max, and {path} does not exist: "
-                          f"set sweep.eps_max=..., or launch and analyse the fixed-batch grid "
-                          f"first (gnsweep analyze {sweep_dir})")
-    fits = store.read_table(path, columns=["target", "eps_max"]).to_pylist()
+        raise ConfigError(f"sweep.schedule=adaptive needs eps_max (and the B_noise of eq. 2.7), "
+                          f"and {path} does not exist: set sweep.eps_max=... and "
+                          f"sweep.adaptive_lr_noise=..., or launch and analyse the fixed-batch "
+                          f"grid first (gnsweep analyze {sweep_dir})")
+    fits = store.read_table(path, columns=["target", "eps_max", "b_noise_lr"]).to_pylist()
     order = sorted(fits, key=lambda row: row["target"], reverse=config.task.higher_is_better)
-    found = [row["eps_max"] for row in order
-             if row["eps_max"] is not None and math.isfinite(row["eps_max"])
-             and row["eps_max"] > 0]
+    found = [row for row in order
+             if all(row[k] is not None and math.isfinite(row[k]) and row[k] > 0
+                    for k in ("eps_max", "b_noise_lr"))]
     if not found:
-        raise ConfigError(f"{path}: no target has a learning-rate fit (eps_max); set "
-                          "sweep.eps_max=... for the adaptive runs")
-    eps_max = float(f"{found[0]:.4g}")  # the precision of the run id
-    return dataclasses.replace(config, sweep=dataclasses.replace(sweep, eps_max=eps_max))
+        raise ConfigError(f"{path}: no target has a learning-rate fit (eps_max, b_noise_lr); "
+                          "set sweep.eps_max=... and sweep.adaptive_lr_noise=...")
+    # The precision of the run id.
+    eps_max = sweep.eps_max if sweep.eps_max > 0 else float(f"{found[0]['eps_max']:.4g}")
+    lr_noise = float(f"{found[0]['b_noise_lr']:.4g}") if need_noise else sweep.adaptive_lr_noise
+    return dataclasses.replace(config, sweep=dataclasses.replace(
+        sweep, eps_max=eps_max, adaptive_lr_noise=lr_noise))
 
 
 def prepare_folder(sweep_dir: Path, config: Config) -> None:

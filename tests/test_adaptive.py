@@ -196,11 +196,23 @@ def test_eps_max_comes_from_the_fit_at_the_hardest_target(tmp_path):
     config = Config(sweep=SweepConfig(schedule="adaptive", exchange_rates=[10]))
     with pytest.raises(ConfigError, match=r"sweep\.eps_max"):
         resolve_eps_max(config, tmp_path)
-    pq.write_table(pa.table({"target": [0.3, 0.1, 0.03], "eps_max": [1.0, 2.0, math.nan]}),
+    pq.write_table(pa.table({"target": [0.3, 0.1, 0.03], "eps_max": [1.0, 2.0, math.nan],
+                             "b_noise_lr": [40.0, 60.0, math.nan]}),
                    tmp_path / "fits.parquet")
-    assert resolve_eps_max(config, tmp_path).sweep.eps_max == 2.0  # 0.03 has no lr fit
+    resolved = resolve_eps_max(config, tmp_path).sweep
+    assert (resolved.eps_max, resolved.adaptive_lr_noise) == (2.0, 60.0)  # 0.03 has no lr fit
     config.sweep.eps_max = 5.0
-    assert resolve_eps_max(config, tmp_path).sweep.eps_max == 5.0  # the flag wins
+    resolved = resolve_eps_max(config, tmp_path).sweep
+    assert (resolved.eps_max, resolved.adaptive_lr_noise) == (5.0, 60.0)  # the flag wins
+    config.sweep.adaptive_lr_noise = 7.0
+    assert resolve_eps_max(config, tmp_path).sweep.adaptive_lr_noise == 7.0
+    # The measured rule needs no B_noise from the fit, and refuses a constant one.
+    measured = Config(sweep=SweepConfig(schedule="adaptive", exchange_rates=[10], eps_max=3.0,
+                                        adaptive_lr="measured"))
+    assert resolve_eps_max(measured, tmp_path / "nowhere").sweep.adaptive_lr_noise == 0
+    with pytest.raises(ConfigError, match=r"sweep\.adaptive_lr_noise"):
+        SweepConfig(schedule="adaptive", exchange_rates=[10], adaptive_lr="measured",
+                    adaptive_lr_noise=5.0)
 
 
 def test_launch_refuses_an_adaptive_sweep_without_eps_max_with_exit_2(tmp_path):
@@ -226,6 +238,7 @@ def test_adaptive_runs_on_digits_end_to_end(tiny_sweep):
     sweep_dir = tiny_sweep
     result = runner.invoke(app, ["launch", "sweep=tiny", "sweep.schedule=adaptive",
                                  "sweep.exchange_rates=[30,300]", "sweep.eps_max=1.0",
+                                 "sweep.adaptive_lr=measured",
                                  "--sweep-dir", str(sweep_dir), "--workers", "1", "--quiet"])
     assert result.exit_code == 0, result.output
     for rate in (30, 300):
