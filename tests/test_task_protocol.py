@@ -197,18 +197,17 @@ def test_linreg_eval_loss_is_the_exact_population_loss():
     assert math.isclose(exact, expected, rel_tol=1e-9)
 
 
-@pytest.mark.parametrize("name", ["mnist1d", "chars", "vae"])
+@pytest.mark.parametrize("name", ["mnist1d", "chars", "vae", "cartpole"])
 def test_new_tasks_compose_and_pass_the_launch_check(name):
     from gnsweep.config import compose
     from gnsweep.tasks.check import check_task
 
-    if name == "mnist1d":
-        pytest.importorskip("mnist1d")
-    overrides = [f"task={name}"]
+    pytest.importorskip({"mnist1d": "mnist1d", "cartpole": "gymnasium"}.get(name, "torch"))
+    overrides = [f"task={name}", f"sweep={name}"]
     if name == "chars":
         overrides += ["task.width=16", "task.heads=2", "task.depth=1", "task.context=8"]
     config = compose(overrides)
-    assert config.task.name == name
+    assert config.task.name == name and config.sweep.name == name  # one choice of each group
     check_task(config.task.name, config.task.options)
 
 
