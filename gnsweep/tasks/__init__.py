@@ -74,7 +74,8 @@ REGISTRY: dict[str, TaskEntry] = {
     "chars": TaskEntry(
         CharsOptions, "gnsweep.tasks.chars:make",
         "Character-level transformer LM on the standard library's pydoc_data.topics (465k "
-        "characters), nats per character; B counted in tokens (windows x context)."),
+        "characters), nats per character; B counted in tokens (windows x context).",
+        unit="tokens"),
     "vae": TaskEntry(
         VaeOptions, "gnsweep.tasks.vae:make",
         "VAE on scikit-learn's bundled digits images (8 x 8), negative ELBO in nats per image."),
