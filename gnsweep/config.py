@@ -120,7 +120,8 @@ class SweepConfig:
     every batch size averages over the same number of examples (same noise, same lag in E)."""
     divergence_factor: float = 3.0
     """A run diverges when its loss is NaN/inf or its smoothed loss exceeds this x its first
-    loss."""
+    loss (a loss task only: a task with its own metric, cartpole's return, diverges only on a
+    NaN/inf loss)."""
     log_every: int = 1
     """Write a metrics row every this many steps."""
     eval_every: int = 0

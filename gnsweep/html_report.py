@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.results import Results
+from gnsweep.analysis.views import quantity
 from gnsweep.config import Config
 
 REPORT = "report.html"
@@ -64,19 +65,20 @@ def interval_of(row: Any) -> tuple[float, float]:
     return bcrit_interval(float(row.b_crit), float(row.b_crit_se))
 
 
-def answers(fits: pd.DataFrame, front: pd.DataFrame) -> list[str]:
-    """One plain paragraph per target, highest loss first.
+def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss") -> list[str]:
+    """One plain paragraph per target, earliest in training first; `what` names the targets'
+    quantity (loss, or a task's own metric such as return).
 
     B_crit more than a factor EXTRAPOLATION outside the measured batch sizes is reported as a
     bound (beyond the largest / below the smallest), not as a number: the fit cannot place it.
     """
     out = []
     batches = sorted(int(b) for b in front["batch_size"].unique()) if len(front) else []
-    for row in fits.sort_values("target", ascending=False).itertuples(index=False):
+    for row in fits.sort_values("target", ascending=what != "loss").itertuples(index=False):
         b_crit = float(row.b_crit)
         if not (math.isfinite(b_crit) and b_crit > 0):
             reason = str(row.refused) or "no fit"
-            out.append(f"At loss {row.target:g}: no answer yet; {reason}.")
+            out.append(f"At {what} {row.target:g}: no answer yet; {reason}.")
             continue
         lo, hi = interval_of(row)
         if math.isfinite(lo) and math.isfinite(hi) and lo > 0 and hi / lo <= POORLY_DETERMINED:
@@ -89,20 +91,20 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame) -> list[str]:
         measured = (f" The noise scale measured during training, B_simple, was about "
                     f"{rounded(b_simple)}." if math.isfinite(b_simple) and b_simple > 0 else "")
         if batches and b_crit > EXTRAPOLATION * batches[-1]:
-            out.append(f"At loss {row.target:g} the largest useful batch size is beyond the "
+            out.append(f"At {what} {row.target:g} the largest useful batch size is beyond the "
                        f"largest one measured ({batches[-1]}): the fit puts it near "
                        f"{rounded(b_crit)} (95% interval {interval}), an extrapolation. Add "
                        f"larger batch sizes to pin it down.{measured}")
             continue
         if batches and b_crit < batches[0] / EXTRAPOLATION:
-            out.append(f"At loss {row.target:g} the largest useful batch size is below the "
+            out.append(f"At {what} {row.target:g} the largest useful batch size is below the "
                        f"smallest one measured ({batches[0]}): the fit puts it near "
                        f"{rounded(b_crit)} (95% interval {interval}), an extrapolation. Add "
                        f"smaller batch sizes to pin it down.{measured}")
             continue
         detail = (f"poorly determined: the 95% interval spans {interval}; add batch sizes or "
                   "seeds" if poor else interval)
-        text = (f"At loss {row.target:g} the largest useful batch size is about "
+        text = (f"At {what} {row.target:g} the largest useful batch size is about "
                 f"{rounded(b_crit)} ({detail}); beyond it, doubling the batch saves less than "
                 f"half the steps that perfect scaling would save (under a quarter of them).")
         text += (f" Near it a run needs about {rounded(2 * row.s_min)} steps and "
@@ -132,6 +134,7 @@ def collect_warnings(tables: Results) -> list[str]:
     out = [w for w in tables.warnings
            if not (w.startswith("run ") and w.endswith(": left out"))]
     runs, steps = tables.runs, tables.steps
+    target_of = quantity(tables.meta)
     for state, what in (("failed", "failed (see its status.json; relaunch to retry)"),
                         ("diverged", "diverged (loss blew up): left out of the fits"),
                         ("corrupt", "has an unreadable metrics file: left out"),
@@ -146,7 +149,8 @@ def collect_warnings(tables: Results) -> list[str]:
             never = [int(b) for b in reached.index[~reached]]
             if len(never) == len(reached):
                 out.append(f"target {target:g}: no run reached it; raise sweep.max_steps or "
-                           "choose a higher target loss")
+                           + ("choose a higher target loss" if target_of == "loss"
+                              else f"choose a lower target {target_of}"))
             elif never:
                 out.append(f"target {target:g}: batch size(s) {', '.join(map(str, never))} "
                            "never reached it at any learning rate")
@@ -202,11 +206,11 @@ def _has(fits: pd.DataFrame, column: str) -> bool:
     return column in fits and bool(np.isfinite(fits[column].astype(float)).any())
 
 
-def fit_table(fits: pd.DataFrame) -> str:
+def fit_table(fits: pd.DataFrame, what: str = "loss") -> str:
     has_noise = _has(fits, "b_noise_mean")
     has_window = _has(fits, "b_crit_window_spread")
     true = [c for c in ("b_simple_true_mean", "b_noise_true_mean") if _has(fits, c)]
-    head = ["target loss", "batch sizes", "S_min (steps)", "E_min (examples)",
+    head = [f"target {what}", "batch sizes", "S_min (steps)", "E_min (examples)",
             "B_crit (examples)", "B_crit 95% interval",
             *(["B_crit at half / double smoothing window"] if has_window else []),
             "B_simple (S_min-weighted mean)",
@@ -269,7 +273,7 @@ def grid_summary(config: Config, runs: pd.DataFrame) -> str:
              ("batch sizes", ", ".join(map(str, sweep.batch_sizes))),
              ("learning rates", ", ".join(f"{x:g}" for x in sweep.learning_rates)),
              ("seeds", ", ".join(map(str, sweep.seeds))),
-             ("target losses", ", ".join(map(str, sweep.targets))),
+             (f"target {config.task.metric}s", ", ".join(map(str, sweep.targets))),
              ("max steps per run", sweep.max_steps)]
     states = runs["state"].value_counts().to_dict() if len(runs) else {}
     items.append(("runs", f"{len(runs)}: " + ", ".join(f"{n} {s}" for s, n in
@@ -328,13 +332,14 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
     warnings = collect_warnings(tables)
     parts = [
         "<h2>Answer</h2>",
-        *(f"<p class=answer>{esc(a)}</p>" for a in answers(tables.fits, tables.front)),
+        *(f"<p class=answer>{esc(a)}</p>"
+          for a in answers(tables.fits, tables.front, quantity(tables.meta))),
         f"<h2>Warnings ({len(warnings)})</h2>",
         _list(warnings, "warn") if warnings else "<p>None.</p>",
         "<h2>Fits of eq. 2.11: (S/S_min − 1)(E/E_min − 1) = 1</h2>",
         "<p class=meta>Standard errors from the least-squares Jacobian on log S; "
         "B_crit = E_min/S_min (eq. 2.12), its error by the delta method.</p>",
-        fit_table(tables.fits),
+        fit_table(tables.fits, quantity(tables.meta)),
         *adaptive_section(tables.adaptive),
         "<h2>Figures</h2><div class=figures>",
     ]

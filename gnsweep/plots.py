@@ -29,7 +29,15 @@ from matplotlib.ticker import FixedFormatter, FixedLocator, LogFormatter, NullFo
 
 from gnsweep.analysis.fit import predict_steps
 from gnsweep.analysis.results import Results
-from gnsweep.analysis.views import best_runs, finite, fitted, grid_cells, lr_fit_curve, placed
+from gnsweep.analysis.views import (
+    best_runs,
+    finite,
+    fitted,
+    grid_cells,
+    lr_fit_curve,
+    placed,
+    quantity,
+)
 
 # Okabe & Ito (2008): distinguishable with every common colour-vision deficiency.
 COLORS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442"]
@@ -118,7 +126,7 @@ def _off_note(ax: Axes, off: list[str]) -> None:
 
 
 def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame,
-                  adaptive: pd.DataFrame | None = None) -> Figure:
+                  adaptive: pd.DataFrame | None = None, what: str = "loss") -> Figure:
     """Steps against examples to reach each target, best learning rate per batch size, with the
     fitted hyperbola (S/S_min - 1)(E/E_min - 1) = 1 (eq. 2.11) and its B_crit point
     (E, S) = (2 E_min, 2 S_min) (eq. 2.12), log-log like the paper's fig. 4. Adaptive runs
@@ -145,7 +153,7 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame,
             color = colors[float(target)]
             on = group["on_front"].astype(bool) if "on_front" in group else group["steps"] > 0
             fit = fitted(fits[np.isclose(fits["target"], target)])
-            label = f"loss {target:g}"
+            label = f"{what} {target:g}"
             ax.plot(group["examples"], group["steps"], ":", color=color, lw=0.6, alpha=0.7)
             for row in group.itertuples(index=False):
                 ax.annotate(f"{row.batch_size}", (row.examples, row.steps), fontsize=5,
@@ -179,7 +187,7 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame,
         ax.set_ylim(y_lo, y_hi)
         ax.set_xlabel("examples to reach the target, E (examples)")
         ax.set_ylabel("steps to reach the target, S (steps)")
-        ax.set_title("Pareto fronts: steps vs examples per target loss")
+        ax.set_title(f"Pareto fronts: steps vs examples per target {what}")
         handles, labels = ax.get_legend_handles_labels()
         handles += [plt.Line2D([], [], color="grey", lw=1.0),
                     plt.Line2D([], [], marker="*", ls="", color="grey", mec="black", mew=0.5,
@@ -221,11 +229,12 @@ def _adaptive_series(ax: Axes, runs: pd.DataFrame, fit: pd.DataFrame, color: Any
 # ---- b. B_crit against the measured noise scale --------------------------------------------
 
 
-def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None) -> Figure:
+def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None,
+                     what: str = "loss") -> Figure:
     """B_crit of the fit (eq. 2.12) against B_simple, the S_min-weighted mean of the measured
     noise scale up to the target (median over batch sizes), and B_noise (eq. 2.8) where the
     fits carry it. y error bars: B_crit's standard error; x bars: range over batch sizes."""
-    ok, off = placed(fitted(fits), front)
+    ok, off = placed(fitted(fits), front, what)
     ok = ok[finite(ok, "b_simple_mean")]
     if ok.empty:
         raise Skip("no target has both a fit of eq. 2.11 that places B_crit and a measured "
@@ -275,7 +284,7 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None) -> F
         # Colour says the target, the marker says which noise scale.
         handles = [plt.Line2D([], [], marker="o", ls="", color=colors[float(t)], ms=4)
                    for t in ok["target"]]
-        labels = [f"loss {t:g}" for t in ok["target"]]
+        labels = [f"{what} {t:g}" for t in ok["target"]]
         kinds = [("o", "grey", "B_simple (S_min-weighted mean)")]
         if has_noise:
             kinds.append(("s", "white", "B_noise (eq. 2.8)"))
@@ -317,8 +326,8 @@ def _positive(values: pd.Series) -> np.ndarray:
     return np.where(np.isfinite(array) & (array > 0), array, np.nan)
 
 
-def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame
-                        ) -> Figure:
+def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
+                        what: str = "loss") -> Figure:
     """B_simple = EMA(tr Sigma)/EMA(|G|^2) (eq. A.2) and B_noise (eq. 2.8, where measured) of
     the best-tuned run per batch size, against optimizer steps and against the training loss.
     Non-positive early estimates (noise before the EMAs settle) are not drawn on the log axis."""
@@ -338,8 +347,10 @@ def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.Dat
             label = f"B = {row.batch_size} (lr {row.learning_rate:g})"
             b_simple = _positive(frame["b_simple"])
             ax_step.plot(frame["step"], b_simple, color=color, label=label)
-            # The lowest loss so far: the smoothed loss still wobbles, progress does not.
-            reached = frame["loss_smooth"].cummin()
+            # The lowest loss (highest metric) so far: the value still wobbles, progress does
+            # not.
+            reached = (frame["loss_smooth"].cummin() if what == "loss"
+                       else frame["metric"].cummax())
             ax_loss.plot(reached, b_simple, color=color)
             if has_noise:
                 b_noise = _positive(frame["b_noise"])
@@ -349,11 +360,14 @@ def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.Dat
         for ax in (ax_step, ax_loss):
             _loglog(ax)
         ax_step.set_xlabel("optimizer step (steps)")
-        ax_loss.set_xlabel("lowest smoothed training loss so far (nats; training →)")
-        ax_loss.invert_xaxis()
+        if what == "loss":
+            ax_loss.set_xlabel("lowest smoothed training loss so far (nats; training →)")
+            ax_loss.invert_xaxis()
+        else:
+            ax_loss.set_xlabel(f"highest {what} so far (training →)")
         ax_step.set_ylabel(("B_simple, B_noise" if has_noise else "B_simple") + " (examples)")
         ax_step.set_title("Noise scale over training" + ("" if has_noise else ": B_simple"))
-        ax_loss.set_title("... against the loss reached")
+        ax_loss.set_title(f"... against the {what} reached")
         ax_loss.tick_params(which="both", labelleft=True)
         handles, labels = ax_step.get_legend_handles_labels()
         if has_noise:
@@ -372,7 +386,7 @@ CELL_MARKS = {"not reached": "x", "diverged": "div", "failed": "fail", "corrupt"
               "pending": "…", "running": "…"}
 
 
-def steps_grid(steps: pd.DataFrame, front: pd.DataFrame) -> Figure:
+def steps_grid(steps: pd.DataFrame, front: pd.DataFrame, what: str = "loss") -> Figure:
     """Steps to reach each target over the batch size x learning rate grid, one panel per
     target; the best learning rate per batch size is boxed, cells that never reached the target
     are hatched (x: not reached, div: diverged)."""
@@ -429,7 +443,7 @@ def steps_grid(steps: pd.DataFrame, front: pd.DataFrame) -> Figure:
             if ax in axes[:, 0]:
                 ax.set_ylabel("learning rate")
             n_reached = int(table["outcome"].eq("reached").sum())
-            ax.set_title(f"loss {target:g}: {n_reached}/{len(table)} cells reached")
+            ax.set_title(f"{what} {target:g}: {n_reached}/{len(table)} cells reached")
         for ax in list(axes.flat)[len(targets):]:
             ax.set_visible(False)
         if image is not None:
@@ -447,7 +461,7 @@ def steps_grid(steps: pd.DataFrame, front: pd.DataFrame) -> Figure:
 
 
 def best_lr_vs_batch(front: pd.DataFrame, steps: pd.DataFrame | None = None,
-                     fits: pd.DataFrame | None = None) -> Figure:
+                     fits: pd.DataFrame | None = None, what: str = "loss") -> Figure:
     """The best learning rate per batch size against batch size, log-log: the refined optimum
     `lr_opt` (parabola vertex in log lr, log steps) where the front has it, else the best grid
     point; with the fitted eps_opt(B) = eps_max/(1 + (B_noise/B)^alpha) (eq. 2.7) where the fits
@@ -473,7 +487,7 @@ def best_lr_vs_batch(front: pd.DataFrame, steps: pd.DataFrame | None = None,
             # Small horizontal offsets so targets sharing a rate do not hide each other.
             x = group["batch_size"] * offsets[target]
             y = group[column].where(np.isfinite(group[column]), group["learning_rate"])
-            label = f"loss {target:g}"
+            label = f"{what} {target:g}"
             fit = None
             if fits is not None and len(fits):
                 match = fits[np.isclose(fits["target"], target)]
@@ -514,10 +528,10 @@ def best_lr_vs_batch(front: pd.DataFrame, steps: pd.DataFrame | None = None,
 
 
 def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
-                  front: pd.DataFrame | None = None) -> Figure:
+                  front: pd.DataFrame | None = None, what: str = "loss") -> Figure:
     """B_crit (eq. 2.12) with its standard error against the target loss, log-log, with the
     power law B_crit(L) = B_* / L^(1/alpha_B) (Kaplan et al. 2020) where a fit is given."""
-    ok, off = placed(fitted(fits), front)
+    ok, off = placed(fitted(fits), front, what)
     if len(ok) < 2:
         raise Skip(f"{len(ok)} target(s) with a fit of eq. 2.11 that places B_crit; a trend "
                    "needs at least 2" + (f" ({'; '.join(off)})" if off else ""))
@@ -529,7 +543,7 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
             color = colors[float(row.target)]
             ax.errorbar([row.target], [row.b_crit], yerr=_yerr(row.b_crit, row.b_crit_se),
                         fmt="o", color=color, capsize=2, ms=4, elinewidth=0.8)
-        title = "Critical batch size vs target loss"
+        title = f"Critical batch size vs target {what}"
         b_star, alpha = _number(law, "b_star"), _number(law, "alpha_b")
         if np.isfinite([b_star, alpha]).all() and alpha > 0 and b_star > 0:
             losses = np.geomspace(ok["target"].min() / 1.5, ok["target"].max() * 1.5, 100)
@@ -540,8 +554,11 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
             title += " (no power-law fit)"
         _loglog(ax)
         _plain_ticks(ax.xaxis, ok["target"])
-        ax.invert_xaxis()
-        ax.set_xlabel("target loss L (nats; lower is further into training)")
+        if what == "loss":
+            ax.invert_xaxis()
+            ax.set_xlabel("target loss L (nats; lower is further into training)")
+        else:
+            ax.set_xlabel(f"target {what} (higher is further into training)")
         ax.set_ylabel("B_crit = E_min / S_min (examples)")
         ax.set_title(title)
         return fig
@@ -551,7 +568,7 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
 
 
 def loss_curves(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
-                targets: list[float] | None = None) -> Figure:
+                targets: list[float] | None = None, what: str = "loss") -> Figure:
     """Smoothed training loss of the best-tuned run per batch size, against optimizer steps and
     against examples, log-log, with the targets as horizontal lines: larger batches need fewer
     steps but more examples (the two sides of eq. 2.11)."""
@@ -566,7 +583,8 @@ def loss_curves(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
         fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(PAGE, 2.8), sharey=True)
         for row in chosen.itertuples(index=False):
             frame = _thin(by_run[row.run_id].sort_values("step"))
-            loss = _positive(frame["loss_smooth"])
+            # A task's own metric is plotted as logged (already a window mean).
+            loss = _positive(frame["loss_smooth" if what == "loss" else "metric"])
             label = f"B = {row.batch_size} (lr {row.learning_rate:g})"
             if not row.reached:
                 label += ", no target reached"
@@ -582,9 +600,10 @@ def loss_curves(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
                       fontsize=5.5, color="0.4", va="center")
         ax_s.set_xlabel("optimizer step (steps)")
         ax_e.set_xlabel("examples processed (examples)")
-        ax_s.set_ylabel("training loss, smoothed (nats)")
+        ax_s.set_ylabel("training loss, smoothed (nats)" if what == "loss"
+                        else f"training {what}")
         ax_e.tick_params(which="both", labelleft=True)
-        ax_s.set_title("Training loss of the best-tuned run per batch size")
+        ax_s.set_title(f"Training {what} of the best-tuned run per batch size")
         ax_e.set_title("... against examples (dashed: targets)")
         fig.legend(title="best-tuned run\nper batch size", loc="outside right upper")
         return fig
@@ -601,6 +620,10 @@ class FigureSpec:
     draw: Callable[[SweepTables], Figure]
 
 
+def _what(tables: SweepTables) -> str:
+    return quantity(tables.meta)
+
+
 def _targets(tables: SweepTables) -> list[float]:
     return sorted(float(t) for t in tables.fits["target"]) if len(tables.fits) else []
 
@@ -608,25 +631,25 @@ def _targets(tables: SweepTables) -> list[float]:
 FIGURES = [
     FigureSpec("pareto_fronts", "Steps against examples to reach each target at the best "
                "learning rate per batch size, with the fitted hyperbola of eq. 2.11 and B_crit.",
-               lambda t: pareto_fronts(t.front, t.fits, t.adaptive)),
+               lambda t: pareto_fronts(t.front, t.fits, t.adaptive, _what(t))),
     FigureSpec("bcrit_vs_bsimple", "B_crit from the fit against the noise scale measured "
                "during training; on the dashed line the noise scale predicts B_crit exactly.",
-               lambda t: bcrit_vs_bsimple(t.fits, t.front)),
+               lambda t: bcrit_vs_bsimple(t.fits, t.front, _what(t))),
     FigureSpec("noise_over_training", "The measured noise scale of the best-tuned run per "
                "batch size, over steps and against the loss: it grows as the loss falls.",
-               lambda t: noise_over_training(t.runs, t.metrics, t.front)),
+               lambda t: noise_over_training(t.runs, t.metrics, t.front, _what(t))),
     FigureSpec("steps_grid", "Steps to reach each target over the batch size x learning rate "
                "grid; boxed cells are the best learning rate per batch size.",
-               lambda t: steps_grid(t.steps, t.front)),
+               lambda t: steps_grid(t.steps, t.front, _what(t))),
     FigureSpec("best_lr", "The best learning rate against batch size; it grows with B, then "
                "levels off near B_noise (eq. 2.7).",
-               lambda t: best_lr_vs_batch(t.front, t.steps, t.fits)),
+               lambda t: best_lr_vs_batch(t.front, t.steps, t.fits, _what(t))),
     FigureSpec("bcrit_vs_loss", "B_crit against the target loss: the critical batch size "
                "grows as training goes on.",
-               lambda t: bcrit_vs_loss(t.fits, t.bcrit_law, t.front)),
+               lambda t: bcrit_vs_loss(t.fits, t.bcrit_law, t.front, _what(t))),
     FigureSpec("loss_curves", "Training loss of the best-tuned run per batch size against "
                "steps and examples; dashed lines are the targets.",
-               lambda t: loss_curves(t.runs, t.metrics, t.front, _targets(t))),
+               lambda t: loss_curves(t.runs, t.metrics, t.front, _targets(t), _what(t))),
 ]
 
 

@@ -2,7 +2,9 @@
 B_simple on the way, stop at the hardest target, the budget, or divergence; write metrics.
 
 Stopping and smoothing follow the paper's appendix A: a target counts as reached when the
-exponentially smoothed training loss falls to it.
+exponentially smoothed training loss falls to it. A task with its own metric (cartpole's return,
+`config.task.metric`) has it logged in the `metric` column and its targets reached on it, in
+the task's direction.
 """
 
 from __future__ import annotations
@@ -87,15 +89,20 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
     probes = RunProbes(noise, task, spec.seed)  # frozen-parameter probes, exact truth
     # Each rank draws its own examples; rank 0 alone draws what a single process would.
     data_rng = torch.Generator().manual_seed(10_000 + spec.seed + 1_000_003 * rank)
-    hardest = min(sweep.targets)
+    # A metric task's targets are values of task.metric(model), reached in its direction; its
+    # loss (A2C's) has no scale to diverge from, so only a non-finite loss diverges.
+    metric_task = config.task.metric != "loss"
+    hardest = config.task.hardest(sweep.targets)
 
     rows: dict[str, list] = {f.name: [] for f in store.METRICS_SCHEMA}
-    watch = LossWatch(sweep.loss_ema_examples, sweep.divergence_factor)
+    watch = LossWatch(sweep.loss_ema_examples,
+                      None if metric_task else sweep.divergence_factor)
     estimate: NoiseEstimate | None = None
     stop_at: int | None = None
     per_sample = 1.0
     start = time.perf_counter()
-    state, reason, step, examples, loss_value = "done", "max_steps", 0, 0, math.nan
+    state, reason, step, examples = "done", "max_steps", 0, 0
+    loss_value = metric = math.nan
     try:
         while step < sweep.max_steps:
             if sweep.max_examples and examples >= sweep.max_examples:
@@ -114,9 +121,11 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
             optimizer.zero_grad(set_to_none=True)
             k = _microbatches(monitor, noise.microbatches, size // world)
             loss_value = _backward(trained, task, batch, k, monitor)
+            # Measured before the update, like the loss: the episodes of this step's rollouts.
+            metric = _metric(task, model) if metric_task else math.nan
             if world > 1:
                 # Every rank must decide alike (stop, diverged, done): one small all-reduce.
-                loss_value, stop = _agree(loss_value, stop, device)
+                loss_value, metric, stop = _agree(loss_value, metric, stop, device)
                 if stop:
                     raise StopRequested
             # Every step: the monitor counts steps and measures every noise.every of them;
@@ -130,17 +139,19 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
             examples += n_examples
 
             smooth = watch.update(loss_value, n_examples, step)
-            # Past the hardest target, train on until the analysis's centred window is whole.
-            if stop_at is None and smooth <= hardest:
-                stop_at = step + overrun_steps(step, n_examples, SMOOTHING_FRACTION,
-                                               MIN_WINDOW_EXAMPLES)
+            # Past the hardest target, train on until the analysis's centred window is whole
+            # (a metric is read as logged, no window: stop at once). NaN reaches nothing.
+            if stop_at is None and config.task.reached(metric if metric_task else smooth,
+                                                       hardest):
+                stop_at = step + (0 if metric_task else overrun_steps(
+                    step, n_examples, SMOOTHING_FRACTION, MIN_WINDOW_EXAMPLES))
             done = stop_at is not None and step >= stop_at
             if step % sweep.log_every == 0 or done:
                 eval_loss = math.nan
                 if sweep.eval_every and step % sweep.eval_every == 0:
                     exact = probes.exact_loss(model)
                     eval_loss = exact if exact is not None else _eval_loss(model, task)
-                row = _log(rows, step, examples, spec, loss_value, smooth, eval_loss,
+                row = _log(rows, step, examples, spec, loss_value, smooth, metric, eval_loss,
                            estimate, time.perf_counter() - start,
                            {**probes.values(model, examples), "batch_size": size, "lr": lr})
                 if on_row is not None:
@@ -159,9 +170,10 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
 
 class LossWatch:
     """The smoothed training loss (paper appendix A), and divergence: a NaN/inf loss, or a
-    smoothed loss above `factor` x the first."""
+    smoothed loss above `factor` x the first (None: only a NaN/inf loss, for a loss that may be
+    negative or grow, like A2C's)."""
 
-    def __init__(self, ema_examples: float, factor: float) -> None:
+    def __init__(self, ema_examples: float, factor: float | None) -> None:
         self.ema_examples, self.factor = ema_examples, factor
         self.ema, self.first = Ema(), math.nan
 
@@ -176,7 +188,7 @@ class LossWatch:
             self.first = loss
         self.ema.update(loss, ema_decay(examples, examples_scale=self.ema_examples))
         smooth = self.ema.value
-        if smooth > self.factor * self.first:
+        if self.factor is not None and smooth > self.factor * self.first:
             raise Diverged(f"smoothed loss {smooth:.3g} > {self.factor:g} x first loss "
                            f"{self.first:.3g} at step {step}")
         return smooth
@@ -273,11 +285,14 @@ def placement() -> tuple[int, int, torch.device]:
     return dist.get_world_size(), dist.get_rank(), device
 
 
-def _agree(loss: float, stop: bool, device: torch.device) -> tuple[float, bool]:
-    """The global batch-mean loss (equal per-rank batches) and whether any rank must stop."""
-    both = torch.tensor([loss, float(stop)], dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(both)
-    return float(both[0]) / torch.distributed.get_world_size(), bool(both[1] > 0)
+def _agree(loss: float, metric: float, stop: bool,
+           device: torch.device) -> tuple[float, float, bool]:
+    """The global batch-mean loss (equal per-rank batches), the ranks' mean metric (NaN while
+    any rank has none) and whether any rank must stop."""
+    values = torch.tensor([loss, metric, float(stop)], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(values)
+    world = torch.distributed.get_world_size()
+    return float(values[0]) / world, float(values[1]) / world, bool(values[2] > 0)
 
 
 def _microbatches(monitor: NoiseScaleMonitor, wanted: int, samples: int) -> int:
@@ -335,6 +350,12 @@ def _in_task_units(estimate: NoiseEstimate | None, per_sample: float) -> NoiseEs
                    b_noise=estimate.b_noise * per_sample)
 
 
+def _metric(task: Task, model: torch.nn.Module) -> float:
+    """The task's own metric, `task.metric(model)` (NaN until it has one: no episode ended)."""
+    measure: Callable[[torch.nn.Module], float] = getattr(task, "metric")  # noqa: B009
+    return float(measure(model))
+
+
 @torch.no_grad()
 def _eval_loss(model: torch.nn.Module, task: Task) -> float:
     """The task's `eval_loss(model)` in eval mode (NaN when the task has none)."""
@@ -350,12 +371,12 @@ def _eval_loss(model: torch.nn.Module, task: Task) -> float:
 
 
 def _log(rows: dict[str, list], step: int, examples: int, spec: RunSpec, loss: float,
-         smooth: float, eval_loss: float, estimate: NoiseEstimate | None, wall: float,
-         extra: dict[str, float]) -> dict[str, float]:
+         smooth: float, metric: float, eval_loss: float, estimate: NoiseEstimate | None,
+         wall: float, extra: dict[str, float]) -> dict[str, float]:
     nan = math.nan
     values = {
         "step": step, "examples": examples, "loss": loss, "loss_smooth": smooth,
-        "eval_loss": eval_loss, "lr": spec.learning_rate, "wall_time": wall,
+        "eval_loss": eval_loss, "lr": spec.learning_rate, "wall_time": wall, "metric": metric,
     }
     # The noise columns of the schema are the estimate's fields, by name.
     for field in fields(NoiseEstimate):

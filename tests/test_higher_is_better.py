@@ -120,7 +120,7 @@ def _write_sweep(folder) -> None:
 def uphill_sweep(tmp_path, monkeypatch):
     """A cartpole sweep folder written by hand (no training: the curves above), analysed
     through the prepared registry entry; gymnasium is not needed to analyse."""
-    entry = dataclasses.replace(tasks.PREPARED["cartpole"], requires=())
+    entry = dataclasses.replace(tasks.REGISTRY["cartpole"], requires=())
     monkeypatch.setitem(tasks.REGISTRY, "cartpole", entry)
     folder = tmp_path / "cartpole"
     _write_sweep(folder)
@@ -178,7 +178,7 @@ def test_metrics_without_a_metric_column_read_as_nan(tiny_sweep, tmp_path):
 
 def test_prepared_cartpole_entry_matches_the_task():
     cartpole = pytest.importorskip("gnsweep.tasks.cartpole")
-    entry = tasks.PREPARED["cartpole"]
+    entry = tasks.REGISTRY["cartpole"]
     assert entry.metric == cartpole.Cartpole.metric_name
     assert entry.higher_is_better == cartpole.Cartpole.higher_is_better
     assert entry.options is cartpole.Options
@@ -192,7 +192,7 @@ def test_task_config_declares_direction_unit_and_stop(monkeypatch):
     assert (digits.metric, digits.higher_is_better, digits.unit) == ("loss", False, "examples")
     assert digits.hardest(TARGETS) == 50.0
     assert digits.reached(40.0, 50.0) and not digits.reached(60.0, 50.0)
-    entry = dataclasses.replace(tasks.PREPARED["cartpole"], requires=())
+    entry = dataclasses.replace(tasks.REGISTRY["cartpole"], requires=())
     monkeypatch.setitem(tasks.REGISTRY, "cartpole", entry)
     cartpole = TaskConfig("cartpole")
     assert (cartpole.metric, cartpole.higher_is_better) == ("return", True)

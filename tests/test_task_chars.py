@@ -91,3 +91,10 @@ def test_short_training_learns(task):
     # Character frequencies alone give about 3.3 nats (the unigram entropy of this text).
     assert mean(losses[-10:]) < 3.0
     assert task.eval_loss(model) < 3.0
+
+
+def test_the_registry_counts_chars_batches_in_tokens():
+    """compare's table and axis labels take the unit from the registry."""
+    from gnsweep.config import TaskConfig
+
+    assert TaskConfig("chars").unit == "tokens"

@@ -20,14 +20,21 @@ def fitted(fits: pd.DataFrame) -> pd.DataFrame:
     return fits[finite(fits, "b_crit") & finite(fits, "s_min") & finite(fits, "e_min")]
 
 
-def placed(fits: pd.DataFrame, front: pd.DataFrame | None) -> tuple[pd.DataFrame, list[str]]:
+def quantity(meta: dict) -> str:
+    """What the targets are values of, from an analysis' meta: "loss", or the task's own
+    metric ("return": cartpole's, higher is better)."""
+    return str(meta.get("metric") or "loss")
+
+
+def placed(fits: pd.DataFrame, front: pd.DataFrame | None,
+           what: str = "loss") -> tuple[pd.DataFrame, list[str]]:
     """The fitted targets whose B_crit lies within a factor 2 of the measured batch sizes, and
     one line for each of the others (the fit bounds B_crit there but cannot place it)."""
     if front is None or front.empty or fits.empty:
         return fits, []
     b_lo, b_hi = float(front["batch_size"].min()), float(front["batch_size"].max())
     inside = (fits["b_crit"] <= 2 * b_hi) & (fits["b_crit"] >= b_lo / 2)
-    off = [f"loss {row.target:g}: B_crit {'beyond' if row.b_crit > b_hi else 'below'} "
+    off = [f"{what} {row.target:g}: B_crit {'beyond' if row.b_crit > b_hi else 'below'} "
            f"{b_hi if row.b_crit > b_hi else b_lo:g}, not shown"
            for row in fits[~inside].itertuples(index=False)]
     return fits[inside], off

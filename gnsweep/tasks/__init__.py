@@ -74,18 +74,11 @@ REGISTRY: dict[str, TaskEntry] = {
     "chars": TaskEntry(
         CharsOptions, "gnsweep.tasks.chars:make",
         "Character-level transformer LM on the standard library's pydoc_data.topics (465k "
-        "characters), nats per character; B counted in tokens (windows x context)."),
+        "characters), nats per character; B counted in tokens (windows x context).",
+        unit="tokens"),
     "vae": TaskEntry(
         VaeOptions, "gnsweep.tasks.vae:make",
         "VAE on scikit-learn's bundled digits images (8 x 8), negative ELBO in nats per image."),
-}
-
-
-PREPARED: dict[str, TaskEntry] = {
-    # Registered (moved into REGISTRY) once the training loop follows the task protocol of
-    # issue 10 and logs the task's metric: the loop must call `task.metric(model)` at every
-    # logged step into the metrics' `metric` column and stop at `TaskConfig.hardest(targets)`
-    # tested with `TaskConfig.reached` on that metric (docs/compare.md, "Wiring cartpole").
     "cartpole": TaskEntry(
         CartpoleOptions, "gnsweep.tasks.cartpole:make",
         "Advantage actor-critic on gymnasium's CartPole-v1; B in environment steps "
@@ -93,7 +86,6 @@ PREPARED: dict[str, TaskEntry] = {
         requires=("gymnasium",), unit="environment steps", metric="return",
         higher_is_better=True),
 }
-"""Built-in tasks whose entries are ready but that the training loop cannot run yet."""
 
 
 def task_names() -> list[str]:

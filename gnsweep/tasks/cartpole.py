@@ -20,8 +20,9 @@ Additions to the task protocol (everything else is the ordinary one):
   bootstrapped discounted return. `examples(batch)` is that number of environment steps.
 
 Reproducible under a seed: the network from `torch.manual_seed(seed)`, environment i reset once
-with seed `seed * 100_003 + i` (later resets continue its own generator), actions drawn from the
-loop's generator. Truncation at 500 steps bootstraps from the value of the final observation.
+with seed `seed * 100_003 + i` (+ 1_000_003 x the rank under torchrun; later resets continue
+its own generator), actions drawn from the loop's generator. Truncation at 500 steps
+bootstraps from the value of the final observation.
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ def _gym() -> Any:
         raise ConfigError("task cartpole needs the gymnasium package: pip install gymnasium"
                           ) from None
     return gymnasium
+
+
+def _rank() -> int:
+    """This process's rank under torch.distributed (torchrun), else 0."""
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _mlp(width: int, out: int) -> nn.Sequential:
@@ -99,7 +106,10 @@ class Cartpole:
     def _grow(self, count: int) -> None:
         while len(self._envs) < count:
             env = self.gym.make(ENV_ID)
-            obs, _ = env.reset(seed=self.seed * 100_003 + len(self._envs))
+            # Under torchrun each rank steps its own environments: the rank is folded in as
+            # the loop folds it into its data generator (rank 0 = a single process).
+            seed = self.seed * 100_003 + len(self._envs) + 1_000_003 * _rank()
+            obs, _ = env.reset(seed=seed)
             self._envs.append(env)
             self._obs.append(obs)
             self._running.append(0.0)
