@@ -1,6 +1,7 @@
 """Shared by the executor tests: the tiny sweep every executor runs, and how to compare them."""
 
 import math
+import signal
 from pathlib import Path
 
 from gnsweep import store
@@ -44,3 +45,11 @@ def assert_all_finished_once(sweep_dir: Path) -> None:
         # Rank 0 alone writes: a run folder holds exactly these files.
         assert {p.name for p in path.iterdir()} == RUN_FILES, run_id
         assert (path / "attempts.jsonl").read_text().count('"event": "start"') == 1
+
+
+def terminal_signals() -> None:
+    """`preexec_fn` for a launcher the tests Ctrl-C: SIGINT at its default, as under a terminal.
+    A shell that starts a command in the background without job control (`make test &` in a
+    script) sets SIGINT to ignored, children inherit that, and Python then installs no
+    KeyboardInterrupt handler: the launcher would never see the Ctrl-C the test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from executor_sweeps import terminal_signals
 from typer.testing import CliRunner
 
 from gnsweep import store
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.slow
 def _start(sweep_dir: Path, *overrides: str) -> subprocess.Popen:
     return subprocess.Popen([GNSWEEP, "launch", "-q", "--sweep-dir", str(sweep_dir), *SLOW,
                              *overrides], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=terminal_signals)
 
 
 def _relaunch(sweep_dir: Path) -> subprocess.CompletedProcess:

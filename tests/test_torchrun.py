@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from executor_sweeps import assert_all_finished_once, assert_same_fits_up_to_noise, run_sweep
+from executor_sweeps import (
+    assert_all_finished_once,
+    assert_same_fits_up_to_noise,
+    run_sweep,
+    terminal_signals,
+)
 
 from gnsweep import store
 from gnsweep.config import ConfigError
@@ -62,7 +67,7 @@ def test_kill_9_of_one_ddp_worker_reruns_its_run(tmp_path):
         [GNSWEEP, "launch", "-q", "--sweep-dir", str(tmp_path), "executor=torchrun",
          "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]", "sweep.targets=[0.001]",
          "sweep.max_steps=400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=terminal_signals)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -96,7 +101,7 @@ def test_ctrl_c_stops_the_ddp_runs_cleanly(tmp_path):
         [GNSWEEP, "launch", "-q", "--sweep-dir", str(tmp_path), "executor=torchrun",
          "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]", "sweep.targets=[0.001]",
          "sweep.max_steps=5000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=terminal_signals)
     try:
         deadline = time.monotonic() + 120
         while not any(store.read_status(store.run_dir(tmp_path, r))["state"] == "running"
