@@ -98,7 +98,7 @@ def launch(
     Example: gnsweep launch task=digits sweep.batch_sizes=[16,64,256] sweep.learning_rates=[0.1,0.3]
     """
     from gnsweep.config import compose
-    from gnsweep.sweep import expand_grid, resolve_eps_max
+    from gnsweep.sweep import expand_grid, resolve_adaptive_lr
     from gnsweep.sweep import launch as run_sweep
 
     overrides = list(overrides or [])
@@ -106,7 +106,7 @@ def launch(
         overrides.append(f"executor.workers={workers}")
     config = compose(overrides)
     sweep_dir = sweep_dir or Path("runs") / config.sweep.name
-    config = resolve_eps_max(config, sweep_dir)  # adaptive runs: eps_max from the folder's fit
+    config = resolve_adaptive_lr(config, sweep_dir)  # adaptive runs: eq. 2.7 from the folder's fit
     specs = expand_grid(config)
     if dry_run:
         typer.echo(f"sweep {config.sweep.name}: task {config.task.name}, {len(specs)} runs "

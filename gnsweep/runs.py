@@ -51,7 +51,7 @@ def expand_grid(config: Config) -> list[RunSpec]:
     """Every (batch size, learning rate, seed) of the sweep, small batches first; with
     sweep.schedule=adaptive then one adaptive run per (exchange rate, seed), at eps_max
     `sweep.eps_max` (resolved from the sweep's fit before the grid is expanded, by
-    `gnsweep.sweep.resolve_eps_max`)."""
+    `gnsweep.sweep.resolve_adaptive_lr`)."""
     sweep = config.sweep
     grid = sorted(RunSpec(b, lr, s) for b in sweep.batch_sizes for lr in sweep.learning_rates
                   for s in sweep.seeds)

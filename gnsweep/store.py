@@ -89,6 +89,20 @@ METRICS_SCHEMA = pa.schema([
 
 
 @contextmanager
+def exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an advisory lock on `lock_path` (created if missing) for the block: processes on
+    this machine that share the path take turns."""
+    import fcntl
+
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path beside `path`, renamed onto it when the block ends without error. An
     OSError names `path` (a full disk, say, reports no file), so that the user sees which."""

@@ -14,7 +14,7 @@ from gnsweep.runs import FINISHED, RunSpec, expand_grid, fresh_retries, parse_ru
 
 # RunSpec, expand_grid, parse_run_record: from gnsweep.runs
 __all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "prepare_folder",
-           "remaining", "resolve_eps_max", "run_specs", "sweep_status"]
+           "remaining", "resolve_adaptive_lr", "run_specs", "sweep_status"]
 
 
 # Settings a relaunch may change: where and how runs execute, the grid (runs are added), the
@@ -70,7 +70,7 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
     return new
 
 
-def resolve_eps_max(config: Config, sweep_dir: Path) -> Config:
+def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
     """The config with the adaptive runs' learning-rate rule resolved: sweep.eps_max as given,
     else the eps_max of the eq. 2.7 fit of the folder's analysed fixed-batch runs
     (`fits.parquet`) at the hardest target that has one (the adaptive run trains to it); with

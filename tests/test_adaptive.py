@@ -191,25 +191,25 @@ def test_adaptive_run_ids_are_distinct_and_the_grid_is_pure():
 
 
 def test_eps_max_comes_from_the_fit_at_the_hardest_target(tmp_path):
-    from gnsweep.sweep import resolve_eps_max
+    from gnsweep.sweep import resolve_adaptive_lr
 
     config = Config(sweep=SweepConfig(schedule="adaptive", exchange_rates=[10]))
     with pytest.raises(ConfigError, match=r"sweep\.eps_max"):
-        resolve_eps_max(config, tmp_path)
+        resolve_adaptive_lr(config, tmp_path)
     pq.write_table(pa.table({"target": [0.3, 0.1, 0.03], "eps_max": [1.0, 2.0, math.nan],
                              "b_noise_lr": [40.0, 60.0, math.nan]}),
                    tmp_path / "fits.parquet")
-    resolved = resolve_eps_max(config, tmp_path).sweep
+    resolved = resolve_adaptive_lr(config, tmp_path).sweep
     assert (resolved.eps_max, resolved.adaptive_lr_noise) == (2.0, 60.0)  # 0.03 has no lr fit
     config.sweep.eps_max = 5.0
-    resolved = resolve_eps_max(config, tmp_path).sweep
+    resolved = resolve_adaptive_lr(config, tmp_path).sweep
     assert (resolved.eps_max, resolved.adaptive_lr_noise) == (5.0, 60.0)  # the flag wins
     config.sweep.adaptive_lr_noise = 7.0
-    assert resolve_eps_max(config, tmp_path).sweep.adaptive_lr_noise == 7.0
+    assert resolve_adaptive_lr(config, tmp_path).sweep.adaptive_lr_noise == 7.0
     # The measured rule needs no B_noise from the fit, and refuses a constant one.
     measured = Config(sweep=SweepConfig(schedule="adaptive", exchange_rates=[10], eps_max=3.0,
                                         adaptive_lr="measured"))
-    assert resolve_eps_max(measured, tmp_path / "nowhere").sweep.adaptive_lr_noise == 0
+    assert resolve_adaptive_lr(measured, tmp_path / "nowhere").sweep.adaptive_lr_noise == 0
     with pytest.raises(ConfigError, match=r"sweep\.adaptive_lr_noise"):
         SweepConfig(schedule="adaptive", exchange_rates=[10], adaptive_lr="measured",
                     adaptive_lr_noise=5.0)

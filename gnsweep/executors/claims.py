@@ -16,7 +16,6 @@ so that two processes that both saw it stale do not both break it (and one of th
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import socket
@@ -26,6 +25,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gnsweep import store
 
 CLAIM = "claim.json"
 LOCK = ".claims.lock"
@@ -105,15 +106,8 @@ class Claim:
             os.utime(self.run_path / CLAIM)
 
 
-@contextlib.contextmanager
-def _sweep_lock(run_path: Path):  # type: ignore[no-untyped-def]
-    lock_path = run_path.parent.parent / LOCK
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _sweep_lock(run_path: Path) -> contextlib.AbstractContextManager[None]:
+    return store.exclusive(run_path.parent.parent / LOCK)
 
 
 def try_claim(run_path: Path, stale_after: float = STALE_AFTER_S,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -67,8 +68,6 @@ class RunProbes:
         return out
 
     def probe(self, model: nn.Module) -> dict[str, float]:
-        import time
-
         start = time.perf_counter()
         module = cast(nn.Module, model.module) if is_ddp(model) else model
         # measure_noise_scale takes `loss_fn(outputs, targets)`: the built-in tasks' output_loss.

@@ -3,9 +3,20 @@ checked and loaded (analysis on a laptop) where torch cannot be imported."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from gnsweep.errors import ConfigError, integer, number
+from gnsweep.errors import ConfigError, at_least, integer, number
+
+
+def _check(options: Any, convert: Callable[[str, Any], Any], minimum: float | None,
+           *names: str) -> None:
+    """Convert each named field (`task.<name>` in errors) and, with `minimum`, check it."""
+    for name in names:
+        where = f"task.{name}"
+        value = convert(where, getattr(options, name))
+        setattr(options, name, value if minimum is None else at_least(where, value, minimum))
 
 
 @dataclass
@@ -24,11 +35,9 @@ class DigitsOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.exact_truth, bool):
             raise ConfigError(f"task.exact_truth: {self.exact_truth!r} must be true or false")
-        self.hidden = integer("task.hidden", self.hidden)
-        self.depth = integer("task.depth", self.depth)
-        self.holdout = number("task.holdout", self.holdout)
-        if self.hidden < 1 or self.depth < 0:
-            raise ConfigError("task.hidden must be >= 1 and task.depth >= 0")
+        _check(self, integer, 1, "hidden")
+        _check(self, integer, 0, "depth")
+        _check(self, number, None, "holdout")
         if not 0 <= self.holdout < 1:
             raise ConfigError(f"task.holdout: {self.holdout} must be in [0, 1)")
 
@@ -49,19 +58,11 @@ class LinregOptions:
     eigen-direction the same expected share of the initial loss (a long, realistic run)."""
 
     def __post_init__(self) -> None:
-        self.dim = integer("task.dim", self.dim)
-        self.teacher_power = number("task.teacher_power", self.teacher_power)
-        self.condition = number("task.condition", self.condition)
-        self.noise = number("task.noise", self.noise)
-        self.eval_size = integer("task.eval_size", self.eval_size)
-        if self.dim < 1:
-            raise ConfigError(f"task.dim: {self.dim} must be >= 1")
-        if self.condition < 1:
-            raise ConfigError(f"task.condition: {self.condition} must be >= 1")
-        if self.noise < 0:
-            raise ConfigError(f"task.noise: {self.noise} must be >= 0")
-        if self.eval_size < 0:
-            raise ConfigError(f"task.eval_size: {self.eval_size} must be >= 0")
+        _check(self, integer, 1, "dim")
+        _check(self, number, 1, "condition")
+        _check(self, number, 0, "noise")
+        _check(self, integer, 0, "eval_size")
+        _check(self, number, None, "teacher_power")
 
 
 @dataclass
@@ -80,17 +81,10 @@ class CartpoleOptions:
     """Episodes averaged by the return metric."""
 
     def __post_init__(self) -> None:
-        for name in ("hidden", "steps_per_update", "return_window"):
-            setattr(self, name, integer(f"task.{name}", getattr(self, name)))
-            if getattr(self, name) < 1:
-                raise ConfigError(f"task.{name}: {getattr(self, name)} must be >= 1")
-        for name in ("gamma", "value_coef", "entropy_coef"):
-            setattr(self, name, number(f"task.{name}", getattr(self, name)))
-        if not 0 <= self.gamma <= 1:
+        _check(self, integer, 1, "hidden", "steps_per_update", "return_window")
+        _check(self, number, 0, "gamma", "value_coef", "entropy_coef")
+        if self.gamma > 1:
             raise ConfigError(f"task.gamma: {self.gamma} must be in [0, 1]")
-        for name in ("value_coef", "entropy_coef"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"task.{name}: {getattr(self, name)} must be >= 0")
 
 
 @dataclass
@@ -101,9 +95,7 @@ class Mnist1dOptions:
     """Folder for the generated data ('': $XDG_CACHE_HOME/gnsweep or ~/.cache/gnsweep)."""
 
     def __post_init__(self) -> None:
-        self.channels = integer("task.channels", self.channels)
-        if self.channels < 1:
-            raise ConfigError(f"task.channels: {self.channels} must be >= 1")
+        _check(self, integer, 1, "channels")
         if not isinstance(self.cache_dir, str):
             raise ConfigError(f"task.cache_dir: {self.cache_dir!r} must be a folder path")
 
@@ -124,18 +116,13 @@ class CharsOptions:
     """Held-out windows for the eval loss (0: none)."""
 
     def __post_init__(self) -> None:
-        for name in ("context", "width", "depth", "heads", "eval_windows"):
-            setattr(self, name, integer(f"task.{name}", getattr(self, name)))
-        self.holdout = number("task.holdout", self.holdout)
-        for name in ("context", "width", "depth", "heads"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"task.{name}: {getattr(self, name)} must be >= 1")
+        _check(self, integer, 1, "context", "width", "depth", "heads")
+        _check(self, integer, 0, "eval_windows")
+        _check(self, number, None, "holdout")
         if self.width % self.heads:
             raise ConfigError(f"task.heads: {self.heads} must divide task.width={self.width}")
         if not 0 <= self.holdout < 0.5:
             raise ConfigError(f"task.holdout: {self.holdout} must be in [0, 0.5)")
-        if self.eval_windows < 0:
-            raise ConfigError(f"task.eval_windows: {self.eval_windows} must be >= 0")
         if self.eval_windows and not self.holdout:
             raise ConfigError("task.eval_windows needs task.holdout > 0 (or set it to 0)")
 
@@ -150,12 +137,7 @@ class VaeOptions:
     """Fraction of the images kept out of training, for the eval loss."""
 
     def __post_init__(self) -> None:
-        self.latent = integer("task.latent", self.latent)
-        self.hidden = integer("task.hidden", self.hidden)
-        self.holdout = number("task.holdout", self.holdout)
-        if self.latent < 1:
-            raise ConfigError(f"task.latent: {self.latent} must be >= 1")
-        if self.hidden < 1:
-            raise ConfigError(f"task.hidden: {self.hidden} must be >= 1")
+        _check(self, integer, 1, "latent", "hidden")
+        _check(self, number, None, "holdout")
         if not 0 <= self.holdout < 1:
             raise ConfigError(f"task.holdout: {self.holdout} must be in [0, 1)")

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from gnsweep import store
 from gnsweep.tracking.base import RunLogger, flatten
 
 RUN_TAG = "gnsweep.run_id"
@@ -59,14 +60,8 @@ class MlflowLogger(RunLogger):
         if path is None:
             yield
             return
-        import fcntl
-
-        with open(path, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with store.exclusive(path):
+            yield
 
     def _connect(self) -> None:
         from mlflow.tracking import MlflowClient
