@@ -65,7 +65,8 @@ def interval_of(row: Any) -> tuple[float, float]:
     return bcrit_interval(float(row.b_crit), float(row.b_crit_se))
 
 
-def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss") -> list[str]:
+def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
+            unit: str = "examples") -> list[str]:
     """One plain paragraph per target, earliest in training first; `what` names the targets'
     quantity (loss, or a task's own metric such as return).
 
@@ -104,11 +105,12 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss") -> list
             continue
         detail = (f"poorly determined: the 95% interval spans {interval}; add batch sizes or "
                   "seeds" if poor else interval)
+        size = f"{rounded(b_crit)}" + ("" if unit == "examples" else f" {unit}")
         text = (f"At {what} {row.target:g} the largest useful batch size is about "
-                f"{rounded(b_crit)} ({detail}); beyond it, doubling the batch saves less than "
+                f"{size} ({detail}); beyond it, doubling the batch saves less than "
                 f"half the steps that perfect scaling would save (under a quarter of them).")
         text += (f" Near it a run needs about {rounded(2 * row.s_min)} steps and "
-                 f"{rounded(2 * row.e_min)} examples.")
+                 f"{rounded(2 * row.e_min)} {unit}.")
         if batches and not batches[0] <= b_crit <= batches[-1]:
             text += (f" B_crit lies outside the measured batch sizes ({batches[0]} to "
                      f"{batches[-1]}): it is extrapolated.")
@@ -206,12 +208,12 @@ def _has(fits: pd.DataFrame, column: str) -> bool:
     return column in fits and bool(np.isfinite(fits[column].astype(float)).any())
 
 
-def fit_table(fits: pd.DataFrame, what: str = "loss") -> str:
+def fit_table(fits: pd.DataFrame, what: str = "loss", unit: str = "examples") -> str:
     has_noise = _has(fits, "b_noise_mean")
     has_window = _has(fits, "b_crit_window_spread")
     true = [c for c in ("b_simple_true_mean", "b_noise_true_mean") if _has(fits, c)]
-    head = [f"target {what}", "batch sizes", "S_min (steps)", "E_min (examples)",
-            "B_crit (examples)", "B_crit 95% interval",
+    head = [f"target {what}", "batch sizes", "S_min (steps)", f"E_min ({unit})",
+            f"B_crit ({unit})", "B_crit 95% interval",
             *(["B_crit at half / double smoothing window"] if has_window else []),
             "B_simple (S_min-weighted mean)",
             *(["B_simple exact (same runs)"] if "b_simple_true_mean" in true else []),
@@ -240,12 +242,12 @@ def fit_table(fits: pd.DataFrame, what: str = "loss") -> str:
     return f"<table>{header}{''.join(rows)}</table>"
 
 
-def adaptive_section(table: pd.DataFrame) -> list[str]:
+def adaptive_section(table: pd.DataFrame, unit: str = "examples") -> list[str]:
     """Adaptive batch size runs (appendix D) against the fits: gamma, predicted and measured
     gain in examples at equal steps; nothing without adaptive runs."""
     if table is None or not len(table):
         return []
-    head = ["target", "run", "exchange rate r", "S (steps)", "E (examples)", "mean B",
+    head = ["target", "run", "exchange rate r", "S (steps)", f"E ({unit})", "mean B",
             "gamma", "gain predicted", "gain measured", "(S/S_min−1)(E/E_min−1)"]
     rows = []
     for row in table.itertuples(index=False):
@@ -330,17 +332,18 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
 
     captions = {spec.name: spec.caption for spec in FIGURES}
     warnings = collect_warnings(tables)
+    unit = str(tables.meta.get("unit") or "examples")
     parts = [
         "<h2>Answer</h2>",
         *(f"<p class=answer>{esc(a)}</p>"
-          for a in answers(tables.fits, tables.front, quantity(tables.meta))),
+          for a in answers(tables.fits, tables.front, quantity(tables.meta), unit)),
         f"<h2>Warnings ({len(warnings)})</h2>",
         _list(warnings, "warn") if warnings else "<p>None.</p>",
         "<h2>Fits of eq. 2.11: (S/S_min − 1)(E/E_min − 1) = 1</h2>",
         "<p class=meta>Standard errors from the least-squares Jacobian on log S; "
         "B_crit = E_min/S_min (eq. 2.12), its error by the delta method.</p>",
-        fit_table(tables.fits, quantity(tables.meta)),
-        *adaptive_section(tables.adaptive),
+        fit_table(tables.fits, quantity(tables.meta), unit),
+        *adaptive_section(tables.adaptive, unit),
         "<h2>Figures</h2><div class=figures>",
     ]
     skipped = []

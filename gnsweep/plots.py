@@ -126,7 +126,8 @@ def _off_note(ax: Axes, off: list[str]) -> None:
 
 
 def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame,
-                  adaptive: pd.DataFrame | None = None, what: str = "loss") -> Figure:
+                  adaptive: pd.DataFrame | None = None, what: str = "loss",
+                  unit: str = "examples") -> Figure:
     """Steps against examples to reach each target, best learning rate per batch size, with the
     fitted hyperbola (S/S_min - 1)(E/E_min - 1) = 1 (eq. 2.11) and its B_crit point
     (E, S) = (2 E_min, 2 S_min) (eq. 2.12), log-log like the paper's fig. 4. Adaptive runs
@@ -185,7 +186,7 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame,
         _loglog(ax)
         ax.set_xlim(x_lo, x_hi)
         ax.set_ylim(y_lo, y_hi)
-        ax.set_xlabel("examples to reach the target, E (examples)")
+        ax.set_xlabel(f"examples to reach the target, E ({unit})")
         ax.set_ylabel("steps to reach the target, S (steps)")
         ax.set_title(f"Pareto fronts: steps vs examples per target {what}")
         handles, labels = ax.get_legend_handles_labels()
@@ -230,7 +231,7 @@ def _adaptive_series(ax: Axes, runs: pd.DataFrame, fit: pd.DataFrame, color: Any
 
 
 def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None,
-                     what: str = "loss") -> Figure:
+                     what: str = "loss", unit: str = "examples") -> Figure:
     """B_crit of the fit (eq. 2.12) against B_simple, the S_min-weighted mean of the measured
     noise scale up to the target (median over batch sizes), and B_noise (eq. 2.8) where the
     fits carry it. y error bars: B_crit's standard error; x bars: range over batch sizes."""
@@ -278,8 +279,8 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None,
         ax.set_ylim(lo, hi)
         ax.set_aspect("equal", adjustable="box")
         noise = "B_simple" + (", B_noise" if has_noise else "")
-        ax.set_xlabel(f"measured noise scale: {noise} (examples)")
-        ax.set_ylabel("B_crit = E_min/S_min, fit (examples)")
+        ax.set_xlabel(f"measured noise scale: {noise} ({unit})")
+        ax.set_ylabel(f"B_crit = E_min/S_min, fit ({unit})")
         ax.set_title("Critical batch size vs measured noise scale")
         # Colour says the target, the marker says which noise scale.
         handles = [plt.Line2D([], [], marker="o", ls="", color=colors[float(t)], ms=4)
@@ -327,7 +328,7 @@ def _positive(values: pd.Series) -> np.ndarray:
 
 
 def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
-                        what: str = "loss") -> Figure:
+                        what: str = "loss", unit: str = "examples") -> Figure:
     """B_simple = EMA(tr Sigma)/EMA(|G|^2) (eq. A.2) and B_noise (eq. 2.8, where measured) of
     the best-tuned run per batch size, against optimizer steps and against the training loss.
     Non-positive early estimates (noise before the EMAs settle) are not drawn on the log axis."""
@@ -365,7 +366,7 @@ def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.Dat
             ax_loss.invert_xaxis()
         else:
             ax_loss.set_xlabel(f"highest {what} so far (training →)")
-        ax_step.set_ylabel(("B_simple, B_noise" if has_noise else "B_simple") + " (examples)")
+        ax_step.set_ylabel(("B_simple, B_noise" if has_noise else "B_simple") + f" ({unit})")
         ax_step.set_title("Noise scale over training" + ("" if has_noise else ": B_simple"))
         ax_loss.set_title(f"... against the {what} reached")
         ax_loss.tick_params(which="both", labelleft=True)
@@ -386,7 +387,8 @@ CELL_MARKS = {"not reached": "x", "diverged": "div", "failed": "fail", "corrupt"
               "pending": "…", "running": "…"}
 
 
-def steps_grid(steps: pd.DataFrame, front: pd.DataFrame, what: str = "loss") -> Figure:
+def steps_grid(steps: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
+               unit: str = "examples") -> Figure:
     """Steps to reach each target over the batch size x learning rate grid, one panel per
     target; the best learning rate per batch size is boxed, cells that never reached the target
     are hatched (x: not reached, div: diverged)."""
@@ -439,7 +441,7 @@ def steps_grid(steps: pd.DataFrame, front: pd.DataFrame, what: str = "loss") -> 
             ax.set_xticks(range(len(batches)), [f"{b:g}" for b in batches], rotation=90)
             ax.set_yticks(range(len(lrs)), [f"{lr:g}" for lr in lrs])
             ax.grid(False)
-            ax.set_xlabel("batch size B (examples)")
+            ax.set_xlabel(f"batch size B ({unit})")
             if ax in axes[:, 0]:
                 ax.set_ylabel("learning rate")
             n_reached = int(table["outcome"].eq("reached").sum())
@@ -461,7 +463,8 @@ def steps_grid(steps: pd.DataFrame, front: pd.DataFrame, what: str = "loss") -> 
 
 
 def best_lr_vs_batch(front: pd.DataFrame, steps: pd.DataFrame | None = None,
-                     fits: pd.DataFrame | None = None, what: str = "loss") -> Figure:
+                     fits: pd.DataFrame | None = None, what: str = "loss",
+                     unit: str = "examples") -> Figure:
     """The best learning rate per batch size against batch size, log-log: the refined optimum
     `lr_opt` (parabola vertex in log lr, log steps) where the front has it, else the best grid
     point; with the fitted eps_opt(B) = eps_max/(1 + (B_noise/B)^alpha) (eq. 2.7) where the fits
@@ -506,7 +509,7 @@ def best_lr_vs_batch(front: pd.DataFrame, steps: pd.DataFrame | None = None,
                     ax.axhline(lr, color="0.5", lw=0.6, ls=":")
         _loglog(ax)
         _plain_ticks(ax.xaxis, front["batch_size"].unique())
-        ax.set_xlabel("batch size B (examples)")
+        ax.set_xlabel(f"batch size B ({unit})")
         ax.set_ylabel("best learning rate" + (" (refined)" if column == "lr_opt" else ""))
         ax.set_title("Best learning rate vs batch size" + ("" if drawn_fit else " (no fit)"))
         handles, labels = ax.get_legend_handles_labels()
@@ -528,7 +531,8 @@ def best_lr_vs_batch(front: pd.DataFrame, steps: pd.DataFrame | None = None,
 
 
 def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
-                  front: pd.DataFrame | None = None, what: str = "loss") -> Figure:
+                  front: pd.DataFrame | None = None, what: str = "loss",
+                  unit: str = "examples") -> Figure:
     """B_crit (eq. 2.12) with its standard error against the target loss, log-log, with the
     power law B_crit(L) = B_* / L^(1/alpha_B) (Kaplan et al. 2020) where a fit is given."""
     ok, off = placed(fitted(fits), front, what)
@@ -559,7 +563,7 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
             ax.set_xlabel("target loss L (nats; lower is further into training)")
         else:
             ax.set_xlabel(f"target {what} (higher is further into training)")
-        ax.set_ylabel("B_crit = E_min / S_min (examples)")
+        ax.set_ylabel(f"B_crit = E_min / S_min ({unit})")
         ax.set_title(title)
         return fig
 
@@ -568,7 +572,8 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
 
 
 def loss_curves(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
-                targets: list[float] | None = None, what: str = "loss") -> Figure:
+                targets: list[float] | None = None, what: str = "loss",
+                unit: str = "examples") -> Figure:
     """Smoothed training loss of the best-tuned run per batch size, against optimizer steps and
     against examples, log-log, with the targets as horizontal lines: larger batches need fewer
     steps but more examples (the two sides of eq. 2.11)."""
@@ -599,7 +604,7 @@ def loss_curves(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
             ax_e.text(1.0, min(targets), " targets", transform=ax_e.get_yaxis_transform(),
                       fontsize=5.5, color="0.4", va="center")
         ax_s.set_xlabel("optimizer step (steps)")
-        ax_e.set_xlabel("examples processed (examples)")
+        ax_e.set_xlabel(f"examples processed ({unit})")
         ax_s.set_ylabel("training loss, smoothed (nats)" if what == "loss"
                         else f"training {what}")
         ax_e.tick_params(which="both", labelleft=True)
@@ -624,6 +629,12 @@ def _what(tables: SweepTables) -> str:
     return quantity(tables.meta)
 
 
+def _unit(tables: SweepTables) -> str:
+    """What B, E and B_crit are counted in: the task's unit (examples, tokens, environment
+    steps), recorded by `gnsweep analyze`."""
+    return str(tables.meta.get("unit") or "examples")
+
+
 def _targets(tables: SweepTables) -> list[float]:
     return sorted(float(t) for t in tables.fits["target"]) if len(tables.fits) else []
 
@@ -631,25 +642,26 @@ def _targets(tables: SweepTables) -> list[float]:
 FIGURES = [
     FigureSpec("pareto_fronts", "Steps against examples to reach each target at the best "
                "learning rate per batch size, with the fitted hyperbola of eq. 2.11 and B_crit.",
-               lambda t: pareto_fronts(t.front, t.fits, t.adaptive, _what(t))),
+               lambda t: pareto_fronts(t.front, t.fits, t.adaptive, _what(t), _unit(t))),
     FigureSpec("bcrit_vs_bsimple", "B_crit from the fit against the noise scale measured "
                "during training; on the dashed line the noise scale predicts B_crit exactly.",
-               lambda t: bcrit_vs_bsimple(t.fits, t.front, _what(t))),
+               lambda t: bcrit_vs_bsimple(t.fits, t.front, _what(t), _unit(t))),
     FigureSpec("noise_over_training", "The measured noise scale of the best-tuned run per "
                "batch size, over steps and against the loss: it grows as the loss falls.",
-               lambda t: noise_over_training(t.runs, t.metrics, t.front, _what(t))),
+               lambda t: noise_over_training(t.runs, t.metrics, t.front, _what(t), _unit(t))),
     FigureSpec("steps_grid", "Steps to reach each target over the batch size x learning rate "
                "grid; boxed cells are the best learning rate per batch size.",
-               lambda t: steps_grid(t.steps, t.front, _what(t))),
+               lambda t: steps_grid(t.steps, t.front, _what(t), _unit(t))),
     FigureSpec("best_lr", "The best learning rate against batch size; it grows with B, then "
                "levels off near B_noise (eq. 2.7).",
-               lambda t: best_lr_vs_batch(t.front, t.steps, t.fits, _what(t))),
+               lambda t: best_lr_vs_batch(t.front, t.steps, t.fits, _what(t), _unit(t))),
     FigureSpec("bcrit_vs_loss", "B_crit against the target loss: the critical batch size "
                "grows as training goes on.",
-               lambda t: bcrit_vs_loss(t.fits, t.bcrit_law, t.front, _what(t))),
+               lambda t: bcrit_vs_loss(t.fits, t.bcrit_law, t.front, _what(t), _unit(t))),
     FigureSpec("loss_curves", "Training loss of the best-tuned run per batch size against "
                "steps and examples; dashed lines are the targets.",
-               lambda t: loss_curves(t.runs, t.metrics, t.front, _targets(t), _what(t))),
+               lambda t: loss_curves(t.runs, t.metrics, t.front, _targets(t), _what(t),
+                                     _unit(t))),
 ]
 
 

@@ -261,3 +261,18 @@ def test_long_runs_are_thinned_log_uniformly_keeping_both_ends():
     steps = thin["step"].to_numpy()
     assert ((steps >= 10) & (steps < 100)).sum() == 90
     assert 350 <= ((steps >= 10_000) & (steps < 100_000)).sum() <= 420
+
+
+def test_axes_count_b_in_the_tasks_unit():
+    """A language model's sweep (meta unit "tokens") labels every B, E and B_crit axis in tokens,
+    and none in examples."""
+    tables = make_tables()
+    tables.meta["unit"] = "tokens"
+    figures = plots.draw_all(tables)
+    try:
+        labels = [label for fig in figures.values() if not isinstance(fig, str)
+                  for ax in plots.axes_of(fig) for label in (ax.get_xlabel(), ax.get_ylabel())]
+        assert not [label for label in labels if "(examples)" in label]
+        assert sum("(tokens)" in label for label in labels) >= 7
+    finally:
+        plt.close("all")

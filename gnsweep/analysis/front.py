@@ -77,7 +77,8 @@ def _refine(grouped: pd.DataFrame, row) -> float:
     if i == 0 or i == len(lrs) - 1:
         return float(row.learning_rate)
     window = same.iloc[i - 1:i + 2]
-    if not window["all_reached"].all():
+    # Steps 0: the target was met before the first update (no bowl to fit).
+    if not window["all_reached"].all() or not (window["steps"] > 0).all():
         return float(row.learning_rate)
     x = np.log(window["learning_rate"].to_numpy(float))
     y = np.log(window["steps"].to_numpy(float))
