@@ -19,6 +19,11 @@ actor (policy), of the critic term on the critic (critic), of the whole loss on 
 truth beside the training loop's own NoiseScaleMonitor (per-example hooks, the actor's
 parameters, B_simple converted to environment steps as `gnsweep.train` does), pooled over the
 same batches.
+
+Both sides are sampling estimates: for the policy (B_simple of hundreds to ten thousand steps)
+64 x 200 steps leave |G|^2 noise-dominated, and consecutive batches of the same environments
+are correlated, which biases the spread's |G|^2 up when B_simple is not << B x N. Use
+`UPDATES monitor 512 400` or more for a comparison (seconds per 100 batches of 512).
 """
 
 from __future__ import annotations
