@@ -38,6 +38,7 @@ from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.tasks import cartpole
 from gnsweep.train import _in_task_units
 
+
 def _unbiased(per: torch.Tensor, unit: int) -> tuple[float, float]:
     """(tr Sigma, |G|^2) per `unit` steps from n independent gradients `per` (n, P) of `unit`
     steps each (eq. A.2 with b_small = 1, b_big = n)."""
@@ -46,7 +47,7 @@ def _unbiased(per: torch.Tensor, unit: int) -> tuple[float, float]:
     return float((small - big) / (1 - 1 / n)), float((n * big - small) / (n - 1))
 
 
-def main(updates: int, part: str, SIZE: int = 64, COUNT: int = 200) -> None:  # noqa: N803
+def main(updates: int, part: str, size: int = 64, count: int = 200) -> None:
     torch.set_num_threads(1)
     task = cartpole.make(cartpole.Options(), seed=0)
     model = task.model()
@@ -84,8 +85,8 @@ def main(updates: int, part: str, SIZE: int = 64, COUNT: int = 200) -> None:  # 
                                     parameters=task.noise_parameters(model))
     whole, segments, steps_ = [], [], []
     estimate = None
-    for k in range(COUNT):
-        batch = task.sample(SIZE, gen)
+    for k in range(count):
+        batch = task.sample(size, gen)
         n, t = batch["action"].shape
         if monitor is not None:
             model.zero_grad(set_to_none=True)
@@ -102,10 +103,10 @@ def main(updates: int, part: str, SIZE: int = 64, COUNT: int = 200) -> None:  # 
                                     for i in range(n) for j in range(t)])
             steps_.append(_unbiased(per_step, 1))
     g = torch.stack(whole)
-    spread = (g - g.mean(0)).pow(2).sum(1).mean() * COUNT / (COUNT - 1)
-    g2 = g.mean(0).pow(2).sum() - spread / COUNT
-    print(f"batch spread:         tr Sigma {float(spread * SIZE):.4g}  |G|^2 {float(g2):.4g}  "
-          f"B_simple {float(spread * SIZE / g2):.3g} environment steps")
+    spread = (g - g.mean(0)).pow(2).sum(1).mean() * count / (count - 1)
+    g2 = g.mean(0).pow(2).sum() - spread / count
+    print(f"batch spread:         tr Sigma {float(spread * size):.4g}  |G|^2 {float(g2):.4g}  "
+          f"B_simple {float(spread * size / g2):.3g} environment steps")
     if estimate is not None:
         print(f"monitor (pooled):     tr Sigma {estimate.trace_sigma:.4g}  |G|^2 "
               f"{estimate.g2:.4g}  B_simple {estimate.b_simple:.3g} environment steps")
