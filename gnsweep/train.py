@@ -256,14 +256,13 @@ def _fallback_if_unsplittable(monitor: NoiseScaleMonitor, batch: Any, model: tor
                               trained: torch.nn.Module, task: Task,
                               config: Config) -> NoiseScaleMonitor:
     """noise.method=microbatch on a batch that cannot be cut along dim 0: per-example norms
-    instead, said once (they need no split, except for layers they do not cover). A batch of
-    one sample is splittable in this sense: it has no spread to measure by either method."""
-    if monitor.method != "microbatch" or split_batch(batch, min(2, first_dim(batch) or 2)
-                                                     ) is not None:
+    instead, said once (they need no split, except for layers they do not cover; a batch of one
+    sample, cartpole's one environment, they leave unmeasured, NaN)."""
+    if monitor.method != "microbatch" or split_batch(batch, 2) is not None:
         return monitor
     monitor.warn_once("nosplit", "noise scale: this task's batch cannot be split along dim 0 "
-                      "(no tensor, or tensors of different lengths): measuring with "
-                      "per-example norms instead of micro-batches")
+                      "(no tensor, tensors of different lengths, or one sample): measuring "
+                      "with per-example norms instead of micro-batches")
     monitor.close()
     return _make_monitor(model, trained, task, config, method="per_example")
 

@@ -58,7 +58,7 @@ def test_one_environment_leaves_b_simple_out_cleanly(method, tmp_path, caplog):
         result, metrics = _metrics(tmp_path, config, RunSpec(8, 0.004, 0))
     assert (result.steps, result.reason) == (4, "max_steps")
     assert metrics["b_simple"].isna().all() and metrics["trace_sigma"].isna().all()
-    assert sum("one sample" in r.getMessage() for r in caplog.records) == 1
+    assert sum("no spread to measure" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_in_loop_b_simple_matches_the_spread_of_batch_gradients():

@@ -257,9 +257,10 @@ class NoiseScaleMonitor:
                 if hess is None and self.hessian_every:
                     self.warn_once("hsmall", "noise scale: batch too small to split for "
                                    f"B_noise (needs >= {2 * self.hessian_microbatches} examples)")
-        if plain and self._ddp is None and self._examples == 1:
+        if plain and self.method == "per_example" and self._examples == 1:
             # One sample has no spread: tr(Sigma) is undefined at this batch size (eq. A.2
             # needs two batch sizes). Skipped, so the estimate stays None (NaN), never wrong.
+            # (method microbatch says so as an error: its caller cut the batch.)
             self.warn_once("one", "noise scale: a batch of one sample has no spread to measure; "
                            "B_simple is not measured at this batch size")
             plain = False
