@@ -84,7 +84,7 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
     model, trained = _build_model(task, device)
     optimizer = make_optimizer(sweep.optimizer, model.parameters(), lr=spec.learning_rate,
                                momentum=sweep.momentum)
-    monitor = _make_monitor(trained, task, config)
+    monitor = _make_monitor(model, trained, task, config)
     schedule = _make_schedule(config, spec, world)
     probes = RunProbes(noise, task, spec.seed)  # frozen-parameter probes, exact truth
     # Each rank draws its own examples; rank 0 alone draws what a single process would.
@@ -116,10 +116,13 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
             batch = _draw(task, size, world, data_rng, device)
             n_examples = examples_of(task, batch) * world
             if step == 0:
-                monitor = _fallback_if_unsplittable(monitor, batch, trained, task, config)
+                monitor = _fallback_if_unsplittable(monitor, batch, model, trained, task, config)
             per_sample = n_examples / size
+            # What the monitor calls a sample: the batch's first dimension (one environment's
+            # segment for cartpole, a window for chars), the independent unit it splits on.
+            samples = first_dim(batch) or size // world
             optimizer.zero_grad(set_to_none=True)
-            k = _microbatches(monitor, noise.microbatches, size // world)
+            k = _microbatches(monitor, noise.microbatches, samples)
             loss_value = _backward(trained, task, batch, k, monitor)
             # Measured before the update, like the loss: the episodes of this step's rollouts.
             metric = _metric(task, model) if metric_task else math.nan
@@ -133,7 +136,7 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
             # The EMA's time constant (noise.ema_examples) counts this rank's examples in the
             # task's unit, as its forward calls would count samples.
             estimate = _in_task_units(monitor.step(batch=batch, examples=n_examples // world),
-                                      per_sample)
+                                      n_examples / (samples * world))
             optimizer.step()
             step += 1
             examples += n_examples
@@ -227,7 +230,7 @@ def _build_model(task: Task, device: torch.device) -> tuple[torch.nn.Module, tor
     return model, model
 
 
-def _make_monitor(trained: torch.nn.Module, task: Task, config: Config,
+def _make_monitor(model: torch.nn.Module, trained: torch.nn.Module, task: Task, config: Config,
                   method: str | None = None) -> NoiseScaleMonitor:
     noise = config.noise
     method = method or resolve_method(noise.method)
@@ -238,21 +241,30 @@ def _make_monitor(trained: torch.nn.Module, task: Task, config: Config,
     return NoiseScaleMonitor(trained, method=method, every=noise.every,
                              ema_steps=noise.ema_steps, ema_examples=noise.ema_examples,
                              task_loss=task.loss, hessian_every=noise.hessian_every,
-                             ema_fraction=noise.ema_fraction)
+                             ema_fraction=noise.ema_fraction,
+                             parameters=_noise_parameters(task, model))
 
 
-def _fallback_if_unsplittable(monitor: NoiseScaleMonitor, batch: Any,
+def _noise_parameters(task: Task, model: torch.nn.Module) -> list[torch.nn.Parameter] | None:
+    """The task's `noise_parameters(model)` (the block whose gradient the noise scale is
+    measured on: an actor-critic's actor), or None: every trainable parameter."""
+    choose = getattr(task, "noise_parameters", None)
+    return None if choose is None else list(choose(model))
+
+
+def _fallback_if_unsplittable(monitor: NoiseScaleMonitor, batch: Any, model: torch.nn.Module,
                               trained: torch.nn.Module, task: Task,
                               config: Config) -> NoiseScaleMonitor:
     """noise.method=microbatch on a batch that cannot be cut along dim 0: per-example norms
-    instead, said once (they need no split, except for layers they do not cover)."""
+    instead, said once (they need no split, except for layers they do not cover; a batch of one
+    sample, cartpole's one environment, they leave unmeasured, NaN)."""
     if monitor.method != "microbatch" or split_batch(batch, 2) is not None:
         return monitor
     monitor.warn_once("nosplit", "noise scale: this task's batch cannot be split along dim 0 "
-                      "(no tensor, or tensors of different lengths): measuring with "
-                      "per-example norms instead of micro-batches")
+                      "(no tensor, tensors of different lengths, or one sample): measuring "
+                      "with per-example norms instead of micro-batches")
     monitor.close()
-    return _make_monitor(trained, task, config, method="per_example")
+    return _make_monitor(model, trained, task, config, method="per_example")
 
 
 def _draw(task: Task, size: int, world: int, generator: torch.Generator,
@@ -336,8 +348,9 @@ def _scalar(loss: Any) -> torch.Tensor:
 def _in_task_units(estimate: NoiseEstimate | None, per_sample: float) -> NoiseEstimate | None:
     """The estimate with batch sizes and noise scales in the task's example unit.
 
-    The monitor counts samples (a language model's windows); a task counting `per_sample`
-    examples in each (tokens) has B_simple, B_noise, tr(Sigma) and tr(H Sigma) per example
+    The monitor counts samples, the batch's first dimension (a language model's windows,
+    cartpole's environments); a task counting `per_sample` examples in each (tokens,
+    environment steps) has B_simple, B_noise, tr(Sigma) and tr(H Sigma) per example
     `per_sample` times those per sample, so that B / B_simple is unit-free."""
     if estimate is None or per_sample == 1:
         return estimate

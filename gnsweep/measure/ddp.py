@@ -29,6 +29,8 @@ class DdpHook:
         self.group = getattr(model, "process_group", None)
         self.world = dist.get_world_size(self.group)
         self.local_sq: torch.Tensor | None = None
+        self.measured: set[int] | None = None
+        """ids of the measured parameters (None: all)."""
         self.pending: tuple[Any, torch.Tensor] | None = None
         try:
             # A lambda: DDP rejects hooks whose (postponed, string) annotations it cannot match.
@@ -39,14 +41,19 @@ class DdpHook:
                              "communication hook of its own; DDP allows one") from err
 
     @classmethod
-    def attach(cls, owner: Gate, model: nn.Module) -> DdpHook:
-        """DDP takes one hook per model, for good: later monitors reuse it."""
+    def attach(cls, owner: Gate, model: nn.Module, measured: list[nn.Parameter]) -> DdpHook:
+        """DDP takes one hook per model, for good: later monitors reuse it. `measured`: the
+        owner's parameters (their block of each bucket is read; the whole bucket when they
+        are all the model's trainable parameters)."""
         hook = getattr(model, "_gnsweep_comm_hook", None)
         if hook is None:
             hook = cls(model)
             model._gnsweep_comm_hook = hook  # type: ignore[assignment]
         hook.collect()  # a previous monitor's last all-reduce, if it was never closed
         hook.owner = owner
+        every = {id(p) for p in model.parameters() if p.requires_grad}
+        ids = {id(p) for p in measured}
+        hook.measured = None if ids == every else ids
         hook.reset()
         return hook
 
@@ -58,7 +65,13 @@ class DdpHook:
 
         buffer = bucket.buffer()
         if self.owner is not None and self.owner.capturing:
-            local = sq(buffer.float())
+            if self.measured is None:
+                local = sq(buffer.float())
+            else:
+                local = buffer.new_zeros((), dtype=torch.float32)
+                for p, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
+                    if id(p) in self.measured:
+                        local = local + sq(grad.float())
             self.local_sq = local if self.local_sq is None else self.local_sq + local
         buffer.div_(self.world)
         future = dist.all_reduce(buffer, group=self.group, async_op=True).get_future()

@@ -21,8 +21,8 @@ from gnsweep.noise import NormPair
 
 
 def hessian_norms(module: nn.Module, loss_fn: LossFn | None, batch: Batch,
-                  microbatches: int = 2, *, task_loss: TaskLoss | None = None
-                  ) -> NormPair | None:
+                  microbatches: int = 2, *, task_loss: TaskLoss | None = None,
+                  params: list[nn.Parameter] | None = None) -> NormPair | None:
     """H-norms of micro-batch gradients for B_noise (eq. 2.8 through eq. A.2), at the module's
     current parameters. Returns `(|G_small|_H^2, |G_big|_H^2, b_small, b_big)`, or None when the
     batch is too small to split.
@@ -35,14 +35,16 @@ def hessian_norms(module: nn.Module, loss_fn: LossFn | None, batch: Batch,
 
     The loss is `loss_fn(module(inputs), targets)` on `batch=(inputs, targets)`, or, with
     `task_loss`, `task_loss(module, part)` on parts of any batch a task samples (split along
-    dim 0, dicts included).
+    dim 0, dicts included). `params`: the measured block (default every trainable
+    parameter): its gradient and the Hessian's diagonal block on it.
     """
     loss_of = _loss_closure(module, loss_fn, task_loss, batch)
     n = batch_len(batch if task_loss is not None else batch[0])
     size = n // (2 * microbatches)
     if size < 1:
         return None
-    params = [p for p in module.parameters() if p.requires_grad]
+    if params is None:
+        params = [p for p in module.parameters() if p.requires_grad]
     split = size * microbatches
     grads = []
     for j in range(microbatches):

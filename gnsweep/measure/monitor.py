@@ -79,13 +79,19 @@ class NoiseScaleMonitor:
     passes is either `loss_fn(outputs, targets)` with `batch=(inputs, targets)`, or
     `task_loss(model, batch)` with whatever batch the training loop drew (a task's `loss`:
     tensor, tuple, list or dict of tensors, split along dim 0).
+
+    `parameters`: the parameters whose gradient is measured (default: every trainable one of
+    the model). G, Sigma and H are then those of that block of the gradient, and B_simple is
+    eq. 2.9 on it; e.g. an actor-critic's actor alone (`docs/tasks.md`, `noise_parameters`).
+    The other parameters still train; their gradients are just not looked at.
     """
 
     def __init__(self, model: nn.Module, method: str = "per_example", *, every: int = 1,
                  ema_steps: float = 0.0, ema_examples: float = 2048.0,
                  loss_fn: LossFn | None = None, hessian_every: int = 0,
                  hessian_microbatches: int = 2, task_loss: TaskLoss | None = None,
-                 ema_fraction: float = 0.0) -> None:
+                 ema_fraction: float = 0.0,
+                 parameters: Iterable[nn.Parameter] | None = None) -> None:
         if method not in METHODS:
             raise ValueError(f"method={method!r}: choose one of {', '.join(METHODS)}")
         if every < 1 or hessian_every < 0 or hessian_microbatches < 2:
@@ -94,9 +100,7 @@ class NoiseScaleMonitor:
             raise ValueError("hessian_every > 0 needs loss_fn(outputs, targets) or "
                              "task_loss(model, batch) for B_noise")
         self.model = model
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        if not self.params:
-            raise ValueError("the model has no trainable parameters: nothing to measure")
+        self.params = _measured(model, parameters)
         self.every, self.hessian_every = every, hessian_every
         self.hessian_microbatches = hessian_microbatches
         self.loss_fn, self.task_loss = loss_fn, task_loss
@@ -145,7 +149,7 @@ class NoiseScaleMonitor:
             log.warning("noise scale: world size 1 gives one batch size only; measuring with "
                         "per-example gradient norms instead of the DDP hook")
             return "per_example"
-        self._ddp = DdpHook.attach(self, model)
+        self._ddp = DdpHook.attach(self, model, self.params)
         return "ddp"
 
     # -- the training-loop API ------------------------------------------------------------
@@ -253,6 +257,13 @@ class NoiseScaleMonitor:
                 if hess is None and self.hessian_every:
                     self.warn_once("hsmall", "noise scale: batch too small to split for "
                                    f"B_noise (needs >= {2 * self.hessian_microbatches} examples)")
+        if plain and self.method == "per_example" and self._examples == 1:
+            # One sample has no spread: tr(Sigma) is undefined at this batch size (eq. A.2
+            # needs two batch sizes). Skipped, so the estimate stays None (NaN), never wrong.
+            # (method microbatch says so as an error: its caller cut the batch.)
+            self.warn_once("one", "noise scale: a batch of one sample has no spread to measure; "
+                           "B_simple is not measured at this batch size")
+            plain = False
         parts: list[NormPair] = []
         if self._ddp is not None:
             parts, hess = self._ddp.measure(hess, self._examples, self.params)
@@ -276,7 +287,8 @@ class NoiseScaleMonitor:
         try:
             with _busy(self):
                 return hessian_norms(self.module, self.loss_fn, batch,
-                                     self.hessian_microbatches, task_loss=self.task_loss)
+                                     self.hessian_microbatches, task_loss=self.task_loss,
+                                     params=self.params)
         except RuntimeError as err:
             text = str(err)
             if "derivative for" not in text and "double backward" not in text:
@@ -309,7 +321,8 @@ class NoiseScaleMonitor:
 
 def measure_noise_scale(model: nn.Module, loss_fn: LossFn, batches: Iterable[Batch],
                         method: str = "per_example", hessian: bool = False, *,
-                        microbatches: int = 4, hessian_microbatches: int = 2) -> NoiseEstimate:
+                        microbatches: int = 4, hessian_microbatches: int = 2,
+                        parameters: Iterable[nn.Parameter] | None = None) -> NoiseEstimate:
     """B_simple (eq. 2.9), and with `hessian=True` B_noise (eq. 2.8), at the model's current
     parameters: no optimizer step is taken and `.grad` is left as it was.
 
@@ -317,13 +330,14 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn, batches: Iterable[Bat
     (inputs a tensor, or a tuple of tensors passed as `model(*inputs)`). The squared norms of
     all batches are pooled with equal weights (eq. A.2 on the means), so the estimate sharpens
     with more batches. `microbatches`: the split for method="microbatch" (and for layers without
-    per-example norms).
+    per-example norms). `parameters`: the measured block, as for `NoiseScaleMonitor`.
     """
     if microbatches < 2:
         raise ValueError(f"microbatches={microbatches}: need >= 2")
     monitor = NoiseScaleMonitor(model, method, ema_steps=math.inf, loss_fn=loss_fn,
                                 hessian_every=1 if hessian else 0,
-                                hessian_microbatches=hessian_microbatches)
+                                hessian_microbatches=hessian_microbatches,
+                                parameters=parameters)
     saved = [p.grad for p in monitor.params]
     try:
         for inputs, targets in batches:
@@ -349,6 +363,25 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn, batches: Iterable[Bat
         raise ValueError("no batch could be measured: give at least one batch of >= 2 examples")
     return monitor.estimate
 
+
+
+def _measured(model: nn.Module, parameters: Iterable[nn.Parameter] | None
+              ) -> list[nn.Parameter]:
+    """The measured parameters: the given ones (trainable parameters of the model, each once),
+    or every trainable parameter of the model."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if parameters is None:
+        if not trainable:
+            raise ValueError("the model has no trainable parameters: nothing to measure")
+        return trainable
+    ids = {id(p) for p in parameters}
+    if not ids:
+        raise ValueError("parameters= is empty: nothing to measure")
+    if not ids <= {id(p) for p in trainable}:
+        raise ValueError("parameters= must be trainable parameters of the model (one is not, "
+                         "or does not require grad)")
+    # The model's order, so that flattened gradients line up with DDP's and the optimizer's.
+    return [p for p in trainable if id(p) in ids]
 
 
 @contextmanager

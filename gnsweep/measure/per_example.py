@@ -24,21 +24,27 @@ class PerExample:
     is materialised per example unless that is cheaper.
     """
 
-    def __init__(self, gate: Gate, model: nn.Module, trainable: list[nn.Parameter]) -> None:
+    def __init__(self, gate: Gate, model: nn.Module, measured: list[nn.Parameter]) -> None:
+        """Hooks on the layers holding `measured` parameters; layers without any are left
+        alone (their gradients are not part of the measured block)."""
         self.gate = gate
         self.forward_id = 0
         self.reset()
         self.covered: set[int] = set()
         self.handles: list[Any] = []
         self._last_forward: dict[int, int] = {}
+        wanted = {id(p) for p in measured}
         owners = Counter(id(p) for m in model.modules()
                          for p in m.parameters(recurse=False))
         skipped: list[str] = []
         for name, module in model.named_modules():
             params = [p for p in module.parameters(recurse=False) if p.requires_grad]
-            if not params:
+            inside = [id(p) in wanted for p in params]
+            if not any(inside):
                 continue
             reason = _unsupported(module)
+            if reason is None and not all(inside):
+                reason = "only some of its parameters measured"
             if reason is None and any(owners[id(p)] > 1 for p in params):
                 reason = "parameters shared with another layer"
             if reason is not None:
@@ -49,7 +55,7 @@ class PerExample:
         if skipped:
             log.warning("noise scale: no per-example norms for %s; their parameters are measured "
                         "with micro-batches", ", ".join(skipped))
-        self.params = [p for p in trainable if id(p) in self.covered]
+        self.params = [p for p in measured if id(p) in self.covered]
 
     def reset(self) -> None:
         self.values: list[torch.Tensor] = []

@@ -76,8 +76,11 @@ class RunProbes:
         was_training = module.training
         copied = copy.deepcopy(module)
         copied.train(was_training)
+        # The task's measured block (`noise_parameters`), as in the training loop's monitor.
+        choose = getattr(self.task, "noise_parameters", None)
         est = measure_noise_scale(copied, loss_fn, batches, hessian=True,
-                                  hessian_microbatches=self.hessian_microbatches)
+                                  hessian_microbatches=self.hessian_microbatches,
+                                  parameters=None if choose is None else choose(copied))
         self.seconds += time.perf_counter() - start
         self.count += 1
         return {"probe_g2": est.g2, "probe_trace_sigma": est.trace_sigma,

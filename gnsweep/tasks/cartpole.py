@@ -16,8 +16,20 @@ Additions to the task protocol (everything else is the ordinary one):
   one run at a time. `sample(B, generator)` steps `n = max(1, B // steps_per_update)`
   environments for `B // n` steps each with the current policy (no gradient), continuing their
   episodes across calls, and returns a dict of `n * (B // n)` transitions (= B when B is a
-  multiple of `steps_per_update`): `obs` (B, 4), `action` (B,), `ret` (B,), the n-step
-  bootstrapped discounted return. `examples(batch)` is that number of environment steps.
+  multiple of `steps_per_update`), environment-major: `obs` (n, steps, 4), `action` (n, steps),
+  `ret` (n, steps), the n-step bootstrapped discounted return. `examples(batch)` is that number
+  of environment steps.
+- The batch's first dimension is the environment: one environment's segment is the
+  independent sample (its steps share n-step returns and follow each other), so micro-batches
+  split whole environments and the per-example noise monitor measures per segment (the Gram
+  form over its steps, as for a language model's windows); the loop converts B_simple to
+  environment steps. A batch of one environment (B < 2 x steps_per_update) has no spread to
+  measure: B_simple is NaN there.
+- `noise_parameters(model)` is the actor's parameters: the noise scale is that of the policy
+  gradient. Actor and critic are separate networks trained by Adam (each parameter's step
+  normalised, so the critic's larger gradient does not swamp the actor's update), and the
+  return, the target, is set by the policy alone; the critic's squared-error gradient would
+  otherwise dominate |G|^2 (its B_simple is 100x smaller) and set B_simple (docs/tasks.md).
 
 Reproducible under a seed: the network from `torch.manual_seed(seed)`, environment i reset once
 with seed `seed * 100_003 + i` (+ 1_000_003 x the rank under torchrun; later resets continue
@@ -29,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -166,22 +179,29 @@ class Cartpole:
             returns[t] = rewards[t] + self.options.gamma * bootstrap
             following = returns[t]
         self.env_steps += steps * n
-        return {"obs": obs.reshape(-1, 4), "action": actions.reshape(-1),
-                "ret": returns.reshape(-1)}
+        # Environment-major: dim 0 indexes the independent samples (environments' segments).
+        return {"obs": obs.transpose(0, 1).contiguous(),
+                "action": actions.transpose(0, 1).contiguous(),
+                "ret": returns.transpose(0, 1).contiguous()}
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         logits, value = model(batch["obs"])
         log_p = F.log_softmax(logits, -1)
         advantage = (batch["ret"] - value).detach()
-        policy = -(log_p.gather(1, batch["action"][:, None]).squeeze(1) * advantage).mean()
+        policy = -(log_p.gather(-1, batch["action"][..., None]).squeeze(-1) * advantage).mean()
         critic = 0.5 * (batch["ret"] - value).pow(2).mean()
         entropy = -(log_p.exp() * log_p).sum(-1).mean()
         o = self.options
         return policy + o.value_coef * critic - o.entropy_coef * entropy
 
     def examples(self, batch: dict[str, torch.Tensor]) -> int:
-        """Environment steps."""
-        return len(batch["obs"])
+        """Environment steps: environments x steps each."""
+        return int(batch["action"].numel())
+
+    def noise_parameters(self, model: nn.Module) -> Iterator[nn.Parameter]:
+        """The actor's: B_simple of the policy gradient (see the module's docstring)."""
+        assert isinstance(model, ActorCritic)
+        return model.actor.parameters()
 
     def metric(self, model: nn.Module | None = None) -> float:
         """Mean return of the last `return_window` finished training episodes (NaN before one)."""

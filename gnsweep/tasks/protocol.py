@@ -19,9 +19,19 @@ Batch = Any
 @runtime_checkable
 class Task(Protocol):
     """What a run needs from a task. Optional: `eval_loss(model) -> float` (a held-out or exact
-    loss, logged every `sweep.eval_every` steps) and `examples(batch) -> int` (the examples a
+    loss, logged every `sweep.eval_every` steps), `examples(batch) -> int` (the examples a
     batch counts for: default its first dimension; a language model returns tokens, so B, the
-    examples column and B_crit are counted in tokens)."""
+    examples column and B_crit are counted in tokens) and
+    `noise_parameters(model) -> Iterable[nn.Parameter]` (the parameters whose gradient the
+    noise scale is measured on; default all trainable ones: B_simple = tr(Sigma)/|G|^2 of that
+    block of the gradient, eq. 2.9. For a model whose loss adds an auxiliary network's loss to
+    the one that sets the target, e.g. an actor-critic's critic: cartpole returns its actor's).
+
+    The batch's first dimension indexes the independent samples: the noise monitor takes the
+    rows as independent draws and micro-batches split along it. Correlated examples (a
+    window's tokens, an environment's consecutive steps) belong in one row, (samples,
+    positions, ...), with `examples(batch)` counting them; B_simple is then converted from
+    samples to that unit."""
 
     def model(self) -> nn.Module:
         """A freshly initialised model (seed it from the task's `seed` for reproducible runs)."""
