@@ -158,3 +158,13 @@ def test_a_b_crit_beyond_the_batch_sizes_is_flagged():
     assert fit_quality(64.0, 4.0, pd.Series(BATCHES)) == ""
     assert "above the largest batch size" in fit_quality(5000.0, 100.0, pd.Series([8, 16, 32]))
     assert "relative error" in fit_quality(64.0, 40.0, pd.Series(BATCHES))
+
+
+@pytest.mark.parametrize("model", ["sgd", "power"])
+def test_lr_fit_refuses_best_rates_without_a_bend(model):
+    """Best rates exactly proportional to B (the linear-scaling regime, B << B_noise) have no
+    bend to place: B_noise runs off along the fit's flat valley, and the fit says so instead of
+    returning e^60 (or overflowing)."""
+    b = np.array([8, 16, 32, 64, 128, 256])
+    with pytest.raises(FitRefused, match="runs away"):
+        fit_lr(b, 1e-4 * b, model)

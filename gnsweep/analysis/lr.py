@@ -20,6 +20,9 @@ from gnsweep.analysis.fit import FitRefused, least_squares_fit
 LR_FIT_COLUMNS = ["target", "model", "n_points", "eps_max", "eps_max_se", "b_noise", "b_noise_se",
                   "alpha", "alpha_se", "rmse_log", "refused"]
 MODELS = ("sgd", "power")
+RUNAWAY = 1000.0
+"""A fitted B_noise more than this factor outside the measured batch sizes is a fit running
+off along its flat valley, not a value."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,12 @@ def fit_lr(batch_size: np.ndarray, lr: np.ndarray, model: str = "sgd") -> LrFit:
     if best is None:
         raise FitRefused("the learning-rate fit did not converge")
     theta, cov, res = best
+    lo, hi = np.log(b.min() / RUNAWAY), np.log(b.max() * RUNAWAY)
+    if not (lo < theta[1] < hi and abs(theta[0]) < 700):
+        # B_noise runs off far outside the measured batch sizes: the best rates never level
+        # off, or never rise, there, so the law has no bend to place (only a bound).
+        raise FitRefused(f"the learning-rate fit runs away (B_noise beyond {RUNAWAY:g}x the "
+                         "measured batch sizes): the best rates show no bend inside them")
     se = np.sqrt(np.clip(np.diag(cov), 0, None))
     eps_max, b_noise = math.exp(theta[0]), math.exp(theta[1])
     return LrFit(model=model, n_points=len(b), eps_max=eps_max, eps_max_se=eps_max * se[0],
