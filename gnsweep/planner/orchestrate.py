@@ -113,10 +113,11 @@ def read_outcomes(sweep_dir: Path, config: Config) -> list[RunOutcome]:
         run_config, _ = read_run(sweep_dir, str(run.run_id))
         b_simple = {float(r.target): float(r.b_simple_mean) for r in rows.itertuples()
                     if math.isfinite(r.b_simple_mean)}
+        ran = store.read_status(store.run_dir(sweep_dir, str(run.run_id))).get("steps")
         out.append(RunOutcome(int(run.batch_size), float(run.learning_rate), str(run.state),
                               run_config.sweep.max_steps,
                               {float(r.target): float(r.steps) for r in rows.itertuples()},
-                              b_simple))
+                              b_simple, int(ran) if ran is not None else None))
     return out
 
 
