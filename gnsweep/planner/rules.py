@@ -237,14 +237,16 @@ def bracket(runs: list[RunOutcome], learning_rates: list[float], targets: list[f
                 else:
                     if 0 <= j < len(ordered):
                         other = ordered[j]
-                        why = (f"brackets the best rate {best.learning_rate:g} ({steps:g} steps "
-                               f"to {target:g}) from {side}")
+                        why = f"{best.learning_rate:g} ({steps:g} steps to {target:g}"
                         if unknown:
-                            why += (f" ({', '.join(f'{u:g}' for u in unknown)} stopped before "
-                                    "telling)")
-                        if other in wanted:  # wanted at several targets: the first why
-                            why, steps = wanted[other].why, max(steps,
-                                                                wanted[other].budget_steps)
+                            why += (f"; {', '.join(f'{u:g}' for u in unknown)} stopped before "
+                                    "telling")
+                        why += ")"
+                        if other in wanted:  # wanted at several targets: every reason
+                            why = f"{wanted[other].why}, {why}"
+                            steps = max(steps, wanted[other].budget_steps)
+                        else:
+                            why = f"brackets from {side} the best rate {why}"
                         wanted[other] = Want(side == "above", why, steps)
             continue
         # Nothing reached this target: too slow (go up) unless the top already diverged.
