@@ -151,7 +151,8 @@ def explain(decision: Decision, config: Config) -> list[str]:
         f"learning rates: eps_opt(B) = eps_max / (1 + B_noise/B) (eq. 2.7), B_noise ~ "
         f"{decision.b_noise_lr:.4g}, eps_max {decision.eps_max:.4g} (the pilot's rate optimal "
         f"at b={b_pilot}); first rate per batch size {first}; then each target's best rate is "
-        "bracketed by its grid neighbours",
+        "bracketed by known worse rates (rule 4: a neighbour that stopped too soon to tell is "
+        "walked past)",
     ]
 
 
