@@ -131,9 +131,12 @@ def test_the_batch_sizes_see_both_asymptotes_of_the_hyperbola():
 
 
 def test_choose_batch_sizes_spans_the_prediction_and_keeps_enough():
-    assert choose_batch_sizes(BATCHES, [100.0], spread=8) == [16, 32, 64, 128, 256, 512]
-    # A prediction at the grid's edge still gets at least five batch sizes, nearest first.
-    assert choose_batch_sizes(BATCHES, [2000.0], spread=2) == [64, 128, 256, 512, 1024]
+    # Up to 8 x the prediction, and every smaller batch size of the grid (cheap: E ~ E_min).
+    assert choose_batch_sizes(BATCHES, [100.0], spread=8) == [8, 16, 32, 64, 128, 256, 512]
+    assert choose_batch_sizes(BATCHES, [10.0, 30.0], spread=2) == [8, 16, 32, 64, 128]
+    # A prediction below the grid still gets at least five batch sizes, the smallest.
+    assert choose_batch_sizes(BATCHES, [1.0], spread=2) == [8, 16, 32, 64, 128]
+    assert choose_batch_sizes(BATCHES, [2000.0], spread=2) == BATCHES
     assert choose_batch_sizes(BATCHES, [math.nan]) == BATCHES
 
 

@@ -142,7 +142,8 @@ def explain(decision: Decision, config: Config) -> list[str]:
     k = SPREAD
     span = (f"the grid's within [{min(finite) / k:.3g}, {max(finite) * k:.3g}] = B_simple / {k:g}"
             f" .. B_simple x {k:g}, where S = S_min + E_min/B is within {1 / k:.1%} of each "
-            "asymptote" if finite else "no B_simple measured: the whole grid")
+            "asymptote, and the smaller ones (cheap: E is near E_min there)" if finite
+            else "no B_simple measured: the whole grid")
     first = ", ".join(f"{b}: {lr:g}" for b, lr in sorted(decision.first.items()))
     return [
         f"pilot b={b_pilot} lr={lr_pilot:g}: B_simple {noise}; predicts B_crit ~ B_simple",

@@ -11,6 +11,9 @@ can be compared run for run with the grid's. The rules:
 2. Batch sizes: the grid's batch sizes in [min B_pred / SPREAD, max B_pred * SPREAD]. With
    S = S_min (1 + B_crit/B) (eq. 2.11), B = B_crit/8 sits on the E = E_min asymptote
    (E/E_min = 1.125) and B = 8 B_crit on the S = S_min one (S/S_min = 1.125): both are seen.
+   The grid's smaller batch sizes are run too: they cost little (E = E_min (1 + B/B_crit) is
+   near E_min there), and where S(B) bends away from eq. 2.11 at small B (Adam on mnist1d) the
+   fitted B_crit depends on them, so the plan fits the same range as the grid.
 3. First learning rate at each batch size: eps_opt(B) = eps_max / (1 + B_noise/B) (eq. 2.7) with
    B_noise ~ B_simple, eps_max = lr_pilot (1 + B_noise/B_pilot) (the pilot's rate taken as
    optimal there), snapped to the grid's nearest rate (in log).
@@ -160,23 +163,18 @@ def pilot_noise(pilots: list[RunOutcome], targets: list[float]) -> dict[float, f
 
 def choose_batch_sizes(grid: list[int], b_pred: list[float], spread: float = SPREAD,
                        at_least: int = MIN_BATCH_SIZES) -> list[int]:
-    """Grid batch sizes within [min b_pred / spread, max b_pred x spread] (rule 2); at least
-    `at_least` of them (the grid's nearest to the range are added, alternating sides)."""
+    """Grid batch sizes up to max b_pred x spread, those below min b_pred / spread included
+    (rule 2); at least `at_least` of them (the grid's next larger ones are added)."""
     finite = [b for b in b_pred if math.isfinite(b) and b > 0]
     ordered = sorted(grid)
     if not finite:
         return ordered
-    lo, hi = min(finite) / spread, max(finite) * spread
-    chosen = [b for b in ordered if lo <= b <= hi]
-    below = [b for b in ordered if b < lo][::-1]
+    hi = max(finite) * spread
+    chosen = [b for b in ordered if b <= hi]
     above = [b for b in ordered if b > hi]
     while len(chosen) < min(at_least, len(ordered)):
-        # The side whose nearest batch size lies closer (in log) to the range comes first.
-        if above and (not below or math.log(above[0] / hi) <= math.log(lo / below[0])):
-            chosen.append(above.pop(0))
-        else:
-            chosen.append(below.pop(0))
-    return sorted(chosen)
+        chosen.append(above.pop(0))
+    return chosen
 
 
 def first_learning_rates(batch_sizes: list[int], learning_rates: list[float], eps_max: float,
