@@ -111,10 +111,12 @@ def launch(
     if dry_run:
         typer.echo(f"sweep {config.sweep.name}: task {config.task.name}, {len(specs)} runs "
                    f"-> {sweep_dir}")
-        typer.echo(f"{'run_id':<28}{'batch_size':>11}{'learning_rate':>15}{'seed':>6}")
+        typer.echo(f"{'run_id':<28}{'batch_size':>16}{'learning_rate':>16}{'seed':>6}")
         for spec in specs:
-            typer.echo(f"{spec.run_id:<28}{spec.batch_size:>11}{spec.learning_rate:>15g}"
-                       f"{spec.seed:>6}")
+            # An adaptive run's batch size follows the noise scale, its rate is eps_max (eq. 2.7).
+            batch, lr = ((f"adaptive r={spec.exchange_rate:g}", f"eps_max {spec.learning_rate:g}")
+                         if spec.adaptive else (str(spec.batch_size), f"{spec.learning_rate:g}"))
+            typer.echo(f"{spec.run_id:<28}{batch:>16}{lr:>16}{spec.seed:>6}")
         return
     from gnsweep.tasks.check import check_task
 

@@ -274,6 +274,28 @@ def test_adaptive_runs_on_digits_end_to_end(tiny_sweep):
     assert result.exit_code == 0, result.output
     assert "Adaptive batch size" in (sweep_dir / "report.html").read_text()
     shutil.rmtree(sweep_dir / "figures", ignore_errors=True)
+    # Without the grid's runs there is no fit to measure them against: one line says what to do.
+    only = sweep_dir.parent / "adaptive-only"
+    shutil.copytree(sweep_dir, only)
+    for path in (only / "runs").glob("b*"):
+        shutil.rmtree(path)
+    result = runner.invoke(app, ["analyze", str(only)])
+    assert result.exit_code == 2
+    assert "only adaptive runs (2)" in result.output and "gnsweep launch" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_dry_run_shows_adaptive_runs_as_what_they_are(tmp_path):
+    from gnsweep.cli import app
+
+    result = runner.invoke(app, ["launch", "sweep=tiny", "sweep.schedule=adaptive",
+                                 "sweep.exchange_rates=[30]", "sweep.eps_max=2",
+                                 "sweep.adaptive_lr=measured",
+                                 "--sweep-dir", str(tmp_path / "x"), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("r30_")]
+    assert line.split()[1:] == ["adaptive", "r=30", "eps_max", "2", "0"]
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_fixed_lr_noise_replaces_the_measured_one_in_eq_2_7():

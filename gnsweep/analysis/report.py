@@ -55,6 +55,12 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     curves = load_curves(sweep_dir, skip_corrupt=skip_corrupt)
     # Adaptive runs (appendix D) stay out of the fits of eq. 2.11; they are measured against them.
     fixed, adaptive = split_adaptive(curves)
+    if adaptive is not None and not len(fixed.runs):
+        raise AnalysisError(
+            f"{sweep_dir}: only adaptive runs ({len(adaptive.runs)}), which are measured against "
+            "the fixed-batch grid's fit (eq. 2.11): launch the grid into this folder first "
+            f"(gnsweep launch --sweep-dir {sweep_dir}, the same overrides without "
+            "sweep.schedule=adaptive), then analyze again")
     config = Config.load(sweep_dir)
     targets = targets or config.sweep.targets
     task = config.task

@@ -113,10 +113,11 @@ def read_outcomes(sweep_dir: Path, config: Config) -> list[RunOutcome]:
         run_config, _ = read_run(sweep_dir, str(run.run_id))
         b_simple = {float(r.target): float(r.b_simple_mean) for r in rows.itertuples()
                     if math.isfinite(r.b_simple_mean)}
+        ran = store.read_status(store.run_dir(sweep_dir, str(run.run_id))).get("steps")
         out.append(RunOutcome(int(run.batch_size), float(run.learning_rate), str(run.state),
                               run_config.sweep.max_steps,
                               {float(r.target): float(r.steps) for r in rows.itertuples()},
-                              b_simple))
+                              b_simple, int(ran) if ran is not None else None))
     return out
 
 
@@ -141,7 +142,8 @@ def explain(decision: Decision, config: Config) -> list[str]:
     k = SPREAD
     span = (f"the grid's within [{min(finite) / k:.3g}, {max(finite) * k:.3g}] = B_simple / {k:g}"
             f" .. B_simple x {k:g}, where S = S_min + E_min/B is within {1 / k:.1%} of each "
-            "asymptote" if finite else "no B_simple measured: the whole grid")
+            "asymptote, and the smaller ones (cheap: E is near E_min there)" if finite
+            else "no B_simple measured: the whole grid")
     first = ", ".join(f"{b}: {lr:g}" for b, lr in sorted(decision.first.items()))
     return [
         f"pilot b={b_pilot} lr={lr_pilot:g}: B_simple {noise}; predicts B_crit ~ B_simple",
@@ -150,7 +152,8 @@ def explain(decision: Decision, config: Config) -> list[str]:
         f"learning rates: eps_opt(B) = eps_max / (1 + B_noise/B) (eq. 2.7), B_noise ~ "
         f"{decision.b_noise_lr:.4g}, eps_max {decision.eps_max:.4g} (the pilot's rate optimal "
         f"at b={b_pilot}); first rate per batch size {first}; then each target's best rate is "
-        "bracketed by its grid neighbours",
+        "bracketed by known worse rates (rule 4: a neighbour that stopped too soon to tell is "
+        "walked past)",
     ]
 
 

@@ -11,21 +11,32 @@ can be compared run for run with the grid's. The rules:
 2. Batch sizes: the grid's batch sizes in [min B_pred / SPREAD, max B_pred * SPREAD]. With
    S = S_min (1 + B_crit/B) (eq. 2.11), B = B_crit/8 sits on the E = E_min asymptote
    (E/E_min = 1.125) and B = 8 B_crit on the S = S_min one (S/S_min = 1.125): both are seen.
+   The grid's smaller batch sizes are run too: they cost little (E = E_min (1 + B/B_crit) is
+   near E_min there), and where S(B) bends away from eq. 2.11 at small B (Adam on mnist1d) the
+   fitted B_crit depends on them, so the plan fits the same range as the grid.
 3. First learning rate at each batch size: eps_opt(B) = eps_max / (1 + B_noise/B) (eq. 2.7) with
    B_noise ~ B_simple, eps_max = lr_pilot (1 + B_noise/B_pilot) (the pilot's rate taken as
    optimal there), snapped to the grid's nearest rate (in log).
 4. Bracketing: at each batch size and target, the best rate so far (fewest steps to the target)
-   must have both grid neighbours run (or be at the grid's edge); a missing neighbour runs next,
-   the higher side first: a higher rate is cheaper to try (it diverges within a few steps or
-   reaches the target sooner), and if it wins the lower side is never needed. No rate reaching
-   a target: one rate higher if the highest did not diverge, else one lower.
+   must have a known worse rate on each side (or the grid's edge). Known worse: reached the
+   target in as many steps or more, diverged, or ran at least the best's steps without reaching
+   it. A neighbour that stopped sooner without reaching it (its budget was set for other
+   targets, or the training stopped on its own, noisier reading of the hardest target) is
+   unknown, not worse: the next rate out on that side is needed too (one seed's steps-to-target
+   at a hard target is not always bowl-shaped in log lr; the wall is looked for, not assumed).
+   A missing rate runs next, the higher side first: a higher rate is cheaper to try (it diverges
+   within a few steps or reaches the target sooner), and if it wins the lower side is never
+   needed. No rate reaching a target: one rate above the highest if it did not diverge (too
+   slow: go up); else one below the lowest, unless the lowest ran the sweep's max_steps (too
+   slow already; below, the steps only grow).
 5. Pruning by budget: a run added to bracket the best rates of some targets gets
    max_steps = ceil(CAP_FACTOR x the most steps those bests took). Past that it cannot win at
-   those targets; nor at any other: the rates tried at a batch size are contiguous on the grid
-   (each added one is a neighbour of a tried one), so between this rate and another target's
-   best lies a tried rate already worse than that best, and S(lr) is bowl-shaped (unimodal in
-   log lr). So the budget never changes a best rate; the margin above 1 lets close neighbours
-   finish and show the bowl around the optimum.
+   those targets. Nor at the others, where S(lr) is bowl-shaped between the rates tried: those
+   are contiguous on the grid (each added one is a neighbour of a tried one), so between this
+   rate and another target's best lies a tried rate known worse there. A run that stopped at its
+   budget is `unknown`, not worse, at targets it did not reach in the best's steps, so rule 4
+   walks past it where that matters. The margin above 1 lets close neighbours finish and show
+   the bowl around the optimum.
 6. Widening: B_simple is only a prior for B_crit (it can lag the noise scale, or differ from
    B_noise). Once every chosen batch size is bracketed, S = S_min + E_min/B is fitted at each
    target (eq. 2.11, `gnsweep.analysis.fit`); while a fitted B_crit lies less than EDGE times
@@ -67,6 +78,13 @@ class RunOutcome:
     """Target -> steps to reach it; a target it did not reach is absent."""
     b_simple: dict[float, float] = field(default_factory=dict)
     """Target -> B_simple averaged (S_min weights) up to reaching it."""
+    steps_run: int | None = None
+    """Steps it trained (None: its whole budget)."""
+
+    @property
+    def ran(self) -> int:
+        """Steps it trained."""
+        return self.max_steps if self.steps_run is None else self.steps_run
 
 
 @dataclass(frozen=True)
@@ -145,23 +163,18 @@ def pilot_noise(pilots: list[RunOutcome], targets: list[float]) -> dict[float, f
 
 def choose_batch_sizes(grid: list[int], b_pred: list[float], spread: float = SPREAD,
                        at_least: int = MIN_BATCH_SIZES) -> list[int]:
-    """Grid batch sizes within [min b_pred / spread, max b_pred x spread] (rule 2); at least
-    `at_least` of them (the grid's nearest to the range are added, alternating sides)."""
+    """Grid batch sizes up to max b_pred x spread, those below min b_pred / spread included
+    (rule 2); at least `at_least` of them (the grid's next larger ones are added)."""
     finite = [b for b in b_pred if math.isfinite(b) and b > 0]
     ordered = sorted(grid)
     if not finite:
         return ordered
-    lo, hi = min(finite) / spread, max(finite) * spread
-    chosen = [b for b in ordered if lo <= b <= hi]
-    below = [b for b in ordered if b < lo][::-1]
+    hi = max(finite) * spread
+    chosen = [b for b in ordered if b <= hi]
     above = [b for b in ordered if b > hi]
     while len(chosen) < min(at_least, len(ordered)):
-        # The side whose nearest batch size lies closer (in log) to the range comes first.
-        if above and (not below or math.log(above[0] / hi) <= math.log(lo / below[0])):
-            chosen.append(above.pop(0))
-        else:
-            chosen.append(below.pop(0))
-    return sorted(chosen)
+        chosen.append(above.pop(0))
+    return chosen
 
 
 def first_learning_rates(batch_sizes: list[int], learning_rates: list[float], eps_max: float,
@@ -188,33 +201,64 @@ class Want:
     """The most steps the best rates it brackets took (NaN: not bracketing a best; rule 5)."""
 
 
-def bracket(runs: list[RunOutcome], learning_rates: list[float],
-            targets: list[float]) -> dict[float, Want]:
-    """Rates still to run at one batch size so that every target's best rate is bracketed
-    (rule 4): rate -> what it is wanted for."""
+def known_worse(run: RunOutcome, target: float, best_steps: float) -> bool:
+    """Whether `run` is known to be no better than a best of `best_steps` at `target` (rule 4):
+    it reached it no sooner, diverged, or trained that long without reaching it."""
+    if run.state == "diverged":
+        return True
+    if target in run.steps:
+        return run.steps[target] >= best_steps
+    return run.ran >= best_steps
+
+
+def bracket(runs: list[RunOutcome], learning_rates: list[float], targets: list[float],
+            max_steps: int) -> dict[float, Want]:
+    """Rates still to run at one batch size so that every target's best rate is bracketed by
+    known worse rates (rule 4): rate -> what it is wanted for. `max_steps`: the sweep's."""
     tried = {r.learning_rate: r for r in runs}
+    bests = {t: best for t in targets if (best := best_run(runs, t)) is not None}
+    ordered = sorted(learning_rates)
     wanted: dict[float, Want] = {}
     for target in sorted(targets, reverse=True):
-        best = best_run(runs, target)
+        best = bests.get(target)
         if best is not None:
-            for side, other in zip(("below", "above"),
-                                   neighbours(best.learning_rate, learning_rates), strict=True):
-                if other is None or other in tried:
-                    continue
-                steps = best.steps[target]
-                why = (f"brackets the best rate {best.learning_rate:g} ({steps:g} steps to "
-                       f"{target:g}) from {side}")
-                if other in wanted:  # wanted at several targets: the largest budget, first why
-                    why, steps = wanted[other].why, max(steps, wanted[other].budget_steps)
-                wanted[other] = Want(side == "above", why, steps)
+            steps = best.steps[target]
+            i = ordered.index(best.learning_rate)
+            for side, step in (("below", -1), ("above", 1)):
+                j, unknown = i + step, []
+                # Walk out past neighbours that stopped too soon to tell (rule 4).
+                while 0 <= j < len(ordered) and ordered[j] in tried:
+                    if known_worse(tried[ordered[j]], target, steps):
+                        break
+                    unknown.append(ordered[j])
+                    j += step
+                else:
+                    if 0 <= j < len(ordered):
+                        other = ordered[j]
+                        why = f"{best.learning_rate:g} ({steps:g} steps to {target:g}"
+                        if unknown:
+                            why += (f"; {', '.join(f'{u:g}' for u in unknown)} stopped before "
+                                    "telling")
+                        why += ")"
+                        if other in wanted:  # wanted at several targets: every reason
+                            why = f"{wanted[other].why}, {why}"
+                            steps = max(steps, wanted[other].budget_steps)
+                        else:
+                            why = f"brackets from {side} the best rate {why}"
+                        wanted[other] = Want(side == "above", why, steps)
             continue
         # Nothing reached this target: too slow (go up) unless the top already diverged.
         top, bottom = max(tried), min(tried)
         low, high = neighbours(bottom, learning_rates)[0], neighbours(top, learning_rates)[1]
-        if tried[top].state != "diverged" and high is not None:
-            wanted[high] = Want(True, f"no rate up to {top:g} reached {target:g}; going up")
-        elif tried[bottom].state == "diverged" and low is not None:
-            wanted[low] = Want(False, f"every rate down to {bottom:g} diverged; going down")
+        if tried[top].state != "diverged":
+            if high is not None:
+                wanted[high] = Want(True, f"no rate up to {top:g} reached {target:g}; going up")
+        elif low is not None and (tried[bottom].state == "diverged"
+                                  or tried[bottom].ran < max_steps):
+            why = (f"every rate down to {bottom:g} diverged" if tried[bottom].state == "diverged"
+                   else f"no rate reached {target:g}, {top:g} diverged, {bottom:g} stopped "
+                        f"after {tried[bottom].ran} steps")
+            wanted[low] = Want(False, f"{why}; going down")
     return wanted
 
 
@@ -268,7 +312,7 @@ def next_round(outcomes: dict[int, list[RunOutcome]], batch_sizes: list[int],
                 why = f"batch size added: {added[b]}; {why}"
             out.append(Proposal(b, lr, max_steps, why))
             continue
-        wanted = bracket(runs, learning_rates, targets)
+        wanted = bracket(runs, learning_rates, targets, max_steps)
         # Rule 4: the higher side first; the lower side once no higher rate is wanted.
         if any(w.up for w in wanted.values()):
             wanted = {lr: w for lr, w in wanted.items() if w.up}
