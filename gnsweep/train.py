@@ -2,7 +2,9 @@
 B_simple on the way, stop at the hardest target, the budget, or divergence; write metrics.
 
 Stopping and smoothing follow the paper's appendix A: a target counts as reached when the
-exponentially smoothed training loss falls to it. A task with its own metric (cartpole's return,
+exponentially smoothed training loss falls to it. The run then trains on until the analysis's
+centred window there is whole, and stops only once that centred reading (what `gnsweep analyze`
+uses, free of the EMA's lag) has the hardest target reached too. A task with its own metric (cartpole's return,
 `config.task.metric`) has it logged in the `metric` column and its targets reached on it, in
 the task's direction.
 """
@@ -17,10 +19,15 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from gnsweep import store
-from gnsweep.analysis.smoothing import MIN_WINDOW_EXAMPLES, SMOOTHING_FRACTION
+from gnsweep.analysis.smoothing import (
+    MIN_WINDOW_EXAMPLES,
+    SMOOTHING_FRACTION,
+    settled_at_or_below,
+)
 from gnsweep.config import Config
 from gnsweep.errors import StopRequested
 from gnsweep.measure import NoiseScaleMonitor
@@ -159,6 +166,10 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
                            {**probes.values(model, examples), "batch_size": size, "lr": lr})
                 if on_row is not None:
                     on_row(row)
+            if done and not metric_task and not _analysis_reached(rows, hardest, n_examples):
+                # The causal EMA crossed, but the analysis's centred reading of the logged
+                # losses has not (near a loss floor they differ): train on and look again.
+                stop_at, done = None, False
             if done:
                 reason = "target"
                 break
@@ -295,6 +306,15 @@ def placement() -> tuple[int, int, torch.device]:
     if dist.get_backend() == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return dist.get_world_size(), dist.get_rank(), device
+
+
+def _analysis_reached(rows: dict[str, list], target: float, batch_examples: int) -> bool:
+    """Whether `gnsweep analyze` will read the hardest loss target as reached from the rows
+    logged so far: the centred smooth of the training loss (at step - 1 updates, as
+    analysis.steps reads it) at or below it where its window is already whole."""
+    x = np.asarray(rows["step"], float) - 1.0
+    return settled_at_or_below(x, np.asarray(rows["loss"], float), target, SMOOTHING_FRACTION,
+                               MIN_WINDOW_EXAMPLES / batch_examples)
 
 
 def _agree(loss: float, metric: float, stop: bool,

@@ -119,3 +119,16 @@ def pooled_probes(probe_steps: np.ndarray, numerator: np.ndarray, denominator: n
     where = np.log1p(np.asarray(probe_steps, float))
     ratio = centred_ratio(where, numerator, denominator, 0.0, octaves * float(np.log(2.0)))
     return interpolate_log_steps(probe_steps, ratio, steps)
+
+
+def settled_at_or_below(x: np.ndarray, y: np.ndarray, target: float, fraction: float,
+                        min_half_width: float = 0.0) -> bool:
+    """Whether the centred smooth of y(x) (`centred_fit`) is at or below `target` at a point
+    whose whole window lies inside the data: later points cannot move that value, so the
+    analysis will read the target as reached whatever comes after."""
+    x = np.asarray(x, float)
+    if len(x) == 0:
+        return False
+    smooth = centred_fit(x, y, fraction, min_half_width)
+    whole = x + np.maximum(fraction * np.abs(x), min_half_width) <= x[-1]
+    return bool(np.any(whole & (smooth <= target)))
