@@ -4,9 +4,9 @@ B_simple on the way, stop at the hardest target, the budget, or divergence; writ
 Stopping and smoothing follow the paper's appendix A: a target counts as reached when the
 exponentially smoothed training loss falls to it. The run then trains on until the analysis's
 centred window there is whole, and stops only once that centred reading (what `gnsweep analyze`
-uses, free of the EMA's lag) has the hardest target reached too. A task with its own metric (cartpole's return,
-`config.task.metric`) has it logged in the `metric` column and its targets reached on it, in
-the task's direction.
+uses, free of the EMA's lag) has the hardest target reached too. A task with its own metric
+(cartpole's return, `config.task.metric`) has it logged in the `metric` column and its targets
+reached on it, in the task's direction.
 """
 
 from __future__ import annotations
