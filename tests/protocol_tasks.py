@@ -57,6 +57,17 @@ def frozen(seed: int) -> Frozen:
 not_callable = 42
 
 
+class ForeignNoiseParameters(Regression):
+    """noise_parameters names a parameter the model does not own."""
+
+    def noise_parameters(self, model):
+        return [torch.nn.Parameter(torch.zeros(3))]
+
+
+def foreign_noise_parameters(seed: int) -> ForeignNoiseParameters:
+    return ForeignNoiseParameters(seed)
+
+
 class RaisesLater(Regression):
     """The loss raises after a few calls: fine for the launch check, fails every run."""
 

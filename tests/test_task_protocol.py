@@ -43,6 +43,7 @@ def clean_env(monkeypatch):
     ("protocol_tasks.missing_function", "has no 'missing_function'"),
     ("protocol_tasks.vector_loss", "scalar"),
     ("protocol_tasks.frozen", "no trainable parameters"),
+    ("protocol_tasks.foreign_noise_parameters", "not trainable parameters of the model"),
 ])
 def test_bad_tasks_exit_2_and_start_nothing(target, expected, tmp_path, clean_env):
     out = tmp_path / "sweep"

@@ -55,6 +55,25 @@ def check_task(name: str, options: dict[str, Any], seed: int = 0) -> None:
     count = _call(label, "examples(batch)", lambda: examples_of(task, batch))
     if count < 1:
         raise ConfigError(f"{label}: examples(batch) is {count} for a batch of 2; must be >= 1")
+    if hasattr(task, "noise_parameters"):
+        _check_noise_parameters(label, task, model, params)
+
+
+def _check_noise_parameters(label: str, task: Any, model: nn.Module,
+                            params: list[nn.Parameter]) -> None:
+    """noise_parameters(model) names a non-empty set of the model's trainable parameters (the
+    block the noise scale is measured on)."""
+    chosen = _call(label, "noise_parameters(model)", lambda: list(task.noise_parameters(model)))
+    trainable = {id(p) for p in params}
+    if not chosen:
+        raise ConfigError(f"{label}: noise_parameters(model) is empty; return the parameters "
+                          "whose gradient the noise scale is measured on (or drop the method)")
+    foreign = [p for p in chosen if not isinstance(p, nn.Parameter) or id(p) not in trainable]
+    if foreign:
+        raise ConfigError(f"{label}: noise_parameters(model) returns {len(foreign)} of "
+                          f"{len(chosen)} items that are not trainable parameters of the model "
+                          "it is given; return parameters of that model (e.g. "
+                          "model.actor.parameters())")
 
 
 def _call(label: str, what: str, function: Callable[[], Any]) -> Any:
