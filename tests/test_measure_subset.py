@@ -151,3 +151,20 @@ def test_ddp_measures_the_block_alone(tmp_path):
     assert result["pair"] == [BATCH // 2, BATCH]
     assert result["b_simple"] == pytest.approx(1, abs=0.05)
     assert result["g2"] == pytest.approx(1, abs=0.05)
+
+
+@pytest.mark.parametrize("method", ["per_example", "microbatch"])
+def test_one_shot_measurement_from_a_tasks_own_loss(method):
+    """`measure_noise_scale(model, None, batches, task_loss=task.loss)` on the batches a task
+    samples: linreg's closed form, B_noise included (the Hessian passes use the task's loss)."""
+    task = linreg.make(OPTIONS, seed=0)
+    model = task.model()
+    generator = torch.Generator().manual_seed(0)
+    batches = [task.sample(BATCH, generator) for _ in range(BATCHES)]
+    estimate = measure_noise_scale(model, None, batches, method=method, hessian=True,
+                                   hessian_microbatches=8, task_loss=task.loss)
+    truth = task.truth(model)
+    for name in ("b_simple", "g2", "trace_sigma", "b_noise"):
+        assert getattr(estimate, name) == pytest.approx(getattr(truth, name), rel=0.05), name
+    with pytest.raises(ValueError, match="exactly one"):
+        measure_noise_scale(model, None, batches[:1])

@@ -40,6 +40,7 @@ from gnsweep.measure.common import (
     first_tensor,
     is_ddp,
     log,
+    split_batch,
     take,
     world_size,
 )
@@ -319,10 +320,11 @@ class NoiseScaleMonitor:
 # -- one-shot measurement at fixed parameters ------------------------------------------------
 
 
-def measure_noise_scale(model: nn.Module, loss_fn: LossFn, batches: Iterable[Batch],
+def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Iterable[Batch],
                         method: str = "per_example", hessian: bool = False, *,
                         microbatches: int = 4, hessian_microbatches: int = 2,
-                        parameters: Iterable[nn.Parameter] | None = None) -> NoiseEstimate:
+                        parameters: Iterable[nn.Parameter] | None = None,
+                        task_loss: TaskLoss | None = None) -> NoiseEstimate:
     """B_simple (eq. 2.9), and with `hessian=True` B_noise (eq. 2.8), at the model's current
     parameters: no optimizer step is taken and `.grad` is left as it was.
 
@@ -331,30 +333,39 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn, batches: Iterable[Bat
     all batches are pooled with equal weights (eq. A.2 on the means), so the estimate sharpens
     with more batches. `microbatches`: the split for method="microbatch" (and for layers without
     per-example norms). `parameters`: the measured block, as for `NoiseScaleMonitor`.
+    With `task_loss(model, batch)` instead of `loss_fn` (pass `loss_fn=None`), `batches` yields
+    whatever a task samples (a tensor or a tuple / list / dict of tensors, split along dim 0),
+    e.g. `measure_noise_scale(model, None, batches, task_loss=task.loss)`.
     """
     if microbatches < 2:
         raise ValueError(f"microbatches={microbatches}: need >= 2")
+    if (loss_fn is None) == (task_loss is None):
+        raise ValueError("give exactly one of loss_fn(outputs, targets) and "
+                         "task_loss(model, batch)")
     monitor = NoiseScaleMonitor(model, method, ema_steps=math.inf, loss_fn=loss_fn,
                                 hessian_every=1 if hessian else 0,
                                 hessian_microbatches=hessian_microbatches,
-                                parameters=parameters)
+                                parameters=parameters, task_loss=task_loss)
     saved = [p.grad for p in monitor.params]
     try:
-        for inputs, targets in batches:
-            n = batch_len(inputs)
+        for batch in batches:
+            n = batch_len(batch if task_loss is not None else batch[0])
             if monitor.method == "microbatch" and n < 2:
                 raise ValueError("method='microbatch' cannot split a batch of one example into "
                                  "micro-batches; use larger batches or method='per_example'")
             k = min(microbatches, n) if monitor.needs_microbatches else 1
             for p in monitor.params:
                 p.grad = None
-            bounds = [round(j * n / k) for j in range(k + 1)]
-            for lo, hi in itertools.pairwise(bounds):
-                index = slice(lo, hi)
-                loss = batch_loss(model, loss_fn, take(inputs, index), take(targets, index))
-                (loss * ((hi - lo) / n)).backward()
+            for part, share in _pieces(batch, k, n, task_loss is not None):
+                if task_loss is not None:
+                    with torch.enable_grad():
+                        loss = task_loss(model, part)
+                else:
+                    assert loss_fn is not None
+                    loss = batch_loss(model, loss_fn, *part)
+                (loss * share).backward()
                 monitor.accumulate()
-            monitor.step(batch=(inputs, targets))
+            monitor.step(batch=batch)
     finally:
         monitor.close()
         for p, grad in zip(monitor.params, saved, strict=True):
@@ -363,6 +374,22 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn, batches: Iterable[Bat
         raise ValueError("no batch could be measured: give at least one batch of >= 2 examples")
     return monitor.estimate
 
+
+
+def _pieces(batch: Batch, k: int, n: int, whole: bool) -> list[tuple[Any, float]]:
+    """`batch` in k micro-batches, each with its share of the examples: `(inputs, targets)` cut
+    alike (loss_fn), or a task's batch cut along dim 0 (task_loss: `split_batch`)."""
+    if k == 1:
+        return [(batch, 1.0)]
+    if whole:
+        parts = split_batch(batch, k)
+        if parts is None:
+            raise ValueError("the batch cannot be split along dim 0 into micro-batches; use "
+                             "method='per_example' or batches of tensors of equal length")
+        return [(part, batch_len(part) / n) for part in parts]
+    bounds = [round(j * n / k) for j in range(k + 1)]
+    return [((take(batch[0], slice(lo, hi)), take(batch[1], slice(lo, hi))), (hi - lo) / n)
+            for lo, hi in itertools.pairwise(bounds)]
 
 
 def _measured(model: nn.Module, parameters: Iterable[nn.Parameter] | None
