@@ -21,6 +21,7 @@ import pandas as pd
 
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.views import quantity
+from gnsweep.analysis.views import unit as unit_of
 from gnsweep.config import Config
 
 REPORT = "report.html"
@@ -332,7 +333,7 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
 
     captions = {spec.name: spec.caption for spec in FIGURES}
     warnings = collect_warnings(tables)
-    unit = str(tables.meta.get("unit") or "examples")
+    unit = unit_of(tables.meta)
     parts = [
         "<h2>Answer</h2>",
         *(f"<p class=answer>{esc(a)}</p>"

@@ -38,6 +38,7 @@ from gnsweep.analysis.views import (
     placed,
     quantity,
 )
+from gnsweep.analysis.views import unit as unit_of
 
 # Okabe & Ito (2008): distinguishable with every common colour-vision deficiency.
 COLORS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442"]
@@ -630,9 +631,7 @@ def _what(tables: SweepTables) -> str:
 
 
 def _unit(tables: SweepTables) -> str:
-    """What B, E and B_crit are counted in: the task's unit (examples, tokens, environment
-    steps), recorded by `gnsweep analyze`."""
-    return str(tables.meta.get("unit") or "examples")
+    return unit_of(tables.meta)
 
 
 def _targets(tables: SweepTables) -> list[float]:

@@ -157,10 +157,7 @@ def test_ddp_measures_the_block_alone(tmp_path):
 def test_one_shot_measurement_from_a_tasks_own_loss(method):
     """`measure_noise_scale(model, None, batches, task_loss=task.loss)` on the batches a task
     samples: linreg's closed form, B_noise included (the Hessian passes use the task's loss)."""
-    task = linreg.make(OPTIONS, seed=0)
-    model = task.model()
-    generator = torch.Generator().manual_seed(0)
-    batches = [task.sample(BATCH, generator) for _ in range(BATCHES)]
+    task, model, _, batches = _setup()
     estimate = measure_noise_scale(model, None, batches, method=method, hessian=True,
                                    hessian_microbatches=8, task_loss=task.loss)
     truth = task.truth(model)

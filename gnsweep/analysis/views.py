@@ -26,6 +26,12 @@ def quantity(meta: dict) -> str:
     return str(meta.get("metric") or "loss")
 
 
+def unit(meta: dict) -> str:
+    """What B, E and B_crit are counted in, from an analysis' meta: the task's unit (examples,
+    tokens, environment steps), recorded by `gnsweep analyze`."""
+    return str(meta.get("unit") or "examples")
+
+
 def placed(fits: pd.DataFrame, front: pd.DataFrame | None,
            what: str = "loss") -> tuple[pd.DataFrame, list[str]]:
     """The fitted targets whose B_crit lies within a factor 2 of the measured batch sizes, and

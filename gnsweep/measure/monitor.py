@@ -22,7 +22,6 @@ see `hessian_norms`.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -41,7 +40,6 @@ from gnsweep.measure.common import (
     is_ddp,
     log,
     split_batch,
-    take,
     world_size,
 )
 from gnsweep.measure.ddp import DdpHook
@@ -377,19 +375,15 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Itera
 
 
 def _pieces(batch: Batch, k: int, n: int, whole: bool) -> list[tuple[Any, float]]:
-    """`batch` in k micro-batches, each with its share of the examples: `(inputs, targets)` cut
-    alike (loss_fn), or a task's batch cut along dim 0 (task_loss: `split_batch`)."""
+    """`batch` in k micro-batches along dim 0 (`split_batch`: `(inputs, targets)` are cut alike
+    for loss_fn), each with its share of the n examples."""
     if k == 1:
         return [(batch, 1.0)]
-    if whole:
-        parts = split_batch(batch, k)
-        if parts is None:
-            raise ValueError("the batch cannot be split along dim 0 into micro-batches; use "
-                             "method='per_example' or batches of tensors of equal length")
-        return [(part, batch_len(part) / n) for part in parts]
-    bounds = [round(j * n / k) for j in range(k + 1)]
-    return [((take(batch[0], slice(lo, hi)), take(batch[1], slice(lo, hi))), (hi - lo) / n)
-            for lo, hi in itertools.pairwise(bounds)]
+    parts = split_batch(batch, k)
+    if parts is None:
+        raise ValueError("the batch cannot be split along dim 0 into micro-batches; use "
+                         "method='per_example' or batches of tensors of equal length")
+    return [(part, batch_len(part if whole else part[0]) / n) for part in parts]
 
 
 def _measured(model: nn.Module, parameters: Iterable[nn.Parameter] | None
