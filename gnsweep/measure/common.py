@@ -127,3 +127,15 @@ def batch_loss(module: nn.Module, loss_fn: LossFn, inputs: Any, targets: Any) ->
         loss = loss_fn(outputs, targets)
     check_scalar(loss)
     return loss
+
+
+_SAID: set[str] = set()
+
+
+def say_once(key: str, message: str) -> None:
+    """Log `message` once per process: facts about an architecture (which layers fall back to
+    micro-batches, how batch statistics are measured) hold for every run of a sweep, and a
+    worker process runs many."""
+    if key not in _SAID:
+        _SAID.add(key)
+        log.warning(message)
