@@ -32,14 +32,20 @@ def _classification(model: nn.Module, batch: Any) -> torch.Tensor:
     return F.cross_entropy(model(x), y)
 
 
+def _regression(model: nn.Module, batch: Any) -> torch.Tensor:
+    x, y = batch
+    return F.mse_loss(model(x), y)
+
+
 def _teacher_images(seed: int) -> Callable[[int, torch.Generator], Any]:
-    teacher = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
+    """8x8 images of noise; targets: 3 smooth functions of them (a random teacher) plus a
+    little noise."""
+    teacher = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(seed)) / 8
 
     def sample(n: int, generator: torch.Generator) -> Any:
         x = torch.randn(n, 1, 8, 8, generator=generator)
-        scores = (x.unsqueeze(1) * teacher).sum((2, 3, 4)) * 0.5
-        y = torch.multinomial(scores.softmax(1), 1, generator=generator).squeeze(1)
-        return x, y
+        y = torch.tanh((x.unsqueeze(1) * teacher).sum((2, 3, 4)) * 2)
+        return x, y + 0.1 * torch.randn(y.shape, generator=generator)
 
     return sample
 
@@ -62,7 +68,7 @@ def _cnn(norm: Callable[[int], nn.Module], name: str, seed: int) -> Architecture
     model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), norm(8), nn.ReLU(),
                           nn.Conv2d(8, 8, 3, stride=2, padding=1), norm(8), nn.ReLU(),
                           nn.Flatten(), nn.Linear(8 * 4 * 4, 3))
-    return Architecture(name, model, _teacher_images(seed + 1), _classification)
+    return Architecture(name, model, _teacher_images(seed + 1), _regression)
 
 
 def cnn_batchnorm(seed: int = 0) -> Architecture:
@@ -147,20 +153,26 @@ def slightly_trained(arch: Architecture, steps: int = 30, batch_size: int = 32,
     return arch
 
 
-def brute_force_b_simple(arch: Architecture, batch_size: int, batches: int, seed: int = 1
-                         ) -> float:
-    """B_simple from `batches` independent batch gradients of `batch_size` examples, each by
-    plain autograd (no hooks), at fixed parameters: with G_j the batch gradients,
-    tr(Sigma) = B * (their sample variance, summed over coordinates) and
-    |G|^2 = |mean G_j|^2 - (that variance) / batches (eq. A.1, both unbiased)."""
-    generator = torch.Generator().manual_seed(seed)
+def brute_force_b_simple(arch: Architecture, batches: list[Any]) -> float:
+    """B_simple from independent batch gradients, each by plain autograd (no hooks), at fixed
+    parameters: with G_j the gradients of the `batches` (B examples each), tr(Sigma) = B *
+    (their sample variance, summed over coordinates) and |G|^2 = |mean G_j|^2 - (that
+    variance) / (number of batches) (eq. A.1, both unbiased).
+
+    The brute-force definition of the noise scale at batch size B, for any model: examples that
+    interact within a batch (batch statistics) are measured as they train. Compared with a
+    method on the same batches, the dominant sampling error (the mean gradient's fluctuation
+    along G) is shared, so agreement is tight with few batches."""
     params = [p for p in arch.model.parameters() if p.requires_grad]
-    grads = []
-    for _ in range(batches):
-        loss = arch.loss(arch.model, arch.sample(batch_size, generator))
+    grads, sizes = [], set()
+    for batch in batches:
+        loss = arch.loss(arch.model, batch)
         grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)])
                      .double())
+        sizes.add(int((batch[0] if isinstance(batch, (tuple, list)) else batch).shape[0]))
+    if len(sizes) != 1 or len(grads) < 2:
+        raise ValueError("brute force needs >= 2 batches of one size")
     stacked = torch.stack(grads)
     variance = float(stacked.var(0, unbiased=True).sum())
-    g2 = float(stacked.mean(0).square().sum()) - variance / batches
-    return batch_size * variance / g2
+    g2 = float(stacked.mean(0).square().sum()) - variance / len(grads)
+    return sizes.pop() * variance / g2
