@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import itertools
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -35,6 +37,13 @@ CASES = {
                                           adaptive_min_change=0.5),
                         noise=NoiseConfig(method="microbatch", hessian_every=2)),
                  RunSpec(batch_size=0, learning_rate=0.05, exchange_rate=50.0)),
+    # Micro-batches asked for a batch that cannot be cut: the run falls back to per-example
+    # norms at its first step, and so must the run it is resumed into.
+    "fallback": (Config(task=TaskConfig("custom", {"_target_": "protocol_tasks.unsplittable"}),
+                        sweep=SweepConfig(batch_sizes=[8], learning_rates=[0.05],
+                                          targets=[1e-9], max_steps=20),
+                        noise=NoiseConfig(method="microbatch")),
+                 RunSpec(batch_size=8, learning_rate=0.05)),
 }
 
 
@@ -47,8 +56,11 @@ def _stopped_at(config: Config, spec: RunSpec, step: int) -> TrainState:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_run_resumed_from_its_state_logs_the_same_rows_bit_for_bit(case):
+def test_a_run_resumed_from_its_state_logs_the_same_rows_bit_for_bit(case, monkeypatch):
     torch.set_num_threads(1)
+    # The custom-task resolver puts the cwd on sys.path and PYTHONPATH: undone after.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     config, spec = CASES[case]
     whole = build_run(config, spec)
     result = run(whole)
@@ -68,12 +80,17 @@ def test_a_run_resumed_from_its_state_logs_the_same_rows_bit_for_bit(case):
     for name, values in whole.rows.items():
         if name == "wall_time":
             continue
-        # Bit for bit (NaN where neither measured); a column that varies shows it is not vacuous.
+        # Bit for bit (NaN where neither run measured).
         np.testing.assert_array_equal(np.asarray(resumed.rows[name], float),
                                       np.asarray(values, float), err_msg=name)
-    for name in ("loss", "b_simple", "b_noise", "lr", "batch_size"):
+    measured = ("loss", "b_simple", "lr", "batch_size") + (("b_noise",) if case != "fallback"
+                                                           else ())
+    for name in measured:
         assert all(math.isfinite(v) for v in whole.rows[name][9:]), name
-    if case == "grid":
+    assert resumed.monitor.method == whole.monitor.method
+    if case == "fallback":
+        assert whole.monitor.method == "per_example"
+    elif case == "grid":
         assert np.isfinite(whole.rows["probe_g2"]).sum() >= 3  # probes due after the resume
         assert np.isfinite(whole.rows["eval_loss"]).sum() == 15
     else:
