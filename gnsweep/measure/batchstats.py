@@ -76,15 +76,18 @@ def ddp_refusal(model: nn.Module) -> str | None:
             "statistics) to measure it")
 
 
-def choose_method(model: nn.Module, requested: str) -> str:
+def choose_method(model: nn.Module, requested: str, *, distributed: bool | None = None) -> str:
     """The measurement method for `model`: `requested`, or for "auto" the right one for this
     model and launch (ddp for a DistributedDataParallel model on several ranks, micro-batches
     for a model with batch statistics, else per-example norms). Raises ValueError, one line
-    saying why and what to use, where the requested method would be wrong for this model."""
+    saying why and what to use, where the requested method would be wrong for this model.
+    `distributed`: whether `.grad` is all-reduced over several ranks (default: a DDP model in
+    an initialised process group of more than one rank)."""
     import torch.distributed as dist
 
-    distributed = is_ddp(model) and dist.is_available() and dist.is_initialized() \
-        and dist.get_world_size() > 1
+    if distributed is None:
+        distributed = is_ddp(model) and dist.is_available() and dist.is_initialized() \
+            and dist.get_world_size() > 1
     if requested == "auto":
         requested = "ddp" if distributed else (
             "microbatch" if batch_statistics_layers(model) else "per_example")

@@ -48,7 +48,7 @@ from gnsweep.measure.common import (
     split_batch,
     world_size,
 )
-from gnsweep.measure.ddp import DdpHook
+from gnsweep.measure.ddp import DdpHook, RankGrads
 from gnsweep.measure.hessian import hessian_norms
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.per_example import PerExample
@@ -103,7 +103,8 @@ class NoiseScaleMonitor:
                  loss_fn: LossFn | None = None, hessian_every: int = 0,
                  hessian_microbatches: int = 2, task_loss: TaskLoss | None = None,
                  ema_fraction: float | None = None,
-                 parameters: Iterable[nn.Parameter] | None = None) -> None:
+                 parameters: Iterable[nn.Parameter] | None = None,
+                 all_reduced_grads: bool = False) -> None:
         if method not in (*METHODS, "auto"):
             raise ValueError(f"method={method!r}: choose one of auto, {', '.join(METHODS)}")
         if every < 1 or hessian_every < 0 or hessian_microbatches < 2:
@@ -124,6 +125,7 @@ class NoiseScaleMonitor:
         self._busy = False
         self._warned: set[str] = set()
         self._loss_scale = 1.0
+        self._grads_unscaled = False
         self._examples = 0
         self._since_examples, self._since_steps = 0, 0
         self._handles: list[Any] = []
@@ -135,11 +137,13 @@ class NoiseScaleMonitor:
         self._whole_batches = False  # measure_noise_scale: each micro-batch a whole batch
         self._batch_stats = [m for _, m in batch_statistics_layers(self.module,
                                                                    training_only=False)]
+        self._all_reduced = all_reduced_grads
+        self._rank: RankGrads | None = None
         # auto: the method right for this model and launch; a method wrong for it is refused.
-        method = choose_method(model, method)
+        method = choose_method(model, method, distributed=self._distributed(model))
         if method == "ddp":
             method = self._setup_ddp(model)
-        elif is_ddp(model) and world_size(model) > 1:
+        elif (is_ddp(model) and world_size(model) > 1) or self._distributed(model):
             # .grad is all-reduced while per-example / micro-batch norms stay local.
             raise ValueError(f"method={method!r} with a DistributedDataParallel model: use "
                              "method='ddp'")
@@ -161,7 +165,7 @@ class NoiseScaleMonitor:
         if not (dist.is_available() and dist.is_initialized()):
             raise ValueError("method='ddp' needs an initialised torch.distributed process group "
                              "(run under torchrun and call init_process_group first)")
-        if not is_ddp(model):
+        if not is_ddp(model) and not self._all_reduced:
             raise ValueError("method='ddp' needs the DistributedDataParallel-wrapped model: "
                              "NoiseScaleMonitor(DistributedDataParallel(model), method='ddp')")
         if dist.get_world_size() < 2:
@@ -169,8 +173,21 @@ class NoiseScaleMonitor:
             log.warning("noise scale: world size 1 gives one batch size only; measuring with "
                         "%s instead of the DDP hook", method)
             return method
+        if not is_ddp(model):
+            # A wrapper the monitor cannot hook all-reduces .grad: read each rank's own
+            # gradient from hooks on the parameters.
+            self._rank = RankGrads(self, self.params)
+            self._handles += self._rank.handles
+            return "ddp"
         self._ddp = DdpHook.attach(self, model, self.params)
         return "ddp"
+
+    def _distributed(self, model: nn.Module) -> bool:
+        """Several ranks whose `.grad` is all-reduced: a DDP model, or `all_reduced_grads`."""
+        import torch.distributed as dist
+
+        return (is_ddp(model) or self._all_reduced) and dist.is_available() \
+            and dist.is_initialized() and dist.get_world_size() > 1
 
     # -- the training-loop API ------------------------------------------------------------
 
@@ -200,7 +217,7 @@ class NoiseScaleMonitor:
 
     @torch.no_grad()
     def step(self, batch: Batch | None = None, *, examples: int | None = None,
-             loss_scale: float = 1.0) -> NoiseEstimate | None:
+             loss_scale: float = 1.0, grads_unscaled: bool = False) -> NoiseEstimate | None:
         """Fold this step's measurement in; call after backward, before `optimizer.step()`.
 
         `batch` (the step's batch: `(inputs, targets)` for `loss_fn`, anything the task samples
@@ -212,10 +229,14 @@ class NoiseScaleMonitor:
         `GradScaler.get_scale()`, before `unscale_`); every squared norm is divided by its
         square, so the statistics are those of the unscaled gradients. A step whose scaled
         gradients overflowed (non-finite norms, skipped by the scaler too) is skipped.
+        `grads_unscaled`: `.grad` itself was already divided by `loss_scale`
+        (`GradScaler.unscale_`, as Lightning's `on_before_optimizer_step` sees it), while what
+        the hooks and `accumulate()` captured during backward is still scaled.
         """
         if not (loss_scale > 0 and math.isfinite(loss_scale)):
             raise ValueError(f"loss_scale={loss_scale}: need a finite number > 0")
         self._loss_scale = float(loss_scale)
+        self._grads_unscaled = grads_unscaled
         measuring = self.measuring
         self.steps += 1
         self._since_examples += self._examples if examples is None else examples
@@ -232,6 +253,8 @@ class NoiseScaleMonitor:
                 self._increments.reset()
             if self._ddp is not None:
                 self._ddp.reset()
+            if self._rank is not None:
+                self._rank.reset()
         return self.estimate
 
     def close(self) -> None:
@@ -324,18 +347,27 @@ class NoiseScaleMonitor:
             self._say_ghost_batches()
         parts: list[NormPair] = []
         complete = True
+        # Squared norms of scaled gradients (fp16): captured during backward they carry
+        # loss_scale^2; |G_big|^2 read from .grad now carries it unless .grad was unscaled.
+        small_scale = self._loss_scale ** 2
+        big_scale = 1.0 if self._grads_unscaled else small_scale
         if self._ddp is not None:
             parts, hess = self._ddp.measure(hess, self._examples, self.params)
+        elif plain and self._rank is not None:
+            part = self._rank.measure(self._examples)
+            parts = [part] if part is not None else []
         elif plain and self._per_example is not None:
             part = self._per_example.measure(self._examples)
             if part is not None:
                 parts.append(part)
             elif self._per_example.params:
                 complete = False  # a step it had to skip (a layer used twice): no estimate
+        parts = [_unscale(p, small_scale, big_scale) for p in parts]
         if self._increments is not None and plain:
+            # Micro-batch increments and their sum were both read during backward: scaled.
             part = self._increments.measure(self.method == "microbatch")
             if part is not None:
-                parts.append(part)
+                parts.append(_unscale(part, small_scale, small_scale))
             elif self.method == "per_example":
                 complete = False
                 self.warn_once("fallback", "noise scale: layers without per-example norms "
@@ -344,10 +376,6 @@ class NoiseScaleMonitor:
                                "not measured (NaN), never measured on part of the model")
         if not complete:
             parts = []
-        scale = self._loss_scale ** 2
-        if scale != 1.0:
-            parts = [NormPair(p.sq_small / scale, p.sq_big / scale, p.b_small, p.b_big)
-                     for p in parts]
         self._fold(parts, hess)
 
     def _say_ghost_batches(self) -> None:
@@ -530,6 +558,10 @@ def _measured(model: nn.Module, parameters: Iterable[nn.Parameter] | None
                          "or does not require grad)")
     # The model's order, so that flattened gradients line up with DDP's and the optimizer's.
     return [p for p in trainable if id(p) in ids]
+
+
+def _unscale(part: NormPair, small: float, big: float) -> NormPair:
+    return NormPair(part.sq_small / small, part.sq_big / big, part.b_small, part.b_big)
 
 
 @contextmanager
