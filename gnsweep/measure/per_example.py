@@ -100,17 +100,22 @@ class PerExample:
                                 "skip such steps")
             return None
         self._last_forward[id(module)] = self.forward_id
-        saved = _save_input(module, inputs[0].detach())
+        # Statistics in fp32: autocast (bf16, fp16) would run these products in low precision.
+        with torch.autocast(output.device.type, enabled=False):
+            saved = _save_input(module, inputs[0].detach())
         if linear_like(module) and saved.dim() == 1:
             # The common case, kept to two small ops: (|a_i|^2 + 1) . |d_i|^2.
-            output.register_hook(lambda d: self.values.append(
-                torch.dot(saved, torch.linalg.vecdot(d.detach().float(), d.detach().float()))))
+            output.register_hook(lambda d: self._fast(saved, d.detach().float()))
         else:
             output.register_hook(lambda grad: self._backward(module, saved, grad))
         return output
 
+    def _fast(self, saved: torch.Tensor, d: torch.Tensor) -> None:
+        with torch.no_grad(), torch.autocast(d.device.type, enabled=False):
+            self.values.append(torch.dot(saved, torch.linalg.vecdot(d, d)))
+
     def _backward(self, module: nn.Module, saved: Any, grad: torch.Tensor) -> None:
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(grad.device.type, enabled=False):
             self.values.append(_per_example_sq(module, saved, grad.detach()))
 
     def measure(self, examples: int) -> NormPair | None:

@@ -101,6 +101,10 @@ class Tied:
 
     @torch.no_grad()
     def _backward(self, module: nn.Module, a: torch.Tensor, d: torch.Tensor) -> None:
+        with torch.autocast(d.device.type, enabled=False):  # statistics in fp32
+            self._capture(module, a, d)
+
+    def _capture(self, module: nn.Module, a: torch.Tensor, d: torch.Tensor) -> None:
         n = d.shape[0]
         d = d.float()
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
@@ -127,8 +131,9 @@ class Tied:
         if not self.uses:
             return None
         out = torch.zeros((), dtype=torch.float32)
-        for uses in self.uses.values():
-            out = out + (_explicit(uses) if _explicit_cheaper(uses) else _gram(uses))
+        with torch.no_grad(), torch.autocast(out.device.type, enabled=False):
+            for uses in self.uses.values():
+                out = out + (_explicit(uses) if _explicit_cheaper(uses) else _gram(uses))
         return out
 
 
