@@ -13,10 +13,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
+from gnsweep.analysis.recipe import recipe_warnings
 from gnsweep.cli import app
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
 from gnsweep.runs import RunSpec
@@ -216,3 +219,51 @@ def test_bad_recipe_settings_are_one_line_and_exit_2_with_nothing_run(tmp_path, 
     assert says in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
     assert not out.exists()
+
+
+# ---- the analysis says where the schedule, not the batch size, decides --------------------------
+
+
+def _tables() -> tuple[pd.DataFrame, pd.DataFrame]:
+    fits = pd.DataFrame({"target": [0.5, 0.2], "s_min": [20.0, 60.0], "e_min": [400.0, 3000.0]})
+    front = pd.DataFrame({"target": [0.5, 0.5, 0.2, 0.2], "batch_size": [8, 128, 8, 128],
+                          "steps": [70, 24, 400, 80], "examples": [560, 3072, 3200, 10240]})
+    return fits, front
+
+
+@pytest.mark.parametrize("train, expected", [
+    # S_min 20 < 30 steps at 0.5; at 0.2 S_min is 60, but no best run reached it in 30 steps.
+    (TrainConfig(warmup_steps=30), ["target 0.5: S_min 20 steps falls inside the warmup"]),
+    # E_min 400 < 500 at 0.5; at 0.2 none of the best runs had seen <= 500 examples.
+    (TrainConfig(warmup_examples=500), ["target 0.5: E_min 400 examples falls inside"]),
+    # Shorter than every E_min and every best run's examples: nothing to say.
+    (TrainConfig(warmup_examples=350), []),
+    # No fit at 0.5 (refused: NaN): the best runs inside the warmup are named instead.
+    (TrainConfig(warmup_steps=25), ["target 0.5: reached inside the warmup (25 steps) at batch "
+                                    "sizes 128"]),
+    (TrainConfig(decay="cosine", decay_examples=5000),
+     ["target 0.2: reached after the decay's horizon (train.decay_examples=5000) at batch sizes "
+      "128"]),
+    (TrainConfig(decay="cosine"), []),  # the budget is the horizon: no run passes it
+])
+def test_recipe_warnings_per_target(train, expected):
+    fits, front = _tables()
+    if train.warmup_steps == 25:
+        fits.loc[0, ["s_min", "e_min"]] = math.nan
+    warnings = recipe_warnings(Config(train=train), fits, front)
+    assert len(warnings) == len(expected)
+    for warning, start in zip(warnings, expected, strict=True):
+        assert warning.startswith(start), warning
+
+
+def test_analyze_warns_when_s_min_falls_inside_the_warmup(tiny_sweep):
+    # The tiny sweep's folder, read as if trained with a 1000-step warmup: every target's S_min
+    # is far below it, and analyze and the report's warnings say so.
+    config = yaml.safe_load((tiny_sweep / "config.yaml").read_text())
+    config["train"] = {**config.get("train", {}), "warmup_steps": 1000}
+    (tiny_sweep / "config.yaml").write_text(yaml.safe_dump(config))
+    result = CliRunner().invoke(app, ["analyze", str(tiny_sweep)])
+    assert result.exit_code == 0, result.output
+    fits = json.loads((tiny_sweep / "fits.json").read_text())
+    inside = [w for w in fits["warnings"] if "falls inside the warmup (1000 steps)" in w]
+    assert len(inside) == len(config["sweep"]["targets"])
