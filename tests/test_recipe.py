@@ -267,3 +267,23 @@ def test_analyze_warns_when_s_min_falls_inside_the_warmup(tiny_sweep):
     fits = json.loads((tiny_sweep / "fits.json").read_text())
     inside = [w for w in fits["warnings"] if "falls inside the warmup (1000 steps)" in w]
     assert len(inside) == len(config["sweep"]["targets"])
+
+
+def test_the_recipe_bench_prints_both_ratios(monkeypatch, capsys):
+    from gnsweep.bench import recipe as bench
+
+    monkeypatch.setattr(bench, "BATCH_SIZES", (32,))
+    result = bench.main(["--quick"])
+    row = result["rows"][0]
+    assert row["batch"] == 32 and row["pieces"] > 0 and row["bf16"] > 0
+    assert "pieces" in capsys.readouterr().out
+
+
+def test_a_run_takes_the_gpu_of_its_local_rank_when_cuda_is_present(monkeypatch):
+    from gnsweep.training import placement
+
+    # No GPU on this machine: CUDA's presence is the one thing faked.
+    assert placement() == (1, 0, torch.device("cpu")) or torch.cuda.is_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert placement() == (1, 0, torch.device("cuda", 1))
