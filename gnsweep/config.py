@@ -283,6 +283,10 @@ class TrainConfig:
             raise ConfigError("train.warmup_steps and train.warmup_examples are both set; keep "
                               "one (warmup_examples gives every batch size the same warmup)")
         self.decay = _choice("train.decay", self.decay, DECAYS)
+        if self.decay != "constant" and 0 < self.decay_examples <= self.warmup_examples:
+            raise ConfigError(f"train.decay_examples ({self.decay_examples}) ends the decay "
+                              f"before train.warmup_examples ({self.warmup_examples}) ends the "
+                              "warmup; the horizon counts from the start of the run")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"train.min_lr_ratio: {self.min_lr_ratio} must be in [0, 1]")
         if self.decay == "step" and self.min_lr_ratio <= 0:
