@@ -394,7 +394,8 @@ class ExecutorConfig:
     partition: str = ""
     """Slurm partition ('' for the cluster default)."""
     gpus_per_node: int = 0
-    """Slurm: GPUs per node."""
+    """Slurm: GPUs per node; each DDP process trains on one (its LOCAL_RANK), so
+    nproc_per_node is at most this (0: no GPUs asked for)."""
     cpus_per_task: int = 1
     """Slurm: CPUs per task."""
     time_min: int = 60
@@ -413,6 +414,10 @@ class ExecutorConfig:
             if value < minimum:
                 raise ConfigError(f"executor.{name}: {value} is not allowed; must be >= {minimum}")
             setattr(self, name, value)
+        if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:
+            raise ConfigError(f"executor.nproc_per_node={self.nproc_per_node} DDP processes on "
+                              f"executor.gpus_per_node={self.gpus_per_node} GPUs: each process "
+                              "trains on one GPU (its LOCAL_RANK); use at most one per GPU")
 
     def n_workers(self) -> int:
         return self.workers or max(1, os.cpu_count() or 1)
