@@ -271,13 +271,12 @@ class TrainConfig:
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"train.betas: {self.betas} must be two numbers in [0, 1), e.g. "
                               "train.betas=[0.9,0.95]")
-        for name in ("warmup_steps", "warmup_examples", "decay_examples", "microbatch_size"):
+        zero = {"warmup_steps": "none", "warmup_examples": "none",
+                "decay_examples": "the run's budget", "microbatch_size": "the whole batch"}
+        for name, meaning in zero.items():
             value = _integer(f"train.{name}", getattr(self, name))
             if value < 0:
-                raise ConfigError(f"train.{name}: {value} must be >= 0 (0: "
-                                  + ("the whole batch)" if name == "microbatch_size" else
-                                     "the run's budget)" if name == "decay_examples" else
-                                     "none)"))
+                raise ConfigError(f"train.{name}: {value} must be >= 0 (0: {meaning})")
             setattr(self, name, value)
         if self.warmup_steps and self.warmup_examples:
             raise ConfigError("train.warmup_steps and train.warmup_examples are both set; keep "
