@@ -328,7 +328,8 @@ class NoiseConfig:
     method: str = "auto"
     """per_example, microbatch, ddp, or auto (ddp under torchrun, else per_example)."""
     microbatches: int = 4
-    """Micro-batches per step for method=microbatch (b_small = B / this)."""
+    """Micro-batches per step for method=microbatch (b_small = B / this); where a step is
+    already cut into train.microbatch_size pieces, those pieces are used instead."""
     every: int = 1
     """Measure every this many steps."""
     ema_steps: float = 0.0
