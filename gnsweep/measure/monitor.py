@@ -321,6 +321,8 @@ class NoiseScaleMonitor:
             log.warning(message)
 
     def _measure(self, batch: Batch | None, *, plain: bool, hessian: bool) -> None:
+        """Fold in this step's norms, unscaled (`step(loss_scale=...)`). The Hessian passes
+        run the loss unscaled, in fp32."""
         hess = None
         if hessian:
             if batch is None:
@@ -352,17 +354,20 @@ class NoiseScaleMonitor:
         small_scale = self._loss_scale ** 2
         big_scale = 1.0 if self._grads_unscaled else small_scale
         if self._ddp is not None:
-            parts, hess = self._ddp.measure(hess, self._examples, self.params)
+            if self._grads_unscaled and small_scale != 1.0:
+                raise ValueError("step(grads_unscaled=True) with the DDP communication hook: "
+                                 "call step() before unscaling the gradients")
+            # This step's norms are unscaled inside, before their all-reduce.
+            parts, hess = self._ddp.measure(hess, self._examples, self.params, 1 / small_scale)
         elif plain and self._rank is not None:
             part = self._rank.measure(self._examples)
-            parts = [part] if part is not None else []
+            parts = [_unscale(part, small_scale, big_scale)] if part is not None else []
         elif plain and self._per_example is not None:
             part = self._per_example.measure(self._examples)
             if part is not None:
-                parts.append(part)
+                parts.append(_unscale(part, small_scale, big_scale))
             elif self._per_example.params:
                 complete = False  # a step it had to skip (a layer used twice): no estimate
-        parts = [_unscale(p, small_scale, big_scale) for p in parts]
         if self._increments is not None and plain:
             # Micro-batch increments and their sum were both read during backward: scaled.
             part = self._increments.measure(self.method == "microbatch")
