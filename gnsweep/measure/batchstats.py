@@ -85,6 +85,13 @@ def choose_method(model: nn.Module, requested: str, *, distributed: bool | None 
     an initialised process group of more than one rank)."""
     import torch.distributed as dist
 
+    sharded = [name for name, p in model.named_parameters()
+               if type(p).__name__ in ("DTensor", "FlatParameter")]
+    if sharded:
+        raise ValueError(f"the noise scale cannot be measured on a model with sharded parameters "
+                         f"(FSDP: {sharded[0]}, ...): hooks on them never fire and their "
+                         "gradients are reduce-scattered shards; use DistributedDataParallel "
+                         "(docs/integrations.md, FSDP)")
     if distributed is None:
         distributed = is_ddp(model) and dist.is_available() and dist.is_initialized() \
             and dist.get_world_size() > 1
