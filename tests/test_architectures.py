@@ -170,3 +170,23 @@ def test_fsdp_sharded_models_are_refused_with_the_reason():
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("refused:")]
     assert len(lines) == 2 and all("sharded parameters" in line for line in lines)
+
+
+def test_a_batchnorm_run_of_the_sweep_loop_measures_ghost_batches(tmp_path):
+    """noise.method=auto on a BatchNorm model in gnsweep's own loop: micro-batches (each with
+    its own statistics), never per-example norms; B_simple is not systematically negative."""
+    from gnsweep import store
+    from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig
+    from gnsweep.runs import RunSpec
+    from gnsweep.training import train
+
+    config = Config(task=TaskConfig("custom", {"_target_": "protocol_tasks.batch_normed"}),
+                    sweep=SweepConfig(batch_sizes=[32], learning_rates=[0.02], targets=[1e-9],
+                                      max_steps=40, eval_every=0),
+                    noise=NoiseConfig(method="auto"))
+    # 40 steps: far from the noise floor, where |G|^2 is well above its estimate's spread.
+    train(config, RunSpec(32, 0.02, 0), tmp_path)
+    metrics = store.read_table(tmp_path / store.METRICS).to_pandas()
+    assert (metrics["b_small"].dropna() == 8).all()  # 32 examples in noise.microbatches = 4
+    late = metrics["b_simple"].iloc[10:]
+    assert (late > 0).mean() > 0.9
