@@ -132,3 +132,16 @@ def test_lightning_ddp_with_dict_batches_matches_the_truth():
     metrics = trainer.callback_metrics
     assert float(metrics["b_simple"]) == pytest.approx(truth.b_simple, rel=0.08)
     assert float(metrics["g2"]) == pytest.approx(truth.g2, rel=0.08)
+
+
+def test_lightning_bf16_mixed_matches_the_truth():
+    """precision="bf16-mixed" (autocast on the CPU): the hooks' statistics are taken in fp32,
+    and the estimate at fixed parameters still matches the closed form."""
+    task = linreg.make(TRUTH_OPTIONS, seed=0)
+    module = LinRegModule(task, lr=0.0)
+    truth = task.truth(module.linear)
+    callback = NoiseScaleCallback(ema_steps=math.inf)
+    trainer = _trainer(callback, precision="bf16-mixed")
+    trainer.fit(module, _data(task, BATCHES, BATCH))
+    assert callback.unavailable is None
+    assert float(trainer.callback_metrics["b_simple"]) == pytest.approx(truth.b_simple, rel=0.06)
