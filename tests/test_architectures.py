@@ -73,9 +73,14 @@ def test_gpt2_and_lstm_are_covered_or_said_once(caplog):
     assert len(said) <= 1  # zero when an earlier test in this process said it
 
 
-def test_tied_weights_are_the_norm_of_the_sum():
+@pytest.mark.parametrize("form", ["explicit", "gram"])
+def test_tied_weights_are_the_norm_of_the_sum(form, monkeypatch):
     """A weight shared by an embedding and the output layer, and a linear layer used twice in
-    one forward through a shared copy: sum_i |g_i|^2 against each example's own backward."""
+    one forward through a shared copy: sum_i |g_i|^2 against each example's own backward, by
+    the explicit per-example gradient and by the Gram form of the uses' cross terms."""
+    from gnsweep.measure import shared
+
+    monkeypatch.setattr(shared, "_explicit_cheaper", lambda uses: form == "explicit")
 
     class TiedLm(nn.Module):
         def __init__(self) -> None:

@@ -130,11 +130,10 @@ class Tied:
         (of the captured loss); None before any use was captured."""
         if not self.uses:
             return None
-        out = torch.zeros((), dtype=torch.float32)
-        with torch.no_grad(), torch.autocast(out.device.type, enabled=False):
-            for uses in self.uses.values():
-                out = out + (_explicit(uses) if _explicit_cheaper(uses) else _gram(uses))
-        return out
+        device = next(iter(self.uses.values()))[0].v.device
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            return torch.stack([_explicit(uses) if _explicit_cheaper(uses) else _gram(uses)
+                                for uses in self.uses.values()]).sum()
 
 
 def _group(module: nn.Module, owners: dict[int, list[nn.Module]]) -> list[nn.Module]:
@@ -171,7 +170,7 @@ def _explicit(uses: list[_Use]) -> torch.Tensor:
 
 
 def _gram(uses: list[_Use]) -> torch.Tensor:
-    out = torch.zeros((), dtype=torch.float32)
+    out = uses[0].v.new_zeros(())
     for i, p in enumerate(uses):
         for q in uses[i:]:
             term = (_u_gram(p, q) * torch.bmm(p.v, q.v.transpose(1, 2))).sum()
