@@ -176,3 +176,44 @@ def brute_force_b_simple(arch: Architecture, batches: list[Any]) -> float:
     variance = float(stacked.var(0, unbiased=True).sum())
     g2 = float(stacked.mean(0).square().sum()) - variance / len(grads)
     return sizes.pop() * variance / g2
+
+
+def step_seconds(arch: Architecture, batch_size: int, method: str | None, steps: int = 20,
+                 microbatches: int = 4, seed: int = 0) -> float:
+    """Median seconds of one SGD step on `arch`: plain (`method` None), or measured with
+    `NoiseScaleMonitor(method)` (micro-batches, `accumulate()` after each, where the monitor
+    needs them). For `make bench`'s overhead ratios; the model trains while timed."""
+    import statistics
+    import time
+
+    from gnsweep.measure import NoiseScaleMonitor
+
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.SGD(arch.model.parameters(), lr=1e-3)
+    monitor = NoiseScaleMonitor(arch.model, method) if method is not None else None
+    k = microbatches if monitor is not None and monitor.needs_microbatches else 1
+    times = []
+    try:
+        for _ in range(steps + 2):
+            batch = arch.sample(batch_size, generator)
+            start = time.perf_counter()
+            optimizer.zero_grad()
+            pieces = [batch] if k == 1 else _split(batch, k)
+            for piece in pieces:
+                (arch.loss(arch.model, piece) / len(pieces)).backward()
+                if monitor is not None:
+                    monitor.accumulate()
+            if monitor is not None:
+                monitor.step()
+            optimizer.step()
+            times.append(time.perf_counter() - start)
+    finally:
+        if monitor is not None:
+            monitor.close()
+    return statistics.median(times[2:])
+
+
+def _split(batch: Any, k: int) -> list[Any]:
+    if isinstance(batch, torch.Tensor):
+        return list(batch.chunk(k))
+    return [type(batch)(parts) for parts in zip(*(t.chunk(k) for t in batch), strict=True)]
