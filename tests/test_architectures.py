@@ -195,3 +195,14 @@ def test_a_batchnorm_run_of_the_sweep_loop_measures_ghost_batches(tmp_path):
     assert (metrics["b_small"].dropna() == 8).all()  # 32 examples in noise.microbatches = 4
     late = metrics["b_simple"].iloc[10:]
     assert (late > 0).mean() > 0.9
+
+
+def test_the_overhead_bench_runs_each_method():
+    """`step_seconds` (make bench's overhead rows) runs plain, per-example and micro-batch steps
+    and refuses per-example norms on BatchNorm, as the monitor does (no timing asserted)."""
+    from gnsweep.bench.architectures import mlp, step_seconds
+
+    for method in (None, "per_example", "microbatch"):
+        assert step_seconds(mlp(0), 16, method, steps=2) > 0
+    with pytest.raises(ValueError, match="statistics of the batch"):
+        step_seconds(cnn_batchnorm(0), 16, "per_example", steps=2)
