@@ -206,3 +206,17 @@ def test_the_overhead_bench_runs_each_method():
         assert step_seconds(mlp(0), 16, method, steps=2) > 0
     with pytest.raises(ValueError, match="statistics of the batch"):
         step_seconds(cnn_batchnorm(0), 16, "per_example", steps=2)
+
+
+def test_syncbatchnorm_under_ddp_is_refused_and_batchnorm_is_not():
+    """Ranks that share batch statistics are not independent batches: the DDP method refuses
+    SyncBatchNorm; per-rank BatchNorm is exactly what each rank trains with."""
+    from gnsweep.measure.batchstats import choose_method
+
+    sync = nn.Sequential(nn.Linear(3, 3), nn.SyncBatchNorm(3))
+    with pytest.raises(ValueError, match="share batch statistics across ranks"):
+        choose_method(sync, "auto", distributed=True)
+    plain = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    assert choose_method(plain, "auto", distributed=True) == "ddp"
+    assert choose_method(plain, "auto", distributed=False) == "microbatch"
+    assert choose_method(plain.eval(), "auto", distributed=False) == "per_example"
