@@ -85,6 +85,8 @@ METRICS_SCHEMA = pa.schema([
     ("metric", pa.float64()),         # the task's own target metric (cartpole: mean return);
                                       # NaN for a task whose targets are losses
     ("batch_size", pa.float64()),     # samples drawn this step (varies in an adaptive run)
+    ("epoch", pa.float64()),          # passes over the task's dataset so far (1.5: half way
+                                      # through the second); NaN for a task that samples
 ])
 
 
@@ -175,9 +177,9 @@ def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
                          "delete it to re-run that run, or pass --skip-corrupt") from None
 
 
-OPTIONAL_METRICS = ("metric", "batch_size")
-"""Columns a run logs only when its task has them (metric), or that a writer other than the
-training loop may leave out (batch_size); NaN on every row otherwise."""
+OPTIONAL_METRICS = ("metric", "batch_size", "epoch")
+"""Columns a run logs only when its task has them (metric, epoch), or that a writer other than
+the training loop may leave out (batch_size); NaN on every row otherwise."""
 
 
 def metrics_table(rows: dict[str, list]) -> pa.Table:

@@ -93,3 +93,66 @@ class Unsplittable(Regression):
 
 def unsplittable(seed: int) -> Unsplittable:
     return Unsplittable(seed)
+
+
+class Table(torch.utils.data.Dataset):
+    """n fixed examples of y = x . w + noise; each item also carries its index."""
+
+    def __init__(self, n: int, dim: int, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        w = torch.randn(dim, generator=torch.Generator().manual_seed(0))
+        self.x = torch.randn(n, dim, generator=generator)
+        self.y = self.x @ w + 0.1 * torch.randn(n, generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": self.x[i], "y": self.y[i], "index": torch.tensor(i)}
+
+
+class TableTask:
+    """Regression over a Dataset (no sample()): `n` training items, 200 held out."""
+
+    def __init__(self, seed: int, n: int = 1000, dim: int = 4) -> None:
+        self.seed, self.n, self.dim = seed, n, dim
+
+    def model(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        return nn.Linear(self.dim, 1)
+
+    def dataset(self) -> Table:
+        return Table(self.n, self.dim, seed=1)
+
+    def eval_dataset(self) -> Table:
+        return Table(200, self.dim, seed=2)
+
+    def loss(self, model: nn.Module, batch: dict) -> torch.Tensor:
+        return 0.5 * (model(batch["x"]).squeeze(-1) - batch["y"]).pow(2).mean()
+
+
+def table(seed: int, n: int = 1000, dim: int = 4) -> TableTask:
+    return TableTask(seed, n, dim)
+
+
+class NotADataset(TableTask):
+    def dataset(self):
+        return [(torch.zeros(4), torch.zeros(()))] * 10
+
+
+def not_a_dataset(seed: int) -> NotADataset:
+    return NotADataset(seed)
+
+
+class NoData:
+    """A model and a loss but nothing to train on."""
+
+    def model(self) -> nn.Module:
+        return nn.Linear(4, 1)
+
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        return model(batch).mean()
+
+
+def no_data(seed: int) -> NoData:
+    return NoData()

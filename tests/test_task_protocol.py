@@ -46,6 +46,8 @@ def clean_env(monkeypatch):
     ("protocol_tasks.vector_loss", "scalar"),
     ("protocol_tasks.frozen", "no trainable parameters"),
     ("protocol_tasks.foreign_noise_parameters", "not trainable parameters of the model"),
+    ("protocol_tasks.no_data", "has neither dataset() nor sample"),
+    ("protocol_tasks.not_a_dataset", "dataset() returned a list, not a map-style"),
 ])
 def test_bad_tasks_exit_2_and_start_nothing(target, expected, tmp_path, clean_env):
     out = tmp_path / "sweep"

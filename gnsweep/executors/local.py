@@ -106,7 +106,9 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
 
     def start_worker() -> _Worker:
         inbox = ctx.Queue()
-        process = ctx.Process(target=_worker_main, daemon=True,
+        # Not daemonic: a daemonic process cannot start children, and a run's DataLoader starts
+        # worker processes (train.loader_workers). Every exit below stops the workers instead.
+        process = ctx.Process(target=_worker_main, daemon=False,
                               args=(inbox, outbox, str(sweep_dir), threads, os.getpid(),
                                     max_retries))
         process.start()
@@ -154,13 +156,14 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
                 if worker.run_id == run_id:
                     worker.run_id = None
             finish(run_id, outcome)
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, or a bug here: no worker outlives the launcher's loop
         _stop(pool)
         raise
     for worker in pool:
         worker.inbox.put(None)
     for worker in pool:
         worker.process.join(10)
+    _stop(pool)  # any that did not finish (nothing is joined at exit forever)
     return summary
 
 
