@@ -6,6 +6,7 @@ never a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -121,7 +122,9 @@ def launch(
     from gnsweep.tasks.check import check_task
 
     # Before the sweep folder is written: a task that cannot train is refused here (exit 2).
-    check_task(config.task.name, config.task.options, config.sweep.seeds[0])
+    # A custom task's unit is recorded in the folder's config for the analysis.
+    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
+    config = dataclasses.replace(config, task=config.task.with_unit(unit))
     summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)
     if detach and config.executor.kind == "slurm":
         jobs = ", ".join(summary.submitted) or "none (nothing left to run)"
@@ -164,6 +167,11 @@ def plan(
     if workers is not None:
         overrides.append(f"executor.workers={workers}")
     config = compose(overrides)
+    from gnsweep.tasks.check import check_task
+
+    # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
+    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
+    config = dataclasses.replace(config, task=config.task.with_unit(unit))
     sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
     summary = run_plan(config, sweep_dir, show_progress=not quiet, echo=typer.echo)
     ids = sorted(set(summary.run_ids))

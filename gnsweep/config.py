@@ -77,8 +77,18 @@ class TaskConfig:
 
     @property
     def unit(self) -> str:
-        """What a batch size counts: examples, tokens or environment steps."""
+        """What a batch size counts: examples, tokens or environment steps. A custom task's is
+        its `unit` attribute, recorded at launch (`with_unit`)."""
+        if self.name == tasks.CUSTOM:
+            return str(self.options.get(tasks.UNIT) or "examples")
         return str(self._declared("unit", "examples"))
+
+    def with_unit(self, unit: str | None) -> TaskConfig:
+        """This task with a custom task's declared unit recorded (unchanged for a registered
+        task, whose registry entry says it, or for `unit` None)."""
+        if self.name != tasks.CUSTOM or unit is None:
+            return self
+        return TaskConfig(self.name, {**self.options, tasks.UNIT: unit})
 
     def reached(self, value: float, target: float) -> bool:
         """Whether a (smoothed) metric value has reached `target` in the task's direction."""

@@ -33,6 +33,16 @@ def make(seed: int, dim: int = 4, per_sample: int = 1) -> Regression:
     return Regression(seed, dim, per_sample)
 
 
+class Tokens(Regression):
+    """Regression counting `per_sample` tokens a sample, and saying so."""
+
+    unit = "tokens"
+
+
+def tokens(seed: int, per_sample: int = 3) -> Tokens:
+    return Tokens(seed, per_sample=per_sample)
+
+
 class VectorLoss(Regression):
     def loss(self, model, batch):
         return 0.5 * (model(batch["x"]).squeeze(-1) - batch["y"]).pow(2)

@@ -22,9 +22,10 @@ from gnsweep.tasks import CUSTOM, TARGET, Task, examples_of, make_task
 from gnsweep.training.data import as_dataset
 
 
-def check_task(name: str, options: dict[str, Any], seed: int = 0) -> None:
+def check_task(name: str, options: dict[str, Any], seed: int = 0) -> str | None:
     """Build the task, draw a batch of 2 and back-propagate its loss once; ConfigError if any
-    part of the protocol (docs/tasks.md) fails."""
+    part of the protocol (docs/tasks.md) fails. Returns the unit the task object declares
+    (its `unit` attribute: what its batch sizes count, e.g. "tokens"), or None."""
     label = f"task {options.get(TARGET)}" if name == CUSTOM else f"task {name}"
     task: Task = _call(label, "building it", lambda: make_task(name, options, seed))
     for method in ("model", "loss"):
@@ -64,6 +65,11 @@ def check_task(name: str, options: dict[str, Any], seed: int = 0) -> None:
         raise ConfigError(f"{label}: examples(batch) is {count} for a batch of 2; must be >= 1")
     if hasattr(task, "noise_parameters"):
         _check_noise_parameters(label, task, model, params)
+    unit = getattr(task, "unit", None)
+    if unit is not None and (not isinstance(unit, str) or not unit.strip()):
+        raise ConfigError(f"{label}: its unit is {unit!r}; give a word naming what a batch "
+                          "size counts, e.g. unit = \"tokens\"")
+    return unit
 
 
 def _first_batch(label: str, task: Any, seed: int) -> Any:
