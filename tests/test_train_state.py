@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig
+from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
 from gnsweep.runs import RunSpec
 from gnsweep.training import StopRequested, TrainState, build_run, run
 
@@ -26,15 +26,17 @@ from gnsweep.training import StopRequested, TrainState, build_run, run
 CASES = {
     "grid": (Config(task=TaskConfig(name="linreg", options={"dim": 8}),
                     sweep=SweepConfig(batch_sizes=[16], learning_rates=[0.05], targets=[1e-9],
-                                      max_steps=30, optimizer="adam", eval_every=2),
+                                      max_steps=30, eval_every=2),
+                    train=TrainConfig(optimizer="adam"),
                     noise=NoiseConfig(hessian_every=3, probe_per_octave=1.0, probe_batches=2,
                                       probe_batch_size=16)),
              RunSpec(batch_size=16, learning_rate=0.05)),
     "adaptive": (Config(task=TaskConfig(name="linreg", options={"dim": 8}),
                         sweep=SweepConfig(batch_sizes=[4, 64], learning_rates=[0.05],
-                                          targets=[1e-9], max_steps=30, optimizer="momentum",
+                                          targets=[1e-9], max_steps=30,
                                           schedule="adaptive", exchange_rates=[50],
                                           adaptive_min_change=0.5),
+                        train=TrainConfig(optimizer="momentum"),
                         noise=NoiseConfig(method="microbatch", hessian_every=2)),
                  RunSpec(batch_size=0, learning_rate=0.05, exchange_rate=50.0)),
     # Micro-batches asked for a batch that cannot be cut: the run falls back to per-example

@@ -73,7 +73,7 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     if bootstrap is None:
         bootstrap = config.analysis.bootstrap
     analysis = analyze_tables(None, fixed, targets, loss=loss, ema_examples=ema_examples,
-                              bootstrap=bootstrap, optimizer=config.sweep.optimizer,
+                              bootstrap=bootstrap, optimizer=config.train.optimizer,
                               source=str(sweep_dir), higher_is_better=task.higher_is_better)
     if adaptive is not None:
         analysis.adaptive = analyze_adaptive(adaptive, analysis.fits, targets, loss=loss,

@@ -28,10 +28,12 @@ from gnsweep.runs import RunSpec
 from gnsweep.schedule import AdaptiveBatch, BatchSchedule, ConstantBatch
 from gnsweep.tasks import Task, make_task
 from gnsweep.training.data import DatasetSource, DataSource, as_dataset, make_data
-from gnsweep.training.recipe import make_optimizer
+from gnsweep.training.lr_schedule import LrSchedule
+from gnsweep.training.recipe import Precision, make_optimizer
 from gnsweep.training.watch import LossWatch
 
-PARTS = ("model", "optimizer", "schedule", "watch", "monitor", "probes", "data")
+PARTS = ("model", "optimizer", "lr_schedule", "precision", "schedule", "watch", "monitor",
+         "probes", "data")
 """The parts with a `state_dict()` of their own, by attribute name."""
 
 
@@ -52,6 +54,10 @@ class TrainState:
     trained: torch.nn.Module
     """The module the loop trains: `model`, DDP-wrapped under torchrun."""
     optimizer: torch.optim.Optimizer
+    lr_schedule: LrSchedule
+    """The learning rate's warmup and decay (`config.train`)."""
+    precision: Precision
+    """Autocast and fp16's gradient scaler (`config.train.precision`)."""
     schedule: BatchSchedule
     """The batch size of each step (`gnsweep.schedule`)."""
     watch: LossWatch
@@ -75,6 +81,8 @@ class TrainState:
     """Examples per sample in the last batch (tokens per window; 1 for most tasks)."""
     loss: float = math.nan
     """The last step's batch-mean loss."""
+    grad_norm: float = math.nan
+    """The last step's global gradient norm, before clipping (unscaled)."""
     metric: float = math.nan
     """The last step's task metric (NaN for a task whose metric is the loss)."""
     stop_at: int | None = None
@@ -96,6 +104,7 @@ class TrainState:
                 "progress": {"step": self.step, "examples": self.examples,
                              "estimate": estimate_state(self.estimate),
                              "per_sample": self.per_sample, "loss": self.loss,
+                             "grad_norm": self.grad_norm,
                              "metric": self.metric, "stop_at": self.stop_at,
                              "elapsed": self.elapsed},
                 "rows": {name: list(values) for name, values in self.rows.items()}}
@@ -115,6 +124,7 @@ class TrainState:
         self.estimate = load_estimate(progress["estimate"])
         self.per_sample = float(progress["per_sample"])
         self.loss, self.metric = float(progress["loss"]), float(progress["metric"])
+        self.grad_norm = float(progress["grad_norm"])
         self.stop_at, self.elapsed = progress["stop_at"], float(progress["elapsed"])
         self.rows = {name: list(values) for name, values in state["rows"].items()}
 
@@ -130,8 +140,10 @@ def build_run(config: Config, spec: RunSpec) -> TrainState:
     world, rank, device = placement()
     model, trained = _build_model(task, device)
     sweep = config.sweep
-    optimizer = make_optimizer(sweep.optimizer, model.parameters(), lr=spec.learning_rate,
-                               momentum=sweep.momentum)
+    optimizer = make_optimizer(config.train.optimizer, model.parameters(),
+                               lr=spec.learning_rate, train=config.train)
+    lr_schedule = LrSchedule.of(config)
+    precision = Precision(config.train.precision, device)
     monitor = make_monitor(model, trained, task, config)
     schedule = _make_schedule(config, spec, world)
     probes = RunProbes(config.noise, task, spec.seed)  # frozen-parameter probes, exact truth
@@ -142,7 +154,7 @@ def build_run(config: Config, spec: RunSpec) -> TrainState:
     eval_build = getattr(task, "eval_dataset", None)
     eval_set = None if eval_build is None else as_dataset(eval_build(), "eval_dataset()")
     return TrainState(config, spec, task, world, rank, device, model, trained, optimizer,
-                      schedule, watch, monitor, probes, data, eval_set)
+                      lr_schedule, precision, schedule, watch, monitor, probes, data, eval_set)
 
 
 def _loader_workers(config: Config) -> int:
