@@ -604,7 +604,7 @@ def compose(overrides: list[str] | None = None) -> Config:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException, MissingConfigException
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = list(overrides or [])
@@ -612,7 +612,11 @@ def compose(overrides: list[str] | None = None) -> Config:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            cfg = hydra_compose(config_name="config", overrides=overrides)
+            cfg = hydra_compose(config_name="config", overrides=overrides,
+                                return_hydra_config=True)
+            sweep_file = str(cfg.hydra.runtime.choices.get("sweep"))
+            with open_dict(cfg):
+                del cfg["hydra"]
     except MissingConfigException as err:
         raise ConfigError(_missing_config_message(str(err))) from None
     except (HydraException, OmegaConfBaseException) as err:
@@ -622,7 +626,33 @@ def compose(overrides: list[str] | None = None) -> Config:
         GlobalHydra.instance().clear()
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
-    return Config.from_dict({str(k): v for k, v in data.items()})
+    config = Config.from_dict({str(k): v for k, v in data.items()})
+    _check_custom_grid(config, sweep_file, overrides)
+    return config
+
+
+GRID_FIELDS = ("batch_sizes", "learning_rates", "targets")
+"""What a grid is made of: a custom task has to give each (or a sweep file that does)."""
+
+
+def _check_custom_grid(config: Config, sweep_file: str, overrides: list[str]) -> None:
+    """A custom task with the default sweep file's grid would silently run the digits grid
+    (its batch sizes, its learning rates, its loss targets): ConfigError asking for a grid.
+
+    A grid field counts as given when an override names it or its value is not the default
+    (a `+experiment=` bundle may set it)."""
+    if config.task.name != tasks.CUSTOM or sweep_file != SweepConfig.name:
+        return
+    defaults = SweepConfig()
+    named = {o.lstrip("+").split("=", 1)[0] for o in overrides}
+    missing = [f"sweep.{name}" for name in GRID_FIELDS
+               if f"sweep.{name}" not in named
+               and getattr(config.sweep, name) == getattr(defaults, name)]
+    if missing:
+        raise ConfigError(f"task=custom needs a grid of its own ({', '.join(missing)} would be "
+                          f"the {SweepConfig.name} task's): add sweep=NAME (a file of conf/sweep, "
+                          "e.g. sweep=tiny) or sweep.batch_sizes=[...] "
+                          "sweep.learning_rates=[...] sweep.targets=[...]")
 
 
 def _store_defaults() -> None:

@@ -53,12 +53,31 @@ def test_bad_tasks_exit_2_and_start_nothing(target, expected, tmp_path, clean_en
     out = tmp_path / "sweep"
     result = runner.invoke(app, ["launch", "task=custom", f"task._target_={target}",
                                  "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]",
-                                 "--sweep-dir", str(out), "-q"])
+                                 "sweep.targets=[0.1]", "--sweep-dir", str(out), "-q"])
     assert result.exit_code == 2, result.output
     assert expected in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("grid", [[], ["sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]"]])
+def test_a_custom_task_without_a_grid_of_its_own_is_refused(grid, tmp_path, clean_env):
+    """Not the digits task's grid and loss targets, silently: exit 2, asking for a grid."""
+    out = tmp_path / "s"
+    result = runner.invoke(app, ["launch", "task=custom", "task._target_=protocol_tasks.make",
+                                 *grid, "--sweep-dir", str(out), "-q"])
+    assert result.exit_code == 2, result.output
+    assert "task=custom needs a grid of its own (" + ("sweep.batch_sizes, " if not grid
+                                                      else "") in result.stderr
+    assert "sweep.targets" in result.stderr and "sweep=NAME" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+    # A sweep file, or the three grid settings, are a grid.
+    for given in (["sweep=tiny"], ["sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]",
+                                   "sweep.targets=[0.3,0.1,0.03]"]):
+        result = runner.invoke(app, ["launch", "task=custom", "--dry-run",
+                                     "task._target_=protocol_tasks.make", *given])
+        assert result.exit_code == 0, result.output
 
 
 def test_custom_task_without_target_is_refused(tmp_path):
@@ -77,7 +96,7 @@ def _launch(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_launch_exits_1_naming_the_run_whose_user_code_raised(tmp_path):
     result = _launch(["task=custom", "task._target_=protocol_tasks.raises_later",
                       "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]",
-                      "sweep.max_retries=0", "--workers", "1",
+                      "sweep.targets=[0.01]", "sweep.max_retries=0", "--workers", "1",
                       "--sweep-dir", str(tmp_path / "s")], tmp_path)
     assert result.returncode == 1, result.stderr
     assert "b00008_lr0.1_s0" in result.stderr
@@ -92,7 +111,8 @@ def test_launch_exits_0_and_finds_a_module_in_the_working_directory(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "gnsweep", "launch", "task=custom",
          "task._target_=cwd_task_mod.make", "+task.dim=3", "sweep.batch_sizes=[8]",
-         "sweep.learning_rates=[0.1]", "sweep.max_steps=20", "--workers", "1", "-q",
+         "sweep.learning_rates=[0.1]", "sweep.targets=[0.01]", "sweep.max_steps=20",
+         "--workers", "1", "-q",
          "--sweep-dir", "s"], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=300)
     assert result.returncode == 0, result.stderr

@@ -137,7 +137,8 @@ def test_a_users_task_from_the_working_directory_trains_under_torchrun(tmp_path)
         [sys.executable, "-m", "gnsweep", "launch", "task=custom",
          "task._target_=cwd_ddp_task.make", "+task.per_sample=2", "executor=torchrun",
          "executor.nproc_per_node=2", "sweep.batch_sizes=[16]", "sweep.learning_rates=[0.05]",
-         "sweep.max_steps=12", "noise.hessian_every=4", "--workers", "1", "-q",
+         "sweep.targets=[1e-9]", "sweep.max_steps=12", "noise.hessian_every=4", "--workers", "1",
+         "-q",
          "--sweep-dir", "s"], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=600)
     assert result.returncode == 0, result.stderr

@@ -27,8 +27,9 @@ from typing import Any
 from gnsweep import store
 from gnsweep.config import ExecutorConfig
 from gnsweep.errors import StopRequested
-from gnsweep.executors import Outcome, warm_up
+from gnsweep.executors import LAUNCH_ENV, Outcome, warm_up
 from gnsweep.executors.base import Summary
+from gnsweep.notices import once_per_launch
 from gnsweep.progress import SweepProgress
 from gnsweep.runs import FINISHED, max_attempts, needs_running
 
@@ -65,6 +66,7 @@ def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: 
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     torch.set_num_threads(threads)
+    once_per_launch(Path(sweep_dir), os.environ.get(LAUNCH_ENV))  # a notice once, not per run
 
     def should_stop() -> bool:
         return stop or os.getppid() != parent
