@@ -110,8 +110,7 @@ def launch(
     config = resolve_adaptive_lr(config, sweep_dir)  # adaptive runs: eq. 2.7 from the folder's fit
     specs = expand_grid(config)
     if dry_run:
-        typer.echo(f"sweep {config.sweep.name}: task {config.task.name}, {len(specs)} runs "
-                   f"-> {sweep_dir}")
+        typer.echo(_grid_line(config, specs, sweep_dir))
         typer.echo(f"{'run_id':<28}{'batch_size':>16}{'learning_rate':>16}{'seed':>6}")
         for spec in specs:
             # An adaptive run's batch size follows the noise scale, its rate is eps_max (eq. 2.7).
@@ -125,6 +124,7 @@ def launch(
     # A custom task's unit is recorded in the folder's config for the analysis.
     unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
     config = dataclasses.replace(config, task=config.task.with_unit(unit))
+    typer.echo(_grid_line(config, specs, sweep_dir))  # the grid that runs, before it runs
     summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)
     if detach and config.executor.kind == "slurm":
         jobs = ", ".join(summary.submitted) or "none (nothing left to run)"
@@ -135,9 +135,25 @@ def launch(
     if summary.failed:
         typer.echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
                    f"{', '.join(summary.failed)}", err=True)
-    typer.echo(f"next: gnsweep analyze {sweep_dir}")
+    if summary.done or summary.diverged or not summary.failed:  # not when every run failed
+        typer.echo(f"next: gnsweep analyze {sweep_dir}")
     if summary.failed:
         raise typer.Exit(1)
+
+
+def _grid_line(config: Any, specs: list[Any], sweep_dir: Path) -> str:
+    """`sweep NAME: task T, N runs (batch sizes ... x learning rates ... x seeds ...) -> DIR`."""
+    sweep = config.sweep
+
+    def listed(values: list[Any]) -> str:
+        return ",".join(f"{v:g}" for v in values)
+
+    grid = (f"batch sizes {listed(sweep.batch_sizes)} x learning rates "
+            f"{listed(sweep.learning_rates)} x seeds {listed(sweep.seeds)}")
+    if sweep.schedule == "adaptive":
+        grid += f", adaptive at exchange rates {listed(sweep.exchange_rates)}"
+    return (f"sweep {sweep.name}: task {config.task.label}, {len(specs)} runs ({grid}; "
+            f"targets {listed(sweep.targets)}) -> {sweep_dir}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -90,6 +90,13 @@ class TaskConfig:
             return str(self.options.get(tasks.UNIT) or "examples")
         return str(self._declared("unit", "examples"))
 
+    @property
+    def label(self) -> str:
+        """The task as a reader knows it: its name, or a custom task's `_target_`."""
+        if self.name == tasks.CUSTOM:
+            return str(self.options.get(tasks.TARGET) or self.name)
+        return self.name
+
     def with_unit(self, unit: str | None) -> TaskConfig:
         """This task with a custom task's declared unit recorded (unchanged for a registered
         task, whose registry entry says it, or for `unit` None)."""
