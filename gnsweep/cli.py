@@ -53,13 +53,31 @@ class _App(typer.Typer):
     one place, so a new command cannot forget it."""
 
     def command(self, *args: Any, **kwargs: Any) -> Callable[[F], F]:
-        register = super().command(*args, **kwargs)
-
         def decorator(func: F) -> F:
-            register(user_errors(func))
+            help_text = kwargs.get("help") or reflow(func.__doc__ or "")
+            super(_App, self).command(*args, **{**kwargs, "help": help_text})(user_errors(func))
             return func
 
         return decorator
+
+
+def reflow(doc: str) -> str:
+    """A docstring as help text: each paragraph's lines joined into one line, which the help
+    wraps at the terminal's width (the source's line breaks would otherwise stay and cut
+    sentences in two); a line starting with "Example" or "- " keeps its own line."""
+    import inspect
+
+    paragraphs = []
+    for paragraph in inspect.cleandoc(doc).split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            line = line.strip()
+            if lines and not line.startswith(("Example", "- ")):
+                lines[-1] += " " + line
+            else:
+                lines.append(line)
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
 
 
 app = _App(
