@@ -315,3 +315,17 @@ def test_tasks_lists_the_new_tasks_and_the_custom_form():
     for name in names:
         assert any(line.startswith(name) for line in result.output.splitlines()), name
     assert "task._target_=" in result.output
+
+
+def test_a_notice_is_said_once_per_launch_not_once_per_run(tmp_path):
+    """Four runs on two worker processes, each run's monitor falling back from micro-batches:
+    the notice is printed once; the launch's markers are gone after it."""
+    result = _launch(["task=custom", "task._target_=protocol_tasks.unsplittable",
+                      "noise.method=microbatch", "sweep.batch_sizes=[4,8]",
+                      "sweep.learning_rates=[0.05,0.1]", "sweep.targets=[1e-9]",
+                      "sweep.max_steps=3", "--workers", "2", "--sweep-dir",
+                      str(tmp_path / "s")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "4 done" in result.stdout
+    assert result.stderr.count("cannot be split") == 1, result.stderr
+    assert not (tmp_path / "s" / ".notices").exists()
