@@ -3,6 +3,8 @@ the launch subprocesses)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -166,3 +168,20 @@ class NoData:
 
 def no_data(seed: int) -> NoData:
     return NoData()
+
+
+class RecordingTable(TableTask):
+    """TableTask whose loss appends each training batch's indices to
+    $GNSWEEP_TEST_RECORD/rank<r>.txt under torch.distributed (one line a batch)."""
+
+    def loss(self, model: nn.Module, batch: dict) -> torch.Tensor:
+        folder = os.environ.get("GNSWEEP_TEST_RECORD")
+        dist = torch.distributed
+        if folder and dist.is_available() and dist.is_initialized() and model.training:
+            with open(os.path.join(folder, f"rank{dist.get_rank()}.txt"), "a") as out:
+                out.write(" ".join(map(str, batch["index"].tolist())) + "\n")
+        return super().loss(model, batch)
+
+
+def recording_table(seed: int) -> RecordingTable:
+    return RecordingTable(seed)
