@@ -16,7 +16,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
+from gnsweep.measure.common import to_device
 from gnsweep.tasks import Task, examples_of
+
+__all__ = ["DataSource", "DatasetSource", "as_dataset", "make_data", "mean_loss", "to_device"]
 
 
 class DataSource:
@@ -212,14 +215,3 @@ def _per_rank(size: int, world: int) -> int:
         raise ValueError(f"batch size {size} is not divisible by the {world} DDP workers")
     return size // world
 
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """`batch` (a tensor, or a tuple / list / dict of them) with its tensors on `device`
-    (without waiting where the memory is pinned)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=batch.is_pinned())
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(v, device) for v in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch

@@ -162,14 +162,14 @@ def _loader_workers(config: Config) -> int:
 
 
 def placement() -> tuple[int, int, torch.device]:
-    """(world size, rank, device): one GPU per local rank under an nccl process group, else the
-    CPU; (1, 0, cpu) without torch.distributed."""
+    """(world size, rank, device). Under torch.distributed: one GPU per local rank (LOCAL_RANK,
+    set by torchrun and the Slurm executor) with an nccl process group, else the CPU. In one
+    process: the GPU of LOCAL_RANK (0 unless set) when CUDA is present, else the CPU."""
     dist = torch.distributed
+    local_gpu = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if not (dist.is_available() and dist.is_initialized()):
-        return 1, 0, torch.device("cpu")
-    device = torch.device("cpu")
-    if dist.get_backend() == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return 1, 0, local_gpu if torch.cuda.is_available() else torch.device("cpu")
+    device = local_gpu if dist.get_backend() == "nccl" else torch.device("cpu")
     return dist.get_world_size(), dist.get_rank(), device
 
 
