@@ -71,8 +71,11 @@ def test_the_recipe_example_sweeps_analyzes_plots_and_reports(tmp_path):
         assert np.all(np.diff(lr[top:]) <= 1e-12) and lr[-1] < rate
         assert (metrics["grad_norm"] > 0).all() and metrics["eval_loss"].notna().any()
         assert (metrics["skipped_steps"] == 0).all()  # bf16 skips no step
-    # The task's unit reaches the analysis and the report, titled by the task.
-    assert pd.read_parquet(sweep / "steps.parquet").shape[0] > 0
+    # The task's unit reaches the report (titled by the task) and `gnsweep compare`.
+    from gnsweep.comparison import load_sweep_fits
+
+    compared = load_sweep_fits(sweep)
+    assert (compared.task, compared.unit) == ("tinygpt.make_task", "tokens")
     report = (sweep / "report.html").read_text()
     assert "<title>gnsweep report: tinygpt.make_task" in report
     assert "tokens" in report
