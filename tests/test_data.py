@@ -90,9 +90,17 @@ def test_loader_worker_processes_deliver_the_same_batches():
             assert torch.equal(a["index"], b["index"]) and torch.equal(a["x"], b["x"])
         alive = workers._batches._workers  # type: ignore[union-attr]
         assert len(alive) == 2 and all(w.is_alive() for w in alive)
+        # Stopped and loaded from where it stood (a resumed run): new workers, same draws.
+        state = workers.state_dict()
+        workers.close()
+        assert not any(w.is_alive() for w in alive)
+        workers.load_state_dict(state)
+        for size in (8, 16):
+            a, b = plain.draw(size), workers.draw(size)
+            assert torch.equal(a["index"], b["index"])
     finally:
         workers.close()
-    assert workers._batches is None and not any(w.is_alive() for w in alive)
+    assert workers._batches is None
 
 
 def test_a_task_with_a_dataset_gets_a_dataset_source_and_its_eval_loss_is_the_mean_over_it():

@@ -137,6 +137,9 @@ class DatasetSource:
         shutdown = getattr(batches, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
+            # The loader keeps its persistent workers' iterator to reset it on the next
+            # iter(): forget the one shut down, so that the next one starts new workers.
+            self.loader._iterator = None
 
 
 class _Steps:
