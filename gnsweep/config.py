@@ -273,6 +273,9 @@ class TrainConfig:
     precision: str = "fp32"
     """fp32, bf16 or fp16: autocast around the task's loss (fp16 with a gradient scaler; a
     step it skips is not counted). The noise scale is measured on unscaled fp32 gradients."""
+    loader_workers: int = 0
+    """A task with a `dataset()`: the DataLoader's worker processes fetching and collating its
+    items while the model trains (0: in the training process)."""
 
     def __post_init__(self) -> None:
         self.optimizer = _choice("train.optimizer", self.optimizer, OPTIMIZERS)
@@ -288,13 +291,15 @@ class TrainConfig:
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"train.betas: {self.betas} must be two numbers in [0, 1), e.g. "
                               "train.betas=[0.9,0.95]")
-        for name in ("warmup_steps", "warmup_examples", "decay_examples", "microbatch_size"):
+        for name in ("warmup_steps", "warmup_examples", "decay_examples", "microbatch_size",
+                     "loader_workers"):
             value = _integer(f"train.{name}", getattr(self, name))
             if value < 0:
                 raise ConfigError(f"train.{name}: {value} must be >= 0 (0: "
                                   + ("the whole batch)" if name == "microbatch_size" else
                                      "the run's budget)" if name == "decay_examples" else
-                                     "none)"))
+                                     "in the training process)" if name == "loader_workers"
+                                     else "none)"))
             setattr(self, name, value)
         if self.warmup_steps and self.warmup_examples:
             raise ConfigError("train.warmup_steps and train.warmup_examples are both set; keep "

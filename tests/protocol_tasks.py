@@ -185,3 +185,26 @@ class RecordingTable(TableTask):
 
 def recording_table(seed: int) -> RecordingTable:
     return RecordingTable(seed)
+
+
+class Scale(nn.Module):
+    """A learned scalar: a layer the per-example norms do not cover."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class ScaledTable(TableTask):
+    """TableTask with a layer measured by micro-batches (each run's monitor says so)."""
+
+    def model(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        return nn.Sequential(nn.Linear(self.dim, 1), Scale())
+
+
+def scaled_table(seed: int, n: int = 1000) -> ScaledTable:
+    return ScaledTable(seed, n)

@@ -317,15 +317,22 @@ def test_tasks_lists_the_new_tasks_and_the_custom_form():
     assert "task._target_=" in result.output
 
 
-def test_a_notice_is_said_once_per_launch_not_once_per_run(tmp_path):
-    """Four runs on two worker processes, each run's monitor falling back from micro-batches:
-    the notice is printed once; the launch's markers are gone after it."""
-    result = _launch(["task=custom", "task._target_=protocol_tasks.unsplittable",
-                      "noise.method=microbatch", "sweep.batch_sizes=[4,8]",
+def test_dataloader_workers_under_the_local_pool_and_a_notice_said_once(tmp_path):
+    """Four runs over a Dataset on two pool workers, each run's DataLoader with two worker
+    processes of its own (a daemonic pool worker could not start them); each run's monitor
+    says it measures a layer by micro-batches: printed once for the launch, not once a run."""
+    result = _launch(["task=custom", "task._target_=protocol_tasks.scaled_table",
+                      "+task.n=100", "train.loader_workers=2", "sweep.batch_sizes=[8,16]",
                       "sweep.learning_rates=[0.05,0.1]", "sweep.targets=[1e-9]",
-                      "sweep.max_steps=3", "--workers", "2", "--sweep-dir",
+                      "sweep.max_steps=10", "--workers", "2", "--sweep-dir",
                       str(tmp_path / "s")], tmp_path)
     assert result.returncode == 0, result.stderr
     assert "4 done" in result.stdout
-    assert result.stderr.count("cannot be split") == 1, result.stderr
+    assert result.stderr.count("no per-example norms") == 1, result.stderr
     assert not (tmp_path / "s" / ".notices").exists()
+    for batch in (8, 16):
+        metrics = store.read_table(tmp_path / "s" / "runs" / f"b{batch:05d}_lr0.1_s0" /
+                                   store.METRICS).to_pandas()
+        # Ten steps of B items from 100: the passes over the Dataset.
+        assert metrics["epoch"].tolist() == pytest.approx([s * batch / 100 for s in
+                                                           range(1, 11)])

@@ -147,7 +147,7 @@ def build_run(config: Config, spec: RunSpec) -> TrainState:
     monitor = make_monitor(model, trained, task, config)
     schedule = _make_schedule(config, spec, world)
     probes = RunProbes(config.noise, task, spec.seed)  # frozen-parameter probes, exact truth
-    data = make_data(task, spec.seed, world, rank, device, _loader_workers(config))
+    data = make_data(task, spec.seed, world, rank, device, config.train.loader_workers)
     # A metric task's loss (A2C's) has no scale to diverge from: only a non-finite one diverges.
     metric_task = config.task.metric != "loss"
     watch = LossWatch(sweep.loss_ema_examples, None if metric_task else sweep.divergence_factor)
@@ -155,10 +155,6 @@ def build_run(config: Config, spec: RunSpec) -> TrainState:
     eval_set = None if eval_build is None else as_dataset(eval_build(), "eval_dataset()")
     return TrainState(config, spec, task, world, rank, device, model, trained, optimizer,
                       lr_schedule, precision, schedule, watch, monitor, probes, data, eval_set)
-
-
-def _loader_workers(config: Config) -> int:
-    return 0
 
 
 def placement() -> tuple[int, int, torch.device]:
