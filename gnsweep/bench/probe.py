@@ -71,8 +71,9 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="gnsweep bench probe",
                                      description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds instead of 7.")
+    parser.add_argument("--rounds", type=int, default=0, help="Rounds (overrides --quick).")
     args = parser.parse_args(argv)
-    rounds = 3 if args.quick else 7
+    rounds = args.rounds or (3 if args.quick else 7)
     torch.set_num_threads(1)
     noise = NoiseConfig(probe_per_octave=2)
     rows = []
