@@ -21,6 +21,7 @@ QUICKEST = {
     "executors": ["--workers", "1", "--skip-torchrun", "--set", "sweep=tiny",
                   "--set", "sweep.batch_sizes=[32]", "--set", "sweep.learning_rates=[1.0]"],
     "planner": ["--workers", "1", "--set", "sweep=tiny"],
+    "recipe": ["--quick", "--batch-sizes", "64"],
 }
 
 
@@ -73,6 +74,12 @@ def test_planner_bench_runs() -> None:
     result = _run("planner", QUICKEST["planner"])
     assert result["grid_runs"] == 6 and result["plan_runs"] >= 1
     assert 0 < result["compute_ratio"] <= 1  # the plan never trains more than the grid
+
+
+def test_recipe_bench_runs() -> None:
+    rows = _run("recipe", QUICKEST["recipe"])["rows"]
+    assert [r["batch"] for r in rows] == [64]
+    assert all(_positive(r[k]) for r in rows for k in ("whole_ms", "pieces", "bf16"))
 
 
 @pytest.mark.distributed
