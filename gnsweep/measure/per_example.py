@@ -77,8 +77,13 @@ class PerExample:
                                 "skip such steps")
             return
         self._last_forward[id(module)] = self.forward_id
-        # In fp32 under mixed precision: autocast would run vecdot in bf16/fp16 here.
-        with torch.autocast(inputs[0].device.type, enabled=False):
+        # In fp32 under mixed precision: autocast would run vecdot in bf16/fp16 here. (The
+        # context only where autocast is on: entering it costs more than the vecdot.)
+        device = inputs[0].device.type
+        if torch.is_autocast_enabled(device):
+            with torch.autocast(device, enabled=False):
+                saved = _save_input(module, inputs[0].detach())
+        else:
             saved = _save_input(module, inputs[0].detach())
         if isinstance(module, nn.Linear) and saved.dim() == 1:
             # The common case, kept to two small ops: (|a_i|^2 + 1) . |d_i|^2.
