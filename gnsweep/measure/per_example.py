@@ -214,19 +214,45 @@ def _patches_last(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> torch.Tenso
     return view.reshape(n, math.prod(out), math.prod(kernel), c)
 
 
+def _conv_per_example_grad(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: torch.Tensor
+                           ) -> torch.Tensor:
+    """Every example's own weight gradient, (B * out, in / groups, *kernel), by one weight
+    backward of the convolution with the batch folded into its groups (example b's channels
+    form groups b * groups ...): the backend's own conv kernel, 1.3-1.8x faster here than
+    patches and a batched matmul, and no patches in memory."""
+    n = x.shape[0]
+    padding: Any = module.padding
+    if module.padding_mode != "zeros" or isinstance(padding, str):
+        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+        x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
+        padding = [0] * len(module.kernel_size)
+    shape = (n * module.out_channels, *module.weight.shape[1:])
+    # Only the weight gradient is asked for: the weight's values are never read.
+    weight = x.new_empty(shape)
+    return torch.ops.aten.convolution_backward(
+        d.reshape(1, -1, *d.shape[2:]), x.reshape(1, -1, *x.shape[2:]), weight, None,
+        module.stride, padding, module.dilation, False, [0] * len(module.kernel_size),
+        n * module.groups, [False, True, False])[1]
+
+
 def _conv_sq(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: torch.Tensor, weight: bool,
              bias: bool) -> torch.Tensor:
-    """Sum over examples of a Conv1d/Conv2d's `|g_i|^2`: the weight's from its patches and
-    output gradients, per group, in the Gram form or explicitly, whichever costs less at this
-    layer's shape (`_weight_sq`; mixed ghost norm, Bu et al. 2022); the bias's from the output
-    gradient summed over positions."""
+    """Sum over examples of a Conv1d/Conv2d's `|g_i|^2`: the weight's in the Gram form (from
+    its patches and output gradients, per group) or as the explicit per-example gradient,
+    whichever costs less at this layer's shape (`gram_is_cheaper`; mixed ghost norm, Bu et al.
+    2022); the bias's from the output gradient summed over positions."""
     n, groups = x.shape[0], module.groups
+    spatial = d.shape[2:]
     d = d.reshape(n, d.shape[1], -1)  # (B, out, L)
     out = sq(d.sum(2)) if bias else d.new_zeros(())
     if not weight:
         return out
+    taps = math.prod(module.kernel_size)
+    if not gram_is_cheaper(d.shape[2], taps * module.in_channels // groups,
+                           module.out_channels // groups):
+        return out + sq(_conv_per_example_grad(module, x, d.reshape(n, -1, *spatial)))
     a = _patches_last(module, x)  # (B, L, K, C)
-    length, taps = a.shape[1], a.shape[2]
+    length = a.shape[1]
     if groups == 1:
         a = a.reshape(n, length, -1)
         dg = d.transpose(1, 2)  # (B, L, out)
