@@ -33,6 +33,7 @@ __all__ = [
     "NoiseConfig",
     "SweepConfig",
     "TaskConfig",
+    "TrainConfig",
     "compose",
     "conf_dir",
 ]
@@ -43,6 +44,7 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 EXECUTORS = ("local", "torchrun", "slurm")
 LOSS_KINDS = ("smoothed", "raw", "eval")
 SCHEDULES = ("constant", "adaptive")
+KEEP_CHECKPOINTS = ("none", "log")
 
 
 @dataclass
@@ -327,6 +329,35 @@ class ExecutorConfig:
 
 
 @dataclass
+class TrainConfig:
+    """How each run trains apart from what the sweep varies; and its checkpoints."""
+
+    checkpoint_every: int = 0
+    """Save the run's state every this many optimizer steps (0: time-based only)."""
+    checkpoint_seconds: float = 600.0
+    """Save the run's state at least this often, seconds of training (0: steps only)."""
+    keep_checkpoints_at: list[int] = field(default_factory=list)
+    """Examples at which a checkpoint is taken and kept after the run (e.g. for branching);
+    the first step boundary at or past each."""
+    keep_checkpoints: str = "none"
+    """none, or log: also keep one at the first boundary past each power of two of examples."""
+
+    def __post_init__(self) -> None:
+        self.checkpoint_every = _integer("train.checkpoint_every", self.checkpoint_every)
+        self.checkpoint_seconds = _number("train.checkpoint_seconds", self.checkpoint_seconds)
+        for name in ("checkpoint_every", "checkpoint_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}: {getattr(self, name)} must be >= 0 (0: off)")
+        self.keep_checkpoints_at = [
+            _integer("train.keep_checkpoints_at", v) for v in self.keep_checkpoints_at or []]
+        if any(v < 1 for v in self.keep_checkpoints_at):
+            raise ConfigError(f"train.keep_checkpoints_at: {self.keep_checkpoints_at} must be "
+                              "examples >= 1")
+        self.keep_checkpoints = _choice("train.keep_checkpoints", self.keep_checkpoints,
+                                        KEEP_CHECKPOINTS)
+
+
+@dataclass
 class AnalysisConfig:
     """How runs become steps-to-target and fits."""
 
@@ -392,11 +423,13 @@ class LoggerConfig:
 
 @dataclass
 class Config:
-    """The whole sweep: task, grid, noise measurement, executor, analysis, run logging."""
+    """The whole sweep: task, grid, noise measurement, training recipe and checkpoints,
+    executor, analysis, run logging."""
 
     task: TaskConfig = field(default_factory=TaskConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     noise: NoiseConfig = field(default_factory=NoiseConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -427,7 +460,7 @@ class Config:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Config:
         sections = {"task": TaskConfig, "sweep": SweepConfig, "noise": NoiseConfig,
-                    "executor": ExecutorConfig, "analysis": AnalysisConfig,
+                    "train": TrainConfig, "executor": ExecutorConfig, "analysis": AnalysisConfig,
                     "logger": LoggerConfig}
         unknown = set(data) - set(sections)
         if unknown:

@@ -25,7 +25,8 @@ __all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "p
 RELAUNCH_MAY_CHANGE = ("executor", "analysis", "logger", "sweep.name", "sweep.batch_sizes",
                        "sweep.learning_rates", "sweep.seeds", "sweep.max_retries",
                        "sweep.schedule", "sweep.exchange_rates", "sweep.eps_max",
-                       "sweep.adaptive_lr", "sweep.adaptive_lr_noise")
+                       "sweep.adaptive_lr", "sweep.adaptive_lr_noise", "train.checkpoint_every",
+                       "train.checkpoint_seconds", "train.keep_checkpoints")
 GRID_KEYS = ("batch_sizes", "learning_rates", "seeds", "exchange_rates")
 
 
