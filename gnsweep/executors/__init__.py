@@ -79,6 +79,26 @@ def ended_by(run_path: Path) -> str | None:
     return None
 
 
+def requeues(run_path: Path) -> int:
+    """How often Slurm requeued the run: attempts started by a Slurm job that had started it
+    before (a requeued job keeps its id)."""
+    try:
+        lines = (run_path / HISTORY).read_text().splitlines()
+    except OSError:
+        return 0
+    seen: set[str] = set()
+    count = 0
+    for line in lines:
+        with contextlib.suppress(ValueError, AttributeError):
+            event = json.loads(line)
+            job = event.get("slurm_job_id")
+            if event.get("event") != "start" or not job:
+                continue
+            count += job in seen
+            seen.add(job)
+    return count
+
+
 def process_logger(sweep_dir: Path) -> RunLogger:
     """The run logger of this worker process (the sweep's `logger=` setting), made once at
     worker start and reused for every run it trains; rank 0 alone logs under torch.distributed.
