@@ -71,27 +71,32 @@ def serve(sweep_dir: Path, run_ids: list[str], max_retries: int,
             queue.append(run_id)  # take_run decides whether it has retries left
 
 
-def _stop_flag(stop_with: int | None) -> Callable[[], bool]:
-    """Stop on SIGTERM/SIGINT, or when process `stop_with` (our launcher) is gone."""
-    stop = False
+PREEMPTED = 75
+"""Exit code of a worker stopped by Slurm's warning ahead of a time limit or preemption
+(SIGUSR2): its run is checkpointed and pending, and the job wants requeueing."""
 
-    def on_signal(signum: int, frame: Any) -> None:
-        nonlocal stop
-        stop = True
 
-    # SIGUSR2: Slurm's warning ahead of the time limit (submitit asks for it).
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
-        signal.signal(signum, on_signal)
+class StopFlag:
+    """Stop on SIGTERM/SIGINT/SIGUSR2, or when process `stop_with` (our launcher) is gone;
+    `signum` remembers the signal."""
 
-    def should_stop() -> bool:
-        if stop_with is not None and not stop:
+    def __init__(self, stop_with: int | None) -> None:
+        self.stop_with = stop_with
+        self.signum: int | None = None
+        # SIGUSR2: Slurm's warning ahead of the time limit (submitit asks for it).
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+    def __call__(self) -> bool:
+        if self.stop_with is not None and self.signum is None:
             try:
-                os.kill(stop_with, 0)
+                os.kill(self.stop_with, 0)
             except ProcessLookupError:
                 return True
-        return stop
-
-    return should_stop
+        return self.signum is not None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="Stop cleanly when this pid (the launcher) is gone.")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    should_stop = _stop_flag(args.stop_with)
+    should_stop = StopFlag(args.stop_with)
     run_ids = [line.strip() for line in args.runs_file.read_text().splitlines() if line.strip()]
     init_process_group()
     if run_ids:
@@ -112,11 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         serve(args.sweep_dir, run_ids, args.max_retries, should_stop)
     except (KeyboardInterrupt, StopRequested):
-        return 130  # stopped: the run in flight went back to pending
+        # Stopped: the run in flight is checkpointed and back to pending.
+        return PREEMPTED if should_stop.signum == signal.SIGUSR2 else 130
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return 0
+    # Warned between two runs: the runs not taken yet want the requeued job too.
+    return PREEMPTED if should_stop.signum == signal.SIGUSR2 else 0
 
 
 if __name__ == "__main__":
