@@ -31,9 +31,9 @@ def _config(**train: object) -> Config:
     # exact loss: a part left out of a checkpoint changes a later row.
     return Config(task=TaskConfig(name="linreg", options={"dim": 8}),
                   sweep=SweepConfig(batch_sizes=[16], learning_rates=[0.05, 0.1], targets=[1e-9],
-                                    max_steps=STEPS, optimizer="adam", eval_every=2),
+                                    max_steps=STEPS, eval_every=2),
                   noise=NoiseConfig(hessian_every=3),
-                  train=TrainConfig(**{"checkpoint_every": 5, **train}))  # type: ignore[arg-type]
+                  train=TrainConfig(**{"optimizer": "adam", "checkpoint_every": 5, **train}))  # type: ignore[arg-type]
 
 
 def _folder(root: Path, spec: RunSpec = SPEC) -> Path:
