@@ -19,8 +19,9 @@ import torch
 from gnsweep import store
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
 from gnsweep.runs import RunSpec
-from gnsweep.training import StopRequested, train
+from gnsweep.training import StopRequested, build_run, run, train
 from gnsweep.training.checkpoint import FOLDER, kept
+from gnsweep.training.loop import make_checkpointer
 
 STEPS = 40
 SPEC = RunSpec(batch_size=16, learning_rate=0.05)
@@ -187,3 +188,27 @@ def test_a_full_disk_during_a_save_is_said_once_and_the_run_goes_on(tmp_path, wh
         ballast[0].unlink()
         train(_config(), SPEC, path)  # from the previous checkpoint, step 5
         _assert_same_rows(path, whole)
+
+
+def test_a_task_with_state_of_its_own_takes_no_checkpoints(tmp_path, capfd):
+    # Cartpole's environments live in the task, outside the run's state: resuming would not
+    # continue the same run, so its runs are never checkpointed (said once) and start again.
+    config = _config()
+    state = build_run(config, SPEC)
+    state.task.resumable = False  # type: ignore[attr-defined]
+    path = _folder(tmp_path)
+    checkpoints = make_checkpointer(config, path)
+    checkpoints.resume(state)
+    with pytest.raises(StopRequested):
+        run(state, path, should_stop=lambda: state.step >= 12, checkpoints=checkpoints)
+    assert not (path / FOLDER).exists()
+    assert capfd.readouterr().err.count("keeps state outside the run's") == 1
+
+
+def test_the_checkpoint_bench_runs_and_measures_a_save(capsys):
+    from gnsweep.bench.checkpoint import main
+
+    result = main(["--rounds", "1", "--runs", "1", "--steps", "12", "--every", "4"])
+    assert result["checkpoint_bytes"] > 0 and result["save_ms"] > 0
+    assert result["default_ratio"] > 0 and result["every_ratio"] > 0
+    assert '"subject": "checkpoint"' in capsys.readouterr().out
