@@ -422,15 +422,19 @@ class ExecutorConfig:
     """Slurm: time limit of one job, minutes."""
     runs_per_job: int = 0
     """Slurm: runs taken in turn by one job (0: spread the runs over `workers` jobs)."""
+    max_restarts: int = 0
+    """torchrun/Slurm: elastic restarts of a torchrun job whose process died (`--max-restarts`);
+    the restarted job continues its run from the run's checkpoint."""
     sbatch_extra: dict[str, Any] = field(default_factory=dict)
     """Slurm: extra sbatch options, e.g. {account: abc, qos: high}."""
 
     def __post_init__(self) -> None:
         self.kind = _choice("executor.kind", self.kind, EXECUTORS)
         for name in ("workers", "threads_per_worker", "nproc_per_node", "nodes", "gpus_per_node",
-                     "cpus_per_task", "time_min", "runs_per_job"):
+                     "cpus_per_task", "time_min", "runs_per_job", "max_restarts"):
             value = _integer(f"executor.{name}", getattr(self, name))
-            minimum = 0 if name in ("workers", "gpus_per_node", "runs_per_job") else 1
+            minimum = 0 if name in ("workers", "gpus_per_node", "runs_per_job",
+                                    "max_restarts") else 1
             if value < minimum:
                 raise ConfigError(f"executor.{name}: {value} is not allowed; must be >= {minimum}")
             setattr(self, name, value)

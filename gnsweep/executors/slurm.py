@@ -49,7 +49,7 @@ class SlurmJob:
     (`checkpoint`), and the requeued job resumes each run from its checkpoint."""
 
     def __call__(self, sweep_dir: str, runs_file: str, nproc: int, max_retries: int,
-                 threads: int) -> int:
+                 threads: int, max_restarts: int = 0) -> int:
         import submitit
 
         from gnsweep.executors import worker
@@ -70,7 +70,7 @@ class SlurmJob:
         else:
             code, warned = _torchrun(worker_command(
                 Path(sweep_dir), Path(runs_file), nproc=nproc, max_retries=max_retries,
-                threads=threads, rendezvous=rendezvous), threads)
+                threads=threads, rendezvous=rendezvous, max_restarts=max_restarts), threads)
         if warned and callable(requeue):
             requeue(signal.SIGUSR2, None)  # exits: the job goes back to the queue
         return code
@@ -152,7 +152,7 @@ def submit(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig,
     n = len(parts)
     jobs = make_executor(folder, executor).map_array(
         slurm_job, [str(sweep_dir)] * n, files, [executor.nproc_per_node] * n,
-        [max_retries] * n, [executor.threads_per_worker] * n)
+        [max_retries] * n, [executor.threads_per_worker] * n, [executor.max_restarts] * n)
     record = job_ids(sweep_dir)
     for job, part in zip(jobs, parts, strict=True):
         record.update(dict.fromkeys(part, job.job_id))
