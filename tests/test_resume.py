@@ -116,5 +116,5 @@ def test_kill_9_of_one_of_two_torchrun_ranks_resumes_from_the_checkpoint(tmp_pat
     assert launcher.returncode == 0, err
     _assert_resumed(sweep_dir, _rows(store.run_dir(reference, RUN)))
     # The job itself recovered (a job that failed would be named here, and started again).
-    assert "torchrun job exited" not in err
+    assert b"torchrun job exited" not in err
 

@@ -39,7 +39,19 @@ def init_process_group() -> bool:
     else:
         backend = "gloo"
     # A peer that dies mid-run must not leave the others waiting for half an hour.
-    dist.init_process_group(backend, timeout=timedelta(minutes=5))
+    timeout = timedelta(minutes=5)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None or "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend, timeout=timeout)
+        return True
+    # After an elastic restart (--max-restarts) the agent's store still holds the addresses
+    # of the processes that died, and gloo's connect would wait for them: each incarnation
+    # keys its own under a prefix of its restart count.
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"gnsweep/restart{restart}", store),
+                            rank=rank, world_size=world, timeout=timeout)
     return True
 
 
