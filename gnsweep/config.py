@@ -281,18 +281,21 @@ class TrainConfig:
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"train.betas: {self.betas} must be two numbers in [0, 1), e.g. "
                               "train.betas=[0.9,0.95]")
-        for name in ("warmup_steps", "warmup_examples", "decay_examples", "microbatch_size"):
+        zero = {"warmup_steps": "none", "warmup_examples": "none",
+                "decay_examples": "the run's budget", "microbatch_size": "the whole batch"}
+        for name, meaning in zero.items():
             value = _integer(f"train.{name}", getattr(self, name))
             if value < 0:
-                raise ConfigError(f"train.{name}: {value} must be >= 0 (0: "
-                                  + ("the whole batch)" if name == "microbatch_size" else
-                                     "the run's budget)" if name == "decay_examples" else
-                                     "none)"))
+                raise ConfigError(f"train.{name}: {value} must be >= 0 (0: {meaning})")
             setattr(self, name, value)
         if self.warmup_steps and self.warmup_examples:
             raise ConfigError("train.warmup_steps and train.warmup_examples are both set; keep "
                               "one (warmup_examples gives every batch size the same warmup)")
         self.decay = _choice("train.decay", self.decay, DECAYS)
+        if self.decay != "constant" and 0 < self.decay_examples <= self.warmup_examples:
+            raise ConfigError(f"train.decay_examples ({self.decay_examples}) ends the decay "
+                              f"before train.warmup_examples ({self.warmup_examples}) ends the "
+                              "warmup; the horizon counts from the start of the run")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"train.min_lr_ratio: {self.min_lr_ratio} must be in [0, 1]")
         if self.decay == "step" and self.min_lr_ratio <= 0:
@@ -350,7 +353,8 @@ class NoiseConfig:
     method: str = "auto"
     """per_example, microbatch, ddp, or auto (ddp under torchrun, else per_example)."""
     microbatches: int = 4
-    """Micro-batches per step for method=microbatch (b_small = B / this)."""
+    """Micro-batches per step for method=microbatch (b_small = B / this); where a step is
+    already cut into train.microbatch_size pieces, those pieces are used instead."""
     every: int = 1
     """Measure every this many steps."""
     ema_steps: float = 0.0
@@ -415,7 +419,8 @@ class ExecutorConfig:
     partition: str = ""
     """Slurm partition ('' for the cluster default)."""
     gpus_per_node: int = 0
-    """Slurm: GPUs per node."""
+    """Slurm: GPUs per node; each DDP process trains on one (its LOCAL_RANK), so
+    nproc_per_node is at most this (0: no GPUs asked for)."""
     cpus_per_task: int = 1
     """Slurm: CPUs per task."""
     time_min: int = 60
@@ -438,6 +443,10 @@ class ExecutorConfig:
             if value < minimum:
                 raise ConfigError(f"executor.{name}: {value} is not allowed; must be >= {minimum}")
             setattr(self, name, value)
+        if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:
+            raise ConfigError(f"executor.nproc_per_node={self.nproc_per_node} DDP processes on "
+                              f"executor.gpus_per_node={self.gpus_per_node} GPUs: each process "
+                              "trains on one GPU (its LOCAL_RANK); use at most one per GPU")
 
     def n_workers(self) -> int:
         return self.workers or max(1, os.cpu_count() or 1)

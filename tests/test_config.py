@@ -55,12 +55,16 @@ def test_config_round_trips_through_json_form():
     ("train.decay=exponential", "train.decay: 'exponential'"),
     ("train.min_lr_ratio=2", "train.min_lr_ratio"),
     ("train.betas=[0.9]", "train.betas"),
+    ("train.decay=cosine train.warmup_examples=100 train.decay_examples=50",
+     "train.decay_examples (50) ends the decay before"),
     ("task.warmup=30", "write +task.warmup=30"),
     ("sweep.colour=3", "sweep.colour: unknown option; known: "),
+    ("executor=slurm executor.gpus_per_node=2 executor.nproc_per_node=4",
+     "use at most one per GPU"),
 ])
 def test_bad_values_name_the_value(override, names):
     with pytest.raises(ConfigError) as info:
-        compose([override])
+        compose(override.split(" "))
     message = str(info.value)
     assert names in message
     assert "\n" not in message

@@ -287,3 +287,31 @@ def test_a_run_takes_the_gpu_of_its_local_rank_when_cuda_is_present(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert placement() == (1, 0, torch.device("cuda", 1))
+
+
+def test_auto_measures_what_per_example_norms_miss_on_the_pieces_with_no_extra_pass(
+        monkeypatch):
+    # The scale factor has no per-example norms: noise.method=auto measures it on micro-batches.
+    # With train.microbatch_size those are the accumulation pieces (4 of 8), not a second split
+    # into noise.microbatches: 4 forward passes a step, and the estimate of the 4-way split.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    task = TaskConfig("custom", {"_target_": "protocol_tasks.uncovered"})
+    forwards: list[int] = []
+    original = build_run
+
+    def counting(config: Config, spec: RunSpec) -> TrainState:
+        state = original(config, spec)
+        state.model.register_forward_hook(lambda *_: forwards.append(1))
+        return state
+
+    monkeypatch.setattr(sys.modules[__name__], "build_run", counting)
+    pieces = _run(task, 32, 0.05, 10, TrainConfig(microbatch_size=8),
+                  NoiseConfig(microbatches=2))
+    assert len(forwards) == 4 * 10
+    split = _run(task, 32, 0.05, 10, TrainConfig(), NoiseConfig(microbatches=4))
+    np.testing.assert_allclose(pieces.rows["b_simple"], split.rows["b_simple"], rtol=1e-6)
+    assert all(math.isfinite(b) for b in pieces.rows["b_simple"])
+    # ...which is not what a 2-way split measures: the pieces, not noise.microbatches, count.
+    halves = _run(task, 32, 0.05, 10, TrainConfig(), NoiseConfig(microbatches=2))
+    assert not np.allclose(halves.rows["b_simple"], split.rows["b_simple"], rtol=1e-3)

@@ -23,7 +23,7 @@ def recipe_warnings(config: Config, fits: pd.DataFrame, front: pd.DataFrame) -> 
     run per target and batch size, with its steps and examples to the target)."""
     train = config.train
     out: list[str] = []
-    for target in sorted(set(front["target"]) | set(fits["target"])):
+    for target in dict.fromkeys([*fits["target"], *front["target"]]):  # the fits' order
         fit = fits[fits["target"] == target]
         best = front[front["target"] == target]
         out += _warmup(target, train.warmup_steps, train.warmup_examples, fit, best)

@@ -150,7 +150,7 @@ def run(state: TrainState, out_dir: Path | None = None,
             # Measure. Every step: the monitor counts steps and measures every noise.every of
             # them; the batch lets it measure B_noise every noise.hessian_every steps. The EMA's
             # time constant (noise.ema_examples) counts this rank's examples in the task's unit.
-            # Measured on the unclipped gradient, its loss scale divided out.
+            # The gradient is still unclipped here; fp16's loss scale is divided out.
             state.estimate = in_task_units(
                 state.monitor.step(batch=batch, examples=n_examples // world,
                                    loss_scale=state.precision.loss_scale),

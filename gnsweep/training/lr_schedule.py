@@ -11,8 +11,8 @@ The rate of the step that brings the run to `steps` optimizer steps and `example
   examples per step when the two units differ), with `p = clip((x - start) / (H - start), 0, 1)`
   and r = min_lr_ratio:
   constant 1; linear `r + (1 - r)(1 - p)`; cosine `r + (1 - r)(1 + cos(pi p)) / 2`;
-  step `r ** (floor(3 p) / 2)` capped at r: the peak, then sqrt(r) x peak from p = 1/3,
-  then r x peak from p = 2/3 (ImageNet's divide-by-10 twice for r = 0.01).
+  step `r ** (min(floor(3 p), 2) / 2)`: the peak, then sqrt(r) x peak from p = 1/3, then
+  r x peak from p = 2/3 (ImageNet's divide-by-10 twice for r = 0.01).
 """
 
 from __future__ import annotations
@@ -79,12 +79,6 @@ class LrSchedule:
         if self.decay == "cosine":
             return r + (1 - r) * 0.5 * (1 + math.cos(math.pi * p))
         return float(r ** (min(math.floor(3 * p), 2) / 2))
-
-    def warmup_end(self, per_step: float) -> tuple[float, float]:
-        """(steps, examples) at the end of the warmup, at `per_step` examples per step."""
-        if self.warmup_in_examples:
-            return self.warmup / per_step, self.warmup
-        return self.warmup, self.warmup * per_step
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)

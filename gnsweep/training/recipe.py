@@ -2,7 +2,8 @@
 step's learning rate (`lr_schedule`, or an adaptive batch schedule's eq. 2.7), clipping and
 precision. The parts with state have `state_dict()` / `load_state_dict()` and a place in the
 run's `TrainState`: the optimizer (torch's), the learning-rate schedule (its settings: its
-position is the run's counters) and the precision (fp16's gradient scaler)."""
+position is the run's counters) and the precision (fp16's gradient scaler). Clipping holds no
+state: `clip_gradients` each step."""
 
 from __future__ import annotations
 
