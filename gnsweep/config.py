@@ -221,7 +221,8 @@ class SweepConfig:
 class TrainConfig:
     """How every run trains, apart from what the sweep varies (batch size, learning rate): the
     optimizer, the learning-rate schedule, clipping, accumulation and precision
-    (`gnsweep.training.recipe`, docs/training.md)."""
+    (`gnsweep.training.recipe`, docs/training.md); and its checkpoints
+    (`gnsweep.training.checkpoint`, docs/executors.md)."""
 
     optimizer: str = "sgd"
     """sgd, momentum (SGD with train.momentum, else 0.9), adam or adamw."""
