@@ -23,6 +23,7 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.config import ExecutorConfig
+from gnsweep.executors import PREEMPTED
 from gnsweep.executors.base import Summary, Watcher, run_rounds
 from gnsweep.executors.torchrun import worker_command, write_runs_file
 from gnsweep.progress import SweepProgress
@@ -66,7 +67,7 @@ class SlurmJob:
             # takes SIGUSR2 over and says it stopped on it).
             code = worker.main([sweep_dir, "--runs-file", runs_file, "--max-retries",
                                 str(max_retries), "--threads", str(threads)])
-            warned = code == worker.PREEMPTED
+            warned = code == PREEMPTED
         else:
             code, warned = _torchrun(worker_command(
                 Path(sweep_dir), Path(runs_file), nproc=nproc, max_retries=max_retries,
@@ -246,6 +247,6 @@ def _report_job_errors(jobs: list[Any]) -> None:
             print(f"gnsweep: Slurm job {job.job_id} failed ({first}); log: {job.paths.stderr}",
                   file=sys.stderr)
             continue
-        if code not in (0, 130):
+        if code not in (0, 130, PREEMPTED):
             print(f"gnsweep: Slurm job {job.job_id}: workers exited with code {code}; log: "
                   f"{job.paths.stderr}", file=sys.stderr)

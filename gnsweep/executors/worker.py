@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from gnsweep.errors import StopRequested
-from gnsweep.executors import process_logger, run_taken, take_run, warm_up
+from gnsweep.executors import PREEMPTED, process_logger, run_taken, take_run, warm_up
 
 
 def init_process_group() -> bool:
@@ -83,11 +83,6 @@ def serve(sweep_dir: Path, run_ids: list[str], max_retries: int,
             queue.append(run_id)  # take_run decides whether it has retries left
 
 
-PREEMPTED = 75
-"""Exit code of a worker stopped by Slurm's warning ahead of a time limit or preemption
-(SIGUSR2): its run is checkpointed and pending, and the job wants requeueing."""
-
-
 class StopFlag:
     """Stop on SIGTERM/SIGINT/SIGUSR2, or when process `stop_with` (our launcher) is gone;
     `signum` remembers the signal."""
@@ -126,16 +121,21 @@ def main(argv: list[str] | None = None) -> int:
     init_process_group()
     if run_ids:
         warm_up(args.sweep_dir, run_ids[0])  # before claiming: a claimed run starts at once
+    stopped = False
     try:
         serve(args.sweep_dir, run_ids, args.max_retries, should_stop)
     except (KeyboardInterrupt, StopRequested):
-        # Stopped: the run in flight is checkpointed and back to pending.
-        return PREEMPTED if should_stop.signum == signal.SIGUSR2 else 130
+        stopped = True  # the run in flight is checkpointed and back to pending
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    # Warned between two runs: the runs not taken yet want the requeued job too.
-    return PREEMPTED if should_stop.signum == signal.SIGUSR2 else 0
+    if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+        # Under torchrun a stop is clean: exit 0, or its agent would restart the workers
+        # (--max-restarts); the job's own process knows which signal came.
+        return 0
+    if should_stop.signum == signal.SIGUSR2:
+        return PREEMPTED  # also warned between two runs: those not taken want the requeue
+    return 130 if stopped else 0
 
 
 if __name__ == "__main__":
