@@ -238,6 +238,9 @@ class Checkpointer:
             found, rows = self._latest(state) if self.refused is None else (None, None)
             if found is None:
                 store.clear_metrics(self.run_dir)
+            if found is not None:
+                print(f"gnsweep: run {self.run_dir.name}: continuing from its checkpoint at "
+                      f"step {found.step}", file=sys.stderr, flush=True)
         found, rows, self.refused = _from_rank0([found, rows, self.refused], state.world)
         self.last_save = self.last_rows = self.clock()
         if found is None:
