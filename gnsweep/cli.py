@@ -208,7 +208,7 @@ def status(
 def _progress_of(row: dict[str, Any]) -> str:
     """Where an unfinished run stands on disk: step, examples, smoothed loss, requeues."""
     parts = []
-    if row["state"] in ("running", "died", "pending", "queued") and row.get("step") is not None:
+    if row.get("step") is not None:
         parts.append(f"step {row['step']}, {row['examples']} examples, loss "
                      f"{row['loss_smooth']:.4g}")
     if row["requeues"]:

@@ -28,6 +28,8 @@ RELAUNCH_MAY_CHANGE = ("executor", "analysis", "logger", "sweep.name", "sweep.ba
                        "sweep.adaptive_lr", "sweep.adaptive_lr_noise", "train.checkpoint_every",
                        "train.checkpoint_seconds", "train.keep_checkpoints")
 GRID_KEYS = ("batch_sizes", "learning_rates", "seeds", "exchange_rates")
+UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
+"""States whose rows so far `gnsweep status` shows (step, examples, smoothed loss)."""
 
 
 def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -218,7 +220,8 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
         elif state == "pending" and job and (queued.get(job) or queued.get(job.split("_")[0])):
             state = "queued"
         info = status.get("error") or status.get("reason") or ""
-        last = store.last_metrics_row(path) if state != "pending" else None
+        # Where an unfinished run stands (a finished run's whole file is not read for it).
+        last = store.last_metrics_row(path) if state in UNFINISHED_SHOWN else None
         rows.append({"run_id": run_id, "state": state, "attempts": int(status.get("attempts", 0)),
                      "slurm_job_id": job or "", "owner": owner, "info": str(info),
                      "requeues": requeues(path),
