@@ -231,11 +231,13 @@ class Checkpointer:
         starts from step 0. Every rank calls it; rank 0 decides and tells the others."""
         found: Checkpoint | None = None
         rows: dict[str, list] | None = None
+        content: dict[str, Any] | None = None  # rank 0's, read and verified once
         if self.run_dir is not None:
             self.refused = resumable(state)
             if self.refused is not None:
                 self._say_once(self.refused)
-            found, rows = self._latest(state) if self.refused is None else (None, None)
+            if self.refused is None:
+                found, rows, content = self._latest(state)
             if found is None:
                 store.clear_metrics(self.run_dir)
             if found is not None:
@@ -245,32 +247,36 @@ class Checkpointer:
         self.last_save = self.last_rows = self.clock()
         if found is None:
             return None
-        load_into(state, found.path, fingerprint(state))
+        if content is None:  # ranks > 0 read the file themselves
+            content = verify(found.path, fingerprint(state))
+        _load(state, content, found.path)
         assert rows is not None
         state.rows = rows
         self.rows_written = len(rows["step"])
         self._examples = state.examples
         return found
 
-    def _latest(self, state: TrainState) -> tuple[Checkpoint | None, dict[str, list] | None]:
+    def _latest(self, state: TrainState) -> tuple[Checkpoint | None, dict[str, list] | None,
+                                                  dict[str, Any] | None]:
         """The newest checkpoint that belongs to this run, is whole and has its rows on disk,
-        with those rows (the disk's rows cut at its step); bad ones said, one line each."""
+        with those rows (the disk's rows cut at its step) and its content; bad ones said, one
+        line each."""
         assert self.run_dir is not None and self.folder is not None
         mine = fingerprint(state)
         for ckpt in reversed(_listed(self.folder)):
             try:
-                verify(ckpt.path, mine, run_id=self.run_dir.name)
+                content = verify(ckpt.path, mine, run_id=self.run_dir.name)
             except StoreError as err:
                 print(f"gnsweep: run {self.run_dir.name}: {err}; trying an earlier one",
                       file=sys.stderr, flush=True)
                 continue
             rows = store.clear_metrics(self.run_dir, keep_through=ckpt.step)
             if len(rows["step"]) == ckpt.rows:
-                return ckpt, rows
+                return ckpt, rows, content
             print(f"gnsweep: run {self.run_dir.name}: checkpoint {ckpt.path.name} has "
                   f"{ckpt.rows} rows logged, {len(rows['step'])} on disk; trying an earlier one",
                   file=sys.stderr, flush=True)
-        return None, None
+        return None, None, None
 
 
 def kept(run_dir: Path) -> list[tuple[int, Path]]:
@@ -312,7 +318,10 @@ def load_into(state: TrainState, path: Path, fingerprint_: str | None = None) ->
     into `state`, freshly built by `build_run`; this rank's own data position and random state
     where the checkpoint holds each rank's. The rows are not in a checkpoint: `state.rows` is
     left as it is (a branch starts its own)."""
-    content = verify(path, fingerprint_)
+    _load(state, verify(path, fingerprint_), path)
+
+
+def _load(state: TrainState, content: dict[str, Any], path: Path) -> None:
     ranks = content.pop("ranks", None)
     if ranks is not None:
         if len(ranks) != state.world:
@@ -326,7 +335,11 @@ def load_into(state: TrainState, path: Path, fingerprint_: str | None = None) ->
 def _whole_state(state: TrainState) -> dict[str, Any]:
     """`state.state_dict()` without the rows; under torch.distributed with every rank's data
     position and random state (`ranks`), gathered from all ranks (a collective)."""
-    content = state.state_dict()
+    rows, state.rows = state.rows, {}  # not copied: they stream to the metrics parts
+    try:
+        content = state.state_dict()
+    finally:
+        state.rows = rows
     content.pop("rows")
     if state.world > 1:
         local = {"data": content.pop("data"), "rng": content.pop("rng")}
