@@ -20,7 +20,7 @@ from gnsweep import store
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
 from gnsweep.runs import RunSpec
 from gnsweep.training import StopRequested, build_run, run, train
-from gnsweep.training.checkpoint import FOLDER, kept
+from gnsweep.training.checkpoint import FOLDER, kept, load_into
 from gnsweep.training.loop import make_checkpointer
 
 STEPS = 40
@@ -212,3 +212,20 @@ def test_the_checkpoint_bench_runs_and_measures_a_save(capsys):
     assert result["checkpoint_bytes"] > 0 and result["save_ms"] > 0
     assert result["default_ratio"] > 0 and result["every_ratio"] > 0
     assert '"subject": "checkpoint"' in capsys.readouterr().out
+
+
+def test_log_spaced_checkpoints_are_kept_past_the_runs_end(tmp_path, whole):
+    # keep_checkpoints=log: one checkpoint at the first step boundary past each power of two of
+    # examples (16 a step: steps 1, 2, 4, 8, 16, 32), kept after the run for branching.
+    path = _folder(tmp_path)
+    config = _config(checkpoint_every=0, keep_checkpoints="log")
+    train(config, SPEC, path)
+    assert [examples for examples, _ in kept(path)] == [16, 32, 64, 128, 256, 512]
+    _assert_same_rows(path, whole)  # saving changes nothing the run logs
+    # A branch: one of them loaded into a fresh run goes on as the run went on from there.
+    state = build_run(config, SPEC)
+    load_into(state, dict(kept(path))[128])
+    assert state.step == 8 and not state.rows["step"]
+    run(state)
+    for name, values in whole.items():
+        assert np.array_equal(np.asarray(state.rows[name]), values[8:], equal_nan=True), name
