@@ -22,6 +22,7 @@ QUICKEST = {
                   "--set", "sweep.batch_sizes=[32]", "--set", "sweep.learning_rates=[1.0]"],
     "planner": ["--workers", "1", "--set", "sweep=tiny"],
     "recipe": ["--quick", "--batch-sizes", "64"],
+    "checkpoint": ["--rounds", "1", "--runs", "1", "--steps", "20", "--every", "10"],
 }
 
 
@@ -80,6 +81,12 @@ def test_recipe_bench_runs() -> None:
     rows = _run("recipe", QUICKEST["recipe"])["rows"]
     assert [r["batch"] for r in rows] == [64]
     assert all(_positive(r[k]) for r in rows for k in ("whole_ms", "pieces", "bf16"))
+
+
+def test_checkpoint_bench_runs() -> None:
+    result = _run("checkpoint", QUICKEST["checkpoint"])
+    assert result["runs"] == 1
+    assert _positive(result["save_ms"]) and _positive(result["checkpoint_bytes"])
 
 
 @pytest.mark.distributed
