@@ -15,6 +15,7 @@ from gnsweep.analysis.steps import CURVE_COLUMNS, Curves
 METRIC_COLUMNS = ["step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise"]
 OPTIONAL_COLUMNS = [c for c in CURVE_COLUMNS if c not in METRIC_COLUMNS]
 """Columns newer than some sweeps on disk (drift, probes, exact truth): NaN where absent."""
+ANALYSIS_COLUMNS = frozenset(METRIC_COLUMNS + OPTIONAL_COLUMNS)
 
 
 def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[pa.Table | None]]:
@@ -107,15 +108,18 @@ def _all_nan(file: pq.ParquetFile) -> set[str]:
     meta = file.metadata
     if not str(meta.created_by).startswith("parquet-cpp-arrow") or meta.num_row_groups == 0:
         return set()
-    floats = {f.name for f in file.schema_arrow if pa.types.is_floating(f.type)}
-    empty = set(floats)
+    schema = file.schema_arrow
+    # The analysis' float columns only, by position (a flat schema: arrow field i is parquet
+    # column i), not all the file's.
+    wanted = {i: f.name for i, f in enumerate(schema)
+              if f.name in ANALYSIS_COLUMNS and pa.types.is_floating(f.type)}
+    empty = set(wanted.values())
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
-        for i in range(group.num_columns):
-            column = group.column(i)
-            stats = column.statistics
+        for i, name in wanted.items():
+            stats = group.column(i).statistics
             if stats is None or stats.has_min_max:
-                empty.discard(column.path_in_schema)
+                empty.discard(name)
     return empty
 
 
