@@ -88,6 +88,8 @@ class FsdpGrads:
 
     def reset(self) -> None:
         self.current: torch.Tensor | None = None
+        self.unclosed = False
+        self._fired: set[int] = set()
         self.sq: list[torch.Tensor] = []
         self.counts: list[int] = []
         self._seen = 0
@@ -101,12 +103,18 @@ class FsdpGrads:
             if type(p).__name__ == "DTensor":
                 continue  # an unsharded DTensor (2-D mesh): refused at construction
             self._hooked.add(id(p))
-            self.handles.append(p.register_hook(self._capture))
+            self.handles.append(p.register_hook(self._capture_for(id(p))))
 
-    def _capture(self, grad: torch.Tensor) -> None:
-        if self.gate.capturing:
-            value = sq(grad.detach().float())
-            self.current = value if self.current is None else self.current + value
+    def _capture_for(self, key: int) -> Any:
+        def capture(grad: torch.Tensor) -> None:
+            if self.gate.capturing:
+                # A leaf's hook fires once a backward: twice means two backward passes in one
+                # micro-step, whose sum of squares is not the squared norm of their sum.
+                self.unclosed = self.unclosed or key in self._fired
+                self._fired.add(key)
+                value = sq(grad.detach().float())
+                self.current = value if self.current is None else self.current + value
+        return capture
 
     def accumulate(self, examples_so_far: int) -> None:
         """Close the micro-step just back-propagated (`examples_so_far`: examples this rank has
@@ -120,6 +128,7 @@ class FsdpGrads:
         self.sq.append(self.current)
         self.counts.append(n)
         self.current = None
+        self._fired = set()
         self._seen = examples_so_far
 
     def measure(self, examples_so_far: int, *, required: bool) -> NormPair | None:
@@ -130,6 +139,9 @@ class FsdpGrads:
         import torch.distributed as dist
 
         self.accumulate(examples_so_far)
+        if self.unclosed:
+            raise ValueError("two backward passes in one micro-step: with FSDP call "
+                             "micro_step() (NoiseScaleMonitor: accumulate()) after each backward")
         device = self.params[0].device
         zero = torch.zeros((), dtype=torch.float64, device=device)
         # sum_k |captured_k|^2 / n_k^2, micro-steps, sum_k 1/n_k, examples, shards' |.grad|^2
