@@ -18,7 +18,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"gnsweep: error: {message}", err=True)
+    from gnsweep import redact
+
+    typer.echo(f"gnsweep: error: {redact.text(message)}", err=True)
     return typer.Exit(code)
 
 
@@ -30,13 +32,16 @@ def user_errors(func: F) -> F:
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from gnsweep.config import ConfigError
-        from gnsweep.errors import os_error_message
+        from gnsweep.errors import LauncherSignal, os_error_message
         from gnsweep.store import StoreError
 
         try:
             return func(*args, **kwargs)
         except (ConfigError, StoreError) as err:
             raise fail(str(err)) from None
+        except LauncherSignal as err:
+            raise fail(f"stopped by signal {err.signum}; its runs went back to pending: "
+                       "relaunch the same command to continue", 128 + err.signum) from None
         except KeyboardInterrupt:
             raise fail("interrupted; relaunch the same command to continue", 130) from None
         except BrokenPipeError:

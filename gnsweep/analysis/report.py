@@ -83,7 +83,12 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     analysis.meta.update(metric=task.metric, unit=task.unit)
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
     for run in unfinished.itertuples(index=False):
-        analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
+        if getattr(run, "problem", ""):
+            analysis.warnings.append(
+                f"run {run.run_id} {run.problem}: left out; relaunch the sweep (the same "
+                f"`gnsweep launch` command) to run it again")
+        else:
+            analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
     if write:
         write_outputs(out_dir or sweep_dir, analysis)
     return analysis

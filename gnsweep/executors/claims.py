@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,9 @@ def try_claim(run_path: Path, stale_after: float = STALE_AFTER_S,
     When the run holds a stale claim, it is broken and the second element of a successful
     claim is the broken claim (so that the caller can record that its previous owner died).
     """
-    run_path.mkdir(parents=True, exist_ok=True)
+    run_path.parent.mkdir(parents=True, exist_ok=True)
+    store.inside(run_path.parent.parent, run_path)  # never a linked run folder
+    run_path.mkdir(exist_ok=True)
     info = {**owner(), **extra}
     broken = None
     for _ in range(3):
@@ -138,7 +141,9 @@ def try_claim(run_path: Path, stale_after: float = STALE_AFTER_S,
 
 def _link_new(run_path: Path, info: dict[str, Any]) -> bool:
     tmp = run_path / f".{CLAIM}.{info['token']}.tmp"
-    tmp.write_text(json.dumps(info, sort_keys=True) + "\n")
+    fd = store.open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(info, sort_keys=True) + "\n")
     try:
         os.link(tmp, run_path / CLAIM)
     except FileExistsError:
@@ -152,27 +157,30 @@ class Heartbeat:
     """A daemon thread that touches this process's claims, so other hosts see they are alive."""
 
     def __init__(self, interval: float = HEARTBEAT_S) -> None:
-        self._claims: set[Claim] = set()
+        self._claims: dict[Claim, Callable[[], bool] | None] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True,
                                         name="gnsweep-heartbeat")
         self._thread.start()
 
-    def add(self, claim: Claim) -> None:
+    def add(self, claim: Claim, alive: Callable[[], bool] | None = None) -> None:
+        """Keep `claim` fresh while `alive()` says its run makes progress (always without)."""
         with self._lock:
-            self._claims.add(claim)
+            self._claims[claim] = alive
 
     def discard(self, claim: Claim) -> None:
         with self._lock:
-            self._claims.discard(claim)
+            self._claims.pop(claim, None)
 
     def _beat(self, interval: float) -> None:
         while not self._stop.wait(interval):
             with self._lock:
-                claims = list(self._claims)
-            for claim in claims:
-                claim.touch()
+                claims = list(self._claims.items())
+            for claim, alive in claims:
+                # A stalled run's claim goes stale: the next launch may take it over.
+                if alive is None or alive():
+                    claim.touch()
 
     def close(self) -> None:
         self._stop.set()
