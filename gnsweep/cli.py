@@ -188,6 +188,8 @@ def status(
     """Show pending, queued, running, done, failed and diverged runs, with their Slurm job ids.
 
     `died`: a run whose worker is gone (kill -9, node lost); a relaunch runs it again.
+    `rerun`: a run recorded done or diverged whose metrics file is missing or unreadable; the
+    next launch runs it again (the analysis leaves it out and says so).
     Example: gnsweep status runs/digits
     """
     from collections import Counter
@@ -203,7 +205,7 @@ def status(
         typer.echo(f"{r['run_id']:<28}{r['state']:<10}{r['attempts']:>5}  "
                    f"{r['slurm_job_id']:<12}{r['owner']:<18}{info}")
     counts = Counter(r["state"] for r in rows)
-    order = ("done", "diverged", "failed", "running", "queued", "pending", "died")
+    order = ("done", "diverged", "failed", "running", "queued", "pending", "died", "rerun")
     typer.echo(f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s]))
 
 

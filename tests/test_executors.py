@@ -194,3 +194,42 @@ def test_status_lists_runs_by_state_and_marks_dead_owners(tmp_path):
     assert result.output.splitlines()[-1] == "2 runs: 1 pending, 1 died"
     result = CliRunner().invoke(app, ["status", str(tmp_path / "nope")])
     assert result.exit_code == 2 and "no such folder" in result.stderr
+
+
+def test_the_heartbeat_lets_the_claim_of_a_stalled_run_go_stale(tmp_path):
+    """A run that makes no progress no longer keeps its claim fresh: another host's launch
+    sees a heartbeat older than the bound and takes the run over."""
+    path = tmp_path / "runs" / "r"
+    claim, _ = claims.try_claim(path)
+    assert claim is not None
+    old = time.time() - 600
+    progress = {"alive": True}
+    beat = claims.Heartbeat(interval=0.05)
+    beat.add(claim, alive=lambda: progress["alive"])
+    os.utime(path / claims.CLAIM, (old, old))
+    time.sleep(0.3)
+    assert claims.read_claim(path)["age_s"] < 60  # progressing: touched
+    progress["alive"] = False
+    os.utime(path / claims.CLAIM, (old, old))
+    time.sleep(0.3)
+    beat.close()
+    held = claims.read_claim(path)
+    assert held["age_s"] > 500
+    assert claims.is_stale({**held, "host": "not-" + held["host"]}, stale_after=60)
+    claim.release()
+
+
+def test_the_watchdog_fires_once_after_the_bound_and_never_after_stop():
+    from gnsweep.executors.watchdog import Watchdog
+
+    fired: list[float] = []
+    dog = Watchdog(0.2, fired.append, exit_process=False)
+    deadline = time.monotonic() + 30
+    while not fired and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(fired) == 1 and fired[0] >= 0.2 and not dog.alive()
+    quiet: list[float] = []
+    dog = Watchdog(0.2, quiet.append, exit_process=False)
+    dog.stop()
+    time.sleep(0.5)
+    assert quiet == []
