@@ -317,7 +317,11 @@ def _fits_of(folder: Path) -> tuple[Any, str | None]:
     from gnsweep.analysis.report import analyze_sweep
 
     if store.is_sweep(folder):
-        return analyze_sweep(folder, write=False).fits, None
+        analysis = analyze_sweep(folder, write=False)
+        for warning in analysis.warnings:
+            if "left out" in warning:  # runs missing from these fits: never in silence
+                typer.echo(f"warning: {warning}", err=True)
+        return analysis.fits, None
     if (folder / "fits.parquet").is_file():
         results = store.read_results(folder)
         return results.fits, group_of(results)
