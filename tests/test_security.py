@@ -132,7 +132,7 @@ SECRET = "S3CRET-9f2"
 
 
 def test_secrets_never_reach_a_file_but_the_tracker_gets_them(tmp_path, monkeypatch):
-    monkeypatch.delenv(redact.SECRETS_ENV, raising=False)
+    monkeypatch.setenv(redact.SECRETS_ENV, "{}")  # restored after the test
     uri = f"http://alice:{SECRET}@127.0.0.1:9/"
     config = compose([*ONE_RUN, "logger=mlflow", f"logger.tracking_uri={uri}"])
     prepare(tmp_path, config)
@@ -148,7 +148,7 @@ def test_secrets_never_reach_a_file_but_the_tracker_gets_them(tmp_path, monkeypa
 
 
 def test_a_secret_task_option_is_masked_on_disk_and_real_in_the_run(tmp_path, monkeypatch):
-    monkeypatch.delenv(redact.SECRETS_ENV, raising=False)
+    monkeypatch.setenv(redact.SECRETS_ENV, "{}")  # restored after the test
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     config = compose(["sweep=tiny", "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.3]",
                       "task=custom", "task._target_=blocking_task.make_custom",
@@ -196,3 +196,14 @@ def test_the_html_report_masks_credentials_of_an_older_config():
              for name in ("steps", "front", "fits")}
     html = render(Results(**empty), {}, None, text, "title")
     assert SECRET not in html and "bob:***@" in html
+
+
+def test_the_analysis_refuses_a_run_file_of_another_task(tmp_path):
+    prepare(tmp_path, compose(ONE_RUN))
+    path, record = _record(tmp_path)
+    record["config"]["task"]["name"] = "linreg"
+    path.write_text(json.dumps(record))
+    result = CliRunner().invoke(app, ["analyze", str(tmp_path)])
+    assert result.exit_code == 2
+    line = _error_line(result)
+    assert str(path) in line and "task.name: 'linreg' -> 'digits'" in line

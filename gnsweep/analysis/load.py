@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 
 from gnsweep import store
 from gnsweep.analysis.steps import CURVE_COLUMNS, Curves
-from gnsweep.runs import parse_spec
+from gnsweep.config import Config
+from gnsweep.runs import check_record, expected_record_config, parse_spec
 
 METRIC_COLUMNS = ["step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise"]
 OPTIONAL_COLUMNS = [c for c in CURVE_COLUMNS if c not in METRIC_COLUMNS]
@@ -20,13 +21,18 @@ OPTIONAL_COLUMNS = [c for c in CURVE_COLUMNS if c not in METRIC_COLUMNS]
 
 def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[pa.Table | None]]:
     store.require_sweep(sweep_dir)
+    expected = expected_record_config(Config.load(sweep_dir))
     runs, tables = [], []
     for run_id in store.run_ids(sweep_dir):
         path = store.run_dir(sweep_dir, run_id)
         record = store.read_json(path / store.RUN_CONFIG)
         state = store.read_status(path)["state"]
-        spec = parse_spec(record.get("run") if isinstance(record, dict) else None,
-                          path / store.RUN_CONFIG)  # every field type-checked
+        if isinstance(record, dict) and "config" in record:
+            # A run of another task or recipe would change the answer: refused, named.
+            spec = check_record(record, path / store.RUN_CONFIG, run_id, expected)
+        else:  # a bare grid point (a table written by other tools): every field type-checked
+            spec = parse_spec(record.get("run") if isinstance(record, dict) else None,
+                              path / store.RUN_CONFIG)
         row = {"run_id": run_id, "batch_size": spec.batch_size,
                "learning_rate": spec.learning_rate, "seed": spec.seed, "state": state,
                "exchange_rate": spec.exchange_rate, "problem": ""}
