@@ -207,3 +207,21 @@ def test_the_analysis_refuses_a_run_file_of_another_task(tmp_path):
     assert result.exit_code == 2
     line = _error_line(result)
     assert str(path) in line and "task.name: 'linreg' -> 'digits'" in line
+
+
+def test_folders_gnsweep_writes_into_are_never_links(tmp_path):
+    from gnsweep.tracking.tensorboard_logger import TensorBoardLogger
+
+    sweep, outside = tmp_path / "sweep", tmp_path / "outside"
+    sweep.mkdir()
+    outside.mkdir()
+    for name in ("figures", "tensorboard", "queue"):
+        (sweep / name).symlink_to(outside, target_is_directory=True)
+        with pytest.raises(store.StoreError, match="symbolic link"):
+            store.subdir(sweep, name)
+    with pytest.raises(store.StoreError, match="symbolic link"):
+        TensorBoardLogger(sweep).start("b00008_lr0.3_s0", {})
+    with pytest.raises(store.StoreError, match="outside the sweep folder"):
+        store.subdir(sweep, "../outside")
+    assert list(outside.iterdir()) == []
+    assert store.subdir(sweep, "slurm").is_dir()
