@@ -141,6 +141,8 @@ def test_relaunch_with_other_training_settings_is_refused_but_a_larger_grid_is_n
         prepare(tmp_path, compose([*SMALL, "task.hidden=32", "sweep.max_steps=50"]))
     assert "task.options.hidden: 64 -> 32" in str(err.value)
     assert "sweep.max_steps: 200 -> 50" in str(err.value)
+    assert "relaunch with the folder's settings (see its config.yaml)" in str(err.value)
+    # The advice, followed: the folder's settings (a larger grid may come with them).
     specs = prepare(tmp_path, compose([*SMALL, "sweep.batch_sizes=[8,128]", "executor.workers=1"]))
     assert [s.batch_size for s in specs] == [8, 128]
     assert len(store.run_ids(tmp_path)) == 3

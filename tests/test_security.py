@@ -95,15 +95,23 @@ def test_linked_run_folders_and_files_are_refused(tmp_path):
     line = _error_line(result)
     assert str(path.parent) in line and "symbolic link" in line
     assert sorted(p.name for p in outside.iterdir()) == before
-
-    # A file of a run folder that is a link: appends never follow it.
+    # The advice, followed: replace the link by a copy of what it points to.
+    assert "replace it by a copy of what it points to" in line
     path.parent.unlink()
     shutil.move(outside, path.parent)
+    assert _launch(sweep).exit_code == 0
+    assert store.read_status(path.parent)["state"] == "done"
+
+    # A file of a run folder that is a link: appends never follow it.
     victim = tmp_path / "victim.txt"
     victim.write_text("keep\n")
-    (path.parent / "attempts.jsonl").symlink_to(victim)
-    with pytest.raises(store.StoreError, match="symbolic link"):
+    history = path.parent / "attempts.jsonl"
+    history.rename(tmp_path / "attempts.jsonl")
+    history.symlink_to(victim)
+    with pytest.raises(store.StoreError, match=r"symbolic link.*remove the link"):
         log_event(path.parent, "start", attempt=1)
+    history.unlink()  # the advice, followed
+    log_event(path.parent, "start", attempt=1)
     (sweep / ".claims.lock").symlink_to(victim)
     with pytest.raises(store.StoreError, match="symbolic link"), store.exclusive(
             sweep / ".claims.lock"):
