@@ -24,7 +24,10 @@ def _one_line(result) -> str:
 
 
 def test_sys_exit_inside_a_tasks_loss_is_named_by_the_pre_launch_check(tmp_path, monkeypatch):
+    import sys
+
     (tmp_path / "exiting_task.py").write_text(EXITING_TASK)
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as without PYTHONDONTWRITEBYTECODE
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     result = CliRunner().invoke(app, ["launch", "-q", "--sweep-dir", str(tmp_path / "sweep"),
@@ -33,6 +36,8 @@ def test_sys_exit_inside_a_tasks_loss_is_named_by_the_pre_launch_check(tmp_path,
     line = _one_line(result)
     assert "loss(model, batch) called sys.exit(3)" in line
     assert not (tmp_path / "sweep").exists()
+    # Importing the user's module wrote nothing beside it (no __pycache__).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exiting_task.py"]
 
 
 def test_an_absurd_batch_size_is_refused_up_front(tmp_path):
