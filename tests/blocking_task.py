@@ -3,14 +3,15 @@ blocks for good (a dead data server) once a worker of a launch draws its fourth 
 pre-launch check (no launch id in the environment yet) is left alone.
 
 `make` is registered by a test (`blocking_task:make`); `make_custom` is the same task named the
-way a user names theirs (`task=custom task._target_=blocking_task.make_custom`)."""
+way a user names theirs (`task=custom task._target_=blocking_task.make_custom`);
+`make_unreachable` is a task whose data server cannot be reached, and says where."""
 
 import os
 import time
 
 from gnsweep.tasks.digits import Digits, Options
 
-__all__ = ["Options", "make", "make_custom"]
+__all__ = ["Options", "make", "make_custom", "make_unreachable"]
 
 
 class Blocking(Digits):
@@ -29,3 +30,7 @@ def make(options: Options, seed: int) -> Blocking:
 
 def make_custom(seed: int = 0) -> Blocking:
     return Blocking(Options(hidden=8), seed)
+
+
+def make_unreachable(seed: int = 0, data_url: str = "") -> Blocking:
+    raise ConnectionError(f"cannot reach the data server {data_url}")

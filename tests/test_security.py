@@ -180,17 +180,20 @@ def test_printed_errors_and_tracker_warnings_mask_credentials(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="gnsweep.tracking"):
         SafeLogger(Failing(), "hint").start("r", {})
     assert "alice:***@" in caplog.text and SECRET not in caplog.text
-    # A relaunch refused for a changed task option quotes both values, masked.
-    monkey = [*ONE_RUN, "task=custom", "task._target_=blocking_task.make_custom"]
+    # A task that quotes its data server's URI, password included, in its error: the line
+    # printed says which server, without the password.
     sys.path.insert(0, str(Path(__file__).parent))
     try:
-        prepare(tmp_path, compose([*monkey, "+task.db_password=old-pass"]))
-        result = CliRunner().invoke(app, ["launch", "-q", "--sweep-dir", str(tmp_path),
-                                          *monkey, f"+task.db_password={SECRET}"])
+        result = CliRunner().invoke(app, [
+            "launch", "-q", "--sweep-dir", str(tmp_path / "sweep"), *ONE_RUN, "task=custom",
+            "task._target_=blocking_task.make_unreachable",
+            f"+task.data_url=http://alice:{SECRET}@127.0.0.1:9/"])
     finally:
         sys.path.remove(str(Path(__file__).parent))
+    assert result.exit_code == 2
+    line = _error_line(result)
+    assert "cannot reach the data server http://alice:***@127.0.0.1:9/" in line
     assert SECRET not in result.output + result.stderr
-    assert "old-pass" not in (tmp_path / store.SWEEP_CONFIG).read_text()
 
 
 def test_the_html_report_masks_credentials_of_an_older_config():

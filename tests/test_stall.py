@@ -65,6 +65,7 @@ def test_a_launcher_stopped_by_a_signal_takes_its_workers_down(tmp_path, signum)
                "task._target_=blocking_task.make_custom"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env.pop("GNSWEEP_LAUNCH", None)  # set by in-process launches of other tests
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
