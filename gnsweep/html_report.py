@@ -273,7 +273,7 @@ def adaptive_section(table: pd.DataFrame, unit: str = "examples") -> list[str]:
 def grid_summary(config: Config, runs: pd.DataFrame) -> str:
     sweep = config.sweep
     items = [("task", config.task.name),
-             ("optimizer", sweep.optimizer),
+             ("training", config.train.summary()),
              ("batch sizes", ", ".join(map(str, sweep.batch_sizes))),
              ("learning rates", ", ".join(f"{x:g}" for x in sweep.learning_rates)),
              ("seeds", ", ".join(map(str, sweep.seeds))),

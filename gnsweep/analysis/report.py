@@ -26,6 +26,7 @@ from gnsweep.analysis.pipeline import (
     median_with_error,
     ratio_with_error,
 )
+from gnsweep.analysis.recipe import recipe_warnings
 from gnsweep.analysis.results import Results
 
 __all__ = ["ALL_FIT_COLUMNS", "FIT_COLUMNS", "FIT_EXTRA_COLUMNS", "OUTPUT_FILES", "Analysis",
@@ -73,12 +74,14 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     if bootstrap is None:
         bootstrap = config.analysis.bootstrap
     analysis = analyze_tables(None, fixed, targets, loss=loss, ema_examples=ema_examples,
-                              bootstrap=bootstrap, optimizer=config.sweep.optimizer,
+                              bootstrap=bootstrap, optimizer=config.train.optimizer,
                               source=str(sweep_dir), higher_is_better=task.higher_is_better)
     if adaptive is not None:
         analysis.adaptive = analyze_adaptive(adaptive, analysis.fits, targets, loss=loss,
                                              ema_examples=ema_examples,
                                              higher_is_better=task.higher_is_better)
+    # Where the learning-rate schedule, not the batch size, decides the answer.
+    analysis.warnings += recipe_warnings(config, analysis.fits, analysis.front)
     # What the targets are values of, for figures and the report ("loss", "return"), and B's unit.
     analysis.meta.update(metric=task.metric, unit=task.unit)
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
