@@ -17,6 +17,7 @@ from gnsweep.config import Config, ConfigError
 from gnsweep.store import FINISHED, RunState, StoreError
 
 __all__ = ["FINISHED", "RELAUNCH_MAY_CHANGE", "RunSpec", "RunState", "check_record",
+           "check_records",
            "config_differences", "expand_grid", "fresh_retries", "max_attempts",
            "needs_running", "parse_run_record", "parse_spec", "read_run", "read_state",
            "run_record", "write_run"]
@@ -163,6 +164,16 @@ def check_record(data: Any, path: Path, run_id: str, expected: dict[str, Any]) -
             f"({redact.text('; '.join(differences[:3]))}); a run file is never trusted over "
             f"the sweep's config: remove {path.parent} and relaunch to write it again")
     return spec
+
+
+def check_records(sweep_dir: Path, config: Config, run_ids: list[str]) -> None:
+    """Check every run file of the folder, and those of `run_ids` that exist, against the
+    sweep's `config` (`check_record`); StoreError names the first that disagrees."""
+    expected = expected_record_config(config)
+    for run_id in sorted(set(store.run_ids(sweep_dir)) | set(run_ids)):
+        path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
+        if path.exists() or path.is_symlink():
+            check_record(store.read_json(path), path, run_id, expected)
 
 
 def expected_record_config(config: Config) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from gnsweep.runs import (
     FINISHED,
     RELAUNCH_MAY_CHANGE,
     RunSpec,
+    check_records,
     config_differences,
     expand_grid,
     fresh_retries,
@@ -104,12 +105,9 @@ def prepare_folder(sweep_dir: Path, config: Config, specs: list[RunSpec] | None 
     from omegaconf import OmegaConf
 
     merged = _check_relaunch(sweep_dir, config)
-    # Before anything is written: a run file that disagrees with the sweep refuses the whole
-    # launch (exit 2, nothing run), never runs what it says.
-    for spec in specs or []:
-        path = store.run_dir(sweep_dir, spec.run_id) / store.RUN_CONFIG
-        if path.exists() or path.is_symlink():
-            write_run(sweep_dir, config, spec)
+    # Before anything is written: a run file that disagrees with the sweep (of this grid or
+    # another run of the folder) refuses the whole launch (exit 2, nothing run).
+    check_records(sweep_dir, config, [s.run_id for s in specs or []])
     sweep_dir.mkdir(parents=True, exist_ok=True)
     store.subdir(sweep_dir, store.RUNS)
     store.write_text(sweep_dir / store.SWEEP_CONFIG, OmegaConf.to_yaml(redact.config(merged)))

@@ -236,3 +236,17 @@ def test_folders_gnsweep_writes_into_are_never_links(tmp_path):
         store.subdir(sweep, "../outside")
     assert list(outside.iterdir()) == []
     assert store.subdir(sweep, "slurm").is_dir()
+
+
+def test_a_run_file_outside_the_grid_that_names_code_is_refused(tmp_path):
+    prepare(tmp_path, compose(ONE_RUN))
+    _, record = _record(tmp_path)
+    extra = store.run_dir(tmp_path, "b00099_lr0.3_s0")
+    extra.mkdir()
+    record["run"]["batch_size"] = 99
+    record["run_id"] = extra.name
+    record["config"]["task"] = {"name": "custom", "options": {"_target_": "os.system"}}
+    (extra / store.RUN_CONFIG).write_text(json.dumps(record))
+    result = _launch(tmp_path)
+    assert result.exit_code == 2
+    assert str(extra / store.RUN_CONFIG) in _error_line(result)
