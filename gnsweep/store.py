@@ -467,7 +467,8 @@ def read_results(sweep_dir: Path) -> Results:
         try:
             return read_table(path).to_pandas()
         except StoreError as err:
-            raise StoreError(f"{err}; `gnsweep analyze {sweep_dir}` writes it again") from None
+            raise StoreError(f"{err}; run the `gnsweep analyze` that wrote it again (it "
+                             "rewrites the table)") from None
 
     results = Results(steps=frame("steps"), front=frame("front"), fits=frame("fits"))
     for name in ("lr_fits", "loss_scaling", "adaptive"):

@@ -57,3 +57,20 @@ def test_lost_and_corrupt_metrics_are_named_and_rerun(tiny_sweep):
     result = runner.invoke(app, ["analyze", str(tiny_sweep)])
     assert result.exit_code == 0, result.output
     assert "left out" not in result.stderr
+
+
+def test_a_corrupt_results_table_says_how_to_write_it_again(tiny_sweep, tmp_path):
+    runner = CliRunner()
+    out, baseline = tmp_path / "out", tmp_path / "baseline.json"
+    analyze = ["analyze", str(tiny_sweep), "--out", str(out)]
+    assert runner.invoke(app, analyze).exit_code == 0
+    assert runner.invoke(app, ["baseline", str(out), "-o", str(baseline)]).exit_code == 0
+    table = out / "steps.parquet"
+    table.write_bytes(table.read_bytes()[:100])
+    result = runner.invoke(app, ["check", str(out), "--baseline", str(baseline)])
+    assert result.exit_code == 2
+    assert str(table) in result.stderr and "run the `gnsweep analyze` that wrote it" \
+        in result.stderr
+    assert runner.invoke(app, analyze).exit_code == 0  # the advice, followed
+    result = runner.invoke(app, ["check", str(out), "--baseline", str(baseline)])
+    assert result.exit_code == 0, result.output
