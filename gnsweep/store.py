@@ -311,7 +311,8 @@ def run_dir(sweep_dir: Path, run_id: str) -> Path:
     `runs/`) is a symbolic link: writes there would land outside the sweep folder."""
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id) or ".." in run_id:
         raise StoreError(f"{sweep_dir / RUNS}: {str(run_id)[:80]!r} is not a run id (one folder "
-                         "name such as b00008_lr0.1_s0); the sweep folder was edited by hand")
+                         "name such as b00008_lr0.1_s0), so gnsweep did not write it: move that "
+                         "folder out of runs/")
     path = sweep_dir / RUNS / run_id
     for part in (sweep_dir / RUNS, path):
         if part.is_symlink():

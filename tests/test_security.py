@@ -250,3 +250,15 @@ def test_a_run_file_outside_the_grid_that_names_code_is_refused(tmp_path):
     result = _launch(tmp_path)
     assert result.exit_code == 2
     assert str(extra / store.RUN_CONFIG) in _error_line(result)
+
+
+def test_a_run_folder_whose_name_is_not_a_run_id_is_named(tmp_path):
+    prepare(tmp_path, compose(ONE_RUN))
+    path, _ = _record(tmp_path)
+    odd = tmp_path / store.RUNS / "odd name;rm"
+    shutil.copytree(path.parent, odd)
+    result = CliRunner().invoke(app, ["status", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "'odd name;rm' is not a run id" in _error_line(result)
+    shutil.move(odd, tmp_path / "odd")  # the advice, followed
+    assert CliRunner().invoke(app, ["status", str(tmp_path)]).exit_code == 0
