@@ -7,8 +7,9 @@ recycled pid is not the same process), the Slurm job id, and a random token.
 
 A claim is stale when its owner cannot be running it any more:
 - on this host, the owner pid is gone, a zombie, or a different process with the same number;
-- on another host (we cannot see its processes), the owner has not touched the file for
-  `stale_after` seconds: owners touch their claims every `HEARTBEAT_S` (`Heartbeat`).
+- on any host, the owner has not touched the file for `stale_after` seconds: owners touch
+  their claims every `HEARTBEAT_S` (`Heartbeat`) while their run makes progress (a run that
+  logs no step for `sweep.stall_seconds` is no longer touched, and its watchdog ends it).
 A stale claim is broken under an exclusive lock on `<sweep>/.claims.lock` after reading it again,
 so that two processes that both saw it stale do not both break it (and one of them a fresh one).
 """
@@ -79,6 +80,12 @@ def read_claim(run_path: Path) -> dict[str, Any] | None:
 
 def is_stale(claim: dict[str, Any], stale_after: float = STALE_AFTER_S) -> bool:
     """Whether the claim's owner can no longer be running the run (see the module docstring)."""
+    if float(claim.get("age_s", 0.0)) > stale_after:
+        # No heartbeat for that long, whoever the owner: it is gone, frozen, or its run has
+        # stalled (owners touch claims only while their run makes progress). On this host too:
+        # a folder copied from a machine of the same name holds claims of pids that mean
+        # nothing here.
+        return True
     if claim.get("host") == socket.gethostname():
         pid = int(claim.get("pid", -1))
         if pid <= 0:
