@@ -160,8 +160,8 @@ def check_record(data: Any, path: Path, run_id: str, expected: dict[str, Any]) -
     differences = _record_differences(expected, data.get("config"))
     if differences:
         raise StoreError(
-            f"{path}: disagrees with the sweep's {store.SWEEP_CONFIG} "
-            f"({redact.text('; '.join(differences[:3]))}); a run file is never trusted over "
+            f"{path}: disagrees with the sweep's {store.SWEEP_CONFIG} (run file -> sweep: "
+            f"{redact.text('; '.join(differences[:3]))}); a run file is never trusted over "
             f"the sweep's config: remove {path.parent} and relaunch to write it again")
     return spec
 
@@ -172,8 +172,15 @@ def check_records(sweep_dir: Path, config: Config, run_ids: list[str]) -> None:
     expected = expected_record_config(config)
     for run_id in sorted(set(store.run_ids(sweep_dir)) | set(run_ids)):
         path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
-        if path.exists() or path.is_symlink():
-            check_record(store.read_json(path), path, run_id, expected)
+        if not (path.exists() or path.is_symlink()):
+            continue
+        data = store.read_json(path)
+        check_record(data, path, run_id, expected)
+        try:  # a setting only the run file has, or of the wrong type, that the sweep lacks
+            Config.from_dict(data["config"])
+        except ConfigError as err:
+            raise StoreError(f"{path}: {err}; remove {path.parent} and relaunch to write it "
+                             "again") from None
 
 
 def expected_record_config(config: Config) -> dict[str, Any]:

@@ -262,3 +262,14 @@ def test_a_run_folder_whose_name_is_not_a_run_id_is_named(tmp_path):
     assert "'odd name;rm' is not a run id" in _error_line(result)
     shutil.move(odd, tmp_path / "odd")  # the advice, followed
     assert CliRunner().invoke(app, ["status", str(tmp_path)]).exit_code == 0
+
+
+def test_a_run_file_with_a_setting_the_sweep_lacks_is_refused(tmp_path):
+    prepare(tmp_path, compose(ONE_RUN))
+    path, record = _record(tmp_path)
+    record["config"]["noise"]["hook"] = "os.system"
+    path.write_text(json.dumps(record))
+    result = _launch(tmp_path)
+    assert result.exit_code == 2
+    line = _error_line(result)
+    assert str(path) in line and "noise.hook" in line
