@@ -143,10 +143,11 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
     if writer:
         assert claim is not None, "rank 0 trains only runs it has claimed"
         attempts = int(store.read_status(path).get("attempts", 0)) + 1
+        # Logged before the status says running: whoever sees `running` finds the start.
+        log_event(path, "start", attempt=attempts)
         store.write_status(path, RunState.RUNNING, attempts=attempts, host=socket.gethostname(),
                            pid=os.getpid(), slurm_job_id=claims.slurm_job_id(),
                            started=time.time(), traceback=None)
-        log_event(path, "start", attempt=attempts)
         watchdog = start_watchdog(path, attempts, claim)
         claims.heartbeat().add(claim, alive=watchdog.alive)
     try:
