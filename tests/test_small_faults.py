@@ -31,7 +31,8 @@ def test_sys_exit_inside_a_tasks_loss_is_named_by_the_pre_launch_check(tmp_path,
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     result = CliRunner().invoke(app, ["launch", "-q", "--sweep-dir", str(tmp_path / "sweep"),
-                                      "task=custom", "task._target_=exiting_task.make"])
+                                      "sweep=tiny", "task=custom",
+                                      "task._target_=exiting_task.make"])
     assert result.exit_code == 2
     line = _one_line(result)
     assert "loss(model, batch) called sys.exit(3)" in line
