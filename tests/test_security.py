@@ -234,6 +234,12 @@ def test_folders_gnsweep_writes_into_are_never_links(tmp_path):
         TensorBoardLogger(sweep).start("b00008_lr0.3_s0", {})
     with pytest.raises(store.StoreError, match="outside the sweep folder"):
         store.subdir(sweep, "../outside")
+    # The once-per-launch markers of warnings: said, but no marker through the link.
+    from gnsweep.notices import NOTICES, OncePerLaunch
+
+    (sweep / NOTICES).symlink_to(outside, target_is_directory=True)
+    record = logging.LogRecord("gnsweep", logging.WARNING, "x", 1, "a notice", None, None)
+    assert OncePerLaunch(sweep / NOTICES / "launch-id").filter(record)
     assert list(outside.iterdir()) == []
     assert store.subdir(sweep, "slurm").is_dir()
 
