@@ -12,12 +12,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from gnsweep import store, tasks, tracking
+from gnsweep import store, targets, tasks, tracking
 from gnsweep.errors import ConfigError
 from gnsweep.errors import choice as _choice
 from gnsweep.errors import integer as _integer
 from gnsweep.errors import number as _number
 from gnsweep.errors import positive_list as _positive_list
+from gnsweep.noise import DEFAULT_EMA_FRACTION
 
 __all__ = [
     "DECAYS",
@@ -51,6 +52,7 @@ MAX_BATCH = 2**24
 training run uses, and a larger one fails only later, by running out of memory."""
 DECAYS = ("constant", "cosine", "linear", "step")
 PRECISIONS = ("fp32", "bf16", "fp16")
+KEEP_CHECKPOINTS = ("none", "log")
 MOVED = {("sweep", "optimizer"): "train.optimizer", ("sweep", "momentum"): "train.momentum"}
 """Settings that moved: the old name -> the new one (the old is refused, naming the new)."""
 
@@ -109,11 +111,11 @@ class TaskConfig:
 
     def reached(self, value: float, target: float) -> bool:
         """Whether a (smoothed) metric value has reached `target` in the task's direction."""
-        return value >= target if self.higher_is_better else value <= target
+        return targets.reached(value, target, self.higher_is_better)
 
-    def hardest(self, targets: list[float]) -> float:
+    def hardest(self, values: list[float]) -> float:
         """The target a run stops at: the largest return, the smallest loss."""
-        return max(targets) if self.higher_is_better else min(targets)
+        return targets.hardest(values, self.higher_is_better)
 
 
 @dataclass
@@ -251,7 +253,8 @@ class SweepConfig:
 class TrainConfig:
     """How every run trains, apart from what the sweep varies (batch size, learning rate): the
     optimizer, the learning-rate schedule, clipping, accumulation and precision
-    (`gnsweep.training.recipe`, docs/training.md)."""
+    (`gnsweep.training.recipe`, docs/training.md); and its checkpoints
+    (`gnsweep.training.checkpoint`, docs/executors.md)."""
 
     optimizer: str = "sgd"
     """sgd, momentum (SGD with train.momentum, else 0.9), adam or adamw."""
@@ -290,6 +293,15 @@ class TrainConfig:
     loader_workers: int = 0
     """A task with a `dataset()`: the DataLoader's worker processes fetching and collating its
     items while the model trains (0: in the training process)."""
+    checkpoint_every: int = 0
+    """Save the run's state every this many optimizer steps (0: time-based only)."""
+    checkpoint_seconds: float = 600.0
+    """Save the run's state at least this often, seconds of training (0: steps only)."""
+    keep_checkpoints_at: list[int] = field(default_factory=list)
+    """Examples at which a checkpoint is taken and kept after the run (e.g. for branching):
+    the first step boundary at or past each."""
+    keep_checkpoints: str = "none"
+    """none, or log: also keep one at the first boundary past each power of two of examples."""
 
     def __post_init__(self) -> None:
         self.optimizer = _choice("train.optimizer", self.optimizer, OPTIMIZERS)
@@ -327,6 +339,21 @@ class TrainConfig:
             raise ConfigError("train.decay=step drops the rate twice by sqrt(train.min_lr_ratio):"
                               " set train.min_lr_ratio > 0, e.g. 0.01")
         self.precision = _choice("train.precision", self.precision, PRECISIONS)
+        self._check_checkpoints()
+
+    def _check_checkpoints(self) -> None:
+        self.checkpoint_every = _integer("train.checkpoint_every", self.checkpoint_every)
+        self.checkpoint_seconds = _number("train.checkpoint_seconds", self.checkpoint_seconds)
+        for name in ("checkpoint_every", "checkpoint_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}: {getattr(self, name)} must be >= 0 (0: off)")
+        self.keep_checkpoints_at = [
+            _integer("train.keep_checkpoints_at", v) for v in self.keep_checkpoints_at or []]
+        if any(v < 1 for v in self.keep_checkpoints_at):
+            raise ConfigError(f"train.keep_checkpoints_at: {self.keep_checkpoints_at} must be "
+                              "examples >= 1")
+        self.keep_checkpoints = _choice("train.keep_checkpoints", self.keep_checkpoints,
+                                        KEEP_CHECKPOINTS)
 
     def summary(self) -> str:
         """The recipe in words, what differs from plain fp32 training at a constant rate
@@ -373,7 +400,7 @@ class NoiseConfig:
     """EMA time constant of G2 and S in examples (used when ema_steps is 0)."""
     hessian_every: int = 0
     """Measure B_noise with Hessian-vector products every this many steps (0: never)."""
-    ema_fraction: float = 0.2
+    ema_fraction: float = DEFAULT_EMA_FRACTION
     """EMA window as this fraction of the examples seen so far (0: ema_steps / ema_examples);
     a window that follows training (docs/noise.md)."""
     probe_per_octave: float = 0.0
@@ -437,15 +464,19 @@ class ExecutorConfig:
     """Slurm: time limit of one job, minutes."""
     runs_per_job: int = 0
     """Slurm: runs taken in turn by one job (0: spread the runs over `workers` jobs)."""
+    max_restarts: int = 0
+    """torchrun/Slurm: elastic restarts of a torchrun job whose process died (`--max-restarts`);
+    the restarted job continues its run from the run's checkpoint."""
     sbatch_extra: dict[str, Any] = field(default_factory=dict)
     """Slurm: extra sbatch options, e.g. {account: abc, qos: high}."""
 
     def __post_init__(self) -> None:
         self.kind = _choice("executor.kind", self.kind, EXECUTORS)
         for name in ("workers", "threads_per_worker", "nproc_per_node", "nodes", "gpus_per_node",
-                     "cpus_per_task", "time_min", "runs_per_job"):
+                     "cpus_per_task", "time_min", "runs_per_job", "max_restarts"):
             value = _integer(f"executor.{name}", getattr(self, name))
-            minimum = 0 if name in ("workers", "gpus_per_node", "runs_per_job") else 1
+            minimum = 0 if name in ("workers", "gpus_per_node", "runs_per_job",
+                                    "max_restarts") else 1
             if value < minimum:
                 raise ConfigError(f"executor.{name}: {value} is not allowed; must be >= {minimum}")
             setattr(self, name, value)

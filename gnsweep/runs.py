@@ -30,7 +30,9 @@ __all__ = ["FINISHED", "RELAUNCH_MAY_CHANGE", "RunSpec", "RunState", "check_reco
 RELAUNCH_MAY_CHANGE = ("executor", "analysis", "logger", "sweep.name", "sweep.batch_sizes",
                        "sweep.learning_rates", "sweep.seeds", "sweep.max_retries",
                        "sweep.schedule", "sweep.exchange_rates", "sweep.eps_max",
-                       "sweep.adaptive_lr", "sweep.adaptive_lr_noise", "sweep.stall_seconds")
+                       "sweep.adaptive_lr", "sweep.adaptive_lr_noise", "sweep.stall_seconds",
+                       "train.checkpoint_every", "train.checkpoint_seconds",
+                       "train.keep_checkpoints")
 
 
 def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
