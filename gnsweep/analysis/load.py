@@ -40,8 +40,7 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
         table = None
         if state in store.FINISHED:
             # A finished run without readable metrics is named, never dropped in silence.
-            problem = store.metrics_problem(path)
-            if problem == "missing":
+            if not (path / store.METRICS).exists():
                 row.update(state="corrupt", problem=f"recorded {state}, but its "
                            f"{store.METRICS} is missing")
             else:
