@@ -19,7 +19,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"gnsweep: error: {message}", err=True)
+    from gnsweep import redact
+
+    typer.echo(f"gnsweep: error: {redact.text(message)}", err=True)
     return typer.Exit(code)
 
 
@@ -31,13 +33,16 @@ def user_errors(func: F) -> F:
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from gnsweep.config import ConfigError
-        from gnsweep.errors import os_error_message
+        from gnsweep.errors import LauncherSignal, os_error_message
         from gnsweep.store import StoreError
 
         try:
             return func(*args, **kwargs)
         except (ConfigError, StoreError) as err:
             raise fail(str(err)) from None
+        except LauncherSignal as err:
+            raise fail(f"stopped by signal {err.signum}; its runs went back to pending: "
+                       "relaunch the same command to continue", 128 + err.signum) from None
         except KeyboardInterrupt:
             raise fail("interrupted; relaunch the same command to continue", 130) from None
         except BrokenPipeError:
@@ -225,6 +230,8 @@ def status(
     """Show pending, queued, running, done, failed and diverged runs, with their Slurm job ids.
 
     `died`: a run whose worker is gone (kill -9, node lost); a relaunch runs it again.
+    `rerun`: a run recorded done or diverged whose metrics file is missing or unreadable; the
+    next launch runs it again (the analysis leaves it out and says so).
     Example: gnsweep status runs/digits
     """
     from collections import Counter
@@ -241,7 +248,7 @@ def status(
         typer.echo(f"{r['run_id']:<28}{r['state']:<10}{r['attempts']:>5}  "
                    f"{r['slurm_job_id']:<12}{r['owner']:<18}{info}")
     counts = Counter(r["state"] for r in rows)
-    order = ("done", "diverged", "failed", "running", "queued", "pending", "died")
+    order = ("done", "diverged", "failed", "running", "queued", "pending", "died", "rerun")
     requeued = sum(r["requeues"] for r in rows)
     typer.echo(f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
                + (f"; Slurm requeued runs {requeued} times" if requeued else ""))
@@ -366,7 +373,11 @@ def _fits_of(folder: Path) -> tuple[Any, str | None]:
     from gnsweep.analysis.report import analyze_sweep
 
     if store.is_sweep(folder):
-        return analyze_sweep(folder, write=False).fits, None
+        analysis = analyze_sweep(folder, write=False)
+        for warning in analysis.warnings:
+            if "left out" in warning:  # runs missing from these fits: never in silence
+                typer.echo(f"warning: {warning}", err=True)
+        return analysis.fits, None
     if (folder / "fits.parquet").is_file():
         results = store.read_results(folder)
         return results.fits, group_of(results)

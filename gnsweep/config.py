@@ -47,6 +47,9 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 EXECUTORS = ("local", "torchrun", "slurm")
 LOSS_KINDS = ("smoothed", "raw", "eval")
 SCHEDULES = ("constant", "adaptive")
+MAX_BATCH = 2**24
+"""Largest batch size (samples a step) a sweep accepts: 16.8M sequences is more than any
+training run uses, and a larger one fails only later, by running out of memory."""
 DECAYS = ("constant", "cosine", "linear", "step")
 PRECISIONS = ("fp32", "bf16", "fp16")
 KEEP_CHECKPOINTS = ("none", "log")
@@ -150,6 +153,9 @@ class SweepConfig:
     """Evaluate on the held-out split every this many steps (0: never)."""
     max_retries: int = 2
     """How often a run that raised is retried before it counts as failed."""
+    stall_seconds: float = 1800.0
+    """A run that logs no step for this long (a data server gone, a deadlock) is stopped,
+    recorded failed with the reason "stalled" and retried like any failure (0: never)."""
     schedule: str = "constant"
     """constant: the grid's fixed batch sizes only; adaptive: also one run per exchange rate
     whose batch size follows the noise scale, B = sqrt(r B_noise) (appendix D, docs/adaptive.md)."""
@@ -195,6 +201,14 @@ class SweepConfig:
             if value < (1 if name == "log_every" else 0):
                 raise ConfigError(f"sweep.{name}: {value} is not allowed")
             setattr(self, name, value)
+        self.stall_seconds = _number("sweep.stall_seconds", self.stall_seconds)
+        if self.stall_seconds < 0:
+            raise ConfigError(f"sweep.stall_seconds: {self.stall_seconds} must be >= 0 "
+                              "(0: no stall watchdog)")
+        if max(self.batch_sizes) > MAX_BATCH:
+            raise ConfigError(f"sweep.batch_sizes: {max(self.batch_sizes)} samples a step is "
+                              f"beyond what one step can hold (at most {MAX_BATCH}); use "
+                              "smaller batch sizes")
         self._check_adaptive()
 
     def _check_adaptive(self) -> None:

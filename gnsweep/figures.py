@@ -76,7 +76,8 @@ def write_figures(sweep_dir: Path, formats: tuple[str, ...] = FORMATS) -> Writte
     skipped: dict[str, str] = {}
     notes: list[str] = []
     for group, part in split(tables).items():
-        out = sweep_dir / "figures" / folder_name(group) if group else sweep_dir / "figures"
+        # A real folder inside the sweep folder: a `figures` link must not send writes elsewhere.
+        out = store.subdir(sweep_dir, f"figures/{folder_name(group)}" if group else "figures")
         for name, result in plots.draw_all(part).items():
             if isinstance(result, str):
                 skipped[f"{group}/{name}" if group else name] = result

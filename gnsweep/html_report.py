@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gnsweep import redact
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.views import quantity
 from gnsweep.analysis.views import unit as unit_of
@@ -319,9 +320,9 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config | No
         parts += _section(tables, figures, notes)
     if config is not None:
         parts += ["<h2>Grid</h2>", grid_summary(config, tables.runs),
-                  "<h2>Resolved configuration</h2>", f"<pre>{esc(config_text)}</pre>"]
+                  "<h2>Resolved configuration</h2>", f"<pre>{esc(redact.text(config_text))}</pre>"]
     else:
-        parts += ["<h2>Source</h2>", f"<pre>{esc(config_text)}</pre>"]
+        parts += ["<h2>Source</h2>", f"<pre>{esc(redact.text(config_text))}</pre>"]
     # Lets a headless browser test see that every embedded figure decoded.
     parts += ["<script>window.addEventListener('load', () => { document.body.dataset.imagesLoaded"
               " = [...document.images].filter(i => i.complete && i.naturalWidth > 0).length; "

@@ -87,7 +87,12 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
     running = unfinished["state"] == "running"
     for run in unfinished[~running].itertuples(index=False):
-        analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
+        if getattr(run, "problem", ""):
+            analysis.warnings.append(
+                f"run {run.run_id} {run.problem}: left out; relaunch the sweep (the same "
+                f"`gnsweep launch` command) to run it again")
+        else:
+            analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
     if running.any():
         analysis.warnings.append(
             f"{int(running.sum())} runs still running: the targets they have passed are used, "
