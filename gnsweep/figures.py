@@ -83,6 +83,12 @@ def write_figures(sweep_dir: Path, formats: tuple[str, ...] = FORMATS) -> Writte
             else:
                 paths += save(result, name, out, formats)
         notes += [f"{group}: {n}" if group else n for n in plots.notes(part)]
+    # A branch sweep: the local B_crit of every branch point in one figure.
+    for name, result in plots.draw_along(tables).items():
+        if isinstance(result, str):
+            skipped[name] = result
+        else:
+            paths += save(result, name, sweep_dir / "figures", formats)
     return Written(paths, skipped, notes)
 
 

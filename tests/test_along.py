@@ -173,3 +173,25 @@ def test_along_table_round_trips_through_the_store(branched, tmp_path):
     assert list(back.along.columns) == ALONG_COLUMNS
     assert back.along["at_examples"].dtype == np.int64
     assert back.along["b_crit"].iloc[0] == pytest.approx(result.along["b_crit"].iloc[0])
+
+
+def test_figure_and_report_section(branched):
+    """The along-training figure: log-log, one error-bar series per target that has a fit,
+    the base run's noise scale as a line; the report section lists every (point, target)."""
+    from gnsweep import plots
+    from gnsweep.html_report import along_section
+
+    _, _, points, curves = branched
+    result = analyze_along(curves, points, FRACTIONS, loss="eval")
+    base = pd.DataFrame({"examples": [16.0, 256.0, 4096.0], "b_simple": [30.0, 50.0, 90.0],
+                         "b_noise": [np.nan] * 3})
+    result.along_base = base
+    fig = plots.draw_along(result)["bcrit_along_training"]
+    assert not isinstance(fig, str)
+    ax = plots.axes_of(fig)[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert len(ax.containers) == len(FRACTIONS)
+    assert [line.get_label() for line in ax.get_lines()][-1] == "base run B_simple"
+    html = "\n".join(along_section(result.along, {"bcrit_along_training": b"png?"}))
+    assert html.count("<tr>") == 1 + len(result.along)
+    assert plots.draw_along(type(result)(result.steps, result.front, result.fits)) == {}
