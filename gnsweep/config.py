@@ -26,6 +26,7 @@ __all__ = [
     "OPTIMIZERS",
     "SCHEDULES",
     "AnalysisConfig",
+    "BranchConfig",
     "Config",
     "ConfigError",
     "ExecutorConfig",
@@ -389,6 +390,57 @@ class LoggerConfig:
         return out
 
 
+POINT_KEYS = ("at_examples", "at_step", "at_loss", "b_simple", "b_noise", "checkpoint")
+"""What `gnsweep branch` records of each branch point (`branch.points`)."""
+
+
+@dataclass
+class BranchConfig:
+    """Short runs branched from checkpoints of one base run (`gnsweep branch`, docs/along.md).
+
+    `targets` is the user's setting; `base` and `points` are written by `gnsweep branch` and
+    name what a branch sweep's runs start from (a run's `at_examples` picks its point)."""
+
+    targets: list[float] = field(default_factory=lambda: [0.97, 0.94, 0.9])
+    """Targets relative to each branch point: fractions of the loss there (0.9: ten per cent
+    below it); for a metric that rises, the mirror L + (1 - f)|L|."""
+    probe_batches: int = 16
+    """Fresh batches on which `gnsweep branch` measures the loss at each branch point (at the
+    grid's largest batch size, parameters fixed)."""
+    base: str = ""
+    """The base run's folder ('': not a branch sweep). Written by `gnsweep branch`."""
+    points: list[dict[str, Any]] = field(default_factory=list)
+    """One per branch point: at_examples, at_step, at_loss (the loss there), b_simple and
+    b_noise (the base run's there, NaN where not measured) and checkpoint (the file the runs
+    start from). Written by `gnsweep branch`."""
+
+    def __post_init__(self) -> None:
+        self.targets = _positive_list("branch.targets", self.targets, _number)
+        bad = [t for t in self.targets if not 0 < t < 1]
+        if bad:
+            raise ConfigError(f"branch.targets: {bad[0]:g} is not a fraction in (0, 1); give "
+                              "fractions of the loss at the branch point, e.g. [0.97,0.94,0.9]")
+        self.probe_batches = _integer("branch.probe_batches", self.probe_batches)
+        if self.probe_batches < 1:
+            raise ConfigError(f"branch.probe_batches: {self.probe_batches} must be >= 1")
+        points = []
+        for point in self.points or []:
+            if not isinstance(point, dict) or set(point) != set(POINT_KEYS):
+                raise ConfigError(f"branch.points: {point!r}: a point has exactly "
+                                  f"{', '.join(POINT_KEYS)} (written by `gnsweep branch`)")
+            points.append({**point, "at_examples": int(point["at_examples"]),
+                           "at_step": int(point["at_step"])})
+        self.points = sorted(points, key=lambda p: p["at_examples"])
+
+    def point(self, at_examples: int) -> dict[str, Any]:
+        """The branch point a run starts from, by the examples the base run had seen there."""
+        for point in self.points:
+            if point["at_examples"] == at_examples:
+                return point
+        raise ConfigError(f"no branch point at {at_examples} examples in branch.points "
+                          f"({', '.join(str(p['at_examples']) for p in self.points) or 'none'})")
+
+
 @dataclass
 class Config:
     """The whole sweep: task, grid, noise measurement, executor, analysis, run logging."""
@@ -399,6 +451,7 @@ class Config:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    branch: BranchConfig = field(default_factory=BranchConfig)
 
     def __post_init__(self) -> None:
         self.check()
@@ -427,7 +480,7 @@ class Config:
     def from_dict(cls, data: dict[str, Any]) -> Config:
         sections = {"task": TaskConfig, "sweep": SweepConfig, "noise": NoiseConfig,
                     "executor": ExecutorConfig, "analysis": AnalysisConfig,
-                    "logger": LoggerConfig}
+                    "logger": LoggerConfig, "branch": BranchConfig}
         unknown = set(data) - set(sections)
         if unknown:
             raise ConfigError(f"unknown config section(s): {', '.join(sorted(unknown))}")

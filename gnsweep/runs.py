@@ -33,6 +33,9 @@ class RunSpec:
     """Appendix D's exchange rate r (examples per step) of an adaptive run; 0 for a grid run."""
     lr_noise: float = 0.0
     """An adaptive run's fixed B_noise in its learning-rate rule (0: the measured one)."""
+    at_examples: int = 0
+    """A branch run's point: it starts from the base run's checkpoint after this many examples
+    (`config.branch.point(at_examples)`, docs/along.md); 0 for a run from initialisation."""
 
     @property
     def adaptive(self) -> bool:
@@ -43,8 +46,10 @@ class RunSpec:
         if self.adaptive:  # never a grid run's id: those start with b
             noise = f"_bn{self.lr_noise:.4g}" if self.lr_noise > 0 else ""
             return f"r{self.exchange_rate:.4g}_lr{self.learning_rate:.4g}{noise}_s{self.seed}"
-        # Zero-padded batch size so that folders sort by batch size.
-        return f"b{self.batch_size:05d}_lr{self.learning_rate:.4g}_s{self.seed}"
+        # Zero-padded batch size so that folders sort by batch size (by point, then batch size,
+        # for a branch run).
+        grid = f"b{self.batch_size:05d}_lr{self.learning_rate:.4g}_s{self.seed}"
+        return f"at{self.at_examples:012d}_{grid}" if self.at_examples else grid
 
 
 def expand_grid(config: Config) -> list[RunSpec]:

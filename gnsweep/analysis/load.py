@@ -28,7 +28,8 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
             spec = record["run"]
             row = {"run_id": run_id, "batch_size": int(spec["batch_size"]),
                    "learning_rate": float(spec["learning_rate"]), "seed": int(spec["seed"]),
-                   "state": state, "exchange_rate": float(spec.get("exchange_rate", 0.0))}
+                   "state": state, "exchange_rate": float(spec.get("exchange_rate", 0.0)),
+                   "at_examples": int(spec.get("at_examples", 0))}
         except (KeyError, TypeError, ValueError) as err:
             raise store.StoreError(f"{path / store.RUN_CONFIG}: no valid run spec ({err})"
                                    ) from None
@@ -115,6 +116,23 @@ def load_curves(sweep_dir: Path, skip_corrupt: bool = False) -> Curves:
         columns = {name: np.zeros(0) for name in CURVE_COLUMNS}
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     return Curves(runs, offsets, columns)
+
+
+def load_run_curves(run_dir: Path) -> Curves:
+    """One run's logged rows (a branch sweep's base run), from its folder: its record
+    (config.json) and its metrics, whatever its state (a base run may still be training)."""
+    record = store.read_json(run_dir / store.RUN_CONFIG)
+    spec = record.get("run") or {}
+    table = _read_metrics(run_dir / store.METRICS)
+    runs = pd.DataFrame([{"run_id": str(record.get("run_id", run_dir.name)),
+                          "batch_size": int(spec.get("batch_size", 0)),
+                          "learning_rate": float(spec.get("learning_rate", 0.0)),
+                          "seed": int(spec.get("seed", 0)),
+                          "state": str(store.read_status(run_dir)["state"])}])
+    runs["batch_size"] = batch_in_examples(runs["batch_size"].to_numpy(), [table])
+    columns = {name: table.column(name).to_numpy().astype(float, copy=False)
+               for name in CURVE_COLUMNS}
+    return Curves(runs, np.array([0, table.num_rows], np.int64), columns)
 
 
 def load_sweep(sweep_dir: Path, skip_corrupt: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:

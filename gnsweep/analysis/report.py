@@ -8,6 +8,7 @@ The pipeline's and the console's names are re-exported here, where the first ver
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gnsweep import store
 from gnsweep.analysis.adaptive import analyze_adaptive, split_adaptive
@@ -27,6 +28,10 @@ from gnsweep.analysis.pipeline import (
     ratio_with_error,
 )
 from gnsweep.analysis.results import Results
+from gnsweep.analysis.steps import Curves
+
+if TYPE_CHECKING:
+    from gnsweep.config import Config
 
 __all__ = ["ALL_FIT_COLUMNS", "FIT_COLUMNS", "FIT_EXTRA_COLUMNS", "OUTPUT_FILES", "Analysis",
            "AnalysisError", "Results", "analyze_steps", "analyze_sweep", "analyze_tables",
@@ -62,6 +67,12 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
             f"(gnsweep launch --sweep-dir {sweep_dir}, the same overrides without "
             "sweep.schedule=adaptive), then analyze again")
     config = Config.load(sweep_dir)
+    if config.branch.points:  # runs branched from a base run's checkpoints: local B_crit
+        analysis = analyze_branch_sweep(sweep_dir, config, curves, loss=loss,
+                                        ema_examples=ema_examples, bootstrap=bootstrap)
+        if write:
+            write_outputs(out_dir or sweep_dir, analysis)
+        return analysis
     targets = targets or config.sweep.targets
     task = config.task
     if task.metric != "loss":
@@ -86,4 +97,37 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
         analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
     if write:
         write_outputs(out_dir or sweep_dir, analysis)
+    return analysis
+
+
+def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
+                         loss: str | None = None, ema_examples: float | None = None,
+                         bootstrap: int | None = None) -> Analysis:
+    """A branch sweep (`gnsweep branch`): one analysis per branch point to its relative targets,
+    grouped by `at_examples`, with the local B_crit table (`analysis.along`) and the base run's
+    noise scale over training where its folder is still there (for the figure)."""
+    from gnsweep.analysis.along import BranchPoint, analyze_along, base_curve
+    from gnsweep.analysis.load import load_run_curves
+    from gnsweep.config import POINT_KEYS
+
+    task, branch = config.task, config.branch
+    if task.metric != "loss":
+        loss = "metric"
+    loss = loss or config.analysis.loss
+    points = [BranchPoint(**{k: p[k] for k in POINT_KEYS if k != "checkpoint"})
+              for p in branch.points]
+    analysis = analyze_along(curves, points, branch.targets, loss=loss, ema_examples=ema_examples,
+                             bootstrap=config.analysis.bootstrap if bootstrap is None
+                             else bootstrap, optimizer=config.sweep.optimizer,
+                             higher_is_better=task.higher_is_better, source=str(sweep_dir))
+    base = Path(branch.base)
+    if (base / store.METRICS).is_file():
+        analysis.along_base = base_curve(load_run_curves(base), loss)
+    else:
+        analysis.warnings.append(f"base run {base}: no metrics.parquet there; the figure shows "
+                                 "the branch points' own noise scales only")
+    analysis.meta.update(metric=task.metric, unit=task.unit, branch_base=str(base))
+    unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
+    for run in unfinished.itertuples(index=False):
+        analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
     return analysis
