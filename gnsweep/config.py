@@ -113,7 +113,8 @@ class SweepConfig:
     max_examples: int = 0
     """Example budget of one run (0: none)."""
     optimizer: str = "sgd"
-    """sgd, momentum (SGD with sweep.momentum, else 0.9), adam or adamw (gnsweep.optim)."""
+    """sgd, momentum (SGD with sweep.momentum, else 0.9), adam or adamw
+    (gnsweep.training.recipe)."""
     momentum: float = 0.0
     """SGD momentum (0: plain SGD, the setting the paper's eps_opt(B) describes)."""
     loss_ema_examples: float = 128.0

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple
 
 
 def unbiased_g2_and_trace(sq_small: float, sq_big: float, b_small: float, b_big: float
@@ -101,6 +101,13 @@ class Ema:
     def value(self) -> float:
         return self._sum / self._weight if self._weight > 0 else math.nan
 
+    def state_dict(self) -> dict[str, float]:
+        """The weighted sum and the sum of weights (exact floats: a reload continues alike)."""
+        return {"sum": self._sum, "weight": self._weight}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self._sum, self._weight = float(state["sum"]), float(state["weight"])
+
 
 def ema_decay(examples: float, *, steps: float = 0.0, examples_scale: float = 0.0,
               steps_elapsed: float = 1.0) -> float:
@@ -146,6 +153,15 @@ class NoiseEstimate:
     """EMA(tr(H Sigma)) / EMA(G^T H G): the true noise scale (eq. 2.8), when measured."""
     drift: float = math.nan
     """|G|^2 now over |G|^2 one window ago (`NoiseScaleEma.drift`); NaN until resolvable."""
+
+
+def estimate_state(estimate: NoiseEstimate | None) -> dict[str, float] | None:
+    """An estimate as plain floats by field name (what `torch.load(weights_only=True)` reads)."""
+    return None if estimate is None else asdict(estimate)
+
+
+def load_estimate(state: dict[str, float] | None) -> NoiseEstimate | None:
+    return None if state is None else NoiseEstimate(**state)
 
 
 class NoiseScaleEma:
@@ -231,6 +247,25 @@ class NoiseScaleEma:
         """|G|^2 changed more than 2x inside the averaging window."""
         d = self.drift
         return math.isfinite(d) and not 0.5 <= d <= 2.0
+
+    _EMAS = ("_g2", "_trace", "_ghg", "_htrace", "_g2_short", "_g2_spread")
+
+    def state_dict(self) -> dict[str, Any]:
+        """What changes as measurements are folded in (the window's settings are the
+        constructor's): every EMA, the last measurement, the clocks and the drift history."""
+        return {**{name: getattr(self, name).state_dict() for name in self._EMAS},
+                "last": self._last, "decay": self._decay, "seen_examples": self.seen_examples,
+                "seen_steps": self.seen_steps, "h_examples": self._h_examples,
+                "h_steps": self._h_steps, "history": list(self._history)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self._EMAS:
+            getattr(self, name).load_state_dict(state[name])
+        self._last = None if state["last"] is None else tuple(state["last"])
+        self._decay = state["decay"]
+        self.seen_examples, self.seen_steps = state["seen_examples"], state["seen_steps"]
+        self._h_examples, self._h_steps = state["h_examples"], state["h_steps"]
+        self._history = [(clock, value, error) for clock, value, error in state["history"]]
 
     def _decay_for(self, examples: float, steps: float) -> float:
         if self.ema_fraction > 0:
@@ -331,6 +366,12 @@ class ProbeSchedule:
             raise ValueError(f"per_octave={per_octave}: need > 0")
         self.factor = 2.0 ** (1.0 / per_octave)
         self.next = 0.0
+
+    def state_dict(self) -> dict[str, float]:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.next = float(state["next"])
 
     def due(self, seen: float) -> bool:
         if seen < self.next:

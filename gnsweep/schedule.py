@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from gnsweep.noise import NoiseEstimate
 
@@ -36,6 +36,11 @@ class BatchSchedule(Protocol):
     def next_batch_size(self, progress: Progress) -> int:
         """The global batch size (samples) of the next step; a multiple of the DDP world size."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the schedule learned on the way (empty for a constant one)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
 
 @dataclass(frozen=True)
 class ConstantBatch:
@@ -45,6 +50,12 @@ class ConstantBatch:
 
     def next_batch_size(self, progress: Progress) -> int:
         return self.batch_size
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 def eps_of_batch(batch_size: float, eps_max: float, b_noise: float) -> float:
@@ -98,6 +109,15 @@ class AdaptiveBatch:
             if abs(wanted - self.size) >= self.min_change * self.size:
                 self.size = wanted
         return self.size
+
+    def state_dict(self) -> dict[str, Any]:
+        """The current size, the noise scale it was set from and the last examples per sample
+        (the bounds and the rule are the constructor's)."""
+        return {"size": self.size, "b_noise": self.b_noise, "per_sample": self.per_sample}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.size, self.b_noise = int(state["size"]), float(state["b_noise"])
+        self.per_sample = float(state["per_sample"])
 
     def learning_rate(self) -> float:
         """eps(B) = eps_max / (1 + B_noise/B) at the current size (eq. 2.7), B_noise the measured

@@ -17,7 +17,7 @@ Modes: the gradient of the whole A2C loss on all parameters (all), of the policy
 actor (policy), of the critic term on the critic (critic), of the whole loss on the actor
 (actor: what the monitor measures now, `Cartpole.noise_parameters`), and `monitor`: the actor
 truth beside the training loop's own NoiseScaleMonitor (per-example hooks, the actor's
-parameters, B_simple converted to environment steps as `gnsweep.train` does), pooled over the
+parameters, B_simple converted to environment steps as `gnsweep.training` does), pooled over the
 same batches.
 
 Both sides are sampling estimates: for the policy (B_simple of hundreds to ten thousand steps)
@@ -36,7 +36,7 @@ from torch.nn import functional as F
 
 from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.tasks import cartpole
-from gnsweep.train import _in_task_units
+from gnsweep.training.backward import in_task_units
 
 
 def _unbiased(per: torch.Tensor, unit: int) -> tuple[float, float]:
@@ -79,7 +79,7 @@ def main(updates: int, part: str, size: int = 64, count: int = 200) -> None:
 
     monitor = None
     if part == "monitor":
-        # As gnsweep.train builds it, with a window that pools every measurement equally.
+        # As gnsweep.training builds it, with a window that pools every measurement equally.
         monitor = NoiseScaleMonitor(model, "per_example", ema_examples=math.inf,
                                     task_loss=task.loss,
                                     parameters=task.noise_parameters(model))
@@ -91,7 +91,7 @@ def main(updates: int, part: str, size: int = 64, count: int = 200) -> None:
         if monitor is not None:
             model.zero_grad(set_to_none=True)
             task.loss(model, batch).backward()
-            estimate = _in_task_units(monitor.step(examples=n * t), task.examples(batch) / n)
+            estimate = in_task_units(monitor.step(examples=n * t), task.examples(batch) / n)
             whole.append(torch.cat([p.grad.reshape(-1) for p in params]))  # type: ignore[union-attr]
             continue
         whole.append(grad(batch))

@@ -14,7 +14,7 @@ from gnsweep import store
 from gnsweep.cli import app
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig
 from gnsweep.runs import RunSpec
-from gnsweep.train import Diverged, LossWatch, train
+from gnsweep.training import Diverged, LossWatch, train
 
 pytest.importorskip("gymnasium")
 
@@ -74,8 +74,9 @@ def test_in_loop_b_simple_matches_the_spread_of_batch_gradients():
     examples (3x low) or the critic's gradient measured (100x low)."""
     import torch
 
-    from gnsweep import train as loop
     from gnsweep.tasks import cartpole
+    from gnsweep.training.backward import backward, in_task_units
+    from gnsweep.training.state import make_monitor
 
     torch.set_num_threads(1)
     task = cartpole.make(cartpole.Options(), seed=0)
@@ -90,7 +91,7 @@ def test_in_loop_b_simple_matches_the_spread_of_batch_gradients():
     # A window that pools every measurement alike (decay exp(-B / 1e15) = 1 to 1e-12).
     config = Config(task=TaskConfig("cartpole"),
                     noise=NoiseConfig(ema_fraction=0.0, ema_examples=1e15))
-    monitor = loop._make_monitor(model, model, task, config)
+    monitor = make_monitor(model, model, task, config)
     actor = list(task.noise_parameters(model))
     size, count = 512, 400
     whole = []
@@ -98,10 +99,10 @@ def test_in_loop_b_simple_matches_the_spread_of_batch_gradients():
     for _ in range(count):
         batch = task.sample(size, generator)
         optimizer.zero_grad()
-        loop._backward(model, task, batch, 1, monitor)
+        backward(model, task, batch, 1, monitor)
         steps = task.examples(batch)
-        estimate = loop._in_task_units(monitor.step(batch=batch, examples=steps),
-                                       steps / batch["action"].shape[0])
+        estimate = in_task_units(monitor.step(batch=batch, examples=steps),
+                                 steps / batch["action"].shape[0])
         whole.append(torch.cat([p.grad.reshape(-1) for p in actor]).double())
     monitor.close()
     g = torch.stack(whole)

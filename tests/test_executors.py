@@ -15,7 +15,7 @@ from gnsweep import store
 from gnsweep.config import ConfigError, compose
 from gnsweep.executors import claims, execute_run, runnable, take_run
 from gnsweep.sweep import parse_run_record, prepare, remaining
-from gnsweep.train import train
+from gnsweep.training import train
 
 SMALL = ["sweep.batch_sizes=[8,32]", "sweep.learning_rates=[0.3]", "sweep.targets=[0.5]",
          "sweep.max_steps=200", "sweep.max_retries=1"]

@@ -235,7 +235,7 @@ def test_train_logs_b_simple_and_b_noise(tmp_path):
                     sweep=SweepConfig(batch_sizes=[32], learning_rates=[0.1], targets=[0.01],
                                       max_steps=30),
                     noise=NoiseConfig(hessian_every=5))
-    from gnsweep.train import train
+    from gnsweep.training import train
 
     train(config, RunSpec(batch_size=32, learning_rate=0.1), tmp_path)
     metrics = pd.read_parquet(tmp_path / "metrics.parquet")

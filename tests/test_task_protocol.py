@@ -16,14 +16,16 @@ import torch
 from typer.testing import CliRunner
 
 from gnsweep import config as config_module
-from gnsweep import optim, store
+from gnsweep import store
 from gnsweep.cli import app
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig
 from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.measure.common import split_batch
 from gnsweep.runs import RunSpec
 from gnsweep.tasks import make_task
-from gnsweep.train import _backward, train
+from gnsweep.training import recipe as optim
+from gnsweep.training import train
+from gnsweep.training.backward import backward
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -142,7 +144,7 @@ def test_micro_batches_of_a_dict_batch_give_the_batch_mean_gradient(clean_env):
     whole = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     monitor = NoiseScaleMonitor(model, "microbatch")
-    loss = _backward(model, task, batch, 3, monitor)
+    loss = backward(model, task, batch, 3, monitor)
     for p, g in zip(model.parameters(), whole, strict=True):
         torch.testing.assert_close(p.grad, g)
     assert math.isclose(loss, float(task.loss(model, batch).detach()), rel_tol=1e-5)

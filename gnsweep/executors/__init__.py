@@ -155,7 +155,7 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
 def _train_and_record(path: Path, attempts: int, writer: bool,
                       should_stop: Callable[[], bool] | None,
                       logger: RunLogger) -> dict[str, Any]:
-    from gnsweep.train import train
+    from gnsweep.training import train
 
     try:
         config, spec = read_run(path.parent.parent, path.name)
@@ -209,7 +209,7 @@ def _warm_up(sweep_dir: Path, run_id: str) -> None:
     import torch
 
     from gnsweep.tasks import make_task
-    from gnsweep.train import train  # noqa: F401
+    from gnsweep.training import train  # noqa: F401
 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     config, spec = read_run(sweep_dir, run_id)

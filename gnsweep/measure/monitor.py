@@ -46,7 +46,13 @@ from gnsweep.measure.ddp import DdpHook
 from gnsweep.measure.hessian import hessian_norms
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.per_example import PerExample
-from gnsweep.noise import NoiseEstimate, NoiseScaleEma, NormPair
+from gnsweep.noise import (
+    NoiseEstimate,
+    NoiseScaleEma,
+    NormPair,
+    estimate_state,
+    load_estimate,
+)
 
 METHODS = ("per_example", "microbatch", "ddp")
 
@@ -214,6 +220,28 @@ class NoiseScaleMonitor:
         if self._ddp is not None and self._ddp.owner is self:
             self._fold(*self._ddp.collect())  # the last measurement's all-reduce
             self._ddp.owner = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The measurement's state between steps: the method in use, steps counted, the EMAs
+        (`NoiseScaleEma.state_dict`), the examples and steps since the last measurement, whether
+        B_noise is still measured, and the warnings already given. Under DDP the last
+        measured step's norms, still in their all-reduce, are not in it."""
+        return {"method": self.method, "steps": self.steps,
+                "estimate": estimate_state(self.estimate), "hessian_every": self.hessian_every,
+                "ema": self.ema.state_dict(),
+                "since_examples": self._since_examples, "since_steps": self._since_steps,
+                "warned": sorted(self._warned)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()` into a monitor built alike (same model, method, settings)."""
+        if state["method"] != self.method:
+            raise ValueError(f"monitor state of method {state['method']}, this monitor "
+                             f"measures with {self.method}")
+        self.steps, self.estimate = int(state["steps"]), load_estimate(state["estimate"])
+        self.hessian_every = int(state["hessian_every"])
+        self.ema.load_state_dict(state["ema"])
+        self._since_examples, self._since_steps = state["since_examples"], state["since_steps"]
+        self._warned = set(state["warned"])
 
     def __enter__(self) -> NoiseScaleMonitor:
         return self

@@ -47,6 +47,24 @@ class RunProbes:
         self.seconds = 0.0
         self.count = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where each schedule stands, the probes' own generator, and the time and count spent."""
+        return {"schedule": None if self.schedule is None else self.schedule.state_dict(),
+                "truth_schedule": (None if self.truth_schedule is None
+                                   else self.truth_schedule.state_dict()),
+                "generator": self.generator.get_state(), "seconds": self.seconds,
+                "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in ("schedule", "truth_schedule"):
+            schedule: ProbeSchedule | None = getattr(self, name)
+            if (schedule is None) != (state[name] is None):
+                raise ValueError(f"probe state: {name} does not match this run's settings")
+            if schedule is not None:
+                schedule.load_state_dict(state[name])
+        self.generator.set_state(state["generator"])
+        self.seconds, self.count = float(state["seconds"]), int(state["count"])
+
     def exact_loss(self, model: nn.Module) -> float | None:
         """The exact loss (population or whole training set) where the task has a cheap one
         (None elsewhere: the task's own eval loss is used)."""

@@ -1,10 +1,15 @@
-"""The optimizers a sweep can use, by name (`sweep.optimizer`): one small registry."""
+"""How a run trains apart from what the sweep varies: the optimizer (by name, `sweep.optimizer`)
+and the learning rate each step uses. The recipe's later parts (a learning-rate schedule,
+clipping, precision) belong here, each with `state_dict()` / `load_state_dict()` where it has
+state; the optimizer's own are torch's."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
 import torch
+
+from gnsweep.schedule import AdaptiveBatch, BatchSchedule
 
 Factory = Callable[[Iterable[torch.nn.Parameter], float, float], torch.optim.Optimizer]
 
@@ -40,3 +45,14 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], *, lr: float
     if name not in REGISTRY:
         raise ValueError(f"optimizer {name!r}: choose one of {', '.join(REGISTRY)}")
     return REGISTRY[name](params, lr, momentum)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, schedule: BatchSchedule,
+                      learning_rate: float) -> float:
+    """This step's learning rate: the run's, or an adaptive batch schedule's eps(B) (eq. 2.7;
+    `learning_rate` is then eps_max), set on the optimizer before its step."""
+    if isinstance(schedule, AdaptiveBatch):
+        learning_rate = schedule.learning_rate()
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate
+    return learning_rate

@@ -1,0 +1,226 @@
+"""One run, top to bottom: train at one (batch size, learning rate), measure B_simple on the way,
+stop at the hardest target, the budget, or divergence; write metrics.
+
+Stopping and smoothing follow the paper's appendix A: a target counts as reached when the
+exponentially smoothed training loss falls to it. The run then trains on until the analysis's
+centred window there is whole, and stops only once that centred reading (what `gnsweep analyze`
+uses, free of the EMA's lag) has the hardest target reached too. A task with its own metric
+(cartpole's return, `config.task.metric`) has it logged in the `metric` column and its targets
+reached on it, in the task's direction.
+
+The run's parts and counters live in a `TrainState` (`gnsweep.training.state`): `train` builds
+one and `run` advances it, so a run can be continued from its `state_dict()`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gnsweep import store
+from gnsweep.analysis.smoothing import (
+    MIN_WINDOW_EXAMPLES,
+    SMOOTHING_FRACTION,
+    settled_at_or_below,
+)
+from gnsweep.config import Config
+from gnsweep.errors import StopRequested
+from gnsweep.measure.probe import overrun_steps
+from gnsweep.noise import NoiseEstimate
+from gnsweep.runs import RunSpec
+from gnsweep.schedule import Progress
+from gnsweep.tasks import Task, examples_of
+from gnsweep.tasks.protocol import first_dim
+from gnsweep.training.backward import backward, in_task_units, microbatches
+from gnsweep.training.recipe import set_learning_rate
+from gnsweep.training.state import TrainState, build_run, fall_back_if_unsplittable
+from gnsweep.training.watch import Diverged
+
+
+@dataclass(frozen=True)
+class RunResult:
+    state: str
+    """done or diverged."""
+    steps: int
+    reason: str
+    """Why the run stopped: target, max_steps, max_examples, or what diverged."""
+    final_loss: float
+    train_seconds: float
+
+
+def train(config: Config, spec: RunSpec, out_dir: Path | None,
+          should_stop: Callable[[], bool] | None = None,
+          on_row: Callable[[dict[str, float]], None] | None = None) -> RunResult:
+    """Train one run from step 0; write `out_dir/metrics.parquet` (when given) atomically at
+    the end. See `run`."""
+    return run(build_run(config, spec), out_dir, should_stop, on_row)
+
+
+def run(state: TrainState, out_dir: Path | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        on_row: Callable[[dict[str, float]], None] | None = None) -> RunResult:
+    """Train `state` on from where it stands to the end of the run.
+
+    The task owns the forward pass and the loss (`task.loss(model, batch)`); the loop draws
+    each step's batch at the size the schedule asks, counts its examples (`task.examples`),
+    measures the noise scale, and stops at the hardest target, the budget or divergence.
+    Raises StopRequested when `should_stop()` says so, between two steps (the run goes back to
+    pending; `state` then stands at a step boundary, whole).
+
+    `on_row` sees every metrics row as it is logged (a run logger; it must not raise).
+
+    Under torch.distributed every rank calls this with the same arguments; only rank 0 passes
+    `out_dir` (the executors gate every write on the rank).
+    """
+    config, spec, task = state.config, state.spec, state.task
+    sweep, world = config.sweep, state.world
+    # A metric task's targets are values of task.metric(model), reached in its direction.
+    metric_task = config.task.metric != "loss"
+    hardest = config.task.hardest(sweep.targets)
+    start = time.perf_counter() - state.elapsed
+    outcome, reason = "done", "max_steps"
+    try:
+        while state.step < sweep.max_steps:
+            if sweep.max_examples and state.examples >= sweep.max_examples:
+                reason = "max_examples"
+                break
+            stop = should_stop is not None and should_stop()
+            if stop and world == 1:
+                raise StopRequested
+            # Draw.
+            size = state.schedule.next_batch_size(
+                Progress(state.step, state.examples, state.estimate, state.per_sample))
+            lr = set_learning_rate(state.optimizer, state.schedule, spec.learning_rate)
+            batch = state.data.draw(size)
+            n_examples = examples_of(task, batch) * world
+            if state.step == 0:
+                fall_back_if_unsplittable(state, batch)
+            state.per_sample = n_examples / size
+            # What the monitor calls a sample: the batch's first dimension (one environment's
+            # segment for cartpole, a window for chars), the independent unit it splits on.
+            samples = first_dim(batch) or size // world
+            # Forward and backward.
+            state.optimizer.zero_grad(set_to_none=True)
+            k = microbatches(state.monitor, config.noise.microbatches, samples)
+            loss = backward(state.trained, task, batch, k, state.monitor)
+            # Measured before the update, like the loss: the episodes of this step's rollouts.
+            metric = _metric(task, state.model) if metric_task else math.nan
+            if world > 1:
+                # Every rank must decide alike (stop, diverged, done): one small all-reduce.
+                loss, metric, stop = _agree(loss, metric, stop, state.device)
+                if stop:
+                    raise StopRequested
+            state.loss, state.metric = loss, metric
+            # Measure. Every step: the monitor counts steps and measures every noise.every of
+            # them; the batch lets it measure B_noise every noise.hessian_every steps. The EMA's
+            # time constant (noise.ema_examples) counts this rank's examples in the task's unit.
+            state.estimate = in_task_units(
+                state.monitor.step(batch=batch, examples=n_examples // world),
+                n_examples / (samples * world))
+            # Step.
+            state.optimizer.step()
+            state.step += 1
+            state.examples += n_examples
+            smooth = state.watch.update(loss, n_examples, state.step)
+            # Past the hardest target, train on until the analysis's centred window is whole
+            # (a metric is read as logged, no window: stop at once). NaN reaches nothing.
+            if state.stop_at is None and config.task.reached(metric if metric_task else smooth,
+                                                             hardest):
+                state.stop_at = state.step + (0 if metric_task else overrun_steps(
+                    state.step, n_examples, SMOOTHING_FRACTION, MIN_WINDOW_EXAMPLES))
+            done = state.stop_at is not None and state.step >= state.stop_at
+            # Log.
+            if state.step % sweep.log_every == 0 or done:
+                row = _log(state, smooth, size, lr, start)
+                if on_row is not None:
+                    on_row(row)
+            # Stop.
+            if done and not metric_task and not _analysis_reached(state.rows, hardest,
+                                                                  n_examples):
+                # The causal EMA crossed, but the analysis's centred reading of the logged
+                # losses has not (near a loss floor they differ): train on and look again.
+                state.stop_at, done = None, False
+            state.elapsed = time.perf_counter() - start
+            if done:
+                reason = "target"
+                break
+            # A step boundary: `state.state_dict()` here is the whole run so far.
+    except Diverged as err:
+        outcome, reason = "diverged", str(err)
+    finally:
+        state.monitor.close()
+        state.elapsed = time.perf_counter() - start
+    if out_dir is not None:
+        store.write_table(out_dir / store.METRICS, store.metrics_table(state.rows))
+    return RunResult(outcome, state.step, reason, state.loss, time.perf_counter() - start)
+
+
+def _log(state: TrainState, smooth: float, size: int, lr: float,
+         start: float) -> dict[str, float]:
+    """Append this step's row to `state.rows` (evaluating where `sweep.eval_every` says) and
+    return it; `wall_time` is the seconds since `start`."""
+    sweep, model = state.config.sweep, state.model
+    eval_loss = math.nan
+    if sweep.eval_every and state.step % sweep.eval_every == 0:
+        exact = state.probes.exact_loss(model)
+        eval_loss = exact if exact is not None else _eval_loss(model, state.task)
+    state.elapsed = time.perf_counter() - start
+    values = {
+        "step": state.step, "examples": state.examples, "loss": state.loss,
+        "loss_smooth": smooth, "eval_loss": eval_loss, "lr": state.spec.learning_rate,
+        "wall_time": state.elapsed, "metric": state.metric,
+    }
+    # The noise columns of the schema are the estimate's fields, by name.
+    estimate = state.estimate
+    for field in fields(NoiseEstimate):
+        values[field.name] = getattr(estimate, field.name) if estimate is not None else math.nan
+    # Probes and exact truth (gnsweep.measure.probe), then this step's batch size and rate.
+    values.update({**state.probes.values(model, state.examples), "batch_size": size, "lr": lr})
+    for name, value in values.items():
+        state.rows[name].append(value)
+    return values
+
+
+def _analysis_reached(rows: dict[str, list], target: float, batch_examples: int) -> bool:
+    """Whether `gnsweep analyze` will read the hardest loss target as reached from the rows
+    logged so far: the centred smooth of the training loss (at step - 1 updates, as
+    analysis.steps reads it) at or below it where its window is already whole."""
+    x = np.asarray(rows["step"], float) - 1.0
+    return settled_at_or_below(x, np.asarray(rows["loss"], float), target, SMOOTHING_FRACTION,
+                               MIN_WINDOW_EXAMPLES / batch_examples)
+
+
+def _agree(loss: float, metric: float, stop: bool,
+           device: torch.device) -> tuple[float, float, bool]:
+    """The global batch-mean loss (equal per-rank batches), the ranks' mean metric (NaN while
+    any rank has none) and whether any rank must stop."""
+    values = torch.tensor([loss, metric, float(stop)], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(values)
+    world = torch.distributed.get_world_size()
+    return float(values[0]) / world, float(values[1]) / world, bool(values[2] > 0)
+
+
+def _metric(task: Task, model: torch.nn.Module) -> float:
+    """The task's own metric, `task.metric(model)` (NaN until it has one: no episode ended)."""
+    measure: Callable[[torch.nn.Module], float] = getattr(task, "metric")  # noqa: B009
+    return float(measure(model))
+
+
+@torch.no_grad()
+def _eval_loss(model: torch.nn.Module, task: Task) -> float:
+    """The task's `eval_loss(model)` in eval mode (NaN when the task has none)."""
+    evaluate = getattr(task, "eval_loss", None)
+    if evaluate is None:
+        return math.nan
+    was_training = model.training
+    model.eval()
+    try:
+        return float(evaluate(model))
+    finally:
+        model.train(was_training)

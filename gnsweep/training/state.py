@@ -1,0 +1,224 @@
+"""A run's state, gathered in one place and built in one place (`build_run`).
+
+Every part that changes as the run trains has `state_dict()` / `load_state_dict()` (torch's
+`Stateful` idea): `TrainState.state_dict()` is the run's whole state at a step boundary, and a
+`TrainState` built alike by `build_run(config, spec)` that loads it continues bit for bit as the
+run would have. A state dict holds tensors, numbers, strings, lists and dicts only (what
+`torch.load(weights_only=True)` reads); like torch's, its tensors are the live ones, so save
+or copy it before training on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gnsweep import store
+from gnsweep.config import Config
+from gnsweep.measure import NoiseScaleMonitor
+from gnsweep.measure.common import split_batch
+from gnsweep.measure.probe import RunProbes
+from gnsweep.noise import NoiseEstimate, estimate_state, load_estimate
+from gnsweep.runs import RunSpec
+from gnsweep.schedule import AdaptiveBatch, BatchSchedule, ConstantBatch
+from gnsweep.tasks import Task, make_task
+from gnsweep.training.data import DataSource
+from gnsweep.training.recipe import make_optimizer
+from gnsweep.training.watch import LossWatch
+
+PARTS = ("model", "optimizer", "schedule", "watch", "monitor", "probes", "data")
+"""The parts with a `state_dict()` of their own, by attribute name."""
+
+
+@dataclass
+class TrainState:
+    """One run's parts and where it stands. Built by `build_run`; the loop
+    (`gnsweep.training.loop.run`) advances it one step at a time."""
+
+    config: Config
+    spec: RunSpec
+    task: Task
+    world: int
+    """DDP world size (1 without torch.distributed)."""
+    rank: int
+    device: torch.device
+    model: torch.nn.Module
+    """The task's model on `device`."""
+    trained: torch.nn.Module
+    """The module the loop trains: `model`, DDP-wrapped under torchrun."""
+    optimizer: torch.optim.Optimizer
+    schedule: BatchSchedule
+    """The batch size of each step (`gnsweep.schedule`)."""
+    watch: LossWatch
+    """The smoothed loss and divergence."""
+    monitor: NoiseScaleMonitor
+    """The noise scale, measured on the training steps."""
+    probes: RunProbes
+    """Frozen-parameter probes and exact truth at log-spaced points."""
+    data: DataSource
+    """Each step's batch."""
+    step: int = 0
+    """Optimizer steps taken."""
+    examples: int = 0
+    """Examples trained on (the task's unit), all ranks."""
+    estimate: NoiseEstimate | None = None
+    """The monitor's latest estimate in the task's example unit (the batch schedule reads it)."""
+    per_sample: float = 1.0
+    """Examples per sample in the last batch (tokens per window; 1 for most tasks)."""
+    loss: float = math.nan
+    """The last step's batch-mean loss."""
+    metric: float = math.nan
+    """The last step's task metric (NaN for a task whose metric is the loss)."""
+    stop_at: int | None = None
+    """The step to stop at once the hardest target is reached (None: not reached yet)."""
+    elapsed: float = 0.0
+    """Seconds trained so far (the `wall_time` column goes on from it)."""
+    rows: dict[str, list] = field(default_factory=lambda: {
+        f.name: [] for f in store.METRICS_SCHEMA})
+    """The metrics rows logged so far, by column (`store.METRICS_SCHEMA`)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each part's `state_dict()` by name (`PARTS`), torch's global random state (`rng`:
+        the CPU generator's, and the device's on CUDA), where the run stands (`progress`) and
+        the rows logged so far (`rows`)."""
+        rng = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {**{name: getattr(self, name).state_dict() for name in PARTS}, "rng": rng,
+                "progress": {"step": self.step, "examples": self.examples,
+                             "estimate": estimate_state(self.estimate),
+                             "per_sample": self.per_sample, "loss": self.loss,
+                             "metric": self.metric, "stop_at": self.stop_at,
+                             "elapsed": self.elapsed},
+                "rows": {name: list(values) for name, values in self.rows.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict()` of a run built alike (same config and spec)."""
+        if state["monitor"]["method"] != self.monitor.method:
+            # The saved run fell back from micro-batches at its first step: so does this one.
+            self.monitor = _per_example_instead(self)
+        for name in PARTS:
+            getattr(self, name).load_state_dict(state[name])
+        torch.set_rng_state(state["rng"]["cpu"])
+        if "cuda" in state["rng"] and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+        progress = state["progress"]
+        self.step, self.examples = int(progress["step"]), int(progress["examples"])
+        self.estimate = load_estimate(progress["estimate"])
+        self.per_sample = float(progress["per_sample"])
+        self.loss, self.metric = float(progress["loss"]), float(progress["metric"])
+        self.stop_at, self.elapsed = progress["stop_at"], float(progress["elapsed"])
+        self.rows = {name: list(values) for name, values in state["rows"].items()}
+
+
+def build_run(config: Config, spec: RunSpec) -> TrainState:
+    """The run's parts at step 0, each built here and only here.
+
+    Seeds torch's global generator from `spec.seed` first (the model's initialisation)."""
+    torch.manual_seed(spec.seed)
+    task = make_task(config.task.name, config.task.options, spec.seed)
+    # Under torchrun (a process group initialised by the worker entry point) every rank trains
+    # a DDP replica on its own B/N examples a step; without one, this process does all B.
+    world, rank, device = placement()
+    model, trained = _build_model(task, device)
+    sweep = config.sweep
+    optimizer = make_optimizer(sweep.optimizer, model.parameters(), lr=spec.learning_rate,
+                               momentum=sweep.momentum)
+    monitor = make_monitor(model, trained, task, config)
+    schedule = _make_schedule(config, spec, world)
+    probes = RunProbes(config.noise, task, spec.seed)  # frozen-parameter probes, exact truth
+    data = DataSource(task, spec.seed, world, rank, device)
+    # A metric task's loss (A2C's) has no scale to diverge from: only a non-finite one diverges.
+    metric_task = config.task.metric != "loss"
+    watch = LossWatch(sweep.loss_ema_examples, None if metric_task else sweep.divergence_factor)
+    return TrainState(config, spec, task, world, rank, device, model, trained, optimizer,
+                      schedule, watch, monitor, probes, data)
+
+
+def placement() -> tuple[int, int, torch.device]:
+    """(world size, rank, device): one GPU per local rank under an nccl process group, else the
+    CPU; (1, 0, cpu) without torch.distributed."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1, 0, torch.device("cpu")
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return dist.get_world_size(), dist.get_rank(), device
+
+
+def resolve_method(method: str) -> str:
+    """`auto`: the DDP hook under torch.distributed, else per-example norms in this process."""
+    if method != "auto":
+        return method
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return "ddp"
+    return "per_example"
+
+
+def make_monitor(model: torch.nn.Module, trained: torch.nn.Module, task: Task, config: Config,
+                 method: str | None = None) -> NoiseScaleMonitor:
+    """The noise-scale monitor of `config.noise` on the trained module (`method`: instead of
+    `config.noise.method`)."""
+    noise = config.noise
+    method = method or resolve_method(noise.method)
+    if isinstance(trained, torch.nn.parallel.DistributedDataParallel) and method != "ddp":
+        raise ValueError(f"noise.method={method} under torchrun: use ddp (or auto), which "
+                         "reads each worker's gradient before the all-reduce")
+    # The Hessian passes run the task's own loss on the unwrapped model (`task_loss`).
+    return NoiseScaleMonitor(trained, method=method, every=noise.every,
+                             ema_steps=noise.ema_steps, ema_examples=noise.ema_examples,
+                             task_loss=task.loss, hessian_every=noise.hessian_every,
+                             ema_fraction=noise.ema_fraction,
+                             parameters=_noise_parameters(task, model))
+
+
+def fall_back_if_unsplittable(state: TrainState, batch: Any) -> None:
+    """noise.method=microbatch on a batch that cannot be cut along dim 0: per-example norms
+    instead, said once (they need no split, except for layers they do not cover; a batch of one
+    sample, cartpole's one environment, they leave unmeasured, NaN)."""
+    if state.monitor.method != "microbatch" or split_batch(batch, 2) is not None:
+        return
+    state.monitor.warn_once("nosplit", "noise scale: this task's batch cannot be split along "
+                            "dim 0 (no tensor, tensors of different lengths, or one sample): "
+                            "measuring with per-example norms instead of micro-batches")
+    state.monitor = _per_example_instead(state)
+
+
+def _per_example_instead(state: TrainState) -> NoiseScaleMonitor:
+    state.monitor.close()
+    return make_monitor(state.model, state.trained, state.task, state.config,
+                        method="per_example")
+
+
+def _noise_parameters(task: Task, model: torch.nn.Module) -> list[torch.nn.Parameter] | None:
+    """The task's `noise_parameters(model)` (the block whose gradient the noise scale is
+    measured on: an actor-critic's actor), or None: every trainable parameter."""
+    choose = getattr(task, "noise_parameters", None)
+    return None if choose is None else list(choose(model))
+
+
+def _make_schedule(config: Config, spec: RunSpec, world: int) -> BatchSchedule:
+    """The grid point's fixed batch size, or an adaptive run's B = sqrt(r B_noise) (appendix D)
+    with its learning-rate rule (eq. 2.7; `spec.learning_rate` is then eps_max)."""
+    if not spec.adaptive:
+        return ConstantBatch(spec.batch_size)
+    sweep = config.sweep
+    low, high = sweep.adaptive_bounds()
+    return AdaptiveBatch(spec.exchange_rate, spec.learning_rate, low, high,
+                         sweep.adaptive_min_change, world, spec.lr_noise)
+
+
+def _build_model(task: Task, device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the task's model on `device`, the module to train: DDP-wrapped under torchrun)."""
+    model = task.model().to(device)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        from torch.nn.parallel import DistributedDataParallel
+
+        return model, DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None)
+    return model, model
