@@ -1,0 +1,101 @@
+"""Branch runs (gnsweep.training.branch): a run built for a branch point starts from the base
+run's saved model and optimizer state, at its own learning rate, with its own counters, smoother,
+monitor and data; its first update is the one the base run's optimizer state dictates."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from gnsweep.config import BranchConfig, Config, ConfigError, SweepConfig, TaskConfig
+from gnsweep.runs import RunSpec
+from gnsweep.training import StopRequested, TrainState, build_run, run
+from gnsweep.training.data import DataSource
+
+BASE = Config(task=TaskConfig(name="linreg", options={"dim": 8}),
+              sweep=SweepConfig(batch_sizes=[16], learning_rates=[0.05], targets=[1e-9],
+                                max_steps=12, optimizer="adam"))
+
+
+def _base_state(tmp_path: Path, steps: int = 10) -> tuple[TrainState, Path]:
+    """A base run stopped after `steps` updates, its state saved as a branch source."""
+    state = build_run(BASE, RunSpec(16, 0.05, 0))
+    with pytest.raises(StopRequested):
+        run(state, should_stop=lambda: state.step >= steps)
+    path = tmp_path / "base.pt"
+    torch.save(state.state_dict(), path)
+    return state, path
+
+
+def _branch_config(base: TrainState, path: Path, **sweep) -> Config:
+    point = {"at_examples": base.examples, "at_step": base.step, "at_loss": 1.0,
+             "b_simple": math.nan, "b_noise": math.nan, "checkpoint": str(path)}
+    return dataclasses.replace(
+        BASE, sweep=dataclasses.replace(BASE.sweep, **sweep),
+        branch=BranchConfig(base=str(path.parent), points=[point]))
+
+
+def test_a_branch_run_starts_from_the_base_runs_model_and_optimizer(tmp_path):
+    torch.set_num_threads(1)
+    base, path = _base_state(tmp_path)
+    config = _branch_config(base, path, batch_sizes=[32], learning_rates=[0.01], max_steps=3)
+    spec = RunSpec(32, 0.01, 7, at_examples=base.examples)
+    branch = build_run(config, spec)
+    # Kept: parameters and Adam's moments and step count; reset: the learning rate, counters,
+    # smoother, rows.
+    for mine, theirs in zip(branch.model.parameters(), base.model.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+    saved = base.optimizer.state_dict()["state"]
+    loaded = branch.optimizer.state_dict()["state"]
+    for key, value in saved.items():
+        assert torch.equal(loaded[key]["exp_avg_sq"], value["exp_avg_sq"])
+        assert float(loaded[key]["step"]) == base.step
+    assert [g["lr"] for g in branch.optimizer.param_groups] == [0.01]
+    assert (branch.step, branch.examples, branch.rows["step"]) == (0, 0, [])
+    assert math.isnan(branch.watch.first)
+
+    # Its first update is Adam's 11th from the base run's moments, on the branch's own batch
+    # (a fresh Adam would take a bias-corrected first step instead: a different update).
+    expected = copy.deepcopy(base.model)
+    adam = torch.optim.Adam(expected.parameters(), lr=0.01)
+    adam.load_state_dict(base.optimizer.state_dict())
+    for group in adam.param_groups:
+        group["lr"] = 0.01
+    batch = DataSource(branch.task, 7, 1, 0, torch.device("cpu")).draw(32)
+    adam.zero_grad()
+    first_loss = branch.task.loss(expected, batch)
+    first_loss.backward()
+    adam.step()
+    with pytest.raises(StopRequested):
+        run(branch, should_stop=lambda: branch.step >= 1)
+    assert branch.rows["loss"][0] == pytest.approx(float(first_loss.detach()), rel=1e-6)
+    for mine, theirs in zip(branch.model.parameters(), expected.parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7)
+    fresh = copy.deepcopy(base.model)  # what a reset optimizer would have done
+    fresh_adam = torch.optim.Adam(fresh.parameters(), lr=0.01)
+    fresh_adam.zero_grad()
+    branch.task.loss(fresh, batch).backward()
+    fresh_adam.step()
+    assert not torch.allclose(next(fresh.parameters()), next(branch.model.parameters()))
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path):
+    base, path = _base_state(tmp_path, steps=2)
+    config = _branch_config(base, path)
+    other = dataclasses.replace(config, task=TaskConfig(name="linreg", options={"dim": 4}))
+    with pytest.raises(ConfigError, match="does not fit this run's model") as err:
+        build_run(other, RunSpec(16, 0.05, 0, at_examples=base.examples))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="no branch point at 5 examples"):
+        build_run(config, RunSpec(16, 0.05, 0, at_examples=5))
+
+
+def test_branch_targets_are_fractions():
+    with pytest.raises(ConfigError, match="not a fraction"):
+        BranchConfig(targets=[0.9, 1.5])
+    assert RunSpec(16, 0.05, 0, at_examples=160).run_id == "at000000000160_b00016_lr0.05_s0"
