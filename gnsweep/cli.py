@@ -174,6 +174,46 @@ def plan(
     typer.echo(f"next: gnsweep analyze {sweep_dir}")
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def branch(
+    base_run_dir: Annotated[Path, typer.Argument(
+        help="The base run's folder, e.g. runs/digits/runs/b00032_lr0.1_s0.")],
+    at: Annotated[str, typer.Option(
+        "--at", help="Branch points in examples seen, e.g. 1000,4000,16000 (each: the base "
+                     "run's kept checkpoint at or before it).")],
+    sweep_dir: Annotated[Path, typer.Option("--sweep-dir", help="The branch sweep's folder.")],
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="Hydra overrides for the branch grid, e.g. sweep.batch_sizes=[16,64,256] "
+             "branch.targets=[0.97,0.94,0.9]")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="Worker processes (default: one per core).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Measure the critical batch size along a run: a batch size x learning rate grid started
+    from the base run's checkpoints, to targets relative to the loss at each (docs/along.md).
+
+    Runs live under DIR/runs (status, analyze, plot and report work; `gnsweep analyze DIR`
+    writes along.parquet); the same command again resumes. Exit codes as `gnsweep launch`;
+    2 also when the base run kept no checkpoint at or before a point.
+    Example: gnsweep branch runs/linreg/runs/b00016_lr0.4_s0 --at 256,1024,4096
+    --sweep-dir runs/linreg-along sweep=linreg branch.targets=[0.7,0.6,0.5]
+    """
+    from gnsweep.branching import branch as run_branch
+    from gnsweep.branching import parse_points
+
+    overrides = list(overrides or [])
+    if workers is not None:
+        overrides.append(f"executor.workers={workers}")
+    summary = run_branch(base_run_dir, parse_points(at), sweep_dir, overrides,
+                         show_progress=not quiet)
+    typer.echo(f"branch sweep {sweep_dir}: {summary.describe()}")
+    if summary.failed:
+        typer.echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
+                   f"{', '.join(summary.failed)}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"next: gnsweep analyze {sweep_dir}")
+
+
 @app.command()
 def status(
     sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder written by `gnsweep launch`.")],

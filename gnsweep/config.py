@@ -7,6 +7,7 @@ torchrun or Slurm load a run's `config.json` without Hydra.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -429,8 +430,12 @@ class BranchConfig:
             if not isinstance(point, dict) or set(point) != set(POINT_KEYS):
                 raise ConfigError(f"branch.points: {point!r}: a point has exactly "
                                   f"{', '.join(POINT_KEYS)} (written by `gnsweep branch`)")
-            points.append({**point, "at_examples": int(point["at_examples"]),
-                           "at_step": int(point["at_step"])})
+            # Not measured: None, never NaN (NaN != NaN would read as a changed setting).
+            scales = {k: None if point[k] is None or not math.isfinite(float(point[k]))
+                      else float(point[k]) for k in ("b_simple", "b_noise")}
+            points.append({**point, **scales, "at_examples": int(point["at_examples"]),
+                           "at_step": int(point["at_step"]), "at_loss": float(point["at_loss"]),
+                           "checkpoint": str(point["checkpoint"])})
         self.points = sorted(points, key=lambda p: p["at_examples"])
 
     def point(self, at_examples: int) -> dict[str, Any]:

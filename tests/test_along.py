@@ -115,7 +115,7 @@ def test_branch_point_reads_the_base_curve_where_it_was_cut():
     point = branch_point(base, 50, 400)
     assert point.at_loss == pytest.approx(10.0 - 0.5)
     assert point.b_simple == 5.0 and math.isnan(point.b_noise)
-    assert base["examples"].iloc[50] == 400  # the examples seen before row 51's update
+    assert base["examples"].iloc[50] == 400  # row 51: the loss after 50 updates, 400 examples
     with pytest.raises(AnalysisError, match="do not cover step 500"):
         branch_point(base, 500, 4000)
 

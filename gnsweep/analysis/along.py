@@ -81,16 +81,15 @@ def base_curve(base: Curves, loss: str = "smoothed") -> pd.DataFrame:
     smoothed loss the analysis reads (`steps.loss_curve`: the lag-free centred smoother) and the
     noise scales (`steps.noise_rows`: probes where run, else the training loop's EMA).
 
-    Row `step` s holds the loss at the parameters after s - 1 updates; `step` here is that
-    update count, the one a checkpoint after s updates is compared with."""
+    `step` is the number of updates behind the row's value (`loss_curve`: s - 1 for the
+    training loss logged at step s, s for the eval loss), the count a checkpoint after that many
+    updates is compared with, and `examples` the examples seen by then."""
     if len(base.runs) != 1:
         raise AnalysisError(f"a base run is one run; got {len(base.runs)}")
     x, values = loss_curve(base, loss)
-    examples = base.columns["examples"]
-    # Examples seen before the row's update: the row's count minus its own batch.
-    step = base.columns["step"]
+    step, examples = base.columns["step"], base.columns["examples"]
     per_step = np.divide(examples, step, out=np.full(len(step), np.nan), where=step > 0)
-    return pd.DataFrame({"step": x, "examples": examples - per_step, "loss": values,
+    return pd.DataFrame({"step": x, "examples": per_step * x, "loss": values,
                          "b_simple": noise_rows(base, "simple"),
                          "b_noise": noise_rows(base, "noise")})
 

@@ -7,6 +7,7 @@ The pipeline's and the console's names are re-exported here, where the first ver
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -108,14 +109,14 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
     noise scale over training where its folder is still there (for the figure)."""
     from gnsweep.analysis.along import BranchPoint, analyze_along, base_curve
     from gnsweep.analysis.load import load_run_curves
-    from gnsweep.config import POINT_KEYS
 
     task, branch = config.task, config.branch
     if task.metric != "loss":
         loss = "metric"
     loss = loss or config.analysis.loss
-    points = [BranchPoint(**{k: p[k] for k in POINT_KEYS if k != "checkpoint"})
-              for p in branch.points]
+    points = [BranchPoint(int(p["at_examples"]), int(p["at_step"]), float(p["at_loss"]),
+                          *(math.nan if p[k] is None else float(p[k])
+                            for k in ("b_simple", "b_noise"))) for p in branch.points]
     analysis = analyze_along(curves, points, branch.targets, loss=loss, ema_examples=ema_examples,
                              bootstrap=config.analysis.bootstrap if bootstrap is None
                              else bootstrap, optimizer=config.sweep.optimizer,

@@ -1,0 +1,201 @@
+"""`gnsweep branch`: a batch size x learning rate grid started from checkpoints of one base run.
+
+For each requested point N (examples seen), the base run's kept checkpoint at or before N is a
+branch point: its loss is measured on fresh batches at its fixed parameters (the targets are
+fractions of it, `branch.targets`), the base run's noise scale there is read from its metrics,
+and the grid's runs are written under `D/runs/` (run ids `at<N>_b..`), each starting from that
+checkpoint (`gnsweep.training.branch`: what is kept and what is reset). The folder is a sweep
+like any other: status, analyze (the local B_crit, `analysis.along`), plot and report work, and
+the same command again resumes it. docs/along.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+from gnsweep import store
+from gnsweep.analysis.along import branch_point, relative_target
+from gnsweep.config import BranchConfig, Config, ConfigError, compose
+from gnsweep.runs import RunSpec, parse_run_record, write_run
+
+PROBE_SEED = 271_828
+"""Seed of the batches on which the loss at a branch point is measured (the same at every
+relaunch, so a resumed branch sweep finds the same targets)."""
+FIXED_BY_BASE = ("task", "sweep.optimizer", "sweep.momentum")
+"""Settings a branch run takes from the base run: its checkpoint is that model and optimizer."""
+
+
+def parse_points(text: str) -> list[int]:
+    """`--at 1000,4000,16000` (examples seen; 1e4 and 10_000 also read) as sorted integers."""
+    points = []
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        try:
+            value = float(part.replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"--at: {part!r} is not a number of examples; give e.g. "
+                              "--at 1000,4000,16000") from None
+        if not (value >= 1 and value == int(value)):
+            raise ConfigError(f"--at: {part} is not a positive whole number of examples")
+        points.append(int(value))
+    if not points:
+        raise ConfigError("--at: give at least one branch point, e.g. --at 1000,4000")
+    return sorted(set(points))
+
+
+def kept_checkpoints(run_dir: Path) -> dict[int, Path]:
+    """The checkpoints a run kept, by the examples it had seen at each: the files of
+    `<run>/checkpoints/` holding a saved run state (`TrainState.state_dict()`).
+
+    The one place that knows where a run keeps its checkpoints."""
+    from gnsweep.training.branch import read_checkpoint
+
+    found: dict[int, Path] = {}
+    folder = run_dir / "checkpoints"
+    for path in sorted(folder.glob("*.pt")) if folder.is_dir() else []:
+        found[int(read_checkpoint(path)["progress"]["examples"])] = path
+    return found
+
+
+def checkpoint_at_or_before(run_dir: Path, at: int, kept: dict[int, Path]) -> tuple[int, Path]:
+    """The kept checkpoint with the most examples not above `at`; ConfigError (one line, exit 2)
+    when the run kept none that early."""
+    usable = [n for n in kept if n <= at]
+    if not usable:
+        have = ", ".join(f"{n:,}" for n in sorted(kept)) or "none"
+        raise ConfigError(f"{run_dir}: no checkpoint kept at or before {at:,} examples (kept: "
+                          f"{have}); branch later, or keep earlier ones in the base run "
+                          "(train.keep_checkpoints_at=[...])")
+    best = max(usable)
+    return best, kept[best]
+
+
+def branch_config(base: Config, overrides: list[str]) -> Config:
+    """The branch sweep's config: the overrides composed as for `gnsweep launch`, with the base
+    run's task, optimizer and momentum (FIXED_BY_BASE); an override of those is refused."""
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if any(key == fixed or key.startswith(f"{fixed}.") for fixed in FIXED_BY_BASE):
+            raise ConfigError(f"{override}: a branch run trains the base run's model with its "
+                              f"optimizer ({', '.join(FIXED_BY_BASE)} come from the base run); "
+                              "drop it")
+    config = compose(overrides)
+    if config.sweep.schedule != "constant":
+        raise ConfigError(f"sweep.schedule={config.sweep.schedule}: a branch sweep is a grid of "
+                          "fixed batch sizes; drop the schedule")
+    sweep = dataclasses.replace(config.sweep, optimizer=base.sweep.optimizer,
+                                momentum=base.sweep.momentum)
+    return dataclasses.replace(config, task=base.task, sweep=sweep)
+
+
+def loss_at(base: Config, base_spec: RunSpec, source: dict[str, Any], batch_size: int,
+            batches: int, loss: str) -> float:
+    """The loss at a checkpoint's fixed parameters: the mean batch loss over `batches` fresh
+    batches of `batch_size` (train mode, as the training loop measures it), or the task's eval
+    loss with `loss=eval`. No update, no gradient: the branch point's own loss, free of the
+    lag and curvature bias a smoother of the base run's logged losses has where the loss falls
+    fast (docs/along.md)."""
+    import torch
+
+    from gnsweep.tasks import make_task
+
+    task = make_task(base.task.name, base.task.options, base_spec.seed)
+    model = task.model()
+    model.load_state_dict(source["model"])
+    if loss == "eval" and hasattr(task, "eval_loss"):
+        model.eval()
+        with torch.no_grad():
+            return float(task.eval_loss(model))
+    generator = torch.Generator().manual_seed(PROBE_SEED)
+    total = 0.0
+    with torch.no_grad():
+        for _ in range(batches):
+            total += float(task.loss(model, task.sample(batch_size, generator)))
+    return total / batches
+
+
+def base_noise(run_dir: Path, at_step: int, at_examples: int, loss: str
+               ) -> tuple[float, float, float]:
+    """The base run's smoothed loss, B_simple and B_noise at a checkpoint, from its logged rows
+    (NaN where it logged none there)."""
+    from gnsweep.analysis.along import base_curve
+    from gnsweep.analysis.load import load_run_curves
+    from gnsweep.analysis.pipeline import AnalysisError
+
+    if not (run_dir / store.METRICS).is_file():
+        return math.nan, math.nan, math.nan
+    try:
+        point = branch_point(base_curve(load_run_curves(run_dir), loss), at_step, at_examples)
+    except AnalysisError:
+        return math.nan, math.nan, math.nan
+    return point.at_loss, point.b_simple, point.b_noise
+
+
+def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[str]
+                   ) -> tuple[Config, list[RunSpec]]:
+    """Resolve the branch points, write the branch sweep's config and every run's record (those
+    already written are kept: the same command resumes); returns (config, specs)."""
+    from gnsweep.sweep import prepare_folder
+    from gnsweep.training.branch import read_checkpoint
+
+    if not (base_run / store.RUN_CONFIG).is_file():
+        raise ConfigError(f"{base_run}: not a run folder (no {store.RUN_CONFIG}); give a run of "
+                          "a sweep, e.g. runs/digits/runs/b00032_lr0.1_s0")
+    base, base_spec = parse_run_record(store.read_json(base_run / store.RUN_CONFIG))
+    config = branch_config(base, overrides)
+    metric_task = config.task.metric != "loss"
+    loss = "metric" if metric_task else config.analysis.loss
+    kept = kept_checkpoints(base_run)
+    chosen = sorted({checkpoint_at_or_before(base_run, n, kept) for n in at})
+    points = []
+    for examples, path in chosen:
+        source = read_checkpoint(path)
+        step = int(source["progress"]["step"])
+        smoothed, b_simple, b_noise = base_noise(base_run, step, examples, loss)
+        if metric_task:  # a return cannot be probed at fixed parameters: the logged one
+            if not math.isfinite(smoothed):
+                raise ConfigError(f"{base_run}: its logged {config.task.metric} does not "
+                                  f"cover step {step}; a branch needs it there")
+            at_loss = smoothed
+        else:
+            at_loss = loss_at(base, base_spec, source, max(config.sweep.batch_sizes),
+                              config.branch.probe_batches, loss)
+        points.append({"at_examples": examples, "at_step": step, "at_loss": at_loss,
+                       "b_simple": b_simple, "b_noise": b_noise,
+                       "checkpoint": str(path.resolve())})
+    branch = BranchConfig(targets=config.branch.targets, probe_batches=config.branch.probe_batches,
+                          base=str(base_run.resolve()), points=points)
+    config = dataclasses.replace(config, branch=branch)
+    prepare_folder(sweep_dir, config)
+    specs = []
+    for point in branch.points:
+        # Each point's runs stop at its own hardest target: the fractions of its loss.
+        targets = [relative_target(point["at_loss"], f, config.task.higher_is_better)
+                   for f in branch.targets]
+        run_config = dataclasses.replace(config, sweep=dataclasses.replace(
+            config.sweep, targets=targets))
+        for spec in _grid(config, point["at_examples"]):
+            write_run(sweep_dir, run_config, spec)
+            specs.append(spec)
+    return config, specs
+
+
+def _grid(config: Config, at_examples: int) -> list[RunSpec]:
+    sweep = config.sweep
+    return sorted(RunSpec(b, lr, s, at_examples=at_examples) for b in sweep.batch_sizes
+                  for lr in sweep.learning_rates for s in sweep.seeds)
+
+
+def branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[str], *,
+           show_progress: bool = True) -> Any:
+    """Write the branch sweep (`prepare_branch`) and run what has not finished with the
+    configured executor; returns the executor's summary."""
+    from gnsweep.sweep import run_specs
+
+    config, specs = prepare_branch(base_run, at, sweep_dir, overrides)
+    return run_specs(config, sweep_dir, [spec.run_id for spec in specs],
+                     show_progress=show_progress)
