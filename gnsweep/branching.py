@@ -76,14 +76,24 @@ def checkpoint_at_or_before(run_dir: Path, at: int, kept: dict[int, Path]) -> tu
 
 def branch_config(base: Config, overrides: list[str]) -> Config:
     """The branch sweep's config: the overrides composed as for `gnsweep launch`, with the base
-    run's task, optimizer and momentum (FIXED_BY_BASE); an override of those is refused."""
-    for override in overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
-        if any(key == fixed or key.startswith(f"{fixed}.") for fixed in FIXED_BY_BASE):
-            raise ConfigError(f"{override}: a branch run trains the base run's model with its "
-                              f"optimizer ({', '.join(FIXED_BY_BASE)} come from the base run); "
-                              "drop it")
+    run's task, optimizer and momentum (FIXED_BY_BASE). Overrides of those may repeat the base
+    run's settings; one that differs from them is refused."""
+    from gnsweep.sweep import config_differences
+
     config = compose(overrides)
+    keys = [(o, o.lstrip("+~").split("=", 1)[0]) for o in overrides]
+    touched = [o for o, key in keys
+               if any(key == f or key.startswith(f"{f}.") for f in FIXED_BY_BASE)]
+    if touched:
+        def fixed(c: Config) -> dict:
+            return {"task": c.to_dict()["task"],
+                    "sweep": {"optimizer": c.sweep.optimizer, "momentum": c.sweep.momentum}}
+
+        differ = config_differences(fixed(base), fixed(config))
+        if differ:
+            raise ConfigError(f"{' '.join(touched)}: a branch run trains the base run's model "
+                              f"with its optimizer, and this changes them ({'; '.join(differ)}); "
+                              "drop it")
     if config.sweep.schedule != "constant":
         raise ConfigError(f"sweep.schedule={config.sweep.schedule}: a branch sweep is a grid of "
                           "fixed batch sizes; drop the schedule")

@@ -315,6 +315,10 @@ def analyze(
         out = out or sweep_dir
     typer.echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by")),
                err=as_json)
+    if len(result.along):  # a branch sweep (`gnsweep branch`): the local B_crit per point
+        from gnsweep.analysis.along import format_along
+
+        typer.echo(format_along(result.along, result.meta.get("unit", "examples")), err=as_json)
     if len(result.adaptive):
         from gnsweep.analysis.adaptive import format_adaptive
 
@@ -322,7 +326,8 @@ def analyze(
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"tables: {out}/steps.parquet, front.parquet, fits.parquet, lr_fits.parquet, "
-               "loss_scaling.parquet, fits.json", err=as_json)
+               "loss_scaling.parquet, fits.json" + (", along.parquet" if len(result.along)
+                                                     else ""), err=as_json)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
 

@@ -99,3 +99,78 @@ def test_branch_targets_are_fractions():
     with pytest.raises(ConfigError, match="not a fraction"):
         BranchConfig(targets=[0.9, 1.5])
     assert RunSpec(16, 0.05, 0, at_examples=160).run_id == "at000000000160_b00016_lr0.05_s0"
+
+
+# ---- `gnsweep branch` from a base run that kept checkpoints --------------------------------
+
+LINREG = ["task=linreg", "task.dim=8", "sweep=linreg", "sweep.eval_every=1",
+          "analysis.loss=eval"]
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory) -> Path:
+    from branch_base import make_base_run
+
+    return make_base_run(tmp_path_factory.mktemp("base") / "sweep",
+                         [*LINREG, "sweep.batch_sizes=[16]", "sweep.learning_rates=[0.5]",
+                          "sweep.targets=[0.13]", "sweep.max_steps=60"], [10, 40])
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--at", "100"], "no checkpoint kept at or before 100 examples (kept: 160, 640)"),
+    (["--at", "1000", "task.dim=4"], "this changes them (task.options.dim: 8 -> 4)"),
+    (["--at", "ten"], "--at: 'ten' is not a number of examples"),
+    (["--at", "1000", "branch.targets=[0.9,1.1]"], "branch.targets: 1.1 is not a fraction"),
+])
+def test_branch_mistakes_are_one_line_and_exit_2(base_run, tmp_path, args, expected):
+    from typer.testing import CliRunner
+
+    from gnsweep.cli import app
+
+    out = tmp_path / "branch"
+    result = CliRunner().invoke(app, ["branch", str(base_run), "--sweep-dir", str(out), *LINREG,
+                                      *args])
+    assert result.exit_code == 2, result.output
+    assert expected in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (out / "runs").exists()
+
+
+@pytest.mark.slow
+def test_branch_sweep_end_to_end_and_resumed(base_run, tmp_path):
+    """Two branch points x a 3 x 2 grid through the CLI: runs under D/runs start at their point
+    (the first logged examples count from zero), analyze writes along.parquet, plot draws the
+    along figure, the report has its section, and the same command again runs nothing."""
+    from typer.testing import CliRunner
+
+    from gnsweep import store
+    from gnsweep.cli import app
+
+    out = tmp_path / "branch"
+    args = ["branch", str(base_run), "--at", "200,700", "--sweep-dir", str(out), *LINREG,
+            "sweep.batch_sizes=[4,16,64]", "sweep.learning_rates=[0.3,0.6]",
+            "branch.targets=[0.8,0.6]", "--workers", "2", "-q"]
+    runner = CliRunner()
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    ids = store.run_ids(out)
+    assert len(ids) == 12 and {i[:14] for i in ids} == {"at000000000160", "at000000000640"}
+    config = Config.load(out)
+    assert [p["at_step"] for p in config.branch.points] == [10, 40]
+    record = store.read_json(store.run_dir(out, ids[0]) / store.RUN_CONFIG)
+    at_loss = config.branch.points[0]["at_loss"]
+    assert record["config"]["sweep"]["targets"] == pytest.approx([0.8 * at_loss, 0.6 * at_loss])
+    metrics = store.read_table(store.run_dir(out, ids[0]) / store.METRICS).to_pandas()
+    assert metrics["step"].iloc[0] == 1 and metrics["examples"].iloc[0] == 4
+
+    assert runner.invoke(app, ["analyze", str(out)]).exit_code == 0
+    along = store.read_table(out / "along.parquet").to_pandas()
+    assert len(along) == 4 and set(along["target"]) == {0.8, 0.6}
+    assert runner.invoke(app, ["plot", str(out)]).exit_code == 0
+    assert (out / "figures" / "bcrit_along_training.png").is_file()
+    assert runner.invoke(app, ["report", str(out)]).exit_code == 0
+    assert "Critical batch size along training" in (out / "report.html").read_text()
+
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert "0 done, 0 diverged, 0 failed this launch" in again.output

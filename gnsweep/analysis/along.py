@@ -219,3 +219,24 @@ def _row(point: BranchPoint, fraction: float, value: float, fits: pd.DataFrame, 
     row["ratio_noise"], row["ratio_noise_se"] = ratio_with_error(
         fit["b_crit"], fit["b_crit_se"], point.b_noise, 0.0)
     return row
+
+
+def format_along(along: pd.DataFrame, unit: str = "examples") -> str:
+    """The local B_crit table as `gnsweep analyze` prints it: one line per (point, target)."""
+    lines = [f"critical batch size along training ({unit}):",
+             f"{'at':>12} {'loss there':>11} {'target':>7} {'#B':>3} {'S_min':>14} "
+             f"{'local B_crit':>16} {'base B_simple':>14} {'base B_noise':>13}  note"]
+    for row in along.itertuples(index=False):
+        def pm(value: float, se: float) -> str:
+            if not np.isfinite(value):
+                return "-"
+            return f"{value:.4g} ± {se:.2g}" if np.isfinite(se) else f"{value:.4g}"
+
+        def num(value: float) -> str:
+            return f"{value:.4g}" if np.isfinite(value) else "-"
+
+        lines.append(f"{row.at_examples:>12,} {row.at_loss:>11.4g} {row.target:>7g} "
+                     f"{row.n_batch_sizes:>3} {pm(row.s_min, row.s_min_se):>14} "
+                     f"{pm(row.b_crit, row.b_crit_se):>16} {num(row.b_simple):>14} "
+                     f"{num(row.b_noise):>13}  {row.refused or row.quality}")
+    return "\n".join(lines)
