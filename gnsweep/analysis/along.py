@@ -96,15 +96,17 @@ def base_curve(base: Curves, loss: str = "smoothed") -> pd.DataFrame:
 
 def branch_point(base: pd.DataFrame, at_step: int, at_examples: int) -> BranchPoint:
     """The base run at a checkpoint after `at_step` updates (`base_curve`'s rows): its smoothed
-    loss interpolated there, and the noise scales of the nearest row at or before it (a noise
-    scale is an average over a window; interpolating it adds nothing)."""
+    loss interpolated there (NaN where that loss was not logged, e.g. an eval loss), and the
+    noise scales of the nearest row at or before it (a noise scale is an average over a window;
+    interpolating it adds nothing)."""
     x = base["step"].to_numpy(float)
     loss = base["loss"].to_numpy(float)
-    ok = np.isfinite(x) & np.isfinite(loss)
-    if not ok.any() or at_step < x[ok].min() or at_step > x[ok].max():
+    logged = x[np.isfinite(x)]
+    if not len(logged) or at_step < logged.min() or at_step > logged.max():
         raise AnalysisError(f"the base run's logged rows do not cover step {at_step} (they span "
-                            f"{_span(x[ok])}): branch from a point it has logged")
-    at_loss = float(np.interp(at_step, x[ok], loss[ok]))
+                            f"{_span(logged)}): branch from a point it has logged")
+    ok = np.isfinite(x) & np.isfinite(loss)
+    at_loss = float(np.interp(at_step, x[ok], loss[ok])) if ok.any() else math.nan
     before = np.flatnonzero(x <= at_step)
     row = base.iloc[int(before[-1])] if len(before) else base.iloc[0]
     return BranchPoint(int(at_examples), int(at_step), at_loss, float(row["b_simple"]),
