@@ -209,3 +209,29 @@ def branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[str],
     config, specs = prepare_branch(base_run, at, sweep_dir, overrides)
     return run_specs(config, sweep_dir, [spec.run_id for spec in specs],
                      show_progress=show_progress)
+
+
+def resolve_along(config: Config, sweep_dir: Path) -> Config:
+    """The config with an along schedule's curve resolved (`sweep.schedule=along`): the local
+    B_crit of `sweep.along_from`'s along.parquet at each branch point, at the fraction nearest 1
+    that has a fit there (the most local reading), as [examples, B_crit] pairs. ConfigError
+    (exit 2) when that folder has no analysed branch sweep or no fit at any point. The learning
+    rate's rule is resolved with the adaptive one's (`sweep.resolve_adaptive_lr`: eq. 2.7 from
+    this folder's fixed-batch fit)."""
+    sweep = config.sweep
+    if sweep.schedule != "along" or sweep.along_points:
+        return config
+    source = Path(sweep.along_from)
+    path = source / "along.parquet"
+    if not path.is_file():
+        raise ConfigError(f"sweep.along_from={source}: no along.parquet there; run gnsweep "
+                          f"branch into it, then gnsweep analyze {source}")
+    along = store.read_table(path).to_pandas()
+    fitted = along[(along["refused"].astype(str) == "") & (along["b_crit"] > 0)]
+    points = []
+    for at, rows in fitted.groupby("at_examples"):
+        row = rows.loc[rows["target"].idxmax()]
+        points.append([float(at), float(row["b_crit"])])
+    if not points:
+        raise ConfigError(f"{path}: no branch point has a fit of eq. 2.11; nothing to follow")
+    return dataclasses.replace(config, sweep=dataclasses.replace(sweep, along_points=points))

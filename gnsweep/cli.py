@@ -107,6 +107,10 @@ def launch(
     config = compose(overrides)
     sweep_dir = sweep_dir or Path("runs") / config.sweep.name
     config = resolve_adaptive_lr(config, sweep_dir)  # adaptive runs: eq. 2.7 from the folder's fit
+    if config.sweep.schedule == "along":  # the measured B_crit curve of a branch sweep
+        from gnsweep.branching import resolve_along
+
+        config = resolve_along(config, sweep_dir)
     specs = expand_grid(config)
     if dry_run:
         typer.echo(f"sweep {config.sweep.name}: task {config.task.name}, {len(specs)} runs "
@@ -115,7 +119,8 @@ def launch(
         for spec in specs:
             # An adaptive run's batch size follows the noise scale, its rate is eps_max (eq. 2.7).
             batch, lr = ((f"adaptive r={spec.exchange_rate:g}", f"eps_max {spec.learning_rate:g}")
-                         if spec.adaptive else (str(spec.batch_size), f"{spec.learning_rate:g}"))
+                         if spec.adaptive else ("along B_crit", f"eps_max {spec.learning_rate:g}")
+                         if spec.along else (str(spec.batch_size), f"{spec.learning_rate:g}"))
             typer.echo(f"{spec.run_id:<28}{batch:>16}{lr:>16}{spec.seed:>6}")
         return
     from gnsweep.tasks.check import check_task
@@ -315,6 +320,10 @@ def analyze(
         out = out or sweep_dir
     typer.echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by")),
                err=as_json)
+    if len(result.along_schedule):  # runs following a measured B_crit (sweep.schedule=along)
+        from gnsweep.analysis.along import format_schedule
+
+        typer.echo(format_schedule(result.along_schedule), err=as_json)
     if len(result.along):  # a branch sweep (`gnsweep branch`): the local B_crit per point
         from gnsweep.analysis.along import format_along
 

@@ -44,7 +44,7 @@ METHODS = ("auto", "per_example", "microbatch", "ddp")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 EXECUTORS = ("local", "torchrun", "slurm")
 LOSS_KINDS = ("smoothed", "raw", "eval")
-SCHEDULES = ("constant", "adaptive")
+SCHEDULES = ("constant", "adaptive", "along")
 
 
 @dataclass
@@ -156,7 +156,13 @@ class SweepConfig:
     2-10x more examples than `fit` (docs/adaptive.md)."""
     adaptive_lr_noise: float = 0.0
     """schedule=adaptive, adaptive_lr=fit: the constant B_noise of the learning-rate rule (0:
-    take `b_noise_lr` from the folder's fits.parquet at launch)."""
+    take `b_noise_lr` from the folder's fits.parquet at launch); schedule=along: the same."""
+    along_from: str = ""
+    """schedule=along: an analysed branch sweep (`gnsweep branch`, its along.parquet) whose
+    measured local B_crit the along run's batch size follows (docs/along.md)."""
+    along_points: list[list[float]] = field(default_factory=list)
+    """schedule=along: [examples, B_crit] pairs the batch size follows; read from
+    `along_from` at launch (set it only to give the curve by hand)."""
 
     def __post_init__(self) -> None:
         self.batch_sizes = _positive_list("sweep.batch_sizes", self.batch_sizes, _integer)
@@ -213,10 +219,18 @@ class SweepConfig:
         if not 0 < low <= high:
             raise ConfigError(f"sweep.adaptive_min_batch/adaptive_max_batch: {low} .. {high} is "
                               "not a range of batch sizes; use 0 < min <= max (0: the grid's)")
-        if self.schedule == "adaptive" and self.optimizer in ("adam", "adamw"):
-            raise ConfigError(f"sweep.schedule=adaptive with sweep.optimizer={self.optimizer}: "
-                              "its learning-rate rule eps(B) = eps_max/(1 + B_noise/B) is SGD's "
-                              "(eq. 2.7); use sgd or momentum")
+        self.along_points = [[_number("sweep.along_points", e), _number("sweep.along_points", b)]
+                             for e, b in (self.along_points or [])]
+        if self.schedule != "along" and (self.along_from or self.along_points):
+            raise ConfigError("sweep.along_from is set but sweep.schedule is not along; add "
+                              "sweep.schedule=along (or drop sweep.along_from)")
+        if self.schedule == "along" and not (self.along_from or self.along_points):
+            raise ConfigError("sweep.schedule=along needs sweep.along_from=DIR: an analysed "
+                              "branch sweep (gnsweep branch, then gnsweep analyze DIR)")
+        if self.schedule in ("adaptive", "along") and self.optimizer in ("adam", "adamw"):
+            raise ConfigError(f"sweep.schedule={self.schedule} with sweep.optimizer="
+                              f"{self.optimizer}: its learning-rate rule eps(B) = "
+                              "eps_max/(1 + B_noise/B) is SGD's (eq. 2.7); use sgd or momentum")
 
     def adaptive_bounds(self) -> tuple[int, int]:
         """(smallest, largest) batch size of an adaptive run: the settings, else the grid's."""

@@ -30,7 +30,10 @@ def load_tables(sweep_dir: Path, analyze: bool = True) -> Results:
     results = store.read_results(sweep_dir)
     runs, metrics = load_sweep(sweep_dir, skip_corrupt=True)
     # Adaptive runs are drawn from the adaptive table; the curves figures show grid runs.
-    adaptive = runs["run_id"][runs.get("exchange_rate", 0.0 * runs["batch_size"]) > 0]
+    # (and runs following a measured B_crit curve, sweep.schedule=along, from along_schedule).
+    varying = (runs.get("exchange_rate", 0.0 * runs["batch_size"]) > 0) | runs.get(
+        "along", runs["batch_size"] < 0).astype(bool)
+    adaptive = runs["run_id"][varying]
     results.runs = runs[~runs["run_id"].isin(adaptive)].reset_index(drop=True)
     results.metrics = metrics[~metrics["run_id"].isin(adaptive)].reset_index(drop=True)
     return results

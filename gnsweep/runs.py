@@ -33,6 +33,9 @@ class RunSpec:
     """Appendix D's exchange rate r (examples per step) of an adaptive run; 0 for a grid run."""
     lr_noise: float = 0.0
     """An adaptive run's fixed B_noise in its learning-rate rule (0: the measured one)."""
+    along: bool = False
+    """A run whose batch size follows a measured critical batch size along training
+    (`schedule.AlongBatch`, docs/along.md); `learning_rate` is then eq. 2.7's eps_max."""
     at_examples: int = 0
     """A branch run's point: it starts from the base run's checkpoint after this many examples
     (`config.branch.point(at_examples)`, docs/along.md); 0 for a run from initialisation."""
@@ -43,6 +46,8 @@ class RunSpec:
 
     @property
     def run_id(self) -> str:
+        if self.along:  # never a grid run's id: those start with b
+            return f"along_lr{self.learning_rate:.4g}_bn{self.lr_noise:.4g}_s{self.seed}"
         if self.adaptive:  # never a grid run's id: those start with b
             noise = f"_bn{self.lr_noise:.4g}" if self.lr_noise > 0 else ""
             return f"r{self.exchange_rate:.4g}_lr{self.learning_rate:.4g}{noise}_s{self.seed}"
@@ -60,6 +65,14 @@ def expand_grid(config: Config) -> list[RunSpec]:
     sweep = config.sweep
     grid = sorted(RunSpec(b, lr, s) for b in sweep.batch_sizes for lr in sweep.learning_rates
                   for s in sweep.seeds)
+    if sweep.schedule == "along":
+        if not (sweep.eps_max > 0 and sweep.adaptive_lr_noise > 0 and sweep.along_points):
+            raise ConfigError("sweep.schedule=along needs its curve and learning-rate rule: "
+                              "sweep.along_from=DIR (an analysed branch sweep) and this "
+                              "folder's fixed-batch fit (gnsweep analyze DIR first), or "
+                              "sweep.eps_max and sweep.adaptive_lr_noise")
+        return grid + [RunSpec(0, sweep.eps_max, s, lr_noise=sweep.adaptive_lr_noise, along=True)
+                       for s in sweep.seeds]
     if sweep.schedule != "adaptive":
         return grid
     if not sweep.eps_max > 0:

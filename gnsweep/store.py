@@ -336,12 +336,20 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("b_simple_mean", pa.float64()), ("b_noise_mean", pa.float64()),
         ("quality", pa.large_string()), ("refused", pa.large_string()),
     ]),
+    "along_schedule": pa.schema([
+        ("run_id", pa.large_string()), ("seed", pa.int64()), ("target", pa.float64()),
+        ("state", pa.large_string()), ("reached", pa.bool_()), ("steps", pa.float64()),
+        ("examples", pa.float64()), ("mean_batch", pa.float64()), ("best_batch", pa.float64()),
+        ("best_lr", pa.float64()), ("best_steps", pa.float64()),
+        ("best_examples", pa.float64()), ("steps_ratio", pa.float64()),
+        ("examples_ratio", pa.float64()),
+    ]),
     "along_base": pa.schema([
         ("step", pa.float64()), ("examples", pa.float64()), ("loss", pa.float64()),
         ("b_simple", pa.float64()), ("b_noise", pa.float64()),
     ]),
 }
-OPTIONAL_RESULTS = ("adaptive", "along", "along_base")
+OPTIONAL_RESULTS = ("adaptive", "along", "along_schedule", "along_base")
 """Results tables written only when not empty (a sweep with adaptive runs, a branch sweep)."""
 COMPARE_SCHEMA = pa.schema([
     ("task", pa.large_string()), ("sweep", pa.large_string()), ("sweep_dir", pa.large_string()),

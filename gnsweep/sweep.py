@@ -25,6 +25,7 @@ __all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "p
 RELAUNCH_MAY_CHANGE = ("executor", "analysis", "logger", "sweep.name", "sweep.batch_sizes",
                        "sweep.learning_rates", "sweep.seeds", "sweep.max_retries",
                        "sweep.schedule", "sweep.exchange_rates", "sweep.eps_max",
+                       "sweep.along_from", "sweep.along_points",
                        "sweep.adaptive_lr", "sweep.adaptive_lr_noise")
 GRID_KEYS = ("batch_sizes", "learning_rates", "seeds", "exchange_rates")
 
@@ -81,11 +82,13 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
 
     sweep = config.sweep
     need_noise = sweep.adaptive_lr == "fit" and not sweep.adaptive_lr_noise
-    if sweep.schedule != "adaptive" or (sweep.eps_max > 0 and not need_noise):
+    # An along run (docs/along.md) takes the same rule, eq. 2.7 with the fit's B_noise.
+    if sweep.schedule not in ("adaptive", "along") or (sweep.eps_max > 0 and not need_noise):
         return config
     path = sweep_dir / "fits.parquet"
     if not path.is_file():
-        raise ConfigError(f"sweep.schedule=adaptive needs eps_max (and the B_noise of eq. 2.7), "
+        raise ConfigError(f"sweep.schedule={sweep.schedule} needs eps_max (and the B_noise of "
+                          "eq. 2.7), "
                           f"and {path} does not exist: set sweep.eps_max=... and "
                           f"sweep.adaptive_lr_noise=..., or launch and analyse the fixed-batch "
                           f"grid first (gnsweep analyze {sweep_dir})")

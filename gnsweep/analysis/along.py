@@ -242,3 +242,76 @@ def format_along(along: pd.DataFrame, unit: str = "examples") -> str:
                      f"{pm(row.b_crit, row.b_crit_se):>16} {num(row.b_simple):>14} "
                      f"{num(row.b_noise):>13}  {row.refused or row.quality}")
     return "\n".join(lines)
+
+
+SCHEDULE_COLUMNS = ["run_id", "seed", "target", "state", "reached", "steps", "examples",
+                    "mean_batch", "best_batch", "best_lr", "best_steps", "best_examples",
+                    "steps_ratio", "examples_ratio"]
+"""along_schedule.parquet: one row per (along run, target): its steps and examples to the target
+against the fixed batch size that reached it in the fewest steps at its best learning rate
+(front.parquet); `steps_ratio` = steps / best_steps (below 1: fewer steps, the 2025 paper's
+claim for a batch-size warm-up), `examples_ratio` likewise."""
+
+
+def split_along(curves: Curves) -> tuple[Curves, Curves | None]:
+    """(the other runs, the along-schedule runs or None): the fit of eq. 2.11 sees fixed runs
+    only; along runs are measured against it."""
+    flag = curves.runs.get("along")
+    if flag is None or not flag.astype(bool).any():
+        return curves, None
+    along = flag.astype(bool).to_numpy()
+    return subset(curves, ~along), subset(curves, along)
+
+
+def compare_schedule(curves: Curves, front: pd.DataFrame, targets: list[float], *,
+                     loss: str = "smoothed", ema_examples: float | None = None,
+                     higher_is_better: bool = False) -> pd.DataFrame:
+    """SCHEDULE_COLUMNS for the along runs in `curves` (`split_along`) against the fixed-batch
+    front: for each target, steps and examples (interpolated at the fractional step, as the
+    examples column counts them) beside the fastest fixed batch size's."""
+    steps = steps_to_target(curves, None, targets, loss=loss, ema_examples=ema_examples,
+                            higher_is_better=higher_is_better)
+    step, examples = curves.columns["step"], curves.columns["examples"]
+    position = {run_id: i for i, run_id in enumerate(curves.runs["run_id"])}
+    rows = []
+    for row in steps.itertuples(index=False):
+        i = position[row.run_id]
+        lo, hi = curves.offsets[i], curves.offsets[i + 1]
+        out: dict = dict.fromkeys(SCHEDULE_COLUMNS, math.nan)
+        out.update(run_id=row.run_id, seed=int(row.seed), target=float(row.target),
+                   state=str(row.state), reached=bool(row.reached))
+        if row.reached and hi > lo:
+            s = float(row.steps)
+            e = float(np.interp(s, np.concatenate([[0.0], step[lo:hi]]),
+                                np.concatenate([[0.0], examples[lo:hi]])))
+            out.update(steps=s, examples=e, mean_batch=e / s if s > 0 else math.nan)
+        best = front[(front["target"] == row.target) & np.isfinite(front["steps"])] \
+            if len(front) else front
+        if len(best):
+            fastest = best.loc[best["steps"].astype(float).idxmin()]
+            out.update(best_batch=float(fastest["batch_size"]),
+                       best_lr=float(fastest["learning_rate"]),
+                       best_steps=float(fastest["steps"]),
+                       best_examples=float(fastest["examples"]))
+            out["steps_ratio"] = out["steps"] / out["best_steps"]
+            out["examples_ratio"] = out["examples"] / out["best_examples"]
+        rows.append(out)
+    frame = pd.DataFrame(rows, columns=SCHEDULE_COLUMNS)
+    frame["reached"] = frame["reached"].astype(bool)
+    return frame
+
+
+def format_schedule(table: pd.DataFrame) -> str:
+    """The console lines of the along runs: steps and examples against the fastest fixed B."""
+    lines = ["batch size following the measured B_crit (sweep.schedule=along) against the "
+             "fastest fixed batch size:"]
+    for row in table.itertuples(index=False):
+        head = f"{row.target:>8g} {row.run_id}"
+        if not row.reached:
+            lines.append(f"{head}: not reached ({row.state})")
+            continue
+        lines.append(f"{head}: S {row.steps:.4g}, E {row.examples:.4g} (mean B "
+                     f"{row.mean_batch:.3g}); fixed B {row.best_batch:g} at lr {row.best_lr:g}: "
+                     f"S {row.best_steps:.4g}, E {row.best_examples:.4g}; steps x"
+                     f"{row.steps_ratio:.3g}, examples x{row.examples_ratio:.3g}")
+    return "\n".join(lines)

@@ -29,7 +29,8 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
             row = {"run_id": run_id, "batch_size": int(spec["batch_size"]),
                    "learning_rate": float(spec["learning_rate"]), "seed": int(spec["seed"]),
                    "state": state, "exchange_rate": float(spec.get("exchange_rate", 0.0)),
-                   "at_examples": int(spec.get("at_examples", 0))}
+                   "at_examples": int(spec.get("at_examples", 0)),
+                   "along": bool(spec.get("along", False))}
         except (KeyError, TypeError, ValueError) as err:
             raise store.StoreError(f"{path / store.RUN_CONFIG}: no valid run spec ({err})"
                                    ) from None

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from gnsweep import store
 from gnsweep.analysis.adaptive import analyze_adaptive, split_adaptive
+from gnsweep.analysis.along import compare_schedule, split_along
 from gnsweep.analysis.console import format_fits
 from gnsweep.analysis.pipeline import (
     ALL_FIT_COLUMNS,
@@ -61,6 +62,8 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     curves = load_curves(sweep_dir, skip_corrupt=skip_corrupt)
     # Adaptive runs (appendix D) stay out of the fits of eq. 2.11; they are measured against them.
     fixed, adaptive = split_adaptive(curves)
+    # Runs following a measured B_crit curve (sweep.schedule=along): measured against the fit.
+    fixed, along = split_along(fixed)
     if adaptive is not None and not len(fixed.runs):
         raise AnalysisError(
             f"{sweep_dir}: only adaptive runs ({len(adaptive.runs)}), which are measured against "
@@ -91,6 +94,10 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
         analysis.adaptive = analyze_adaptive(adaptive, analysis.fits, targets, loss=loss,
                                              ema_examples=ema_examples,
                                              higher_is_better=task.higher_is_better)
+    if along is not None:
+        analysis.along_schedule = compare_schedule(along, analysis.front, targets, loss=loss,
+                                                   ema_examples=ema_examples,
+                                                   higher_is_better=task.higher_is_better)
     # What the targets are values of, for figures and the report ("loss", "return"), and B's unit.
     analysis.meta.update(metric=task.metric, unit=task.unit)
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]

@@ -44,6 +44,10 @@ class Results:
     along: pd.DataFrame = field(default_factory=pd.DataFrame)
     """A branch sweep's local B_crit, one row per (branch point, target) (along.parquet,
     `analysis.along.ALONG_COLUMNS`, docs/along.md); empty for any other sweep."""
+    along_schedule: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Runs whose batch size follows a measured B_crit curve (`sweep.schedule=along`) against
+    the fastest fixed batch size, one row per (run, target) (along_schedule.parquet,
+    `analysis.along.SCHEDULE_COLUMNS`); empty without such runs."""
     along_base: pd.DataFrame = field(default_factory=pd.DataFrame)
     """A branch sweep's base run: smoothed loss and noise scales per row (along_base.parquet,
     `analysis.along.BASE_COLUMNS`); empty for any other sweep."""
@@ -66,6 +70,7 @@ class Results:
         return {"fits": _records(self.fits), "lr_fits": _records(self.lr_fits),
                 "loss_scaling": scaling[0] if scaling else None,
                 "adaptive": _records(self.adaptive), "along": _records(self.along),
+                "along_schedule": _records(self.along_schedule),
                 "warnings": self.warnings, "meta": self.meta}
 
 

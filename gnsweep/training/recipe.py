@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from gnsweep.schedule import AdaptiveBatch, BatchSchedule
+from gnsweep.schedule import AdaptiveBatch, AlongBatch, BatchSchedule
 
 Factory = Callable[[Iterable[torch.nn.Parameter], float, float], torch.optim.Optimizer]
 
@@ -51,7 +51,7 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, schedule: BatchSchedule,
                       learning_rate: float) -> float:
     """This step's learning rate: the run's, or an adaptive batch schedule's eps(B) (eq. 2.7;
     `learning_rate` is then eps_max), set on the optimizer before its step."""
-    if isinstance(schedule, AdaptiveBatch):
+    if isinstance(schedule, (AdaptiveBatch, AlongBatch)):
         learning_rate = schedule.learning_rate()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate
