@@ -14,7 +14,8 @@ import torch
 
 from gnsweep.config import BranchConfig, Config, ConfigError, SweepConfig, TaskConfig
 from gnsweep.runs import RunSpec
-from gnsweep.training import StopRequested, TrainState, build_run, run
+from gnsweep.training import StopRequested, TrainState, build_run, run, train
+from gnsweep.training.branch import start_branch
 from gnsweep.training.data import DataSource
 
 BASE = Config(task=TaskConfig(name="linreg", options={"dim": 8}),
@@ -46,6 +47,7 @@ def test_a_branch_run_starts_from_the_base_runs_model_and_optimizer(tmp_path):
     config = _branch_config(base, path, batch_sizes=[32], learning_rates=[0.01], max_steps=3)
     spec = RunSpec(32, 0.01, 7, at_examples=base.examples)
     branch = build_run(config, spec)
+    start_branch(branch)  # as `train` does for a run with a branch point
     # Kept: parameters and Adam's moments and step count; reset: the learning rate, counters,
     # smoother, rows.
     for mine, theirs in zip(branch.model.parameters(), base.model.parameters(), strict=True):
@@ -89,10 +91,10 @@ def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path):
     config = _branch_config(base, path)
     other = dataclasses.replace(config, task=TaskConfig(name="linreg", options={"dim": 4}))
     with pytest.raises(ConfigError, match="does not fit this run's model") as err:
-        build_run(other, RunSpec(16, 0.05, 0, at_examples=base.examples))
+        train(other, RunSpec(16, 0.05, 0, at_examples=base.examples), None)
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="no branch point at 5 examples"):
-        build_run(config, RunSpec(16, 0.05, 0, at_examples=5))
+        train(config, RunSpec(16, 0.05, 0, at_examples=5), None)
 
 
 def test_branch_targets_are_fractions():

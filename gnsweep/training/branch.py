@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from gnsweep.config import Config, ConfigError
+from gnsweep.config import ConfigError
 from gnsweep.errors import StoreError
-from gnsweep.runs import RunSpec
+from gnsweep.training.state import TrainState
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
@@ -43,9 +43,12 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
-def branch_source(config: Config, spec: RunSpec) -> dict[str, Any]:
-    """The saved state a branch run starts from: its point's checkpoint (`branch.points`)."""
-    return read_checkpoint(Path(config.branch.point(spec.at_examples)["checkpoint"]))
+def start_branch(state: TrainState) -> None:
+    """Start a freshly built branch run (`spec.at_examples`) from its point's checkpoint
+    (`branch.points`): `start_from` with the run's own learning rate."""
+    point = state.config.branch.point(state.spec.at_examples)
+    start_from(state.model, state.optimizer, read_checkpoint(Path(point["checkpoint"])),
+               state.spec.learning_rate)
 
 
 def start_from(model: torch.nn.Module, optimizer: torch.optim.Optimizer, source: dict[str, Any],

@@ -38,6 +38,7 @@ from gnsweep.schedule import Progress
 from gnsweep.tasks import Task, examples_of
 from gnsweep.tasks.protocol import first_dim
 from gnsweep.training.backward import backward, in_task_units, microbatches
+from gnsweep.training.branch import start_branch
 from gnsweep.training.recipe import set_learning_rate
 from gnsweep.training.state import TrainState, build_run, fall_back_if_unsplittable
 from gnsweep.training.watch import Diverged
@@ -59,7 +60,10 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
           on_row: Callable[[dict[str, float]], None] | None = None) -> RunResult:
     """Train one run from step 0; write `out_dir/metrics.parquet` (when given) atomically at
     the end. See `run`."""
-    return run(build_run(config, spec), out_dir, should_stop, on_row)
+    state = build_run(config, spec)
+    if spec.at_examples:  # a branch run: the base run's model and optimizer at its point
+        start_branch(state)
+    return run(state, out_dir, should_stop, on_row)
 
 
 def run(state: TrainState, out_dir: Path | None = None,

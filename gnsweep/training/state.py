@@ -26,7 +26,6 @@ from gnsweep.noise import NoiseEstimate, estimate_state, load_estimate
 from gnsweep.runs import RunSpec
 from gnsweep.schedule import AdaptiveBatch, AlongBatch, BatchSchedule, ConstantBatch
 from gnsweep.tasks import Task, make_task
-from gnsweep.training.branch import branch_source, start_from
 from gnsweep.training.data import DataSource
 from gnsweep.training.recipe import make_optimizer
 from gnsweep.training.watch import LossWatch
@@ -129,8 +128,6 @@ def build_run(config: Config, spec: RunSpec) -> TrainState:
     sweep = config.sweep
     optimizer = make_optimizer(sweep.optimizer, model.parameters(), lr=spec.learning_rate,
                                momentum=sweep.momentum)
-    if spec.at_examples:  # a branch run: the base run's model and optimizer at its point
-        start_from(model, optimizer, branch_source(config, spec), spec.learning_rate)
     monitor = make_monitor(model, trained, task, config)
     schedule = _make_schedule(config, spec, world)
     probes = RunProbes(config.noise, task, spec.seed)  # frozen-parameter probes, exact truth
