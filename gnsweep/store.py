@@ -342,7 +342,8 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("examples", pa.float64()), ("mean_batch", pa.float64()), ("best_batch", pa.float64()),
         ("best_lr", pa.float64()), ("best_steps", pa.float64()),
         ("best_examples", pa.float64()), ("steps_ratio", pa.float64()),
-        ("examples_ratio", pa.float64()),
+        ("examples_ratio", pa.float64()), ("front_steps", pa.float64()),
+        ("front_ratio", pa.float64()),
     ]),
     "along_base": pa.schema([
         ("step", pa.float64()), ("examples", pa.float64()), ("loss", pa.float64()),

@@ -88,3 +88,30 @@ def test_along_settings_are_checked(settings, expected):
     with pytest.raises(ConfigError, match=expected):
         SweepConfig(**settings)
     assert RunSpec(0, 0.5, 1, lr_noise=30.0, along=True).run_id == "along_lr0.5_bn30_s1"
+
+
+def test_along_runs_are_measured_against_the_fastest_fixed_batch_and_the_front():
+    """A run whose raw loss falls by 0.1 a step from 1.0, 8 examples a step then 16: the target
+    0.45 is crossed after 5.5 updates (raw loss logged at step s is the loss after s - 1), with
+    8*5 + 16*0.5 = 48 examples; the front's S at 48 examples is S_min E / (E - E_min)."""
+    from gnsweep.analysis.along import compare_schedule
+    from gnsweep.analysis.steps import curves_from_frames
+
+    steps = np.arange(1, 11)
+    examples = np.cumsum(np.where(steps <= 5, 8, 16))
+    curves = curves_from_frames(
+        pd.DataFrame([{"run_id": "along_s0", "batch_size": 12, "learning_rate": 0.5, "seed": 0,
+                       "state": "done"}]),
+        pd.DataFrame({"run_id": "along_s0", "step": steps, "examples": examples,
+                      "loss": 1.0 - 0.1 * (steps - 1)}))
+    front = pd.DataFrame({"target": [0.45, 0.45], "batch_size": [8, 64],
+                          "learning_rate": [0.1, 0.4], "steps": [9.0, 4.0],
+                          "examples": [72.0, 256.0]})
+    fits = pd.DataFrame({"target": [0.45], "s_min": [3.0], "e_min": [24.0], "refused": [""]})
+    (row,) = compare_schedule(curves, front, [0.45], fits=fits, loss="raw").itertuples()
+    assert row.steps == pytest.approx(5.5) and row.examples == pytest.approx(48.0)
+    assert (row.best_batch, row.best_steps) == (64, 4.0)
+    assert row.steps_ratio == pytest.approx(5.5 / 4.0)
+    assert row.examples_ratio == pytest.approx(48.0 / 256.0)
+    assert row.front_steps == pytest.approx(3.0 * 48.0 / (48.0 - 24.0))
+    assert row.front_ratio == pytest.approx(5.5 / 6.0)

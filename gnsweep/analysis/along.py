@@ -246,11 +246,14 @@ def format_along(along: pd.DataFrame, unit: str = "examples") -> str:
 
 SCHEDULE_COLUMNS = ["run_id", "seed", "target", "state", "reached", "steps", "examples",
                     "mean_batch", "best_batch", "best_lr", "best_steps", "best_examples",
-                    "steps_ratio", "examples_ratio"]
+                    "steps_ratio", "examples_ratio", "front_steps", "front_ratio"]
 """along_schedule.parquet: one row per (along run, target): its steps and examples to the target
 against the fixed batch size that reached it in the fewest steps at its best learning rate
 (front.parquet); `steps_ratio` = steps / best_steps (below 1: fewer steps, the 2025 paper's
-claim for a batch-size warm-up), `examples_ratio` likewise."""
+claim for a batch-size warm-up), `examples_ratio` likewise; `front_steps` the steps a fixed
+batch size needs with the same examples on the fitted front, S_min E / (E - E_min) (eq. 2.11),
+and `front_ratio` = steps / front_steps (below 1: the schedule beats every fixed batch size at
+its examples)."""
 
 
 def split_along(curves: Curves) -> tuple[Curves, Curves | None]:
@@ -264,7 +267,8 @@ def split_along(curves: Curves) -> tuple[Curves, Curves | None]:
 
 
 def compare_schedule(curves: Curves, front: pd.DataFrame, targets: list[float], *,
-                     loss: str = "smoothed", ema_examples: float | None = None,
+                     fits: pd.DataFrame | None = None, loss: str = "smoothed",
+                     ema_examples: float | None = None,
                      higher_is_better: bool = False) -> pd.DataFrame:
     """SCHEDULE_COLUMNS for the along runs in `curves` (`split_along`) against the fixed-batch
     front: for each target, steps and examples (interpolated at the fractional step, as the
@@ -295,6 +299,12 @@ def compare_schedule(curves: Curves, front: pd.DataFrame, targets: list[float], 
                        best_examples=float(fastest["examples"]))
             out["steps_ratio"] = out["steps"] / out["best_steps"]
             out["examples_ratio"] = out["examples"] / out["best_examples"]
+        fit = fits[(fits["target"] == row.target) & (fits["refused"].astype(str) == "")] \
+            if fits is not None and len(fits) else None
+        if fit is not None and len(fit) and out["examples"] > float(fit["e_min"].iloc[0]):
+            s_min, e_min = float(fit["s_min"].iloc[0]), float(fit["e_min"].iloc[0])
+            out["front_steps"] = s_min * out["examples"] / (out["examples"] - e_min)
+            out["front_ratio"] = out["steps"] / out["front_steps"]
         rows.append(out)
     frame = pd.DataFrame(rows, columns=SCHEDULE_COLUMNS)
     frame["reached"] = frame["reached"].astype(bool)
@@ -313,5 +323,6 @@ def format_schedule(table: pd.DataFrame) -> str:
         lines.append(f"{head}: S {row.steps:.4g}, E {row.examples:.4g} (mean B "
                      f"{row.mean_batch:.3g}); fixed B {row.best_batch:g} at lr {row.best_lr:g}: "
                      f"S {row.best_steps:.4g}, E {row.best_examples:.4g}; steps x"
-                     f"{row.steps_ratio:.3g}, examples x{row.examples_ratio:.3g}")
+                     f"{row.steps_ratio:.3g}, examples x{row.examples_ratio:.3g}; fixed-batch "
+                     f"front at its examples: S {row.front_steps:.4g} (x{row.front_ratio:.3g})")
     return "\n".join(lines)

@@ -95,7 +95,8 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
                                              ema_examples=ema_examples,
                                              higher_is_better=task.higher_is_better)
     if along is not None:
-        analysis.along_schedule = compare_schedule(along, analysis.front, targets, loss=loss,
+        analysis.along_schedule = compare_schedule(along, analysis.front, targets,
+                                                   fits=analysis.fits, loss=loss,
                                                    ema_examples=ema_examples,
                                                    higher_is_better=task.higher_is_better)
     # What the targets are values of, for figures and the report ("loss", "return"), and B's unit.
