@@ -24,7 +24,9 @@ from gnsweep.runs import RunSpec, parse_run_record, write_run
 PROBE_SEED = 271_828
 """Seed of the batches on which the loss at a branch point is measured (the same at every
 relaunch, so a resumed branch sweep finds the same targets)."""
-FIXED_BY_BASE = ("task", "sweep.optimizer", "sweep.momentum")
+OPTIMIZER_KEYS = ("optimizer", "momentum", "weight_decay", "betas", "eps")
+"""The `train` settings that make the optimizer a checkpoint's state belongs to."""
+FIXED_BY_BASE = ("task", *(f"train.{k}" for k in OPTIMIZER_KEYS))
 """Settings a branch run takes from the base run: its checkpoint is that model and optimizer."""
 
 
@@ -76,7 +78,7 @@ def checkpoint_at_or_before(run_dir: Path, at: int, kept: dict[int, Path]) -> tu
 
 def branch_config(base: Config, overrides: list[str]) -> Config:
     """The branch sweep's config: the overrides composed as for `gnsweep launch`, with the base
-    run's task, optimizer and momentum (FIXED_BY_BASE). Overrides of those may repeat the base
+    run's task and optimizer settings (FIXED_BY_BASE). Overrides of those may repeat the base
     run's settings; one that differs from them is refused."""
     from gnsweep.sweep import config_differences
 
@@ -87,7 +89,7 @@ def branch_config(base: Config, overrides: list[str]) -> Config:
     if touched:
         def fixed(c: Config) -> dict:
             return {"task": c.to_dict()["task"],
-                    "sweep": {"optimizer": c.sweep.optimizer, "momentum": c.sweep.momentum}}
+                    "train": {k: getattr(c.train, k) for k in OPTIMIZER_KEYS}}
 
         differ = config_differences(fixed(base), fixed(config))
         if differ:
@@ -97,9 +99,14 @@ def branch_config(base: Config, overrides: list[str]) -> Config:
     if config.sweep.schedule != "constant":
         raise ConfigError(f"sweep.schedule={config.sweep.schedule}: a branch sweep is a grid of "
                           "fixed batch sizes; drop the schedule")
-    sweep = dataclasses.replace(config.sweep, optimizer=base.sweep.optimizer,
-                                momentum=base.sweep.momentum)
-    return dataclasses.replace(config, task=base.task, sweep=sweep)
+    if config.train.lr_scheduled:
+        raise ConfigError("a branch run trains at the grid's constant learning rate from its "
+                          "point (a warmup or decay would start again there and be measured "
+                          "instead of the batch size); drop train.warmup_steps/warmup_examples "
+                          "and train.decay")
+    train = dataclasses.replace(config.train, **{k: getattr(base.train, k)
+                                                 for k in OPTIMIZER_KEYS})
+    return dataclasses.replace(config, task=base.task, train=train)
 
 
 def loss_at(base: Config, base_spec: RunSpec, source: dict[str, Any], batch_size: int,

@@ -21,10 +21,12 @@ from gnsweep.errors import number as _number
 from gnsweep.errors import positive_list as _positive_list
 
 __all__ = [
+    "DECAYS",
     "EXECUTORS",
     "LOSS_KINDS",
     "METHODS",
     "OPTIMIZERS",
+    "PRECISIONS",
     "SCHEDULES",
     "AnalysisConfig",
     "BranchConfig",
@@ -35,6 +37,7 @@ __all__ = [
     "NoiseConfig",
     "SweepConfig",
     "TaskConfig",
+    "TrainConfig",
     "compose",
     "conf_dir",
 ]
@@ -45,6 +48,10 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 EXECUTORS = ("local", "torchrun", "slurm")
 LOSS_KINDS = ("smoothed", "raw", "eval")
 SCHEDULES = ("constant", "adaptive", "along")
+DECAYS = ("constant", "cosine", "linear", "step")
+PRECISIONS = ("fp32", "bf16", "fp16")
+MOVED = {("sweep", "optimizer"): "train.optimizer", ("sweep", "momentum"): "train.momentum"}
+"""Settings that moved: the old name -> the new one (the old is refused, naming the new)."""
 
 
 @dataclass
@@ -113,11 +120,6 @@ class SweepConfig:
     """Step budget of one run."""
     max_examples: int = 0
     """Example budget of one run (0: none)."""
-    optimizer: str = "sgd"
-    """sgd, momentum (SGD with sweep.momentum, else 0.9), adam or adamw
-    (gnsweep.training.recipe)."""
-    momentum: float = 0.0
-    """SGD momentum (0: plain SGD, the setting the paper's eps_opt(B) describes)."""
     loss_ema_examples: float = 128.0
     """Time constant of the smoothed training loss, in examples: per-step decay exp(-B/this), so
     every batch size averages over the same number of examples (same noise, same lag in E)."""
@@ -173,10 +175,6 @@ class SweepConfig:
         if self.max_steps < 1:
             raise ConfigError(f"sweep.max_steps: {self.max_steps} is not allowed; must be >= 1")
         self.max_examples = _integer("sweep.max_examples", self.max_examples)
-        self.optimizer = _choice("sweep.optimizer", self.optimizer, OPTIMIZERS)
-        self.momentum = _number("sweep.momentum", self.momentum)
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(f"sweep.momentum: {self.momentum} must be in [0, 1)")
         self.loss_ema_examples = _number("sweep.loss_ema_examples", self.loss_ema_examples)
         self.divergence_factor = _number("sweep.divergence_factor", self.divergence_factor)
         if self.divergence_factor <= 1:
@@ -227,15 +225,116 @@ class SweepConfig:
         if self.schedule == "along" and not (self.along_from or self.along_points):
             raise ConfigError("sweep.schedule=along needs sweep.along_from=DIR: an analysed "
                               "branch sweep (gnsweep branch, then gnsweep analyze DIR)")
-        if self.schedule in ("adaptive", "along") and self.optimizer in ("adam", "adamw"):
-            raise ConfigError(f"sweep.schedule={self.schedule} with sweep.optimizer="
-                              f"{self.optimizer}: its learning-rate rule eps(B) = "
-                              "eps_max/(1 + B_noise/B) is SGD's (eq. 2.7); use sgd or momentum")
 
     def adaptive_bounds(self) -> tuple[int, int]:
         """(smallest, largest) batch size of an adaptive run: the settings, else the grid's."""
         return (self.adaptive_min_batch or min(self.batch_sizes),
                 self.adaptive_max_batch or max(self.batch_sizes))
+
+
+@dataclass
+class TrainConfig:
+    """How every run trains, apart from what the sweep varies (batch size, learning rate): the
+    optimizer, the learning-rate schedule, clipping, accumulation and precision
+    (`gnsweep.training.recipe`, docs/training.md)."""
+
+    optimizer: str = "sgd"
+    """sgd, momentum (SGD with train.momentum, else 0.9), adam or adamw."""
+    momentum: float = 0.0
+    """SGD momentum (0: plain SGD, the setting the paper's eps_opt(B) describes)."""
+    weight_decay: float = 0.0
+    """Weight decay as torch defines it for each optimizer: added to the gradient (L2) for sgd,
+    momentum and adam; decoupled (the weights shrink by lr x this each step) for adamw."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """adam, adamw: the decay rates of the first and second moment estimates."""
+    eps: float = 1e-8
+    """adam, adamw: added to the denominator."""
+    grad_clip: float = 0.0
+    """Clip the gradient's global norm to this (0: no clipping). The `grad_norm` column logs
+    the norm before clipping; the noise scale is measured on the unclipped gradient."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 over this many optimizer steps (0: none). Each batch size then
+    warms up on a different number of examples: prefer warmup_examples in a sweep."""
+    warmup_examples: int = 0
+    """Linear warmup from 0 over this many examples, in the task's unit (0: none): the same
+    data schedule at every batch size. Set at most one of the two warmups."""
+    decay: str = "constant"
+    """After the warmup: constant, cosine, linear, or step (two drops, at 1/3 and 2/3 of the
+    horizon, each by sqrt(min_lr_ratio)), down to min_lr_ratio x the run's rate."""
+    decay_examples: int = 0
+    """The decay's horizon in examples, counted from the start of the run (0: the run's budget,
+    sweep.max_examples when set, else sweep.max_steps in steps)."""
+    min_lr_ratio: float = 0.0
+    """The rate at the end of the decay, as a fraction of the run's rate (in [0, 1])."""
+    microbatch_size: int = 0
+    """Samples per forward/backward: each step's batch is cut into pieces of at most this many
+    samples and their gradients accumulated (0: the whole per-rank batch at once)."""
+    precision: str = "fp32"
+    """fp32, bf16 or fp16: autocast around the task's loss (fp16 with a gradient scaler; a
+    step it skips is not counted). The noise scale is measured on unscaled fp32 gradients."""
+
+    def __post_init__(self) -> None:
+        self.optimizer = _choice("train.optimizer", self.optimizer, OPTIMIZERS)
+        for name in ("momentum", "weight_decay", "eps", "grad_clip", "min_lr_ratio"):
+            setattr(self, name, _number(f"train.{name}", getattr(self, name)))
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"train.momentum: {self.momentum} must be in [0, 1)")
+        for name in ("weight_decay", "eps", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}: {getattr(self, name)} must be >= 0 (0: off)")
+        betas = self.betas if isinstance(self.betas, (list, tuple)) else [self.betas]
+        self.betas = [_number("train.betas", b) for b in betas]
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"train.betas: {self.betas} must be two numbers in [0, 1), e.g. "
+                              "train.betas=[0.9,0.95]")
+        zero = {"warmup_steps": "none", "warmup_examples": "none",
+                "decay_examples": "the run's budget", "microbatch_size": "the whole batch"}
+        for name, meaning in zero.items():
+            value = _integer(f"train.{name}", getattr(self, name))
+            if value < 0:
+                raise ConfigError(f"train.{name}: {value} must be >= 0 (0: {meaning})")
+            setattr(self, name, value)
+        if self.warmup_steps and self.warmup_examples:
+            raise ConfigError("train.warmup_steps and train.warmup_examples are both set; keep "
+                              "one (warmup_examples gives every batch size the same warmup)")
+        self.decay = _choice("train.decay", self.decay, DECAYS)
+        if self.decay != "constant" and 0 < self.decay_examples <= self.warmup_examples:
+            raise ConfigError(f"train.decay_examples ({self.decay_examples}) ends the decay "
+                              f"before train.warmup_examples ({self.warmup_examples}) ends the "
+                              "warmup; the horizon counts from the start of the run")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"train.min_lr_ratio: {self.min_lr_ratio} must be in [0, 1]")
+        if self.decay == "step" and self.min_lr_ratio <= 0:
+            raise ConfigError("train.decay=step drops the rate twice by sqrt(train.min_lr_ratio):"
+                              " set train.min_lr_ratio > 0, e.g. 0.01")
+        self.precision = _choice("train.precision", self.precision, PRECISIONS)
+
+    def summary(self) -> str:
+        """The recipe in words, what differs from plain fp32 training at a constant rate
+        (e.g. "adamw, weight decay 0.1, warmup 2e+04 examples, cosine decay to 0.1x, clip 1,
+        bf16, micro-batches of 64")."""
+        parts = [self.optimizer + (f" (momentum {self.momentum:g})" if self.momentum else "")]
+        if self.weight_decay:
+            parts.append(f"weight decay {self.weight_decay:g}")
+        if self.warmup_steps or self.warmup_examples:
+            parts.append(f"warmup {self.warmup_steps or self.warmup_examples:g} "
+                         + ("steps" if self.warmup_steps else "examples"))
+        if self.decay != "constant":
+            parts.append(f"{self.decay} decay to {self.min_lr_ratio:g}x"
+                         + (f" over {self.decay_examples:g} examples" if self.decay_examples
+                            else " over the run's budget"))
+        if self.grad_clip:
+            parts.append(f"clip {self.grad_clip:g}")
+        if self.precision != "fp32":
+            parts.append(self.precision)
+        if self.microbatch_size:
+            parts.append(f"micro-batches of {self.microbatch_size}")
+        return ", ".join(parts)
+
+    @property
+    def lr_scheduled(self) -> bool:
+        """Whether the rate moves within a run (a warmup or a decay)."""
+        return bool(self.warmup_steps or self.warmup_examples or self.decay != "constant")
 
 
 @dataclass
@@ -245,7 +344,8 @@ class NoiseConfig:
     method: str = "auto"
     """per_example, microbatch, ddp, or auto (ddp under torchrun, else per_example)."""
     microbatches: int = 4
-    """Micro-batches per step for method=microbatch (b_small = B / this)."""
+    """Micro-batches per step for method=microbatch (b_small = B / this); where a step is
+    already cut into train.microbatch_size pieces, those pieces are used instead."""
     every: int = 1
     """Measure every this many steps."""
     ema_steps: float = 0.0
@@ -310,7 +410,8 @@ class ExecutorConfig:
     partition: str = ""
     """Slurm partition ('' for the cluster default)."""
     gpus_per_node: int = 0
-    """Slurm: GPUs per node."""
+    """Slurm: GPUs per node; each DDP process trains on one (its LOCAL_RANK), so
+    nproc_per_node is at most this (0: no GPUs asked for)."""
     cpus_per_task: int = 1
     """Slurm: CPUs per task."""
     time_min: int = 60
@@ -329,6 +430,10 @@ class ExecutorConfig:
             if value < minimum:
                 raise ConfigError(f"executor.{name}: {value} is not allowed; must be >= {minimum}")
             setattr(self, name, value)
+        if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:
+            raise ConfigError(f"executor.nproc_per_node={self.nproc_per_node} DDP processes on "
+                              f"executor.gpus_per_node={self.gpus_per_node} GPUs: each process "
+                              "trains on one GPU (its LOCAL_RANK); use at most one per GPU")
 
     def n_workers(self) -> int:
         return self.workers or max(1, os.cpu_count() or 1)
@@ -463,10 +568,12 @@ class BranchConfig:
 
 @dataclass
 class Config:
-    """The whole sweep: task, grid, noise measurement, executor, analysis, run logging."""
+    """The whole sweep: task, grid, training recipe, noise measurement, executor, analysis, run
+    logging."""
 
     task: TaskConfig = field(default_factory=TaskConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     noise: NoiseConfig = field(default_factory=NoiseConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
@@ -487,6 +594,16 @@ class Config:
         if world == 1 and method == "ddp":
             raise ConfigError("noise.method=ddp needs DDP: executor=torchrun (or slurm) with "
                               "executor.nproc_per_node >= 2, or noise.method=auto")
+        sweep, train = self.sweep, self.train
+        # An along run (docs/along.md) sets its rate by the same rule as an adaptive one.
+        if sweep.schedule in ("adaptive", "along") and train.optimizer in ("adam", "adamw"):
+            raise ConfigError(f"sweep.schedule={sweep.schedule} with train.optimizer="
+                              f"{train.optimizer}: its learning-rate rule eps(B) = "
+                              "eps_max/(1 + B_noise/B) is SGD's (eq. 2.7); use sgd or momentum")
+        if sweep.schedule in ("adaptive", "along") and train.lr_scheduled:
+            raise ConfigError(f"sweep.schedule={sweep.schedule} sets each step's rate by eps(B) "
+                              "(eq. 2.7); drop train.warmup_steps/warmup_examples and use "
+                              "train.decay=constant")
         # Each DDP worker trains on B / world examples a step.
         for batch in self.sweep.batch_sizes:
             if batch % world:
@@ -498,13 +615,10 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Config:
-        sections = {"task": TaskConfig, "sweep": SweepConfig, "noise": NoiseConfig,
-                    "executor": ExecutorConfig, "analysis": AnalysisConfig,
-                    "logger": LoggerConfig, "branch": BranchConfig}
-        unknown = set(data) - set(sections)
+        unknown = set(data) - set(SECTIONS)
         if unknown:
             raise ConfigError(f"unknown config section(s): {', '.join(sorted(unknown))}")
-        return cls(**{k: _section(k, t, data.get(k) or {}) for k, t in sections.items()})
+        return cls(**{k: _section(k, t, data.get(k) or {}) for k, t in SECTIONS.items()})
 
     @classmethod
     def load(cls, sweep_dir: Path) -> Config:
@@ -520,8 +634,19 @@ class Config:
             raise ConfigError(f"{Path(sweep_dir) / store.SWEEP_CONFIG}: {err}") from None
 
 
+SECTIONS: dict[str, type] = {
+    "task": TaskConfig, "sweep": SweepConfig, "train": TrainConfig, "noise": NoiseConfig,
+    "executor": ExecutorConfig, "analysis": AnalysisConfig, "logger": LoggerConfig,
+    "branch": BranchConfig}
+"""The config's sections by name, as `Config` holds them."""
+
+
 def _section(name: str, schema: type, values: dict[str, Any]) -> Any:
     known = {f.name for f in fields(schema)}
+    for key in values:
+        if (name, key) in MOVED:
+            raise ConfigError(f"{name}.{key} is now {MOVED[name, key]}: write "
+                              f"{MOVED[name, key]}=... instead (in a sweep file: a train: node)")
     if name == "task":
         # Everything but the name is the task's own option; the task validates it.
         values = dict(values)
@@ -565,7 +690,7 @@ def compose(overrides: list[str] | None = None) -> Config:
         raise ConfigError(_missing_config_message(str(err))) from None
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"bad override: {first}") from None
+        raise ConfigError(_override_message(first, overrides)) from None
     finally:
         GlobalHydra.instance().clear()
     data = OmegaConf.to_container(cfg, resolve=True)
@@ -587,6 +712,29 @@ def _store_defaults() -> None:
     for name in tasks.task_names():
         options = asdict(tasks.REGISTRY[name].options())
         store_.store(group="task_defaults", name=name, node={"name": name, **options})
+
+
+def _override_message(first: str, overrides: list[str]) -> str:
+    """Hydra's first line about an override, with the fix where it is known: a key the task
+    node lacks is added with `+task.KEY=VALUE` (a task's options are open); a key another
+    section lacks is not a setting, and the known ones are listed."""
+    import re
+
+    match = re.match(r"Could not override '((\w+)\.([\w.]+))'", first)
+    if not match:
+        return f"bad override: {first}"
+    key, section, name = match.groups()
+    value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key), "VALUE")
+    if (section, name) in MOVED:
+        return f"{key} is now {MOVED[section, name]}: write {MOVED[section, name]}={value}"
+    if section == "task":
+        return (f"task.{name}: the task node has no key {name}; to add one, write "
+                f"+task.{name}={value}")
+    schema = SECTIONS.get(section)
+    if schema is None:
+        return f"bad override: {first}"
+    known = ", ".join(sorted(f.name for f in fields(schema)))
+    return f"{key}: unknown option; known: {known}"
 
 
 def _missing_config_message(text: str) -> str:

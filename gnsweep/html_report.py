@@ -312,7 +312,7 @@ def along_section(table: pd.DataFrame, figures: dict[str, bytes | str] | None = 
 def grid_summary(config: Config, runs: pd.DataFrame) -> str:
     sweep = config.sweep
     items = [("task", config.task.name),
-             ("optimizer", sweep.optimizer),
+             ("training", config.train.summary()),
              ("batch sizes", ", ".join(map(str, sweep.batch_sizes))),
              ("learning rates", ", ".join(f"{x:g}" for x in sweep.learning_rates)),
              ("seeds", ", ".join(map(str, sweep.seeds))),

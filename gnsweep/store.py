@@ -85,6 +85,8 @@ METRICS_SCHEMA = pa.schema([
     ("metric", pa.float64()),         # the task's own target metric (cartpole: mean return);
                                       # NaN for a task whose targets are losses
     ("batch_size", pa.float64()),     # samples drawn this step (varies in an adaptive run)
+    ("grad_norm", pa.float64()),      # global gradient norm before clipping (unscaled)
+    ("skipped_steps", pa.float64()),  # fp16: steps the gradient scaler skipped so far
 ])
 
 
@@ -175,9 +177,10 @@ def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
                          "delete it to re-run that run, or pass --skip-corrupt") from None
 
 
-OPTIONAL_METRICS = ("metric", "batch_size")
+OPTIONAL_METRICS = ("metric", "batch_size", "grad_norm", "skipped_steps")
 """Columns a run logs only when its task has them (metric), or that a writer other than the
-training loop may leave out (batch_size); NaN on every row otherwise."""
+training loop may leave out (batch_size, grad_norm, skipped_steps); NaN on every row
+otherwise."""
 
 
 def metrics_table(rows: dict[str, list]) -> pa.Table:

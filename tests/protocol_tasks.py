@@ -93,3 +93,23 @@ class Unsplittable(Regression):
 
 def unsplittable(seed: int) -> Unsplittable:
     return Unsplittable(seed)
+
+
+class _Scale(nn.Module):
+    """A learned scalar factor: a parameter outside the layers per-example norms cover."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.factor = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
+class Uncovered(Regression):
+    def model(self) -> nn.Module:
+        return nn.Sequential(super().model(), _Scale())
+
+
+def uncovered(seed: int) -> Uncovered:
+    return Uncovered(seed)

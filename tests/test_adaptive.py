@@ -18,7 +18,7 @@ from gnsweep.analysis.adaptive import (
     gamma_of_path,
     predicted_gain,
 )
-from gnsweep.config import Config, ConfigError, SweepConfig
+from gnsweep.config import Config, ConfigError, SweepConfig, TrainConfig
 from gnsweep.noise import NoiseEstimate
 from gnsweep.runs import RunSpec, expand_grid
 from gnsweep.schedule import AdaptiveBatch, Progress, eps_of_batch
@@ -161,7 +161,6 @@ def test_eps_of_batch_is_eq_2_7():
     ({"schedule": "adaptive"}, "needs exchange rates"),
     ({"exchange_rates": [100]}, "sweep.schedule=constant"),
     ({"schedule": "adaptive", "exchange_rates": [-1]}, "sweep.exchange_rates"),
-    ({"schedule": "adaptive", "exchange_rates": [10], "optimizer": "adam"}, "SGD's"),
     ({"schedule": "adaptive", "exchange_rates": [10], "adaptive_min_batch": 64,
       "adaptive_max_batch": 8}, "not a range"),
     ({"schedule": "sometimes"}, "sweep.schedule"),
@@ -171,6 +170,17 @@ def test_eps_of_batch_is_eq_2_7():
 def test_config_refuses_nonsense(settings, says):
     with pytest.raises(ConfigError, match=says):
         SweepConfig(**settings)
+
+
+@pytest.mark.parametrize("train, says", [
+    ({"optimizer": "adam"}, "SGD's"),
+    ({"warmup_examples": 100}, "eps\\(B\\)"),
+    ({"decay": "cosine"}, "train.decay=constant"),
+])
+def test_adaptive_refuses_a_recipe_that_sets_its_own_rate(train, says):
+    sweep = SweepConfig(schedule="adaptive", exchange_rates=[10])
+    with pytest.raises(ConfigError, match=says):
+        Config(sweep=sweep, train=TrainConfig(**train))
 
 
 def test_adaptive_run_ids_are_distinct_and_the_grid_is_pure():

@@ -198,7 +198,7 @@ def write_sweep(root, *, corrupt=None, b_simple=50.0):
     falls log-linearly through each target at the step given by `steps_needed`."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.yaml").write_text(yaml.safe_dump({
-        "sweep": {"targets": list(TRUTH), "optimizer": "sgd"},
+        "sweep": {"targets": list(TRUTH)}, "train": {"optimizer": "sgd"},
         "analysis": {"loss": "smoothed", "bootstrap": 0}}))
     (root / "runs").mkdir(exist_ok=True)
     for b in BATCHES:

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from gnsweep.config import BranchConfig, Config, ConfigError, SweepConfig, TaskConfig
+from gnsweep.config import (
+    BranchConfig,
+    Config,
+    ConfigError,
+    SweepConfig,
+    TaskConfig,
+    TrainConfig,
+)
 from gnsweep.runs import RunSpec
 from gnsweep.training import StopRequested, TrainState, build_run, run, train
 from gnsweep.training.branch import start_branch
@@ -20,7 +27,7 @@ from gnsweep.training.data import DataSource
 
 BASE = Config(task=TaskConfig(name="linreg", options={"dim": 8}),
               sweep=SweepConfig(batch_sizes=[16], learning_rates=[0.05], targets=[1e-9],
-                                max_steps=12, optimizer="adam"))
+                                max_steps=12), train=TrainConfig(optimizer="adam"))
 
 
 def _base_state(tmp_path: Path, steps: int = 10) -> tuple[TrainState, Path]:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from gnsweep import store
 from gnsweep.cli import app
-from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig
+from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
 from gnsweep.runs import RunSpec
 from gnsweep.training import Diverged, LossWatch, train
 
@@ -22,7 +22,8 @@ pytest.importorskip("gymnasium")
 def _config(targets: list[float], max_steps: int, batch: int = 32) -> Config:
     return Config(task=TaskConfig("cartpole"),
                   sweep=SweepConfig(batch_sizes=[batch], learning_rates=[0.004],
-                                    targets=targets, max_steps=max_steps, optimizer="adam"))
+                                    targets=targets, max_steps=max_steps),
+                  train=TrainConfig(optimizer="adam"))
 
 
 def _metrics(tmp_path, config: Config, spec: RunSpec):

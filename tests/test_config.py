@@ -42,18 +42,47 @@ def test_config_round_trips_through_json_form():
     ("sweep.learning_rates=[abc]", "'abc' is not a number"),
     ("sweep.learning_rates=[]", "sweep.learning_rates: the list is empty"),
     ("sweep.learning_rates=[nan]", "sweep.learning_rates"),
-    ("sweep.optimizer=lbfgs", "sweep.optimizer: 'lbfgs'"),
+    ("train.optimizer=lbfgs", "train.optimizer: 'lbfgs'"),
     ("noise.method=magic", "noise.method: 'magic'"),
     ("task.widht=3", "task.widht"),
     ("+sweep.colour=3", "sweep.colour"),
     ("executor.workers=-1", "executor.workers"),
+    ("sweep.optimizer=adam", "sweep.optimizer is now train.optimizer"),
+    ("sweep.momentum=0.9", "sweep.momentum is now train.momentum"),
+    ("train.grad_clip=-1", "train.grad_clip: -1.0 must be >= 0"),
+    ("train.microbatch_size=-4", "train.microbatch_size: -4 must be >= 0"),
+    ("train.precision=fp8", "train.precision: 'fp8' is not one of fp32, bf16, fp16"),
+    ("train.decay=exponential", "train.decay: 'exponential'"),
+    ("train.min_lr_ratio=2", "train.min_lr_ratio"),
+    ("train.betas=[0.9]", "train.betas"),
+    ("train.decay=cosine train.warmup_examples=100 train.decay_examples=50",
+     "train.decay_examples (50) ends the decay before"),
+    ("task.warmup=30", "write +task.warmup=30"),
+    ("sweep.colour=3", "sweep.colour: unknown option; known: "),
+    ("executor=slurm executor.gpus_per_node=2 executor.nproc_per_node=4",
+     "use at most one per GPU"),
 ])
 def test_bad_values_name_the_value(override, names):
     with pytest.raises(ConfigError) as info:
-        compose([override])
+        compose(override.split(" "))
     message = str(info.value)
     assert names in message
     assert "\n" not in message
+
+
+def test_both_warmups_are_refused_and_the_train_group_reaches_its_fields():
+    with pytest.raises(ConfigError, match="both set; keep one"):
+        compose(["train.warmup_steps=10", "train.warmup_examples=100"])
+    config = compose(["train.optimizer=adamw", "train.weight_decay=0.1", "train.betas=[0.9,0.95]",
+                      "train.warmup_examples=100", "train.decay=cosine", "train.grad_clip=1",
+                      "train.precision=bf16", "train.microbatch_size=16"])
+    train = config.train
+    assert (train.optimizer, train.weight_decay, train.betas) == ("adamw", 0.1, [0.9, 0.95])
+    assert (train.warmup_examples, train.decay, train.grad_clip) == (100, "cosine", 1.0)
+    assert (train.precision, train.microbatch_size) == ("bf16", 16)
+    # A sweep file picks its optimizer; the command line wins over it.
+    assert compose(["sweep=chars", "task=chars"]).train.optimizer == "adam"
+    assert compose(["sweep=chars", "task=chars", "train.optimizer=sgd"]).train.optimizer == "sgd"
 
 
 def test_missing_group_lists_the_choices():

@@ -102,6 +102,6 @@ def test_a_pilot_that_reaches_no_target_is_one_line_and_exit_2(tmp_path):
 
 def test_a_folder_with_other_settings_is_refused(tiny_plan):
     out, _ = tiny_plan
-    result = plan(*TINY, "sweep.momentum=0.5", "--sweep-dir", str(out), "-q")
+    result = plan(*TINY, "train.momentum=0.5", "--sweep-dir", str(out), "-q")
     assert result.exit_code == 2
     assert "other settings" in result.output

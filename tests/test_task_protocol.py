@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from gnsweep import config as config_module
 from gnsweep import store
 from gnsweep.cli import app
-from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig
+from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
 from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.measure.common import split_batch
 from gnsweep.runs import RunSpec
@@ -102,21 +102,23 @@ def test_the_optimizer_registry_matches_the_config_and_steps_as_its_update_rule(
     lr, g1, g2 = 0.1, torch.tensor([1.0, -2.0]), torch.tensor([0.5, 0.5])
     for name in config_module.OPTIMIZERS:
         p = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
-        opt = optim.make_optimizer(name, [p], lr=lr)
+        opt = optim.make_optimizer(name, [p], lr=lr, train=TrainConfig(weight_decay=0.01))
         p.grad = g1.clone()
         opt.step()
         if name in ("sgd", "momentum"):
-            expected1 = 1.0 - lr * g1
+            expected1 = 1.0 - lr * (g1 + 0.01)  # L2: weight decay 0.01 x p (= 1) added to g
         elif name == "adam":
-            expected1 = 1.0 - lr * g1.sign()  # bias-corrected m / sqrt(v) = sign(g)
+            # L2 added to g before normalising: bias-corrected m / sqrt(v) = sign(g + 0.01 p).
+            expected1 = 1.0 - lr * (g1 + 0.01).sign()
         else:
             expected1 = 1.0 * (1 - lr * 0.01) - lr * g1.sign()  # decoupled weight decay 0.01
         torch.testing.assert_close(p.detach(), expected1, rtol=0, atol=1e-6)
         if name == "momentum":
             p.grad = g2.clone()
             opt.step()
-            # Heavy ball, mu = 0.9: v = 0.9 g1 + g2.
-            torch.testing.assert_close(p.detach(), expected1 - lr * (0.9 * g1 + g2))
+            # Heavy ball, mu = 0.9, on the gradients with the L2 term: v = 0.9 d1 + d2.
+            d1, d2 = g1 + 0.01, g2 + 0.01 * expected1
+            torch.testing.assert_close(p.detach(), expected1 - lr * (0.9 * d1 + d2))
     with pytest.raises(ValueError, match="choose one of"):
         optim.make_optimizer("lion", [torch.nn.Parameter(torch.zeros(1))], lr=0.1)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig
+from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
 from gnsweep.runs import RunSpec
 from gnsweep.training import StopRequested, TrainState, build_run, run
 
@@ -26,17 +26,30 @@ from gnsweep.training import StopRequested, TrainState, build_run, run
 CASES = {
     "grid": (Config(task=TaskConfig(name="linreg", options={"dim": 8}),
                     sweep=SweepConfig(batch_sizes=[16], learning_rates=[0.05], targets=[1e-9],
-                                      max_steps=30, optimizer="adam", eval_every=2),
+                                      max_steps=30, eval_every=2),
+                    train=TrainConfig(optimizer="adam"),
                     noise=NoiseConfig(hessian_every=3, probe_per_octave=1.0, probe_batches=2,
                                       probe_batch_size=16)),
              RunSpec(batch_size=16, learning_rate=0.05)),
     "adaptive": (Config(task=TaskConfig(name="linreg", options={"dim": 8}),
                         sweep=SweepConfig(batch_sizes=[4, 64], learning_rates=[0.05],
-                                          targets=[1e-9], max_steps=30, optimizer="momentum",
+                                          targets=[1e-9], max_steps=30,
                                           schedule="adaptive", exchange_rates=[50],
                                           adaptive_min_change=0.5),
+                        train=TrainConfig(optimizer="momentum"),
                         noise=NoiseConfig(method="microbatch", hessian_every=2)),
                  RunSpec(batch_size=0, learning_rate=0.05, exchange_rate=50.0)),
+    # The recipe's parts: AdamW with weight decay, warmup then cosine decay (the lr column),
+    # clipping (grad_norm), accumulation in pieces that the micro-batch estimate reuses, and
+    # fp16's gradient scaler, whose scale (forced high: it skips steps) must be restored.
+    "recipe": (Config(task=TaskConfig(name="linreg", options={"dim": 8}),
+                      sweep=SweepConfig(batch_sizes=[16], learning_rates=[0.05], targets=[1e-9],
+                                        max_steps=30),
+                      train=TrainConfig(optimizer="adamw", weight_decay=0.1, warmup_examples=96,
+                                        decay="cosine", decay_examples=400, min_lr_ratio=0.1,
+                                        grad_clip=0.5, microbatch_size=4, precision="fp16"),
+                      noise=NoiseConfig(method="microbatch", hessian_every=3)),
+               RunSpec(batch_size=16, learning_rate=0.05)),
     # Micro-batches asked for a batch that cannot be cut: the run falls back to per-example
     # norms at its first step, and so must the run it is resumed into.
     "fallback": (Config(task=TaskConfig("custom", {"_target_": "protocol_tasks.unsplittable"}),
@@ -47,8 +60,17 @@ CASES = {
 }
 
 
-def _stopped_at(config: Config, spec: RunSpec, step: int) -> TrainState:
+def _built(config: Config, spec: RunSpec) -> TrainState:
+    """The run at step 0; in fp16 with a loss scale so high that its first steps overflow and
+    are skipped (the scaler's state then moves)."""
     state = build_run(config, spec)
+    if state.precision.scaler is not None:
+        state.precision.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24)
+    return state
+
+
+def _stopped_at(config: Config, spec: RunSpec, step: int) -> TrainState:
+    state = _built(config, spec)
     with pytest.raises(StopRequested):
         run(state, should_stop=lambda: state.step >= step)
     assert state.step == step
@@ -62,14 +84,14 @@ def test_a_run_resumed_from_its_state_logs_the_same_rows_bit_for_bit(case, monke
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     config, spec = CASES[case]
-    whole = build_run(config, spec)
+    whole = _built(config, spec)
     result = run(whole)
     assert result.reason == "max_steps" and result.steps == config.sweep.max_steps
 
     saved = io.BytesIO()
     torch.save(_stopped_at(config, spec, 9).state_dict(), saved)
     saved.seek(0)
-    resumed = build_run(config, spec)
+    resumed = _built(config, spec)
     # Only tensors, numbers, strings and containers: what a checkpoint can load safely.
     resumed.load_state_dict(torch.load(saved, weights_only=True))
     assert resumed.step == 9 and len(resumed.rows["step"]) == 9
@@ -83,13 +105,18 @@ def test_a_run_resumed_from_its_state_logs_the_same_rows_bit_for_bit(case, monke
         # Bit for bit (NaN where neither run measured).
         np.testing.assert_array_equal(np.asarray(resumed.rows[name], float),
                                       np.asarray(values, float), err_msg=name)
-    measured = ("loss", "b_simple", "lr", "batch_size") + (("b_noise",) if case != "fallback"
-                                                           else ())
+    measured = ("loss", "b_simple", "lr", "batch_size", "grad_norm") + (
+        ("b_noise",) if case != "fallback" else ())
     for name in measured:
         assert all(math.isfinite(v) for v in whole.rows[name][9:]), name
     assert resumed.monitor.method == whole.monitor.method
     if case == "fallback":
         assert whole.monitor.method == "per_example"
+    elif case == "recipe":
+        assert whole.rows["skipped_steps"][-1] > 0
+        # Up over the warmup's 6 steps (96 examples), then down to 0.1 x 0.05 at 400 examples.
+        lr = whole.rows["lr"]
+        assert lr[5] == max(lr) == pytest.approx(0.05) and lr[-1] == pytest.approx(0.005)
     elif case == "grid":
         assert np.isfinite(whole.rows["probe_g2"]).sum() >= 3  # probes due after the resume
         assert np.isfinite(whole.rows["eval_loss"]).sum() == 15

@@ -29,6 +29,7 @@ from gnsweep.analysis.pipeline import (
     median_with_error,
     ratio_with_error,
 )
+from gnsweep.analysis.recipe import recipe_warnings
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.steps import Curves
 
@@ -88,7 +89,7 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     if bootstrap is None:
         bootstrap = config.analysis.bootstrap
     analysis = analyze_tables(None, fixed, targets, loss=loss, ema_examples=ema_examples,
-                              bootstrap=bootstrap, optimizer=config.sweep.optimizer,
+                              bootstrap=bootstrap, optimizer=config.train.optimizer,
                               source=str(sweep_dir), higher_is_better=task.higher_is_better)
     if adaptive is not None:
         analysis.adaptive = analyze_adaptive(adaptive, analysis.fits, targets, loss=loss,
@@ -99,6 +100,8 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
                                                    fits=analysis.fits, loss=loss,
                                                    ema_examples=ema_examples,
                                                    higher_is_better=task.higher_is_better)
+    # Where the learning-rate schedule, not the batch size, decides the answer.
+    analysis.warnings += recipe_warnings(config, analysis.fits, analysis.front)
     # What the targets are values of, for figures and the report ("loss", "return"), and B's unit.
     analysis.meta.update(metric=task.metric, unit=task.unit)
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
@@ -127,7 +130,7 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
                             for k in ("b_simple", "b_noise"))) for p in branch.points]
     analysis = analyze_along(curves, points, branch.targets, loss=loss, ema_examples=ema_examples,
                              bootstrap=config.analysis.bootstrap if bootstrap is None
-                             else bootstrap, optimizer=config.sweep.optimizer,
+                             else bootstrap, optimizer=config.train.optimizer,
                              higher_is_better=task.higher_is_better, source=str(sweep_dir))
     base = Path(branch.base)
     if (base / store.METRICS).is_file():

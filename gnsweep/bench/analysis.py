@@ -34,7 +34,7 @@ def write_sweep(root: Path, n_runs: int, n_steps: int, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
     (root / store.SWEEP_CONFIG).write_text(
-        f"sweep:\n  targets: {list(TARGETS)}\n  optimizer: sgd\n")
+        f"sweep:\n  targets: {list(TARGETS)}\ntrain:\n  optimizer: sgd\n")
     batches = [2 ** k for k in range(3, 13)]
     lrs = list(np.geomspace(0.05, 5.0, 10))
     n_seeds = max(1, math.ceil(n_runs / (len(batches) * len(lrs))))

@@ -127,3 +127,16 @@ def batch_loss(module: nn.Module, loss_fn: LossFn, inputs: Any, targets: Any) ->
         loss = loss_fn(outputs, targets)
     check_scalar(loss)
     return loss
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """`batch` (a tensor, or a tuple / list / dict of them) with its tensors on `device`;
+    `non_blocking`: a copy from pinned memory to a GPU overlaps the work queued before it (on
+    the CPU it changes nothing)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v, device) for v in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch

@@ -77,10 +77,11 @@ class DdpHook:
         future = dist.all_reduce(buffer, group=self.group, async_op=True).get_future()
         return future.then(lambda fut: fut.value()[0])
 
-    def measure(self, hess: NormPair | None, examples: int, params: list[nn.Parameter]
-                ) -> tuple[list[NormPair], NormPair | None]:
+    def measure(self, hess: NormPair | None, examples: int, params: list[nn.Parameter],
+                unscale: float = 1.0) -> tuple[list[NormPair], NormPair | None]:
         """Start this step's one scalar all-reduce (worker norms, example counts, Hessian
-        norms) and return the previous one's result: the reduction overlaps the next step."""
+        norms) and return the previous one's result: the reduction overlaps the next step.
+        `unscale` multiplies this step's squared gradient norms (1 / the loss scale^2)."""
         import torch.distributed as dist
 
         done = self.collect()
@@ -90,7 +91,7 @@ class DdpHook:
                    h_small, h_big, hb_small, hb_big, float(hess is not None)]
         # |G_big|^2 is the same on every worker (after the all-reduce): it rides along.
         big = grad_sq_norm(params).to(local.device).reshape(1)
-        pack = torch.cat([local.double().reshape(1), big,
+        pack = torch.cat([local.double().reshape(1) * unscale, big * unscale,
                           torch.tensor(scalars, dtype=torch.float64, device=local.device)])
         work = dist.all_reduce(pack, group=self.group, async_op=True)
         self.pending = (work, pack)

@@ -184,8 +184,8 @@ class NoiseScaleMonitor:
             self._increments.accumulate(self._examples)
 
     @torch.no_grad()
-    def step(self, batch: Batch | None = None, *, examples: int | None = None
-             ) -> NoiseEstimate | None:
+    def step(self, batch: Batch | None = None, *, examples: int | None = None,
+             loss_scale: float = 1.0) -> NoiseEstimate | None:
         """Fold this step's measurement in; call after backward, before `optimizer.step()`.
 
         `batch` (the step's batch: `(inputs, targets)` for `loss_fn`, anything the task samples
@@ -193,6 +193,9 @@ class NoiseScaleMonitor:
         the current estimate (None before the first measurement). `examples`: the examples
         this step trained on, in the caller's unit (tokens for a language model), for the EMA's
         time constant in examples; default the batch dimension of the model's forward calls.
+        `loss_scale`: the factor this step's gradients carry (mixed precision's gradient
+        scaler: call `step()` before unscaling, pass `scaler.get_scale()`); the squared norms
+        are divided by its square, so every statistic is of the unscaled gradient.
         """
         measuring = self.measuring
         self.steps += 1
@@ -201,7 +204,8 @@ class NoiseScaleMonitor:
         hessian = bool(self.hessian_every and (self.steps - 1) % self.hessian_every == 0)
         try:
             if measuring or hessian:
-                self._measure(batch, plain=measuring, hessian=hessian)
+                self._measure(batch, plain=measuring, hessian=hessian,
+                              unscale=1.0 / float(loss_scale) ** 2)
         finally:
             self._examples = 0
             if self._per_example is not None:
@@ -273,7 +277,10 @@ class NoiseScaleMonitor:
             self._warned.add(key)
             log.warning(message)
 
-    def _measure(self, batch: Batch | None, *, plain: bool, hessian: bool) -> None:
+    def _measure(self, batch: Batch | None, *, plain: bool, hessian: bool,
+                 unscale: float = 1.0) -> None:
+        """Fold in this step's norms; `unscale` multiplies the squared gradient norms (1 /
+        the loss scale squared). The Hessian passes run the loss unscaled, in fp32."""
         hess = None
         if hessian:
             if batch is None:
@@ -293,15 +300,15 @@ class NoiseScaleMonitor:
             plain = False
         parts: list[NormPair] = []
         if self._ddp is not None:
-            parts, hess = self._ddp.measure(hess, self._examples, self.params)
+            parts, hess = self._ddp.measure(hess, self._examples, self.params, unscale)
         elif plain and self._per_example is not None:
             part = self._per_example.measure(self._examples)
             if part is not None:
-                parts.append(part)
+                parts.append(_unscaled(part, unscale))
         if self._increments is not None and plain:
             part = self._increments.measure(self.method == "microbatch")
             if part is not None:
-                parts.append(part)
+                parts.append(_unscaled(part, unscale))
             elif self.method == "per_example":
                 self.warn_once("fallback", "noise scale: layers without per-example norms "
                                "need micro-batches and monitor.accumulate(); this estimate "
@@ -341,6 +348,13 @@ class NoiseScaleMonitor:
             if estimate is not None:
                 self.estimate = estimate
 
+
+
+def _unscaled(pair: NormPair, unscale: float) -> NormPair:
+    """Squared gradient norms of a scaled loss's gradients times `unscale` (1 / scale^2)."""
+    if unscale == 1.0:
+        return pair
+    return pair._replace(sq_small=pair.sq_small * unscale, sq_big=pair.sq_big * unscale)
 
 
 # -- one-shot measurement at fixed parameters ------------------------------------------------

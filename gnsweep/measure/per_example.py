@@ -76,7 +76,9 @@ class PerExample:
                                 "skip such steps")
             return
         self._last_forward[id(module)] = self.forward_id
-        saved = _save_input(module, inputs[0].detach())
+        # In fp32 under mixed precision: autocast would run vecdot in bf16/fp16 here.
+        with torch.autocast(inputs[0].device.type, enabled=False):
+            saved = _save_input(module, inputs[0].detach())
         if isinstance(module, nn.Linear) and saved.dim() == 1:
             # The common case, kept to two small ops: (|a_i|^2 + 1) . |d_i|^2.
             output.register_hook(lambda d: self.values.append(

@@ -20,7 +20,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from gnsweep.measure.common import LossFn, is_ddp
+from gnsweep.measure.common import LossFn, is_ddp, to_device
 from gnsweep.measure.monitor import measure_noise_scale
 from gnsweep.noise import ProbeSchedule
 
@@ -90,7 +90,9 @@ class RunProbes:
         module = cast(nn.Module, model.module) if is_ddp(model) else model
         # measure_noise_scale takes `loss_fn(outputs, targets)`: the built-in tasks' output_loss.
         loss_fn: LossFn = self.task.output_loss
-        batches = [self.task.sample(self.batch_size, self.generator) for _ in range(self.batches)]
+        device = next(module.parameters()).device
+        batches = [to_device(self.task.sample(self.batch_size, self.generator), device)
+                   for _ in range(self.batches)]
         was_training = module.training
         copied = copy.deepcopy(module)
         copied.train(was_training)

@@ -1,9 +1,11 @@
-"""One step's forward and backward: the task's loss over the batch, whole or in the micro-batches
-the noise measurement needs, leaving the batch-mean gradient in `.grad`; and the measured noise
-scale converted to the task's example unit."""
+"""One step's forward and backward: the task's loss over the batch, whole or in pieces (gradient
+accumulation, and the micro-batches the noise measurement needs), leaving the batch-mean
+gradient in `.grad`; and the measured noise scale converted to the task's example unit."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -14,36 +16,61 @@ from gnsweep.measure.common import split_batch
 from gnsweep.noise import NoiseEstimate
 from gnsweep.tasks import Task
 from gnsweep.tasks.protocol import first_dim
+from gnsweep.training.recipe import Precision
 
 
-def microbatches(monitor: NoiseScaleMonitor, wanted: int, samples: int) -> int:
-    """Micro-batches for this step: only where the monitor needs them (method microbatch, or
-    per_example with layers it cannot handle) and measures, each of at least one sample."""
+def pieces(monitor: NoiseScaleMonitor, microbatch_size: int, wanted: int, samples: int) -> int:
+    """Forward/backward passes for this step's `samples`.
+
+    `microbatch_size` > 0 bounds the memory: ceil(samples / microbatch_size) pieces of at most
+    that many samples (gradient accumulation), and the monitor's micro-batch estimate reuses
+    them where it needs micro-batches (at no extra pass). Otherwise micro-batches only where
+    the monitor needs them (method microbatch, or per_example with layers it cannot handle)
+    and measures: `wanted` (noise.microbatches) of them, each of at least one sample."""
+    if microbatch_size and samples > microbatch_size:
+        return math.ceil(samples / microbatch_size)
     return min(wanted, samples) if monitor.measuring and monitor.needs_microbatches else 1
 
 
-def backward(model: torch.nn.Module, task: Task, batch: Any, k: int,
-             monitor: NoiseScaleMonitor) -> float:
-    """Forward and backward over `k` micro-batches; `.grad` ends as the batch-mean gradient.
+def backward(trained: torch.nn.Module, task: Task, batch: Any, k: int,
+             monitor: NoiseScaleMonitor, precision: Precision | None = None) -> float:
+    """Forward and backward over `k` pieces; `.grad` ends as the batch-mean gradient (times
+    the precision's loss scale until it is unscaled). Returns the batch-mean loss.
 
-    Micro-batches are weighted by their share of the batch's first dimension. A batch that
-    cannot be split (`split_batch`) is back-propagated whole, said once."""
+    Pieces are weighted by their share of the batch's first dimension; the monitor records
+    each (`accumulate()`). Under DDP the gradients are all-reduced once, with the last piece
+    (`no_sync` before it). The task's loss runs under the precision's autocast. A batch that
+    cannot be split (`split_batch`) is back-propagated whole, said once. `precision`: fp32 when
+    not given."""
+    precision = precision if precision is not None else Precision("fp32", torch.device("cpu"))
     parts = split_batch(batch, k) if k > 1 else None
     if k > 1 and parts is None:
-        monitor.warn_once("nosplit", f"noise scale: this task's batch cannot be split into {k} "
-                          "micro-batches along dim 0; back-propagating it whole")
+        monitor.warn_once("nosplit", f"this task's batch cannot be split into {k} pieces "
+                          "along dim 0; back-propagating it whole")
     if parts is None:
-        loss = _scalar(task.loss(model, batch))
-        loss.backward()
+        with precision.autocast():
+            loss = _scalar(task.loss(trained, batch))
+        precision.scale(loss).backward()
         return float(loss.detach())
     total, n = 0.0, first_dim(batch) or 1
-    for part in parts:
+    for j, part in enumerate(parts):
         weight = (first_dim(part) or 0) / n
-        loss = _scalar(task.loss(model, part))
-        (loss * weight).backward()
+        last = j == len(parts) - 1
+        with _sync(trained, last):
+            with precision.autocast():
+                loss = _scalar(task.loss(trained, part))
+            precision.scale(loss * weight).backward()
         total += weight * float(loss.detach())
         monitor.accumulate()
     return total
+
+
+def _sync(trained: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager[Any]:
+    """DDP's `no_sync` before the last piece (the gradients accumulate locally, then one
+    all-reduce); nothing outside DDP."""
+    if last or not isinstance(trained, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return trained.no_sync()
 
 
 def _scalar(loss: Any) -> torch.Tensor:

@@ -7,7 +7,10 @@ from typing import Any
 
 import torch
 
+from gnsweep.measure.common import to_device
 from gnsweep.tasks import Task
+
+__all__ = ["DataSource", "to_device"]
 
 
 class DataSource:
@@ -35,14 +38,3 @@ class DataSource:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """`batch` (a tensor, or a tuple / list / dict of them) with its tensors on `device`."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(v, device) for v in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch

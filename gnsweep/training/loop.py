@@ -14,6 +14,7 @@ one and `run` advances it, so a run can be continued from its `state_dict()`.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -37,11 +38,16 @@ from gnsweep.runs import RunSpec
 from gnsweep.schedule import Progress
 from gnsweep.tasks import Task, examples_of
 from gnsweep.tasks.protocol import first_dim
-from gnsweep.training.backward import backward, in_task_units, microbatches
+from gnsweep.training.backward import backward, in_task_units, pieces
 from gnsweep.training.branch import start_branch
-from gnsweep.training.recipe import set_learning_rate
+from gnsweep.training.recipe import clip_gradients, set_learning_rate
 from gnsweep.training.state import TrainState, build_run, fall_back_if_unsplittable
 from gnsweep.training.watch import Diverged
+
+log = logging.getLogger("gnsweep.training")
+
+MIN_LOSS_SCALE = 2.0 ** -14
+"""fp16: a loss scale halved below this (30 skipped steps from torch's 2^16) ends the run."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ def run(state: TrainState, out_dir: Path | None = None,
     # A metric task's targets are values of task.metric(model), reached in its direction.
     metric_task = config.task.metric != "loss"
     hardest = config.task.hardest(sweep.targets)
+    params = [p for p in state.model.parameters() if p.requires_grad]
     start = time.perf_counter() - state.elapsed
     outcome, reason = "done", "max_steps"
     try:
@@ -100,19 +107,24 @@ def run(state: TrainState, out_dir: Path | None = None,
             # Draw.
             size = state.schedule.next_batch_size(
                 Progress(state.step, state.examples, state.estimate, state.per_sample))
-            lr = set_learning_rate(state.optimizer, state.schedule, spec.learning_rate)
             batch = state.data.draw(size)
             n_examples = examples_of(task, batch) * world
             if state.step == 0:
                 fall_back_if_unsplittable(state, batch)
             state.per_sample = n_examples / size
+            # This step's rate: where it brings the run (steps, examples) on the warmup and
+            # decay, or the adaptive rule's eps(B).
+            lr = set_learning_rate(state.optimizer, state.schedule, state.lr_schedule,
+                                   spec.learning_rate, state.step + 1,
+                                   state.examples + n_examples, n_examples)
             # What the monitor calls a sample: the batch's first dimension (one environment's
             # segment for cartpole, a window for chars), the independent unit it splits on.
             samples = first_dim(batch) or size // world
-            # Forward and backward.
+            # Forward and backward, in pieces of at most train.microbatch_size samples.
             state.optimizer.zero_grad(set_to_none=True)
-            k = microbatches(state.monitor, config.noise.microbatches, samples)
-            loss = backward(state.trained, task, batch, k, state.monitor)
+            k = pieces(state.monitor, config.train.microbatch_size, config.noise.microbatches,
+                       samples)
+            loss = backward(state.trained, task, batch, k, state.monitor, state.precision)
             # Measured before the update, like the loss: the episodes of this step's rollouts.
             metric = _metric(task, state.model) if metric_task else math.nan
             if world > 1:
@@ -124,11 +136,17 @@ def run(state: TrainState, out_dir: Path | None = None,
             # Measure. Every step: the monitor counts steps and measures every noise.every of
             # them; the batch lets it measure B_noise every noise.hessian_every steps. The EMA's
             # time constant (noise.ema_examples) counts this rank's examples in the task's unit.
+            # The gradient is still unclipped here; fp16's loss scale is divided out.
             state.estimate = in_task_units(
-                state.monitor.step(batch=batch, examples=n_examples // world),
+                state.monitor.step(batch=batch, examples=n_examples // world,
+                                   loss_scale=state.precision.loss_scale),
                 n_examples / (samples * world))
-            # Step.
-            state.optimizer.step()
+            # Step: unscale (fp16), clip, and step unless fp16's scaler found an overflow.
+            state.precision.unscale(state.optimizer)
+            state.grad_norm = clip_gradients(params, config.train.grad_clip)
+            if not state.precision.step(state.optimizer) and math.isfinite(loss):
+                _skipped(state)
+                continue
             state.step += 1
             state.examples += n_examples
             smooth = state.watch.update(loss, n_examples, state.step)
@@ -178,7 +196,8 @@ def _log(state: TrainState, smooth: float, size: int, lr: float,
     values = {
         "step": state.step, "examples": state.examples, "loss": state.loss,
         "loss_smooth": smooth, "eval_loss": eval_loss, "lr": state.spec.learning_rate,
-        "wall_time": state.elapsed, "metric": state.metric,
+        "wall_time": state.elapsed, "metric": state.metric, "grad_norm": state.grad_norm,
+        "skipped_steps": state.precision.skipped,
     }
     # The noise columns of the schema are the estimate's fields, by name.
     estimate = state.estimate
@@ -189,6 +208,18 @@ def _log(state: TrainState, smooth: float, size: int, lr: float,
     for name, value in values.items():
         state.rows[name].append(value)
     return values
+
+
+def _skipped(state: TrainState) -> None:
+    """fp16's scaler skipped this step (inf/NaN gradients): not an optimizer step, so neither
+    the step nor its examples count; said, and counted in the `skipped_steps` column. A scale
+    that keeps falling means gradients that overflow at any scale: diverged."""
+    scale = state.precision.loss_scale
+    log.warning("fp16: step %d skipped (gradients overflowed); loss scale now %g",
+                state.step + 1, scale)
+    if scale < MIN_LOSS_SCALE:
+        raise Diverged(f"fp16: gradients overflow even at loss scale {scale:g} (step "
+                       f"{state.step + 1})")
 
 
 def _analysis_reached(rows: dict[str, list], target: float, batch_examples: int) -> bool:

@@ -27,10 +27,12 @@ from gnsweep.runs import RunSpec
 from gnsweep.schedule import AdaptiveBatch, AlongBatch, BatchSchedule, ConstantBatch
 from gnsweep.tasks import Task, make_task
 from gnsweep.training.data import DataSource
-from gnsweep.training.recipe import make_optimizer
+from gnsweep.training.lr_schedule import LrSchedule
+from gnsweep.training.recipe import Precision, make_optimizer
 from gnsweep.training.watch import LossWatch
 
-PARTS = ("model", "optimizer", "schedule", "watch", "monitor", "probes", "data")
+PARTS = ("model", "optimizer", "lr_schedule", "precision", "schedule", "watch", "monitor",
+         "probes", "data")
 """The parts with a `state_dict()` of their own, by attribute name."""
 
 
@@ -51,6 +53,10 @@ class TrainState:
     trained: torch.nn.Module
     """The module the loop trains: `model`, DDP-wrapped under torchrun."""
     optimizer: torch.optim.Optimizer
+    lr_schedule: LrSchedule
+    """The learning rate's warmup and decay (`config.train`)."""
+    precision: Precision
+    """Autocast and fp16's gradient scaler (`config.train.precision`)."""
     schedule: BatchSchedule
     """The batch size of each step (`gnsweep.schedule`)."""
     watch: LossWatch
@@ -71,6 +77,8 @@ class TrainState:
     """Examples per sample in the last batch (tokens per window; 1 for most tasks)."""
     loss: float = math.nan
     """The last step's batch-mean loss."""
+    grad_norm: float = math.nan
+    """The last step's global gradient norm, before clipping (unscaled)."""
     metric: float = math.nan
     """The last step's task metric (NaN for a task whose metric is the loss)."""
     stop_at: int | None = None
@@ -92,6 +100,7 @@ class TrainState:
                 "progress": {"step": self.step, "examples": self.examples,
                              "estimate": estimate_state(self.estimate),
                              "per_sample": self.per_sample, "loss": self.loss,
+                             "grad_norm": self.grad_norm,
                              "metric": self.metric, "stop_at": self.stop_at,
                              "elapsed": self.elapsed},
                 "rows": {name: list(values) for name, values in self.rows.items()}}
@@ -111,6 +120,7 @@ class TrainState:
         self.estimate = load_estimate(progress["estimate"])
         self.per_sample = float(progress["per_sample"])
         self.loss, self.metric = float(progress["loss"]), float(progress["metric"])
+        self.grad_norm = float(progress["grad_norm"])
         self.stop_at, self.elapsed = progress["stop_at"], float(progress["elapsed"])
         self.rows = {name: list(values) for name, values in state["rows"].items()}
 
@@ -126,8 +136,10 @@ def build_run(config: Config, spec: RunSpec) -> TrainState:
     world, rank, device = placement()
     model, trained = _build_model(task, device)
     sweep = config.sweep
-    optimizer = make_optimizer(sweep.optimizer, model.parameters(), lr=spec.learning_rate,
-                               momentum=sweep.momentum)
+    optimizer = make_optimizer(config.train.optimizer, model.parameters(),
+                               lr=spec.learning_rate, train=config.train)
+    lr_schedule = LrSchedule.of(config)
+    precision = Precision(config.train.precision, device)
     monitor = make_monitor(model, trained, task, config)
     schedule = _make_schedule(config, spec, world)
     probes = RunProbes(config.noise, task, spec.seed)  # frozen-parameter probes, exact truth
@@ -136,18 +148,18 @@ def build_run(config: Config, spec: RunSpec) -> TrainState:
     metric_task = config.task.metric != "loss"
     watch = LossWatch(sweep.loss_ema_examples, None if metric_task else sweep.divergence_factor)
     return TrainState(config, spec, task, world, rank, device, model, trained, optimizer,
-                      schedule, watch, monitor, probes, data)
+                      lr_schedule, precision, schedule, watch, monitor, probes, data)
 
 
 def placement() -> tuple[int, int, torch.device]:
-    """(world size, rank, device): one GPU per local rank under an nccl process group, else the
-    CPU; (1, 0, cpu) without torch.distributed."""
+    """(world size, rank, device). Under torch.distributed: one GPU per local rank (LOCAL_RANK,
+    set by torchrun and the Slurm executor) with an nccl process group, else the CPU. In one
+    process: the GPU of LOCAL_RANK (0 unless set) when CUDA is present, else the CPU."""
     dist = torch.distributed
+    local_gpu = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if not (dist.is_available() and dist.is_initialized()):
-        return 1, 0, torch.device("cpu")
-    device = torch.device("cpu")
-    if dist.get_backend() == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return 1, 0, local_gpu if torch.cuda.is_available() else torch.device("cpu")
+    device = local_gpu if dist.get_backend() == "nccl" else torch.device("cpu")
     return dist.get_world_size(), dist.get_rank(), device
 
 
