@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from gnsweep import store
-from gnsweep.config import Config, ConfigError, SweepConfig, TaskConfig
+from gnsweep.config import Config, ConfigError, SweepConfig, TaskConfig, TrainConfig
 from gnsweep.runs import RunSpec, expand_grid
 from gnsweep.schedule import AlongBatch, Progress
 
@@ -82,11 +82,15 @@ def test_the_curve_comes_from_a_branch_sweeps_most_local_fit(tmp_path):
 @pytest.mark.parametrize(("settings", "expected"), [
     ({"along_from": "x"}, "sweep.schedule is not along"),
     ({"schedule": "along"}, "needs sweep.along_from"),
-    ({"schedule": "along", "along_from": "x", "optimizer": "adam"}, "eq. 2.7"),
 ])
 def test_along_settings_are_checked(settings, expected):
     with pytest.raises(ConfigError, match=expected):
         SweepConfig(**settings)
+    along = SweepConfig(schedule="along", along_from="x")
+    with pytest.raises(ConfigError, match=r"eq\. 2\.7"):
+        Config(sweep=along, train=TrainConfig(optimizer="adam"))
+    with pytest.raises(ConfigError, match=r"drop train\.warmup"):
+        Config(sweep=along, train=TrainConfig(warmup_examples=100))
     assert RunSpec(0, 0.5, 1, lr_noise=30.0, along=True).run_id == "along_lr0.5_bn30_s1"
 
 

@@ -128,6 +128,8 @@ def base_run(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(("args", "expected"), [
     (["--at", "100"], "no checkpoint kept at or before 100 examples (kept: 160, 640)"),
     (["--at", "1000", "task.dim=4"], "this changes them (task.options.dim: 8 -> 4)"),
+    (["--at", "1000", "train.optimizer=adam"], "train.optimizer: 'sgd' -> 'adam'"),
+    (["--at", "1000", "train.warmup_examples=64"], "drop train.warmup_steps/warmup_examples"),
     (["--at", "ten"], "--at: 'ten' is not a number of examples"),
     (["--at", "1000", "branch.targets=[0.9,1.1]"], "branch.targets: 1.1 is not a fraction"),
 ])
