@@ -51,10 +51,10 @@ class RunSpec:
         if self.adaptive:  # never a grid run's id: those start with b
             noise = f"_bn{self.lr_noise:.4g}" if self.lr_noise > 0 else ""
             return f"r{self.exchange_rate:.4g}_lr{self.learning_rate:.4g}{noise}_s{self.seed}"
-        # Zero-padded batch size so that folders sort by batch size (by point, then batch size,
-        # for a branch run).
+        # Zero-padded batch size so that folders sort by batch size; a branch run's id starts
+        # with its point (examples seen by the base run there).
         grid = f"b{self.batch_size:05d}_lr{self.learning_rate:.4g}_s{self.seed}"
-        return f"at{self.at_examples:012d}_{grid}" if self.at_examples else grid
+        return f"at{self.at_examples}_{grid}" if self.at_examples else grid
 
 
 def expand_grid(config: Config) -> list[RunSpec]:
