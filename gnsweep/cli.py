@@ -6,6 +6,7 @@ never a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -52,13 +53,31 @@ class _App(typer.Typer):
     one place, so a new command cannot forget it."""
 
     def command(self, *args: Any, **kwargs: Any) -> Callable[[F], F]:
-        register = super().command(*args, **kwargs)
-
         def decorator(func: F) -> F:
-            register(user_errors(func))
+            help_text = kwargs.get("help") or reflow(func.__doc__ or "")
+            super(_App, self).command(*args, **{**kwargs, "help": help_text})(user_errors(func))
             return func
 
         return decorator
+
+
+def reflow(doc: str) -> str:
+    """A docstring as help text: each paragraph's lines joined into one line, which the help
+    wraps at the terminal's width (the source's line breaks would otherwise stay and cut
+    sentences in two); a line starting with "Example" or "- " keeps its own line."""
+    import inspect
+
+    paragraphs = []
+    for paragraph in inspect.cleandoc(doc).split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            line = line.strip()
+            if lines and not line.startswith(("Example", "- ")):
+                lines[-1] += " " + line
+            else:
+                lines.append(line)
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
 
 
 app = _App(
@@ -113,8 +132,7 @@ def launch(
         config = resolve_along(config, sweep_dir)
     specs = expand_grid(config)
     if dry_run:
-        typer.echo(f"sweep {config.sweep.name}: task {config.task.name}, {len(specs)} runs "
-                   f"-> {sweep_dir}")
+        typer.echo(_grid_line(config, specs, sweep_dir))
         typer.echo(f"{'run_id':<28}{'batch_size':>16}{'learning_rate':>16}{'seed':>6}")
         for spec in specs:
             # An adaptive run's batch size follows the noise scale, its rate is eps_max (eq. 2.7).
@@ -126,7 +144,10 @@ def launch(
     from gnsweep.tasks.check import check_task
 
     # Before the sweep folder is written: a task that cannot train is refused here (exit 2).
-    check_task(config.task.name, config.task.options, config.sweep.seeds[0])
+    # A custom task's unit is recorded in the folder's config for the analysis.
+    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
+    config = dataclasses.replace(config, task=config.task.with_unit(unit))
+    typer.echo(_grid_line(config, specs, sweep_dir))  # the grid that runs, before it runs
     summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)
     if detach and config.executor.kind == "slurm":
         jobs = ", ".join(summary.submitted) or "none (nothing left to run)"
@@ -137,9 +158,25 @@ def launch(
     if summary.failed:
         typer.echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
                    f"{', '.join(summary.failed)}", err=True)
-    typer.echo(f"next: gnsweep analyze {sweep_dir}")
+    if summary.done or summary.diverged or not summary.failed:  # not when every run failed
+        typer.echo(f"next: gnsweep analyze {sweep_dir}")
     if summary.failed:
         raise typer.Exit(1)
+
+
+def _grid_line(config: Any, specs: list[Any], sweep_dir: Path) -> str:
+    """`sweep NAME: task T, N runs (batch sizes ... x learning rates ... x seeds ...) -> DIR`."""
+    sweep = config.sweep
+
+    def listed(values: list[Any]) -> str:
+        return ",".join(f"{v:g}" for v in values)
+
+    grid = (f"batch sizes {listed(sweep.batch_sizes)} x learning rates "
+            f"{listed(sweep.learning_rates)} x seeds {listed(sweep.seeds)}")
+    if sweep.schedule == "adaptive":
+        grid += f", adaptive at exchange rates {listed(sweep.exchange_rates)}"
+    return (f"sweep {sweep.name}: task {config.task.label}, {len(specs)} runs ({grid}; "
+            f"targets {listed(sweep.targets)}) -> {sweep_dir}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -169,6 +206,11 @@ def plan(
     if workers is not None:
         overrides.append(f"executor.workers={workers}")
     config = compose(overrides)
+    from gnsweep.tasks.check import check_task
+
+    # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
+    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
+    config = dataclasses.replace(config, task=config.task.with_unit(unit))
     sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
     summary = run_plan(config, sweep_dir, show_progress=not quiet, echo=typer.echo)
     ids = sorted(set(summary.run_ids))

@@ -40,7 +40,7 @@ def load_sweep_fits(sweep_dir: Path) -> SweepFits:
     config = Config.load(sweep_dir)
     fits = store.read_table(sweep_dir / "fits.parquet").to_pandas()
     task = config.task
-    return SweepFits(task=task.name, sweep=sweep_dir.name, sweep_dir=str(sweep_dir),
+    return SweepFits(task=task.label, sweep=sweep_dir.name, sweep_dir=str(sweep_dir),
                      metric=task.metric, higher_is_better=task.higher_is_better,
                      unit=task.unit, fits=fits)
 

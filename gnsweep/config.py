@@ -86,8 +86,25 @@ class TaskConfig:
 
     @property
     def unit(self) -> str:
-        """What a batch size counts: examples, tokens or environment steps."""
+        """What a batch size counts: examples, tokens or environment steps. A custom task's is
+        its `unit` attribute, recorded at launch (`with_unit`)."""
+        if self.name == tasks.CUSTOM:
+            return str(self.options.get(tasks.UNIT) or "examples")
         return str(self._declared("unit", "examples"))
+
+    @property
+    def label(self) -> str:
+        """The task as a reader knows it: its name, or a custom task's `_target_`."""
+        if self.name == tasks.CUSTOM:
+            return str(self.options.get(tasks.TARGET) or self.name)
+        return self.name
+
+    def with_unit(self, unit: str | None) -> TaskConfig:
+        """This task with a custom task's declared unit recorded (unchanged for a registered
+        task, whose registry entry says it, or for `unit` None)."""
+        if self.name != tasks.CUSTOM or unit is None:
+            return self
+        return TaskConfig(self.name, {**self.options, tasks.UNIT: unit})
 
     def reached(self, value: float, target: float) -> bool:
         """Whether a (smoothed) metric value has reached `target` in the task's direction."""
@@ -272,6 +289,9 @@ class TrainConfig:
     precision: str = "fp32"
     """fp32, bf16 or fp16: autocast around the task's loss (fp16 with a gradient scaler; a
     step it skips is not counted). The noise scale is measured on unscaled fp32 gradients."""
+    loader_workers: int = 0
+    """A task with a `dataset()`: the DataLoader's worker processes fetching and collating its
+    items while the model trains (0: in the training process)."""
 
     def __post_init__(self) -> None:
         self.optimizer = _choice("train.optimizer", self.optimizer, OPTIMIZERS)
@@ -288,7 +308,8 @@ class TrainConfig:
             raise ConfigError(f"train.betas: {self.betas} must be two numbers in [0, 1), e.g. "
                               "train.betas=[0.9,0.95]")
         zero = {"warmup_steps": "none", "warmup_examples": "none",
-                "decay_examples": "the run's budget", "microbatch_size": "the whole batch"}
+                "decay_examples": "the run's budget", "microbatch_size": "the whole batch",
+                "loader_workers": "in the training process"}
         for name, meaning in zero.items():
             value = _integer(f"train.{name}", getattr(self, name))
             if value < 0:
@@ -677,7 +698,7 @@ def compose(overrides: list[str] | None = None) -> Config:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException, MissingConfigException
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = list(overrides or [])
@@ -685,7 +706,11 @@ def compose(overrides: list[str] | None = None) -> Config:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            cfg = hydra_compose(config_name="config", overrides=overrides)
+            cfg = hydra_compose(config_name="config", overrides=overrides,
+                                return_hydra_config=True)
+            sweep_file = str(cfg.hydra.runtime.choices.get("sweep"))
+            with open_dict(cfg):
+                del cfg["hydra"]
     except MissingConfigException as err:
         raise ConfigError(_missing_config_message(str(err))) from None
     except (HydraException, OmegaConfBaseException) as err:
@@ -695,7 +720,33 @@ def compose(overrides: list[str] | None = None) -> Config:
         GlobalHydra.instance().clear()
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
-    return Config.from_dict({str(k): v for k, v in data.items()})
+    config = Config.from_dict({str(k): v for k, v in data.items()})
+    _check_custom_grid(config, sweep_file, overrides)
+    return config
+
+
+GRID_FIELDS = ("batch_sizes", "learning_rates", "targets")
+"""What a grid is made of: a custom task has to give each (or a sweep file that does)."""
+
+
+def _check_custom_grid(config: Config, sweep_file: str, overrides: list[str]) -> None:
+    """A custom task with the default sweep file's grid would silently run the digits grid
+    (its batch sizes, its learning rates, its loss targets): ConfigError asking for a grid.
+
+    A grid field counts as given when an override names it or its value is not the default
+    (a `+experiment=` bundle may set it)."""
+    if config.task.name != tasks.CUSTOM or sweep_file != SweepConfig.name:
+        return
+    defaults = SweepConfig()
+    named = {o.lstrip("+").split("=", 1)[0] for o in overrides}
+    missing = [f"sweep.{name}" for name in GRID_FIELDS
+               if f"sweep.{name}" not in named
+               and getattr(config.sweep, name) == getattr(defaults, name)]
+    if missing:
+        raise ConfigError(f"task=custom needs a grid of its own ({', '.join(missing)} would be "
+                          f"the {SweepConfig.name} task's): add sweep=NAME (a file of conf/sweep, "
+                          "e.g. sweep=tiny) or sweep.batch_sizes=[...] "
+                          "sweep.learning_rates=[...] sweep.targets=[...]")
 
 
 def _store_defaults() -> None:

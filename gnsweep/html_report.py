@@ -311,12 +311,13 @@ def along_section(table: pd.DataFrame, figures: dict[str, bytes | str] | None = 
 
 def grid_summary(config: Config, runs: pd.DataFrame) -> str:
     sweep = config.sweep
-    items = [("task", config.task.name),
+    items = [("task", config.task.label),
              ("training", config.train.summary()),
              ("batch sizes", ", ".join(map(str, sweep.batch_sizes))),
              ("learning rates", ", ".join(f"{x:g}" for x in sweep.learning_rates)),
              ("seeds", ", ".join(map(str, sweep.seeds))),
-             (f"target {config.task.metric}s", ", ".join(map(str, sweep.targets))),
+             ("target " + ("losses" if config.task.metric == "loss" else
+                           f"{config.task.metric}s"), ", ".join(map(str, sweep.targets))),
              ("max steps per run", sweep.max_steps)]
     states = runs["state"].value_counts().to_dict() if len(runs) else {}
     items.append(("runs", f"{len(runs)}: " + ", ".join(f"{n} {s}" for s, n in
@@ -421,9 +422,10 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
 
     tables = load_tables(sweep_dir)
     if store.is_sweep(sweep_dir):
-        config: Config | None = Config.load(sweep_dir)
+        loaded = Config.load(sweep_dir)
+        config: Config | None = loaded
         config_text = (sweep_dir / store.SWEEP_CONFIG).read_text()
-        name = config.sweep.name if config is not None else sweep_dir.name
+        name = loaded.task.label  # what was trained, not the sweep file's name ("tiny")
     else:
         config, name = None, sweep_dir.name
         config_text = json.dumps(tables.meta, indent=2, sort_keys=True, default=str)

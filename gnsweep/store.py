@@ -87,6 +87,8 @@ METRICS_SCHEMA = pa.schema([
     ("batch_size", pa.float64()),     # samples drawn this step (varies in an adaptive run)
     ("grad_norm", pa.float64()),      # global gradient norm before clipping (unscaled)
     ("skipped_steps", pa.float64()),  # fp16: steps the gradient scaler skipped so far
+    ("epoch", pa.float64()),          # passes over the task's dataset so far (1.5: half way
+                                      # through the second); NaN for a task that samples
 ])
 
 
@@ -177,9 +179,9 @@ def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
                          "delete it to re-run that run, or pass --skip-corrupt") from None
 
 
-OPTIONAL_METRICS = ("metric", "batch_size", "grad_norm", "skipped_steps")
-"""Columns a run logs only when its task has them (metric), or that a writer other than the
-training loop may leave out (batch_size, grad_norm, skipped_steps); NaN on every row
+OPTIONAL_METRICS = ("metric", "batch_size", "grad_norm", "skipped_steps", "epoch")
+"""Columns a run logs only when its task has them (metric, epoch), or that a writer other than
+the training loop may leave out (batch_size, grad_norm, skipped_steps); NaN on every row
 otherwise."""
 
 

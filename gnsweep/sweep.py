@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gnsweep import store
+from gnsweep import notices, store
 from gnsweep.config import Config, ConfigError
 from gnsweep.runs import FINISHED, RunSpec, expand_grid, fresh_retries, parse_run_record, write_run
 
@@ -173,10 +173,15 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
     # their owner die), but none starts them while their owner lives.
     todo = [spec.run_id for spec in remaining(sweep_dir, specs)]
     fresh_retries(sweep_dir, todo)
-    with SweepProgress(len(specs), len(specs) - len(todo), enabled=show_progress) as progress:
-        run = executor_for(config.executor.kind)
-        return run(sweep_dir, todo, config.executor, max_retries=config.sweep.max_retries,
-                   progress=progress, wait=wait)
+    try:
+        with SweepProgress(len(specs), len(specs) - len(todo),
+                           enabled=show_progress) as progress:
+            run = executor_for(config.executor.kind)
+            return run(sweep_dir, todo, config.executor, max_retries=config.sweep.max_retries,
+                       progress=progress, wait=wait)
+    finally:
+        if wait:  # its workers are done: the launch's notice markers go (gnsweep.notices)
+            notices.forget(sweep_dir, os.environ[LAUNCH_ENV])
 
 
 def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,

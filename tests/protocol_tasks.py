@@ -3,6 +3,8 @@ the launch subprocesses)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -31,6 +33,16 @@ class Regression:
 
 def make(seed: int, dim: int = 4, per_sample: int = 1) -> Regression:
     return Regression(seed, dim, per_sample)
+
+
+class Tokens(Regression):
+    """Regression counting `per_sample` tokens a sample, and saying so."""
+
+    unit = "tokens"
+
+
+def tokens(seed: int, per_sample: int = 3) -> Tokens:
+    return Tokens(seed, per_sample=per_sample)
 
 
 class VectorLoss(Regression):
@@ -93,6 +105,109 @@ class Unsplittable(Regression):
 
 def unsplittable(seed: int) -> Unsplittable:
     return Unsplittable(seed)
+
+
+class Table(torch.utils.data.Dataset):
+    """n fixed examples of y = x . w + noise; each item also carries its index."""
+
+    def __init__(self, n: int, dim: int, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        w = torch.randn(dim, generator=torch.Generator().manual_seed(0))
+        self.x = torch.randn(n, dim, generator=generator)
+        self.y = self.x @ w + 0.1 * torch.randn(n, generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": self.x[i], "y": self.y[i], "index": torch.tensor(i)}
+
+
+class TableTask:
+    """Regression over a Dataset (no sample()): `n` training items, 200 held out."""
+
+    def __init__(self, seed: int, n: int = 1000, dim: int = 4) -> None:
+        self.seed, self.n, self.dim = seed, n, dim
+
+    def model(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        return nn.Linear(self.dim, 1)
+
+    def dataset(self) -> Table:
+        return Table(self.n, self.dim, seed=1)
+
+    def eval_dataset(self) -> Table:
+        return Table(200, self.dim, seed=2)
+
+    def loss(self, model: nn.Module, batch: dict) -> torch.Tensor:
+        return 0.5 * (model(batch["x"]).squeeze(-1) - batch["y"]).pow(2).mean()
+
+
+def table(seed: int, n: int = 1000, dim: int = 4) -> TableTask:
+    return TableTask(seed, n, dim)
+
+
+class NotADataset(TableTask):
+    def dataset(self):
+        return [(torch.zeros(4), torch.zeros(()))] * 10
+
+
+def not_a_dataset(seed: int) -> NotADataset:
+    return NotADataset(seed)
+
+
+class NoData:
+    """A model and a loss but nothing to train on."""
+
+    def model(self) -> nn.Module:
+        return nn.Linear(4, 1)
+
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        return model(batch).mean()
+
+
+def no_data(seed: int) -> NoData:
+    return NoData()
+
+
+class RecordingTable(TableTask):
+    """TableTask whose loss appends each training batch's indices to
+    $GNSWEEP_TEST_RECORD/rank<r>.txt under torch.distributed (one line a batch)."""
+
+    def loss(self, model: nn.Module, batch: dict) -> torch.Tensor:
+        folder = os.environ.get("GNSWEEP_TEST_RECORD")
+        dist = torch.distributed
+        if folder and dist.is_available() and dist.is_initialized() and model.training:
+            with open(os.path.join(folder, f"rank{dist.get_rank()}.txt"), "a") as out:
+                out.write(" ".join(map(str, batch["index"].tolist())) + "\n")
+        return super().loss(model, batch)
+
+
+def recording_table(seed: int) -> RecordingTable:
+    return RecordingTable(seed)
+
+
+class Scale(nn.Module):
+    """A learned scalar: a layer the per-example norms do not cover."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class ScaledTable(TableTask):
+    """TableTask with a layer measured by micro-batches (each run's monitor says so)."""
+
+    def model(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        return nn.Sequential(nn.Linear(self.dim, 1), Scale())
+
+
+def scaled_table(seed: int, n: int = 1000) -> ScaledTable:
+    return ScaledTable(seed, n)
 
 
 class _Scale(nn.Module):

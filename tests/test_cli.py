@@ -62,3 +62,19 @@ def test_launch_help_documents_the_exit_codes():
     for code in ("0 every run ended done or diverged", "1 a run failed", "2 bad input",
                  "130 interrupted"):
         assert code in text
+
+
+def test_help_paragraphs_are_not_cut_mid_sentence():
+    """Each paragraph of a command's help is one line (the help wraps it at the terminal's
+    width), but for its example lines: the docstring's own line breaks cut sentences in two."""
+    for command in app.registered_commands:
+        assert command.help, command.callback
+        for paragraph in command.help.split("\n\n"):
+            for line in paragraph.splitlines()[1:]:
+                assert line.startswith(("Example", "- ")), (command.callback, line)
+    # Rendered 80 wide: within a paragraph every line but the last is filled (> 60 wide).
+    result = runner.invoke(app, ["launch", "--help"], terminal_width=80)
+    text = result.output.split("╭")[0].split("Usage:")[1]
+    for paragraph in text.split("\n \n")[1:]:
+        lines = [line.rstrip() for line in paragraph.strip("\n").splitlines()]
+        assert all(len(line) > 60 for line in lines[:-1] if "Example" not in line), lines

@@ -150,6 +150,12 @@ def test_loss_scaling_recovers_the_power_law():
     assert row["alpha_b"] == pytest.approx(0.21, rel=1e-6)
     one = fit_loss_scaling(fits.iloc[:1]).iloc[0]
     assert "at least 2" in one["refused"]
+    # Two targets, one with an error 1e9 times its value (a sweep that only bounds B_crit): one
+    # point weighs in the line, whose slope is then undetermined; refused, not raised.
+    lopsided = pd.DataFrame({"target": [3.2, 3.0], "b_crit": [5.9e11, 2956.0],
+                             "b_crit_se": [1.25e21, 91.3], "refused": ""})
+    row = fit_loss_scaling(lopsided).iloc[0]
+    assert "fewer than 2 points" in row["refused"] and math.isnan(row["b_star"])
 
 
 def test_a_b_crit_beyond_the_batch_sizes_is_flagged():

@@ -159,6 +159,9 @@ def test_plot_and_report_commands_on_a_real_sweep(tiny_sweep):
     text = (tiny_sweep / "report.html").read_text()
     assert text.count("data:image/png;base64,") == len(drawn)
     assert "the largest useful batch size is about" in text or "no answer yet" in text
+    # Titled by the task it trained (the sweep file is "tiny"); its targets are losses.
+    assert f"<title>gnsweep report: digits ({tiny_sweep})</title>" in text
+    assert "<th>target losses</th>" in text and "losss" not in text
 
 
 def test_report_of_a_missing_folder_is_one_line(tmp_path):

@@ -46,17 +46,38 @@ def clean_env(monkeypatch):
     ("protocol_tasks.vector_loss", "scalar"),
     ("protocol_tasks.frozen", "no trainable parameters"),
     ("protocol_tasks.foreign_noise_parameters", "not trainable parameters of the model"),
+    ("protocol_tasks.no_data", "has neither dataset() nor sample"),
+    ("protocol_tasks.not_a_dataset", "dataset() returned a list, not a map-style"),
 ])
 def test_bad_tasks_exit_2_and_start_nothing(target, expected, tmp_path, clean_env):
     out = tmp_path / "sweep"
     result = runner.invoke(app, ["launch", "task=custom", f"task._target_={target}",
                                  "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]",
-                                 "--sweep-dir", str(out), "-q"])
+                                 "sweep.targets=[0.1]", "--sweep-dir", str(out), "-q"])
     assert result.exit_code == 2, result.output
     assert expected in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("grid", [[], ["sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]"]])
+def test_a_custom_task_without_a_grid_of_its_own_is_refused(grid, tmp_path, clean_env):
+    """Not the digits task's grid and loss targets, silently: exit 2, asking for a grid."""
+    out = tmp_path / "s"
+    result = runner.invoke(app, ["launch", "task=custom", "task._target_=protocol_tasks.make",
+                                 *grid, "--sweep-dir", str(out), "-q"])
+    assert result.exit_code == 2, result.output
+    assert "task=custom needs a grid of its own (" + ("sweep.batch_sizes, " if not grid
+                                                      else "") in result.stderr
+    assert "sweep.targets" in result.stderr and "sweep=NAME" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+    # A sweep file, or the three grid settings, are a grid.
+    for given in (["sweep=tiny"], ["sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]",
+                                   "sweep.targets=[0.3,0.1,0.03]"]):
+        result = runner.invoke(app, ["launch", "task=custom", "--dry-run",
+                                     "task._target_=protocol_tasks.make", *given])
+        assert result.exit_code == 0, result.output
 
 
 def test_custom_task_without_target_is_refused(tmp_path):
@@ -75,10 +96,15 @@ def _launch(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 def test_launch_exits_1_naming_the_run_whose_user_code_raised(tmp_path):
     result = _launch(["task=custom", "task._target_=protocol_tasks.raises_later",
                       "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]",
-                      "sweep.max_retries=0", "--workers", "1",
+                      "sweep.targets=[0.01]", "sweep.max_retries=0", "--workers", "1",
                       "--sweep-dir", str(tmp_path / "s")], tmp_path)
     assert result.returncode == 1, result.stderr
     assert "b00008_lr0.1_s0" in result.stderr
+    # The first line names the grid it runs; with every run failed, nothing to analyze.
+    assert result.stdout.splitlines()[0] == (
+        f"sweep digits: task protocol_tasks.raises_later, 1 runs (batch sizes 8 x learning "
+        f"rates 0.1 x seeds 0; targets 0.01) -> {tmp_path / 's'}")
+    assert "next: gnsweep analyze" not in result.stdout
     status = store.read_status(tmp_path / "s" / "runs" / "b00008_lr0.1_s0")
     assert status["state"] == "failed"
     assert "boom: the user's loss fails on purpose" in status["error"]
@@ -90,7 +116,8 @@ def test_launch_exits_0_and_finds_a_module_in_the_working_directory(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "gnsweep", "launch", "task=custom",
          "task._target_=cwd_task_mod.make", "+task.dim=3", "sweep.batch_sizes=[8]",
-         "sweep.learning_rates=[0.1]", "sweep.max_steps=20", "--workers", "1", "-q",
+         "sweep.learning_rates=[0.1]", "sweep.targets=[0.01]", "sweep.max_steps=20",
+         "--workers", "1", "-q",
          "--sweep-dir", "s"], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=300)
     assert result.returncode == 0, result.stderr
@@ -232,12 +259,13 @@ def test_microbatch_method_on_an_unsplittable_batch_falls_back_said_once(tmp_pat
 
 
 def test_the_analysis_sees_batch_sizes_in_the_tasks_unit(tmp_path):
-    """A task counting 3 examples a sample: the steps table's batch_size is 3 x the grid's, and
-    examples = steps x batch_size; a run without metrics takes the sweep's ratio."""
+    """A task counting 3 tokens a sample: the steps table's batch_size is 3 x the grid's, and
+    examples = steps x batch_size; a run without metrics takes the sweep's ratio. The unit the
+    task declares (`unit = "tokens"`) is recorded in the sweep's config."""
     from gnsweep.analysis.load import load_curves
     from gnsweep.analysis.steps import steps_to_target
 
-    result = _launch(["task=custom", "task._target_=protocol_tasks.make", "+task.per_sample=3",
+    result = _launch(["task=custom", "task._target_=protocol_tasks.tokens", "+task.per_sample=3",
                       "sweep.batch_sizes=[4,8]", "sweep.learning_rates=[0.05]",
                       "sweep.targets=[3.5,1e-9]", "sweep.max_steps=6", "--workers", "1",
                       "--sweep-dir", str(tmp_path / "s")], tmp_path)
@@ -250,6 +278,8 @@ def test_the_analysis_sees_batch_sizes_in_the_tasks_unit(tmp_path):
     steps = steps_to_target(curves, None, [3.5])
     row = steps[steps["run_id"] == "b00004_lr0.05_s0"].iloc[0]
     assert row["reached"] and row["examples"] == row["steps"] * 12
+    # What the analysis, figures, report and compare read (docs/recipes.md's test runs them).
+    assert Config.load(tmp_path / "s").task.unit == "tokens"
 
 
 def test_b_noise_on_a_model_without_double_backward_is_said_once_and_left_out(caplog):
@@ -284,3 +314,24 @@ def test_tasks_lists_the_new_tasks_and_the_custom_form():
     for name in names:
         assert any(line.startswith(name) for line in result.output.splitlines()), name
     assert "task._target_=" in result.output
+
+
+def test_dataloader_workers_under_the_local_pool_and_a_notice_said_once(tmp_path):
+    """Four runs over a Dataset on two pool workers, each run's DataLoader with two worker
+    processes of its own (a daemonic pool worker could not start them); each run's monitor
+    says it measures a layer by micro-batches: printed once for the launch, not once a run."""
+    result = _launch(["task=custom", "task._target_=protocol_tasks.scaled_table",
+                      "+task.n=100", "train.loader_workers=2", "sweep.batch_sizes=[8,16]",
+                      "sweep.learning_rates=[0.05,0.1]", "sweep.targets=[1e-9]",
+                      "sweep.max_steps=10", "--workers", "2", "--sweep-dir",
+                      str(tmp_path / "s")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "4 done" in result.stdout
+    assert result.stderr.count("no per-example norms") == 1, result.stderr
+    assert not (tmp_path / "s" / ".notices").exists()
+    for batch in (8, 16):
+        metrics = store.read_table(tmp_path / "s" / "runs" / f"b{batch:05d}_lr0.1_s0" /
+                                   store.METRICS).to_pandas()
+        # Ten steps of B items from 100: the passes over the Dataset.
+        assert metrics["epoch"].tolist() == pytest.approx([s * batch / 100 for s in
+                                                           range(1, 11)])

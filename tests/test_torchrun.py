@@ -137,7 +137,8 @@ def test_a_users_task_from_the_working_directory_trains_under_torchrun(tmp_path)
         [sys.executable, "-m", "gnsweep", "launch", "task=custom",
          "task._target_=cwd_ddp_task.make", "+task.per_sample=2", "executor=torchrun",
          "executor.nproc_per_node=2", "sweep.batch_sizes=[16]", "sweep.learning_rates=[0.05]",
-         "sweep.max_steps=12", "noise.hessian_every=4", "--workers", "1", "-q",
+         "sweep.targets=[1e-9]", "sweep.max_steps=12", "noise.hessian_every=4", "--workers", "1",
+         "-q",
          "--sweep-dir", "s"], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=600)
     assert result.returncode == 0, result.stderr
@@ -147,3 +148,31 @@ def test_a_users_task_from_the_working_directory_trains_under_torchrun(tmp_path)
     assert metrics["examples"].tolist() == [32 * s for s in range(1, 13)]
     assert set(metrics["b_small"].dropna()) == {16} and set(metrics["b_big"].dropna()) == {32}
     assert metrics["b_noise"].notna().any()
+
+
+def test_a_dataset_over_two_ranks_draws_each_index_once_an_epoch(tmp_path):
+    """A 1,000-item Dataset over 2 DDP processes, 32 items a rank a step for 32 steps: in each
+    of the first two epochs the ranks' indices are disjoint and together every index once."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        str(Path(__file__).parent)]),
+           "OMP_NUM_THREADS": "1", "GNSWEEP_TEST_RECORD": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "gnsweep", "launch", "task=custom",
+         "task._target_=protocol_tasks.recording_table", "executor=torchrun",
+         "executor.nproc_per_node=2", "sweep.batch_sizes=[64]", "sweep.learning_rates=[0.05]",
+         "sweep.targets=[1e-9]", "sweep.max_steps=32", "--workers", "1", "-q",
+         "--sweep-dir", str(tmp_path / "s")], env=env, capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr
+    drawn = []
+    for rank in range(2):
+        lines = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
+        assert len(lines) == 32  # one batch a step
+        drawn.append([int(i) for line in lines for i in line.split()])
+    for epoch in range(2):
+        zero, one = (d[epoch * 500:(epoch + 1) * 500] for d in drawn)
+        assert len(set(zero)) == len(set(one)) == 500 and not set(zero) & set(one)
+        assert sorted(zero + one) == list(range(1000))
+    metrics = pq.read_table(tmp_path / "s" / "runs" / "b00064_lr0.05_s0" / store.METRICS
+                            ).to_pandas()
+    assert metrics["epoch"].iloc[-1] == pytest.approx(32 * 32 / 500)

@@ -32,7 +32,14 @@ def fit_loss_scaling(fits: pd.DataFrame) -> pd.DataFrame:
     rel = (ok["b_crit_se"] / ok["b_crit"]).to_numpy(float)
     w = 1.0 / rel**2 if np.all(np.isfinite(rel) & (rel > 0)) else np.ones(len(x))
     design = np.column_stack([np.ones_like(x), x])
-    cov = np.linalg.inv(design.T @ (design * w[:, None]))
+    normal = design.T @ (design * w[:, None])
+    if not np.all(np.isfinite(normal)) or np.linalg.cond(normal) > 1e12:
+        # One target's error dwarfs the others' (a B_crit of 1e11 +- 1e21): the weighted line
+        # rests on a single point and its slope is undetermined.
+        row["refused"] = ("the targets' B_crit errors leave fewer than 2 points that weigh "
+                          "in the line")
+        return pd.DataFrame([row], columns=LOSS_SCALING_COLUMNS)
+    cov = np.linalg.inv(normal)
     coef = cov @ design.T @ (w * y)
     res = y - design @ coef
     dof = len(x) - 2

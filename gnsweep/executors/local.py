@@ -27,8 +27,9 @@ from typing import Any
 from gnsweep import store
 from gnsweep.config import ExecutorConfig
 from gnsweep.errors import StopRequested
-from gnsweep.executors import Outcome, warm_up
+from gnsweep.executors import LAUNCH_ENV, Outcome, warm_up
 from gnsweep.executors.base import Summary
+from gnsweep.notices import once_per_launch
 from gnsweep.progress import SweepProgress
 from gnsweep.runs import FINISHED, max_attempts, needs_running
 
@@ -65,6 +66,7 @@ def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: 
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     torch.set_num_threads(threads)
+    once_per_launch(Path(sweep_dir), os.environ.get(LAUNCH_ENV))  # a notice once, not per run
 
     def should_stop() -> bool:
         return stop or os.getppid() != parent
@@ -106,7 +108,9 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
 
     def start_worker() -> _Worker:
         inbox = ctx.Queue()
-        process = ctx.Process(target=_worker_main, daemon=True,
+        # Not daemonic: a daemonic process cannot start children, and a run's DataLoader starts
+        # worker processes (train.loader_workers). Every exit below stops the workers instead.
+        process = ctx.Process(target=_worker_main, daemon=False,
                               args=(inbox, outbox, str(sweep_dir), threads, os.getpid(),
                                     max_retries))
         process.start()
@@ -154,13 +158,14 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
                 if worker.run_id == run_id:
                     worker.run_id = None
             finish(run_id, outcome)
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, or a bug here: no worker outlives the launcher's loop
         _stop(pool)
         raise
     for worker in pool:
         worker.inbox.put(None)
     for worker in pool:
         worker.process.join(10)
+    _stop(pool)  # any that did not finish (nothing is joined at exit forever)
     return summary
 
 

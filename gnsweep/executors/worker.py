@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from gnsweep.errors import StopRequested
-from gnsweep.executors import process_logger, run_taken, take_run, warm_up
+from gnsweep.executors import LAUNCH_ENV, process_logger, run_taken, take_run, warm_up
+from gnsweep.notices import once_per_launch
 
 
 def init_process_group() -> bool:
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="Stop cleanly when this pid (the launcher) is gone.")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    once_per_launch(args.sweep_dir, os.environ.get(LAUNCH_ENV))  # a notice once, not per run
     should_stop = _stop_flag(args.stop_with)
     run_ids = [line.strip() for line in args.runs_file.read_text().splitlines() if line.strip()]
     init_process_group()

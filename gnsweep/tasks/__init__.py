@@ -27,13 +27,16 @@ from gnsweep.tasks.options import (
 )
 from gnsweep.tasks.protocol import Batch, Task, examples_of
 
-__all__ = ["CUSTOM", "REGISTRY", "TARGET", "Batch", "Task", "TaskEntry", "describe", "entry",
-           "examples_of", "importable_cwd", "make_task", "resolve", "resolve_custom",
+__all__ = ["CUSTOM", "REGISTRY", "TARGET", "UNIT", "Batch", "Task", "TaskEntry", "describe",
+           "entry", "examples_of", "importable_cwd", "make_task", "resolve", "resolve_custom",
            "task_names", "validate_options"]
 
 CUSTOM = "custom"
 """`task=custom task._target_=module.function`: a user's own task."""
 TARGET = "_target_"
+UNIT = "_unit_"
+"""A custom task's `unit` attribute (what its batch sizes count), recorded by `gnsweep launch`
+beside `_target_` so that the analysis reads it without importing the task."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,9 @@ def _custom_options(options: dict[str, Any]) -> dict[str, Any]:
     if not module or not attr:
         raise ConfigError(f"task._target_={target}: give module.function, e.g. "
                           "mymodule.make_task")
+    unit = options.get(UNIT)
+    if unit is not None and (not isinstance(unit, str) or not unit.strip()):
+        raise ConfigError(f"task.{UNIT}: {unit!r} is not a unit; give a word such as tokens")
     return dict(options)
 
 
@@ -189,7 +195,7 @@ def make_task(name: str, options: dict[str, Any], seed: int) -> Task:
     """Build a task: a registered one from its options, a custom one by calling its
     `_target_` with `seed=` and the other options as keyword arguments."""
     if name == CUSTOM:
-        kwargs = {k: v for k, v in options.items() if k != TARGET}
+        kwargs = {k: v for k, v in options.items() if k not in (TARGET, UNIT)}
         made_custom: Task = resolve_custom(options[TARGET])(seed=seed, **kwargs)
         return made_custom
     task = entry(name)

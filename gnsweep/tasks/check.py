@@ -1,5 +1,6 @@
-"""The check `gnsweep launch` makes before anything runs: the task builds, samples a batch of 2,
-and its loss is a finite scalar with gradients on the model's trainable parameters.
+"""The check `gnsweep launch` makes before anything runs: the task builds, samples a batch of 2
+(or takes 2 items of its Dataset and collates them), and its loss is a finite scalar with
+gradients on the model's trainable parameters.
 
 Every problem is a ConfigError naming it in one line (exit code 2): a user's task that cannot
 train is refused before a sweep folder is written or a run started.
@@ -7,26 +8,34 @@ train is refused before a sweep folder is written or a run started.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import default_collate
 
 from gnsweep.errors import ConfigError
 from gnsweep.tasks import CUSTOM, TARGET, Task, examples_of, make_task
+from gnsweep.training.data import as_dataset
 
 
-def check_task(name: str, options: dict[str, Any], seed: int = 0) -> None:
+def check_task(name: str, options: dict[str, Any], seed: int = 0) -> str | None:
     """Build the task, draw a batch of 2 and back-propagate its loss once; ConfigError if any
-    part of the protocol (docs/tasks.md) fails."""
+    part of the protocol (docs/tasks.md) fails. Returns the unit the task object declares
+    (its `unit` attribute: what its batch sizes count, e.g. "tokens"), or None."""
     label = f"task {options.get(TARGET)}" if name == CUSTOM else f"task {name}"
     task: Task = _call(label, "building it", lambda: make_task(name, options, seed))
-    for method in ("model", "sample", "loss"):
+    for method in ("model", "loss"):
         if not callable(getattr(task, method, None)):
             raise ConfigError(f"{label}: the object it builds ({type(task).__name__}) has no "
                               f"{method}() method; see docs/tasks.md")
+    if not any(callable(getattr(task, m, None)) for m in ("dataset", "sample")):
+        raise ConfigError(f"{label}: the object it builds ({type(task).__name__}) has neither "
+                          "dataset() nor sample(batch_size, generator): give it one (a "
+                          "map-style Dataset, or i.i.d. draws); see docs/tasks.md")
     model = _call(label, "model()", task.model)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{label}: model() returned a {type(model).__name__}, not a "
@@ -34,8 +43,7 @@ def check_task(name: str, options: dict[str, Any], seed: int = 0) -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ConfigError(f"{label}: the model has no trainable parameters (nothing to train)")
-    batch = _call(label, "sample(2, generator)",
-                  lambda: task.sample(2, torch.Generator().manual_seed(seed)))
+    batch = _first_batch(label, task, seed)
     loss = _call(label, "loss(model, batch)", lambda: task.loss(model, batch))
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         got = (f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
@@ -57,6 +65,34 @@ def check_task(name: str, options: dict[str, Any], seed: int = 0) -> None:
         raise ConfigError(f"{label}: examples(batch) is {count} for a batch of 2; must be >= 1")
     if hasattr(task, "noise_parameters"):
         _check_noise_parameters(label, task, model, params)
+    unit = getattr(task, "unit", None)
+    if unit is not None and (not isinstance(unit, str) or not unit.strip()):
+        raise ConfigError(f"{label}: its unit is {unit!r}; give a word naming what a batch "
+                          "size counts, e.g. unit = \"tokens\"")
+    return unit
+
+
+def _first_batch(label: str, task: Any, seed: int) -> Any:
+    """A batch of 2: the first two items of `dataset()` collated, else `sample(2, generator)`.
+    `eval_dataset()`, where the task has one, must be a map-style Dataset too."""
+    if hasattr(task, "eval_dataset"):
+        _dataset(label, task, "eval_dataset")
+    if not hasattr(task, "dataset"):
+        return _call(label, "sample(2, generator)",
+                     lambda: task.sample(2, torch.Generator().manual_seed(seed)))
+    dataset = _dataset(label, task, "dataset")
+    collate = getattr(task, "collate", None) or default_collate
+    items = [_call(label, f"dataset()[{i}]", functools.partial(dataset.__getitem__, i))
+             for i in range(min(2, len(dataset)))]
+    return _call(label, "collate(items)", lambda: collate(items))
+
+
+def _dataset(label: str, task: Any, method: str) -> Any:
+    made = _call(label, f"{method}()", getattr(task, method))
+    try:
+        return as_dataset(made, f"{method}()")
+    except ValueError as err:
+        raise ConfigError(f"{label}: {err}") from None
 
 
 def _check_noise_parameters(label: str, task: Any, model: nn.Module,

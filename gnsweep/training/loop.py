@@ -40,6 +40,7 @@ from gnsweep.tasks import Task, examples_of
 from gnsweep.tasks.protocol import first_dim
 from gnsweep.training.backward import backward, in_task_units, pieces
 from gnsweep.training.branch import start_branch
+from gnsweep.training.data import mean_loss
 from gnsweep.training.recipe import clip_gradients, set_learning_rate
 from gnsweep.training.state import TrainState, build_run, fall_back_if_unsplittable
 from gnsweep.training.watch import Diverged
@@ -177,6 +178,7 @@ def run(state: TrainState, out_dir: Path | None = None,
         outcome, reason = "diverged", str(err)
     finally:
         state.monitor.close()
+        state.data.close()  # the DataLoader's worker processes, if any
         state.elapsed = time.perf_counter() - start
     if out_dir is not None:
         store.write_table(out_dir / store.METRICS, store.metrics_table(state.rows))
@@ -191,13 +193,13 @@ def _log(state: TrainState, smooth: float, size: int, lr: float,
     eval_loss = math.nan
     if sweep.eval_every and state.step % sweep.eval_every == 0:
         exact = state.probes.exact_loss(model)
-        eval_loss = exact if exact is not None else _eval_loss(model, state.task)
+        eval_loss = exact if exact is not None else _eval_loss(model, state)
     state.elapsed = time.perf_counter() - start
     values = {
         "step": state.step, "examples": state.examples, "loss": state.loss,
         "loss_smooth": smooth, "eval_loss": eval_loss, "lr": state.spec.learning_rate,
         "wall_time": state.elapsed, "metric": state.metric, "grad_norm": state.grad_norm,
-        "skipped_steps": state.precision.skipped,
+        "skipped_steps": state.precision.skipped, "epoch": state.data.epochs,
     }
     # The noise columns of the schema are the estimate's fields, by name.
     estimate = state.estimate
@@ -248,14 +250,19 @@ def _metric(task: Task, model: torch.nn.Module) -> float:
 
 
 @torch.no_grad()
-def _eval_loss(model: torch.nn.Module, task: Task) -> float:
-    """The task's `eval_loss(model)` in eval mode (NaN when the task has none)."""
-    evaluate = getattr(task, "eval_loss", None)
-    if evaluate is None:
+def _eval_loss(model: torch.nn.Module, state: TrainState) -> float:
+    """In eval mode: the task's `eval_loss(model)`, else its mean loss over its
+    `eval_dataset()` (NaN when it has neither)."""
+    evaluate = getattr(state.task, "eval_loss", None)
+    held_out = state.eval_set
+    if evaluate is None and held_out is None:
         return math.nan
     was_training = model.training
     model.eval()
     try:
-        return float(evaluate(model))
+        if evaluate is not None:
+            return float(evaluate(model))
+        assert held_out is not None
+        return mean_loss(state.task, model, held_out, state.device)
     finally:
         model.train(was_training)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.data import Dataset
 
 from gnsweep import store
 from gnsweep.config import Config
@@ -26,7 +27,7 @@ from gnsweep.noise import NoiseEstimate, estimate_state, load_estimate
 from gnsweep.runs import RunSpec
 from gnsweep.schedule import AdaptiveBatch, AlongBatch, BatchSchedule, ConstantBatch
 from gnsweep.tasks import Task, make_task
-from gnsweep.training.data import DataSource
+from gnsweep.training.data import DatasetSource, DataSource, as_dataset, make_data
 from gnsweep.training.lr_schedule import LrSchedule
 from gnsweep.training.recipe import Precision, make_optimizer
 from gnsweep.training.watch import LossWatch
@@ -65,8 +66,11 @@ class TrainState:
     """The noise scale, measured on the training steps."""
     probes: RunProbes
     """Frozen-parameter probes and exact truth at log-spaced points."""
-    data: DataSource
-    """Each step's batch."""
+    data: DataSource | DatasetSource
+    """Each step's batch: from the task's `sample()`, or its `dataset()`."""
+    eval_set: Dataset | None = None
+    """The task's `eval_dataset()` (None without one): `eval_loss` is the mean loss over it
+    where the task has no `eval_loss(model)` of its own."""
     step: int = 0
     """Optimizer steps taken."""
     examples: int = 0
@@ -143,12 +147,14 @@ def build_run(config: Config, spec: RunSpec) -> TrainState:
     monitor = make_monitor(model, trained, task, config)
     schedule = _make_schedule(config, spec, world)
     probes = RunProbes(config.noise, task, spec.seed)  # frozen-parameter probes, exact truth
-    data = DataSource(task, spec.seed, world, rank, device)
+    data = make_data(task, spec.seed, world, rank, device, config.train.loader_workers)
     # A metric task's loss (A2C's) has no scale to diverge from: only a non-finite one diverges.
     metric_task = config.task.metric != "loss"
     watch = LossWatch(sweep.loss_ema_examples, None if metric_task else sweep.divergence_factor)
+    eval_build = getattr(task, "eval_dataset", None)
+    eval_set = None if eval_build is None else as_dataset(eval_build(), "eval_dataset()")
     return TrainState(config, spec, task, world, rank, device, model, trained, optimizer,
-                      lr_schedule, precision, schedule, watch, monitor, probes, data)
+                      lr_schedule, precision, schedule, watch, monitor, probes, data, eval_set)
 
 
 def placement() -> tuple[int, int, torch.device]:

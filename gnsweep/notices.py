@@ -1,0 +1,65 @@
+"""Notices said once per launch of a sweep, not once per run.
+
+Every run builds its own noise monitor, and each says what it cannot measure (a layer without
+per-example norms, a model without double backward): on a sweep of 50 runs the same line would
+be printed 50 times, once per run, by every worker process. A worker installs `once_per_launch`:
+the first process to say a given warning creates a marker file named by the message in the
+launch's folder (atomically, O_EXCL, so also across Slurm nodes sharing the folder); the others
+stay silent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+
+NOTICES = ".notices"
+"""The sweep folder's subfolder of markers, one folder per launch."""
+
+
+class OncePerLaunch(logging.Filter):
+    """Passes a warning only the first time any process of the launch says it."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__()
+        self.folder = folder
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = hashlib.sha256(record.getMessage().encode()).hexdigest()[:24]
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(self.folder / key, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return False
+        except OSError:
+            return True  # cannot tell: say it
+        return True
+
+
+def once_per_launch(sweep_dir: Path, launch: str | None) -> None:
+    """In this worker process: gnsweep's warnings go to stderr once per launch `launch` (the
+    launch id every worker inherits; None: every time, as before)."""
+    if not launch:
+        return
+    logger = logging.getLogger("gnsweep")
+    for old in [h for h in logger.handlers if getattr(h, "gnsweep_notices", False)]:
+        logger.removeHandler(old)
+    handler = logging.StreamHandler()  # this process's stderr, as Python's last resort prints
+    handler.setLevel(logging.WARNING)
+    handler.addFilter(OncePerLaunch(Path(sweep_dir) / NOTICES / launch))
+    handler.gnsweep_notices = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
+def forget(sweep_dir: Path, launch: str) -> None:
+    """Remove the launch's markers (its workers are done)."""
+    shutil.rmtree(Path(sweep_dir) / NOTICES / launch, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        (Path(sweep_dir) / NOTICES).rmdir()  # only when no other launch's are left
