@@ -111,14 +111,15 @@ def branch_config(base: Config, overrides: list[str]) -> Config:
 
 def loss_at(base: Config, base_spec: RunSpec, source: dict[str, Any], batch_size: int,
             batches: int, loss: str) -> float:
-    """The loss at a checkpoint's fixed parameters: the mean batch loss over `batches` fresh
-    batches of `batch_size` (train mode, as the training loop measures it), or the task's eval
-    loss with `loss=eval`. No update, no gradient: the branch point's own loss, free of the
-    lag and curvature bias a smoother of the base run's logged losses has where the loss falls
-    fast (docs/along.md)."""
+    """The loss at a checkpoint's fixed parameters: the mean loss over `batches` fresh batches
+    of `batch_size` (train mode, as the training loop measures it; each batch weighted by the
+    examples it counts), or the task's eval loss with `loss=eval`. No update, no gradient: the
+    branch point's own loss, free of the lag and curvature bias a smoother of the base run's
+    logged losses has where the loss falls fast (docs/along.md)."""
     import torch
 
-    from gnsweep.tasks import make_task
+    from gnsweep.tasks import examples_of, make_task
+    from gnsweep.training.data import make_data
 
     task = make_task(base.task.name, base.task.options, base_spec.seed)
     model = task.model()
@@ -127,12 +128,19 @@ def loss_at(base: Config, base_spec: RunSpec, source: dict[str, Any], batch_size
         model.eval()
         with torch.no_grad():
             return float(task.eval_loss(model))
-    generator = torch.Generator().manual_seed(PROBE_SEED)
-    total = 0.0
-    with torch.no_grad():
-        for _ in range(batches):
-            total += float(task.loss(model, task.sample(batch_size, generator)))
-    return total / batches
+    # The task's own data (its sample() or its dataset()), drawn from a seed of the probe's.
+    data = make_data(task, PROBE_SEED, 1, 0, torch.device("cpu"))
+    total = count = 0.0
+    try:
+        with torch.no_grad():
+            for _ in range(batches):
+                batch = data.draw(batch_size)
+                n = examples_of(task, batch)
+                total += float(task.loss(model, batch)) * n
+                count += n
+    finally:
+        data.close()
+    return total / count
 
 
 def base_noise(run_dir: Path, at_step: int, at_examples: int, loss: str
