@@ -29,10 +29,11 @@ def load_tables(sweep_dir: Path, analyze: bool = True) -> Results:
         analyze_sweep(sweep_dir)
     results = store.read_results(sweep_dir)
     runs, metrics = load_sweep(sweep_dir, skip_corrupt=True)
-    # Adaptive runs are drawn from the adaptive table; the curves figures show grid runs.
-    # (and runs following a measured B_crit curve, sweep.schedule=along, from along_schedule).
-    varying = (runs.get("exchange_rate", 0.0 * runs["batch_size"]) > 0) | runs.get(
-        "along", runs["batch_size"] < 0).astype(bool)
+    # Adaptive runs are drawn from the adaptive table (along runs, sweep.schedule=along, are in
+    # along_schedule); the curves figures show grid runs.
+    varying = runs.get("exchange_rate", 0.0 * runs["batch_size"]) > 0
+    if "along" in runs:
+        varying = varying | runs["along"].astype(bool)
     adaptive = runs["run_id"][varying]
     results.runs = runs[~runs["run_id"].isin(adaptive)].reset_index(drop=True)
     results.metrics = metrics[~metrics["run_id"].isin(adaptive)].reset_index(drop=True)

@@ -88,8 +88,7 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
     path = sweep_dir / "fits.parquet"
     if not path.is_file():
         raise ConfigError(f"sweep.schedule={sweep.schedule} needs eps_max (and the B_noise of "
-                          "eq. 2.7), "
-                          f"and {path} does not exist: set sweep.eps_max=... and "
+                          f"eq. 2.7), and {path} does not exist: set sweep.eps_max=... and "
                           f"sweep.adaptive_lr_noise=..., or launch and analyse the fixed-batch "
                           f"grid first (gnsweep analyze {sweep_dir})")
     fits = store.read_table(path, columns=["target", "eps_max", "b_noise_lr"]).to_pylist()
