@@ -13,12 +13,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from gnsweep import store, tasks, tracking
+from gnsweep import store, targets, tasks, tracking
 from gnsweep.errors import ConfigError
 from gnsweep.errors import choice as _choice
 from gnsweep.errors import integer as _integer
 from gnsweep.errors import number as _number
 from gnsweep.errors import positive_list as _positive_list
+from gnsweep.noise import DEFAULT_EMA_FRACTION
 
 __all__ = [
     "DECAYS",
@@ -108,11 +109,11 @@ class TaskConfig:
 
     def reached(self, value: float, target: float) -> bool:
         """Whether a (smoothed) metric value has reached `target` in the task's direction."""
-        return value >= target if self.higher_is_better else value <= target
+        return targets.reached(value, target, self.higher_is_better)
 
-    def hardest(self, targets: list[float]) -> float:
+    def hardest(self, values: list[float]) -> float:
         """The target a run stops at: the largest return, the smallest loss."""
-        return max(targets) if self.higher_is_better else min(targets)
+        return targets.hardest(values, self.higher_is_better)
 
 
 @dataclass
@@ -375,7 +376,7 @@ class NoiseConfig:
     """EMA time constant of G2 and S in examples (used when ema_steps is 0)."""
     hessian_every: int = 0
     """Measure B_noise with Hessian-vector products every this many steps (0: never)."""
-    ema_fraction: float = 0.2
+    ema_fraction: float = DEFAULT_EMA_FRACTION
     """EMA window as this fraction of the examples seen so far (0: ema_steps / ema_examples);
     a window that follows training (docs/noise.md)."""
     probe_per_octave: float = 0.0

@@ -23,6 +23,7 @@ from gnsweep.analysis.results import Results
 from gnsweep.analysis.views import quantity
 from gnsweep.analysis.views import unit as unit_of
 from gnsweep.config import Config
+from gnsweep.targets import rising
 
 REPORT = "report.html"
 EXTRAPOLATION = 2.0
@@ -67,16 +68,18 @@ def interval_of(row: Any) -> tuple[float, float]:
 
 
 def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
-            unit: str = "examples") -> list[str]:
+            unit: str = "examples", higher_is_better: bool | None = None) -> list[str]:
     """One plain paragraph per target, earliest in training first; `what` names the targets'
-    quantity (loss, or a task's own metric such as return).
+    quantity (loss, or a task's own metric such as return); `higher_is_better` its direction
+    (default: a loss falls, any other metric rises).
 
     B_crit more than a factor EXTRAPOLATION outside the measured batch sizes is reported as a
     bound (beyond the largest / below the smallest), not as a number: the fit cannot place it.
     """
     out = []
     batches = sorted(int(b) for b in front["batch_size"].unique()) if len(front) else []
-    for row in fits.sort_values("target", ascending=what != "loss").itertuples(index=False):
+    rises = what != "loss" if higher_is_better is None else higher_is_better
+    for row in fits.sort_values("target", ascending=rises).itertuples(index=False):
         b_crit = float(row.b_crit)
         if not (math.isfinite(b_crit) and b_crit > 0):
             reason = str(row.refused) or "no fit"
@@ -380,7 +383,8 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
     parts = [
         "<h2>Answer</h2>",
         *(f"<p class=answer>{esc(a)}</p>"
-          for a in answers(tables.fits, tables.front, quantity(tables.meta), unit)),
+          for a in answers(tables.fits, tables.front, quantity(tables.meta), unit,
+                              rising(tables.meta))),
         f"<h2>Warnings ({len(warnings)})</h2>",
         _list(warnings, "warn") if warnings else "<p>None.</p>",
         "<h2>Fits of eq. 2.11: (S/S_min − 1)(E/E_min − 1) = 1</h2>",

@@ -71,6 +71,24 @@ def equivalent_norms(g2: float, trace: float, b_small: float, b_big: float
     return g2 + trace / b_small, g2 + trace / b_big
 
 
+DEFAULT_EMA_FRACTION = 0.2
+"""The window of B_simple's EMAs, as a fraction of the examples seen so far, that the sweeps,
+the monitor and the framework callbacks use unless told otherwise (docs/noise.md, "Windows
+that follow training")."""
+
+
+def ema_window(ema_fraction: float | None, ema_steps: float, ema_examples: float | None
+               ) -> dict[str, float]:
+    """`NoiseScaleEma`'s window from a caller's choices: `ema_fraction` when given; else a
+    fixed window when `ema_steps` > 0 or `ema_examples` is given; else the lag-free default,
+    `DEFAULT_EMA_FRACTION` of the examples seen."""
+    if ema_fraction is None:
+        fixed = ema_steps > 0 or ema_examples is not None
+        ema_fraction = 0.0 if fixed else DEFAULT_EMA_FRACTION
+    return {"ema_fraction": ema_fraction, "ema_steps": ema_steps,
+            "ema_examples": 2048.0 if ema_examples is None else ema_examples}
+
+
 DRIFT_MAX_RELATIVE_ERROR = 0.25
 """The drift flag needs both ends of the window known to 25% (a 2x change is then > 2.8 sigma)."""
 

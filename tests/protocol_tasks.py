@@ -228,3 +228,16 @@ class Uncovered(Regression):
 
 def uncovered(seed: int) -> Uncovered:
     return Uncovered(seed)
+
+
+class BatchNormed(Regression):
+    """The regression through a BatchNorm layer: its examples interact within a batch."""
+
+    def model(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        return nn.Sequential(nn.Linear(self.dim, 16), nn.BatchNorm1d(16), nn.Tanh(),
+                             nn.Linear(16, 1))
+
+
+def batch_normed(seed: int) -> BatchNormed:
+    return BatchNormed(seed)

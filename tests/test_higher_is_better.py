@@ -200,3 +200,24 @@ def test_task_config_declares_direction_unit_and_stop(monkeypatch):
     assert cartpole.hardest(TARGETS) == 200.0
     assert cartpole.reached(200.0, 200.0) and not cartpole.reached(150.0, 200.0)
     assert not cartpole.reached(math.nan, 50.0)  # no episode ended yet: nothing reached
+
+
+def test_best_run_is_picked_at_the_hardest_target_in_its_direction():
+    """Batch 8 has two learning rates: 0.1 reaches the easier target first, 0.3 alone reaches
+    the hardest. For a return (rising) the hardest is the largest target; for a loss the
+    smallest: the same front picks opposite runs."""
+    import pandas as pd
+
+    from gnsweep.analysis.views import best_runs
+    from gnsweep.targets import hardest, in_training_order, reached
+
+    runs = pd.DataFrame({"run_id": ["a", "b"], "batch_size": [8, 8],
+                         "learning_rate": [0.1, 0.3], "seed": [0, 0], "state": ["done"] * 2})
+    metrics = pd.DataFrame({"run_id": ["a", "b"], "step": [1, 1], "loss_smooth": [1.0, 1.0]})
+    front = pd.DataFrame({"batch_size": [8, 8], "target": [100.0, 200.0],
+                          "learning_rate": [0.1, 0.3]})
+    assert best_runs(runs, metrics, front, higher_is_better=True)["run_id"].tolist() == ["b"]
+    assert best_runs(runs, metrics, front, higher_is_better=False)["run_id"].tolist() == ["a"]
+    assert hardest([100.0, 200.0], True) == 200.0 and hardest([0.3, 0.1], False) == 0.1
+    assert in_training_order([0.1, 0.3], False) == [0.3, 0.1]
+    assert reached(201.0, 200.0, True) and not reached(0.2, 0.1, False)

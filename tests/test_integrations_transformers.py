@@ -85,8 +85,8 @@ def test_transformers_tiny_gpt2_logs_to_history_and_tensorboard(tmp_path):
     rows = [{"input_ids": t, "labels": t} for t in tokens]
     args = _args(tmp_path, learning_rate=1e-3, per_device_train_batch_size=8,
                  gradient_accumulation_steps=2, logging_steps=2, report_to="tensorboard")
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows,
-                                   callbacks=[NoiseScaleCallback()])
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows)
+    NoiseScaleCallback.attach(trainer)  # first, so that report_to integrations see its values
     trainer.train()
     logged = [entry["b_simple"] for entry in trainer.state.log_history if "b_simple" in entry]
     assert len(logged) == 3 and all(math.isfinite(v) for v in logged)
@@ -108,3 +108,84 @@ def test_transformers_b_noise_when_asked(tmp_path):
     last = [entry for entry in trainer.state.log_history if "b_noise" in entry][-1]
     assert last["b_noise"] == pytest.approx(truth.b_noise, rel=0.1)
     assert last["b_simple"] == pytest.approx(truth.b_simple, rel=0.1)
+
+
+def _gpt2_rows(n: int = 64):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2,
+                                     n_head=2, bos_token_id=0, eos_token_id=0)
+    tokens = torch.randint(0, 64, (n, 16), generator=torch.Generator().manual_seed(0))
+    return transformers.GPT2LMHeadModel(config), [{"input_ids": t, "labels": t} for t in tokens]
+
+
+def test_transformers_bf16_logs_b_simple_with_per_example_norms(tmp_path):
+    """bf16 autocast (accelerate returns fp32 logits off the backward path): the hooks sit on
+    parameters and layers, so every step is measured; GPT-2's Conv1D, tied and positional
+    embeddings have per-example norms, so no accumulation is needed."""
+    model, rows = _gpt2_rows()
+    args = _args(tmp_path, learning_rate=1e-3, per_device_train_batch_size=8, bf16=True,
+                 logging_steps=2)
+    callback = NoiseScaleCallback()
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows,
+                                   callbacks=[callback])
+    trainer.train()
+    assert callback.unavailable is None
+    logged = [entry["b_simple"] for entry in trainer.state.log_history if "b_simple" in entry]
+    assert len(logged) == 4 and all(math.isfinite(v) for v in logged)
+
+
+def test_transformers_says_once_and_logs_nan_when_it_cannot_measure(tmp_path, caplog):
+    """A BatchNorm model with one micro-batch per step: per-example norms are wrong for it and
+    there are no micro-batches to measure; the callback says why and logs b_simple NaN."""
+
+    class Bn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+
+        def forward(self, x, labels=None):
+            out = self.net(x).squeeze(-1)
+            return {"loss": ((out - labels) ** 2).mean(), "logits": out}
+
+    x = torch.randn(32, 4, generator=torch.Generator().manual_seed(0))
+    rows = [{"x": x[i], "labels": x[i].sum()} for i in range(32)]
+    args = _args(tmp_path, learning_rate=1e-2, per_device_train_batch_size=8, logging_steps=2)
+    callback = NoiseScaleCallback()
+    trainer = transformers.Trainer(model=Bn(), args=args, train_dataset=rows,
+                                   callbacks=[callback])
+    with caplog.at_level("ERROR", logger="gnsweep.integrations"):
+        trainer.train()
+    assert callback.unavailable is not None and "gradient_accumulation_steps" in \
+        callback.unavailable
+    assert sum("cannot measure" in r.message for r in caplog.records) == 1
+    logged = [entry["b_simple"] for entry in trainer.state.log_history if "b_simple" in entry]
+    assert len(logged) == 2 and all(math.isnan(v) for v in logged)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_transformers_under_torchrun_matches_one_process(tmp_path):
+    """2 CPU processes under torchrun (DDP, gloo), bf16, two micro-batches per step: each rank's
+    gradient is read before the all-reduce; at fixed parameters the pooled B_simple matches one
+    process and linreg's closed form (150 steps of 256: ~2% sampling error each)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = str(Path(__file__).with_name("hf_trainer_ddp.py"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def run(*launcher: str) -> dict:
+        done = subprocess.run([*launcher, script, "256", "150", str(tmp_path / "out")],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    two = run(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+              "--standalone")
+    one = run(sys.executable)
+    assert two["unavailable"] is None and one["unavailable"] is None
+    assert two["b_simple"] == pytest.approx(one["b_simple"], rel=0.15)
+    assert two["b_simple"] == pytest.approx(two["truth"], rel=0.08)
+    assert one["b_simple"] == pytest.approx(one["truth"], rel=0.08)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gnsweep.targets import hardest
+
 
 def finite(frame: pd.DataFrame, column: str) -> pd.Series:
     if column not in frame:
@@ -46,10 +48,13 @@ def placed(fits: pd.DataFrame, front: pd.DataFrame | None,
     return fits[inside], off
 
 
-def best_runs(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame) -> pd.DataFrame:
+def best_runs(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
+              higher_is_better: bool = False) -> pd.DataFrame:
     """The best-tuned run of each batch size: the learning rate that reached the hardest target
-    it reached in fewest steps (from `front`); a batch size that reached none falls back to its
-    run with the lowest final smoothed loss. Diverged runs are never chosen.
+    it reached in fewest steps (from `front`; the hardest in the targets' direction,
+    `gnsweep.targets.hardest`: the smallest loss, the largest return); a batch size that
+    reached none falls back to its run with the lowest final smoothed loss. Diverged runs are
+    never chosen.
     Columns: batch_size, learning_rate, run_id, reached (whether any target was reached)."""
     out = []
     alive = runs[runs["state"] != "diverged"] if "state" in runs else runs
@@ -61,7 +66,8 @@ def best_runs(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame) ->
         best = front[front["batch_size"] == batch] if len(front) else front
         reached = len(best) > 0
         if reached:
-            lr = float(best.sort_values("target")["learning_rate"].iloc[0])
+            target = hardest(best["target"].astype(float), higher_is_better)
+            lr = float(best[best["target"] == target]["learning_rate"].iloc[0])
             chosen = group[np.isclose(group["learning_rate"], lr)]
             if chosen.empty:
                 reached, chosen = False, group

@@ -67,9 +67,10 @@ class Watched(nn.Module):
 
 def metrics(estimate: NoiseEstimate | None, *, with_b_noise: bool) -> dict[str, float]:
     """The logged values: B_simple (eq. 2.9) with its parts |G|^2 and tr(Sigma) (EMAs, eq. A.2),
-    and B_noise (eq. 2.8) once measured."""
+    and B_noise (eq. 2.8) once measured. NaN before the first measurement and where nothing
+    can be measured: a callback always logs `b_simple`."""
     if estimate is None:
-        return {}
+        return dict.fromkeys(("b_simple", "g2", "trace_sigma"), math.nan)
     out = {"b_simple": float(estimate.b_simple), "g2": float(estimate.g2),
            "trace_sigma": float(estimate.trace_sigma)}
     if with_b_noise and math.isfinite(estimate.b_noise):

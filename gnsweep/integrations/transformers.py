@@ -1,31 +1,39 @@
 """`NoiseScaleCallback` for the Hugging Face `Trainer`: B_simple (eq. 2.9) in the Trainer's logs.
 
     trainer = transformers.Trainer(model, args, train_dataset=..., callbacks=[NoiseScaleCallback()])
+    # or, so that the report_to integrations (TensorBoard, MLflow, W&B) see the values too:
+    NoiseScaleCallback.attach(trainer)
 
-Per-example gradient norms (b_small = 1) from hooks on the model's `nn.Linear`, `nn.Embedding`,
-`nn.LayerNorm`, ... layers; parameters of other layers (GPT-2's `Conv1D`, custom norms) are
+One process: per-example gradient norms (b_small = 1) from hooks on the model's layers
+(`nn.Linear`, transformers' `Conv1D`, embeddings, tied weights, norms); parameters of layers
+without them (`nn.LSTM`, custom layers) and models with batch statistics (BatchNorm) are
 measured from the micro-batches of gradient accumulation (`gradient_accumulation_steps >= 2`;
-with one micro-batch they are left out, with a warning). Gradient accumulation is honoured: the
-measurement covers the whole accumulated step and is taken when its last backward ends, before
-the Trainer clips gradients (`max_grad_norm`), which would bias |G_big|^2.
+with one micro-batch they cannot be, and `b_simple` is NaN, said once). Under a multi-process
+launch (torchrun, accelerate: DDP), each rank's own gradient is read from hooks on the
+parameters before the all-reduce (b_small = one rank's batch, b_big = the global batch).
+
+The measurement covers the whole accumulated step and is taken when its last backward (and DDP's
+all-reduce) is over, before the Trainer clips gradients (`max_grad_norm`), which would bias
+|G_big|^2. Hooks sit on parameters and layers, never on the model's outputs (under `bf16=True`
+accelerate returns fp32 copies of them, off the backward path). Under fp16 the loss scale of
+accelerate's gradient scaler is divided out; statistics are in fp32.
 
 The values join every training log entry (`loss`, `learning_rate`, ...) as `b_simple`, `g2`,
-`trace_sigma` (and `b_noise` when `hessian_every > 0`): in `trainer.state.log_history` and in
-every `report_to` integration (TensorBoard, MLflow, W&B, ...), which see the same log dict.
-One process only: under a multi-process launch the callback warns and measures nothing.
+`trace_sigma` (and `b_noise` when `hessian_every > 0`) in `trainer.state.log_history`: NaN until
+the first measurement, and NaN throughout, said once, where the model cannot be measured.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
+import math
 from typing import Any
 
 import torch
 from accelerate.state import GradientState
 from torch import nn
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-from transformers.trainer_callback import DefaultFlowCallback
+from torch.autograd.graph import register_multi_grad_hook
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from gnsweep import NoiseScaleMonitor
 from gnsweep.integrations._common import Watched, first_tensor, metrics
@@ -37,48 +45,79 @@ log = logging.getLogger("gnsweep.integrations")
 class NoiseScaleCallback(TrainerCallback):
     """Measures the gradient noise scale during `Trainer.train` and adds it to the logs.
 
-    `method`: `"per_example"` (default) or `"microbatch"` (needs
-    `gradient_accumulation_steps >= 2`). `every`, `ema_steps`, `ema_examples`,
-    `hessian_every`, `hessian_microbatches`: as for `gnsweep.NoiseScaleMonitor`. B_noise
-    (`hessian_every > 0`) re-runs the model on the step's last micro-batch and takes the loss
-    the model returns (`outputs.loss`: the batch must carry its labels).
+    `method`: "auto" (default: per-example norms on one process, each rank's gradient under
+    DDP, micro-batches for a model with batch statistics), `"per_example"`, `"microbatch"`
+    (needs `gradient_accumulation_steps >= 2`) or `"ddp"`. `every`, `ema_fraction`,
+    `ema_steps`, `ema_examples`, `hessian_every`, `hessian_microbatches`: as for
+    `gnsweep.NoiseScaleMonitor` (by default the window is the last `DEFAULT_EMA_FRACTION` of
+    the examples seen, as in gnsweep's sweeps). B_noise (`hessian_every > 0`, one process)
+    re-runs the model on the step's last micro-batch and takes the loss the model returns
+    (`outputs.loss`: the batch must carry its labels).
     """
 
-    def __init__(self, *, method: str = "per_example", every: int = 1, ema_steps: float = 0.0,
-                 ema_examples: float = 2048.0, hessian_every: int = 0,
+    def __init__(self, *, method: str = "auto", every: int = 1,
+                 ema_fraction: float | None = None, ema_steps: float = 0.0,
+                 ema_examples: float | None = None, hessian_every: int = 0,
                  hessian_microbatches: int = 2) -> None:
         self.method, self.every = method, every
-        self.ema_steps, self.ema_examples = ema_steps, ema_examples
+        self.ema_fraction, self.ema_steps, self.ema_examples = ema_fraction, ema_steps, \
+            ema_examples
         self.hessian_every, self.hessian_microbatches = hessian_every, hessian_microbatches
         self.monitor: NoiseScaleMonitor | None = None
         self.estimate: Any = None
+        self.unavailable: str | None = None
+        """Why this run cannot be measured (b_simple is logged as NaN), or None."""
         self._watched: Watched | None = None
         self._handles: list[Any] = []
+        self._scaler: Any = None
         self._inputs: tuple[tuple[Any, ...], list[str], dict[str, Any]] | None = None
         self._queued = False
         self._stepping = False  # the Hessian passes of B_noise run the model again
+
+    @classmethod
+    def attach(cls, trainer: Trainer, **options: Any) -> NoiseScaleCallback:
+        """A new callback placed first among `trainer`'s callbacks (the Trainer's public
+        `callback_handler.callbacks`), so that the values it adds to a log entry reach the
+        `report_to` integrations, which the Trainer calls before callbacks given to it."""
+        callback = cls(**options)
+        trainer.callback_handler.callbacks.insert(0, callback)
+        return callback
 
     # -- TrainerCallback events -----------------------------------------------------------
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState,
                        control: TrainerControl, model: nn.Module | None = None,
-                       **kwargs: Any) -> None:
-        if args.world_size > 1:
-            log.warning("noise scale: NoiseScaleCallback for transformers measures on one "
-                        "process; under a %d-process launch it measures nothing (use "
-                        "gnsweep.NoiseScaleMonitor(ddp_model, method='ddp') in your own loop)",
-                        args.world_size)
-            return
+                       optimizer: Any = None, **kwargs: Any) -> None:
         if model is None:
+            self._cannot("the Trainer passed no model to the callback")
             return
-        self._run_first()
+        distributed = args.world_size > 1
+        if distributed and self.hessian_every:
+            self._cannot("B_noise (hessian_every > 0) runs on one process only; set "
+                         "hessian_every=0 under a multi-process launch")
+            return
+        # accelerate's optimizer wrapper holds fp16's gradient scaler (None otherwise).
+        self._scaler = getattr(optimizer, "scaler", None)
         self._watched = Watched(model, call=_call_with_keys)
-        self.monitor = NoiseScaleMonitor(
-            self._watched, self.method, every=self.every, ema_steps=self.ema_steps,
-            ema_examples=self.ema_examples, loss_fn=_model_loss if self.hessian_every else None,
-            hessian_every=self.hessian_every, hessian_microbatches=self.hessian_microbatches)
+        try:
+            self.monitor = NoiseScaleMonitor(
+                self._watched, self.method, every=self.every, ema_fraction=self.ema_fraction,
+                ema_steps=self.ema_steps, ema_examples=self.ema_examples,
+                loss_fn=_model_loss if self.hessian_every else None,
+                hessian_every=self.hessian_every, hessian_microbatches=self.hessian_microbatches,
+                all_reduced_grads=distributed)
+        except ValueError as err:
+            self._cannot(str(err))
+            return
+        if self.monitor.needs_microbatches and args.gradient_accumulation_steps < 2:
+            self._cannot(f"method {self.monitor.method} needs the micro-batches of gradient "
+                         "accumulation for some of this model's parameters (layers without "
+                         "per-example norms, or batch statistics); set "
+                         "gradient_accumulation_steps >= 2")
+            return
+        params = self.monitor.params
         self._handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
-                         model.register_forward_hook(self._after_forward)]
+                         register_multi_grad_hook(params, self._in_backward, mode="any")]
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, float] | None = None, **kwargs: Any) -> None:
@@ -92,26 +131,24 @@ class NoiseScaleCallback(TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:
+        self._close()
+
+    # -- hooks on the model ---------------------------------------------------------------
+
+    def _cannot(self, reason: str) -> None:
+        """Say once, loudly, why nothing is measured; b_simple is logged as NaN."""
+        self._close()
+        self.unavailable = reason
+        log.error("noise scale: NoiseScaleCallback cannot measure this run, b_simple is logged "
+                  "as NaN: %s", reason)
+
+    def _close(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
         if self.monitor is not None:
             self.monitor.close()
             self.monitor, self._watched, self._inputs = None, None, None
-
-    # -- hooks on the model ---------------------------------------------------------------
-
-    def _run_first(self) -> None:
-        """Move this callback to the front of the Trainer's callback list, so the values it
-        adds to a log entry reach the `report_to` integrations, which come first otherwise.
-        The Trainer hands callbacks no reference to itself: find the list that holds both this
-        callback and the Trainer's `DefaultFlowCallback`."""
-        for holder in gc.get_referrers(self):
-            if isinstance(holder, list) and any(isinstance(c, DefaultFlowCallback)
-                                                for c in holder):
-                holder.remove(self)
-                holder.insert(0, self)
-                return
 
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._watched is None or self._stepping or not module.training \
@@ -123,21 +160,15 @@ class NoiseScaleCallback(TrainerCallback):
             rest = {k: v for k, v in kwargs.items() if k not in keys}
             self._inputs = (tuple(args) + tuple(kwargs[k] for k in keys), keys, rest)
 
-    def _after_forward(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if self._watched is None or self._stepping or not module.training \
-                or not torch.is_grad_enabled():
-            return
-        tensor = first_tensor(output)
-        if tensor is not None and tensor.requires_grad:
-            tensor.register_hook(self._in_backward)
-
     def _in_backward(self, grad: torch.Tensor) -> None:
-        # Runs when the backward reaches the model's output; what follows must run when it is
-        # over, with every .grad accumulated.
-        if not self._queued:
-            self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(  # type: ignore[attr-defined]
-                self._after_backward)
+        # The first parameter gradient of a backward pass; what follows runs when the pass is
+        # over. Queued twice: behind DDP's own end-of-backward callback (its all-reduce into
+        # .grad), which it queues during the pass.
+        if self._stepping or self._queued:
+            return
+        self._queued = True
+        engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+        engine.queue_callback(lambda: engine.queue_callback(self._after_backward))
 
     def _after_backward(self) -> None:
         self._queued = False
@@ -148,9 +179,17 @@ class NoiseScaleCallback(TrainerCallback):
         if GradientState().sync_gradients:
             self._stepping = True
             try:
-                self.estimate = self.monitor.step(batch=self._hessian_batch())
+                self.estimate = self.monitor.step(batch=self._hessian_batch(),
+                                                  loss_scale=self._loss_scale())
             finally:
                 self._stepping = False
+
+    def _loss_scale(self) -> float:
+        scaler = self._scaler
+        if scaler is None or not getattr(scaler, "is_enabled", lambda: True)():
+            return 1.0
+        scale = float(scaler.get_scale())
+        return scale if scale > 0 and math.isfinite(scale) else 1.0
 
     def _hessian_batch(self) -> tuple[Any, Any] | None:
         if not self.hessian_every or self._inputs is None:

@@ -129,6 +129,18 @@ def batch_loss(module: nn.Module, loss_fn: LossFn, inputs: Any, targets: Any) ->
     return loss
 
 
+_SAID: set[str] = set()
+
+
+def say_once(key: str, message: str) -> None:
+    """Log `message` once per process: facts about an architecture (which layers fall back to
+    micro-batches, how batch statistics are measured) hold for every run of a sweep, and a
+    worker process runs many."""
+    if key not in _SAID:
+        _SAID.add(key)
+        log.warning(message)
+
+
 def to_device(batch: Any, device: torch.device) -> Any:
     """`batch` (a tensor, or a tuple / list / dict of them) with its tensors on `device`;
     `non_blocking`: a copy from pinned memory to a GPU overlaps the work queued before it (on

@@ -110,3 +110,49 @@ class DdpHook:
         # Every worker measured the same batch pair: their H-norms are averaged.
         return parts, (NormPair(*hessian) if have_hessian == 1 else None)
 
+
+
+class RankGrads:
+    """Each rank's own gradient (b_small = this rank's examples of the step) under a data-parallel
+    wrapper the monitor cannot hook (the Trainers' DDP, accelerate): a hook on each measured
+    parameter sees the gradient of this backward before it is accumulated into `.grad` and
+    all-reduced, and `.grad` still holds this rank's own sum of the step's earlier micro-batches
+    (they run without synchronisation), so `|.grad + grad|^2` is this rank's squared norm so far.
+    After the step's last backward `.grad` is the global mean: |G_big|^2 (b_big = all ranks'
+    examples). One scalar all-reduce per measured step, at `measure()`, which every rank must
+    reach at the same steps."""
+
+    def __init__(self, gate: Gate, params: list[nn.Parameter]) -> None:
+        self.gate = gate
+        self.params = params
+        self.handles = [p.register_hook(self._hook_for(i)) for i, p in enumerate(params)]
+        self.reset()
+
+    def reset(self) -> None:
+        self.local: dict[int, torch.Tensor] = {}
+
+    def _hook_for(self, i: int) -> Any:
+        def hook(grad: torch.Tensor) -> None:
+            if self.gate.capturing:
+                before = self.params[i].grad
+                total = grad.float() if before is None else before.float() + grad.float()
+                self.local[i] = sq(total)
+        return hook
+
+    def measure(self, examples: int) -> NormPair | None:
+        import torch.distributed as dist
+
+        device = self.params[0].device
+        local = torch.stack(list(self.local.values())).sum().double() if self.local \
+            else torch.zeros((), dtype=torch.float64, device=device)
+        pack = torch.stack([local.to(device), torch.tensor(float(examples),
+                                                           dtype=torch.float64, device=device),
+                            torch.tensor(float(bool(self.local)), dtype=torch.float64,
+                                         device=device)])
+        dist.all_reduce(pack)
+        world = dist.get_world_size()
+        sq_small, examples_all, have = pack.tolist()
+        if have < world or examples_all <= examples_all / world:
+            return None
+        big = float(grad_sq_norm(self.params))
+        return NormPair(sq_small / world, big, examples_all / world, examples_all)

@@ -27,8 +27,9 @@ class Increments:
         self._seen = 0
 
     def accumulate(self, examples_so_far: int) -> None:
+        # fp32 whatever the parameters' dtype: increments of low-precision sums lose digits.
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in self.params]).detach()
+                          .float() for p in self.params]).detach()
         increment = flat if self.previous is None else flat - self.previous
         self.sq.append(torch.dot(increment, increment))
         self.previous = flat

@@ -30,6 +30,11 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from gnsweep.measure.batchstats import (
+    batch_statistics_layers,
+    choose_method,
+    per_example_refusal,
+)
 from gnsweep.measure.common import (
     Batch,
     LossFn,
@@ -39,10 +44,11 @@ from gnsweep.measure.common import (
     first_tensor,
     is_ddp,
     log,
+    say_once,
     split_batch,
     world_size,
 )
-from gnsweep.measure.ddp import DdpHook
+from gnsweep.measure.ddp import DdpHook, RankGrads
 from gnsweep.measure.hessian import hessian_norms
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.per_example import PerExample
@@ -50,6 +56,7 @@ from gnsweep.noise import (
     NoiseEstimate,
     NoiseScaleEma,
     NormPair,
+    ema_window,
     estimate_state,
     load_estimate,
 )
@@ -91,14 +98,15 @@ class NoiseScaleMonitor:
     The other parameters still train; their gradients are just not looked at.
     """
 
-    def __init__(self, model: nn.Module, method: str = "per_example", *, every: int = 1,
-                 ema_steps: float = 0.0, ema_examples: float = 2048.0,
+    def __init__(self, model: nn.Module, method: str = "auto", *, every: int = 1,
+                 ema_steps: float = 0.0, ema_examples: float | None = None,
                  loss_fn: LossFn | None = None, hessian_every: int = 0,
                  hessian_microbatches: int = 2, task_loss: TaskLoss | None = None,
-                 ema_fraction: float = 0.0,
-                 parameters: Iterable[nn.Parameter] | None = None) -> None:
-        if method not in METHODS:
-            raise ValueError(f"method={method!r}: choose one of {', '.join(METHODS)}")
+                 ema_fraction: float | None = None,
+                 parameters: Iterable[nn.Parameter] | None = None,
+                 all_reduced_grads: bool = False) -> None:
+        if method not in (*METHODS, "auto"):
+            raise ValueError(f"method={method!r}: choose one of auto, {', '.join(METHODS)}")
         if every < 1 or hessian_every < 0 or hessian_microbatches < 2:
             raise ValueError("need every >= 1, hessian_every >= 0 and hessian_microbatches >= 2")
         if hessian_every and loss_fn is None and task_loss is None:
@@ -109,12 +117,15 @@ class NoiseScaleMonitor:
         self.every, self.hessian_every = every, hessian_every
         self.hessian_microbatches = hessian_microbatches
         self.loss_fn, self.task_loss = loss_fn, task_loss
-        self.ema = NoiseScaleEma(ema_steps=ema_steps, ema_examples=ema_examples,
-                                 ema_fraction=ema_fraction)
+        window = ema_window(ema_fraction, ema_steps, ema_examples)
+        self.ema = NoiseScaleEma(ema_steps=window["ema_steps"], ema_fraction=window["ema_fraction"],
+                                 ema_examples=window["ema_examples"])
         self.steps = 0
         self.estimate: NoiseEstimate | None = None
         self._busy = False
         self._warned: set[str] = set()
+        self._loss_scale = 1.0
+        self._grads_unscaled = False
         self._examples = 0
         self._since_examples, self._since_steps = 0, 0
         self._handles: list[Any] = []
@@ -123,9 +134,16 @@ class NoiseScaleMonitor:
         self._increments: Increments | None = None
         # The module the Hessian passes run on: never through DDP's reducer.
         self.module: nn.Module = cast(nn.Module, model.module) if is_ddp(model) else model
+        self._whole_batches = False  # measure_noise_scale: each micro-batch a whole batch
+        self._batch_stats = [m for _, m in batch_statistics_layers(self.module,
+                                                                   training_only=False)]
+        self._all_reduced = all_reduced_grads
+        self._rank: RankGrads | None = None
+        # auto: the method right for this model and launch; a method wrong for it is refused.
+        method = choose_method(model, method, distributed=self._distributed(model))
         if method == "ddp":
             method = self._setup_ddp(model)
-        elif is_ddp(model) and world_size(model) > 1:
+        elif (is_ddp(model) and world_size(model) > 1) or self._distributed(model):
             # .grad is all-reduced while per-example / micro-batch norms stay local.
             raise ValueError(f"method={method!r} with a DistributedDataParallel model: use "
                              "method='ddp'")
@@ -147,15 +165,29 @@ class NoiseScaleMonitor:
         if not (dist.is_available() and dist.is_initialized()):
             raise ValueError("method='ddp' needs an initialised torch.distributed process group "
                              "(run under torchrun and call init_process_group first)")
-        if not is_ddp(model):
+        if not is_ddp(model) and not self._all_reduced:
             raise ValueError("method='ddp' needs the DistributedDataParallel-wrapped model: "
                              "NoiseScaleMonitor(DistributedDataParallel(model), method='ddp')")
         if dist.get_world_size() < 2:
+            method = choose_method(self.module, "auto")
             log.warning("noise scale: world size 1 gives one batch size only; measuring with "
-                        "per-example gradient norms instead of the DDP hook")
-            return "per_example"
+                        "%s instead of the DDP hook", method)
+            return method
+        if not is_ddp(model):
+            # A wrapper the monitor cannot hook all-reduces .grad: read each rank's own
+            # gradient from hooks on the parameters.
+            self._rank = RankGrads(self, self.params)
+            self._handles += self._rank.handles
+            return "ddp"
         self._ddp = DdpHook.attach(self, model, self.params)
         return "ddp"
+
+    def _distributed(self, model: nn.Module) -> bool:
+        """Several ranks whose `.grad` is all-reduced: a DDP model, or `all_reduced_grads`."""
+        import torch.distributed as dist
+
+        return (is_ddp(model) or self._all_reduced) and dist.is_available() \
+            and dist.is_initialized() and dist.get_world_size() > 1
 
     # -- the training-loop API ------------------------------------------------------------
 
@@ -185,7 +217,7 @@ class NoiseScaleMonitor:
 
     @torch.no_grad()
     def step(self, batch: Batch | None = None, *, examples: int | None = None,
-             loss_scale: float = 1.0) -> NoiseEstimate | None:
+             loss_scale: float = 1.0, grads_unscaled: bool = False) -> NoiseEstimate | None:
         """Fold this step's measurement in; call after backward, before `optimizer.step()`.
 
         `batch` (the step's batch: `(inputs, targets)` for `loss_fn`, anything the task samples
@@ -193,10 +225,18 @@ class NoiseScaleMonitor:
         the current estimate (None before the first measurement). `examples`: the examples
         this step trained on, in the caller's unit (tokens for a language model), for the EMA's
         time constant in examples; default the batch dimension of the model's forward calls.
-        `loss_scale`: the factor this step's gradients carry (mixed precision's gradient
-        scaler: call `step()` before unscaling, pass `scaler.get_scale()`); the squared norms
-        are divided by its square, so every statistic is of the unscaled gradient.
+        `loss_scale`: the factor the loss was multiplied by before backward (fp16's
+        `GradScaler.get_scale()`, before `unscale_`); every squared norm is divided by its
+        square, so the statistics are those of the unscaled gradients. A step whose scaled
+        gradients overflowed (non-finite norms, skipped by the scaler too) is skipped.
+        `grads_unscaled`: `.grad` itself was already divided by `loss_scale`
+        (`GradScaler.unscale_`, as Lightning's `on_before_optimizer_step` sees it), while what
+        the hooks and `accumulate()` captured during backward is still scaled.
         """
+        if not (loss_scale > 0 and math.isfinite(loss_scale)):
+            raise ValueError(f"loss_scale={loss_scale}: need a finite number > 0")
+        self._loss_scale = float(loss_scale)
+        self._grads_unscaled = grads_unscaled
         measuring = self.measuring
         self.steps += 1
         self._since_examples += self._examples if examples is None else examples
@@ -204,8 +244,7 @@ class NoiseScaleMonitor:
         hessian = bool(self.hessian_every and (self.steps - 1) % self.hessian_every == 0)
         try:
             if measuring or hessian:
-                self._measure(batch, plain=measuring, hessian=hessian,
-                              unscale=1.0 / float(loss_scale) ** 2)
+                self._measure(batch, plain=measuring, hessian=hessian)
         finally:
             self._examples = 0
             if self._per_example is not None:
@@ -214,6 +253,8 @@ class NoiseScaleMonitor:
                 self._increments.reset()
             if self._ddp is not None:
                 self._ddp.reset()
+            if self._rank is not None:
+                self._rank.reset()
         return self.estimate
 
     def close(self) -> None:
@@ -271,16 +312,17 @@ class NoiseScaleMonitor:
             self._examples += int(first.shape[0])
         if self._per_example is not None:
             self._per_example.forward_id += 1
+            self._per_example.batch = int(first.shape[0]) if first is not None \
+                and first.dim() > 0 else 0
 
     def warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
             log.warning(message)
 
-    def _measure(self, batch: Batch | None, *, plain: bool, hessian: bool,
-                 unscale: float = 1.0) -> None:
-        """Fold in this step's norms; `unscale` multiplies the squared gradient norms (1 /
-        the loss scale squared). The Hessian passes run the loss unscaled, in fp32."""
+    def _measure(self, batch: Batch | None, *, plain: bool, hessian: bool) -> None:
+        """Fold in this step's norms, unscaled (`step(loss_scale=...)`). The Hessian passes
+        run the loss unscaled, in fp32."""
         hess = None
         if hessian:
             if batch is None:
@@ -298,22 +340,59 @@ class NoiseScaleMonitor:
             self.warn_once("one", "noise scale: a batch of one sample has no spread to measure; "
                            "B_simple is not measured at this batch size")
             plain = False
+        if plain and self.method == "per_example" and any(m.training for m in self._batch_stats):
+            # A layer with batch statistics switched to train mode after the monitor was built.
+            reason = per_example_refusal(self.module)
+            assert reason is not None
+            raise ValueError(reason)
+        if plain and self.method == "microbatch" and not self._whole_batches:
+            self._say_ghost_batches()
         parts: list[NormPair] = []
+        complete = True
+        # Squared norms of scaled gradients (fp16): captured during backward they carry
+        # loss_scale^2; |G_big|^2 read from .grad now carries it unless .grad was unscaled.
+        small_scale = self._loss_scale ** 2
+        big_scale = 1.0 if self._grads_unscaled else small_scale
         if self._ddp is not None:
-            parts, hess = self._ddp.measure(hess, self._examples, self.params, unscale)
+            if self._grads_unscaled and small_scale != 1.0:
+                raise ValueError("step(grads_unscaled=True) with the DDP communication hook: "
+                                 "call step() before unscaling the gradients")
+            # This step's norms are unscaled inside, before their all-reduce.
+            parts, hess = self._ddp.measure(hess, self._examples, self.params, 1 / small_scale)
+        elif plain and self._rank is not None:
+            part = self._rank.measure(self._examples)
+            parts = [_unscale(part, small_scale, big_scale)] if part is not None else []
         elif plain and self._per_example is not None:
             part = self._per_example.measure(self._examples)
             if part is not None:
-                parts.append(_unscaled(part, unscale))
+                parts.append(_unscale(part, small_scale, big_scale))
+            elif self._per_example.params:
+                complete = False  # a step it had to skip (a layer used twice): no estimate
         if self._increments is not None and plain:
+            # Micro-batch increments and their sum were both read during backward: scaled.
             part = self._increments.measure(self.method == "microbatch")
             if part is not None:
-                parts.append(_unscaled(part, unscale))
+                parts.append(_unscale(part, small_scale, small_scale))
             elif self.method == "per_example":
+                complete = False
                 self.warn_once("fallback", "noise scale: layers without per-example norms "
-                               "need micro-batches and monitor.accumulate(); this estimate "
-                               "leaves their parameters out")
+                               "need micro-batches and monitor.accumulate() (gradient "
+                               "accumulation of >= 2 micro-batches); without them B_simple is "
+                               "not measured (NaN), never measured on part of the model")
+        if not complete:
+            parts = []
         self._fold(parts, hess)
+
+    def _say_ghost_batches(self) -> None:
+        layers = [m for m in self._batch_stats if m.training]
+        if layers and self._increments is not None and len(self._increments.counts) > 1:
+            k = len(self._increments.counts)
+            say_once("ghost", f"noise scale: {type(layers[0]).__name__} and any other layer "
+                     f"with batch statistics normalise each of the {k} micro-batches of a "
+                     "measured step on its own (ghost batches): the noise measured is that of "
+                     "the gradient trained with, but where a batch is split only to measure, "
+                     f"statistics come from B/{k} examples instead of B and running statistics "
+                     f"are updated {k} times a step (docs/noise.md)")
 
     def _hessian(self, batch: Batch) -> NormPair | None:
         """H-norms for B_noise; a model whose loss has no double backward (e.g. a fused
@@ -337,7 +416,8 @@ class NoiseScaleMonitor:
         valid = [p for p in parts if all(map(math.isfinite, p)) and 0 < p.b_small < p.b_big]
         if len(valid) < len(parts):
             self.warn_once("skip", "noise scale: a measurement had one batch size only or "
-                           "non-finite norms; skipped (a batch of one example?)")
+                           "non-finite norms; skipped (a batch of one example, or an fp16 "
+                           "overflow)")
         elif parts:
             blocks: list[tuple[float, float, float, float]] = list(parts)
             self.estimate = self.ema.update_parts(blocks, examples=self._since_examples,
@@ -350,18 +430,11 @@ class NoiseScaleMonitor:
 
 
 
-def _unscaled(pair: NormPair, unscale: float) -> NormPair:
-    """Squared gradient norms of a scaled loss's gradients times `unscale` (1 / scale^2)."""
-    if unscale == 1.0:
-        return pair
-    return pair._replace(sq_small=pair.sq_small * unscale, sq_big=pair.sq_big * unscale)
-
-
 # -- one-shot measurement at fixed parameters ------------------------------------------------
 
 
 def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Iterable[Batch],
-                        method: str = "per_example", hessian: bool = False, *,
+                        method: str = "auto", hessian: bool = False, *,
                         microbatches: int = 4, hessian_microbatches: int = 2,
                         parameters: Iterable[nn.Parameter] | None = None,
                         task_loss: TaskLoss | None = None) -> NoiseEstimate:
@@ -373,6 +446,13 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Itera
     all batches are pooled with equal weights (eq. A.2 on the means), so the estimate sharpens
     with more batches. `microbatches`: the split for method="microbatch" (and for layers without
     per-example norms). `parameters`: the measured block, as for `NoiseScaleMonitor`.
+    `method="auto"`: micro-batches for a model with batch statistics, else per-example norms.
+
+    A model with batch statistics (BatchNorm in train mode, docs/noise.md): per-example norms
+    are refused (ValueError); with `method="microbatch"` each batch is one draw of the batch
+    gradient with its own statistics, exactly as it trains, and the batches pooled are the
+    larger batch of eq. A.2 (b_small = a batch, b_big = all of them): this needs >= 2
+    batches and measures the noise at the batches' size.
     With `task_loss(model, batch)` instead of `loss_fn` (pass `loss_fn=None`), `batches` yields
     whatever a task samples (a tensor or a tuple / list / dict of tensors, split along dim 0),
     e.g. `measure_noise_scale(model, None, batches, task_loss=task.loss)`.
@@ -387,6 +467,17 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Itera
                                 hessian_microbatches=hessian_microbatches,
                                 parameters=parameters, task_loss=task_loss)
     saved = [p.grad for p in monitor.params]
+    if monitor.method == "microbatch" and any(m.training for m in monitor._batch_stats):
+        try:
+            if hessian:
+                raise ValueError("B_noise (hessian=True) cannot be measured on a model with "
+                                 "batch statistics: its Hessian passes split the batch; use "
+                                 "hessian=False, or put those layers in eval() mode")
+            return _whole_batches(monitor, model, loss_fn, task_loss, list(batches))
+        finally:
+            monitor.close()
+            for p, grad in zip(monitor.params, saved, strict=True):
+                p.grad = grad
     try:
         for batch in batches:
             n = batch_len(batch if task_loss is not None else batch[0])
@@ -414,6 +505,33 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Itera
         raise ValueError("no batch could be measured: give at least one batch of >= 2 examples")
     return monitor.estimate
 
+
+
+def _whole_batches(monitor: NoiseScaleMonitor, model: nn.Module, loss_fn: LossFn | None,
+                   task_loss: TaskLoss | None, batches: list[Batch]) -> NoiseEstimate:
+    """Eq. A.2 with each batch's gradient (its own batch statistics) as one small batch and
+    their mean as the big one: the brute-force definition of a batch-statistics model's noise,
+    without splitting a batch."""
+    if len(batches) < 2:
+        raise ValueError("a model with batch statistics is measured from >= 2 independent "
+                         "batches (each with its own statistics): give more batches")
+    sizes = [batch_len(b if task_loss is not None else b[0]) for b in batches]
+    total = sum(sizes)
+    monitor._whole_batches = True
+    for p in monitor.params:
+        p.grad = None
+    for batch, n in zip(batches, sizes, strict=True):
+        if task_loss is not None:
+            with torch.enable_grad():
+                loss = task_loss(model, batch)
+        else:
+            assert loss_fn is not None
+            loss = batch_loss(model, loss_fn, *batch)
+        (loss * (n / total)).backward()
+        monitor.accumulate()
+    monitor.step()
+    assert monitor.estimate is not None
+    return monitor.estimate
 
 
 def _pieces(batch: Batch, k: int, n: int, whole: bool) -> list[tuple[Any, float]]:
@@ -445,6 +563,10 @@ def _measured(model: nn.Module, parameters: Iterable[nn.Parameter] | None
                          "or does not require grad)")
     # The model's order, so that flattened gradients line up with DDP's and the optimizer's.
     return [p for p in trainable if id(p) in ids]
+
+
+def _unscale(part: NormPair, small: float, big: float) -> NormPair:
+    return NormPair(part.sq_small / small, part.sq_big / big, part.b_small, part.b_big)
 
 
 @contextmanager

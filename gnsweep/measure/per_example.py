@@ -1,5 +1,6 @@
 """Per-example gradient norms (b_small = 1) from forward/backward hooks on the layers that
-allow them (`nn.Linear`, `nn.Conv2d`, `nn.Embedding`, `nn.LayerNorm`, `nn.RMSNorm`)."""
+allow them (`nn.Linear`, transformers' `Conv1D`, `nn.Conv2d`, `nn.Embedding`, `nn.LayerNorm`,
+`nn.RMSNorm`; parameters tied across such layers through `gnsweep.measure.shared.Tied`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gnsweep.measure.common import Gate, grad_sq_norm, log, sq
+from gnsweep.measure.common import Gate, grad_sq_norm, say_once, sq
+from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like
 from gnsweep.noise import NormPair
 
 
@@ -29,6 +31,8 @@ class PerExample:
         alone (their gradients are not part of the measured block)."""
         self.gate = gate
         self.forward_id = 0
+        self.batch = 0
+        """Examples in the current forward of the model (set by the monitor)."""
         self.reset()
         self.covered: set[int] = set()
         self.handles: list[Any] = []
@@ -37,7 +41,13 @@ class PerExample:
         owners = Counter(id(p) for m in model.modules()
                          for p in m.parameters(recurse=False))
         skipped: list[str] = []
+        # Parameters shared by several layers: the norm of the summed per-example gradient.
+        self.tied = Tied(gate, model, wanted)
+        self.covered |= self.tied.covered
+        self.handles += self.tied.handles
         for name, module in model.named_modules():
+            if id(module) in self.tied.modules:
+                continue
             params = [p for p in module.parameters(recurse=False) if p.requires_grad]
             inside = [id(p) in wanted for p in params]
             if not any(inside):
@@ -53,44 +63,65 @@ class PerExample:
             self.covered.update(id(p) for p in params)
             self.handles.append(module.register_forward_hook(self._forward))
         if skipped:
-            log.warning("noise scale: no per-example norms for %s; their parameters are measured "
-                        "with micro-batches", ", ".join(skipped))
+            text = ", ".join(skipped)
+            say_once(f"skipped {text}", f"noise scale: no per-example norms for {text}; their "
+                     "parameters are measured with micro-batches")
         self.params = [p for p in measured if id(p) in self.covered]
 
     def reset(self) -> None:
         self.values: list[torch.Tensor] = []
         self.invalid = False
+        if hasattr(self, "tied"):
+            self.tied.reset()
 
-    def _forward(self, module: nn.Module, inputs: tuple, output: Any) -> None:
+    def _forward(self, module: nn.Module, inputs: tuple, output: Any) -> Any:
         if not (self.gate.capturing and torch.is_grad_enabled()):
-            return
+            return None
         if not isinstance(output, torch.Tensor):
-            return
+            return None
         if not output.requires_grad or not inputs or not isinstance(inputs[0], torch.Tensor):
-            return
+            return None
+        fitted = along_batch(module, inputs[0], output, self.batch)
+        if fitted is None:
+            # Examples are not along dim 0 here (a sequence-first layout): per-example norms
+            # would be wrong, so the step is not measured.
+            self.invalid = True
+            self.gate.warn_once(f"dim0{id(module)}", f"noise scale: {type(module).__name__}'s "
+                                f"output does not have the {self.batch} examples of the batch "
+                                "in its first dimension; per-example norms skip such steps "
+                                "(B_simple NaN): use method='microbatch'")
+            return None
+        inputs, output = (fitted[0],), fitted[1]
         if self._last_forward.get(id(module)) == self.forward_id:
             # Used twice in one forward: per-use norms would miss the cross terms.
             self.invalid = True
             self.gate.warn_once(f"reuse{id(module)}", f"noise scale: {type(module).__name__}"
                                 " is called more than once per forward; per-example norms "
                                 "skip such steps")
-            return
+            return None
         self._last_forward[id(module)] = self.forward_id
-        # In fp32 under mixed precision: autocast would run vecdot in bf16/fp16 here.
-        with torch.autocast(inputs[0].device.type, enabled=False):
+        # Statistics in fp32: autocast (bf16, fp16) would run these products in low precision.
+        with torch.autocast(output.device.type, enabled=False):
             saved = _save_input(module, inputs[0].detach())
-        if isinstance(module, nn.Linear) and saved.dim() == 1:
+        if linear_like(module) and saved.dim() == 1:
             # The common case, kept to two small ops: (|a_i|^2 + 1) . |d_i|^2.
-            output.register_hook(lambda d: self.values.append(
-                torch.dot(saved, torch.linalg.vecdot(d.detach().float(), d.detach().float()))))
+            output.register_hook(lambda d: self._fast(saved, d.detach().float()))
         else:
             output.register_hook(lambda grad: self._backward(module, saved, grad))
+        return output
+
+    def _fast(self, saved: torch.Tensor, d: torch.Tensor) -> None:
+        with torch.no_grad(), torch.autocast(d.device.type, enabled=False):
+            self.values.append(torch.dot(saved, torch.linalg.vecdot(d, d)))
 
     def _backward(self, module: nn.Module, saved: Any, grad: torch.Tensor) -> None:
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(grad.device.type, enabled=False):
             self.values.append(_per_example_sq(module, saved, grad.detach()))
 
     def measure(self, examples: int) -> NormPair | None:
+        tied = self.tied.total()
+        if tied is not None:
+            self.values.append(tied)
         if not self.values or self.invalid:
             return None
         # With a mean-reduced loss every captured gradient is 1/B of the example's own, so the
@@ -104,7 +135,7 @@ def _unsupported(module: nn.Module) -> str | None:
     """Why per-example norms are not available for this module's own parameters, or None."""
     own = {name for name, _ in module.named_parameters(recurse=False)}
     kinds = (nn.Linear, nn.Conv2d, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
-    if not isinstance(module, kinds):
+    if not isinstance(module, kinds) and not is_conv1d(module):
         return type(module).__name__
     if not own <= {"weight", "bias"}:
         return "extra parameters"
@@ -116,7 +147,7 @@ def _unsupported(module: nn.Module) -> str | None:
 
 
 def _save_input(module: nn.Module, a: torch.Tensor) -> Any:
-    if isinstance(module, nn.Linear) and a.dim() == 2:
+    if linear_like(module) and a.dim() == 2:
         # Keep |a_i|^2 (+ 1 for the bias), not the activation: |g_i|^2 = (|a_i|^2 + 1) |d_i|^2.
         weight, bias = _trainable(module)
         a = a.float()
@@ -136,7 +167,7 @@ def _per_example_sq(module: nn.Module, saved: Any, d: torch.Tensor) -> torch.Ten
     """Sum over examples of this layer's `|g_i|^2`, `g_i` the gradient of the captured loss."""
     d = d.float()
     weight, bias = _trainable(module)
-    if isinstance(module, nn.Linear):
+    if linear_like(module):  # Conv1D's transposed weight has the same per-example norms
         if d.dim() == 2:
             return torch.dot(saved, torch.linalg.vecdot(d, d))
         a = saved.float().flatten(1, -2)

@@ -20,6 +20,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from gnsweep.measure.batchstats import batch_statistics_layers
 from gnsweep.measure.common import LossFn, is_ddp, to_device
 from gnsweep.measure.monitor import measure_noise_scale
 from gnsweep.noise import ProbeSchedule
@@ -98,7 +99,10 @@ class RunProbes:
         copied.train(was_training)
         # The task's measured block (`noise_parameters`), as in the training loop's monitor.
         choose = getattr(self.task, "noise_parameters", None)
-        est = measure_noise_scale(copied, loss_fn, batches, hessian=True,
+        # B_noise's Hessian passes split batches, which a model with batch statistics does not
+        # allow (docs/noise.md): its probes measure B_simple only (B_noise columns NaN).
+        hessian = not batch_statistics_layers(copied)
+        est = measure_noise_scale(copied, loss_fn, batches, hessian=hessian,
                                   hessian_microbatches=self.hessian_microbatches,
                                   parameters=None if choose is None else choose(copied))
         self.seconds += time.perf_counter() - start

@@ -170,7 +170,9 @@ def placement() -> tuple[int, int, torch.device]:
 
 
 def resolve_method(method: str) -> str:
-    """`auto`: the DDP hook under torch.distributed, else per-example norms in this process."""
+    """`auto` without a model: the DDP hook under torch.distributed, else per-example norms in
+    this process (the monitor itself resolves `auto` for its model:
+    `gnsweep.measure.batchstats.choose_method`)."""
     if method != "auto":
         return method
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -183,8 +185,11 @@ def make_monitor(model: torch.nn.Module, trained: torch.nn.Module, task: Task, c
     """The noise-scale monitor of `config.noise` on the trained module (`method`: instead of
     `config.noise.method`)."""
     noise = config.noise
-    method = method or resolve_method(noise.method)
-    if isinstance(trained, torch.nn.parallel.DistributedDataParallel) and method != "ddp":
+    # auto is resolved by the monitor from the model and the launch (`choose_method`): the DDP
+    # hook under torchrun, micro-batches for a model with batch statistics, else per-example.
+    method = method or noise.method
+    if isinstance(trained, torch.nn.parallel.DistributedDataParallel) and \
+            method not in ("ddp", "auto"):
         raise ValueError(f"noise.method={method} under torchrun: use ddp (or auto), which "
                          "reads each worker's gradient before the all-reduce")
     # The Hessian passes run the task's own loss on the unwrapped model (`task_loss`).
