@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
-from gnsweep.analysis.along import branch_point, relative_target
+from gnsweep.analysis.along import branch_point
 from gnsweep.config import BranchConfig, Config, ConfigError, compose
 from gnsweep.runs import RunSpec, parse_run_record, write_run
+from gnsweep.targets import relative_target
 
 PROBE_SEED = 271_828
 """Seed of the batches on which the loss at a branch point is measured (the same at every

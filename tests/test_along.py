@@ -21,11 +21,11 @@ from gnsweep.analysis.along import (
     analyze_along,
     base_curve,
     branch_point,
-    relative_target,
 )
 from gnsweep.analysis.pipeline import AnalysisError
 from gnsweep.analysis.steps import curves_from_frames
 from gnsweep.linreg_exact import Problem, local_truth, simulate_sgd
+from gnsweep.targets import relative_target
 from gnsweep.tasks import make_task
 
 BATCHES = [4, 8, 16, 32, 64, 128, 256]

@@ -31,6 +31,7 @@ from gnsweep.analysis.pipeline import AnalysisError, analyze_steps, ratio_with_e
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.smoothing import SMOOTHING_FRACTION
 from gnsweep.analysis.steps import Curves, loss_curve, noise_rows, steps_to_target
+from gnsweep.targets import relative_target
 
 GROUP = "at_examples"
 """The runs-table column naming a branch run's point (examples the base run had seen), and the
@@ -64,16 +65,6 @@ class BranchPoint:
     """The base run's B_simple at the point (eq. 2.9), NaN where not measured."""
     b_noise: float = math.nan
     """The base run's B_noise at the point (eq. 2.8), NaN where not measured."""
-
-
-def relative_target(value: float, fraction: float, higher_is_better: bool = False) -> float:
-    """The target a fraction stands for at a point of value L: f L for a loss; for a metric
-    that rises, the mirror L + (1 - f)|L| (the same relative step, upwards, whatever L's sign)."""
-    if not 0 < fraction < 1:
-        raise ValueError(f"a relative target is a fraction in (0, 1), got {fraction}")
-    if higher_is_better:
-        return value + (1.0 - fraction) * abs(value)
-    return fraction * value
 
 
 def base_curve(base: Curves, loss: str = "smoothed") -> pd.DataFrame:
