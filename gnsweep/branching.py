@@ -51,17 +51,11 @@ def parse_points(text: str) -> list[int]:
 
 
 def kept_checkpoints(run_dir: Path) -> dict[int, Path]:
-    """The checkpoints a run kept, by the examples it had seen at each: the files of
-    `<run>/checkpoints/` holding a saved run state (`TrainState.state_dict()`).
+    """The checkpoints a run kept (`train.keep_checkpoints_at`, `train.keep_checkpoints=log`;
+    while it trains also its latest), by the examples it had seen at each."""
+    from gnsweep.training.checkpoint import kept
 
-    The one place that knows where a run keeps its checkpoints."""
-    from gnsweep.training.branch import read_checkpoint
-
-    found: dict[int, Path] = {}
-    folder = run_dir / "checkpoints"
-    for path in sorted(folder.glob("*.pt")) if folder.is_dir() else []:
-        found[int(read_checkpoint(path)["progress"]["examples"])] = path
-    return found
+    return dict(kept(run_dir))
 
 
 def checkpoint_at_or_before(run_dir: Path, at: int, kept: dict[int, Path]) -> tuple[int, Path]:

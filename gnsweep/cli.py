@@ -281,12 +281,26 @@ def status(
     if shown:
         typer.echo(f"{'run_id':<28}{'state':<10}{'tries':>5}  {'slurm job':<12}{'owner':<18}info")
     for r in shown:
-        info = r["info"] if len(r["info"]) <= 60 else r["info"][:57] + "..."
+        info = _progress_of(r) or r["info"]
+        info = info if len(info) <= 60 else info[:57] + "..."
         typer.echo(f"{r['run_id']:<28}{r['state']:<10}{r['attempts']:>5}  "
                    f"{r['slurm_job_id']:<12}{r['owner']:<18}{info}")
     counts = Counter(r["state"] for r in rows)
     order = ("done", "diverged", "failed", "running", "queued", "pending", "died")
-    typer.echo(f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s]))
+    requeued = sum(r["requeues"] for r in rows)
+    typer.echo(f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
+               + (f"; Slurm requeued runs {requeued} times" if requeued else ""))
+
+
+def _progress_of(row: dict[str, Any]) -> str:
+    """Where an unfinished run stands on disk: step, examples, smoothed loss, requeues."""
+    parts = []
+    if row.get("step") is not None:
+        parts.append(f"step {row['step']}, {row['examples']} examples, loss "
+                     f"{row['loss_smooth']:.4g}")
+    if row["requeues"]:
+        parts.append(f"requeued {row['requeues']}x")
+    return "; ".join(parts)
 
 
 @app.command()

@@ -51,6 +51,7 @@ LOSS_KINDS = ("smoothed", "raw", "eval")
 SCHEDULES = ("constant", "adaptive", "along")
 DECAYS = ("constant", "cosine", "linear", "step")
 PRECISIONS = ("fp32", "bf16", "fp16")
+KEEP_CHECKPOINTS = ("none", "log")
 MOVED = {("sweep", "optimizer"): "train.optimizer", ("sweep", "momentum"): "train.momentum"}
 """Settings that moved: the old name -> the new one (the old is refused, naming the new)."""
 
@@ -254,7 +255,8 @@ class SweepConfig:
 class TrainConfig:
     """How every run trains, apart from what the sweep varies (batch size, learning rate): the
     optimizer, the learning-rate schedule, clipping, accumulation and precision
-    (`gnsweep.training.recipe`, docs/training.md)."""
+    (`gnsweep.training.recipe`, docs/training.md); and its checkpoints
+    (`gnsweep.training.checkpoint`, docs/executors.md)."""
 
     optimizer: str = "sgd"
     """sgd, momentum (SGD with train.momentum, else 0.9), adam or adamw."""
@@ -293,6 +295,15 @@ class TrainConfig:
     loader_workers: int = 0
     """A task with a `dataset()`: the DataLoader's worker processes fetching and collating its
     items while the model trains (0: in the training process)."""
+    checkpoint_every: int = 0
+    """Save the run's state every this many optimizer steps (0: time-based only)."""
+    checkpoint_seconds: float = 600.0
+    """Save the run's state at least this often, seconds of training (0: steps only)."""
+    keep_checkpoints_at: list[int] = field(default_factory=list)
+    """Examples at which a checkpoint is taken and kept after the run (e.g. for branching):
+    the first step boundary at or past each."""
+    keep_checkpoints: str = "none"
+    """none, or log: also keep one at the first boundary past each power of two of examples."""
 
     def __post_init__(self) -> None:
         self.optimizer = _choice("train.optimizer", self.optimizer, OPTIMIZERS)
@@ -330,6 +341,21 @@ class TrainConfig:
             raise ConfigError("train.decay=step drops the rate twice by sqrt(train.min_lr_ratio):"
                               " set train.min_lr_ratio > 0, e.g. 0.01")
         self.precision = _choice("train.precision", self.precision, PRECISIONS)
+        self._check_checkpoints()
+
+    def _check_checkpoints(self) -> None:
+        self.checkpoint_every = _integer("train.checkpoint_every", self.checkpoint_every)
+        self.checkpoint_seconds = _number("train.checkpoint_seconds", self.checkpoint_seconds)
+        for name in ("checkpoint_every", "checkpoint_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}: {getattr(self, name)} must be >= 0 (0: off)")
+        self.keep_checkpoints_at = [
+            _integer("train.keep_checkpoints_at", v) for v in self.keep_checkpoints_at or []]
+        if any(v < 1 for v in self.keep_checkpoints_at):
+            raise ConfigError(f"train.keep_checkpoints_at: {self.keep_checkpoints_at} must be "
+                              "examples >= 1")
+        self.keep_checkpoints = _choice("train.keep_checkpoints", self.keep_checkpoints,
+                                        KEEP_CHECKPOINTS)
 
     def summary(self) -> str:
         """The recipe in words, what differs from plain fp32 training at a constant rate
@@ -440,15 +466,19 @@ class ExecutorConfig:
     """Slurm: time limit of one job, minutes."""
     runs_per_job: int = 0
     """Slurm: runs taken in turn by one job (0: spread the runs over `workers` jobs)."""
+    max_restarts: int = 0
+    """torchrun/Slurm: elastic restarts of a torchrun job whose process died (`--max-restarts`);
+    the restarted job continues its run from the run's checkpoint."""
     sbatch_extra: dict[str, Any] = field(default_factory=dict)
     """Slurm: extra sbatch options, e.g. {account: abc, qos: high}."""
 
     def __post_init__(self) -> None:
         self.kind = _choice("executor.kind", self.kind, EXECUTORS)
         for name in ("workers", "threads_per_worker", "nproc_per_node", "nodes", "gpus_per_node",
-                     "cpus_per_task", "time_min", "runs_per_job"):
+                     "cpus_per_task", "time_min", "runs_per_job", "max_restarts"):
             value = _integer(f"executor.{name}", getattr(self, name))
-            minimum = 0 if name in ("workers", "gpus_per_node", "runs_per_job") else 1
+            minimum = 0 if name in ("workers", "gpus_per_node", "runs_per_job",
+                                    "max_restarts") else 1
             if value < minimum:
                 raise ConfigError(f"executor.{name}: {value} is not allowed; must be >= {minimum}")
             setattr(self, name, value)

@@ -4,6 +4,9 @@
     <sweep>/runs/<run_id>/config.json   one run's resolved config (workers load it, no Hydra)
     <sweep>/runs/<run_id>/status.json   pending | running | done | failed | diverged, attempts...
     <sweep>/runs/<run_id>/metrics.parquet  one row per logged step (METRICS_SCHEMA)
+    <sweep>/runs/<run_id>/metrics.parts/   a training run's rows so far, one parquet file per
+                                   flush (compacted into metrics.parquet when the run ends)
+    <sweep>/runs/<run_id>/checkpoints/     the run's checkpoints (gnsweep.training.checkpoint)
     <sweep>/steps.parquet, front.parquet, fits.parquet, fits.json   written by `gnsweep analyze`
     <sweep>/adaptive.parquet       adaptive runs against the fits (only when there are some)
     <sweep>/figures/               written by `gnsweep plot`
@@ -15,6 +18,7 @@ leaves either the old file or the new one, never half of one. docs/storage.md li
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gnsweep.errors import StoreError
@@ -38,8 +43,7 @@ SWEEP_CONFIG = "config.yaml"
 RUN_CONFIG = "config.json"
 STATUS = "status.json"
 METRICS = "metrics.parquet"
-
-
+METRIC_PARTS = "metrics.parts"
 
 class RunState(StrEnum):
     """A run's state in its status.json (a str: files and tables hold the plain value)."""
@@ -194,6 +198,99 @@ def metrics_table(rows: dict[str, list]) -> pa.Table:
             values = [float("nan")] * n
         columns[f.name] = pa.array(values, type=f.type)
     return pa.table(columns, schema=METRICS_SCHEMA)
+
+
+def write_metrics_part(path: Path, rows: dict[str, list], start: int) -> Path | None:
+    """Rows `start:` of `rows` (by column, METRICS_SCHEMA) as one more part of a training run's
+    metrics, named by its first and last step so that the names sort in step order. Atomic:
+    a reader sees the part whole or not at all. Returns the part (None: no rows)."""
+    part = {name: values[start:] for name, values in rows.items()}
+    steps = part["step"]
+    if not len(steps):
+        return None
+    target = path / METRIC_PARTS / f"{int(steps[0]):012d}-{int(steps[-1]):012d}.parquet"
+    write_table(target, metrics_table(part))
+    return target
+
+
+def metric_parts(path: Path) -> list[Path]:
+    """A training run's metrics parts in step order (none once the run has ended)."""
+    folder = path / METRIC_PARTS
+    try:
+        names = sorted(p for p in os.listdir(folder) if p.endswith(".parquet")
+                       and not p.startswith("."))
+    except FileNotFoundError:
+        return []
+    return [folder / name for name in names]
+
+
+def read_metrics(path: Path, columns: list[str] | None = None) -> pa.Table | None:
+    """A run's logged rows: metrics.parquet once it has ended, else the parts a training run
+    has flushed so far, in step order (None when there are neither). Safe while the run trains:
+    parts are whole, and parts compacted away under the reader are read from metrics.parquet."""
+    for _ in range(3):
+        if (path / METRICS).exists():
+            return read_table(path / METRICS, columns)
+        parts = metric_parts(path)
+        if not parts:
+            return None
+        try:
+            return _unique_steps(pa.concat_tables([read_table(p, columns) for p in parts]))
+        except StoreError:
+            if all(p.exists() for p in parts):
+                raise  # a part is unreadable, not gone
+    return read_table(path / METRICS, columns)
+
+
+def _unique_steps(table: pa.Table) -> pa.Table:
+    """Each step's row once, in step order (a resume interrupted while it rewrote the parts
+    leaves a step in two of them: the same row, since a resumed run logs it alike)."""
+    if "step" not in table.column_names:
+        return table
+    import numpy as np
+
+    steps = table.column("step").to_numpy()
+    _, first = np.unique(steps, return_index=True)
+    return table if len(first) == len(steps) else table.take(pa.array(first))
+
+
+def last_metrics_row(path: Path) -> dict[str, Any] | None:
+    """The last row a run has logged to disk (its last part while it trains), or None."""
+    parts = metric_parts(path)
+    try:
+        table = read_table(parts[-1]) if parts else read_metrics(path)
+    except StoreError:
+        return None
+    if table is None or not table.num_rows:
+        return None
+    return table.slice(table.num_rows - 1).to_pylist()[0]
+
+
+def clear_metrics(path: Path, keep_through: int | None = None) -> dict[str, list]:
+    """Drop a run's on-disk rows after step `keep_through` (None: all of them) and return the
+    rows kept, by column: what a run resumed at that step has logged. The kept rows are written
+    as one part before the old parts go (a crash in between leaves rows twice, read once)."""
+    kept: dict[str, list] = {f.name: [] for f in METRICS_SCHEMA}
+    table = read_metrics(path) if keep_through is not None else None
+    if table is not None:
+        rows = table.filter(pc.less_equal(table.column("step"), keep_through))
+        kept.update({name: rows.column(name).to_pylist() for name in rows.column_names})
+    old = metric_parts(path)
+    new = write_metrics_part(path, kept, 0)
+    for part in old:
+        if part != new:
+            part.unlink(missing_ok=True)
+    (path / METRICS).unlink(missing_ok=True)
+    return kept
+
+
+def end_metrics(path: Path, rows: dict[str, list]) -> None:
+    """A run's final rows as metrics.parquet (atomic), then its parts removed."""
+    write_table(path / METRICS, metrics_table(rows))
+    for part in metric_parts(path):
+        part.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (path / METRIC_PARTS).rmdir()
 
 
 # ---- the sweep folder -------------------------------------------------------------------

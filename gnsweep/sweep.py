@@ -26,8 +26,11 @@ RELAUNCH_MAY_CHANGE = ("executor", "analysis", "logger", "sweep.name", "sweep.ba
                        "sweep.learning_rates", "sweep.seeds", "sweep.max_retries",
                        "sweep.schedule", "sweep.exchange_rates", "sweep.eps_max",
                        "sweep.along_from", "sweep.along_points",
-                       "sweep.adaptive_lr", "sweep.adaptive_lr_noise")
+                       "sweep.adaptive_lr", "sweep.adaptive_lr_noise", "train.checkpoint_every",
+                       "train.checkpoint_seconds", "train.keep_checkpoints")
 GRID_KEYS = ("batch_sizes", "learning_rates", "seeds", "exchange_rates")
+UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
+"""States whose rows so far `gnsweep status` shows (step, examples, smoothed loss)."""
 
 
 def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -196,12 +199,14 @@ def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
 
 
 def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row a run: id, state, attempts, Slurm job, owner, and why it ended.
+    """One row a run: id, state, attempts, Slurm job, owner, why it ended, how often Slurm
+    requeued it (`requeues`), and where it stands on disk (`step`, `examples`, `loss_smooth`
+    of its last row written; None before its first).
 
     A `running` run whose owner is gone shows as `died` (a relaunch runs it again); a pending
     run waiting in a Slurm queue shows as `queued`.
     """
-    from gnsweep.executors import claims
+    from gnsweep.executors import claims, requeues
     from gnsweep.executors.slurm import job_ids, queue_states
 
     store.require_sweep(sweep_dir)
@@ -222,6 +227,10 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
         elif state == "pending" and job and (queued.get(job) or queued.get(job.split("_")[0])):
             state = "queued"
         info = status.get("error") or status.get("reason") or ""
+        # Where an unfinished run stands (a finished run's whole file is not read for it).
+        last = store.last_metrics_row(path) if state in UNFINISHED_SHOWN else None
         rows.append({"run_id": run_id, "state": state, "attempts": int(status.get("attempts", 0)),
-                     "slurm_job_id": job or "", "owner": owner, "info": str(info)})
+                     "slurm_job_id": job or "", "owner": owner, "info": str(info),
+                     "requeues": requeues(path),
+                     **{k: (last or {}).get(k) for k in ("step", "examples", "loss_smooth")}})
     return rows

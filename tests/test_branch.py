@@ -23,6 +23,7 @@ from gnsweep.config import (
 from gnsweep.runs import RunSpec
 from gnsweep.training import StopRequested, TrainState, build_run, run, train
 from gnsweep.training.branch import start_branch
+from gnsweep.training.checkpoint import Checkpointer
 from gnsweep.training.data import DataSource
 
 BASE = Config(task=TaskConfig(name="linreg", options={"dim": 8}),
@@ -31,13 +32,13 @@ BASE = Config(task=TaskConfig(name="linreg", options={"dim": 8}),
 
 
 def _base_state(tmp_path: Path, steps: int = 10) -> tuple[TrainState, Path]:
-    """A base run stopped after `steps` updates, its state saved as a branch source."""
+    """A base run stopped after `steps` updates, its state saved as a checkpoint."""
     state = build_run(BASE, RunSpec(16, 0.05, 0))
     with pytest.raises(StopRequested):
         run(state, should_stop=lambda: state.step >= steps)
-    path = tmp_path / "base.pt"
-    torch.save(state.state_dict(), path)
-    return state, path
+    saved = Checkpointer(tmp_path / "base").save(state)  # as the base run keeps one
+    assert saved is not None
+    return state, saved.path
 
 
 def _branch_config(base: TrainState, path: Path, **sweep) -> Config:
@@ -122,7 +123,7 @@ def base_run(tmp_path_factory) -> Path:
 
     return make_base_run(tmp_path_factory.mktemp("base") / "sweep",
                          [*LINREG, "sweep.batch_sizes=[16]", "sweep.learning_rates=[0.5]",
-                          "sweep.targets=[0.13]", "sweep.max_steps=60"], [10, 40])
+                          "sweep.targets=[0.13]", "sweep.max_steps=60"], [160, 640])
 
 
 @pytest.mark.parametrize(("args", "expected"), [

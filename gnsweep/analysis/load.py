@@ -42,6 +42,8 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
                 if not skip_corrupt:
                     raise
                 row["state"] = "corrupt"
+        elif state == store.RunState.RUNNING:
+            table = _live_metrics(path)
         runs.append(row)
         tables.append(table)
     if not runs:
@@ -93,6 +95,23 @@ def _read_metrics(path: Path) -> pa.Table:
         table = None
     if table is None or table.column_names[:len(METRIC_COLUMNS)] != METRIC_COLUMNS:
         table = store.read_table(path, columns=METRIC_COLUMNS)
+    for name in OPTIONAL_COLUMNS:
+        if name not in table.column_names:
+            table = table.append_column(name, pa.array(np.full(table.num_rows, np.nan)))
+    return table
+
+
+def _live_metrics(path: Path) -> pa.Table | None:
+    """The rows a training run has written so far (its metrics parts), with the analysis'
+    columns; None before its first part or when a part cannot be read yet."""
+    try:
+        table = store.read_metrics(path)
+    except store.StoreError:
+        return None
+    if table is None or not table.num_rows:
+        return None
+    names = [c for c in METRIC_COLUMNS + OPTIONAL_COLUMNS if c in table.column_names]
+    table = table.select(names)
     for name in OPTIONAL_COLUMNS:
         if name not in table.column_names:
             table = table.append_column(name, pa.array(np.full(table.num_rows, np.nan)))

@@ -105,8 +105,13 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     # What the targets are values of, for figures and the report ("loss", "return"), and B's unit.
     analysis.meta.update(metric=task.metric, unit=task.unit)
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
-    for run in unfinished.itertuples(index=False):
+    running = unfinished["state"] == "running"
+    for run in unfinished[~running].itertuples(index=False):
         analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
+    if running.any():
+        analysis.warnings.append(
+            f"{int(running.sum())} runs still running: the targets they have passed are used, "
+            "the others wait for them (analyze again when they end)")
     if write:
         write_outputs(out_dir or sweep_dir, analysis)
     return analysis

@@ -222,6 +222,8 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
         steps = np.where(reached, _interpolated(x, values, at, starts, sign * target), np.nan)
         outcome = np.where(reached, "reached", np.where(has_rows, "not_reached", "no_metrics"))
         outcome = np.where(state == "diverged", "diverged", outcome)
+        # A run still training has not failed to reach what it has not reached yet.
+        outcome = np.where((state == "running") & ~reached, "running", outcome)
         # Runs without metrics that did not finish say why: pending, running, failed, corrupt.
         outcome = np.where(~has_rows & (state != "done"), state, outcome)
         part = base.copy()

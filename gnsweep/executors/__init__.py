@@ -30,6 +30,9 @@ runnable = needs_running
 
 HISTORY = "attempts.jsonl"
 """Append-only log of a run's attempts (start, end, stopped, died), one JSON object a line."""
+PREEMPTED = 75
+"""Exit code of a worker stopped by Slurm's warning ahead of a time limit or preemption
+(SIGUSR2): its run is checkpointed and pending, and the job wants requeueing."""
 LAUNCH_ENV = "GNSWEEP_LAUNCH"
 """The id of the `gnsweep launch` a worker serves (inherited by every worker, also under
 torchrun and Slurm): each attempt records it, so a launch can tell its runs from another's."""
@@ -77,6 +80,26 @@ def ended_by(run_path: Path) -> str | None:
             if event.get("event") == "end":
                 return event.get("launch")
     return None
+
+
+def requeues(run_path: Path) -> int:
+    """How often Slurm requeued the run: attempts started by a Slurm job that had started it
+    before (a requeued job keeps its id)."""
+    try:
+        lines = (run_path / HISTORY).read_text().splitlines()
+    except OSError:
+        return 0
+    seen: set[str] = set()
+    count = 0
+    for line in lines:
+        with contextlib.suppress(ValueError, AttributeError):
+            event = json.loads(line)
+            job = event.get("slurm_job_id")
+            if event.get("event") != "start" or not job:
+                continue
+            count += job in seen
+            seen.add(job)
+    return count
 
 
 def process_logger(sweep_dir: Path) -> RunLogger:
@@ -129,8 +152,9 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
 
     A run that raises is recorded as failed with its error (the executor decides on a retry); a
     diverged run is recorded as diverged and is final; a stopped run (StopRequested, or
-    KeyboardInterrupt) goes back to pending and the exception propagates. Nothing is
-    half-written: metrics are written once, at the end, atomically.
+    KeyboardInterrupt) is checkpointed, goes back to pending and the exception propagates.
+    Nothing is half-written: rows and checkpoints are written atomically as the run goes
+    (`gnsweep.training.checkpoint`), metrics.parquet at the end.
     """
     path = store.run_dir(sweep_dir, run_id)
     writer = rank() == 0

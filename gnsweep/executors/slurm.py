@@ -10,6 +10,7 @@ submitted again. Job ids go to `<sweep>/slurm/jobs.json`; job logs to `<sweep>/s
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -22,6 +23,7 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.config import ExecutorConfig
+from gnsweep.executors import PREEMPTED
 from gnsweep.executors.base import Summary, Watcher, run_rounds
 from gnsweep.executors.torchrun import worker_command, write_runs_file
 from gnsweep.progress import SweepProgress
@@ -38,34 +40,84 @@ def chunks(run_ids: list[str], executor: ExecutorConfig) -> list[list[str]]:
     return [run_ids[i:i + size] for i in range(0, len(run_ids), size)]
 
 
-def slurm_job(sweep_dir: str, runs_file: str, nproc: int, max_retries: int,
-              threads: int) -> int:
-    """The function each Slurm job runs (one task per node): torchrun over this node's
-    processes, joined across nodes by a c10d rendezvous on the first node."""
-    import submitit
+class SlurmJob:
+    """What each Slurm job runs (one task per node): the worker in this process, or torchrun
+    over this node's processes, joined across nodes by a c10d rendezvous on the first node.
 
-    job = submitit.JobEnvironment()
-    rendezvous = None
-    if job.num_nodes > 1:
-        rendezvous = [f"--nnodes={job.num_nodes}", "--rdzv_backend=c10d",
-                      f"--rdzv_endpoint={job.hostnames[0]}:{RDZV_PORT}",
-                      f"--rdzv_id={job.job_id}"]
-    if nproc == 1 and rendezvous is None:
-        # One process: no torchrun, no second interpreter; train right here.
+    Slurm warns ahead of the time limit or a preemption with SIGUSR2 (submitit's `--signal`):
+    the workers stop their runs at the next step boundary, checkpointed and pending; then
+    submitit's own handler (which the job replaced) requeues the job with the same call
+    (`checkpoint`), and the requeued job resumes each run from its checkpoint."""
+
+    def __call__(self, sweep_dir: str, runs_file: str, nproc: int, max_retries: int,
+                 threads: int, max_restarts: int = 0) -> int:
+        import submitit
+
         from gnsweep.executors import worker
 
-        return worker.main([sweep_dir, "--runs-file", runs_file, "--max-retries",
-                            str(max_retries), "--threads", str(threads)])
-    command = worker_command(Path(sweep_dir), Path(runs_file), nproc=nproc,
-                             max_retries=max_retries, threads=threads, rendezvous=rendezvous)
+        requeue = signal.getsignal(signal.SIGUSR2)  # submitit's: checkpoint and requeue
+        job = submitit.JobEnvironment()
+        rendezvous = None
+        if job.num_nodes > 1:
+            rendezvous = [f"--nnodes={job.num_nodes}", "--rdzv_backend=c10d",
+                          f"--rdzv_endpoint={job.hostnames[0]}:{RDZV_PORT}",
+                          f"--rdzv_id={job.job_id}"]
+        if nproc == 1 and rendezvous is None:
+            # One process: no torchrun, no second interpreter; train right here (the worker
+            # takes SIGUSR2 over and says it stopped on it).
+            code = worker.main([sweep_dir, "--runs-file", runs_file, "--max-retries",
+                                str(max_retries), "--threads", str(threads)])
+            warned = code == PREEMPTED
+        else:
+            code, warned = _torchrun(worker_command(
+                Path(sweep_dir), Path(runs_file), nproc=nproc, max_retries=max_retries,
+                threads=threads, rendezvous=rendezvous, max_restarts=max_restarts), threads)
+        if warned and callable(requeue):
+            requeue(signal.SIGUSR2, None)  # exits: the job goes back to the queue
+        return code
+
+    def checkpoint(self, *args: Any) -> Any:
+        """Submitit's hook at the warning: the requeued job makes the same call (the runs'
+        own checkpoints hold where each stands)."""
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, *args)
+
+
+def _torchrun(command: list[str], threads: int) -> tuple[int, bool]:
+    """Run torchrun in its own process group; SIGUSR2 is passed on to its workers (its agent,
+    which would die of it, ignores it). Returns (exit code, whether SIGUSR2 came)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    # Slurm sends SIGUSR2 ahead of the time limit (submitit's --signal): the workers stop their
-    # runs cleanly on it; torchrun's agent, which would die of it, ignores it.
-    return subprocess.call(command, env=env, preexec_fn=_ignore_usr2)
+    process = subprocess.Popen(command, env=env, preexec_fn=_own_group_ignoring_usr2)
+    warned = False
+
+    def forward(signum: int, frame: Any) -> None:
+        nonlocal warned
+        warned = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGUSR2)
+
+    signal.signal(signal.SIGUSR2, forward)
+    return process.wait(), warned
 
 
-def _ignore_usr2() -> None:
+def _own_group_ignoring_usr2() -> None:
+    os.setpgid(0, 0)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+slurm_job = SlurmJob()
+"""The callable submitted for each job."""
+
+MAX_REQUEUES = 100
+"""Requeues submitit allows a job at time limits (each continues its runs from their
+checkpoints, so a run of any length finishes under any limit that lets it take a step)."""
+
+
+def signal_delay_s(time_min: int) -> int:
+    """Seconds ahead of the time limit that Slurm warns (SIGUSR2): submitit's 90, or a quarter
+    of a short limit (a warning before the job has started would stop every run at once)."""
+    return min(90, max(10, time_min * 60 // 4))
 
 
 def make_executor(folder: Path, executor: ExecutorConfig) -> Any:
@@ -76,12 +128,14 @@ def make_executor(folder: Path, executor: ExecutorConfig) -> Any:
         "cpus_per_task": max(executor.cpus_per_task,
                              executor.nproc_per_node * executor.threads_per_worker),
         "name": "gnsweep", "slurm_additional_parameters": dict(executor.sbatch_extra),
+        "slurm_signal_delay_s": signal_delay_s(executor.time_min),
     }
     if executor.partition:
         params["slurm_partition"] = executor.partition
     if executor.gpus_per_node:
         params["gpus_per_node"] = executor.gpus_per_node
-    out = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    out = submitit.AutoExecutor(folder=folder, cluster="slurm",
+                                slurm_max_num_timeout=MAX_REQUEUES)
     out.update_parameters(**params)
     return out
 
@@ -99,7 +153,7 @@ def submit(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig,
     n = len(parts)
     jobs = make_executor(folder, executor).map_array(
         slurm_job, [str(sweep_dir)] * n, files, [executor.nproc_per_node] * n,
-        [max_retries] * n, [executor.threads_per_worker] * n)
+        [max_retries] * n, [executor.threads_per_worker] * n, [executor.max_restarts] * n)
     record = job_ids(sweep_dir)
     for job, part in zip(jobs, parts, strict=True):
         record.update(dict.fromkeys(part, job.job_id))
@@ -193,6 +247,6 @@ def _report_job_errors(jobs: list[Any]) -> None:
             print(f"gnsweep: Slurm job {job.job_id} failed ({first}); log: {job.paths.stderr}",
                   file=sys.stderr)
             continue
-        if code not in (0, 130):
+        if code not in (0, 130, PREEMPTED):
             print(f"gnsweep: Slurm job {job.job_id}: workers exited with code {code}; log: "
                   f"{job.paths.stderr}", file=sys.stderr)

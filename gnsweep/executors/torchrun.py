@@ -31,9 +31,11 @@ QUEUE = "queue"
 
 def worker_command(sweep_dir: Path, runs_file: Path, *, nproc: int, max_retries: int,
                    threads: int = 1, stop_with: int | None = None,
-                   rendezvous: list[str] | None = None) -> list[str]:
+                   rendezvous: list[str] | None = None, max_restarts: int = 0) -> list[str]:
     """The torchrun command line of one job (`rendezvous`: multi-node options, else
-    --standalone); one process without torchrun when nproc is 1 and there is no rendezvous."""
+    --standalone; `max_restarts`: torchrun's elastic restarts, each continuing the run in flight
+    from its checkpoint); one process without torchrun when nproc is 1 and there is no
+    rendezvous."""
     worker = ["-m", "gnsweep.executors.worker", str(sweep_dir), "--runs-file", str(runs_file),
               "--max-retries", str(max_retries), "--threads", str(threads)]
     if stop_with is not None:
@@ -41,7 +43,7 @@ def worker_command(sweep_dir: Path, runs_file: Path, *, nproc: int, max_retries:
     if nproc == 1 and not rendezvous:
         return [sys.executable, *worker]
     return [sys.executable, "-m", "torch.distributed.run", *(rendezvous or ["--standalone"]),
-            f"--nproc_per_node={nproc}", "--max_restarts=0", *worker]
+            f"--nproc_per_node={nproc}", f"--max_restarts={max_restarts}", *worker]
 
 
 def write_runs_file(sweep_dir: Path, run_ids: list[str]) -> Path:
@@ -79,7 +81,8 @@ class TorchrunBackend:
         runs_file = write_runs_file(self.sweep_dir, run_ids)
         command = worker_command(self.sweep_dir, runs_file, nproc=self.executor.nproc_per_node,
                                  max_retries=self.max_retries,
-                                 threads=self.executor.threads_per_worker, stop_with=os.getpid())
+                                 threads=self.executor.threads_per_worker, stop_with=os.getpid(),
+                                 max_restarts=self.executor.max_restarts)
         env = {**os.environ, "OMP_NUM_THREADS": str(self.executor.threads_per_worker)}
         # Own sessions: Ctrl-C reaches the launcher alone, which stops the jobs in order.
         # Their output goes to a log beside the runs file (it would garble the progress bar).

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from gnsweep.errors import StopRequested
-from gnsweep.executors import LAUNCH_ENV, process_logger, run_taken, take_run, warm_up
+from gnsweep.executors import LAUNCH_ENV, PREEMPTED, process_logger, run_taken, take_run, warm_up
 from gnsweep.notices import once_per_launch
 
 
@@ -40,7 +40,19 @@ def init_process_group() -> bool:
     else:
         backend = "gloo"
     # A peer that dies mid-run must not leave the others waiting for half an hour.
-    dist.init_process_group(backend, timeout=timedelta(minutes=5))
+    timeout = timedelta(minutes=5)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None or "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend, timeout=timeout)
+        return True
+    # After an elastic restart (--max-restarts) the agent's store still holds the addresses
+    # of the processes that died, and gloo's connect would wait for them: each incarnation
+    # keys its own under a prefix of its restart count.
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"gnsweep/restart{restart}", store),
+                            rank=rank, world_size=world, timeout=timeout)
     return True
 
 
@@ -72,27 +84,27 @@ def serve(sweep_dir: Path, run_ids: list[str], max_retries: int,
             queue.append(run_id)  # take_run decides whether it has retries left
 
 
-def _stop_flag(stop_with: int | None) -> Callable[[], bool]:
-    """Stop on SIGTERM/SIGINT, or when process `stop_with` (our launcher) is gone."""
-    stop = False
+class StopFlag:
+    """Stop on SIGTERM/SIGINT/SIGUSR2, or when process `stop_with` (our launcher) is gone;
+    `signum` remembers the signal."""
 
-    def on_signal(signum: int, frame: Any) -> None:
-        nonlocal stop
-        stop = True
+    def __init__(self, stop_with: int | None) -> None:
+        self.stop_with = stop_with
+        self.signum: int | None = None
+        # SIGUSR2: Slurm's warning ahead of the time limit (submitit asks for it).
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
+            signal.signal(signum, self._on_signal)
 
-    # SIGUSR2: Slurm's warning ahead of the time limit (submitit asks for it).
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
-        signal.signal(signum, on_signal)
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signum = signum
 
-    def should_stop() -> bool:
-        if stop_with is not None and not stop:
+    def __call__(self) -> bool:
+        if self.stop_with is not None and self.signum is None:
             try:
-                os.kill(stop_with, 0)
+                os.kill(self.stop_with, 0)
             except ProcessLookupError:
                 return True
-        return stop
-
-    return should_stop
+        return self.signum is not None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,19 +118,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     once_per_launch(args.sweep_dir, os.environ.get(LAUNCH_ENV))  # a notice once, not per run
-    should_stop = _stop_flag(args.stop_with)
+    should_stop = StopFlag(args.stop_with)
     run_ids = [line.strip() for line in args.runs_file.read_text().splitlines() if line.strip()]
     init_process_group()
     if run_ids:
         warm_up(args.sweep_dir, run_ids[0])  # before claiming: a claimed run starts at once
+    stopped = False
     try:
         serve(args.sweep_dir, run_ids, args.max_retries, should_stop)
     except (KeyboardInterrupt, StopRequested):
-        return 130  # stopped: the run in flight went back to pending
+        stopped = True  # the run in flight is checkpointed and back to pending
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return 0
+    if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+        # Under torchrun a stop is clean: exit 0, or its agent would restart the workers
+        # (--max-restarts); the job's own process knows which signal came.
+        return 0
+    if should_stop.signum == signal.SIGUSR2:
+        return PREEMPTED  # also warned between two runs: those not taken want the requeue
+    return 130 if stopped else 0
 
 
 if __name__ == "__main__":

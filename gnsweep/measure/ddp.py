@@ -97,6 +97,20 @@ class DdpHook:
         self.pending = (work, pack)
         return done
 
+    def pending_state(self) -> list[float] | None:
+        """The pending all-reduce's result (waited for), or None: what a checkpoint taken
+        between two steps holds so that the resumed run folds it in at its next measurement."""
+        if self.pending is None:
+            return None
+        work, pack = self.pending
+        work.wait()
+        return [float(v) for v in pack.tolist()]
+
+    def load_pending(self, values: list[float] | None, device: torch.device) -> None:
+        """Restore `pending_state()`: the next `collect` returns it."""
+        self.pending = None if values is None else (
+            _Done(), torch.tensor(values, dtype=torch.float64, device=device))
+
     def collect(self) -> tuple[list[NormPair], NormPair | None]:
         """Wait for the pending all-reduce, if any; its (parts, Hessian norms)."""
         if self.pending is None:
@@ -109,7 +123,6 @@ class DdpHook:
         parts = [NormPair(sq_small, sq_big, examples, examples * w)] if have == 1 else []
         # Every worker measured the same batch pair: their H-norms are averaged.
         return parts, (NormPair(*hessian) if have_hessian == 1 else None)
-
 
 
 class RankGrads:
@@ -156,3 +169,10 @@ class RankGrads:
             return None
         big = float(grad_sq_norm(self.params))
         return NormPair(sq_small / world, big, examples_all / world, examples_all)
+
+
+class _Done:
+    """A finished all-reduce (one restored from a checkpoint)."""
+
+    def wait(self) -> bool:
+        return True

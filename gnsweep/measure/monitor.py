@@ -269,13 +269,15 @@ class NoiseScaleMonitor:
     def state_dict(self) -> dict[str, Any]:
         """The measurement's state between steps: the method in use, steps counted, the EMAs
         (`NoiseScaleEma.state_dict`), the examples and steps since the last measurement, whether
-        B_noise is still measured, and the warnings already given. Under DDP the last
-        measured step's norms, still in their all-reduce, are not in it."""
+        B_noise is still measured, and the warnings already given. Under DDP also the last
+        measured step's norms (`ddp_pending`: its all-reduce, overlapped with the next step, is
+        waited for here), which the next measurement folds in."""
         return {"method": self.method, "steps": self.steps,
                 "estimate": estimate_state(self.estimate), "hessian_every": self.hessian_every,
                 "ema": self.ema.state_dict(),
                 "since_examples": self._since_examples, "since_steps": self._since_steps,
-                "warned": sorted(self._warned)}
+                "warned": sorted(self._warned),
+                "ddp_pending": self._ddp.pending_state() if self._ddp is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` into a monitor built alike (same model, method, settings)."""
@@ -287,6 +289,8 @@ class NoiseScaleMonitor:
         self.ema.load_state_dict(state["ema"])
         self._since_examples, self._since_steps = state["since_examples"], state["since_steps"]
         self._warned = set(state["warned"])
+        if self._ddp is not None:
+            self._ddp.load_pending(state.get("ddp_pending"), self.params[0].device)
 
     def __enter__(self) -> NoiseScaleMonitor:
         return self

@@ -100,6 +100,9 @@ class ActorCritic(nn.Module):
 class Cartpole:
     metric_name = "return"
     higher_is_better = True
+    # Its environments, their episodes and the returns so far live here, outside the run's
+    # state: a checkpoint would not continue the same run (gnsweep.training.checkpoint).
+    resumable = False
 
     def __init__(self, options: Options, seed: int) -> None:
         self.gym = _gym()

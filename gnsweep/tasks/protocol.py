@@ -25,7 +25,9 @@ class Task(Protocol):
     `noise_parameters(model) -> Iterable[nn.Parameter]` (the parameters whose gradient the
     noise scale is measured on; default all trainable ones: B_simple = tr(Sigma)/|G|^2 of that
     block of the gradient, eq. 2.9. For a model whose loss adds an auxiliary network's loss to
-    the one that sets the target, e.g. an actor-critic's critic: cartpole returns its actor's).
+    the one that sets the target, e.g. an actor-critic's critic: cartpole returns its actor's)
+    and `resumable = False` (the task keeps state of its own between steps, such as
+    environments: its runs take no checkpoints and an interrupted one starts again).
 
     The batch's first dimension indexes the independent samples: the noise monitor takes the
     rows as independent draws and micro-batches split along it. Correlated examples (a

@@ -26,19 +26,17 @@ import torch
 
 from gnsweep.config import ConfigError
 from gnsweep.errors import StoreError
+from gnsweep.training.checkpoint import verify
 from gnsweep.training.state import TrainState
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    """A saved run state (`TrainState.state_dict()`), on the CPU. The one place a branch reads a
-    checkpoint file: the checkpoint module's own loader goes here once there is one."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise StoreError(f"{path}: missing (the branch point's checkpoint)") from None
-    except (RuntimeError, OSError, EOFError, ValueError) as err:
-        raise StoreError(f"{path}: unreadable checkpoint ({str(err).splitlines()[0]})") from None
-    if not isinstance(state, dict) or not {"model", "optimizer", "progress"} <= set(state):
+    """A base run's checkpoint, verified (`checkpoint.verify`: its sidecar, size and checksum),
+    on the CPU. The one place a branch reads a checkpoint file."""
+    if not path.is_file():
+        raise StoreError(f"{path}: missing (the branch point's checkpoint)")
+    state = verify(path)
+    if not {"model", "optimizer", "progress"} <= set(state):
         raise StoreError(f"{path}: not a run's saved state (no model, optimizer and progress)")
     return state
 

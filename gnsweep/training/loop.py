@@ -40,6 +40,7 @@ from gnsweep.tasks import Task, examples_of
 from gnsweep.tasks.protocol import first_dim
 from gnsweep.training.backward import backward, in_task_units, pieces
 from gnsweep.training.branch import start_branch
+from gnsweep.training.checkpoint import Checkpointer
 from gnsweep.training.data import mean_loss
 from gnsweep.training.recipe import clip_gradients, set_learning_rate
 from gnsweep.training.state import TrainState, build_run, fall_back_if_unsplittable
@@ -64,18 +65,28 @@ class RunResult:
 
 def train(config: Config, spec: RunSpec, out_dir: Path | None,
           should_stop: Callable[[], bool] | None = None,
-          on_row: Callable[[dict[str, float]], None] | None = None) -> RunResult:
-    """Train one run from step 0; write `out_dir/metrics.parquet` (when given) atomically at
-    the end. See `run`."""
+          on_row: Callable[[dict[str, float]], None] | None = None,
+          resume: bool = True) -> RunResult:
+    """Train one run, from its latest checkpoint in `out_dir` when it has one (`resume`), else
+    from step 0; checkpoints and rows go to `out_dir` as it trains (`train.checkpoint_every`,
+    `train.checkpoint_seconds`), `out_dir/metrics.parquet` at the end. See `run`.
+
+    Under torch.distributed every rank calls it; only rank 0 passes `out_dir`."""
     state = build_run(config, spec)
     if spec.at_examples:  # a branch run: the base run's model and optimizer at its point
-        start_branch(state)
-    return run(state, out_dir, should_stop, on_row)
+        start_branch(state)  # (a resume below goes on from the run's own checkpoint instead)
+    checkpoints = None
+    if out_dir is not None or state.world > 1:
+        checkpoints = make_checkpointer(config, out_dir)
+        if resume:
+            checkpoints.resume(state)
+    return run(state, out_dir, should_stop, on_row, checkpoints)
 
 
 def run(state: TrainState, out_dir: Path | None = None,
         should_stop: Callable[[], bool] | None = None,
-        on_row: Callable[[dict[str, float]], None] | None = None) -> RunResult:
+        on_row: Callable[[dict[str, float]], None] | None = None,
+        checkpoints: Checkpointer | None = None) -> RunResult:
     """Train `state` on from where it stands to the end of the run.
 
     The task owns the forward pass and the loss (`task.loss(model, batch)`); the loop draws
@@ -85,6 +96,9 @@ def run(state: TrainState, out_dir: Path | None = None,
     pending; `state` then stands at a step boundary, whole).
 
     `on_row` sees every metrics row as it is logged (a run logger; it must not raise).
+
+    `checkpoints` saves the state when a checkpoint is due, and when the run is stopped, at a
+    step boundary; its rows reach `out_dir` on the way (`Checkpointer.flush_rows`).
 
     Under torch.distributed every rank calls this with the same arguments; only rank 0 passes
     `out_dir` (the executors gate every write on the rank).
@@ -104,7 +118,7 @@ def run(state: TrainState, out_dir: Path | None = None,
                 break
             stop = should_stop is not None and should_stop()
             if stop and world == 1:
-                raise StopRequested
+                raise StopRequested  # here, before the draw: at a step boundary
             # Draw.
             size = state.schedule.next_batch_size(
                 Progress(state.step, state.examples, state.estimate, state.per_sample))
@@ -128,11 +142,14 @@ def run(state: TrainState, out_dir: Path | None = None,
             loss = backward(state.trained, task, batch, k, state.monitor, state.precision)
             # Measured before the update, like the loss: the episodes of this step's rollouts.
             metric = _metric(task, state.model) if metric_task else math.nan
+            # A checkpoint at the end of this step? Asked here, so that ranks agree on it.
+            save = checkpoints is not None and checkpoints.due(state.step + 1,
+                                                               state.examples + n_examples)
             if world > 1:
-                # Every rank must decide alike (stop, diverged, done): one small all-reduce.
-                loss, metric, stop = _agree(loss, metric, stop, state.device)
-                if stop:
-                    raise StopRequested
+                # Every rank must decide alike (stop, checkpoint, diverged, done): one small
+                # all-reduce. A stop agreed on here is taken at the end of this step, its
+                # batch drawn: there the state is whole.
+                loss, metric, stop, save = _agree(loss, metric, stop, save, state.device)
             state.loss, state.metric = loss, metric
             # Measure. Every step: the monitor counts steps and measures every noise.every of
             # them; the batch lets it measure B_noise every noise.hessian_every steps. The EMA's
@@ -174,15 +191,39 @@ def run(state: TrainState, out_dir: Path | None = None,
                 reason = "target"
                 break
             # A step boundary: `state.state_dict()` here is the whole run so far.
+            if checkpoints is not None:
+                if save and not stop:  # a stop saves below
+                    checkpoints.save(state)
+                else:
+                    checkpoints.flush_rows(state)
+            if stop:
+                raise StopRequested
     except Diverged as err:
         outcome, reason = "diverged", str(err)
+    except StopRequested:
+        state.elapsed = time.perf_counter() - start
+        if checkpoints is not None:
+            checkpoints.save(state)  # before the monitor's close folds in its last all-reduce
+        raise
     finally:
         state.monitor.close()
         state.data.close()  # the DataLoader's worker processes, if any
         state.elapsed = time.perf_counter() - start
     if out_dir is not None:
-        store.write_table(out_dir / store.METRICS, store.metrics_table(state.rows))
+        store.end_metrics(out_dir, state.rows)
+    if checkpoints is not None:
+        checkpoints.finish()
     return RunResult(outcome, state.step, reason, state.loss, time.perf_counter() - start)
+
+
+def make_checkpointer(config: Config, run_dir: Path | None) -> Checkpointer:
+    """The run's checkpointer from the `train` settings (rank 0 passes its folder)."""
+    settings = config.train
+    keep_at: list[int] = list(settings.keep_checkpoints_at)
+    if settings.keep_checkpoints == "log":
+        keep_at += [2 ** k for k in range(63)]
+    return Checkpointer(run_dir, every_steps=settings.checkpoint_every,
+                        every_seconds=settings.checkpoint_seconds, keep_at=keep_at)
 
 
 def _log(state: TrainState, smooth: float, size: int, lr: float,
@@ -233,14 +274,17 @@ def _analysis_reached(rows: dict[str, list], target: float, batch_examples: int)
                                MIN_WINDOW_EXAMPLES / batch_examples)
 
 
-def _agree(loss: float, metric: float, stop: bool,
-           device: torch.device) -> tuple[float, float, bool]:
+def _agree(loss: float, metric: float, stop: bool, save: bool,
+           device: torch.device) -> tuple[float, float, bool, bool]:
     """The global batch-mean loss (equal per-rank batches), the ranks' mean metric (NaN while
-    any rank has none) and whether any rank must stop."""
-    values = torch.tensor([loss, metric, float(stop)], dtype=torch.float64, device=device)
+    any rank has none), whether any rank must stop and whether any rank's checkpoint is due
+    (a time-based one: the ranks' clocks differ)."""
+    values = torch.tensor([loss, metric, float(stop), float(save)], dtype=torch.float64,
+                          device=device)
     torch.distributed.all_reduce(values)
     world = torch.distributed.get_world_size()
-    return float(values[0]) / world, float(values[1]) / world, bool(values[2] > 0)
+    return (float(values[0]) / world, float(values[1]) / world, bool(values[2] > 0),
+            bool(values[3] > 0))
 
 
 def _metric(task: Task, model: torch.nn.Module) -> float:
