@@ -56,32 +56,37 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
     best["lr_on_edge"] = (low | high).astype(bool)
     best["lr_edge"] = np.where(low, "low", np.where(high, "high", ""))
     best["examples"] = best["steps"] * best["batch_size"]
-    best["lr_opt"] = [_refine(grouped, row) for row in best.itertuples(index=False)]
+    # Each (target, batch size)'s learning rates in order, once (not a filter per row).
+    ordered = grouped.sort_values(["target", "batch_size", "learning_rate"], kind="stable")
+    curves = {key: (part["learning_rate"].to_numpy(float), part["steps"].to_numpy(float),
+                    part["all_reached"].to_numpy(bool))
+              for key, part in ordered.groupby(["target", "batch_size"], sort=False)}
+    best["lr_opt"] = [_refine(curves[(row.target, row.batch_size)], row)
+                      for row in best.itertuples(index=False)]
     return (best[BEST_COLUMNS + EXTRA_COLUMNS].sort_values(["target", "batch_size"])
             .reset_index(drop=True))
 
 
-def _refine(grouped: pd.DataFrame, row) -> float:
+def _refine(curve: tuple[np.ndarray, np.ndarray, np.ndarray], row) -> float:
     """Vertex of the parabola in (log lr, log steps) through the best lr and its two neighbours.
 
     Near its optimum the steps to target are a smooth bowl in log lr; the vertex places the
     optimum between grid points. On an edge, or without both neighbours reaching the target, the
-    grid value stands.
+    grid value stands. `curve`: the (target, batch size)'s learning rates in increasing order,
+    their mean steps and whether every seed reached the target.
     """
     if row.lr_on_edge or not np.isfinite(row.learning_rate):
         return float(row.learning_rate)
-    same = grouped[(grouped["target"] == row.target) & (grouped["batch_size"] == row.batch_size)]
-    same = same.sort_values("learning_rate")
-    lrs = same["learning_rate"].to_numpy(float)
+    lrs, steps, reached = curve
     i = int(np.flatnonzero(lrs == row.learning_rate)[0])
     if i == 0 or i == len(lrs) - 1:
         return float(row.learning_rate)
-    window = same.iloc[i - 1:i + 2]
+    window = slice(i - 1, i + 2)
     # Steps 0: the target was met before the first update (no bowl to fit).
-    if not window["all_reached"].all() or not (window["steps"] > 0).all():
+    if not reached[window].all() or not (steps[window] > 0).all():
         return float(row.learning_rate)
-    x = np.log(window["learning_rate"].to_numpy(float))
-    y = np.log(window["steps"].to_numpy(float))
+    x = np.log(lrs[window])
+    y = np.log(steps[window])
     a, b, _ = np.polyfit(x, y, 2)
     if not a > 0:
         return float(row.learning_rate)

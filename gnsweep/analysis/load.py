@@ -15,6 +15,7 @@ from gnsweep.analysis.steps import CURVE_COLUMNS, Curves
 METRIC_COLUMNS = ["step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise"]
 OPTIONAL_COLUMNS = [c for c in CURVE_COLUMNS if c not in METRIC_COLUMNS]
 """Columns newer than some sweeps on disk (drift, probes, exact truth): NaN where absent."""
+ANALYSIS_COLUMNS = frozenset(METRIC_COLUMNS + OPTIONAL_COLUMNS)
 
 
 def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[pa.Table | None]]:
@@ -81,7 +82,9 @@ def batch_in_examples(samples: np.ndarray, tables: list[pa.Table | None]) -> np.
 
 
 def _read_metrics(path: Path) -> pa.Table:
-    """The analysis' columns of one metrics file.
+    """The analysis' columns of one metrics file that hold a number: a float column that the
+    file's own statistics say is all NaN (probes, exact truth, B_noise in most runs) is left
+    out, unread; the callers take a missing column as NaN.
 
     `ParquetFile.read` is about twice as fast per small file as `read_table` (no dataset
     discovery) but skips a missing column silently; anything unexpected goes through
@@ -90,15 +93,44 @@ def _read_metrics(path: Path) -> pa.Table:
     try:
         file = pq.ParquetFile(path)
         names = set(file.schema_arrow.names)
-        table = file.read(columns=METRIC_COLUMNS + [c for c in OPTIONAL_COLUMNS if c in names])
+        if not names.issuperset(METRIC_COLUMNS):
+            raise ValueError("core columns missing")
+        empty = _all_nan(file)
+        table = file.read(columns=[c for c in METRIC_COLUMNS + OPTIONAL_COLUMNS
+                                   if c in names and c not in empty])
     except (pa.ArrowException, OSError, ValueError):
-        table = None
-    if table is None or table.column_names[:len(METRIC_COLUMNS)] != METRIC_COLUMNS:
         table = store.read_table(path, columns=METRIC_COLUMNS)
-    for name in OPTIONAL_COLUMNS:
+    return table
+
+
+def _all_nan(file: pq.ParquetFile) -> set[str]:
+    """Float columns with no number in any row group, by the statistics of the Arrow C++ writer
+    (the store's; it leaves NaN out of min/max, so a column of NaN has none). Files from other
+    writers: nothing is assumed (every column is read)."""
+    meta = file.metadata
+    if not str(meta.created_by).startswith("parquet-cpp-arrow") or meta.num_row_groups == 0:
+        return set()
+    schema = file.schema_arrow
+    # The analysis' float columns only, by position (a flat schema: arrow field i is parquet
+    # column i), not all the file's.
+    wanted = {i: f.name for i, f in enumerate(schema)
+              if f.name in ANALYSIS_COLUMNS and pa.types.is_floating(f.type)}
+    empty = set(wanted.values())
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for i, name in wanted.items():
+            stats = group.column(i).statistics
+            if stats is None or stats.has_min_max:
+                empty.discard(name)
+    return empty
+
+
+def _with_every_column(table: pa.Table) -> pa.Table:
+    """A metrics table with every column the analysis knows (NaN where not logged)."""
+    for name in METRIC_COLUMNS + OPTIONAL_COLUMNS:
         if name not in table.column_names:
             table = table.append_column(name, pa.array(np.full(table.num_rows, np.nan)))
-    return table
+    return table.select(METRIC_COLUMNS + OPTIONAL_COLUMNS)  # one order: the tables concatenate
 
 
 def _live_metrics(path: Path) -> pa.Table | None:
@@ -126,15 +158,22 @@ def load_curves(sweep_dir: Path, skip_corrupt: bool = False) -> Curves:
     """
     runs, tables = _read_runs(sweep_dir, skip_corrupt)
     lengths = np.array([t.num_rows if t is not None else 0 for t in tables], np.int64)
-    present = [t.select(list(CURVE_COLUMNS)) for t in tables if t is not None]
-    columns: dict[str, np.ndarray] = {}
-    if present:
-        table = pa.concat_tables(present)
-        for name in CURVE_COLUMNS:
-            columns[name] = table.column(name).to_numpy().astype(float, copy=False)
-    else:
-        columns = {name: np.zeros(0) for name in CURVE_COLUMNS}
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    n_rows = int(offsets[-1])
+    present = [t for t in tables if t is not None and t.num_rows]
+    columns: dict[str, np.ndarray] = {}
+    for name in CURVE_COLUMNS:
+        # One chunk per file without nulls: to_numpy copies nothing.
+        found = [t.column(name).to_numpy() if name in t.column_names else None for t in present]
+        if any(part is not None and np.isfinite(part).any() for part in found):
+            columns[name] = np.concatenate(
+                [np.full(t.num_rows, np.nan) if part is None else part
+                 for t, part in zip(present, found, strict=True)]).astype(float, copy=False)
+        else:
+            # A column no run logged (probes, exact truth, B_noise in most sweeps): one
+            # read-only NaN view instead of n_rows fresh floats (allocating them cost as much
+            # as reading the files).
+            columns[name] = np.broadcast_to(np.float64(np.nan), (n_rows,))
     return Curves(runs, offsets, columns)
 
 
@@ -162,7 +201,8 @@ def load_sweep(sweep_dir: Path, skip_corrupt: bool = False) -> tuple[pd.DataFram
     state 'corrupt' and goes on.
     """
     runs, tables = _read_runs(sweep_dir, skip_corrupt)
-    parts = [t.append_column("run_id", pa.array([run_id] * t.num_rows, pa.string()))
+    parts = [_with_every_column(t).append_column("run_id",
+                                                 pa.array([run_id] * t.num_rows, pa.string()))
              for run_id, t in zip(runs["run_id"], tables, strict=True) if t is not None]
     metrics = (pa.concat_tables(parts).to_pandas() if parts
                else pd.DataFrame(columns=[*METRIC_COLUMNS, *OPTIONAL_COLUMNS, "run_id"]))

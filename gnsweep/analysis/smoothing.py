@@ -22,11 +22,15 @@ Pure numpy: prefix sums make a whole curve O(n).
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 SMOOTHING_FRACTION = 0.2
 """Default half-width of the analysis's centred loss smoother, as a fraction of the steps so far
 (docs/truth.md: S/S_exact 0.99-1.09 on linreg at 0.2; the analysis refits at half and double)."""
+CHUNK_ROWS = 16_384
+"""Rows per vectorised pass of `centred_fit_runs` (whole runs): arrays that stay in cache."""
 MIN_WINDOW_EXAMPLES = 64.0
 """The smallest half-width, in examples (divided by B for steps): a few points early on."""
 
@@ -66,6 +70,103 @@ def centred_fit(x: np.ndarray, y: np.ndarray, fraction: float, min_half_width: f
         slope = np.where(var > 1e-12 * np.maximum(mx * mx, 1.0), cov / var, 0.0)
         out = my + slope * (x - mx)
     return np.where(n > 0, out, np.nan)
+
+
+def centred_fit_runs(x: np.ndarray, y: np.ndarray, offsets: np.ndarray, fraction: float,
+                     min_half_width: np.ndarray | float = 0.0) -> np.ndarray:
+    """`centred_fit` on every run of a flat array: run i owns rows offsets[i]:offsets[i+1] and
+    its own `min_half_width[i]` (or one for all). See `RunSmoother`."""
+    return RunSmoother(x, y, offsets).fit(fraction, min_half_width)
+
+
+class RunSmoother:
+    """`centred_fit` on every run of a flat array (run i owns rows offsets[i]:offsets[i+1]) at
+    any window: the prefix sums, which do not depend on the window, are built once, so the
+    analysis's three windows (default, half and double) cost one pass each over them. The same
+    numbers as a call per run: the same prefix sums (restarted at each run) and window edges."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, offsets: np.ndarray) -> None:
+        self.x = x = np.asarray(x, float)
+        self.y = y = np.asarray(y, float)
+        self.offsets = offsets = np.asarray(offsets, np.int64)
+        starts, ends = offsets[:-1], offsets[1:]
+        self.lengths = ends - starts
+        run_of_row = np.repeat(np.arange(len(starts)), self.lengths)
+        # Runs whose x is not finite and non-decreasing take the one-run path (centred_fit
+        # filters x as well as y; the shared prefix sums need every row's x in order).
+        step_back = np.flatnonzero(~(np.diff(x) >= 0)) + 1  # row i+1 < row i, or a NaN
+        self.odd = odd = np.zeros(len(starts), bool)
+        odd[run_of_row[step_back[~np.isin(step_back, starts)]]] = True
+        odd[run_of_row[~np.isfinite(x)]] = True
+        # Runs in chunks of about CHUNK_ROWS rows: the gathers below stay in cache.
+        bounds = sorted({0, *(np.flatnonzero(np.diff(ends // CHUNK_ROWS)) + 1).tolist(),
+                         len(starts)})
+        self.chunks = [(first, last, self._sums(first, last))
+                       for first, last in itertools.pairwise(bounds)]
+
+    def _sums(self, first: int, last: int) -> list[np.ndarray]:
+        """Prefix sums of (1, x, y, x^2, xy) over each run's finite points of runs first..last,
+        restarted at each run (as centred_fit's over its filtered arrays: adding 0.0 changes
+        no partial sum); run i's occupy slots start_i - a0 + (i - first) .. end_i - a0 + ..."""
+        a0, b0 = int(self.offsets[first]), int(self.offsets[last])
+        xc, yc = self.x[a0:b0], self.y[a0:b0]
+        ok = np.isfinite(yc)
+        xs = np.where(ok, xc, 0.0)
+        ys = np.where(ok, yc, 0.0)
+        columns = (ok.astype(float), xs, ys, xs * xs, xs * ys)
+        sums = [np.zeros(b0 - a0 + last - first) for _ in range(5)]
+        for i, (a, b) in enumerate(zip((self.offsets[first:last] - a0).tolist(),
+                                       (self.offsets[first + 1:last + 1] - a0).tolist(),
+                                       strict=True)):
+            if b > a and not self.odd[first + i]:
+                for total, values in zip(sums, columns, strict=True):
+                    np.cumsum(values[a:b], out=total[a + i + 1:b + i + 1])
+        return sums
+
+    def fit(self, fraction: float, min_half_width: np.ndarray | float = 0.0) -> np.ndarray:
+        """Every run's centred local-linear smooth at half-width max(fraction * |x|,
+        min_half_width[run])."""
+        if fraction < 0 or np.any(np.asarray(min_half_width) < 0):
+            raise ValueError("need fraction >= 0 and min_half_width >= 0")
+        min_half = np.broadcast_to(np.asarray(min_half_width, float), self.lengths.shape)
+        out = np.full(len(self.x), np.nan)
+        for first, last, sums in self.chunks:
+            self._fit_chunk(first, last, sums, fraction, min_half, out)
+        for i in np.flatnonzero(self.odd):
+            a, b = self.offsets[i], self.offsets[i + 1]
+            out[a:b] = centred_fit(self.x[a:b], self.y[a:b], fraction, float(min_half[i]))
+        return out
+
+    def _fit_chunk(self, first: int, last: int, sums: list[np.ndarray], fraction: float,
+                   min_half: np.ndarray, out: np.ndarray) -> None:
+        a0, b0 = int(self.offsets[first]), int(self.offsets[last])
+        if b0 <= a0:
+            return
+        xc = self.x[a0:b0]
+        half = np.maximum(fraction * np.abs(xc),
+                          np.repeat(min_half[first:last], self.lengths[first:last]))
+        low, high = xc - half, xc + half
+        lo = np.zeros(b0 - a0, np.int64)
+        hi = np.zeros(b0 - a0, np.int64)
+        for i, (a, b) in enumerate(zip((self.offsets[first:last] - a0).tolist(),
+                                       (self.offsets[first + 1:last + 1] - a0).tolist(),
+                                       strict=True)):
+            if b > a and not self.odd[first + i]:
+                run = xc[a:b]
+                lo[a:b] = np.searchsorted(run, low[a:b], side="left") + (a + i)
+                hi[a:b] = np.searchsorted(run, high[a:b], side="right") + (a + i)
+        c1, cx, cy, cxx, cxy = sums
+        n = c1[hi] - c1[lo]
+        sx, sy = cx[hi] - cx[lo], cy[hi] - cy[lo]
+        sxx, sxy = cxx[hi] - cxx[lo], cxy[hi] - cxy[lo]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mx, my = sx / n, sy / n
+            var = sxx / n - mx * mx
+            cov = sxy / n - mx * my
+            slope = np.where(var > 1e-12 * np.maximum(mx * mx, 1.0), cov / var, 0.0)
+            fitted = np.where(n > 0, my + slope * (xc - mx), np.nan)
+        fast = ~np.repeat(self.odd[first:last], self.lengths[first:last])
+        out[a0:b0][fast] = fitted[fast]
 
 
 def centred_ratio(x: np.ndarray, numerator: np.ndarray, denominator: np.ndarray,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -22,7 +23,7 @@ import pandas as pd
 from gnsweep.analysis.smoothing import (
     MIN_WINDOW_EXAMPLES,
     SMOOTHING_FRACTION,
-    centred_fit,
+    RunSmoother,
     interpolate_log_steps,
     pooled_probes,
 )
@@ -52,6 +53,10 @@ class Curves:
     offsets: np.ndarray
     columns: dict[str, np.ndarray] = field(default_factory=dict)
     """CURVE_COLUMNS (float64, NaN when absent)."""
+    derived: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
+    """What the analysis computes from the curves whatever the smoothing window (the noise
+    scales' running means, the smoothers' prefix sums), kept for the refits at half and double
+    the window. Curves are read-only."""
 
     @property
     def lengths(self) -> np.ndarray:
@@ -107,12 +112,12 @@ def centred_loss(curves: Curves, fraction: float = SMOOTHING_FRACTION,
     half-width max(fraction * x, min_examples / B) at x updates (`smoothing.centred_fit`)."""
     loss = curves.columns[column]
     x = curves.columns["step"] - (0.0 if column == "eval_loss" else 1.0)
-    out = np.full(len(loss), np.nan)
     batch = curves.runs["batch_size"].to_numpy(float)
-    for i, (lo, hi) in enumerate(zip(curves.offsets[:-1], curves.offsets[1:], strict=True)):
-        if hi > lo:
-            out[lo:hi] = centred_fit(x[lo:hi], loss[lo:hi], fraction, min_examples / batch[i])
-    return out
+    key = f"smoother:{column}"
+    smoother = curves.derived.get(key)
+    if not isinstance(smoother, RunSmoother):  # built once, reused at every window
+        smoother = curves.derived[key] = RunSmoother(x, loss, curves.offsets)
+    return smoother.fit(fraction, min_examples / batch)
 
 
 def loss_curve(curves: Curves, loss: str, ema_examples: float | None = None,
@@ -193,7 +198,6 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     state = curves.runs["state"].astype(str).to_numpy()
     usable = has_rows & (state != "diverged")
     step = curves.columns["step"]
-    run_of_row = np.repeat(np.arange(n_runs), curves.lengths)
 
     min_loss = np.full(n_runs, np.nan)
     last_step = np.full(n_runs, np.nan)
@@ -201,21 +205,15 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
         with np.errstate(invalid="ignore"):
             min_loss[has_rows] = sign * np.fmin.reduceat(values, starts[has_rows])
         last_step[has_rows] = step[ends[has_rows] - 1]
-    simple = _RunningMeans(noise_rows(curves, "simple"), step, starts, run_of_row, batch)
-    noise = _RunningMeans(noise_rows(curves, "noise"), step, starts, run_of_row, batch)
-    simple_true = _RunningMeans(_filled(curves, "b_simple_true"), step, starts, run_of_row, batch)
-    noise_true = _RunningMeans(_filled(curves, "b_noise_true"), step, starts, run_of_row, batch)
-    drift = curves.columns["drift"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        flagged = np.isfinite(drift) & (np.abs(np.log(drift)) > np.log(DRIFT_LIMIT))
-    flag_sum = np.concatenate([[0.0], np.cumsum(flagged)])
+    simple, noise, simple_true, noise_true, flag_sum = _noise_sums(curves)
 
     base = curves.runs[RUN_COLUMNS[:4]].reset_index(drop=True)
     parts = []
+    rows = np.arange(n_rows)
     for target in sorted(targets, reverse=True):
         first = np.full(n_runs, n_rows)
         if usable.any():
-            hit_index = np.where(values <= sign * target, np.arange(n_rows), n_rows)
+            hit_index = np.where(values <= sign * target, rows, n_rows)
             first[has_rows] = np.minimum.reduceat(hit_index, starts[has_rows])
         reached = usable & (first < ends)
         at = np.where(reached, first, 0)
@@ -248,6 +246,31 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     out = pd.concat(parts, ignore_index=True)
     out["reached"] = out["reached"].astype(bool)
     return out[STEPS_COLUMNS]
+
+
+def _noise_sums(curves: Curves) -> tuple[_RunningMeans, _RunningMeans, _RunningMeans,
+                                          _RunningMeans, np.ndarray]:
+    """Running means of B_simple, B_noise and their exact values, and the prefix count of
+    drift-flagged rows: the same for every loss and smoothing window, so computed once per
+    `Curves` (the analysis refits at half and double the window)."""
+    cached = curves.derived.get("noise_sums")
+    if cached is not None:
+        return cast(tuple[_RunningMeans, _RunningMeans, _RunningMeans, _RunningMeans,
+                          np.ndarray], cached)
+    step = curves.columns["step"]
+    starts = curves.offsets[:-1]
+    batch = curves.runs["batch_size"].to_numpy(float)
+    run_of_row = np.repeat(np.arange(len(curves.runs)), curves.lengths)
+    drift = curves.columns["drift"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        flagged = np.isfinite(drift) & (np.abs(np.log(drift)) > np.log(DRIFT_LIMIT))
+    out = (_RunningMeans(noise_rows(curves, "simple"), step, starts, run_of_row, batch),
+           _RunningMeans(noise_rows(curves, "noise"), step, starts, run_of_row, batch),
+           _RunningMeans(_filled(curves, "b_simple_true"), step, starts, run_of_row, batch),
+           _RunningMeans(_filled(curves, "b_noise_true"), step, starts, run_of_row, batch),
+           np.concatenate([[0.0], np.cumsum(flagged)]))
+    curves.derived["noise_sums"] = out
+    return out
 
 
 def _filled(curves: Curves, column: str) -> np.ndarray:
@@ -295,7 +318,7 @@ class _RunningMeans:
         if not self.measured:  # B_noise is usually not measured: nothing to sum
             return
         n = len(b)
-        self.last = np.maximum.accumulate(np.where(finite, np.arange(n), -1))
+        self.finite_rows = np.flatnonzero(finite)
         ds = np.diff(step, prepend=0.0)
         inside = starts[starts < n]
         ds[inside] = step[inside]  # a run's first row: steps since its start
@@ -311,7 +334,9 @@ class _RunningMeans:
         """Values at `row[i]`, a row of run i (so run i starts at starts[i])."""
         if not self.measured:
             return np.full(len(row), np.nan), np.full(len(row), np.nan)
-        last = self.last[row]
+        # The last finite row at or before each queried row (-1: none).
+        found = np.searchsorted(self.finite_rows, row, side="right") - 1
+        last = np.where(found >= 0, self.finite_rows[np.maximum(found, 0)], -1)
         at_target = np.where(valid & (last >= self.starts), self.b[np.maximum(last, 0)], np.nan)
         w = self.cw[row + 1] - self.cw[self.starts]
         wb = self.cwb[row + 1] - self.cwb[self.starts]

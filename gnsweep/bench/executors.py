@@ -9,7 +9,9 @@
   overhead per run of a job that trains `--torchrun-runs` runs in turn:
   (wall - start-up - training time) / runs. Starting torchrun per run would cost start-up + that.
 
-    gnsweep bench executors [--workers 2] [--torchrun-runs 8] [--skip-torchrun]
+    gnsweep bench executors [--workers 2] [--torchrun-runs 8] [--skip-torchrun] [--set K=V ...]
+
+`--set` takes Hydra overrides for the local pool's sweep (e.g. --set sweep=tiny for a quick one).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def _attempts(sweep_dir: Path) -> list[dict]:
     out = []
     for run_id in store.run_ids(sweep_dir):
         path = store.run_dir(sweep_dir, run_id)
+        if not (path / HISTORY).exists():  # prepared, not run (--torchrun-runs below the grid)
+            continue
         events = [json.loads(line) for line in (path / HISTORY).read_text().splitlines()]
         out.append({"pid": events[0]["pid"], "start": events[0]["time"],
                     "end": events[-1]["time"],
@@ -45,8 +49,8 @@ def _attempts(sweep_dir: Path) -> list[dict]:
     return sorted(out, key=lambda a: a["start"])
 
 
-def bench_local(root: Path, workers: int) -> dict:
-    config = compose([f"executor.workers={workers}"])
+def bench_local(root: Path, workers: int, overrides: list[str] | None = None) -> dict:
+    config = compose([*(overrides or []), f"executor.workers={workers}"])
     sweep_dir = root / "local"
     began = time.time()
     start = time.perf_counter()
@@ -107,11 +111,13 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--torchrun-runs", type=int, default=8)
     parser.add_argument("--skip-torchrun", action="store_true")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        help="A Hydra override for the local pool's sweep (repeatable).")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="gnsweep-bench-"))
     load = os.getloadavg()[0]
     try:
-        local = bench_local(root, args.workers)
+        local = bench_local(root, args.workers, args.overrides)
         torchrun = None if args.skip_torchrun else bench_torchrun(root, args.torchrun_runs)
     finally:
         shutil.rmtree(root, ignore_errors=True)

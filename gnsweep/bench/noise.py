@@ -16,6 +16,7 @@ Flags: `--quick` (fewer rounds), `--no-ddp`.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -111,34 +112,49 @@ def _time_side_by_side(steppers: Mapping[str, Callable[[], object]], rounds: int
     return {k: min(v) for k, v in times.items()}
 
 
-def _ddp_worker(rank: int, world: int, store: str, out: str, rounds: int, steps: int) -> None:
-    import torch.distributed as dist
+def _ddp_ratio(name: str, batch: int, world: int, rounds: int, steps: int) -> float:
+    """DDP with the hook / plain DDP, this rank's share of `batch`."""
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    make, shape = MODELS[name]
+    x, y = _data(shape, batch // world)
+    steppers = {}
+    monitors = []
+    for variant in ("plain", "ddp"):
+        torch.manual_seed(0)
+        model = DDP(make())
+        monitor = NoiseScaleMonitor(model, "ddp") if variant == "ddp" else None
+        if monitor is not None:
+            monitors.append(monitor)
+        steppers[variant] = _stepper(model, x, y, 1, monitor)
+    # Both ranks run the same schedule, so the collectives pair up.
+    seconds = _time_side_by_side(steppers, rounds, steps)
+    for monitor in monitors:
+        monitor.close()  # waits for its last all-reduce: no collective left in flight
+    return seconds["ddp"] / seconds["plain"]
+
+
+def _ddp_worker(rank: int, world: int, store: str, out: str, rounds: int, steps: int,
+                batch_sizes: tuple[int, ...], models: tuple[str, ...]) -> None:
+    import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        results = {}
-        for name in MODELS:
-            make, shape = MODELS[name]
-            for batch in BATCH_SIZES:
-                x, y = _data(shape, batch // world)
-                steppers = {}
-                for variant in ("plain", "ddp"):
-                    torch.manual_seed(0)
-                    model = DDP(make())
-                    monitor = NoiseScaleMonitor(model, "ddp") if variant == "ddp" else None
-                    steppers[variant] = _stepper(model, x, y, 1, monitor)
-                # Both ranks run the same schedule, so the collectives pair up.
-                seconds = _time_side_by_side(steppers, rounds, steps)
-                results[f"{name}/{batch}"] = seconds["ddp"] / seconds["plain"]
+        results = {f"{name}/{batch}": _ddp_ratio(name, batch, world, rounds, steps)
+                   for name in models for batch in batch_sizes}
+        gc.collect()  # the DDP models (reference cycles through their hooks) go first
         if rank == 0:
             Path(out).write_text(json.dumps(results))
+        # Every collective done on both ranks before the group goes: a process that tears its
+        # group down while the other still talks to it aborts in gloo's threads (SIGABRT).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def _ddp_ratios(rounds: int, steps: int) -> dict[str, float]:
+def _ddp_ratios(rounds: int, steps: int, batch_sizes: tuple[int, ...], models: tuple[str, ...]
+                ) -> dict[str, float]:
     import tempfile
 
     import torch.multiprocessing as mp
@@ -146,7 +162,8 @@ def _ddp_ratios(rounds: int, steps: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "ddp.json"
         store = str(Path(folder) / "store")
-        mp.spawn(_ddp_worker, args=(2, store, str(out), rounds, steps), nprocs=2)
+        mp.spawn(_ddp_worker, args=(2, store, str(out), rounds, steps, batch_sizes, models),
+                 nprocs=2)
         result: dict[str, float] = json.loads(out.read_text())
         return result
 
@@ -158,13 +175,24 @@ def main(argv: list[str]) -> dict[str, Any]:
                                      description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds instead of 9.")
     parser.add_argument("--no-ddp", action="store_true", help="Skip the two-process DDP part.")
+    parser.add_argument("--rounds", type=int, default=0, help="Rounds (overrides --quick).")
+    parser.add_argument("--steps", type=int, default=HESSIAN_EVERY,
+                        help=f"Steps per variant and round (default {HESSIAN_EVERY}).")
+    parser.add_argument("--batch-sizes", type=lambda s: tuple(int(b) for b in s.split(",")),
+                        default=BATCH_SIZES, help="Comma-separated (default "
+                        f"{','.join(map(str, BATCH_SIZES))}).")
+    parser.add_argument("--models", type=lambda s: tuple(s.split(",")), default=tuple(MODELS),
+                        help=f"Comma-separated, of {','.join(MODELS)} (default all).")
     args = parser.parse_args(argv)
-    rounds, steps = (3, HESSIAN_EVERY) if args.quick else (9, HESSIAN_EVERY)
+    unknown = set(args.models) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}; choose from {list(MODELS)}")
+    rounds, steps = args.rounds or (3 if args.quick else 9), args.steps
     torch.set_num_threads(1)
     rows = []
-    ddp = {} if args.no_ddp else _ddp_ratios(rounds, steps)
-    for name in MODELS:
-        for batch in BATCH_SIZES:
+    ddp = {} if args.no_ddp else _ddp_ratios(rounds, steps, args.batch_sizes, args.models)
+    for name in args.models:
+        for batch in args.batch_sizes:
             seconds = _time_side_by_side(_variants(name, batch), rounds, steps)
             plain = seconds["plain"]
             rows.append({

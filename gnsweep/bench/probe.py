@@ -46,9 +46,9 @@ def _row(name: str, task: Any, model: torch.nn.Module, probes: RunProbes, batch:
 
     def steps(n: int = 20) -> None:
         for _ in range(n):
-            x, y = task.batch(batch, g)
+            drawn = task.sample(batch, g)
             optimizer.zero_grad(set_to_none=True)
-            task.loss(model(x), y).backward()
+            task.loss(model, drawn).backward()
             monitor.step()
             optimizer.step()
 
@@ -66,7 +66,14 @@ def _row(name: str, task: Any, model: torch.nn.Module, probes: RunProbes, batch:
 
 
 def main(argv: list[str]) -> dict[str, Any]:
-    rounds = 3 if "--quick" in argv else 7
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="gnsweep bench probe",
+                                     description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 rounds instead of 7.")
+    parser.add_argument("--rounds", type=int, default=0, help="Rounds (overrides --quick).")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (3 if args.quick else 7)
     torch.set_num_threads(1)
     noise = NoiseConfig(probe_per_octave=2)
     rows = []

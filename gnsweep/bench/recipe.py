@@ -57,11 +57,14 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="gnsweep bench recipe",
                                      description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 rounds of 10 steps, not 5 x 30.")
+    parser.add_argument("--batch-sizes", type=lambda s: tuple(int(b) for b in s.split(",")),
+                        default=BATCH_SIZES, help="Comma-separated (default "
+                        f"{','.join(map(str, BATCH_SIZES))}).")
     args = parser.parse_args(argv)
     rounds, steps = (2, 10) if args.quick else (5, 30)
     torch.set_num_threads(1)
     rows = []
-    for batch in BATCH_SIZES:
+    for batch in args.batch_sizes:
         seconds = _seconds_per_step(batch, rounds, steps)
         rows.append({"batch": batch, "whole_ms": 1e3 * seconds["whole"],
                      "pieces": seconds["pieces"] / seconds["whole"],

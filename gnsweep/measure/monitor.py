@@ -6,7 +6,8 @@ current step and all unbiased for the same `|G|^2` and `tr(Sigma)`:
 
 - `per_example` (b_small = 1): per-example gradient norms from each layer's input activations and
   output gradients, captured by hooks during the ordinary backward pass (`nn.Linear`,
-  `nn.Conv2d`, `nn.Embedding`, `nn.LayerNorm`, `nn.RMSNorm`; sequences through the Gram form).
+  `nn.Conv1d`, `nn.Conv2d`, `nn.Embedding`, `nn.LayerNorm`, `nn.RMSNorm`; sequences and
+  convolutions in the Gram form or explicitly, whichever costs less per layer).
   Parameters of other layers fall back to micro-batches (the two parts are summed, see
   `gnsweep.noise.combine_parts`).
 - `microbatch` (b_small = B / k): the batch back-propagated as k micro-batches, as in gradient
