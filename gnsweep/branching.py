@@ -146,11 +146,9 @@ def base_noise(run_dir: Path, at_step: int, at_examples: int, loss: str
     from gnsweep.analysis.load import load_run_curves
     from gnsweep.analysis.pipeline import AnalysisError
 
-    if not (run_dir / store.METRICS).is_file():
-        return math.nan, math.nan, math.nan
     try:
         point = branch_point(base_curve(load_run_curves(run_dir), loss), at_step, at_examples)
-    except AnalysisError:
+    except (AnalysisError, store.StoreError):  # no rows there (yet)
         return math.nan, math.nan, math.nan
     return point.at_loss, point.b_simple, point.b_noise
 

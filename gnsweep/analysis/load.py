@@ -182,7 +182,11 @@ def load_run_curves(run_dir: Path) -> Curves:
     (config.json) and its metrics, whatever its state (a base run may still be training)."""
     record = store.read_json(run_dir / store.RUN_CONFIG)
     spec = record.get("run") or {}
-    table = _read_metrics(run_dir / store.METRICS)
+    done = (run_dir / store.METRICS).is_file()
+    table = _read_metrics(run_dir / store.METRICS) if done else _live_metrics(run_dir)
+    if table is None:
+        raise store.StoreError(f"{run_dir}: no metrics logged yet")
+    table = _with_every_column(table)
     runs = pd.DataFrame([{"run_id": str(record.get("run_id", run_dir.name)),
                           "batch_size": int(spec.get("batch_size", 0)),
                           "learning_rate": float(spec.get("learning_rate", 0.0)),

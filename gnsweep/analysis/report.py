@@ -138,11 +138,10 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
                              else bootstrap, optimizer=config.train.optimizer,
                              higher_is_better=task.higher_is_better, source=str(sweep_dir))
     base = Path(branch.base)
-    if (base / store.METRICS).is_file():
+    try:
         analysis.along_base = base_curve(load_run_curves(base), loss)
-    else:
-        analysis.warnings.append(f"base run {base}: no metrics.parquet there; the figure shows "
-                                 "the branch points' own noise scales only")
+    except store.StoreError as err:
+        analysis.warnings.append(f"base run: {err}; the figure shows the branch points only")
     analysis.meta.update(metric=task.metric, unit=task.unit, branch_base=str(base))
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
     for run in unfinished.itertuples(index=False):
