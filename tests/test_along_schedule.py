@@ -74,6 +74,17 @@ def test_the_curve_comes_from_a_branch_sweeps_most_local_fit(tmp_path):
     config = Config(sweep=SweepConfig(schedule="along", along_from=str(tmp_path)))
     resolved = resolve_along(config, tmp_path / "elsewhere")
     assert resolved.sweep.along_points == [[800.0, 50.0], [3200.0, 120.0]]
+    # Through the CLI: the grid and one along run per seed.
+    from typer.testing import CliRunner
+
+    from gnsweep.cli import app
+
+    shown = CliRunner().invoke(app, [
+        "launch", "--dry-run", "--sweep-dir", str(tmp_path / "grid"), "sweep.schedule=along",
+        f"sweep.along_from={tmp_path}", "sweep.eps_max=0.5", "sweep.adaptive_lr_noise=30",
+        "sweep.batch_sizes=[16,64]", "sweep.learning_rates=[0.1]", "sweep.seeds=[0,1]"])
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.count("along B_crit") == 2 and "6 runs" in shown.output
     with pytest.raises(ConfigError, match=r"no along\.parquet"):
         resolve_along(dataclasses.replace(config, sweep=SweepConfig(
             schedule="along", along_from=str(tmp_path / "none"))), tmp_path)
