@@ -186,3 +186,51 @@ def test_branch_sweep_end_to_end_and_resumed(base_run, tmp_path):
     again = runner.invoke(app, args)
     assert again.exit_code == 0, again.output
     assert "0 done, 0 diverged, 0 failed this launch" in again.output
+
+
+@pytest.mark.slow
+def test_branch_runs_find_the_exact_local_b_crit_on_linreg(tmp_path):
+    """Real branch runs (`prepare_branch`, then `training.train` on each run's record, then
+    `gnsweep analyze`'s along analysis) from three kept checkpoints of a linreg base run: the
+    local B_crit within 25% of the exact one from each checkpoint's own parameters
+    (`linreg_exact.local_truth`) and within a factor 2 of the exact B_noise on the way there."""
+    import numpy as np
+    from branch_base import make_base_run
+
+    from gnsweep import store
+    from gnsweep.analysis.report import analyze_sweep
+    from gnsweep.branching import prepare_branch
+    from gnsweep.linreg_exact import local_truth
+    from gnsweep.runs import read_run
+    from gnsweep.tasks import make_task
+
+    task = ["task=linreg", "task.dim=32", "task.teacher_power=1.0", "sweep=linreg",
+            "sweep.eval_every=1", "analysis.loss=eval"]
+    base = make_base_run(tmp_path / "base", [*task, "sweep.batch_sizes=[16]",
+                                             "sweep.learning_rates=[0.5]", "sweep.targets=[0.13]",
+                                             "sweep.max_steps=200"], [256, 512, 1024])
+    out = tmp_path / "along"
+    batches = [4, 8, 16, 32, 64, 128, 256]
+    config, specs = prepare_branch(base, [256, 512, 1024], out, [
+        *task[4:], f"sweep.batch_sizes={batches}".replace(" ", ""),
+        "sweep.learning_rates=[0.293,0.431,0.632,0.928,1.36,2.0]", "branch.targets=[0.6]",
+        "sweep.max_steps=400"])
+    for spec in specs:
+        run_config, _ = read_run(out, spec.run_id)
+        folder = store.run_dir(out, spec.run_id)
+        result = train(run_config, spec, folder)
+        store.write_status(folder, result.state, reason=result.reason)
+    along = analyze_sweep(out, write=False).along
+    problem = make_task("linreg", config.task.options, 0).exact_problem()
+    good = 0
+    for point in config.branch.points:
+        model = torch.load(point["checkpoint"], weights_only=True)["model"]
+        w_star = make_task("linreg", config.task.options, 0).w_star.numpy()
+        delta = np.concatenate([model["weight"].double().numpy().ravel() - w_star,
+                                model["bias"].double().numpy()])
+        (row,) = along[along["at_examples"] == point["at_examples"]].itertuples()
+        exact = local_truth(problem, delta, batches, [row.target_value], max_steps=3000)
+        (truth,) = exact.per_target
+        assert 0.5 < row.b_crit / truth.b_noise_mean < 2.0, point
+        good += abs(row.b_crit / truth.b_crit_fit - 1) < 0.25
+    assert good >= 3
