@@ -30,6 +30,7 @@ __all__ = ["FINISHED", "RELAUNCH_MAY_CHANGE", "RunSpec", "RunState", "check_reco
 RELAUNCH_MAY_CHANGE = ("executor", "analysis", "logger", "sweep.name", "sweep.batch_sizes",
                        "sweep.learning_rates", "sweep.seeds", "sweep.max_retries",
                        "sweep.schedule", "sweep.exchange_rates", "sweep.eps_max",
+                       "sweep.along_from", "sweep.along_points",
                        "sweep.adaptive_lr", "sweep.adaptive_lr_noise", "sweep.stall_seconds",
                        "train.checkpoint_every", "train.checkpoint_seconds",
                        "train.keep_checkpoints")
@@ -62,6 +63,12 @@ class RunSpec:
     """Appendix D's exchange rate r (examples per step) of an adaptive run; 0 for a grid run."""
     lr_noise: float = 0.0
     """An adaptive run's fixed B_noise in its learning-rate rule (0: the measured one)."""
+    along: bool = False
+    """A run whose batch size follows a measured critical batch size along training
+    (`schedule.AlongBatch`, docs/along.md); `learning_rate` is then eq. 2.7's eps_max."""
+    at_examples: int = 0
+    """A branch run's point: it starts from the base run's checkpoint after this many examples
+    (`config.branch.point(at_examples)`, docs/along.md); 0 for a run from initialisation."""
 
     @property
     def adaptive(self) -> bool:
@@ -69,11 +76,15 @@ class RunSpec:
 
     @property
     def run_id(self) -> str:
+        if self.along:  # never a grid run's id: those start with b
+            return f"along_lr{self.learning_rate:.4g}_bn{self.lr_noise:.4g}_s{self.seed}"
         if self.adaptive:  # never a grid run's id: those start with b
             noise = f"_bn{self.lr_noise:.4g}" if self.lr_noise > 0 else ""
             return f"r{self.exchange_rate:.4g}_lr{self.learning_rate:.4g}{noise}_s{self.seed}"
-        # Zero-padded batch size so that folders sort by batch size.
-        return f"b{self.batch_size:05d}_lr{self.learning_rate:.4g}_s{self.seed}"
+        # Zero-padded batch size so that folders sort by batch size; a branch run's id starts
+        # with its point (examples seen by the base run there).
+        grid = f"b{self.batch_size:05d}_lr{self.learning_rate:.4g}_s{self.seed}"
+        return f"at{self.at_examples}_{grid}" if self.at_examples else grid
 
 
 def expand_grid(config: Config) -> list[RunSpec]:
@@ -84,6 +95,14 @@ def expand_grid(config: Config) -> list[RunSpec]:
     sweep = config.sweep
     grid = sorted(RunSpec(b, lr, s) for b in sweep.batch_sizes for lr in sweep.learning_rates
                   for s in sweep.seeds)
+    if sweep.schedule == "along":
+        if not (sweep.eps_max > 0 and sweep.adaptive_lr_noise > 0 and sweep.along_points):
+            raise ConfigError("sweep.schedule=along needs its curve and learning-rate rule: "
+                              "sweep.along_from=DIR (an analysed branch sweep) and this "
+                              "folder's fixed-batch fit (gnsweep analyze DIR first), or "
+                              "sweep.eps_max and sweep.adaptive_lr_noise")
+        return grid + [RunSpec(0, sweep.eps_max, s, lr_noise=sweep.adaptive_lr_noise, along=True)
+                       for s in sweep.seeds]
     if sweep.schedule != "adaptive":
         return grid
     if not sweep.eps_max > 0:
@@ -109,13 +128,16 @@ def parse_spec(data: Any, where: Path | str) -> RunSpec:
     if unknown:
         raise StoreError(f"{where}: run.{unknown[0]}: not a field of a run")
     for name, value in data.items():
-        want_int = known[name].type == "int"
-        ok = (isinstance(value, int) and not isinstance(value, bool)) if want_int else (
-            isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value))
+        kind = known[name].type
+        if kind == "bool":
+            ok, wanted = isinstance(value, bool), "true or false"
+        elif kind == "int":
+            ok, wanted = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        else:
+            ok, wanted = (isinstance(value, int | float) and not isinstance(value, bool)
+                          and math.isfinite(value)), "a finite number"
         if not ok:
-            raise StoreError(f"{where}: run.{name}: {str(value)[:60]!r} is not "
-                             f"{'an integer' if want_int else 'a finite number'}")
+            raise StoreError(f"{where}: run.{name}: {str(value)[:60]!r} is not {wanted}")
     try:
         return RunSpec(**data)
     except TypeError as err:

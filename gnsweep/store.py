@@ -521,7 +521,33 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("gain_predicted", pa.float64()), ("gain_measured", pa.float64()),
         ("front_product", pa.float64()),
     ]),
+    "along": pa.schema([
+        ("at_examples", pa.int64()), ("at_step", pa.int64()), ("at_loss", pa.float64()),
+        ("target", pa.float64()), ("target_value", pa.float64()), ("n_runs", pa.int64()),
+        ("n_batch_sizes", pa.int64()), ("s_min", pa.float64()), ("s_min_se", pa.float64()),
+        ("e_min", pa.float64()), ("e_min_se", pa.float64()), ("b_crit", pa.float64()),
+        ("b_crit_se", pa.float64()), ("rmse_log", pa.float64()), ("b_simple", pa.float64()),
+        ("b_noise", pa.float64()), ("ratio", pa.float64()), ("ratio_se", pa.float64()),
+        ("ratio_noise", pa.float64()), ("ratio_noise_se", pa.float64()),
+        ("b_simple_mean", pa.float64()), ("b_noise_mean", pa.float64()),
+        ("quality", pa.large_string()), ("refused", pa.large_string()),
+    ]),
+    "along_schedule": pa.schema([
+        ("run_id", pa.large_string()), ("seed", pa.int64()), ("target", pa.float64()),
+        ("state", pa.large_string()), ("reached", pa.bool_()), ("steps", pa.float64()),
+        ("examples", pa.float64()), ("mean_batch", pa.float64()), ("best_batch", pa.float64()),
+        ("best_lr", pa.float64()), ("best_steps", pa.float64()),
+        ("best_examples", pa.float64()), ("steps_ratio", pa.float64()),
+        ("examples_ratio", pa.float64()), ("front_steps", pa.float64()),
+        ("front_ratio", pa.float64()),
+    ]),
+    "along_base": pa.schema([
+        ("step", pa.float64()), ("examples", pa.float64()), ("loss", pa.float64()),
+        ("b_simple", pa.float64()), ("b_noise", pa.float64()),
+    ]),
 }
+OPTIONAL_RESULTS = ("adaptive", "along", "along_schedule", "along_base")
+"""Results tables written only when not empty (a sweep with adaptive runs, a branch sweep)."""
 COMPARE_SCHEMA = pa.schema([
     ("task", pa.large_string()), ("sweep", pa.large_string()), ("sweep_dir", pa.large_string()),
     ("metric", pa.large_string()), ("higher_is_better", pa.bool_()), ("unit", pa.large_string()),
@@ -545,8 +571,8 @@ def write_results(out_dir: Path, results: Results) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in RESULT_TABLES:
         frame = getattr(results, name)
-        if name == "adaptive" and not len(frame):
-            continue  # a sweep without adaptive runs gets no adaptive.parquet
+        if name in OPTIONAL_RESULTS and not len(frame):
+            continue  # e.g. a sweep without adaptive runs gets no adaptive.parquet
         write_frame(out_dir / f"{name}.parquet", frame,
                     schema=_schema_of(frame, RESULT_SCHEMAS[name]))
     write_json(out_dir / FITS_JSON, results.to_json())
@@ -572,7 +598,7 @@ def read_results(sweep_dir: Path) -> Results:
                              "rewrites the table)") from None
 
     results = Results(steps=frame("steps"), front=frame("front"), fits=frame("fits"))
-    for name in ("lr_fits", "loss_scaling", "adaptive"):
+    for name in ("lr_fits", "loss_scaling", *OPTIONAL_RESULTS):
         if (sweep_dir / f"{name}.parquet").exists():
             setattr(results, name, frame(name))
     if (sweep_dir / FITS_JSON).exists():

@@ -77,12 +77,13 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
 
     sweep = config.sweep
     need_noise = sweep.adaptive_lr == "fit" and not sweep.adaptive_lr_noise
-    if sweep.schedule != "adaptive" or (sweep.eps_max > 0 and not need_noise):
+    # An along run (docs/along.md) takes the same rule, eq. 2.7 with the fit's B_noise.
+    if sweep.schedule not in ("adaptive", "along") or (sweep.eps_max > 0 and not need_noise):
         return config
     path = sweep_dir / "fits.parquet"
     if not path.is_file():
-        raise ConfigError(f"sweep.schedule=adaptive needs eps_max (and the B_noise of eq. 2.7), "
-                          f"and {path} does not exist: set sweep.eps_max=... and "
+        raise ConfigError(f"sweep.schedule={sweep.schedule} needs eps_max (and the B_noise of "
+                          f"eq. 2.7), and {path} does not exist: set sweep.eps_max=... and "
                           f"sweep.adaptive_lr_noise=..., or launch and analyse the fixed-batch "
                           f"grid first (gnsweep analyze {sweep_dir})")
     fits = store.read_table(path, columns=["target", "eps_max", "b_noise_lr"]).to_pylist()

@@ -36,7 +36,8 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
                               path / store.RUN_CONFIG)
         row = {"run_id": run_id, "batch_size": spec.batch_size,
                "learning_rate": spec.learning_rate, "seed": spec.seed, "state": state,
-               "exchange_rate": spec.exchange_rate, "problem": ""}
+               "exchange_rate": spec.exchange_rate, "at_examples": spec.at_examples,
+               "along": spec.along, "problem": ""}
         table = None
         if state in store.FINISHED:
             # A finished run without readable metrics is named, never dropped in silence.
@@ -187,6 +188,27 @@ def load_curves(sweep_dir: Path, skip_corrupt: bool = False) -> Curves:
             # as reading the files).
             columns[name] = np.broadcast_to(np.float64(np.nan), (n_rows,))
     return Curves(runs, offsets, columns)
+
+
+def load_run_curves(run_dir: Path) -> Curves:
+    """One run's logged rows (a branch sweep's base run), from its folder: its record
+    (config.json) and its metrics, whatever its state (a base run may still be training)."""
+    record = store.read_json(run_dir / store.RUN_CONFIG)
+    spec = record.get("run") or {}
+    done = (run_dir / store.METRICS).is_file()
+    table = _read_metrics(run_dir / store.METRICS) if done else _live_metrics(run_dir)
+    if table is None:
+        raise store.StoreError(f"{run_dir}: no metrics logged yet")
+    table = _with_every_column(table)
+    runs = pd.DataFrame([{"run_id": str(record.get("run_id", run_dir.name)),
+                          "batch_size": int(spec.get("batch_size", 0)),
+                          "learning_rate": float(spec.get("learning_rate", 0.0)),
+                          "seed": int(spec.get("seed", 0)),
+                          "state": str(store.read_status(run_dir)["state"])}])
+    runs["batch_size"] = batch_in_examples(runs["batch_size"].to_numpy(), [table])
+    columns = {name: table.column(name).to_numpy().astype(float, copy=False)
+               for name in CURVE_COLUMNS}
+    return Curves(runs, np.array([0, table.num_rows], np.int64), columns)
 
 
 def load_sweep(sweep_dir: Path, skip_corrupt: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
