@@ -15,11 +15,13 @@ from typer.testing import CliRunner
 from gnsweep import store
 from gnsweep.cli import app
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# One Slurm node and one rendezvous port: its tests run one after another, on one xdist worker.
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 GNSWEEP = str(Path(sys.executable).parent / "gnsweep")
-STEPS, LOG_EVERY, PAUSE = 4_000, 20, 0.02
-"""80 s of training at least (each step's loss waits PAUSE seconds), on any machine: more than
-a one-minute job holds once it has started."""
+STEPS, LOG_EVERY, PAUSE = 4_000, 20, 0.01
+"""40 s of training at least (each step's loss waits PAUSE seconds), on any machine: more than
+a one-minute job trains (about 30 s, between its start-up and its warning a quarter of the limit
+ahead), less than two jobs do (each requeue waits about two minutes in Slurm's queue)."""
 
 
 @pytest.fixture(scope="module", autouse=True)
