@@ -20,7 +20,6 @@ from gnsweep import store
 from gnsweep.analysis.along import branch_point
 from gnsweep.config import BranchConfig, Config, ConfigError, compose
 from gnsweep.runs import RunSpec, parse_run_record, write_run
-from gnsweep.targets import relative_target
 
 PROBE_SEED = 271_828
 """Seed of the batches on which the loss at a branch point is measured (the same at every
@@ -190,14 +189,11 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
     config = dataclasses.replace(config, branch=branch)
     prepare_folder(sweep_dir, config)
     specs = []
+    # Each point's runs stop at its own hardest target, the fractions of its loss: derived
+    # from the sweep's config and the run's point when the run is built (`runs.run_config`).
     for point in branch.points:
-        # Each point's runs stop at its own hardest target: the fractions of its loss.
-        targets = [relative_target(point["at_loss"], f, config.task.higher_is_better)
-                   for f in branch.targets]
-        run_config = dataclasses.replace(config, sweep=dataclasses.replace(
-            config.sweep, targets=targets))
         for spec in _grid(config, point["at_examples"]):
-            write_run(sweep_dir, run_config, spec)
+            write_run(sweep_dir, config, spec)
             specs.append(spec)
     return config, specs
 

@@ -8,19 +8,35 @@ only the config and the store.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from gnsweep import redact, store
 from gnsweep.config import Config, ConfigError
 from gnsweep.store import FINISHED, RunState, StoreError
+from gnsweep.targets import relative_target
 
-__all__ = ["FINISHED", "RELAUNCH_MAY_CHANGE", "RunSpec", "RunState", "check_record",
-           "check_records",
-           "config_differences", "expand_grid", "fresh_retries", "max_attempts",
-           "needs_running", "parse_run_record", "parse_spec", "read_run", "read_state",
-           "run_record", "write_run"]
+__all__ = [
+    "FINISHED",
+    "RELAUNCH_MAY_CHANGE",
+    "RunSpec",
+    "RunState",
+    "check_record",
+    "check_records",
+    "config_differences",
+    "expand_grid",
+    "fresh_retries",
+    "max_attempts",
+    "needs_running",
+    "parse_run_record",
+    "parse_spec",
+    "read_run",
+    "read_state",
+    "run_config",
+    "run_record",
+    "write_run",
+]
 
 # Settings a relaunch may change: where and how runs execute, the grid (runs are added), the
 # analysis and where runs are logged. Anything else changes what a run trains, and mixing them
@@ -110,6 +126,18 @@ def expand_grid(config: Config) -> list[RunSpec]:
                           "analyse the sweep's fixed-batch runs first (gnsweep analyze DIR)")
     return grid + [RunSpec(0, sweep.eps_max, s, r, sweep.adaptive_lr_noise)
                    for r in sweep.exchange_rates for s in sweep.seeds]
+
+
+def run_config(config: Config, spec: RunSpec) -> Config:
+    """What one run trains with, derived from the sweep's config and its grid point alone: the
+    sweep's config, except that a branch run stops at its branch point's own targets (the
+    fractions `branch.targets` of the loss there, `gnsweep.targets.relative_target`)."""
+    if not spec.at_examples:
+        return config
+    point = config.branch.point(spec.at_examples)
+    targets = [relative_target(point["at_loss"], f, config.task.higher_is_better)
+               for f in config.branch.targets]
+    return replace(config, sweep=replace(config.sweep, targets=targets))
 
 
 def run_record(config: Config, spec: RunSpec) -> dict[str, Any]:

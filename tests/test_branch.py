@@ -20,7 +20,7 @@ from gnsweep.config import (
     TaskConfig,
     TrainConfig,
 )
-from gnsweep.runs import RunSpec
+from gnsweep.runs import RunSpec, parse_run_record, run_config
 from gnsweep.training import StopRequested, TrainState, build_run, run, train
 from gnsweep.training.branch import start_branch
 from gnsweep.training.checkpoint import Checkpointer
@@ -169,9 +169,11 @@ def test_branch_sweep_end_to_end_and_resumed(base_run, tmp_path):
     assert len(ids) == 12 and {i.split("_")[0] for i in ids} == {"at160", "at640"}
     config = Config.load(out)
     assert [p["at_step"] for p in config.branch.points] == [10, 40]
-    record = store.read_json(store.run_dir(out, ids[0]) / store.RUN_CONFIG)
+    config_run, spec = parse_run_record(store.read_json(store.run_dir(out, ids[0])
+                                                        / store.RUN_CONFIG))
     at_loss = config.branch.points[0]["at_loss"]
-    assert record["config"]["sweep"]["targets"] == pytest.approx([0.8 * at_loss, 0.6 * at_loss])
+    assert run_config(config_run, spec).sweep.targets == pytest.approx([0.8 * at_loss,
+                                                                         0.6 * at_loss])
     metrics = store.read_table(store.run_dir(out, ids[0]) / store.METRICS).to_pandas()
     assert metrics["step"].iloc[0] == 1 and metrics["examples"].iloc[0] == 4
 

@@ -24,7 +24,7 @@ from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.measure.common import split_batch
 from gnsweep.measure.probe import RunProbes
 from gnsweep.noise import NoiseEstimate, estimate_state, load_estimate
-from gnsweep.runs import RunSpec
+from gnsweep.runs import RunSpec, run_config
 from gnsweep.schedule import AdaptiveBatch, AlongBatch, BatchSchedule, ConstantBatch
 from gnsweep.tasks import Task, make_task
 from gnsweep.training.data import DatasetSource, DataSource, as_dataset, make_data
@@ -132,7 +132,9 @@ class TrainState:
 def build_run(config: Config, spec: RunSpec) -> TrainState:
     """The run's parts at step 0, each built here and only here.
 
-    Seeds torch's global generator from `spec.seed` first (the model's initialisation)."""
+    Seeds torch's global generator from `spec.seed` first (the model's initialisation). The
+    config is the sweep's; what this run trains with is derived from it (`runs.run_config`)."""
+    config = run_config(config, spec)
     torch.manual_seed(spec.seed)
     task = make_task(config.task.name, config.task.options, spec.seed)
     # Under torchrun (a process group initialised by the worker entry point) every rank trains
