@@ -31,7 +31,9 @@ class OncePerLaunch(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
-        key = hashlib.sha256(record.getMessage().encode()).hexdigest()[:24]
+        # A message whose numbers differ from run to run names its own key (`extra={"once":}`).
+        text = getattr(record, "once", None) or record.getMessage()
+        key = hashlib.sha256(str(text).encode()).hexdigest()[:24]
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             os.close(os.open(self.folder / key, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
