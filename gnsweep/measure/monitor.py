@@ -189,7 +189,8 @@ class NoiseScaleMonitor:
             if rest:
                 self._increments = Increments(rest)
             if timed_auto and requested == "auto":
-                # Micro-batches measure this model right too: time both.
+                # Micro-batches measure this model right too: the cheaper is kept after the
+                # first measured step (`_choose`).
                 self._sources = {"per_example": (self._per_example, self._increments),
                                  "microbatch": (None, Increments(self.params))}
 
@@ -398,7 +399,7 @@ class NoiseScaleMonitor:
     def capturing(self) -> bool:
         """This step is measured and no pass of the monitor's own (Hessian) is running: what
         the sources' hooks ask before they capture (`gnsweep.measure.common.Gate`)."""
-        return self.measuring and not self._busy and self.method != "microbatch"
+        return self.measuring and not self._busy
 
     def _count_examples(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._busy or not torch.is_grad_enabled():
