@@ -19,7 +19,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"gnsweep: error: {message}", err=True)
+    from gnsweep import redact
+
+    typer.echo(f"gnsweep: error: {redact.text(message)}", err=True)
     return typer.Exit(code)
 
 
@@ -31,13 +33,16 @@ def user_errors(func: F) -> F:
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from gnsweep.config import ConfigError
-        from gnsweep.errors import os_error_message
+        from gnsweep.errors import LauncherSignal, os_error_message
         from gnsweep.store import StoreError
 
         try:
             return func(*args, **kwargs)
         except (ConfigError, StoreError) as err:
             raise fail(str(err)) from None
+        except LauncherSignal as err:
+            raise fail(f"stopped by signal {err.signum}; its runs went back to pending: "
+                       "relaunch the same command to continue", 128 + err.signum) from None
         except KeyboardInterrupt:
             raise fail("interrupted; relaunch the same command to continue", 130) from None
         except BrokenPipeError:
@@ -126,6 +131,10 @@ def launch(
     config = compose(overrides)
     sweep_dir = sweep_dir or Path("runs") / config.sweep.name
     config = resolve_adaptive_lr(config, sweep_dir)  # adaptive runs: eq. 2.7 from the folder's fit
+    if config.sweep.schedule == "along":  # the measured B_crit curve of a branch sweep
+        from gnsweep.branching import resolve_along
+
+        config = resolve_along(config, sweep_dir)
     specs = expand_grid(config)
     if dry_run:
         typer.echo(_grid_line(config, specs, sweep_dir))
@@ -133,7 +142,8 @@ def launch(
         for spec in specs:
             # An adaptive run's batch size follows the noise scale, its rate is eps_max (eq. 2.7).
             batch, lr = ((f"adaptive r={spec.exchange_rate:g}", f"eps_max {spec.learning_rate:g}")
-                         if spec.adaptive else (str(spec.batch_size), f"{spec.learning_rate:g}"))
+                         if spec.adaptive else ("along B_crit", f"eps_max {spec.learning_rate:g}")
+                         if spec.along else (str(spec.batch_size), f"{spec.learning_rate:g}"))
             typer.echo(f"{spec.run_id:<28}{batch:>16}{lr:>16}{spec.seed:>6}")
         return
     from gnsweep.tasks.check import check_task
@@ -216,6 +226,46 @@ def plan(
     typer.echo(f"next: gnsweep analyze {sweep_dir}")
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def branch(
+    base_run_dir: Annotated[Path, typer.Argument(
+        help="The base run's folder, e.g. runs/digits/runs/b00032_lr0.1_s0.")],
+    at: Annotated[str, typer.Option(
+        "--at", help="Branch points in examples seen, e.g. 1000,4000,16000 (each: the base "
+                     "run's kept checkpoint at or before it).")],
+    sweep_dir: Annotated[Path, typer.Option("--sweep-dir", help="The branch sweep's folder.")],
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="Hydra overrides for the branch grid, e.g. sweep.batch_sizes=[16,64,256] "
+             "branch.targets=[0.97,0.94,0.9]")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="Worker processes (default: one per core).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Measure the critical batch size along a run: a batch size x learning rate grid started
+    from the base run's checkpoints, to targets relative to the loss at each (docs/along.md).
+
+    Runs live under DIR/runs (status, analyze, plot and report work; `gnsweep analyze DIR`
+    writes along.parquet); the same command again resumes. Exit codes as `gnsweep launch`;
+    2 also when the base run kept no checkpoint at or before a point.
+    Example: gnsweep branch runs/linreg/runs/b00016_lr0.4_s0 --at 256,1024,4096
+    --sweep-dir runs/linreg-along sweep=linreg branch.targets=[0.7,0.6,0.5]
+    """
+    from gnsweep.branching import branch as run_branch
+    from gnsweep.branching import parse_points
+
+    overrides = list(overrides or [])
+    if workers is not None:
+        overrides.append(f"executor.workers={workers}")
+    summary = run_branch(base_run_dir, parse_points(at), sweep_dir, overrides,
+                         show_progress=not quiet)
+    typer.echo(f"branch sweep {sweep_dir}: {summary.describe()}")
+    if summary.failed:
+        typer.echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
+                   f"{', '.join(summary.failed)}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"next: gnsweep analyze {sweep_dir}")
+
+
 @app.command()
 def status(
     sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder written by `gnsweep launch`.")],
@@ -225,6 +275,8 @@ def status(
     """Show pending, queued, running, done, failed and diverged runs, with their Slurm job ids.
 
     `died`: a run whose worker is gone (kill -9, node lost); a relaunch runs it again.
+    `rerun`: a run recorded done or diverged whose metrics file is missing or unreadable; the
+    next launch runs it again (the analysis leaves it out and says so).
     Example: gnsweep status runs/digits
     """
     from collections import Counter
@@ -241,7 +293,7 @@ def status(
         typer.echo(f"{r['run_id']:<28}{r['state']:<10}{r['attempts']:>5}  "
                    f"{r['slurm_job_id']:<12}{r['owner']:<18}{info}")
     counts = Counter(r["state"] for r in rows)
-    order = ("done", "diverged", "failed", "running", "queued", "pending", "died")
+    order = ("done", "diverged", "failed", "running", "queued", "pending", "died", "rerun")
     requeued = sum(r["requeues"] for r in rows)
     typer.echo(f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
                + (f"; Slurm requeued runs {requeued} times" if requeued else ""))
@@ -331,6 +383,14 @@ def analyze(
         out = out or sweep_dir
     typer.echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by")),
                err=as_json)
+    if len(result.along_schedule):  # runs following a measured B_crit (sweep.schedule=along)
+        from gnsweep.analysis.along import format_schedule
+
+        typer.echo(format_schedule(result.along_schedule), err=as_json)
+    if len(result.along):  # a branch sweep (`gnsweep branch`): the local B_crit per point
+        from gnsweep.analysis.along import format_along
+
+        typer.echo(format_along(result.along, result.meta.get("unit", "examples")), err=as_json)
     if len(result.adaptive):
         from gnsweep.analysis.adaptive import format_adaptive
 
@@ -338,7 +398,8 @@ def analyze(
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"tables: {out}/steps.parquet, front.parquet, fits.parquet, lr_fits.parquet, "
-               "loss_scaling.parquet, fits.json", err=as_json)
+               "loss_scaling.parquet, fits.json" + (", along.parquet" if len(result.along)
+                                                     else ""), err=as_json)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
 
@@ -366,7 +427,11 @@ def _fits_of(folder: Path) -> tuple[Any, str | None]:
     from gnsweep.analysis.report import analyze_sweep
 
     if store.is_sweep(folder):
-        return analyze_sweep(folder, write=False).fits, None
+        analysis = analyze_sweep(folder, write=False)
+        for warning in analysis.warnings:
+            if "left out" in warning:  # runs missing from these fits: never in silence
+                typer.echo(f"warning: {warning}", err=True)
+        return analysis.fits, None
     if (folder / "fits.parquet").is_file():
         results = store.read_results(folder)
         return results.fits, group_of(results)

@@ -7,6 +7,7 @@ torchrun or Slurm load a run's `config.json` without Hydra.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -29,6 +30,7 @@ __all__ = [
     "PRECISIONS",
     "SCHEDULES",
     "AnalysisConfig",
+    "BranchConfig",
     "Config",
     "ConfigError",
     "ExecutorConfig",
@@ -46,7 +48,10 @@ METHODS = ("auto", "per_example", "microbatch", "ddp")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 EXECUTORS = ("local", "torchrun", "slurm")
 LOSS_KINDS = ("smoothed", "raw", "eval")
-SCHEDULES = ("constant", "adaptive")
+SCHEDULES = ("constant", "adaptive", "along")
+MAX_BATCH = 2**24
+"""Largest batch size (samples a step) a sweep accepts: 16.8M sequences is more than any
+training run uses, and a larger one fails only later, by running out of memory."""
 DECAYS = ("constant", "cosine", "linear", "step")
 PRECISIONS = ("fp32", "bf16", "fp16")
 KEEP_CHECKPOINTS = ("none", "log")
@@ -150,6 +155,9 @@ class SweepConfig:
     """Evaluate on the held-out split every this many steps (0: never)."""
     max_retries: int = 2
     """How often a run that raised is retried before it counts as failed."""
+    stall_seconds: float = 1800.0
+    """A run that logs no step for this long (a data server gone, a deadlock) is stopped,
+    recorded failed with the reason "stalled" and retried like any failure (0: never)."""
     schedule: str = "constant"
     """constant: the grid's fixed batch sizes only; adaptive: also one run per exchange rate
     whose batch size follows the noise scale, B = sqrt(r B_noise) (appendix D, docs/adaptive.md)."""
@@ -175,7 +183,13 @@ class SweepConfig:
     2-10x more examples than `fit` (docs/adaptive.md)."""
     adaptive_lr_noise: float = 0.0
     """schedule=adaptive, adaptive_lr=fit: the constant B_noise of the learning-rate rule (0:
-    take `b_noise_lr` from the folder's fits.parquet at launch)."""
+    take `b_noise_lr` from the folder's fits.parquet at launch); schedule=along: the same."""
+    along_from: str = ""
+    """schedule=along: an analysed branch sweep (`gnsweep branch`, its along.parquet) whose
+    measured local B_crit the along run's batch size follows (docs/along.md)."""
+    along_points: list[list[float]] = field(default_factory=list)
+    """schedule=along: [examples, B_crit] pairs the batch size follows; read from
+    `along_from` at launch (set it only to give the curve by hand)."""
 
     def __post_init__(self) -> None:
         self.batch_sizes = _positive_list("sweep.batch_sizes", self.batch_sizes, _integer)
@@ -195,6 +209,14 @@ class SweepConfig:
             if value < (1 if name == "log_every" else 0):
                 raise ConfigError(f"sweep.{name}: {value} is not allowed")
             setattr(self, name, value)
+        self.stall_seconds = _number("sweep.stall_seconds", self.stall_seconds)
+        if self.stall_seconds < 0:
+            raise ConfigError(f"sweep.stall_seconds: {self.stall_seconds} must be >= 0 "
+                              "(0: no stall watchdog)")
+        if max(self.batch_sizes) > MAX_BATCH:
+            raise ConfigError(f"sweep.batch_sizes: {max(self.batch_sizes)} samples a step is "
+                              f"beyond what one step can hold (at most {MAX_BATCH}); use "
+                              "smaller batch sizes")
         self._check_adaptive()
 
     def _check_adaptive(self) -> None:
@@ -228,6 +250,14 @@ class SweepConfig:
         if not 0 < low <= high:
             raise ConfigError(f"sweep.adaptive_min_batch/adaptive_max_batch: {low} .. {high} is "
                               "not a range of batch sizes; use 0 < min <= max (0: the grid's)")
+        self.along_points = [[_number("sweep.along_points", e), _number("sweep.along_points", b)]
+                             for e, b in (self.along_points or [])]
+        if self.schedule != "along" and (self.along_from or self.along_points):
+            raise ConfigError("sweep.along_from is set but sweep.schedule is not along; add "
+                              "sweep.schedule=along (or drop sweep.along_from)")
+        if self.schedule == "along" and not (self.along_from or self.along_points):
+            raise ConfigError("sweep.schedule=along needs sweep.along_from=DIR: an analysed "
+                              "branch sweep (gnsweep branch, then gnsweep analyze DIR)")
 
     def adaptive_bounds(self) -> tuple[int, int]:
         """(smallest, largest) batch size of an adaptive run: the settings, else the grid's."""
@@ -548,6 +578,61 @@ class LoggerConfig:
         return out
 
 
+POINT_KEYS = ("at_examples", "at_step", "at_loss", "b_simple", "b_noise", "checkpoint")
+"""What `gnsweep branch` records of each branch point (`branch.points`)."""
+
+
+@dataclass
+class BranchConfig:
+    """Short runs branched from checkpoints of one base run (`gnsweep branch`, docs/along.md).
+
+    `targets` is the user's setting; `base` and `points` are written by `gnsweep branch` and
+    name what a branch sweep's runs start from (a run's `at_examples` picks its point)."""
+
+    targets: list[float] = field(default_factory=lambda: [0.97, 0.94, 0.9])
+    """Targets relative to each branch point: fractions of the loss there (0.9: ten per cent
+    below it); for a metric that rises, the mirror L + (1 - f)|L|."""
+    probe_batches: int = 16
+    """Fresh batches on which `gnsweep branch` measures the loss at each branch point (at the
+    grid's largest batch size, parameters fixed)."""
+    base: str = ""
+    """The base run's folder ('': not a branch sweep). Written by `gnsweep branch`."""
+    points: list[dict[str, Any]] = field(default_factory=list)
+    """One per branch point: at_examples, at_step, at_loss (the loss there), b_simple and
+    b_noise (the base run's there, NaN where not measured) and checkpoint (the file the runs
+    start from). Written by `gnsweep branch`."""
+
+    def __post_init__(self) -> None:
+        self.targets = _positive_list("branch.targets", self.targets, _number)
+        bad = [t for t in self.targets if not 0 < t < 1]
+        if bad:
+            raise ConfigError(f"branch.targets: {bad[0]:g} is not a fraction in (0, 1); give "
+                              "fractions of the loss at the branch point, e.g. [0.97,0.94,0.9]")
+        self.probe_batches = _integer("branch.probe_batches", self.probe_batches)
+        if self.probe_batches < 1:
+            raise ConfigError(f"branch.probe_batches: {self.probe_batches} must be >= 1")
+        points = []
+        for point in self.points or []:
+            if not isinstance(point, dict) or set(point) != set(POINT_KEYS):
+                raise ConfigError(f"branch.points: {point!r}: a point has exactly "
+                                  f"{', '.join(POINT_KEYS)} (written by `gnsweep branch`)")
+            # Not measured: None, never NaN (NaN != NaN would read as a changed setting).
+            scales = {k: None if point[k] is None or not math.isfinite(float(point[k]))
+                      else float(point[k]) for k in ("b_simple", "b_noise")}
+            points.append({**point, **scales, "at_examples": int(point["at_examples"]),
+                           "at_step": int(point["at_step"]), "at_loss": float(point["at_loss"]),
+                           "checkpoint": str(point["checkpoint"])})
+        self.points = sorted(points, key=lambda p: p["at_examples"])
+
+    def point(self, at_examples: int) -> dict[str, Any]:
+        """The branch point a run starts from, by the examples the base run had seen there."""
+        for point in self.points:
+            if point["at_examples"] == at_examples:
+                return point
+        raise ConfigError(f"no branch point at {at_examples} examples in branch.points "
+                          f"({', '.join(str(p['at_examples']) for p in self.points) or 'none'})")
+
+
 @dataclass
 class Config:
     """The whole sweep: task, grid, training recipe, noise measurement, executor, analysis, run
@@ -560,6 +645,7 @@ class Config:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    branch: BranchConfig = field(default_factory=BranchConfig)
 
     def __post_init__(self) -> None:
         self.check()
@@ -576,14 +662,15 @@ class Config:
             raise ConfigError("noise.method=ddp needs DDP: executor=torchrun (or slurm) with "
                               "executor.nproc_per_node >= 2, or noise.method=auto")
         sweep, train = self.sweep, self.train
-        if sweep.schedule == "adaptive" and train.optimizer in ("adam", "adamw"):
-            raise ConfigError(f"sweep.schedule=adaptive with train.optimizer={train.optimizer}: "
-                              "its learning-rate rule eps(B) = eps_max/(1 + B_noise/B) is SGD's "
-                              "(eq. 2.7); use sgd or momentum")
-        if sweep.schedule == "adaptive" and train.lr_scheduled:
-            raise ConfigError("sweep.schedule=adaptive sets each step's rate by eps(B) (eq. 2.7);"
-                              " drop train.warmup_steps/warmup_examples and use train.decay="
-                              "constant")
+        # An along run (docs/along.md) sets its rate by the same rule as an adaptive one.
+        if sweep.schedule in ("adaptive", "along") and train.optimizer in ("adam", "adamw"):
+            raise ConfigError(f"sweep.schedule={sweep.schedule} with train.optimizer="
+                              f"{train.optimizer}: its learning-rate rule eps(B) = "
+                              "eps_max/(1 + B_noise/B) is SGD's (eq. 2.7); use sgd or momentum")
+        if sweep.schedule in ("adaptive", "along") and train.lr_scheduled:
+            raise ConfigError(f"sweep.schedule={sweep.schedule} sets each step's rate by eps(B) "
+                              "(eq. 2.7); drop train.warmup_steps/warmup_examples and use "
+                              "train.decay=constant")
         # Each DDP worker trains on B / world examples a step.
         for batch in self.sweep.batch_sizes:
             if batch % world:
@@ -616,7 +703,8 @@ class Config:
 
 SECTIONS: dict[str, type] = {
     "task": TaskConfig, "sweep": SweepConfig, "train": TrainConfig, "noise": NoiseConfig,
-    "executor": ExecutorConfig, "analysis": AnalysisConfig, "logger": LoggerConfig}
+    "executor": ExecutorConfig, "analysis": AnalysisConfig, "logger": LoggerConfig,
+    "branch": BranchConfig}
 """The config's sections by name, as `Config` holds them."""
 
 

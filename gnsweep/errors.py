@@ -110,3 +110,12 @@ class StopRequested(Exception):
     """The launcher asked the run in flight to stop (Ctrl-C, SIGTERM, the launcher gone): the
     run goes back to pending. Its own exception, so that `except KeyboardInterrupt` in user
     code or a library never swallows it and a real Ctrl-C stays distinguishable."""
+
+
+class LauncherSignal(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached the launcher: it stops its workers as on Ctrl-C (their runs go
+    back to pending, their claims are released) and exits with 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

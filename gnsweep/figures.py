@@ -29,8 +29,12 @@ def load_tables(sweep_dir: Path, analyze: bool = True) -> Results:
         analyze_sweep(sweep_dir)
     results = store.read_results(sweep_dir)
     runs, metrics = load_sweep(sweep_dir, skip_corrupt=True)
-    # Adaptive runs are drawn from the adaptive table; the curves figures show grid runs.
-    adaptive = runs["run_id"][runs.get("exchange_rate", 0.0 * runs["batch_size"]) > 0]
+    # Adaptive runs are drawn from the adaptive table (along runs, sweep.schedule=along, are in
+    # along_schedule); the curves figures show grid runs.
+    varying = runs.get("exchange_rate", 0.0 * runs["batch_size"]) > 0
+    if "along" in runs:
+        varying = varying | runs["along"].astype(bool)
+    adaptive = runs["run_id"][varying]
     results.runs = runs[~runs["run_id"].isin(adaptive)].reset_index(drop=True)
     results.metrics = metrics[~metrics["run_id"].isin(adaptive)].reset_index(drop=True)
     return results
@@ -76,13 +80,20 @@ def write_figures(sweep_dir: Path, formats: tuple[str, ...] = FORMATS) -> Writte
     skipped: dict[str, str] = {}
     notes: list[str] = []
     for group, part in split(tables).items():
-        out = sweep_dir / "figures" / folder_name(group) if group else sweep_dir / "figures"
+        # A real folder inside the sweep folder: a `figures` link must not send writes elsewhere.
+        out = store.subdir(sweep_dir, f"figures/{folder_name(group)}" if group else "figures")
         for name, result in plots.draw_all(part).items():
             if isinstance(result, str):
                 skipped[f"{group}/{name}" if group else name] = result
             else:
                 paths += save(result, name, out, formats)
         notes += [f"{group}: {n}" if group else n for n in plots.notes(part)]
+    # A branch sweep: the local B_crit of every branch point in one figure.
+    for name, result in plots.draw_along(tables).items():
+        if isinstance(result, str):
+            skipped[name] = result
+        else:
+            paths += save(result, name, sweep_dir / "figures", formats)
     return Written(paths, skipped, notes)
 
 

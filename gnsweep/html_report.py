@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gnsweep import redact
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.views import quantity
 from gnsweep.analysis.views import unit as unit_of
@@ -272,6 +273,46 @@ def adaptive_section(table: pd.DataFrame, unit: str = "examples") -> list[str]:
             f"<table>{header}{''.join(rows)}</table>"]
 
 
+def along_section(table: pd.DataFrame, figures: dict[str, bytes | str] | None = None,
+                  what: str = "loss", unit: str = "examples") -> list[str]:
+    """A branch sweep's local B_crit per branch point and target, beside the base run's noise
+    scale there, and the along-training figure; nothing for any other sweep."""
+    if table is None or not len(table):
+        return []
+    head = ["branch point (examples)", "steps", f"{what} there", "target", f"target {what}",
+            "batch sizes", "S_min (steps)", f"E_min ({unit})", f"local B_crit ({unit})",
+            "base B_simple", "base B_noise", "B_crit / B_simple", "note"]
+    rows = []
+    for row in table.sort_values(["at_examples", "target"], ascending=[True, False]
+                                 ).itertuples(index=False):
+        note = str(row.refused or row.quality or "")
+        cells = [f"{row.at_examples:,}", f"{row.at_step:,}", _num(row.at_loss, ".4g"),
+                 f"{row.target:g}", _num(row.target_value, ".4g"), str(row.n_batch_sizes),
+                 _pm(row.s_min, row.s_min_se), _pm(row.e_min, row.e_min_se),
+                 _pm(row.b_crit, row.b_crit_se), _num(row.b_simple), _num(row.b_noise),
+                 _num(row.ratio, ".2f"), note]
+        rows.append("<tr>" + "".join(
+            f"<td{' class=text' if i == len(cells) - 1 else ''}>{esc(c)}</td>"
+            for i, c in enumerate(cells)) + "</tr>")
+    header = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
+    parts = ["<h2>Critical batch size along training (branch sweep)</h2>",
+             "<p class=meta>Short runs branched from the base run's checkpoints, each branch "
+             "point a sweep of its own to targets relative to its smoothed "
+             f"{esc(what)} (target = fraction of it); local B_crit = E_min/S_min of eq. "
+             "2.11-2.12 with its standard error, beside the base run's B_simple (eq. 2.9) and "
+             "B_noise (eq. 2.8) at the point (docs/along.md).</p>",
+             f"<table>{header}{''.join(rows)}</table>"]
+    for name, item in (figures or {}).items():
+        if isinstance(item, str):
+            parts.append(f"<p class=meta>skipped {esc(name)}: {esc(item)}</p>")
+            continue
+        data = base64.b64encode(item).decode("ascii")
+        parts.append(f"<figure id={esc(name)}><img alt='{esc(name)}' "
+                     f"src='data:image/png;base64,{data}'><figcaption><b>{esc(name)}</b>"
+                     "</figcaption></figure>")
+    return parts
+
+
 def grid_summary(config: Config, runs: pd.DataFrame) -> str:
     sweep = config.sweep
     items = [("task", config.task.label),
@@ -295,8 +336,8 @@ def _list(items: list[str], cls: str) -> str:
 
 def render(tables: Results, figures: dict[str, bytes | str], config: Config | None,
            config_text: str, title: str, notes: list[str] | None = None,
-           groups: dict[str, tuple[Results, dict[str, bytes | str], list[str]]] | None = None
-           ) -> str:
+           groups: dict[str, tuple[Results, dict[str, bytes | str], list[str]]] | None = None,
+           along_figures: dict[str, bytes | str] | None = None) -> str:
     """The report as one HTML string. `figures` maps a figure name to PNG bytes or to the
     one-line reason it was skipped; images are embedded as base64 data URIs. `groups` (an
     analysis `--group-by`): one section per group, each with its own tables, figures and notes.
@@ -310,6 +351,8 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config | No
         "<p class=meta>Critical batch size from a batch size x learning rate sweep "
         "(McCandlish et al. 2018, eq. 2.11-2.12). Written by <code>gnsweep report</code>.</p>",
     ]
+    parts += along_section(tables.along, along_figures, quantity(tables.meta),
+                           unit_of(tables.meta))
     if groups:
         column = tables.meta.get("group_by", "group")
         for name, (part, part_figures, part_notes) in groups.items():
@@ -319,9 +362,9 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config | No
         parts += _section(tables, figures, notes)
     if config is not None:
         parts += ["<h2>Grid</h2>", grid_summary(config, tables.runs),
-                  "<h2>Resolved configuration</h2>", f"<pre>{esc(config_text)}</pre>"]
+                  "<h2>Resolved configuration</h2>", f"<pre>{esc(redact.text(config_text))}</pre>"]
     else:
-        parts += ["<h2>Source</h2>", f"<pre>{esc(config_text)}</pre>"]
+        parts += ["<h2>Source</h2>", f"<pre>{esc(redact.text(config_text))}</pre>"]
     # Lets a headless browser test see that every embedded figure decoded.
     parts += ["<script>window.addEventListener('load', () => { document.body.dataset.imagesLoaded"
               " = [...document.images].filter(i => i.complete && i.naturalWidth > 0).length; "
@@ -408,12 +451,22 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
         notes = plots.notes(part)
         all_notes += [f"{group}: {n}" if group else n for n in notes]
         sections[group] = (part, figures, notes)
+    along: dict[str, bytes | str] = {}
+    for figure, result in plots.draw_along(tables).items():
+        if isinstance(result, str):
+            along[figure] = skipped[figure] = result
+        else:
+            along[figure] = png_bytes(result)
+            import matplotlib.pyplot as plt
+
+            plt.close(result)
     title = f"gnsweep report: {name} ({sweep_dir})"
     if list(sections) == [""]:
         part, figures, notes = sections[""]
-        text = render(tables, figures, config, config_text, title, notes)
+        text = render(tables, figures, config, config_text, title, notes, along_figures=along)
     else:
-        text = render(tables, {}, config, config_text, title, groups=sections)
+        text = render(tables, {}, config, config_text, title, groups=sections,
+                      along_figures=along)
     path = sweep_dir / REPORT
     store.write_text(path, text)
     return path, skipped, all_notes

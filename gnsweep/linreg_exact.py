@@ -62,6 +62,16 @@ class Problem:
             raise ValueError(f"delta0 has {d0.shape[0]} entries, need {h.shape[0]}")
         return cls(h=h, a=a, m0=d0 ** 2, noise=float(noise))
 
+    def at(self, delta: np.ndarray) -> Problem:
+        """The same problem started from the parameters `delta = (w - w*, b)` of a given state
+        (a checkpoint's): the expected dynamics from there on, m0 = delta^2. A fixed state has
+        no spread, so its second moments are the squares; the diagonal recursion needs nothing
+        else (H is diagonal, module docstring)."""
+        d = np.asarray(delta, float)
+        if d.shape != self.h.shape:
+            raise ValueError(f"delta has {d.shape} entries, need {self.h.shape}")
+        return Problem(h=self.h, a=self.a, m0=d ** 2, noise=self.noise)
+
     @property
     def floor(self) -> float:
         """The loss at the optimum, sigma^2 / 2."""
@@ -269,6 +279,13 @@ class Problem:
         return out[0], out[1]
 
 
+def _median(values: np.ndarray) -> float:
+    """Median of the finite values; NaN (without numpy's warning) when there are none: a target
+    that no batch size reaches."""
+    finite = values[np.isfinite(values)]
+    return float(np.median(finite)) if len(finite) else math.nan
+
+
 def _minimize(fn, lo: float, hi: float, n: int = 64, zoom: int = 3) -> float:
     """Minimum of fn over [lo, hi] on a log grid, refined `zoom` times around the best point."""
     grid = np.geomspace(lo, hi, n)
@@ -355,11 +372,37 @@ def exact_truth(problem: Problem, batch_sizes: list[int], targets: list[float], 
         per.append(TargetTruth(
             target=target, s_min=s_min, e_min=e_min, b_crit_limits=e_min / s_min,
             b_crit_fit=fitted[0], s_min_fit=fitted[1], e_min_fit=fitted[2], rmse_log=fitted[3],
-            b_simple_mean=float(np.nanmedian(simple[k])),
-            b_noise_mean=float(np.nanmedian(noise[k])),
-            b_simple_at_target=float(np.nanmedian(at_simple[k])),
-            b_noise_at_target=float(np.nanmedian(at_noise[k]))))
+            b_simple_mean=_median(simple[k]),
+            b_noise_mean=_median(noise[k]),
+            b_simple_at_target=_median(at_simple[k]),
+            b_noise_at_target=_median(at_noise[k])))
     return Truth(b, steps, lrs, targets, per, simple, noise)
+
+
+@dataclass(frozen=True)
+class LocalTruth:
+    """The exact answer at one branch point: the critical batch size of short runs started from
+    the point's own parameters, to targets below the loss there, and the noise scales there."""
+
+    loss: float
+    """Expected (here exact) loss at the point: 0.5 (delta^T H delta + sigma^2)."""
+    b_simple: float
+    """tr(Sigma)/|G|^2 at the point (eq. 2.9)."""
+    b_noise: float
+    """tr(H Sigma)/G^T H G at the point (eq. 2.8): the paper's local critical batch size."""
+    per_target: list[TargetTruth]
+    """Per absolute target (descending), the exact S(B) fitted by eq. 2.11 (`exact_truth`)."""
+
+
+def local_truth(problem: Problem, delta: np.ndarray, batch_sizes: list[int],
+                targets: list[float], *, max_steps: int = 100_000) -> LocalTruth:
+    """Exact local B_crit from a branch point: `exact_truth` of the problem started at `delta`
+    (`Problem.at`), to the given absolute targets, with the noise scales at the point itself.
+    A target at or below the loss floor is never reached: its fit is NaN."""
+    local = problem.at(delta)
+    truth = exact_truth(local, batch_sizes, targets, max_steps=max_steps, limits=False)
+    return LocalTruth(loss=float(local.loss(local.m0)), b_simple=float(local.b_simple(local.m0)),
+                      b_noise=float(local.b_noise(local.m0)), per_target=truth.per_target)
 
 
 # -- Monte-Carlo SGD on the same problem (for tests and for simulated loss curves) -----------

@@ -34,6 +34,8 @@ class OncePerLaunch(logging.Filter):
         # A message whose numbers differ from run to run names its own key (`extra={"once":}`).
         text = getattr(record, "once", None) or record.getMessage()
         key = hashlib.sha256(str(text).encode()).hexdigest()[:24]
+        if self.folder.parent.is_symlink() or self.folder.is_symlink():
+            return True  # never a marker through a link (it would land outside the sweep)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             os.close(os.open(self.folder / key, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))

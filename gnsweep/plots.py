@@ -678,6 +678,69 @@ def draw_all(tables: SweepTables) -> dict[str, Figure | str]:
     return out
 
 
+# ---- h. the critical batch size along training (a branch sweep) ---------------------------
+
+
+def bcrit_along_training(along: pd.DataFrame, base: pd.DataFrame | None = None,
+                         unit: str = "examples") -> Figure:
+    """The local B_crit (eq. 2.12) of each branch point and target, with its standard error,
+    against the examples the base run had seen there, log-log; beside it the base run's noise
+    scale over the whole run (B_simple, eq. 2.9; B_noise, eq. 2.8, where measured), which the
+    theory puts at the local critical batch size."""
+    ok = along[np.isfinite(along["b_crit"].astype(float)) & (along["b_crit"].astype(float) > 0)
+               & (along["at_examples"].astype(float) > 0)] if len(along) else along
+    if not len(ok):
+        raise Skip("no branch point has a fit of eq. 2.11 (along.parquet: see `refused`)")
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(COLUMN * 1.3, 2.9))
+        colors = _target_colors(along["target"])
+        offsets = np.linspace(-0.04, 0.04, max(len(colors), 1))  # side by side, in log x
+        for i, (target, color) in enumerate(colors.items()):
+            rows = ok[ok["target"].astype(float) == target]
+            if not len(rows):
+                continue
+            x = rows["at_examples"].to_numpy(float) * 10 ** offsets[i]
+            se = rows["b_crit_se"].to_numpy(float)
+            b = rows["b_crit"].to_numpy(float)
+            low = np.where(np.isfinite(se), np.minimum(se, 0.95 * b), 0.0)
+            high = np.where(np.isfinite(se), se, 0.0)
+            ax.errorbar(x, b, yerr=[low, high], fmt="o-", color=color, capsize=2, ms=3.5,
+                        elinewidth=0.8, lw=0.8, label=f"local B_crit, target {target:g} x loss")
+        if base is not None and len(base):
+            for column, style, label in (("b_simple", "-", "base run B_simple"),
+                                         ("b_noise", "--", "base run B_noise")):
+                if column not in base:
+                    continue
+                values = base[column].to_numpy(float)
+                x = base["examples"].to_numpy(float)
+                keep = np.isfinite(values) & (values > 0) & np.isfinite(x) & (x > 0)
+                if keep.any():
+                    ax.plot(x[keep], values[keep], style, color="0.35", lw=0.9, label=label)
+        _loglog(ax)
+        ax.set_xlabel(f"{unit} seen by the base run at the branch point")
+        ax.set_ylabel(f"batch size ({unit})")
+        ax.set_title("Critical batch size along training")
+        fig.legend(loc="outside lower center", ncols=2)
+        return fig
+
+
+ALONG_FIGURE = FigureSpec(
+    "bcrit_along_training", "Local B_crit of short runs branched from the base run's "
+    "checkpoints (error bars: standard errors of the fit of eq. 2.11) against the examples the "
+    "base run had seen, with the base run's own noise scale over training.",
+    lambda t: bcrit_along_training(t.along, t.along_base, _unit(t)))
+
+
+def draw_along(tables: SweepTables) -> dict[str, Figure | str]:
+    """The along-training figure of a branch sweep ({} for any other sweep)."""
+    if not len(tables.along):
+        return {}
+    try:
+        return {ALONG_FIGURE.name: ALONG_FIGURE.draw(tables)}
+    except Skip as reason:
+        return {ALONG_FIGURE.name: str(reason)}
+
+
 def notes(tables: SweepTables) -> list[str]:
     """One line for each thing the figures leave out although the figure is drawn."""
     out = []

@@ -7,17 +7,47 @@ only the config and the store.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from gnsweep import store
+from gnsweep import redact, store
 from gnsweep.config import Config, ConfigError
-from gnsweep.store import FINISHED, RunState
+from gnsweep.store import FINISHED, RunState, StoreError
 
-__all__ = ["FINISHED", "RunSpec", "RunState", "expand_grid", "fresh_retries", "max_attempts",
-           "needs_running",
-           "parse_run_record", "read_run", "run_record", "write_run"]
+__all__ = ["FINISHED", "RELAUNCH_MAY_CHANGE", "RunSpec", "RunState", "check_record",
+           "check_records",
+           "config_differences", "expand_grid", "fresh_retries", "max_attempts",
+           "needs_running", "parse_run_record", "parse_spec", "read_run", "read_state",
+           "run_record", "write_run"]
+
+# Settings a relaunch may change: where and how runs execute, the grid (runs are added), the
+# analysis and where runs are logged. Anything else changes what a run trains, and mixing them
+# would corrupt the fits.
+# Adaptive runs name their exchange rate and eps_max in their id: adding them (or more) to a
+# folder adds runs, as a larger grid does.
+RELAUNCH_MAY_CHANGE = ("executor", "analysis", "logger", "sweep.name", "sweep.batch_sizes",
+                       "sweep.learning_rates", "sweep.seeds", "sweep.max_retries",
+                       "sweep.schedule", "sweep.exchange_rates", "sweep.eps_max",
+                       "sweep.along_from", "sweep.along_points",
+                       "sweep.adaptive_lr", "sweep.adaptive_lr_noise", "sweep.stall_seconds",
+                       "train.checkpoint_every", "train.checkpoint_seconds",
+                       "train.keep_checkpoints")
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """`key: old -> new` for every setting that differs (nested keys dotted), sorted."""
+    out = []
+    # Keys only one side has come from another gnsweep version's schema, not from the user.
+    for key in sorted(set(old) & set(new)):
+        name = f"{prefix}{key}"
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, f"{name}.")
+        elif a != b:
+            out.append(f"{name}: {a!r} -> {b!r}")
+    return out
 
 
 @dataclass(frozen=True, order=True)
@@ -33,6 +63,12 @@ class RunSpec:
     """Appendix D's exchange rate r (examples per step) of an adaptive run; 0 for a grid run."""
     lr_noise: float = 0.0
     """An adaptive run's fixed B_noise in its learning-rate rule (0: the measured one)."""
+    along: bool = False
+    """A run whose batch size follows a measured critical batch size along training
+    (`schedule.AlongBatch`, docs/along.md); `learning_rate` is then eq. 2.7's eps_max."""
+    at_examples: int = 0
+    """A branch run's point: it starts from the base run's checkpoint after this many examples
+    (`config.branch.point(at_examples)`, docs/along.md); 0 for a run from initialisation."""
 
     @property
     def adaptive(self) -> bool:
@@ -40,11 +76,15 @@ class RunSpec:
 
     @property
     def run_id(self) -> str:
+        if self.along:  # never a grid run's id: those start with b
+            return f"along_lr{self.learning_rate:.4g}_bn{self.lr_noise:.4g}_s{self.seed}"
         if self.adaptive:  # never a grid run's id: those start with b
             noise = f"_bn{self.lr_noise:.4g}" if self.lr_noise > 0 else ""
             return f"r{self.exchange_rate:.4g}_lr{self.learning_rate:.4g}{noise}_s{self.seed}"
-        # Zero-padded batch size so that folders sort by batch size.
-        return f"b{self.batch_size:05d}_lr{self.learning_rate:.4g}_s{self.seed}"
+        # Zero-padded batch size so that folders sort by batch size; a branch run's id starts
+        # with its point (examples seen by the base run there).
+        grid = f"b{self.batch_size:05d}_lr{self.learning_rate:.4g}_s{self.seed}"
+        return f"at{self.at_examples}_{grid}" if self.at_examples else grid
 
 
 def expand_grid(config: Config) -> list[RunSpec]:
@@ -55,6 +95,14 @@ def expand_grid(config: Config) -> list[RunSpec]:
     sweep = config.sweep
     grid = sorted(RunSpec(b, lr, s) for b in sweep.batch_sizes for lr in sweep.learning_rates
                   for s in sweep.seeds)
+    if sweep.schedule == "along":
+        if not (sweep.eps_max > 0 and sweep.adaptive_lr_noise > 0 and sweep.along_points):
+            raise ConfigError("sweep.schedule=along needs its curve and learning-rate rule: "
+                              "sweep.along_from=DIR (an analysed branch sweep) and this "
+                              "folder's fixed-batch fit (gnsweep analyze DIR first), or "
+                              "sweep.eps_max and sweep.adaptive_lr_noise")
+        return grid + [RunSpec(0, sweep.eps_max, s, lr_noise=sweep.adaptive_lr_noise, along=True)
+                       for s in sweep.seeds]
     if sweep.schedule != "adaptive":
         return grid
     if not sweep.eps_max > 0:
@@ -65,24 +113,145 @@ def expand_grid(config: Config) -> list[RunSpec]:
 
 
 def run_record(config: Config, spec: RunSpec) -> dict[str, Any]:
-    """What a worker needs to train one run, as JSON: the resolved config and the grid point."""
-    return {"run_id": spec.run_id, "run": asdict(spec), "config": config.to_dict()}
+    """What a worker needs to train one run, as JSON: the sweep's resolved config (secrets
+    masked, `gnsweep.redact`) and the grid point."""
+    return {"run_id": spec.run_id, "run": asdict(spec), "config": redact.config(config.to_dict())}
+
+
+def parse_spec(data: Any, where: Path | str) -> RunSpec:
+    """A run's grid point from its record, every field type-checked (a seed must be an int, not
+    "0/../X"); StoreError naming `where` otherwise."""
+    if not isinstance(data, dict):
+        raise StoreError(f"{where}: no run spec (a mapping under \"run\")")
+    known = {f.name: f for f in fields(RunSpec)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise StoreError(f"{where}: run.{unknown[0]}: not a field of a run")
+    for name, value in data.items():
+        kind = known[name].type
+        if kind == "bool":
+            ok, wanted = isinstance(value, bool), "true or false"
+        elif kind == "int":
+            ok, wanted = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        else:
+            ok, wanted = (isinstance(value, int | float) and not isinstance(value, bool)
+                          and math.isfinite(value)), "a finite number"
+        if not ok:
+            raise StoreError(f"{where}: run.{name}: {str(value)[:60]!r} is not {wanted}")
+    try:
+        return RunSpec(**data)
+    except TypeError as err:
+        raise StoreError(f"{where}: no valid run spec ({err})") from None
+
+
+def _record_differences(expected: dict[str, Any], recorded: Any) -> list[str]:
+    """Settings of a run's recorded config that make it train otherwise than the sweep's."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("task"), dict):
+        return ["config: missing"]
+    out = [d for d in config_differences(recorded, expected)
+           if not d.split(":")[0].startswith(RELAUNCH_MAY_CHANGE)]
+    # A planned run (`gnsweep plan`) may have a smaller step budget than the sweep: a cap.
+    steps = (recorded.get("sweep") or {}).get("max_steps")
+    if (isinstance(steps, int) and not isinstance(steps, bool)
+            and 1 <= steps <= expected["sweep"]["max_steps"]):
+        out = [d for d in out if not d.startswith("sweep.max_steps:")]
+    task, want = recorded["task"], expected["task"]
+    if task.get("name") != want.get("name"):
+        out.append(f"task.name: {task.get('name')!r} -> {want.get('name')!r}")
+    options, wanted = task.get("options") or {}, want.get("options") or {}
+    if not isinstance(options, dict):
+        out.append("task.options: not a mapping")
+    else:
+        # An option the sweep does not name (a custom `_target_`, say) is never taken from a
+        # run file; one the sweep names that an older record lacks reads as its default.
+        out += [f"task.{key}: {options[key]!r} is not in the sweep's config.yaml"
+                for key in sorted(set(options) - set(wanted))]
+    return sorted(set(out))
+
+
+def check_record(data: Any, path: Path, run_id: str, expected: dict[str, Any]) -> RunSpec:
+    """A run file's grid point, once the file is checked against the sweep: its id is its
+    folder's, its grid point makes that id, and its config trains as the sweep's config.yaml
+    (`expected`, redacted) says. StoreError (exit 2) naming the file and the first setting
+    that disagrees, and what to do."""
+    if not isinstance(data, dict) or "run" not in data:
+        raise StoreError(f"{path}: not a run file of gnsweep (no \"run\" entry); remove "
+                         f"{path.parent} and relaunch to write it again")
+    spec = parse_spec(data["run"], path)
+    if data.get("run_id") != run_id or spec.run_id != run_id:
+        raise StoreError(f"{path}: describes run {spec.run_id!r} but lies in folder {run_id!r}; "
+                         f"remove {path.parent} and relaunch to write it again")
+    differences = _record_differences(expected, data.get("config"))
+    if differences:
+        raise StoreError(
+            f"{path}: disagrees with the sweep's {store.SWEEP_CONFIG} (run file -> sweep: "
+            f"{redact.text('; '.join(differences[:3]))}); a run file is never trusted over "
+            f"the sweep's config: remove {path.parent} and relaunch to write it again")
+    return spec
+
+
+def check_records(sweep_dir: Path, config: Config, run_ids: list[str]) -> None:
+    """Check every run file of the folder, and those of `run_ids` that exist, against the
+    sweep's `config` (`check_record`); StoreError names the first that disagrees."""
+    expected = expected_record_config(config)
+    for run_id in sorted(set(store.run_ids(sweep_dir)) | set(run_ids)):
+        path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
+        if not (path.exists() or path.is_symlink()):
+            continue
+        data = store.read_json(path)
+        check_record(data, path, run_id, expected)
+        try:  # a setting only the run file has, or of the wrong type, that the sweep lacks
+            Config.from_dict(data["config"])
+        except ConfigError as err:
+            raise StoreError(f"{path}: {err}; remove {path.parent} and relaunch to write it "
+                             "again") from None
+
+
+def expected_record_config(config: Config) -> dict[str, Any]:
+    """The config part a run file must agree with (redacted as it is on disk)."""
+    return redact.config(config.to_dict())
 
 
 def parse_run_record(data: dict[str, Any]) -> tuple[Config, RunSpec]:
-    return Config.from_dict(data["config"]), RunSpec(**data["run"])
+    """(config, spec) of a run record; the config's masked secrets restored from what the
+    launcher handed down (`gnsweep.redact`)."""
+    config = redact.restore(dict(data["config"]), redact.exported())
+    return Config.from_dict(config), parse_spec(data["run"], "run record")
 
 
 def write_run(sweep_dir: Path, config: Config, spec: RunSpec) -> None:
-    """Write a run's record unless it exists (a run's record never changes once written)."""
+    """Write a run's record unless it exists (a run's record never changes once written);
+    an existing one is checked against the sweep (`check_record`)."""
     path = store.run_dir(sweep_dir, spec.run_id) / store.RUN_CONFIG
-    if not path.exists():
+    if path.exists() or path.is_symlink():
+        check_record(store.read_json(path), path, spec.run_id, expected_record_config(config))
+    else:
         store.write_json(path, run_record(config, spec))
 
 
 def read_run(sweep_dir: Path, run_id: str) -> tuple[Config, RunSpec]:
-    """A run's record: the config it trains with and its grid point."""
-    return parse_run_record(store.read_json(store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG))
+    """A run's record, checked against the sweep's config.yaml (`check_record`): the config
+    it trains with and its grid point. Nothing in a run file that config.yaml does not say is
+    ever used (a task's `_target_` above all: it names code to import)."""
+    sweep = Config.load(sweep_dir)
+    path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
+    data = store.read_json(path)
+    check_record(data, path, run_id, expected_record_config(sweep))
+    return parse_run_record(data)
+
+
+def read_state(run_path: Path) -> dict[str, Any]:
+    """A run's status as the sweep acts on it: a run recorded done or diverged whose metrics
+    are missing or unreadable needs running again (`state` pending, `lost` says why), so
+    that the answer never changes in silence."""
+    status = store.read_status(run_path)
+    if status["state"] in FINISHED:
+        problem = store.metrics_problem(run_path)
+        if problem is not None:
+            return {**status, "state": RunState.PENDING.value,
+                    "lost": f"recorded {status['state']} but {store.METRICS} is {problem}",
+                    "recorded": status["state"]}
+    return status
 
 
 def needs_running(status: dict[str, Any], max_retries: int) -> bool:

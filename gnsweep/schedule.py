@@ -131,6 +131,67 @@ class AdaptiveBatch:
         return eps_of_batch(self.size, self.eps_max, self.b_noise)
 
 
+class AlongBatch:
+    """A batch-size warm-up that follows the critical batch size measured along a base run
+    (docs/along.md, Merrill et al. 2025): at E examples seen, the local B_crit of a branch
+    sweep (`analysis.along`) interpolated linearly in log E and log B_crit between its branch
+    points (held at the first and last point beyond them), in samples (divided by the examples
+    per sample), rounded down to a power of two (a multiple of the DDP world size), clipped to
+    [min_batch, max_batch]. The learning rate is eq. 2.7's eps_max / (1 + B_noise/B) at the
+    current size with the fixed B_noise the grid's best learning rates imply (`lr_noise`,
+    examples): the rule the fixed-batch runs beside it follow.
+
+    The schedule is a function of the examples seen: nothing to save but the last examples per
+    sample (the learning rate's unit)."""
+
+    def __init__(self, points: list[tuple[float, float]], eps_max: float, lr_noise: float,
+                 min_batch: int, max_batch: int, world: int = 1) -> None:
+        usable = sorted((float(e), float(b)) for e, b in points if e > 0 and b > 0)
+        if not usable or not (eps_max > 0 and lr_noise > 0 and 0 < min_batch <= max_batch):
+            raise ValueError("AlongBatch needs measured points (examples, B_crit > 0), "
+                             f"eps_max > 0, lr_noise > 0 and 0 < min_batch <= max_batch; got "
+                             f"{points}, {eps_max}, {lr_noise}, {min_batch}, {max_batch}")
+        self.log_e = [math.log(e) for e, _ in usable]
+        self.log_b = [math.log(b) for _, b in usable]
+        self.eps_max, self.lr_noise, self.world = eps_max, lr_noise, world
+        self.min_batch = _multiple(min_batch, world, math.ceil)
+        self.max_batch = max(self.min_batch, _multiple(max_batch, world, math.floor))
+        self.size = self.min_batch
+        self.per_sample = 1.0
+
+    def b_crit(self, examples: float) -> float:
+        """The measured local B_crit (examples) at `examples` seen, interpolated in log-log."""
+        if examples <= 0 or len(self.log_e) == 1:
+            return math.exp(self.log_b[0])
+        x = math.log(examples)
+        if x <= self.log_e[0]:
+            return math.exp(self.log_b[0])
+        if x >= self.log_e[-1]:
+            return math.exp(self.log_b[-1])
+        i = next(k for k in range(1, len(self.log_e)) if x <= self.log_e[k])
+        t = (x - self.log_e[i - 1]) / (self.log_e[i] - self.log_e[i - 1])
+        return math.exp(self.log_b[i - 1] + t * (self.log_b[i] - self.log_b[i - 1]))
+
+    def next_batch_size(self, progress: Progress) -> int:
+        self.per_sample = progress.examples_per_sample
+        wanted = self.b_crit(progress.examples) / self.per_sample
+        # Down to a power of two; one that the log interpolation hits within rounding counts.
+        power = 2 ** max(0, math.floor(math.log2(max(wanted, 1.0)) + 1e-9))
+        self.size = min(self.max_batch, max(self.min_batch,
+                                            _multiple(power, self.world, math.floor)))
+        return self.size
+
+    def learning_rate(self) -> float:
+        """eq. 2.7 at the current size, with the fixed B_noise of the grid's best rates."""
+        return eps_of_batch(self.size, self.eps_max, self.lr_noise / self.per_sample)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"size": self.size, "per_sample": self.per_sample}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.size, self.per_sample = int(state["size"]), float(state["per_sample"])
+
+
 def noise_in_samples(progress: Progress) -> float:
     """The latest B_noise (B_simple where B_noise is not measured) in samples (the unit of
     batch sizes and of eq. 2.7's B_noise/B); NaN if none."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterator
@@ -102,12 +103,66 @@ def exclusive(lock_path: Path) -> Iterator[None]:
     this machine that share the path take turns."""
     import fcntl
 
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    fd = open_nofollow(lock_path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """`os.open` that refuses a symbolic link at `path` (O_NOFOLLOW): a file of a sweep folder
+    that someone replaced by a link must not send writes wherever it points. An OSError names
+    the file and says so."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as err:
+        if os.path.islink(path):
+            raise StoreError(f"{path}: a symbolic link; gnsweep writes only files inside the "
+                             "sweep folder: remove the link") from None
+        raise OSError(err.errno, err.strerror, str(path)) from None
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line with one `write` on an O_APPEND file (never through a link)."""
+    fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def subdir(sweep_dir: Path, name: str) -> Path:
+    """The sweep folder's subfolder `name`, created if missing; StoreError when it is a link
+    or resolves outside the sweep folder (writes there would land elsewhere)."""
+    path = sweep_dir / name
+    inside(sweep_dir, path)
+    path.mkdir(parents=True, exist_ok=True)
+    inside(sweep_dir, path)  # made by someone else between the check and mkdir
+    return path
+
+
+def inside(sweep_dir: Path, path: Path) -> Path:
+    """`path`, checked to be a real (not linked) file or folder below `sweep_dir`."""
+    root = Path(os.path.realpath(sweep_dir))
+    relative = Path(os.path.relpath(os.path.abspath(path), os.path.abspath(sweep_dir)))
+    if relative.parts[:1] == ("..",) or relative.is_absolute():
+        raise StoreError(f"{path}: outside the sweep folder {sweep_dir}; gnsweep writes only "
+                         "inside it")
+    current = root
+    for part in relative.parts:
+        if part in ("", "."):
+            continue
+        current = current / part
+        if current.is_symlink():
+            raise StoreError(f"{sweep_dir / relative}: a symbolic link inside the sweep folder; "
+                             "gnsweep writes only inside the folder: replace the link by a "
+                             "real folder (or remove it)")
+    return path
 
 
 @contextmanager
@@ -179,8 +234,24 @@ def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
     except FileNotFoundError:
         raise StoreError(f"{path}: missing") from None
     except (pa.ArrowInvalid, pa.ArrowKeyError, OSError) as err:
-        raise StoreError(f"{path}: unreadable parquet ({str(err).splitlines()[0]}); "
-                         "delete it to re-run that run, or pass --skip-corrupt") from None
+        raise StoreError(f"{path}: unreadable parquet ({str(err).splitlines()[0]})") from None
+
+
+def metrics_problem(run_path: Path) -> str | None:
+    """Why a run's metrics cannot be analysed ("missing", "unreadable: ..."), None when they
+    can: its parquet footer and schema read (cheap: no data pages)."""
+    path = run_path / METRICS
+    try:
+        if path.is_symlink():
+            return "a symbolic link"
+        schema = pq.read_schema(path)
+    except FileNotFoundError:
+        return "missing"
+    except (pa.ArrowException, OSError, ValueError) as err:
+        return f"unreadable ({(str(err).strip().splitlines() or [type(err).__name__])[0]})"
+    if "step" not in schema.names or "loss" not in schema.names:
+        return "unreadable (no step and loss columns)"
+    return None
 
 
 OPTIONAL_METRICS = ("metric", "batch_size", "grad_norm", "skipped_steps", "epoch")
@@ -208,7 +279,8 @@ def write_metrics_part(path: Path, rows: dict[str, list], start: int) -> Path | 
     steps = part["step"]
     if not len(steps):
         return None
-    target = path / METRIC_PARTS / f"{int(steps[0]):012d}-{int(steps[-1]):012d}.parquet"
+    # subdir: a real folder of the run, never a link that sends the rows elsewhere.
+    target = subdir(path, METRIC_PARTS) / f"{int(steps[0]):012d}-{int(steps[-1]):012d}.parquet"
     write_table(target, metrics_table(part))
     return target
 
@@ -329,15 +401,37 @@ def read_sweep_config(sweep_dir: Path) -> dict[str, Any]:
     return {str(k): v for k, v in loaded.items()}
 
 
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
+"""What a run id may be (`RunSpec.run_id` writes `b00008_lr0.1_s0`, `r100_lr0.5_s0`): one plain
+folder name, never a path."""
+
+
 def run_dir(sweep_dir: Path, run_id: str) -> Path:
-    return sweep_dir / RUNS / run_id
+    """The folder of run `run_id`; StoreError when the id is not a plain name or the folder (or
+    `runs/`) is a symbolic link: writes there would land outside the sweep folder."""
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id) or ".." in run_id:
+        raise StoreError(f"{sweep_dir / RUNS}: {str(run_id)[:80]!r} is not a run id (one folder "
+                         "name such as b00008_lr0.1_s0), so gnsweep did not write it: move that "
+                         "folder out of runs/")
+    path = sweep_dir / RUNS / run_id
+    for part in (sweep_dir / RUNS, path):
+        if part.is_symlink():
+            raise StoreError(f"{part}: a symbolic link; run folders must be real folders inside "
+                             "the sweep folder (writes would land where it points): replace it "
+                             "by a copy of what it points to, or remove it")
+    return path
 
 
 def run_ids(sweep_dir: Path) -> list[str]:
+    """The runs of a sweep folder (those with a config.json); StoreError names a run folder
+    that is a link or a name that is not a run id."""
     root = sweep_dir / RUNS
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if (p / RUN_CONFIG).is_file())
+    names = sorted(p.name for p in root.iterdir() if (p / RUN_CONFIG).is_file())
+    for name in names:
+        run_dir(sweep_dir, name)
+    return names
 
 
 def read_status(path: Path) -> dict[str, Any]:
@@ -427,7 +521,33 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("gain_predicted", pa.float64()), ("gain_measured", pa.float64()),
         ("front_product", pa.float64()),
     ]),
+    "along": pa.schema([
+        ("at_examples", pa.int64()), ("at_step", pa.int64()), ("at_loss", pa.float64()),
+        ("target", pa.float64()), ("target_value", pa.float64()), ("n_runs", pa.int64()),
+        ("n_batch_sizes", pa.int64()), ("s_min", pa.float64()), ("s_min_se", pa.float64()),
+        ("e_min", pa.float64()), ("e_min_se", pa.float64()), ("b_crit", pa.float64()),
+        ("b_crit_se", pa.float64()), ("rmse_log", pa.float64()), ("b_simple", pa.float64()),
+        ("b_noise", pa.float64()), ("ratio", pa.float64()), ("ratio_se", pa.float64()),
+        ("ratio_noise", pa.float64()), ("ratio_noise_se", pa.float64()),
+        ("b_simple_mean", pa.float64()), ("b_noise_mean", pa.float64()),
+        ("quality", pa.large_string()), ("refused", pa.large_string()),
+    ]),
+    "along_schedule": pa.schema([
+        ("run_id", pa.large_string()), ("seed", pa.int64()), ("target", pa.float64()),
+        ("state", pa.large_string()), ("reached", pa.bool_()), ("steps", pa.float64()),
+        ("examples", pa.float64()), ("mean_batch", pa.float64()), ("best_batch", pa.float64()),
+        ("best_lr", pa.float64()), ("best_steps", pa.float64()),
+        ("best_examples", pa.float64()), ("steps_ratio", pa.float64()),
+        ("examples_ratio", pa.float64()), ("front_steps", pa.float64()),
+        ("front_ratio", pa.float64()),
+    ]),
+    "along_base": pa.schema([
+        ("step", pa.float64()), ("examples", pa.float64()), ("loss", pa.float64()),
+        ("b_simple", pa.float64()), ("b_noise", pa.float64()),
+    ]),
 }
+OPTIONAL_RESULTS = ("adaptive", "along", "along_schedule", "along_base")
+"""Results tables written only when not empty (a sweep with adaptive runs, a branch sweep)."""
 COMPARE_SCHEMA = pa.schema([
     ("task", pa.large_string()), ("sweep", pa.large_string()), ("sweep_dir", pa.large_string()),
     ("metric", pa.large_string()), ("higher_is_better", pa.bool_()), ("unit", pa.large_string()),
@@ -451,8 +571,8 @@ def write_results(out_dir: Path, results: Results) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in RESULT_TABLES:
         frame = getattr(results, name)
-        if name == "adaptive" and not len(frame):
-            continue  # a sweep without adaptive runs gets no adaptive.parquet
+        if name in OPTIONAL_RESULTS and not len(frame):
+            continue  # e.g. a sweep without adaptive runs gets no adaptive.parquet
         write_frame(out_dir / f"{name}.parquet", frame,
                     schema=_schema_of(frame, RESULT_SCHEMAS[name]))
     write_json(out_dir / FITS_JSON, results.to_json())
@@ -470,10 +590,15 @@ def read_results(sweep_dir: Path) -> Results:
     from gnsweep.analysis.results import Results
 
     def frame(name: str) -> Any:
-        return read_table(sweep_dir / f"{name}.parquet").to_pandas()
+        path = sweep_dir / f"{name}.parquet"
+        try:
+            return read_table(path).to_pandas()
+        except StoreError as err:
+            raise StoreError(f"{err}; run the `gnsweep analyze` that wrote it again (it "
+                             "rewrites the table)") from None
 
     results = Results(steps=frame("steps"), front=frame("front"), fits=frame("fits"))
-    for name in ("lr_fits", "loss_scaling", "adaptive"):
+    for name in ("lr_fits", "loss_scaling", *OPTIONAL_RESULTS):
         if (sweep_dir / f"{name}.parquet").exists():
             setattr(results, name, frame(name))
     if (sweep_dir / FITS_JSON).exists():

@@ -8,42 +8,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gnsweep import notices, store
+from gnsweep import notices, redact, store
 from gnsweep.config import Config, ConfigError
-from gnsweep.runs import FINISHED, RunSpec, expand_grid, fresh_retries, parse_run_record, write_run
+from gnsweep.runs import (
+    FINISHED,
+    RELAUNCH_MAY_CHANGE,
+    RunSpec,
+    check_records,
+    config_differences,
+    expand_grid,
+    fresh_retries,
+    parse_run_record,
+    read_state,
+    write_run,
+)
 
 # RunSpec, expand_grid, parse_run_record: from gnsweep.runs
 __all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "prepare_folder",
            "remaining", "resolve_adaptive_lr", "run_specs", "sweep_status"]
 
 
-# Settings a relaunch may change: where and how runs execute, the grid (runs are added), the
-# analysis and where runs are logged. Anything else changes what a run trains, and mixing them
-# would corrupt the fits.
-# Adaptive runs name their exchange rate and eps_max in their id: adding them (or more) to a
-# folder adds runs, as a larger grid does.
-RELAUNCH_MAY_CHANGE = ("executor", "analysis", "logger", "sweep.name", "sweep.batch_sizes",
-                       "sweep.learning_rates", "sweep.seeds", "sweep.max_retries",
-                       "sweep.schedule", "sweep.exchange_rates", "sweep.eps_max",
-                       "sweep.adaptive_lr", "sweep.adaptive_lr_noise", "train.checkpoint_every",
-                       "train.checkpoint_seconds", "train.keep_checkpoints")
 GRID_KEYS = ("batch_sizes", "learning_rates", "seeds", "exchange_rates")
 UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
 """States whose rows so far `gnsweep status` shows (step, examples, smoothed loss)."""
-
-
-def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """`key: old -> new` for every setting that differs (nested keys dotted), sorted."""
-    out = []
-    # Keys only one side has come from another gnsweep version's schema, not from the user.
-    for key in sorted(set(old) & set(new)):
-        name = f"{prefix}{key}"
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += config_differences(a, b, f"{name}.")
-        elif a != b:
-            out.append(f"{name}: {a!r} -> {b!r}")
-    return out
 
 
 def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
@@ -54,10 +41,16 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
     """
     new = config.to_dict()
     if not (sweep_dir / store.SWEEP_CONFIG).is_file():
+        if store.run_ids(sweep_dir):
+            raise ConfigError(
+                f"{sweep_dir} holds runs but no {store.SWEEP_CONFIG}, so nothing says how they "
+                f"were trained and this launch would adopt them: put the folder's "
+                f"{store.SWEEP_CONFIG} back, or choose another --sweep-dir")
         return new
     # Typed: an older folder's missing settings read as their defaults, unknown ones are named.
-    old = Config.load(sweep_dir).to_dict()
-    changed = [d for d in config_differences(old, new)
+    # Compared as written (secrets masked on both sides).
+    old = redact.config(Config.load(sweep_dir).to_dict())
+    changed = [d for d in config_differences(old, redact.config(new))
                if not d.split(":")[0].startswith(RELAUNCH_MAY_CHANGE)]
     if changed:
         raise ConfigError(
@@ -84,12 +77,13 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
 
     sweep = config.sweep
     need_noise = sweep.adaptive_lr == "fit" and not sweep.adaptive_lr_noise
-    if sweep.schedule != "adaptive" or (sweep.eps_max > 0 and not need_noise):
+    # An along run (docs/along.md) takes the same rule, eq. 2.7 with the fit's B_noise.
+    if sweep.schedule not in ("adaptive", "along") or (sweep.eps_max > 0 and not need_noise):
         return config
     path = sweep_dir / "fits.parquet"
     if not path.is_file():
-        raise ConfigError(f"sweep.schedule=adaptive needs eps_max (and the B_noise of eq. 2.7), "
-                          f"and {path} does not exist: set sweep.eps_max=... and "
+        raise ConfigError(f"sweep.schedule={sweep.schedule} needs eps_max (and the B_noise of "
+                          f"eq. 2.7), and {path} does not exist: set sweep.eps_max=... and "
                           f"sweep.adaptive_lr_noise=..., or launch and analyse the fixed-batch "
                           f"grid first (gnsweep analyze {sweep_dir})")
     fits = store.read_table(path, columns=["target", "eps_max", "b_noise_lr"]).to_pylist()
@@ -107,14 +101,19 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
         sweep, eps_max=eps_max, adaptive_lr_noise=lr_noise))
 
 
-def prepare_folder(sweep_dir: Path, config: Config) -> None:
+def prepare_folder(sweep_dir: Path, config: Config, specs: list[RunSpec] | None = None) -> None:
     """Create the sweep folder or check that it matches (ConfigError if runs would train
-    differently), and write its config.yaml (the grid: the union of the old and new grids)."""
+    differently; StoreError naming a run file of `specs` that disagrees with the sweep), and
+    write its config.yaml (the grid: the union of the old and new grids)."""
     from omegaconf import OmegaConf
 
     merged = _check_relaunch(sweep_dir, config)
+    # Before anything is written: a run file that disagrees with the sweep (of this grid or
+    # another run of the folder) refuses the whole launch (exit 2, nothing run).
+    check_records(sweep_dir, config, [s.run_id for s in specs or []])
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    store.write_text(sweep_dir / store.SWEEP_CONFIG, OmegaConf.to_yaml(merged))
+    store.subdir(sweep_dir, store.RUNS)
+    store.write_text(sweep_dir / store.SWEEP_CONFIG, OmegaConf.to_yaml(redact.config(merged)))
 
 
 def prepare(sweep_dir: Path, config: Config) -> list[RunSpec]:
@@ -124,8 +123,8 @@ def prepare(sweep_dir: Path, config: Config) -> list[RunSpec]:
     folder's config.yaml lists the union), and the runs already finished are never touched. A
     relaunch whose settings would train runs differently is refused (ConfigError).
     """
-    prepare_folder(sweep_dir, config)
     specs = expand_grid(config)
+    prepare_folder(sweep_dir, config, specs)
     for spec in specs:
         write_run(sweep_dir, config, spec)
     return specs
@@ -143,7 +142,7 @@ def remaining(sweep_dir: Path, specs: list[RunSpec], *,
     out = []
     for spec in specs:
         path = store.run_dir(sweep_dir, spec.run_id)
-        if store.read_status(path)["state"] in FINISHED:
+        if read_state(path)["state"] in FINISHED:
             continue
         if not include_held:
             claim = claims.read_claim(path)
@@ -161,14 +160,17 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
     import uuid
 
     from gnsweep.executors import LAUNCH_ENV
+    from gnsweep.executors.base import stop_on_signals
     from gnsweep.executors.registry import executor_for
     from gnsweep.progress import SweepProgress
+    from gnsweep.runs import read_run
 
     # Every worker inherits it and records it with each attempt: the summary can then say
     # which runs this launch ran and which another launch on the same folder did.
     os.environ[LAUNCH_ENV] = uuid.uuid4().hex
-    specs = [RunSpec(**store.read_json(store.run_dir(sweep_dir, r) / store.RUN_CONFIG)["run"])
-             for r in run_ids]
+    # The real values of the secrets masked on disk, for this launch's workers only.
+    redact.export(config.to_dict())
+    specs = [read_run(sweep_dir, r)[1] for r in run_ids]  # each checked against config.yaml
     # Runs another launcher holds stay in: every executor waits for them (and runs them should
     # their owner die), but none starts them while their owner lives.
     todo = [spec.run_id for spec in remaining(sweep_dir, specs)]
@@ -177,8 +179,9 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
         with SweepProgress(len(specs), len(specs) - len(todo),
                            enabled=show_progress) as progress:
             run = executor_for(config.executor.kind)
-            return run(sweep_dir, todo, config.executor, max_retries=config.sweep.max_retries,
-                       progress=progress, wait=wait)
+            with stop_on_signals():
+                return run(sweep_dir, todo, config.executor,
+                           max_retries=config.sweep.max_retries, progress=progress, wait=wait)
     finally:
         if wait:  # its workers are done: the launch's notice markers go (gnsweep.notices)
             notices.forget(sweep_dir, os.environ[LAUNCH_ENV])
@@ -213,8 +216,10 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
     rows = []
     for run_id in store.run_ids(sweep_dir):
         path = store.run_dir(sweep_dir, run_id)
-        status = store.read_status(path)
+        status = read_state(path)
         state, job = status["state"], status.get("slurm_job_id") or submitted.get(run_id)
+        if status.get("lost"):
+            state = "rerun"  # recorded finished, but its metrics are gone: a launch reruns it
         claim = claims.read_claim(path)
         owner = ""
         if state == "running":
@@ -224,7 +229,7 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
                 owner, job = f"{claim['host']}:{claim['pid']}", claim.get("slurm_job_id") or job
         elif state == "pending" and job and (queued.get(job) or queued.get(job.split("_")[0])):
             state = "queued"
-        info = status.get("error") or status.get("reason") or ""
+        info = status.get("lost") or status.get("error") or status.get("reason") or ""
         # Where an unfinished run stands (a finished run's whole file is not read for it).
         last = store.last_metrics_row(path) if state in UNFINISHED_SHOWN else None
         rows.append({"run_id": run_id, "state": state, "attempts": int(status.get("attempts", 0)),

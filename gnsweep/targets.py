@@ -33,3 +33,14 @@ def hardest(targets: Iterable[float], higher_is_better: bool) -> float:
     if not order:
         raise ValueError("no targets")
     return order[-1]
+
+
+def relative_target(value: float, fraction: float, higher_is_better: bool = False) -> float:
+    """The target a fraction stands for at a point of value L (a branch sweep's targets,
+    docs/along.md): f L for a loss; for a metric that rises, the mirror L + (1 - f)|L| (the
+    same relative step, upwards, whatever L's sign)."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"a relative target is a fraction in (0, 1), got {fraction}")
+    if higher_is_better:
+        return value + (1.0 - fraction) * abs(value)
+    return fraction * value

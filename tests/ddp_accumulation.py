@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from gnsweep.config import Config, SweepConfig, TaskConfig, TrainConfig
+from gnsweep.distributed import close_process_group
 from gnsweep.runs import RunSpec
 from gnsweep.training import build_run, run
 
@@ -31,7 +32,7 @@ def main(out: str) -> None:
             with open(out, "w") as handle:
                 json.dump(losses, handle)
     finally:
-        dist.destroy_process_group()
+        close_process_group(clean=sys.exc_info()[0] is None)
 
 
 if __name__ == "__main__":

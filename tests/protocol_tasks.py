@@ -4,6 +4,7 @@ the launch subprocesses)."""
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 from torch import nn
@@ -241,3 +242,20 @@ class BatchNormed(Regression):
 
 def batch_normed(seed: int) -> BatchNormed:
     return BatchNormed(seed)
+
+
+class Slow(Regression):
+    """A regression whose every loss takes `pause` seconds more: a run's length in wall time,
+    whatever the machine's speed (a time limit must fall inside it)."""
+
+    def __init__(self, seed: int, pause: float) -> None:
+        super().__init__(seed)
+        self.pause = pause
+
+    def loss(self, model: nn.Module, batch: dict) -> torch.Tensor:
+        time.sleep(self.pause)
+        return super().loss(model, batch)
+
+
+def slow(seed: int, pause: float = 0.02) -> Slow:
+    return Slow(seed, pause)

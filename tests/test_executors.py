@@ -141,6 +141,8 @@ def test_relaunch_with_other_training_settings_is_refused_but_a_larger_grid_is_n
         prepare(tmp_path, compose([*SMALL, "task.hidden=32", "sweep.max_steps=50"]))
     assert "task.options.hidden: 64 -> 32" in str(err.value)
     assert "sweep.max_steps: 200 -> 50" in str(err.value)
+    assert "relaunch with the folder's settings (see its config.yaml)" in str(err.value)
+    # The advice, followed: the folder's settings (a larger grid may come with them).
     specs = prepare(tmp_path, compose([*SMALL, "sweep.batch_sizes=[8,128]", "executor.workers=1"]))
     assert [s.batch_size for s in specs] == [8, 128]
     assert len(store.run_ids(tmp_path)) == 3
@@ -194,3 +196,46 @@ def test_status_lists_runs_by_state_and_marks_dead_owners(tmp_path):
     assert result.output.splitlines()[-1] == "2 runs: 1 pending, 1 died"
     result = CliRunner().invoke(app, ["status", str(tmp_path / "nope")])
     assert result.exit_code == 2 and "no such folder" in result.stderr
+
+
+def test_the_heartbeat_lets_the_claim_of_a_stalled_run_go_stale(tmp_path):
+    """A run that makes no progress no longer keeps its claim fresh: another host's launch
+    sees a heartbeat older than the bound and takes the run over."""
+    path = tmp_path / "runs" / "r"
+    claim, _ = claims.try_claim(path)
+    assert claim is not None
+    old = time.time() - 600
+    progress = {"alive": True}
+    beat = claims.Heartbeat(interval=0.05)
+    beat.add(claim, alive=lambda: progress["alive"])
+    os.utime(path / claims.CLAIM, (old, old))
+    time.sleep(0.3)
+    assert claims.read_claim(path)["age_s"] < 60  # progressing: touched
+    progress["alive"] = False
+    os.utime(path / claims.CLAIM, (old, old))
+    time.sleep(0.3)
+    beat.close()
+    held = claims.read_claim(path)
+    assert held["age_s"] > 500
+    # Its owner (this very process) lives, but its heartbeat is older than the bound: the
+    # next launch takes the run over.
+    assert claims.is_stale(held, stale_after=60)
+    taken, broken = claims.try_claim(path, stale_after=60)
+    assert taken is not None and broken["token"] == held["token"]
+    taken.release()
+
+
+def test_the_watchdog_fires_once_after_the_bound_and_never_after_stop():
+    from gnsweep.executors.watchdog import Watchdog
+
+    fired: list[float] = []
+    dog = Watchdog(0.2, fired.append, exit_process=False)
+    deadline = time.monotonic() + 30
+    while not fired and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(fired) == 1 and fired[0] >= 0.2 and not dog.alive()
+    quiet: list[float] = []
+    dog = Watchdog(0.2, quiet.append, exit_process=False)
+    dog.stop()
+    time.sleep(0.5)
+    assert quiet == []

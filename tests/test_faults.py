@@ -187,4 +187,5 @@ def test_diverged_runs_are_final_and_a_corrupt_metrics_file_is_named(tmp_path):
     assert str(bad) in result.stderr and "--skip-corrupt" in result.stderr
     result = runner.invoke(app, ["analyze", str(tmp_path), "--skip-corrupt"])
     assert result.exit_code == 0, result.output
-    assert f"run {bad.parent.name} is corrupt: left out" in result.stderr
+    assert f"run {bad.parent.name} recorded done, but its metrics.parquet is unreadable: " \
+        "left out" in result.stderr

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from torch import nn
 
 import gnsweep
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig
+from gnsweep.distributed import close_process_group
 from gnsweep.measure import NoiseScaleMonitor, measure_noise_scale
 from gnsweep.sweep import RunSpec
 from gnsweep.tasks import linreg, make_task
@@ -339,7 +341,7 @@ def _ddp_worker(rank: int, world: int, store: str, out: str) -> None:
         if rank == 0:
             Path(out).write_text(json.dumps(result))
     finally:
-        dist.destroy_process_group()
+        close_process_group(clean=sys.exc_info()[0] is None)
 
 
 @pytest.mark.slow

@@ -5,12 +5,14 @@ norms as a monitor on a model made of that block alone."""
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from gnsweep.distributed import close_process_group
 from gnsweep.measure import NoiseScaleMonitor, measure_noise_scale
 from gnsweep.tasks import linreg
 
@@ -135,7 +137,7 @@ def _ddp_worker(rank: int, world: int, store: str, out: str) -> None:
                 "b_simple": estimate.b_simple / truth.b_simple, "g2": estimate.g2 / truth.g2,
                 "pair": [estimate.b_small, estimate.b_big]}))
     finally:
-        dist.destroy_process_group()
+        close_process_group(clean=sys.exc_info()[0] is None)
 
 
 @pytest.mark.slow

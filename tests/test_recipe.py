@@ -262,6 +262,10 @@ def test_analyze_warns_when_s_min_falls_inside_the_warmup(tiny_sweep):
     config = yaml.safe_load((tiny_sweep / "config.yaml").read_text())
     config["train"] = {**config.get("train", {}), "warmup_steps": 1000}
     (tiny_sweep / "config.yaml").write_text(yaml.safe_dump(config))
+    for path in (tiny_sweep / "runs").glob("*/config.json"):  # runs agree with their sweep
+        record = json.loads(path.read_text())
+        record["config"]["train"]["warmup_steps"] = 1000
+        path.write_text(json.dumps(record))
     result = CliRunner().invoke(app, ["analyze", str(tiny_sweep)])
     assert result.exit_code == 0, result.output
     fits = json.loads((tiny_sweep / "fits.json").read_text())

@@ -18,7 +18,8 @@ from gnsweep import store
 from gnsweep.cli import app
 from gnsweep.executors import HISTORY
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# One Slurm node and one rendezvous port: its tests run one after another, on one xdist worker.
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 GNSWEEP = str(Path(sys.executable).parent / "gnsweep")
 SLURM = ["executor=slurm", "executor.partition=debug", "executor.time_min=10"]
 

@@ -15,10 +15,13 @@ from typer.testing import CliRunner
 from gnsweep import store
 from gnsweep.cli import app
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# One Slurm node and one rendezvous port: its tests run one after another, on one xdist worker.
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 GNSWEEP = str(Path(sys.executable).parent / "gnsweep")
-STEPS, LOG_EVERY = 40_000, 20
-"""About a minute of training here: more than a one-minute job holds once it has started."""
+STEPS, LOG_EVERY, PAUSE = 4_000, 20, 0.01
+"""40 s of training at least (each step's loss waits PAUSE seconds), on any machine: more than
+a one-minute job trains (about 30 s, between its start-up and its warning a quarter of the limit
+ahead), less than two jobs do (each requeue waits about two minutes in Slurm's queue)."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -32,12 +35,16 @@ def slurm_up():
 
 
 def test_a_run_longer_than_the_time_limit_is_requeued_and_ends_done(tmp_path):
-    launch = [GNSWEEP, "launch", "-q", "--sweep-dir", str(tmp_path), "task=linreg",
-              "sweep=linreg", "sweep.batch_sizes=[16]", "sweep.learning_rates=[0.05]",
+    launch = [GNSWEEP, "launch", "-q", "--sweep-dir", str(tmp_path), "task=custom",
+              "task._target_=protocol_tasks.slow", f"+task.pause={PAUSE}",
+              "sweep.batch_sizes=[16]", "sweep.learning_rates=[0.05]",
               "sweep.targets=[1e-9]", f"sweep.max_steps={STEPS}", f"sweep.log_every={LOG_EVERY}",
               "executor=slurm", "executor.partition=debug", "executor.time_min=1",
               "executor.nproc_per_node=1", "executor.workers=1"]
-    done = subprocess.run(launch, capture_output=True, text=True, timeout=900)
+    # The job imports the task from tests/ (on PYTHONPATH, as a user's module would be).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), str(Path(__file__).parent)])}
+    done = subprocess.run(launch, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr
     (run_id,) = store.run_ids(tmp_path)
     path = store.run_dir(tmp_path, run_id)

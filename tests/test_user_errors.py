@@ -187,6 +187,10 @@ def test_torchrun_and_slurm_summaries_tell_runs_of_another_launch(tmp_path, monk
         monkeypatch.setenv(LAUNCH_ENV, launch)
         log_event(path, "start", attempt=1)
         store.write_status(path, "done", attempts=1)
+        # A run recorded done has its metrics (without them it would need a rerun).
+        store.write_table(path / store.METRICS, store.metrics_table(
+            {f.name: [1] if f.name in ("step", "examples") else [0.5]
+             for f in store.METRICS_SCHEMA}))
         log_event(path, "end", attempt=1, state="done")
     monkeypatch.setenv(LAUNCH_ENV, "mine")
     summary = Watcher(tmp_path, [s.run_id for s in specs], 1, None).summary()

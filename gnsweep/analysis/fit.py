@@ -74,10 +74,16 @@ def fit_hyperbola(batch_size: np.ndarray, steps: np.ndarray, bootstrap: int = 0,
     b = np.asarray(batch_size, float)
     s = np.asarray(steps, float)
     ok = np.isfinite(b) & np.isfinite(s) & (b > 0) & (s > 0)
+    # Reached before the first update (S = 0: the initial loss already meets the target): a
+    # point of the front, but one that says nothing about the tradeoff; named, not dropped.
+    at_start = np.unique(b[np.isfinite(b) & (s <= 0)])
     b, s = b[ok], s[ok]
     if len(np.unique(b)) < 3:
-        raise FitRefused(f"only {len(np.unique(b))} batch size(s) reached the target; "
-                         "the fit needs at least 3")
+        start = (f" ({len(at_start)} more met it before the first update, at 0 steps: the "
+                 "initial loss already meets it; choose a harder target)"
+                 if len(at_start) else "")
+        raise FitRefused(f"only {len(np.unique(b))} batch size(s) reached the target after "
+                         f"training{start}; the fit needs at least 3")
     theta, jac, res = _solve(b, np.log(s))
     dof = len(b) - 2
     sigma2 = float(res @ res) / dof if dof > 0 else math.nan

@@ -11,6 +11,8 @@ import pyarrow.parquet as pq
 
 from gnsweep import store
 from gnsweep.analysis.steps import CURVE_COLUMNS, Curves
+from gnsweep.config import Config
+from gnsweep.runs import check_record, expected_record_config, parse_spec
 
 METRIC_COLUMNS = ["step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise"]
 OPTIONAL_COLUMNS = [c for c in CURVE_COLUMNS if c not in METRIC_COLUMNS]
@@ -20,27 +22,40 @@ ANALYSIS_COLUMNS = frozenset(METRIC_COLUMNS + OPTIONAL_COLUMNS)
 
 def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[pa.Table | None]]:
     store.require_sweep(sweep_dir)
+    expected = expected_record_config(Config.load(sweep_dir))
     runs, tables = [], []
     for run_id in store.run_ids(sweep_dir):
         path = store.run_dir(sweep_dir, run_id)
         record = store.read_json(path / store.RUN_CONFIG)
         state = store.read_status(path)["state"]
-        try:
-            spec = record["run"]
-            row = {"run_id": run_id, "batch_size": int(spec["batch_size"]),
-                   "learning_rate": float(spec["learning_rate"]), "seed": int(spec["seed"]),
-                   "state": state, "exchange_rate": float(spec.get("exchange_rate", 0.0))}
-        except (KeyError, TypeError, ValueError) as err:
-            raise store.StoreError(f"{path / store.RUN_CONFIG}: no valid run spec ({err})"
-                                   ) from None
+        if isinstance(record, dict) and "config" in record:
+            # A run of another task or recipe would change the answer: refused, named.
+            spec = check_record(record, path / store.RUN_CONFIG, run_id, expected)
+        else:  # a bare grid point (a table written by other tools): every field type-checked
+            spec = parse_spec(record.get("run") if isinstance(record, dict) else None,
+                              path / store.RUN_CONFIG)
+        row = {"run_id": run_id, "batch_size": spec.batch_size,
+               "learning_rate": spec.learning_rate, "seed": spec.seed, "state": state,
+               "exchange_rate": spec.exchange_rate, "at_examples": spec.at_examples,
+               "along": spec.along, "problem": ""}
         table = None
-        if (path / store.METRICS).exists() and state in store.FINISHED:
-            try:
-                table = _read_metrics(path / store.METRICS)
-            except store.StoreError:
-                if not skip_corrupt:
-                    raise
-                row["state"] = "corrupt"
+        if state in store.FINISHED:
+            # A finished run without readable metrics is named, never dropped in silence.
+            if not (path / store.METRICS).exists():
+                row.update(state="corrupt", problem=f"recorded {state}, but its "
+                           f"{store.METRICS} is missing")
+            else:
+                try:
+                    table = _read_metrics(path / store.METRICS)
+                except store.StoreError as err:
+                    if not skip_corrupt:
+                        raise store.StoreError(
+                            f"{err}; relaunch the sweep (the same `gnsweep launch ... "
+                            f"--sweep-dir {sweep_dir}` command) to run that run again, or "
+                            f"leave it out: gnsweep analyze {sweep_dir} --skip-corrupt"
+                        ) from None
+                    row.update(state="corrupt", problem=f"recorded {state}, but its "
+                               f"{store.METRICS} is unreadable")
         elif state == store.RunState.RUNNING:
             table = _live_metrics(path)
         runs.append(row)
@@ -173,6 +188,27 @@ def load_curves(sweep_dir: Path, skip_corrupt: bool = False) -> Curves:
             # as reading the files).
             columns[name] = np.broadcast_to(np.float64(np.nan), (n_rows,))
     return Curves(runs, offsets, columns)
+
+
+def load_run_curves(run_dir: Path) -> Curves:
+    """One run's logged rows (a branch sweep's base run), from its folder: its record
+    (config.json) and its metrics, whatever its state (a base run may still be training)."""
+    record = store.read_json(run_dir / store.RUN_CONFIG)
+    spec = record.get("run") or {}
+    done = (run_dir / store.METRICS).is_file()
+    table = _read_metrics(run_dir / store.METRICS) if done else _live_metrics(run_dir)
+    if table is None:
+        raise store.StoreError(f"{run_dir}: no metrics logged yet")
+    table = _with_every_column(table)
+    runs = pd.DataFrame([{"run_id": str(record.get("run_id", run_dir.name)),
+                          "batch_size": int(spec.get("batch_size", 0)),
+                          "learning_rate": float(spec.get("learning_rate", 0.0)),
+                          "seed": int(spec.get("seed", 0)),
+                          "state": str(store.read_status(run_dir)["state"])}])
+    runs["batch_size"] = batch_in_examples(runs["batch_size"].to_numpy(), [table])
+    columns = {name: table.column(name).to_numpy().astype(float, copy=False)
+               for name in CURVE_COLUMNS}
+    return Curves(runs, np.array([0, table.num_rows], np.int64), columns)
 
 
 def load_sweep(sweep_dir: Path, skip_corrupt: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -7,10 +7,13 @@ The pipeline's and the console's names are re-exported here, where the first ver
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gnsweep import store
 from gnsweep.analysis.adaptive import analyze_adaptive, split_adaptive
+from gnsweep.analysis.along import compare_schedule, split_along
 from gnsweep.analysis.console import format_fits
 from gnsweep.analysis.pipeline import (
     ALL_FIT_COLUMNS,
@@ -28,6 +31,10 @@ from gnsweep.analysis.pipeline import (
 )
 from gnsweep.analysis.recipe import recipe_warnings
 from gnsweep.analysis.results import Results
+from gnsweep.analysis.steps import Curves
+
+if TYPE_CHECKING:
+    from gnsweep.config import Config
 
 __all__ = ["ALL_FIT_COLUMNS", "FIT_COLUMNS", "FIT_EXTRA_COLUMNS", "OUTPUT_FILES", "Analysis",
            "AnalysisError", "Results", "analyze_steps", "analyze_sweep", "analyze_tables",
@@ -56,6 +63,8 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     curves = load_curves(sweep_dir, skip_corrupt=skip_corrupt)
     # Adaptive runs (appendix D) stay out of the fits of eq. 2.11; they are measured against them.
     fixed, adaptive = split_adaptive(curves)
+    # Runs following a measured B_crit curve (sweep.schedule=along): measured against the fit.
+    fixed, along = split_along(fixed)
     if adaptive is not None and not len(fixed.runs):
         raise AnalysisError(
             f"{sweep_dir}: only adaptive runs ({len(adaptive.runs)}), which are measured against "
@@ -63,6 +72,12 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
             f"(gnsweep launch --sweep-dir {sweep_dir}, the same overrides without "
             "sweep.schedule=adaptive), then analyze again")
     config = Config.load(sweep_dir)
+    if config.branch.points:  # runs branched from a base run's checkpoints: local B_crit
+        analysis = analyze_branch_sweep(sweep_dir, config, curves, loss=loss,
+                                        ema_examples=ema_examples, bootstrap=bootstrap)
+        if write:
+            write_outputs(out_dir or sweep_dir, analysis)
+        return analysis
     targets = targets or config.sweep.targets
     task = config.task
     if task.metric != "loss":
@@ -80,6 +95,11 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
         analysis.adaptive = analyze_adaptive(adaptive, analysis.fits, targets, loss=loss,
                                              ema_examples=ema_examples,
                                              higher_is_better=task.higher_is_better)
+    if along is not None:
+        analysis.along_schedule = compare_schedule(along, analysis.front, targets,
+                                                   fits=analysis.fits, loss=loss,
+                                                   ema_examples=ema_examples,
+                                                   higher_is_better=task.higher_is_better)
     # Where the learning-rate schedule, not the batch size, decides the answer.
     analysis.warnings += recipe_warnings(config, analysis.fits, analysis.front)
     # What the targets are values of, for figures and the report ("loss", "return"), and B's unit.
@@ -87,11 +107,48 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
     running = unfinished["state"] == "running"
     for run in unfinished[~running].itertuples(index=False):
-        analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
+        if getattr(run, "problem", ""):
+            analysis.warnings.append(
+                f"run {run.run_id} {run.problem}: left out; relaunch the sweep (the same "
+                f"`gnsweep launch` command) to run it again")
+        else:
+            analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
     if running.any():
         analysis.warnings.append(
             f"{int(running.sum())} runs still running: the targets they have passed are used, "
             "the others wait for them (analyze again when they end)")
     if write:
         write_outputs(out_dir or sweep_dir, analysis)
+    return analysis
+
+
+def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
+                         loss: str | None = None, ema_examples: float | None = None,
+                         bootstrap: int | None = None) -> Analysis:
+    """A branch sweep (`gnsweep branch`): one analysis per branch point to its relative targets,
+    grouped by `at_examples`, with the local B_crit table (`analysis.along`) and the base run's
+    noise scale over training where its folder is still there (for the figure)."""
+    from gnsweep.analysis.along import BranchPoint, analyze_along, base_curve
+    from gnsweep.analysis.load import load_run_curves
+
+    task, branch = config.task, config.branch
+    if task.metric != "loss":
+        loss = "metric"
+    loss = loss or config.analysis.loss
+    points = [BranchPoint(int(p["at_examples"]), int(p["at_step"]), float(p["at_loss"]),
+                          *(math.nan if p[k] is None else float(p[k])
+                            for k in ("b_simple", "b_noise"))) for p in branch.points]
+    analysis = analyze_along(curves, points, branch.targets, loss=loss, ema_examples=ema_examples,
+                             bootstrap=config.analysis.bootstrap if bootstrap is None
+                             else bootstrap, optimizer=config.train.optimizer,
+                             higher_is_better=task.higher_is_better, source=str(sweep_dir))
+    base = Path(branch.base)
+    try:
+        analysis.along_base = base_curve(load_run_curves(base), loss)
+    except store.StoreError as err:
+        analysis.warnings.append(f"base run: {err}; the figure shows the branch points only")
+    analysis.meta.update(metric=task.metric, unit=task.unit, branch_base=str(base))
+    unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
+    for run in unfinished.itertuples(index=False):
+        analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
     return analysis

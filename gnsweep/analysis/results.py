@@ -41,6 +41,16 @@ class Results:
         default_factory=lambda: pd.DataFrame(columns=ADAPTIVE_COLUMNS))
     """Adaptive batch size runs (appendix D) against the fits, one row per (run, target);
     empty without adaptive runs (adaptive.parquet, docs/adaptive.md)."""
+    along: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """A branch sweep's local B_crit, one row per (branch point, target) (along.parquet,
+    `analysis.along.ALONG_COLUMNS`, docs/along.md); empty for any other sweep."""
+    along_schedule: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Runs whose batch size follows a measured B_crit curve (`sweep.schedule=along`) against
+    the fastest fixed batch size, one row per (run, target) (along_schedule.parquet,
+    `analysis.along.SCHEDULE_COLUMNS`); empty without such runs."""
+    along_base: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """A branch sweep's base run: smoothed loss and noise scales per row (along_base.parquet,
+    `analysis.along.BASE_COLUMNS`); empty for any other sweep."""
 
     @property
     def bcrit_law(self) -> dict | None:
@@ -59,7 +69,8 @@ class Results:
         scaling = _records(self.loss_scaling)
         return {"fits": _records(self.fits), "lr_fits": _records(self.lr_fits),
                 "loss_scaling": scaling[0] if scaling else None,
-                "adaptive": _records(self.adaptive),
+                "adaptive": _records(self.adaptive), "along": _records(self.along),
+                "along_schedule": _records(self.along_schedule),
                 "warnings": self.warnings, "meta": self.meta}
 
 

@@ -202,8 +202,12 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     min_loss = np.full(n_runs, np.nan)
     last_step = np.full(n_runs, np.nan)
     if has_rows.any():
+        # Never better than any value the run logged: a local-linear window at a blow-up (a
+        # NaN loss after a steep rise) can dip below every logged loss, even below zero.
+        logged = sign * _logged(curves, loss)
         with np.errstate(invalid="ignore"):
-            min_loss[has_rows] = sign * np.fmin.reduceat(values, starts[has_rows])
+            min_loss[has_rows] = sign * np.fmax(np.fmin.reduceat(values, starts[has_rows]),
+                                                np.fmin.reduceat(logged, starts[has_rows]))
         last_step[has_rows] = step[ends[has_rows] - 1]
     simple, noise, simple_true, noise_true, flag_sum = _noise_sums(curves)
 
@@ -246,6 +250,15 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     out = pd.concat(parts, ignore_index=True)
     out["reached"] = out["reached"].astype(bool)
     return out[STEPS_COLUMNS]
+
+
+def _logged(curves: Curves, loss: str) -> np.ndarray:
+    """The logged (unsmoothed) values behind `loss_curve`'s curve for `loss`."""
+    if loss in ("metric", "eval"):
+        return curves.columns["metric" if loss == "metric" else "eval_loss"]
+    if loss != "raw" and not np.isfinite(curves.columns["loss"]).any():
+        return curves.columns["loss_smooth"]
+    return curves.columns["loss"]
 
 
 def _noise_sums(curves: Curves) -> tuple[_RunningMeans, _RunningMeans, _RunningMeans,

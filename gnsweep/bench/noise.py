@@ -18,7 +18,6 @@ Flags: `--quick` (fewer rounds), `--no-ddp`.
 
 from __future__ import annotations
 
-import gc
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from gnsweep.distributed import close_process_group
 from gnsweep.measure import NoiseScaleMonitor, hessian_norms
 
 BATCH_SIZES = (32, 128, 512)
@@ -156,17 +156,15 @@ def _ddp_worker(rank: int, world: int, store: str, out: str, rounds: int, steps:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    clean = False
     try:
         results = {f"{name}/{batch}": _ddp_ratio(name, batch, world, rounds, steps)
                    for name in models for batch in batch_sizes}
-        gc.collect()  # the DDP models (reference cycles through their hooks) go first
         if rank == 0:
             Path(out).write_text(json.dumps(results))
-        # Every collective done on both ranks before the group goes: a process that tears its
-        # group down while the other still talks to it aborts in gloo's threads (SIGABRT).
-        dist.barrier()
+        clean = True
     finally:
-        dist.destroy_process_group()
+        close_process_group(clean)
 
 
 def _ddp_ratios(rounds: int, steps: int, batch_sizes: tuple[int, ...], models: tuple[str, ...]

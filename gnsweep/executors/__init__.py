@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -19,10 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gnsweep import store
+from gnsweep import redact, store
 from gnsweep.errors import StopRequested
 from gnsweep.executors import claims
-from gnsweep.runs import RunState, needs_running, read_run
+from gnsweep.executors.watchdog import STALLED, Watchdog
+from gnsweep.runs import RunState, needs_running, read_run, read_state
 from gnsweep.tracking import METRICS, RunLogger, make_logger
 
 runnable = needs_running
@@ -56,16 +58,12 @@ def rank() -> int:
 
 
 def log_event(run_path: Path, event: str, **fields: Any) -> None:
-    """Append one line to the run's attempt log (one `write` on an O_APPEND file)."""
+    """Append one line to the run's attempt log (one `write` on an O_APPEND file, O_NOFOLLOW)."""
     line = json.dumps({"event": event, "time": time.time(), "host": socket.gethostname(),
                        "pid": os.getpid(), "slurm_job_id": claims.slurm_job_id(),
                        "launch": os.environ.get(LAUNCH_ENV), **fields},
                       default=str) + "\n"
-    fd = os.open(run_path / HISTORY, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    store.append_line(run_path / HISTORY, line)  # never through a link
 
 
 def ended_by(run_path: Path) -> str | None:
@@ -115,8 +113,14 @@ def process_logger(sweep_dir: Path) -> RunLogger:
     if rank() != 0:
         return RunLogger()
     try:
-        settings = Config.load(sweep_dir).logger
-        return make_logger(settings.kind, sweep_dir, **settings.options())
+        # config.yaml holds secrets masked: the real values come from the launcher's
+        # environment (`gnsweep.redact`); a value still masked is left to the tracker's own
+        # environment variables (MLFLOW_TRACKING_URI, WANDB_API_KEY...).
+        data = redact.restore(Config.load(sweep_dir).to_dict(), redact.exported())
+        settings = Config.from_dict(data).logger
+        options = {k: v for k, v in settings.options().items()
+                   if not (isinstance(v, str) and redact.MASK in v)}
+        return make_logger(settings.kind, sweep_dir, **options)
     except Exception:
         return RunLogger()
 
@@ -132,7 +136,7 @@ def take_run(sweep_dir: Path, run_id: str, max_retries: int) -> tuple[claims.Cla
     claim, other = claims.try_claim(path)
     if claim is None:
         return None, "held"
-    status = store.read_status(path)
+    status = read_state(path)  # a finished run whose metrics are gone runs again
     if status["state"] == RunState.RUNNING:
         who = f"{other['host']}:{other['pid']}" if other else "unknown"
         job = other.get("slurm_job_id") if other else None
@@ -159,16 +163,20 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
     path = store.run_dir(sweep_dir, run_id)
     writer = rank() == 0
     attempts = 0
+    watchdog = None
     if writer:
         assert claim is not None, "rank 0 trains only runs it has claimed"
-        claims.heartbeat().add(claim)
         attempts = int(store.read_status(path).get("attempts", 0)) + 1
+        # Logged before the status says running: whoever sees `running` finds the start.
+        log_event(path, "start", attempt=attempts)
         store.write_status(path, RunState.RUNNING, attempts=attempts, host=socket.gethostname(),
                            pid=os.getpid(), slurm_job_id=claims.slurm_job_id(),
                            started=time.time(), traceback=None)
-        log_event(path, "start", attempt=attempts)
+        watchdog = start_watchdog(path, attempts, claim)
+        claims.heartbeat().add(claim, alive=watchdog.alive)
     try:
-        return _train_and_record(path, attempts, writer, should_stop, logger or RunLogger())
+        return _train_and_record(path, attempts, writer, should_stop, logger or RunLogger(),
+                                 watchdog)
     finally:
         # Released only after the final status is written: whoever claims next sees it.
         if writer and claim is not None:
@@ -176,27 +184,61 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
             claim.release()
 
 
+def stall_seconds(sweep_dir: Path) -> float:
+    """The sweep's `sweep.stall_seconds` (its config.yaml, which the latest launch wrote); the
+    default when it cannot be read (the run then fails with the reason)."""
+    from gnsweep.config import Config, SweepConfig
+
+    try:
+        return Config.load(sweep_dir).sweep.stall_seconds
+    except Exception:
+        return SweepConfig.stall_seconds
+
+
+def start_watchdog(run_path: Path, attempt: int, claim: claims.Claim) -> Watchdog:
+    """The stall watchdog of a run this process (rank 0) trains: on a stall it records the
+    attempt failed (reason "stalled", retried like any failure), releases the claim, and ends
+    the process (`gnsweep.executors.watchdog`)."""
+    limit = stall_seconds(run_path.parent.parent)
+
+    def on_stall(idle: float) -> None:
+        error = (f"stalled: no step logged for {idle:.0f} s (sweep.stall_seconds={limit:g}); "
+                 "the worker was stopped")
+        store.write_status(run_path, RunState.FAILED, error=error, reason=STALLED)
+        log_event(run_path, "end", attempt=attempt, state=RunState.FAILED.value, reason=STALLED)
+        claims.heartbeat().discard(claim)
+        claim.release()
+        print(f"gnsweep: run {run_path.name}: {error}", file=sys.stderr, flush=True)
+
+    return Watchdog(limit, on_stall)
+
+
 def _train_and_record(path: Path, attempts: int, writer: bool,
                       should_stop: Callable[[], bool] | None,
-                      logger: RunLogger) -> dict[str, Any]:
+                      logger: RunLogger, watchdog: Watchdog | None = None) -> dict[str, Any]:
     from gnsweep.training import train
 
     try:
         config, spec = read_run(path.parent.parent, path.name)
 
         def on_row(row: dict[str, float]) -> None:
+            if watchdog is not None:
+                watchdog.beat()  # a step was logged: the run is not stalled
             metrics = {name: row[name] for name in METRICS if name in row}
             # The row's own batch size (an adaptive run's varies), else the grid point's.
             logger.log(int(row["step"]), {"batch_size": spec.batch_size, **metrics})
 
         # A diverged run is an outcome, not a failure: only one that raised is marked failed.
         failed = True
-        logger.start(path.name, {**config.to_dict(), "run": asdict(spec)})
+        # The tracker shows the config as written to disk: secrets masked.
+        logger.start(path.name, redact.config({**config.to_dict(), "run": asdict(spec)}))
         try:
             result = train(config, spec, path if writer else None, should_stop=should_stop,
                            on_row=on_row)
             failed = False
         finally:
+            if watchdog is not None:
+                watchdog.stop()  # from here on the run records its own end
             logger.close(failed=failed)
     except (KeyboardInterrupt, StopRequested):
         if writer:
@@ -204,10 +246,12 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
             log_event(path, "stopped", attempt=attempts)
         raise
     except Exception as err:
-        status: dict[str, Any] = {"state": RunState.FAILED, "error": f"{type(err).__name__}: {err}"}
+        # Masked: an error may quote a URI with its password (a data server, a tracker).
+        error = redact.text(f"{type(err).__name__}: {err}")
+        status: dict[str, Any] = {"state": RunState.FAILED, "error": error}
         if writer:
-            status = store.write_status(path, RunState.FAILED, error=status["error"],
-                                        traceback=traceback.format_exc(limit=8))
+            status = store.write_status(path, RunState.FAILED, error=error,
+                                        traceback=redact.text(traceback.format_exc(limit=8)))
             log_event(path, "end", attempt=attempts, state=RunState.FAILED.value)
         return status
     status = {"state": result.state}

@@ -10,15 +10,20 @@ uses only the summary and the retry rules of `gnsweep.runs`.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from gnsweep import store
+from gnsweep.errors import LauncherSignal
 from gnsweep.executors import claims
 from gnsweep.progress import SweepProgress
-from gnsweep.runs import FINISHED, RunState, max_attempts, needs_running
+from gnsweep.runs import FINISHED, RunState, max_attempts, needs_running, read_state
 
 
 @dataclass
@@ -58,7 +63,7 @@ class Watcher:
         self.final: dict[str, str] = {}
 
     def _status(self, run_id: str) -> dict[str, Any]:
-        return store.read_status(store.run_dir(self.sweep_dir, run_id))
+        return read_state(store.run_dir(self.sweep_dir, run_id))
 
     def update(self) -> None:
         for run_id in self.run_ids:
@@ -102,6 +107,28 @@ class Watcher:
                     store.run_dir(self.sweep_dir, run_id)) not in (launch, None):
                 summary.elsewhere.append(run_id)
         return summary
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP stop the launcher as Ctrl-C does (its workers
+    stopped, their runs back to pending, claims released), raising LauncherSignal: a launcher
+    killed by a batch system or a closed terminal never leaves workers behind that keep their
+    claims. Only in the main thread (where Python runs signal handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_signal(signum: int, frame: Any) -> None:
+        raise LauncherSignal(signum)
+
+    previous = {signum: signal.signal(signum, raise_signal)
+                for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 class Round(Protocol):

@@ -7,8 +7,9 @@ recycled pid is not the same process), the Slurm job id, and a random token.
 
 A claim is stale when its owner cannot be running it any more:
 - on this host, the owner pid is gone, a zombie, or a different process with the same number;
-- on another host (we cannot see its processes), the owner has not touched the file for
-  `stale_after` seconds: owners touch their claims every `HEARTBEAT_S` (`Heartbeat`).
+- on any host, the owner has not touched the file for `stale_after` seconds: owners touch
+  their claims every `HEARTBEAT_S` (`Heartbeat`) while their run makes progress (a run that
+  logs no step for `sweep.stall_seconds` is no longer touched, and its watchdog ends it).
 A stale claim is broken under an exclusive lock on `<sweep>/.claims.lock` after reading it again,
 so that two processes that both saw it stale do not both break it (and one of them a fresh one).
 """
@@ -22,6 +23,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,12 @@ def read_claim(run_path: Path) -> dict[str, Any] | None:
 
 def is_stale(claim: dict[str, Any], stale_after: float = STALE_AFTER_S) -> bool:
     """Whether the claim's owner can no longer be running the run (see the module docstring)."""
+    if float(claim.get("age_s", 0.0)) > stale_after:
+        # No heartbeat for that long, whoever the owner: it is gone, frozen, or its run has
+        # stalled (owners touch claims only while their run makes progress). On this host too:
+        # a folder copied from a machine of the same name holds claims of pids that mean
+        # nothing here.
+        return True
     if claim.get("host") == socket.gethostname():
         pid = int(claim.get("pid", -1))
         if pid <= 0:
@@ -117,7 +125,9 @@ def try_claim(run_path: Path, stale_after: float = STALE_AFTER_S,
     When the run holds a stale claim, it is broken and the second element of a successful
     claim is the broken claim (so that the caller can record that its previous owner died).
     """
-    run_path.mkdir(parents=True, exist_ok=True)
+    run_path.parent.mkdir(parents=True, exist_ok=True)
+    store.inside(run_path.parent.parent, run_path)  # never a linked run folder
+    run_path.mkdir(exist_ok=True)
     info = {**owner(), **extra}
     broken = None
     for _ in range(3):
@@ -138,7 +148,9 @@ def try_claim(run_path: Path, stale_after: float = STALE_AFTER_S,
 
 def _link_new(run_path: Path, info: dict[str, Any]) -> bool:
     tmp = run_path / f".{CLAIM}.{info['token']}.tmp"
-    tmp.write_text(json.dumps(info, sort_keys=True) + "\n")
+    fd = store.open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(info, sort_keys=True) + "\n")
     try:
         os.link(tmp, run_path / CLAIM)
     except FileExistsError:
@@ -152,27 +164,30 @@ class Heartbeat:
     """A daemon thread that touches this process's claims, so other hosts see they are alive."""
 
     def __init__(self, interval: float = HEARTBEAT_S) -> None:
-        self._claims: set[Claim] = set()
+        self._claims: dict[Claim, Callable[[], bool] | None] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True,
                                         name="gnsweep-heartbeat")
         self._thread.start()
 
-    def add(self, claim: Claim) -> None:
+    def add(self, claim: Claim, alive: Callable[[], bool] | None = None) -> None:
+        """Keep `claim` fresh while `alive()` says its run makes progress (always without)."""
         with self._lock:
-            self._claims.add(claim)
+            self._claims[claim] = alive
 
     def discard(self, claim: Claim) -> None:
         with self._lock:
-            self._claims.discard(claim)
+            self._claims.pop(claim, None)
 
     def _beat(self, interval: float) -> None:
         while not self._stop.wait(interval):
             with self._lock:
-                claims = list(self._claims)
-            for claim in claims:
-                claim.touch()
+                claims = list(self._claims.items())
+            for claim, alive in claims:
+                # A stalled run's claim goes stale: the next launch may take it over.
+                if alive is None or alive():
+                    claim.touch()
 
     def close(self) -> None:
         self._stop.set()

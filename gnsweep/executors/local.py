@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gnsweep import store
+from gnsweep import redact, store
 from gnsweep.config import ExecutorConfig
 from gnsweep.errors import StopRequested
 from gnsweep.executors import LAUNCH_ENV, Outcome, warm_up
 from gnsweep.executors.base import Summary
 from gnsweep.notices import once_per_launch
 from gnsweep.progress import SweepProgress
-from gnsweep.runs import FINISHED, max_attempts, needs_running
+from gnsweep.runs import FINISHED, max_attempts, needs_running, read_state
 
 __all__ = ["Summary", "launch", "run_local"]
 
@@ -84,7 +84,7 @@ def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: 
         except (KeyboardInterrupt, StopRequested):
             break
         except Exception as err:  # the run's files are unreadable: it cannot even be recorded
-            print(f"gnsweep: run {run_id}: {err}", file=sys.stderr)
+            print(redact.text(f"gnsweep: run {run_id}: {err}"), file=sys.stderr)
             outcome = Outcome("failed", ran=False)
         outbox.put((run_id, outcome))
 
@@ -120,7 +120,7 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
         if outcome.state == "held":
             later.append((time.monotonic() + HELD_RETRY_S, run_id))
             return
-        status = store.read_status(store.run_dir(sweep_dir, run_id))
+        status = read_state(store.run_dir(sweep_dir, run_id))
         if outcome.ran and needs_running(status, max_retries):
             pending.append(run_id)  # failed with retries left
             return

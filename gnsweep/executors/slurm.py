@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gnsweep import store
+from gnsweep import redact, store
 from gnsweep.config import ExecutorConfig
 from gnsweep.executors import PREEMPTED
 from gnsweep.executors.base import Summary, Watcher, run_rounds
@@ -147,7 +147,7 @@ def submit(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig,
         from gnsweep.config import ConfigError
 
         raise ConfigError("executor=slurm: sbatch is not on PATH; run on a Slurm login node")
-    folder = sweep_dir / FOLDER
+    folder = store.subdir(sweep_dir, FOLDER)
     parts = chunks(run_ids, executor)
     files = [str(write_runs_file(sweep_dir, part)) for part in parts]
     n = len(parts)
@@ -243,7 +243,7 @@ def _report_job_errors(jobs: list[Any]) -> None:
         try:
             code = job.result()
         except Exception as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+            first = redact.text((str(err).strip().splitlines() or [type(err).__name__])[-1])
             print(f"gnsweep: Slurm job {job.job_id} failed ({first}); log: {job.paths.stderr}",
                   file=sys.stderr)
             continue

@@ -47,7 +47,7 @@ def worker_command(sweep_dir: Path, runs_file: Path, *, nproc: int, max_retries:
 
 
 def write_runs_file(sweep_dir: Path, run_ids: list[str]) -> Path:
-    path = sweep_dir / QUEUE / f"{uuid.uuid4().hex[:12]}.txt"
+    path = store.subdir(sweep_dir, QUEUE) / f"{uuid.uuid4().hex[:12]}.txt"
     store.write_text(path, "".join(f"{r}\n" for r in run_ids))
     return path
 
@@ -116,7 +116,8 @@ class _LocalJobs:
 
 
 def _start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    with log.open("w") as out:
+    fd = store.open_nofollow(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with os.fdopen(fd, "w") as out:
         return subprocess.Popen(command, env=env, start_new_session=True, stdout=out,
                                 stderr=subprocess.STDOUT)
 

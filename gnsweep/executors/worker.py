@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gnsweep.distributed import close_process_group
 from gnsweep.errors import StopRequested
 from gnsweep.executors import LAUNCH_ENV, PREEMPTED, process_logger, run_taken, take_run, warm_up
 from gnsweep.notices import once_per_launch
@@ -123,14 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     init_process_group()
     if run_ids:
         warm_up(args.sweep_dir, run_ids[0])  # before claiming: a claimed run starts at once
-    stopped = False
+    stopped = clean = False
     try:
         serve(args.sweep_dir, run_ids, args.max_retries, should_stop)
+        clean = True
     except (KeyboardInterrupt, StopRequested):
         stopped = True  # the run in flight is checkpointed and back to pending
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        close_process_group(clean)
     if "TORCHELASTIC_RESTART_COUNT" in os.environ:
         # Under torchrun a stop is clean: exit 0, or its agent would restart the workers
         # (--max-restarts); the job's own process knows which signal came.

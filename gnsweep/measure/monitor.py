@@ -519,10 +519,13 @@ class NoiseScaleMonitor:
 
     def _fold(self, parts: list[NormPair], hess: NormPair | None) -> None:
         valid = [p for p in parts if all(map(math.isfinite, p)) and 0 < p.b_small < p.b_big]
-        if len(valid) < len(parts):
-            self.warn_once("skip", "noise scale: a measurement had one batch size only or "
-                           "non-finite norms; skipped (a batch of one example, or an fp16 "
-                           "overflow)")
+        if any(not all(map(math.isfinite, p)) for p in parts):
+            # A NaN or inf loss makes every norm non-finite: say that, not a batch-size cause.
+            self.warn_once("nonfinite", "noise scale: non-finite gradient norms (a NaN or inf "
+                           "loss or gradient, or an fp16 overflow); that measurement is skipped")
+        elif len(valid) < len(parts):
+            self.warn_once("skip", "noise scale: a measurement had one batch size only; "
+                           "skipped (a batch of one example?)")
         elif parts:
             blocks: list[tuple[float, float, float, float]] = list(parts)
             self.estimate = self.ema.update_parts(blocks, examples=self._since_examples,

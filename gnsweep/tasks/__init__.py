@@ -174,6 +174,8 @@ def resolve_custom(target: str) -> Any:
     module, sep, attr = target.partition(":")
     if not sep:
         module, _, attr = target.rpartition(".")
+    # No __pycache__ beside the user's module: a launch writes only inside its sweep folder.
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         loaded = importlib.import_module(module)
     except ModuleNotFoundError as err:
@@ -182,6 +184,8 @@ def resolve_custom(target: str) -> Any:
                               f"{module.replace('.', '/')}.py in the working directory or on "
                               "PYTHONPATH)") from None
         raise
+    finally:
+        sys.dont_write_bytecode = saved
     if not hasattr(loaded, attr):
         raise ConfigError(f"task._target_={target}: module {module!r} has no {attr!r}")
     function = getattr(loaded, attr)

@@ -117,5 +117,9 @@ def _call(label: str, what: str, function: Callable[[], Any]) -> Any:
         return function()
     except ConfigError:
         raise
+    except SystemExit as err:
+        # A task's sys.exit() would end the launcher with its code and no word of why.
+        raise ConfigError(f"{label}: {what} called sys.exit({err.code!r}); a task must "
+                          "raise an exception (or return), never exit the process") from None
     except Exception as err:
         raise ConfigError(f"{label}: {what} raised {type(err).__name__}: {err}") from None

@@ -51,7 +51,9 @@ class SafeLogger(RunLogger):
         self.failed: str | None = None
 
     def _fail(self, action: str, err: BaseException) -> None:
-        self.failed = f"{type(err).__name__}: {err}"
+        from gnsweep import redact
+
+        self.failed = redact.text(f"{type(err).__name__}: {err}")  # a URI with its password
         log.warning("gnsweep: logger=%s could not %s (%s); runs go on without it. %s",
                     self.kind, action, self.failed, self.hint)
         backend, self.backend = self.backend, None

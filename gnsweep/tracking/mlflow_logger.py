@@ -45,7 +45,7 @@ class MlflowLogger(RunLogger):
     def _lock_path(self) -> Path | None:
         """Where workers queue to open a SQLite store (None: a server, which serialises)."""
         if self._is_local():
-            self.local.mkdir(parents=True, exist_ok=True)
+            store.subdir(self.sweep_dir, self.local.name)  # never through a link
             return self.local / ".lock"
         if self.tracking_uri.startswith("sqlite:///"):
             db = Path(self.tracking_uri.removeprefix("sqlite:///").split("?")[0])

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gnsweep import store
 from gnsweep.tracking.base import RunLogger, flatten
 
 
@@ -24,7 +25,9 @@ class TensorBoardLogger(RunLogger):
         from torch.utils.tensorboard import SummaryWriter
 
         self.close()
-        self.writer = SummaryWriter(log_dir=str(self.root / run_id),
+        # A real folder inside the sweep folder, never a link that sends the events elsewhere.
+        log_dir = store.subdir(self.root.parent, f"{self.root.name}/{run_id}")
+        self.writer = SummaryWriter(log_dir=str(log_dir),
                                     flush_secs=self.flush_secs)
         # The config as one text entry (TensorBoard's hparams plugin writes extra sub-runs).
         table = "\n".join(f"| {k} | {json.dumps(v, default=str)} |"

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
+from gnsweep import store
 from gnsweep.tracking.base import RunLogger
 
 MODES = ("online", "offline", "disabled")
@@ -45,6 +46,7 @@ class WandbLogger(RunLogger):
 
         self.close()
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        store.subdir(self.sweep_dir, "wandb")  # W&B writes here: a real folder, never a link
         self.run = wandb.init(project=self.project, entity=self.entity, name=run_id,
                               group=self.sweep_dir.resolve().name, config=dict(params),
                               dir=str(self.sweep_dir), mode=cast(Any, self.mode))

@@ -187,6 +187,7 @@ class Checkpointer:
                    "examples": ckpt.examples, "rows": ckpt.rows, "keep": keep, "size": len(data),
                    "sha256": hashlib.sha256(data).hexdigest(), "time": time.time()}
         try:
+            store.subdir(self.folder.parent, self.folder.name)  # never through a link
             with store.atomic_path(ckpt.path) as tmp, open(tmp, "wb") as out:
                 out.write(data)
                 out.flush()

@@ -40,6 +40,7 @@ from gnsweep.schedule import Progress
 from gnsweep.tasks import Task, examples_of
 from gnsweep.tasks.protocol import first_dim
 from gnsweep.training.backward import backward, in_task_units, pieces
+from gnsweep.training.branch import start_branch
 from gnsweep.training.checkpoint import Checkpointer
 from gnsweep.training.data import mean_loss
 from gnsweep.training.recipe import clip_gradients, set_learning_rate
@@ -76,6 +77,8 @@ def train(config: Config, spec: RunSpec, out_dir: Path | None,
 
     Under torch.distributed every rank calls it; only rank 0 passes `out_dir`."""
     state = build_run(config, spec)
+    if spec.at_examples:  # a branch run: the base run's model and optimizer at its point
+        start_branch(state)  # (a resume below goes on from the run's own checkpoint instead)
     checkpoints = None
     if out_dir is not None or state.world > 1:
         checkpoints = make_checkpointer(config, out_dir)

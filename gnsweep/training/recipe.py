@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from gnsweep.config import TrainConfig
-from gnsweep.schedule import AdaptiveBatch, BatchSchedule
+from gnsweep.schedule import AdaptiveBatch, AlongBatch, BatchSchedule
 from gnsweep.training.lr_schedule import LrSchedule
 
 Factory = Callable[[Iterable[torch.nn.Parameter], float, TrainConfig], torch.optim.Optimizer]
@@ -67,9 +67,9 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, schedule: BatchSchedule,
                       per_step: float) -> float:
     """Set and return the rate of the step that ends at `steps` steps and `examples` examples
     (`per_step` of them this step): `peak` x the learning-rate schedule's factor, or an
-    adaptive batch schedule's eps(B) (eq. 2.7; `peak` is then eps_max; the config refuses a
-    warmup or decay with it)."""
-    if isinstance(schedule, AdaptiveBatch):
+    adaptive or along batch schedule's eps(B) (eq. 2.7; `peak` is then eps_max; the config
+    refuses a warmup or decay with it)."""
+    if isinstance(schedule, (AdaptiveBatch, AlongBatch)):
         rate = schedule.learning_rate()
     else:
         rate = peak * lr_schedule.factor(steps, examples, per_step)

@@ -25,7 +25,7 @@ from gnsweep.measure.common import split_batch
 from gnsweep.measure.probe import RunProbes
 from gnsweep.noise import NoiseEstimate, estimate_state, load_estimate
 from gnsweep.runs import RunSpec
-from gnsweep.schedule import AdaptiveBatch, BatchSchedule, ConstantBatch
+from gnsweep.schedule import AdaptiveBatch, AlongBatch, BatchSchedule, ConstantBatch
 from gnsweep.tasks import Task, make_task
 from gnsweep.training.data import DatasetSource, DataSource, as_dataset, make_data
 from gnsweep.training.lr_schedule import LrSchedule
@@ -236,10 +236,13 @@ def _noise_parameters(task: Task, model: torch.nn.Module) -> list[torch.nn.Param
 def _make_schedule(config: Config, spec: RunSpec, world: int) -> BatchSchedule:
     """The grid point's fixed batch size, or an adaptive run's B = sqrt(r B_noise) (appendix D)
     with its learning-rate rule (eq. 2.7; `spec.learning_rate` is then eps_max)."""
-    if not spec.adaptive:
-        return ConstantBatch(spec.batch_size)
     sweep = config.sweep
     low, high = sweep.adaptive_bounds()
+    if spec.along:  # the measured local B_crit along training (docs/along.md)
+        return AlongBatch([(e, b) for e, b in sweep.along_points], spec.learning_rate,
+                          spec.lr_noise, low, high, world)
+    if not spec.adaptive:
+        return ConstantBatch(spec.batch_size)
     return AdaptiveBatch(spec.exchange_rate, spec.learning_rate, low, high,
                          sweep.adaptive_min_change, world, spec.lr_noise)
 

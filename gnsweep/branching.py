@@ -1,0 +1,245 @@
+"""`gnsweep branch`: a batch size x learning rate grid started from checkpoints of one base run.
+
+For each requested point N (examples seen), the base run's kept checkpoint at or before N is a
+branch point: its loss is measured on fresh batches at its fixed parameters (the targets are
+fractions of it, `branch.targets`), the base run's noise scale there is read from its metrics,
+and the grid's runs are written under `D/runs/` (run ids `at<N>_b..`), each starting from that
+checkpoint (`gnsweep.training.branch`: what is kept and what is reset). The folder is a sweep
+like any other: status, analyze (the local B_crit, `analysis.along`), plot and report work, and
+the same command again resumes it. docs/along.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+from gnsweep import store
+from gnsweep.analysis.along import branch_point
+from gnsweep.config import BranchConfig, Config, ConfigError, compose
+from gnsweep.runs import RunSpec, parse_run_record, write_run
+from gnsweep.targets import relative_target
+
+PROBE_SEED = 271_828
+"""Seed of the batches on which the loss at a branch point is measured (the same at every
+relaunch, so a resumed branch sweep finds the same targets)."""
+OPTIMIZER_KEYS = ("optimizer", "momentum", "weight_decay", "betas", "eps")
+"""The `train` settings that make the optimizer a checkpoint's state belongs to."""
+FIXED_BY_BASE = ("task", *(f"train.{k}" for k in OPTIMIZER_KEYS))
+"""Settings a branch run takes from the base run: its checkpoint is that model and optimizer."""
+
+
+def parse_points(text: str) -> list[int]:
+    """`--at 1000,4000,16000` (examples seen; 1e4 and 10_000 also read) as sorted integers."""
+    points = []
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        try:
+            value = float(part.replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"--at: {part!r} is not a number of examples; give e.g. "
+                              "--at 1000,4000,16000") from None
+        if not (value >= 1 and value == int(value)):
+            raise ConfigError(f"--at: {part} is not a positive whole number of examples")
+        points.append(int(value))
+    if not points:
+        raise ConfigError("--at: give at least one branch point, e.g. --at 1000,4000")
+    return sorted(set(points))
+
+
+def kept_checkpoints(run_dir: Path) -> dict[int, Path]:
+    """The checkpoints a run kept (`train.keep_checkpoints_at`, `train.keep_checkpoints=log`;
+    while it trains also its latest), by the examples it had seen at each."""
+    from gnsweep.training.checkpoint import kept
+
+    return dict(kept(run_dir))
+
+
+def checkpoint_at_or_before(run_dir: Path, at: int, kept: dict[int, Path]) -> tuple[int, Path]:
+    """The kept checkpoint with the most examples not above `at`; ConfigError (one line, exit 2)
+    when the run kept none that early."""
+    usable = [n for n in kept if n <= at]
+    if not usable:
+        have = ", ".join(f"{n:,}" for n in sorted(kept)) or "none"
+        raise ConfigError(f"{run_dir}: no checkpoint kept at or before {at:,} examples (kept: "
+                          f"{have}); branch later, or keep earlier ones in the base run "
+                          "(train.keep_checkpoints_at=[...])")
+    best = max(usable)
+    return best, kept[best]
+
+
+def branch_config(base: Config, overrides: list[str]) -> Config:
+    """The branch sweep's config: the overrides composed as for `gnsweep launch`, with the base
+    run's task and optimizer settings (FIXED_BY_BASE). Overrides of those may repeat the base
+    run's settings; one that differs from them is refused."""
+    from gnsweep.sweep import config_differences
+
+    config = compose(overrides)
+    keys = [(o, o.lstrip("+~").split("=", 1)[0]) for o in overrides]
+    touched = [o for o, key in keys
+               if any(key == f or key.startswith(f"{f}.") for f in FIXED_BY_BASE)]
+    if touched:
+        def fixed(c: Config) -> dict:
+            return {"task": c.to_dict()["task"],
+                    "train": {k: getattr(c.train, k) for k in OPTIMIZER_KEYS}}
+
+        differ = config_differences(fixed(base), fixed(config))
+        if differ:
+            raise ConfigError(f"{' '.join(touched)}: a branch run trains the base run's model "
+                              f"with its optimizer, and this changes them ({'; '.join(differ)}); "
+                              "drop it")
+    if config.sweep.schedule != "constant":
+        raise ConfigError(f"sweep.schedule={config.sweep.schedule}: a branch sweep is a grid of "
+                          "fixed batch sizes; drop the schedule")
+    if config.train.lr_scheduled:
+        raise ConfigError("a branch run trains at the grid's constant learning rate from its "
+                          "point (a warmup or decay would start again there and be measured "
+                          "instead of the batch size); drop train.warmup_steps/warmup_examples "
+                          "and train.decay")
+    train = dataclasses.replace(config.train, **{k: getattr(base.train, k)
+                                                 for k in OPTIMIZER_KEYS})
+    return dataclasses.replace(config, task=base.task, train=train)
+
+
+def loss_at(base: Config, base_spec: RunSpec, source: dict[str, Any], batch_size: int,
+            batches: int, loss: str) -> float:
+    """The loss at a checkpoint's fixed parameters: the mean loss over `batches` fresh batches
+    of `batch_size` (train mode, as the training loop measures it; each batch weighted by the
+    examples it counts), or the task's eval loss with `loss=eval`. No update, no gradient: the
+    branch point's own loss, free of the lag and curvature bias a smoother of the base run's
+    logged losses has where the loss falls fast (docs/along.md)."""
+    import torch
+
+    from gnsweep.tasks import examples_of, make_task
+    from gnsweep.training.data import make_data
+
+    task = make_task(base.task.name, base.task.options, base_spec.seed)
+    model = task.model()
+    model.load_state_dict(source["model"])
+    if loss == "eval" and hasattr(task, "eval_loss"):
+        model.eval()
+        with torch.no_grad():
+            return float(task.eval_loss(model))
+    # The task's own data (its sample() or its dataset()), drawn from a seed of the probe's.
+    data = make_data(task, PROBE_SEED, 1, 0, torch.device("cpu"))
+    total = count = 0.0
+    try:
+        with torch.no_grad():
+            for _ in range(batches):
+                batch = data.draw(batch_size)
+                n = examples_of(task, batch)
+                total += float(task.loss(model, batch)) * n
+                count += n
+    finally:
+        data.close()
+    return total / count
+
+
+def base_noise(run_dir: Path, at_step: int, at_examples: int, loss: str
+               ) -> tuple[float, float, float]:
+    """The base run's smoothed loss, B_simple and B_noise at a checkpoint, from its logged rows
+    (NaN where it logged none there)."""
+    from gnsweep.analysis.along import base_curve
+    from gnsweep.analysis.load import load_run_curves
+    from gnsweep.analysis.pipeline import AnalysisError
+
+    try:
+        point = branch_point(base_curve(load_run_curves(run_dir), loss), at_step, at_examples)
+    except (AnalysisError, store.StoreError):  # no rows there (yet)
+        return math.nan, math.nan, math.nan
+    return point.at_loss, point.b_simple, point.b_noise
+
+
+def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[str]
+                   ) -> tuple[Config, list[RunSpec]]:
+    """Resolve the branch points, write the branch sweep's config and every run's record (those
+    already written are kept: the same command resumes); returns (config, specs)."""
+    from gnsweep.sweep import prepare_folder
+    from gnsweep.training.branch import read_checkpoint
+
+    if not (base_run / store.RUN_CONFIG).is_file():
+        raise ConfigError(f"{base_run}: not a run folder (no {store.RUN_CONFIG}); give a run of "
+                          "a sweep, e.g. runs/digits/runs/b00032_lr0.1_s0")
+    base, base_spec = parse_run_record(store.read_json(base_run / store.RUN_CONFIG))
+    config = branch_config(base, overrides)
+    metric_task = config.task.metric != "loss"
+    loss = "metric" if metric_task else config.analysis.loss
+    kept = kept_checkpoints(base_run)
+    chosen = sorted({checkpoint_at_or_before(base_run, n, kept) for n in at})
+    points = []
+    for examples, path in chosen:
+        source = read_checkpoint(path)
+        step = int(source["progress"]["step"])
+        smoothed, b_simple, b_noise = base_noise(base_run, step, examples, loss)
+        if metric_task:  # a return cannot be probed at fixed parameters: the logged one
+            if not math.isfinite(smoothed):
+                raise ConfigError(f"{base_run}: its logged {config.task.metric} does not "
+                                  f"cover step {step}; a branch needs it there")
+            at_loss = smoothed
+        else:
+            at_loss = loss_at(base, base_spec, source, max(config.sweep.batch_sizes),
+                              config.branch.probe_batches, loss)
+        points.append({"at_examples": examples, "at_step": step, "at_loss": at_loss,
+                       "b_simple": b_simple, "b_noise": b_noise,
+                       "checkpoint": str(path.resolve())})
+    branch = BranchConfig(targets=config.branch.targets, probe_batches=config.branch.probe_batches,
+                          base=str(base_run.resolve()), points=points)
+    config = dataclasses.replace(config, branch=branch)
+    prepare_folder(sweep_dir, config)
+    specs = []
+    for point in branch.points:
+        # Each point's runs stop at its own hardest target: the fractions of its loss.
+        targets = [relative_target(point["at_loss"], f, config.task.higher_is_better)
+                   for f in branch.targets]
+        run_config = dataclasses.replace(config, sweep=dataclasses.replace(
+            config.sweep, targets=targets))
+        for spec in _grid(config, point["at_examples"]):
+            write_run(sweep_dir, run_config, spec)
+            specs.append(spec)
+    return config, specs
+
+
+def _grid(config: Config, at_examples: int) -> list[RunSpec]:
+    sweep = config.sweep
+    return sorted(RunSpec(b, lr, s, at_examples=at_examples) for b in sweep.batch_sizes
+                  for lr in sweep.learning_rates for s in sweep.seeds)
+
+
+def branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[str], *,
+           show_progress: bool = True) -> Any:
+    """Write the branch sweep (`prepare_branch`) and run what has not finished with the
+    configured executor; returns the executor's summary."""
+    from gnsweep.sweep import run_specs
+
+    config, specs = prepare_branch(base_run, at, sweep_dir, overrides)
+    return run_specs(config, sweep_dir, [spec.run_id for spec in specs],
+                     show_progress=show_progress)
+
+
+def resolve_along(config: Config, sweep_dir: Path) -> Config:
+    """The config with an along schedule's curve resolved (`sweep.schedule=along`): the local
+    B_crit of `sweep.along_from`'s along.parquet at each branch point, at the fraction nearest 1
+    that has a fit there (the most local reading), as [examples, B_crit] pairs. ConfigError
+    (exit 2) when that folder has no analysed branch sweep or no fit at any point. The learning
+    rate's rule is resolved with the adaptive one's (`sweep.resolve_adaptive_lr`: eq. 2.7 from
+    this folder's fixed-batch fit)."""
+    sweep = config.sweep
+    if sweep.schedule != "along" or sweep.along_points:
+        return config
+    source = Path(sweep.along_from)
+    path = source / "along.parquet"
+    if not path.is_file():
+        raise ConfigError(f"sweep.along_from={source}: no along.parquet there; run gnsweep "
+                          f"branch into it, then gnsweep analyze {source}")
+    along = store.read_table(path).to_pandas()
+    fitted = along[(along["refused"].astype(str) == "") & (along["b_crit"] > 0)]
+    points = []
+    for at, rows in fitted.groupby("at_examples"):
+        row = rows.loc[rows["target"].idxmax()]
+        points.append([float(at), float(row["b_crit"])])
+    if not points:
+        raise ConfigError(f"{path}: no branch point has a fit of eq. 2.11; nothing to follow")
+    return dataclasses.replace(config, sweep=dataclasses.replace(sweep, along_points=points))

@@ -1,0 +1,124 @@
+"""Secrets out of everything gnsweep writes or prints: `***` in place of credentials.
+
+What counts as a secret: the password of a URI (`scheme://user:PASSWORD@host`, also a bare
+`scheme://TOKEN@host`), and the value of any setting whose name says token, key, secret or
+password (`api_key`, `auth_token`...). The run itself still needs the real values: the launcher
+hands them to its workers through the environment (`SECRETS_ENV`, inherited by local workers,
+torchrun and Slurm jobs), never through a file; `restore` puts them back.
+
+A leaf: no gnsweep imports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+MASK = "***"
+SECRETS_ENV = "GNSWEEP_SECRETS"
+"""JSON {dotted setting: real value} of the settings redacted on disk, for this launch's
+workers."""
+
+_SECRET_WORDS = ("token", "key", "secret", "password", "passwd", "credential", "credentials")
+# userinfo of a URI: scheme://user:password@ or scheme://token@ (no '/' before the '@').
+_URI_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@\s:]*)"
+                           r"(?::(?P<password>[^/@\s]*))?@")
+# A secret passed as a query parameter: ?token=...&api_key=...
+_QUERY_SECRET = re.compile(r"(?P<name>[?&;][^=&;#\s]*(?:token|key|secret|passw(?:or)?d)"
+                           r"[^=&;#\s]*=)(?P<value>[^&;#\s]+)", re.IGNORECASE)
+# name=value or name: value in free text (an error message, a Hydra override echoed back).
+_TEXT_SECRET = re.compile(r"(?P<name>\b(?:[\w.-]*[._-])?"
+                          r"(?:token|key|secret|passw(?:or)?d|credentials?)"
+                          r"[\"']?\s*[=:]\s*[\"']?)(?P<value>[^\s\"',;)}\]]+)", re.IGNORECASE)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a setting's name says it holds a secret (token, key, secret, password)."""
+    parts = re.split(r"[_\-\s]+", name.rsplit(".", 1)[-1].lower())
+    # By word, so that `max_tokens` or `keys_per_batch` are not secrets but `api_key`,
+    # `apikey`, `auth_token` and `db_password` are.
+    return any(part.endswith(_SECRET_WORDS) for part in parts if part)
+
+
+def _uri(match: re.Match[str]) -> str:
+    if match["password"] is not None:
+        return f"{match['scheme']}{match['user']}:{MASK}@"
+    if match["user"]:  # scheme://TOKEN@host: the user part is the credential
+        return f"{match['scheme']}{MASK}@"
+    return match[0]
+
+
+def text(value: str) -> str:
+    """`value` with credentials in URIs, query strings and `name=value` pairs masked."""
+    out = _URI_USERINFO.sub(_uri, value)
+    out = _QUERY_SECRET.sub(lambda m: f"{m['name']}{MASK}", out)
+    return _TEXT_SECRET.sub(
+        lambda m: m[0] if m["value"] == MASK else f"{m['name']}{MASK}", out)
+
+
+def value(name: str, item: Any) -> Any:
+    """One setting's value as it may be written: masked whole when its name says secret,
+    credentials masked inside strings, containers walked."""
+    if isinstance(item, Mapping):
+        return {k: value(str(k), v) for k, v in item.items()}
+    if isinstance(item, list | tuple):
+        return [value(name, v) for v in item]
+    if is_secret_name(name) and item not in (None, ""):
+        return MASK
+    if isinstance(item, str):
+        return text(item)
+    return item
+
+
+def config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config dict (nested) as it may be written to a file, logged or printed."""
+    return {str(k): value(str(k), v) for k, v in data.items()}
+
+
+def secrets(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{dotted name: real value} of every setting `config` changes (what `restore` needs)."""
+    out: dict[str, Any] = {}
+    for key, item in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(item, Mapping):
+            out.update(secrets(item, f"{name}."))
+        elif value(str(key), item) != item:
+            out[name] = item
+    return out
+
+
+def restore(data: dict[str, Any], real: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` (a redacted config dict) with each masked setting named in `real` given back its
+    real value; settings `real` does not name stay as they are."""
+    out = json.loads(json.dumps(data, default=str))
+    for name, item in real.items():
+        *parents, last = name.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+            if node is None:
+                break
+        if isinstance(node, dict) and last in node and node[last] == value(last, item):
+            node[last] = item  # only where the file holds the redacted form of this value
+    return out
+
+
+def export(data: Mapping[str, Any]) -> None:
+    """Hand this config's real secret values to the workers this process starts."""
+    found = secrets(data)
+    if found:
+        os.environ[SECRETS_ENV] = json.dumps(found, default=str)
+    else:
+        os.environ.pop(SECRETS_ENV, None)
+
+
+def exported() -> dict[str, Any]:
+    """The real secret values the launcher handed down ({} when none or unreadable)."""
+    try:
+        found = json.loads(os.environ.get(SECRETS_ENV) or "{}")
+    except ValueError:
+        return {}
+    return dict(found) if isinstance(found, dict) else {}
