@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["NoiseScaleMonitor", "__version__", "measure_noise_scale"]
+__all__ = ["FsdpNoiseScale", "NoiseScaleMonitor", "__version__", "measure_noise_scale"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,6 +17,10 @@ def __getattr__(name: str) -> Any:
         from gnsweep.measure import NoiseScaleMonitor
 
         return NoiseScaleMonitor
+    if name == "FsdpNoiseScale":
+        from gnsweep.measure import FsdpNoiseScale
+
+        return FsdpNoiseScale
     if name == "measure_noise_scale":
         from gnsweep import measure
 

@@ -109,6 +109,12 @@ class NoiseScaleCallback(TrainerCallback):
         except ValueError as err:
             self._cannot(str(err))
             return
+        if self.monitor.method == "fsdp":
+            # The framework's FSDP strategies are untested with the FSDP source (which needs a
+            # micro_step() after each backward): refused rather than a number not checked.
+            self._cannot("a model sharded by FSDP is not measured by this callback yet: use "
+                         "gnsweep.FsdpNoiseScale in the training loop (docs/integrations.md)")
+            return
         if self.monitor.needs_microbatches and args.gradient_accumulation_steps < 2:
             self._cannot(f"method {self.monitor.method} needs the micro-batches of gradient "
                          "accumulation for some of this model's parameters (layers without "

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from gnsweep.measure.common import is_ddp
+from gnsweep.measure.fsdp import fsdp_refusal, sharded_parameters
 
 _RUNNING = ("running_mean", "running_var")
 
@@ -78,20 +79,27 @@ def ddp_refusal(model: nn.Module) -> str | None:
 
 def choose_method(model: nn.Module, requested: str, *, distributed: bool | None = None) -> str:
     """The measurement method for `model`: `requested`, or for "auto" the right one for this
-    model and launch (ddp for a DistributedDataParallel model on several ranks, micro-batches
+    model and launch (fsdp for a model sharded by `fully_shard`, ddp for a
+    DistributedDataParallel model on several ranks, micro-batches
     for a model with batch statistics, else per-example norms). Raises ValueError, one line
     saying why and what to use, where the requested method would be wrong for this model.
     `distributed`: whether `.grad` is all-reduced over several ranks (default: a DDP model in
     an initialised process group of more than one rank)."""
     import torch.distributed as dist
 
-    sharded = [name for name, p in model.named_parameters()
-               if type(p).__name__ in ("DTensor", "FlatParameter")]
-    if sharded:
-        raise ValueError(f"the noise scale cannot be measured on a model with sharded parameters "
-                         f"(FSDP: {sharded[0]}, ...): hooks on them never fire and their "
-                         "gradients are reduce-scattered shards; use DistributedDataParallel "
-                         "(docs/integrations.md, FSDP)")
+    if sharded_parameters(model):
+        # FSDP: each rank's micro-step gradients and the sharded global gradient (measure.fsdp).
+        reason = fsdp_refusal(model) or ddp_refusal(model)
+        if reason is not None:
+            raise ValueError(reason)
+        if requested not in ("auto", "fsdp"):
+            raise ValueError(f"method={requested!r} cannot measure a model sharded by FSDP (its "
+                             "gradients are reduce-scattered shards): use method='auto' or "
+                             "'fsdp' (each rank's micro-steps against the global gradient)")
+        return "fsdp"
+    if requested == "fsdp":
+        raise ValueError("method='fsdp' needs a model sharded by "
+                         "torch.distributed.fsdp.fully_shard; use method='auto'")
     if distributed is None:
         distributed = is_ddp(model) and dist.is_available() and dist.is_initialized() \
             and dist.get_world_size() > 1

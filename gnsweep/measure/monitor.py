@@ -16,6 +16,9 @@ current step and all unbiased for the same `|G|^2` and `tr(Sigma)`:
   communication hook reads each worker's gradient before the all-reduce; one extra scalar
   all-reduce per measured step, overlapped with the next step (so the estimate `step()` returns
   lags one measured step; `close()` folds the last one in).
+- `fsdp` (b_small = one rank's micro-step, b_big = the global step): a model sharded by
+  `fully_shard`; hooks on the unsharded parameters FSDP swaps in read each backward's gradient,
+  the sharded `.grad` the global one; one scalar all-reduce per measured step (`measure.fsdp`).
 
 B_noise (eq. 2.8) uses Hessian-vector products (double backward) every `hessian_every` steps:
 see `hessian_norms`.
@@ -51,6 +54,7 @@ from gnsweep.measure.common import (
     world_size,
 )
 from gnsweep.measure.ddp import DdpHook, RankGrads
+from gnsweep.measure.fsdp import FsdpGrads
 from gnsweep.measure.hessian import hessian_norms
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.per_example import PerExample
@@ -63,7 +67,7 @@ from gnsweep.noise import (
     load_estimate,
 )
 
-METHODS = ("per_example", "microbatch", "ddp")
+METHODS = ("per_example", "microbatch", "ddp", "fsdp")
 
 MICROBATCH_FROM = 128
 """`timed_auto`: from this batch on, a model whose per-example norms need per-position work
@@ -160,11 +164,14 @@ class NoiseScaleMonitor:
                                                                    training_only=False)]
         self._all_reduced = all_reduced_grads
         self._rank: RankGrads | None = None
+        self._fsdp: FsdpGrads | None = None
         # auto: the method right for this model and launch; a method wrong for it is refused.
         requested = method
         method = choose_method(model, method, distributed=self._distributed(model))
         if method == "ddp":
             method = self._setup_ddp(model)
+        elif method == "fsdp":
+            self._setup_fsdp(model, parameters)
         elif (is_ddp(model) and world_size(model) > 1) or self._distributed(model):
             # .grad is all-reduced while per-example / micro-batch norms stay local.
             raise ValueError(f"method={method!r} with a DistributedDataParallel model: use "
@@ -217,6 +224,18 @@ class NoiseScaleMonitor:
         self._ddp = DdpHook.attach(self, model, self.params)
         return "ddp"
 
+    def _setup_fsdp(self, model: nn.Module, parameters: Iterable[nn.Parameter] | None) -> None:
+        if self.hessian_every:
+            raise ValueError("B_noise (hessian_every > 0) cannot be measured on a model sharded "
+                             "by FSDP: its Hessian passes need unsharded parameters; use "
+                             "hessian_every=0")
+        if parameters is not None and {id(p) for p in self.params} != {
+                id(p) for p in model.parameters() if p.requires_grad}:
+            raise ValueError("parameters=: a model sharded by FSDP is measured whole (its "
+                             "unsharded parameters exist only inside forward and backward)")
+        self._fsdp = FsdpGrads(self, model)
+        self._handles += self._fsdp.handles
+
     def _distributed(self, model: nn.Module) -> bool:
         """Several ranks whose `.grad` is all-reduced: a DDP model, or `all_reduced_grads`."""
         import torch.distributed as dist
@@ -234,8 +253,10 @@ class NoiseScaleMonitor:
     @property
     def needs_microbatches(self) -> bool:
         """True when the batch must be back-propagated in micro-batches with `accumulate()`
-        after each: method microbatch, or per_example with layers it cannot handle."""
-        return self._increments is not None
+        after each: method microbatch, or per_example with layers it cannot handle, or fsdp on
+        one process."""
+        return self._increments is not None or (self._fsdp is not None
+                                                  and self._fsdp.world == 1)
 
     @property
     def b_simple(self) -> float:
@@ -249,6 +270,8 @@ class NoiseScaleMonitor:
         """Record the micro-batch just back-propagated (call after each micro-batch's backward)."""
         if self._increments is not None and self.measuring and not self._busy:
             self._increments.accumulate(self._examples)
+        if self._fsdp is not None and self.measuring:
+            self._fsdp.accumulate(self._examples)
 
     @torch.no_grad()
     def step(self, batch: Batch | None = None, *, examples: int | None = None,
@@ -291,6 +314,8 @@ class NoiseScaleMonitor:
                 self._ddp.reset()
             if self._rank is not None:
                 self._rank.reset()
+            if self._fsdp is not None:
+                self._fsdp.reset()
         if self._timing is not None and measuring and self._started is not None:
             seconds = _now(self.params[0].device) - self._started - self._hessian_seconds
             self._timed(seconds)
@@ -460,6 +485,9 @@ class NoiseScaleMonitor:
                                  "call step() before unscaling the gradients")
             # This step's norms are unscaled inside, before their all-reduce.
             parts, hess = self._ddp.measure(hess, self._examples, self.params, 1 / small_scale)
+        elif plain and self._fsdp is not None:
+            part = self._fsdp.measure(self._examples, required=True)
+            parts = [_unscale(part, small_scale, big_scale)] if part is not None else []
         elif plain and self._rank is not None:
             part = self._rank.measure(self._examples)
             parts = [_unscale(part, small_scale, big_scale)] if part is not None else []
