@@ -404,7 +404,8 @@ class NoiseConfig:
     """How B_simple (and optionally B_noise) is measured during every run."""
 
     method: str = "auto"
-    """per_example, microbatch, ddp, or auto (ddp under torchrun, else per_example)."""
+    """per_example, microbatch, ddp, or auto (ddp under torchrun, else the cheaper right one of
+    per_example and microbatch: docs/noise.md)."""
     microbatches: int = 4
     """Micro-batches per step for method=microbatch (b_small = B / this); where a step is
     already cut into train.microbatch_size pieces, those pieces are used instead."""

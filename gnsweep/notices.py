@@ -31,7 +31,9 @@ class OncePerLaunch(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
-        key = hashlib.sha256(record.getMessage().encode()).hexdigest()[:24]
+        # A message whose numbers differ from run to run names its own key (`extra={"once":}`).
+        text = getattr(record, "once", None) or record.getMessage()
+        key = hashlib.sha256(str(text).encode()).hexdigest()[:24]
         if self.folder.parent.is_symlink() or self.folder.is_symlink():
             return True  # never a marker through a link (it would land outside the sweep)
         try:

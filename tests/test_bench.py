@@ -50,8 +50,11 @@ def test_noise_bench_runs() -> None:
     result = _run("noise", QUICKEST["noise"])
     assert [(r["model"], r["batch"]) for r in result["rows"]] == [("mlp", 32), ("cnn", 32)]
     for row in result["rows"]:
-        for key in ("plain_ms", "per_example", "microbatch", "hessian_steps", "b_noise"):
+        for key in ("plain_ms", "per_example", "microbatch", "hessian_steps", "b_noise",
+                    "auto_cost"):
             assert _positive(row[key]), (row["model"], key, row[key])
+    # At batch 32 per-example norms are kept for both (cnn: below the micro-batch threshold).
+    assert [r["auto"] for r in result["rows"]] == ["per_example", "per_example"]
 
 
 def test_probe_bench_runs() -> None:

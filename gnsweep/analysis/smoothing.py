@@ -130,15 +130,20 @@ class RunSmoother:
             raise ValueError("need fraction >= 0 and min_half_width >= 0")
         min_half = np.broadcast_to(np.asarray(min_half_width, float), self.lengths.shape)
         out = np.full(len(self.x), np.nan)
+        # Runs logged at the same steps with the same smallest half-width (the runs of one
+        # batch size) have the same window edges: searched once.
+        edges: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for first, last, sums in self.chunks:
-            self._fit_chunk(first, last, sums, fraction, min_half, out)
+            self._fit_chunk(first, last, sums, fraction, min_half, out, edges)
         for i in np.flatnonzero(self.odd):
             a, b = self.offsets[i], self.offsets[i + 1]
             out[a:b] = centred_fit(self.x[a:b], self.y[a:b], fraction, float(min_half[i]))
         return out
 
     def _fit_chunk(self, first: int, last: int, sums: list[np.ndarray], fraction: float,
-                   min_half: np.ndarray, out: np.ndarray) -> None:
+                   min_half: np.ndarray, out: np.ndarray,
+                   edges: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]]
+                   ) -> None:
         a0, b0 = int(self.offsets[first]), int(self.offsets[last])
         if b0 <= a0:
             return
@@ -153,8 +158,13 @@ class RunSmoother:
                                        strict=True)):
             if b > a and not self.odd[first + i]:
                 run = xc[a:b]
-                lo[a:b] = np.searchsorted(run, low[a:b], side="left") + (a + i)
-                hi[a:b] = np.searchsorted(run, high[a:b], side="right") + (a + i)
+                key = (b - a, float(min_half[first + i]))
+                seen = edges.get(key)
+                if seen is None or not np.array_equal(seen[0], run):
+                    seen = edges[key] = (run, np.searchsorted(run, low[a:b], side="left"),
+                                         np.searchsorted(run, high[a:b], side="right"))
+                lo[a:b] = seen[1] + (a + i)
+                hi[a:b] = seen[2] + (a + i)
         c1, cx, cy, cxx, cxy = sums
         n = c1[hi] - c1[lo]
         sx, sy = cx[hi] - cx[lo], cy[hi] - cy[lo]

@@ -9,7 +9,9 @@ ratio of medians is reported:
   cost), and over one unsplit step (the monitor plus the splitting, if you would not split);
 - B_noise: one Hessian measurement (`hessian_norms`) in plain steps (`hessian_steps`), and
   amortized over the default frequency, every 50 steps (`b_noise`, on top of B_simple's cost);
-- ddp: two gloo processes, DDP with the hook / plain DDP (`--no-ddp` skips it).
+- ddp: two gloo processes, DDP with the hook / plain DDP (`--no-ddp` skips it);
+- auto: the method `noise.method=auto` keeps on one process for the model and batch, and its
+  step over the plain unsplit step (`auto_cost`).
 
 Flags: `--quick` (fewer rounds), `--no-ddp`.
 """
@@ -92,6 +94,20 @@ def _variants(name: str, batch: int) -> dict[str, Callable[[], object]]:
         k = MICROBATCHES if variant in ("plain_split", "microbatch") else 1
         out[variant] = _stepper(model, x, y, k, monitor)
     return out
+
+
+def _auto_method(name: str, batch: int) -> str:
+    """The method `noise.method=auto` keeps for this model and batch on one process (the
+    training loop's monitor, `timed_auto`): chosen after the first measured step."""
+    make, shape = MODELS[name]
+    x, y = _data(shape, batch)
+    torch.manual_seed(0)
+    model = make()
+    monitor = NoiseScaleMonitor(model, "auto", timed_auto=True)
+    F.cross_entropy(model(x), y).backward()
+    monitor.step()
+    monitor.close()
+    return monitor.method
 
 
 def _time_side_by_side(steppers: Mapping[str, Callable[[], object]], rounds: int, steps: int
@@ -193,6 +209,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         for batch in args.batch_sizes:
             seconds = _time_side_by_side(_variants(name, batch), rounds, steps)
             plain = seconds["plain"]
+            auto = _auto_method(name, batch)
             rows.append({
                 "model": name, "batch": batch, "plain_ms": 1e3 * plain,
                 "per_example": seconds["per_example"] / plain,
@@ -201,13 +218,17 @@ def main(argv: list[str]) -> dict[str, Any]:
                 "hessian_steps": seconds["hessian_call"] / plain,
                 "b_noise": 1 + seconds["hessian_call"] / plain / HESSIAN_EVERY,
                 "ddp": ddp.get(f"{name}/{batch}", float("nan")),
+                # What auto costs over the plain unsplit step: its splitting included.
+                "auto": auto, "auto_cost": seconds["per_example"] / plain
+                if auto == "per_example" else seconds["microbatch"] / plain,
             })
     columns = ["model", "batch", "plain_ms", "per_example", "microbatch",
-               "microbatch_vs_unsplit", "hessian_steps", "b_noise", "ddp"]
+               "microbatch_vs_unsplit", "hessian_steps", "b_noise", "ddp", "auto", "auto_cost"]
     print(f"noise-scale measurement cost (step time / plain step time, fastest of {rounds} "
           f"interleaved rounds, 1 thread; b_noise: one Hessian measurement every "
           f"{HESSIAN_EVERY} steps; microbatch: over the same {MICROBATCHES}-micro-batch loop; "
-          "ddp: 2 gloo processes)")
+          "ddp: 2 gloo processes; auto: the method noise.method=auto keeps on one process, "
+          "auto_cost: its step over the plain unsplit step)")
     width = {c: max(len(c), 6) for c in columns}
     print("  ".join(f"{c:>{width[c]}}" for c in columns))
     for row in rows:

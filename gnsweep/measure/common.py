@@ -132,13 +132,14 @@ def batch_loss(module: nn.Module, loss_fn: LossFn, inputs: Any, targets: Any) ->
 _SAID: set[str] = set()
 
 
-def say_once(key: str, message: str) -> None:
+def say_once(key: str, message: str, *, per_launch: bool = False) -> None:
     """Log `message` once per process: facts about an architecture (which layers fall back to
     micro-batches, how batch statistics are measured) hold for every run of a sweep, and a
-    worker process runs many."""
+    worker process runs many. `per_launch`: once per launch by `key`, not by the message's
+    text (`gnsweep.notices`), for a message whose numbers differ from run to run."""
     if key not in _SAID:
         _SAID.add(key)
-        log.warning(message)
+        log.warning(message, extra={"once": key} if per_launch else None)
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -27,6 +27,7 @@ see `hessian_norms`.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
@@ -68,6 +69,14 @@ from gnsweep.noise import (
 
 METHODS = ("per_example", "microbatch", "ddp", "fsdp")
 
+MICROBATCH_FROM = 128
+"""`timed_auto`: from this batch on, a model whose per-example norms need per-position work
+(convolutions, sequences) is measured with micro-batches: `gnsweep bench noise` has conv
+per-example norms at 1.4-1.6x the plain step there against 1.0-1.4x for micro-batches, and
+per-example norms cheaper at batch 32."""
+TIMED_STEPS = 3
+"""`timed_auto`: measured steps timed after the choice (the fastest is reported)."""
+
 
 class NoiseScaleMonitor:
     """Measures B_simple (eq. 2.9) and optionally B_noise (eq. 2.8) inside a training loop.
@@ -101,6 +110,17 @@ class NoiseScaleMonitor:
     the model). G, Sigma and H are then those of that block of the gradient, and B_simple is
     eq. 2.9 on it; e.g. an actor-critic's actor alone (`docs/tasks.md`, `noise_parameters`).
     The other parameters still train; their gradients are just not looked at.
+
+    `timed_auto` (with `method="auto"`, for a loop that splits its batch when
+    `needs_microbatches` says so, as gnsweep's does): where both per-example norms and
+    micro-batches measure this model right (one process, no batch statistics), the first
+    measured step uses per-example norms, whose hooks see each layer's shapes; from then on the
+    cheaper by `cheaper_method` (a rule `gnsweep bench noise` justifies) is kept (`choice`),
+    and its next `TIMED_STEPS` measured steps are timed, from the model's first forward to the
+    end of `step()`. Both give unbiased pairs for the same `|G|^2` and `tr(Sigma)`, and the
+    gradient trained on is the batch mean either way (as the micro-batches' weighted sum: equal
+    up to rounding). The choice is a function of the model and the first batch, never of a
+    clock, so that a run trained twice, or resumed, gives the same numbers.
     """
 
     def __init__(self, model: nn.Module, method: str = "auto", *, every: int = 1,
@@ -109,7 +129,7 @@ class NoiseScaleMonitor:
                  hessian_microbatches: int = 2, task_loss: TaskLoss | None = None,
                  ema_fraction: float | None = None,
                  parameters: Iterable[nn.Parameter] | None = None,
-                 all_reduced_grads: bool = False) -> None:
+                 all_reduced_grads: bool = False, timed_auto: bool = False) -> None:
         if method not in (*METHODS, "auto"):
             raise ValueError(f"method={method!r}: choose one of auto, {', '.join(METHODS)}")
         if every < 1 or hessian_every < 0 or hessian_microbatches < 2:
@@ -146,6 +166,7 @@ class NoiseScaleMonitor:
         self._rank: RankGrads | None = None
         self._fsdp: FsdpGrads | None = None
         # auto: the method right for this model and launch; a method wrong for it is refused.
+        requested = method
         method = choose_method(model, method, distributed=self._distributed(model))
         if method == "ddp":
             method = self._setup_ddp(model)
@@ -158,6 +179,14 @@ class NoiseScaleMonitor:
         self.method = method
         self._handles.append(
             model.register_forward_pre_hook(self._count_examples, with_kwargs=True))
+        # auto between per-example norms and micro-batches, chosen at the first measured step.
+        self._timing: list[float] | None = None
+        self._started: float | None = None
+        self._hessian_seconds = 0.0
+        self.choice: dict[str, Any] | None = None
+        """How `timed_auto` chose: {"method", "reason", "batch", "step_seconds": the fastest
+        measured step after the choice} (None before it has, or without `timed_auto`)."""
+        self._sources: dict[str, tuple[PerExample | None, Increments | None]] = {}
         if method == "microbatch":
             self._increments = Increments(self.params)
         elif method == "per_example":
@@ -166,6 +195,11 @@ class NoiseScaleMonitor:
             rest = [p for p in self.params if id(p) not in self._per_example.covered]
             if rest:
                 self._increments = Increments(rest)
+            if timed_auto and requested == "auto":
+                # Micro-batches measure this model right too: the cheaper is kept after the
+                # first measured step (`_choose`).
+                self._sources = {"per_example": (self._per_example, self._increments),
+                                 "microbatch": (None, Increments(self.params))}
 
     def _setup_ddp(self, model: nn.Module) -> str:
         import torch.distributed as dist
@@ -262,6 +296,7 @@ class NoiseScaleMonitor:
         self._loss_scale = float(loss_scale)
         self._grads_unscaled = grads_unscaled
         measuring = self.measuring
+        steps_examples = self._examples
         self.steps += 1
         self._since_examples += self._examples if examples is None else examples
         self._since_steps += 1
@@ -281,7 +316,59 @@ class NoiseScaleMonitor:
                 self._rank.reset()
             if self._fsdp is not None:
                 self._fsdp.reset()
+        if self._timing is not None and measuring and self._started is not None:
+            seconds = _now(self.params[0].device) - self._started - self._hessian_seconds
+            self._timed(seconds)
+        self._started, self._hessian_seconds = None, 0.0
+        if self.timed and self.choice is None and measuring and self._per_example is not None:
+            self._choose(steps_examples)
         return self.estimate
+
+    @property
+    def timed(self) -> bool:
+        """Built with `timed_auto` where both per-example norms and micro-batches are right."""
+        return bool(self._sources)
+
+    def keep(self, method: str) -> None:
+        """`timed_auto`: measure with `method` from the next step on, without choosing (the
+        loop's batch cannot be split: per-example norms)."""
+        if self.timed and self.choice is None:
+            self._commit({"method": method, "reason": "the batch cannot be split",
+                          "batch": None, "step_seconds": None})
+
+    def _choose(self, batch: int) -> None:
+        """After the first measured step (per-example norms): `cheaper_method` for the layers
+        the hooks saw and this batch."""
+        assert self._per_example is not None
+        rest = self._increments is not None
+        method, reason = cheaper_method(sorted(self._per_example.positional), batch, rest)
+        self._commit({"method": method, "reason": reason, "batch": batch, "step_seconds": None})
+        self._timing = []
+
+    def _timed(self, seconds: float) -> None:
+        assert self._timing is not None and self.choice is not None
+        self._timing.append(seconds)
+        if len(self._timing) < TIMED_STEPS:
+            return
+        self.choice["step_seconds"] = min(self._timing)
+        self._timing = None
+        choice = self.choice
+        say_once(f"auto {choice['method']}", f"noise scale: method auto measures with "
+                 f"{choice['method']} ({choice['reason']}): {choice['step_seconds'] * 1e3:.3g} "
+                 f"ms a measured step at batch {choice['batch']} (the fastest of "
+                 f"{TIMED_STEPS}; each run's choice is in its status.json, noise_method)",
+                 per_launch=True)
+
+    def _commit(self, choice: dict[str, Any]) -> None:
+        method = choice["method"]
+        self._per_example, self._increments = self._sources[method]
+        self.method = method
+        for name, (per_example, _) in self._sources.items():
+            if name != method and per_example is not None:  # its hooks cost even idle
+                for handle in per_example.handles:
+                    handle.remove()
+                self._handles = [h for h in self._handles if h not in per_example.handles]
+        self.choice = dict(choice)
 
     def close(self) -> None:
         """Remove the hooks (DDP's communication hook stays, all-reducing without measuring)."""
@@ -297,8 +384,11 @@ class NoiseScaleMonitor:
         (`NoiseScaleEma.state_dict`), the examples and steps since the last measurement, whether
         B_noise is still measured, and the warnings already given. Under DDP also the last
         measured step's norms (`ddp_pending`: its all-reduce, overlapped with the next step, is
-        waited for here), which the next measurement folds in."""
+        waited for here), which the next measurement folds in. With `timed_auto`, the steps
+        timed so far (`timing`) and the method chosen (`choice`)."""
         return {"method": self.method, "steps": self.steps,
+                "timing": None if self._timing is None else list(self._timing),
+                "choice": self.choice,
                 "estimate": estimate_state(self.estimate), "hessian_every": self.hessian_every,
                 "ema": self.ema.state_dict(),
                 "since_examples": self._since_examples, "since_steps": self._since_steps,
@@ -307,6 +397,10 @@ class NoiseScaleMonitor:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` into a monitor built alike (same model, method, settings)."""
+        if self.timed and state.get("choice") is not None:
+            self._commit(state["choice"])
+            timing = state.get("timing")
+            self._timing = None if timing is None else list(timing)
         if state["method"] != self.method:
             raise ValueError(f"monitor state of method {state['method']}, this monitor "
                              f"measures with {self.method}")
@@ -335,6 +429,8 @@ class NoiseScaleMonitor:
     def _count_examples(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._busy or not torch.is_grad_enabled():
             return
+        if self._timing is not None and self._started is None and self.measuring:
+            self._started = _now(self.params[0].device)
         first = first_tensor(args) if args else None
         if first is None:
             first = first_tensor(tuple(kwargs.values()))
@@ -430,6 +526,7 @@ class NoiseScaleMonitor:
     def _hessian(self, batch: Batch) -> NormPair | None:
         """H-norms for B_noise; a model whose loss has no double backward (e.g. a fused
         attention kernel) is said once and B_noise is no longer measured."""
+        started = _now(self.params[0].device) if self._timing is not None else 0.0
         try:
             with _busy(self):
                 return hessian_norms(self.module, self.loss_fn, batch,
@@ -444,6 +541,9 @@ class NoiseScaleMonitor:
                            f"{text.splitlines()[0]}); B_noise is not measured")
             self.hessian_every = 0
             return None
+        finally:
+            if self._timing is not None:  # not part of either method's cost
+                self._hessian_seconds += _now(self.params[0].device) - started
 
     def _fold(self, parts: list[NormPair], hess: NormPair | None) -> None:
         valid = [p for p in parts if all(map(math.isfinite, p)) and 0 < p.b_small < p.b_big]
@@ -599,6 +699,31 @@ def _measured(model: nn.Module, parameters: Iterable[nn.Parameter] | None
                          "or does not require grad)")
     # The model's order, so that flattened gradients line up with DDP's and the optimizer's.
     return [p for p in trainable if id(p) in ids]
+
+
+def cheaper_method(positional: list[str], batch: int, rest: bool) -> tuple[str, str]:
+    """(per_example or microbatch, why) for a model both measure right: micro-batches where
+    per-example norms need them anyway (`rest`: layers without per-example norms; the hooks
+    then only add), or where some layer's per-example norm needs per-position work
+    (`positional`: its kinds) and the batch is at least `MICROBATCH_FROM`; else per-example
+    norms."""
+    if rest:
+        return "microbatch", "layers without per-example norms need micro-batches anyway"
+    if not positional:
+        return "per_example", "no layer needs per-position work for its per-example norms"
+    kinds = ", ".join(positional)
+    if batch >= MICROBATCH_FROM:
+        return "microbatch", (f"{kinds} need per-position work for per-example norms, and at "
+                              f"batch {batch} >= {MICROBATCH_FROM} micro-batches cost less")
+    return "per_example", (f"{kinds} need per-position work for per-example norms, but at "
+                           f"batch {batch} < {MICROBATCH_FROM} they cost less than micro-batches")
+
+
+def _now(device: torch.device) -> float:
+    """Seconds, after the device's queued work (a GPU runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _unscale(part: NormPair, small: float, big: float) -> NormPair:

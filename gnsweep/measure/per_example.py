@@ -38,6 +38,9 @@ class PerExample:
         """Examples in the current forward of the model (set by the monitor)."""
         self.reset()
         self.covered: set[int] = set()
+        self.positional: set[str] = set()
+        """Kinds of the layers captured so far whose norms needed per-position work
+        (convolutions, sequences: Gram matrices or explicit per-example gradients)."""
         self.handles: list[Any] = []
         self._last_forward: dict[int, int] = {}
         wanted = {id(p) for p in measured}
@@ -110,6 +113,9 @@ class PerExample:
             # The common case, kept to two small ops: (|a_i|^2 + 1) . |d_i|^2.
             output.register_hook(lambda d: self._fast(saved, d.detach().float()))
         else:
+            sequence = isinstance(module, nn.Embedding) and saved[0].numel() > 1
+            if linear_like(module) or sequence or isinstance(module, (nn.Conv1d, nn.Conv2d)):
+                self.positional.add(type(module).__name__)
             output.register_hook(lambda grad: self._backward(module, saved, grad))
         return output
 

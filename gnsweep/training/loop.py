@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,6 +62,9 @@ class RunResult:
     """Why the run stopped: target, max_steps, max_examples, or what diverged."""
     final_loss: float
     train_seconds: float
+    noise_method: dict[str, Any] | None = None
+    """noise.method=auto's choice and the measured step time of each candidate, in seconds
+    (`NoiseScaleMonitor.choice`); None where nothing was chosen by cost."""
 
 
 def train(config: Config, spec: RunSpec, out_dir: Path | None,
@@ -213,7 +217,8 @@ def run(state: TrainState, out_dir: Path | None = None,
         store.end_metrics(out_dir, state.rows)
     if checkpoints is not None:
         checkpoints.finish()
-    return RunResult(outcome, state.step, reason, state.loss, time.perf_counter() - start)
+    return RunResult(outcome, state.step, reason, state.loss, time.perf_counter() - start,
+                     state.monitor.choice)
 
 
 def make_checkpointer(config: Config, run_dir: Path | None) -> Checkpointer:

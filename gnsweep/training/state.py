@@ -111,7 +111,7 @@ class TrainState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state_dict()` of a run built alike (same config and spec)."""
-        if state["monitor"]["method"] != self.monitor.method:
+        if state["monitor"]["method"] != self.monitor.method and not self.monitor.timed:
             # The saved run fell back from micro-batches at its first step: so does this one.
             self.monitor = _per_example_instead(self)
         for name in PARTS:
@@ -188,7 +188,9 @@ def make_monitor(model: torch.nn.Module, trained: torch.nn.Module, task: Task, c
     `config.noise.method`)."""
     noise = config.noise
     # auto is resolved by the monitor from the model and the launch (`choose_method`): the DDP
-    # hook under torchrun, micro-batches for a model with batch statistics, else per-example.
+    # hook under torchrun, micro-batches for a model with batch statistics, else the cheaper
+    # of per-example norms and micro-batches, timed on the run's first measured steps (the
+    # loop splits the batch when the monitor asks: `pieces`).
     method = method or noise.method
     if isinstance(trained, torch.nn.parallel.DistributedDataParallel) and \
             method not in ("ddp", "auto"):
@@ -199,14 +201,20 @@ def make_monitor(model: torch.nn.Module, trained: torch.nn.Module, task: Task, c
                              ema_steps=noise.ema_steps, ema_examples=noise.ema_examples,
                              task_loss=task.loss, hessian_every=noise.hessian_every,
                              ema_fraction=noise.ema_fraction,
-                             parameters=_noise_parameters(task, model))
+                             parameters=_noise_parameters(task, model),
+                             timed_auto=method == "auto")
 
 
 def fall_back_if_unsplittable(state: TrainState, batch: Any) -> None:
     """noise.method=microbatch on a batch that cannot be cut along dim 0: per-example norms
     instead, said once (they need no split, except for layers they do not cover; a batch of one
     sample, cartpole's one environment, they leave unmeasured, NaN)."""
-    if state.monitor.method != "microbatch" or split_batch(batch, 2) is not None:
+    if split_batch(batch, 2) is not None:
+        return
+    if state.monitor.timed:  # auto: micro-batches are no candidate
+        state.monitor.keep("per_example")
+        return
+    if state.monitor.method != "microbatch":
         return
     state.monitor.warn_once("nosplit", "noise scale: this task's batch cannot be split along "
                             "dim 0 (no tensor, tensors of different lengths, or one sample): "
