@@ -39,10 +39,12 @@ demo: $(STAMP)
 	@echo "Done. Tables: runs/demo/*.parquet  Figures: runs/demo/figures/"
 	@echo "Report (one file, figures inside; open it in a browser): file://$(CURDIR)/runs/demo/report.html"
 
+# Two pytest workers: half the suite's time waits on processes (torchrun, Slurm's requeue), so
+# the other worker runs meanwhile; the Slurm tests share one worker (one node, one port).
 test: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy gnsweep
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 test-fast: $(DEV_STAMP)
 	$(BIN)/pytest -q -m "not slow and not distributed and not slurm and not browser"
