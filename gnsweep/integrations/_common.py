@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from gnsweep.measure import NoiseScaleMonitor
     from gnsweep.noise import NoiseEstimate
 
 
@@ -76,3 +77,18 @@ def metrics(estimate: NoiseEstimate | None, *, with_b_noise: bool) -> dict[str, 
     if with_b_noise and math.isfinite(estimate.b_noise):
         out["b_noise"] = float(estimate.b_noise)
     return out
+
+
+def cannot_measure(monitor: NoiseScaleMonitor, accumulation: int, setting: str) -> str | None:
+    """Why a framework callback cannot measure with `monitor` under `accumulation` micro-steps a
+    step (the framework's `setting`), or None when it can."""
+    if monitor.method == "fsdp":
+        # The frameworks' FSDP strategies are untested with the FSDP source (which needs a
+        # micro_step() after each backward): refused rather than a number not checked.
+        return ("a model sharded by FSDP is not measured by this callback yet: use "
+                "gnsweep.FsdpNoiseScale in the training loop (docs/integrations.md)")
+    if monitor.needs_microbatches and accumulation < 2:
+        return (f"method {monitor.method} needs the micro-batches of gradient accumulation for "
+                "some of this model's parameters (layers without per-example norms, or batch "
+                f"statistics); set {setting} >= 2")
+    return None

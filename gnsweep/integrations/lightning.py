@@ -29,7 +29,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from gnsweep import NoiseScaleMonitor
-from gnsweep.integrations._common import Watched, metrics
+from gnsweep.integrations._common import Watched, cannot_measure, metrics
 
 __all__ = ["NoiseScaleCallback"]
 log = logging.getLogger("gnsweep.integrations")
@@ -88,17 +88,10 @@ class NoiseScaleCallback(pl.Callback):
         except ValueError as err:
             self._cannot(str(err))
             return
-        if self.monitor.method == "fsdp":
-            # The framework's FSDP strategies are untested with the FSDP source (which needs a
-            # micro_step() after each backward): refused rather than a number not checked.
-            self._cannot("a model sharded by FSDP is not measured by this callback yet: use "
-                         "gnsweep.FsdpNoiseScale in the training loop (docs/integrations.md)")
-            return
-        if self.monitor.needs_microbatches and trainer.accumulate_grad_batches < 2:
-            self._cannot(f"method {self.monitor.method} needs the micro-batches of gradient "
-                         "accumulation for some of this model's parameters (layers without "
-                         "per-example norms, or batch statistics); set "
-                         "accumulate_grad_batches >= 2")
+        reason = cannot_measure(self.monitor, trainer.accumulate_grad_batches,
+                                "accumulate_grad_batches")
+        if reason is not None:
+            self._cannot(reason)
 
     def _cannot(self, reason: str) -> None:
         """Say once, loudly, why nothing is measured; b_simple is logged as NaN."""

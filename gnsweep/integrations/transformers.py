@@ -36,7 +36,7 @@ from torch.autograd.graph import register_multi_grad_hook
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from gnsweep import NoiseScaleMonitor
-from gnsweep.integrations._common import Watched, first_tensor, metrics
+from gnsweep.integrations._common import Watched, cannot_measure, first_tensor, metrics
 
 __all__ = ["NoiseScaleCallback"]
 log = logging.getLogger("gnsweep.integrations")
@@ -109,17 +109,10 @@ class NoiseScaleCallback(TrainerCallback):
         except ValueError as err:
             self._cannot(str(err))
             return
-        if self.monitor.method == "fsdp":
-            # The framework's FSDP strategies are untested with the FSDP source (which needs a
-            # micro_step() after each backward): refused rather than a number not checked.
-            self._cannot("a model sharded by FSDP is not measured by this callback yet: use "
-                         "gnsweep.FsdpNoiseScale in the training loop (docs/integrations.md)")
-            return
-        if self.monitor.needs_microbatches and args.gradient_accumulation_steps < 2:
-            self._cannot(f"method {self.monitor.method} needs the micro-batches of gradient "
-                         "accumulation for some of this model's parameters (layers without "
-                         "per-example norms, or batch statistics); set "
-                         "gradient_accumulation_steps >= 2")
+        reason = cannot_measure(self.monitor, args.gradient_accumulation_steps,
+                                "gradient_accumulation_steps")
+        if reason is not None:
+            self._cannot(reason)
             return
         params = self.monitor.params
         self._handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
