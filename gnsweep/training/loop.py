@@ -243,7 +243,7 @@ def _log(state: TrainState, smooth: float, size: int, lr: float,
     state.elapsed = time.perf_counter() - start
     values = {
         "step": state.step, "examples": state.examples, "loss": state.loss,
-        "loss_smooth": smooth, "eval_loss": eval_loss, "lr": state.spec.learning_rate,
+        "loss_smooth": smooth, "eval_loss": eval_loss, "lr": lr,
         "wall_time": state.elapsed, "metric": state.metric, "grad_norm": state.grad_norm,
         "skipped_steps": state.precision.skipped, "epoch": state.data.epochs,
     }
@@ -251,8 +251,8 @@ def _log(state: TrainState, smooth: float, size: int, lr: float,
     estimate = state.estimate
     for field in fields(NoiseEstimate):
         values[field.name] = getattr(estimate, field.name) if estimate is not None else math.nan
-    # Probes and exact truth (gnsweep.measure.probe), then this step's batch size and rate.
-    values.update({**state.probes.values(model, state.examples), "batch_size": size, "lr": lr})
+    # Probes and exact truth (gnsweep.measure.probe), then this step's batch size.
+    values.update({**state.probes.values(model, state.examples), "batch_size": size})
     for name, value in values.items():
         state.rows[name].append(value)
     return values
