@@ -1,6 +1,6 @@
 """The planner against the full grid, side by side in one run, on the same task and config:
 compute (examples processed by all runs, diverged ones included) as a ratio, and B_crit of each
-per target. Done when (issue 13): plan's B_crit within 25% of the grid's at every target with at
+per target. The goal: plan's B_crit within 25% of the grid's at every target with at
 most 30% of its compute (goal 10%).
 
     python -m gnsweep.bench planner [--set KEY=VALUE ...] [--workers N] [--keep DIR]

@@ -1,4 +1,4 @@
-"""Cost of the lag-free noise-scale measurement (issue 9): frozen-parameter probes and the exact
+"""Cost of the lag-free noise-scale measurement: frozen-parameter probes and the exact
 truth, per training step.
 
 `python -m gnsweep.bench probe [--quick]`. For linreg (the `+experiment=linreg_truth` task) and

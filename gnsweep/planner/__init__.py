@@ -1,4 +1,4 @@
-"""`gnsweep plan`: find B_crit at a fraction of the grid's compute (issue 13).
+"""`gnsweep plan`: find B_crit at a fraction of the grid's compute.
 
 `rules` decides (pure: pilot, batch sizes, learning rates, step budgets); `orchestrate` reads the
 finished runs, records each decision in the sweep folder's plan.json and hands the runs to the
