@@ -60,13 +60,19 @@ def test_a_tiny_sweep_through_slurm_and_torchrun_matches_the_local_one(tmp_path)
 
 
 def test_relaunch_while_jobs_run_and_a_killed_job_lose_and_repeat_nothing(tmp_path):
-    slow = [*SLURM, "sweep.batch_sizes=[8,16]", "sweep.learning_rates=[0.05,0.1]",
+    # Runs of at least 16 s on any machine (each step's loss waits 20 ms): still running once
+    # the second launch has started and the loop below looks (a quick machine finished 800
+    # linreg steps in under 2 s, before anyone looked).
+    slow = [*SLURM, "task=custom", "task._target_=protocol_tasks.slow", "+task.pause=0.02",
+            "sweep.batch_sizes=[8,16]", "sweep.learning_rates=[0.05,0.1]",
             "sweep.targets=[0.001]", "sweep.max_steps=800", "executor.runs_per_job=2"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(  # the jobs import the task from tests/
+        [str(Path(__file__).resolve().parents[1]), str(Path(__file__).parent)])}
     detach = [GNSWEEP, "launch", "-q", "--detach", "--sweep-dir", str(tmp_path), *slow]
-    first = subprocess.run(detach, capture_output=True, text=True, timeout=120)
+    first = subprocess.run(detach, capture_output=True, text=True, timeout=120, env=env)
     assert first.returncode == 0, first.stderr
     # A second launch while the first one's jobs are queued or running: more jobs, same runs.
-    second = subprocess.run(detach, capture_output=True, text=True, timeout=120)
+    second = subprocess.run(detach, capture_output=True, text=True, timeout=120, env=env)
     assert second.returncode == 0, second.stderr
     deadline = time.monotonic() + 180
     while True:
@@ -82,7 +88,7 @@ def test_relaunch_while_jobs_run_and_a_killed_job_lose_and_repeat_nothing(tmp_pa
     assert any("_" in job for job in json.loads((tmp_path / "slurm" / "jobs.json").read_text())
                .values())  # array tasks: <array job>_<task>
     final = subprocess.run([GNSWEEP, "launch", "-q", "--sweep-dir", str(tmp_path), *slow],
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, env=env)
     assert final.returncode == 0, final.stderr
     died = 0
     for run_id in store.run_ids(tmp_path):
