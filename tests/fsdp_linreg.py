@@ -30,6 +30,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
 
 from gnsweep import FsdpNoiseScale, NoiseScaleMonitor, measure_noise_scale
+from gnsweep.distributed import close_process_group
 from gnsweep.tasks import linreg
 
 MICRO = 16  # examples of one rank's micro-step
@@ -155,8 +156,7 @@ def main(steps: int) -> None:
     if rank == 0:
         print(json.dumps(out), flush=True)
     # Both ranks done with every group (the 1-rank meshes' too) before either tears gloo down.
-    dist.barrier()
-    dist.destroy_process_group()
+    close_process_group()
 
 
 if __name__ == "__main__":
