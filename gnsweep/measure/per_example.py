@@ -6,7 +6,7 @@ allow them (`nn.Linear`, transformers' `Conv1D`, `nn.Conv1d`, `nn.Conv2d`, `nn.E
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gnsweep.measure.common import Gate, grad_sq_norm, say_once, sq
+from gnsweep.measure.common import Gate, say_once, sq
 from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like
 from gnsweep.noise import NormPair
 
@@ -76,6 +76,10 @@ class PerExample:
 
     def reset(self) -> None:
         self.values: list[torch.Tensor] = []
+        """Sums over examples of `|g_i|^2` of the layers measured during backward."""
+        self.rows: list[tuple[torch.Tensor, list[Any]]] = []
+        """The linear layers with one example per row (`_stash`): `|a_i|^2 (+ 1)`, and the
+        output gradients backward gives."""
         self.invalid = False
         if hasattr(self, "tied"):
             self.tied.reset()
@@ -83,21 +87,23 @@ class PerExample:
     def _forward(self, module: nn.Module, inputs: tuple, output: Any) -> Any:
         if not (self.gate.capturing and torch.is_grad_enabled()):
             return None
-        if not isinstance(output, torch.Tensor):
+        if not isinstance(output, torch.Tensor) or not output.requires_grad or not inputs:
             return None
-        if not output.requires_grad or not inputs or not isinstance(inputs[0], torch.Tensor):
+        a = inputs[0]
+        if not isinstance(a, torch.Tensor):
             return None
-        fitted = along_batch(module, inputs[0], output, self.batch)
-        if fitted is None:
-            # Examples are not along dim 0 here (a sequence-first layout): per-example norms
-            # would be wrong, so the step is not measured.
-            self.invalid = True
-            self.gate.warn_once(f"dim0{id(module)}", f"noise scale: {type(module).__name__}'s "
-                                f"output does not have the {self.batch} examples of the batch "
-                                "in its first dimension; per-example norms skip such steps "
-                                "(B_simple NaN): use method='microbatch'")
-            return None
-        inputs, output = (fitted[0],), fitted[1]
+        if self.batch > 1 and output.shape[0] != self.batch:
+            fitted = along_batch(module, a, output, self.batch)
+            if fitted is None:
+                # Examples are not along dim 0 here (a sequence-first layout): per-example
+                # norms would be wrong, so the step is not measured.
+                self.invalid = True
+                self.gate.warn_once(f"dim0{id(module)}", f"noise scale: {type(module).__name__}"
+                                    f"'s output does not have the {self.batch} examples of the "
+                                    "batch in its first dimension; per-example norms skip such "
+                                    "steps (B_simple NaN): use method='microbatch'")
+                return None
+            a, output = fitted
         if self._last_forward.get(id(module)) == self.forward_id:
             # Used twice in one forward: per-use norms would miss the cross terms.
             self.invalid = True
@@ -106,38 +112,93 @@ class PerExample:
                                 "skip such steps")
             return None
         self._last_forward[id(module)] = self.forward_id
-        # Statistics in fp32: autocast (bf16, fp16) would run these products in low precision.
-        with _fp32(output.device.type):
-            saved = _save_input(module, inputs[0].detach())
-        if linear_like(module) and saved.dim() == 1:
-            # The common case, kept to two small ops: (|a_i|^2 + 1) . |d_i|^2.
-            output.register_hook(lambda d: self._fast(saved, d.detach().float()))
-        else:
-            sequence = isinstance(module, nn.Embedding) and saved[0].numel() > 1
-            if linear_like(module) or sequence or isinstance(module, (nn.Conv1d, nn.Conv2d)):
-                self.positional.add(type(module).__name__)
-            output.register_hook(lambda grad: self._backward(module, saved, grad))
+        if a.dim() == 2 and linear_like(module):
+            self._stash(module, a.detach(), output)
+            return output
+        saved = a.detach()
+        sequence = isinstance(module, nn.Embedding) and saved[0].numel() > 1
+        if linear_like(module) or sequence or isinstance(module, (nn.Conv1d, nn.Conv2d)):
+            self.positional.add(type(module).__name__)
+        output.register_hook(lambda grad: self._backward(module, saved, grad))
         return output
 
-    def _fast(self, saved: torch.Tensor, d: torch.Tensor) -> None:
-        with torch.no_grad(), _fp32(d.device.type):
-            self.values.append(torch.dot(saved, torch.linalg.vecdot(d, d)))
+    def _stash(self, module: nn.Module, a: torch.Tensor, output: torch.Tensor) -> None:
+        """A linear layer with one example per row: example i's gradient is `d_i a_i^T` (and
+        `d_i` for the bias), so `|g_i|^2 = (|a_i|^2 + 1) |d_i|^2` (the 1 for a trained bias).
+        The forward keeps `|a_i|^2 (+ 1)` only; the output gradient `d` is kept as backward
+        produces it, by a hook without a Python frame, and `measure` finishes every layer
+        together."""
+        weight, bias = _trainable(module)
+        if weight:
+            if a.dtype in _LOW:  # statistics in fp32
+                a = a.float()
+            with _fp32(a.device.type):
+                sq = torch.linalg.vecdot(a, a)
+            if bias:
+                sq = sq + 1.0
+        else:
+            sq = torch.ones(a.shape[0], device=a.device)
+        grads: list[Any] = []
+        _collect_grads(output, grads)
+        self.rows.append((sq, grads))
 
     def _backward(self, module: nn.Module, saved: Any, grad: torch.Tensor) -> None:
         with torch.no_grad(), _fp32(grad.device.type):
             self.values.append(_per_example_sq(module, saved, grad.detach()))
 
     def measure(self, examples: int) -> NormPair | None:
+        """Eq. A.2's pair for b_small = 1 from this step's captures; None when it cannot be
+        measured (no layer captured, or a step that had to be skipped)."""
         tied = self.tied.total()
         if tied is not None:
             self.values.append(tied)
-        if not self.values or self.invalid:
+        if self.invalid or not (self.values or self.rows):
             return None
+        # Every linear layer's sum_i (|a_i|^2 + 1) |d_i|^2 in one dot, |G_big|^2's parameter
+        # gradients in one foreach norm, and everything in one transfer.
+        sqs, grad_sqs = [], []
+        with _fp32(self.params[0].device.type):
+            for sq, grads in self.rows:
+                if not grads:  # no gradient reached this layer's output: no contribution
+                    continue
+                d = grads[0] if len(grads) == 1 else sum(grads[1:], grads[0])
+                if d.dtype in _LOW:
+                    d = d.float()
+                sqs.append(sq)
+                grad_sqs.append(torch.linalg.vecdot(d, d))
+            if sqs:
+                rows = torch.dot(sqs[0], grad_sqs[0]) if len(sqs) == 1 else \
+                    torch.dot(torch.cat(sqs), torch.cat(grad_sqs))
+                self.values.append(rows)
+        big = [p.grad for p in self.params if p.grad is not None]
+        # fp32 norms of low-precision gradients (float64 ones stay float64).
+        wide = any(g.dtype == torch.float64 for g in big)
+        norms = torch._foreach_norm(big, 2, dtype=torch.float64 if wide else torch.float32)
+        values = torch.stack([*norms, *self.values]).tolist()
         # With a mean-reduced loss every captured gradient is 1/B of the example's own, so the
         # mean over examples of |g_i|^2 is B^2 / B times the sum captured.
-        total = torch.stack(self.values).sum().double().reshape(1)
-        values = torch.cat([total, grad_sq_norm(self.params).reshape(1)]).tolist()
-        return NormPair(values[0] * examples, values[1], 1.0, float(examples))
+        sq_big = math.fsum(v * v for v in values[:len(norms)])
+        total = math.fsum(values[len(norms):])
+        return NormPair(total * examples, sq_big, 1.0, float(examples))
+
+
+def _collect_grads(output: torch.Tensor, into: list[Any]) -> None:
+    """`output.register_hook(into.append)`: each gradient of `output` appended to `into`,
+    called without a Python frame. Through the hook dictionary that `register_hook` itself
+    fills (its handle, which costs more than the rest of a layer's capture, is never used:
+    the graph and the hook go with the step); `register_hook` where that is not available."""
+    fn = output.grad_fn
+    if fn is not None and output._backward_hooks is None and type(output) is torch.Tensor:
+        try:
+            output._backward_hooks = OrderedDict(gnsweep=into.append)
+            fn._register_hook_dict(output)
+            return
+        except (AttributeError, RuntimeError, TypeError):
+            output._backward_hooks = None
+    output.register_hook(into.append)
+
+
+_LOW = (torch.float16, torch.bfloat16)
 
 
 def _fp32(device: str) -> AbstractContextManager[Any]:
@@ -163,16 +224,6 @@ def _unsupported(module: nn.Module) -> str | None:
     return None
 
 
-def _save_input(module: nn.Module, a: torch.Tensor) -> Any:
-    if linear_like(module) and a.dim() == 2:
-        # Keep |a_i|^2 (+ 1 for the bias), not the activation: |g_i|^2 = (|a_i|^2 + 1) |d_i|^2.
-        weight, bias = _trainable(module)
-        a = a.float()
-        sq = torch.linalg.vecdot(a, a) if weight else a.new_zeros(a.shape[0])
-        return sq + 1.0 if bias else sq
-    return a
-
-
 def _trainable(module: nn.Module) -> tuple[bool, bool]:
     weight = getattr(module, "weight", None)
     bias = getattr(module, "bias", None)
@@ -185,8 +236,7 @@ def _per_example_sq(module: nn.Module, saved: Any, d: torch.Tensor) -> torch.Ten
     d = d.float()
     weight, bias = _trainable(module)
     if linear_like(module):  # Conv1D's transposed weight has the same per-example norms
-        if d.dim() == 2:
-            return torch.dot(saved, torch.linalg.vecdot(d, d))
+        # (one example per row is `PerExample._stash`'s)
         a = saved.float().flatten(1, -2)
         d = d.flatten(1, -2)
         out = _weight_sq(a, d) if weight else d.new_zeros(())
