@@ -547,8 +547,9 @@ class NoiseScaleMonitor:
                 self._hessian_seconds += _now(self.params[0].device) - started
 
     def _fold(self, parts: list[NormPair], hess: NormPair | None) -> None:
-        valid = [p for p in parts if all(map(math.isfinite, p)) and 0 < p.b_small < p.b_big]
-        if any(not all(map(math.isfinite, p)) for p in parts):
+        finite = all(map(math.isfinite, (x for p in parts for x in p)))
+        valid = [p for p in parts if 0 < p.b_small < p.b_big] if finite else []
+        if not finite:
             # A NaN or inf loss makes every norm non-finite: say that, not a batch-size cause.
             self.warn_once("nonfinite", "noise scale: non-finite gradient norms (a NaN or inf "
                            "loss or gradient, or an fp16 overflow); that measurement is skipped")
@@ -728,6 +729,8 @@ def _now(device: torch.device) -> float:
 
 
 def _unscale(part: NormPair, small: float, big: float) -> NormPair:
+    if small == big == 1.0:  # no loss scale (fp32, bf16)
+        return part
     return NormPair(part.sq_small / small, part.sq_big / big, part.b_small, part.b_big)
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any
 
 import torch
@@ -77,9 +79,9 @@ class PerExample:
     def reset(self) -> None:
         self.values: list[torch.Tensor] = []
         """Sums over examples of `|g_i|^2` of the layers measured during backward."""
-        self.rows: list[tuple[torch.Tensor, list[Any]]] = []
-        """The linear layers with one example per row (`_stash`): `|a_i|^2 (+ 1)`, and the
-        output gradients backward gives."""
+        self.rows: list[tuple[torch.Tensor | None, bool, list[torch.Tensor]]] = []
+        """The linear layers with one example per row (`_stash`): `|a_i|^2` (None for a frozen
+        weight), whether the bias is trained, and `|d_i|^2` of each output gradient."""
         self.invalid = False
         if hasattr(self, "tied"):
             self.tied.reset()
@@ -125,22 +127,19 @@ class PerExample:
     def _stash(self, module: nn.Module, a: torch.Tensor, output: torch.Tensor) -> None:
         """A linear layer with one example per row: example i's gradient is `d_i a_i^T` (and
         `d_i` for the bias), so `|g_i|^2 = (|a_i|^2 + 1) |d_i|^2` (the 1 for a trained bias).
-        The forward keeps `|a_i|^2 (+ 1)` only; the output gradient `d` is kept as backward
-        produces it, by a hook without a Python frame, and `measure` finishes every layer
+        The forward keeps `|a_i|^2`, the backward `|d_i|^2` (computed where `d` is made, while
+        it is in cache: keeping `d` for later costs more), and `measure` finishes every layer
         together."""
         weight, bias = _trainable(module)
+        a_sq = None
         if weight:
             if a.dtype in _LOW:  # statistics in fp32
                 a = a.float()
             with _fp32(a.device.type):
-                sq = torch.linalg.vecdot(a, a)
-            if bias:
-                sq = sq + 1.0
-        else:
-            sq = torch.ones(a.shape[0], device=a.device)
-        grads: list[Any] = []
-        _collect_grads(output, grads)
-        self.rows.append((sq, grads))
+                a_sq = torch.linalg.vecdot(a, a)
+        grad_sq: list[torch.Tensor] = []
+        self.rows.append((a_sq, bias, grad_sq))
+        _on_grad(output, partial(_row_sq, grad_sq))
 
     def _backward(self, module: nn.Module, saved: Any, grad: torch.Tensor) -> None:
         with torch.no_grad(), _fp32(grad.device.type):
@@ -154,26 +153,32 @@ class PerExample:
             self.values.append(tied)
         if self.invalid or not (self.values or self.rows):
             return None
-        # Every linear layer's sum_i (|a_i|^2 + 1) |d_i|^2 in one dot, |G_big|^2's parameter
-        # gradients in one foreach norm, and everything in one transfer.
-        sqs, grad_sqs = [], []
-        with _fp32(self.params[0].device.type):
-            for sq, grads in self.rows:
-                if not grads:  # no gradient reached this layer's output: no contribution
-                    continue
-                d = grads[0] if len(grads) == 1 else sum(grads[1:], grads[0])
-                if d.dtype in _LOW:
-                    d = d.float()
-                sqs.append(sq)
-                grad_sqs.append(torch.linalg.vecdot(d, d))
-            if sqs:
-                rows = torch.dot(sqs[0], grad_sqs[0]) if len(sqs) == 1 else \
-                    torch.dot(torch.cat(sqs), torch.cat(grad_sqs))
-                self.values.append(rows)
+        # The rows' sum_i |a_i|^2 |d_i|^2 in one dot (and sum_i |d_i|^2 of their biases in one
+        # sum), |G_big|^2's parameter gradients in one foreach norm, all in one transfer.
+        sqs, grad_sqs, biases = [], [], []
+        for a_sq, bias, grad_sq in self.rows:
+            if not grad_sq:  # no gradient reached this layer's output: no contribution
+                continue
+            e = grad_sq[0] if len(grad_sq) == 1 else torch.stack(grad_sq).sum(0)
+            if a_sq is not None:
+                sqs.append(a_sq)
+                grad_sqs.append(e)
+            if bias:
+                biases.append(e)
+        if sqs:
+            e = grad_sqs[0] if len(grad_sqs) == 1 else torch.cat(grad_sqs)
+            self.values.append(torch.dot(sqs[0] if len(sqs) == 1 else torch.cat(sqs), e))
+            if len(biases) == len(grad_sqs):  # every row layer has a trained bias and weight
+                self.values.append(e.sum())
+                biases = []
+        if biases:
+            self.values.append(torch.cat(biases).sum())
         big = [p.grad for p in self.params if p.grad is not None]
+        kinds = {g.dtype for g in big}
         # fp32 norms of low-precision gradients (float64 ones stay float64).
-        wide = any(g.dtype == torch.float64 for g in big)
-        norms = torch._foreach_norm(big, 2, dtype=torch.float64 if wide else torch.float32)
+        dtype = None if len(kinds) == 1 and torch.float32 in kinds else \
+            torch.float64 if torch.float64 in kinds else torch.float32
+        norms = torch._foreach_norm(big, 2, dtype=dtype) if big else ()
         values = torch.stack([*norms, *self.values]).tolist()
         # With a mean-reduced loss every captured gradient is 1/B of the example's own, so the
         # mean over examples of |g_i|^2 is B^2 / B times the sum captured.
@@ -182,20 +187,30 @@ class PerExample:
         return NormPair(total * examples, sq_big, 1.0, float(examples))
 
 
-def _collect_grads(output: torch.Tensor, into: list[Any]) -> None:
-    """`output.register_hook(into.append)`: each gradient of `output` appended to `into`,
-    called without a Python frame. Through the hook dictionary that `register_hook` itself
-    fills (its handle, which costs more than the rest of a layer's capture, is never used:
-    the graph and the hook go with the step); `register_hook` where that is not available."""
+def _row_sq(into: list[torch.Tensor], d: torch.Tensor) -> None:
+    """`|d_i|^2` of a linear layer's output gradient (one example per row), in fp32."""
+    if d.requires_grad:  # a backward that builds a graph (create_graph=True)
+        d = d.detach()
+    if d.dtype in _LOW:
+        d = d.float()
+    with _fp32(d.device.type):
+        into.append(torch.linalg.vecdot(d, d))
+
+
+def _on_grad(output: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> None:
+    """`output.register_hook(hook)` through the hook dictionary that `register_hook` itself
+    fills, without its handle (which costs more than the rest of a layer's capture and is
+    never used: the graph and the hook go with the step); `register_hook` where that is not
+    available."""
     fn = output.grad_fn
     if fn is not None and output._backward_hooks is None and type(output) is torch.Tensor:
         try:
-            output._backward_hooks = OrderedDict(gnsweep=into.append)
+            output._backward_hooks = OrderedDict(gnsweep=hook)
             fn._register_hook_dict(output)
             return
         except (AttributeError, RuntimeError, TypeError):
             output._backward_hooks = None
-    output.register_hook(into.append)
+    output.register_hook(hook)
 
 
 _LOW = (torch.float16, torch.bfloat16)
