@@ -131,15 +131,10 @@ class PerExample:
         it is in cache: keeping `d` for later costs more), and `measure` finishes every layer
         together."""
         weight, bias = _trainable(module)
-        a_sq = None
-        if weight:
-            if a.dtype in _LOW:  # statistics in fp32
-                a = a.float()
-            with _fp32(a.device.type):
-                a_sq = torch.linalg.vecdot(a, a)
+        a_sq = _row_sq(a) if weight else None
         grad_sq: list[torch.Tensor] = []
         self.rows.append((a_sq, bias, grad_sq))
-        _on_grad(output, partial(_row_sq, grad_sq))
+        _on_grad(output, partial(_grad_row_sq, grad_sq))
 
     def _backward(self, module: nn.Module, saved: Any, grad: torch.Tensor) -> None:
         with torch.no_grad(), _fp32(grad.device.type):
@@ -187,14 +182,20 @@ class PerExample:
         return NormPair(total * examples, sq_big, 1.0, float(examples))
 
 
-def _row_sq(into: list[torch.Tensor], d: torch.Tensor) -> None:
-    """`|d_i|^2` of a linear layer's output gradient (one example per row), in fp32."""
-    if d.requires_grad:  # a backward that builds a graph (create_graph=True)
-        d = d.detach()
-    if d.dtype in _LOW:
-        d = d.float()
-    with _fp32(d.device.type):
-        into.append(torch.linalg.vecdot(d, d))
+def _row_sq(x: torch.Tensor) -> torch.Tensor:
+    """`|x_i|^2` of each row, in fp32 (autocast would run `vecdot` in low precision)."""
+    if x.dtype in _LOW:
+        x = x.float()
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        with torch.autocast(device, enabled=False):
+            return torch.linalg.vecdot(x, x)
+    return torch.linalg.vecdot(x, x)
+
+
+def _grad_row_sq(into: list[torch.Tensor], d: torch.Tensor) -> None:
+    """A backward hook: `|d_i|^2` of a linear layer's output gradient appended to `into`."""
+    into.append(_row_sq(d.detach() if d.requires_grad else d))  # create_graph=True: no graph
 
 
 def _on_grad(output: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> None:
