@@ -151,6 +151,7 @@ class PerExample:
         # The rows' sum_i |a_i|^2 |d_i|^2 in one dot (and sum_i |d_i|^2 of their biases in one
         # sum), |G_big|^2's parameter gradients in one foreach norm, all in one transfer.
         sqs, grad_sqs, biases = [], [], []
+        alike = True  # every layer here trains both its weight and its bias
         for a_sq, bias, grad_sq in self.rows:
             if not grad_sq:  # no gradient reached this layer's output: no contribution
                 continue
@@ -160,10 +161,11 @@ class PerExample:
                 grad_sqs.append(e)
             if bias:
                 biases.append(e)
+            alike = alike and bias and a_sq is not None
         if sqs:
             e = grad_sqs[0] if len(grad_sqs) == 1 else torch.cat(grad_sqs)
             self.values.append(torch.dot(sqs[0] if len(sqs) == 1 else torch.cat(sqs), e))
-            if len(biases) == len(grad_sqs):  # every row layer has a trained bias and weight
+            if alike:  # the biases' sum_i |d_i|^2 is that of the same rows
                 self.values.append(e.sum())
                 biases = []
         if biases:
