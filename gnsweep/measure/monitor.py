@@ -432,15 +432,15 @@ class NoiseScaleMonitor:
             return
         if self._timing is not None and self._started is None and self.measuring:
             self._started = _now(self.params[0].device)
-        first = first_tensor(args) if args else None
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else \
+            first_tensor(args) if args else None
         if first is None:
             first = first_tensor(tuple(kwargs.values()))
-        if first is not None and first.dim() > 0:
-            self._examples += int(first.shape[0])
+        batch = int(first.shape[0]) if first is not None and first.dim() > 0 else 0
+        self._examples += batch
         if self._per_example is not None:
             self._per_example.forward_id += 1
-            self._per_example.batch = int(first.shape[0]) if first is not None \
-                and first.dim() > 0 else 0
+            self._per_example.batch = batch
 
     def warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
