@@ -45,8 +45,6 @@ class PerExample:
         (convolutions, sequences: Gram matrices or explicit per-example gradients)."""
         self.handles: list[Any] = []
         self._last_forward: dict[int, int] = {}
-        self._linear: dict[int, tuple[nn.Parameter | None, nn.Parameter | None]] = {}
-        """Linear-like layers by id: their weight and bias."""
         wanted = {id(p) for p in measured}
         owners = Counter(id(p) for m in model.modules()
                          for p in m.parameters(recurse=False))
@@ -71,9 +69,6 @@ class PerExample:
                 skipped.append(f"{name or type(module).__name__} ({reason})")
                 continue
             self.covered.update(id(p) for p in params)
-            if linear_like(module):  # looked up by the hook (a module's getattr is slow)
-                self._linear[id(module)] = (getattr(module, "weight", None),
-                                            getattr(module, "bias", None))
             self.handles.append(module.register_forward_hook(self._forward))
         if skipped:
             text = ", ".join(skipped)
@@ -119,7 +114,7 @@ class PerExample:
                                 "skip such steps")
             return None
         self._last_forward[id(module)] = self.forward_id
-        if a.dim() == 2 and id(module) in self._linear:
+        if a.dim() == 2 and linear_like(module):
             self._stash(module, a.detach(), output)
             return output
         saved = a.detach()
@@ -135,7 +130,8 @@ class PerExample:
         The forward keeps `|a_i|^2`, the backward `|d_i|^2` (computed where `d` is made, while
         it is in cache: keeping `d` for later costs more), and `measure` finishes every layer
         together."""
-        weight, bias = self._linear[id(module)]
+        own = module._parameters  # not getattr: a module's getattr of a parameter is slow
+        weight, bias = own.get("weight"), own.get("bias")
         a_sq = _row_sq(a) if weight is not None and weight.requires_grad else None
         grad_sq: list[torch.Tensor] = []
         self.rows.append((a_sq, bias is not None and bias.requires_grad, grad_sq))
