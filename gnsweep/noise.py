@@ -301,7 +301,7 @@ class NoiseScaleEma:
         self._h_examples, self._h_steps = state["h_examples"], state["h_steps"]
         self._history = [(clock, value, error) for clock, value, error in state["history"]]
         self._past = 0
-        _ = self.drift  # where the window starts, as the saved run had it (`_prune`)
+        _ = self.drift  # where the window starts, as the saved run had it (for the pruning)
 
     def _decay_for(self, examples: float, steps: float) -> float:
         if self.ema_fraction > 0:
