@@ -342,10 +342,10 @@ class NoiseScaleEma:
         self._decay = decay
         if math.isfinite(self.window):
             # The quarter-window EMA: decay^4 has a time constant a quarter as long.
-            before = self._g2_short.value
+            before, quarter = self._g2_short.value, decay ** 4
             if before > 0:
-                self._g2_spread.update((g2 / before - 1.0) ** 2, decay ** 4)
-            self._g2_short.update(g2, decay ** 4)
+                self._g2_spread.update((g2 / before - 1.0) ** 2, quarter)
+            self._g2_short.update(g2, quarter)
             mean, count = self._g2_short.value, self._g2_short.count
             error = (math.sqrt(self._g2_spread.value / count)
                      if mean > 0 and count > 1 and self._g2_spread.count > 0 else math.inf)
@@ -376,11 +376,12 @@ class NoiseScaleEma:
         if self._last is None:
             raise ValueError("no measurement yet")
         b_small, b_big, sq_small, sq_big, g2, trace = self._last
+        g2_ema, trace_ema = self._g2.value, self._trace.value
         ghg, htrace = self._ghg.value, self._htrace.value
         return NoiseEstimate(
             b_small=b_small, b_big=b_big, sq_norm_small=sq_small, sq_norm_big=sq_big,
-            g2_step=g2, trace_sigma_step=trace, g2=self._g2.value, trace_sigma=self._trace.value,
-            b_simple=_ratio(self._trace.value, self._g2.value),
+            g2_step=g2, trace_sigma_step=trace, g2=g2_ema, trace_sigma=trace_ema,
+            b_simple=_ratio(trace_ema, g2_ema),
             g_h_g=ghg, trace_h_sigma=htrace, b_noise=_ratio(htrace, ghg), drift=self.drift,
         )
 
