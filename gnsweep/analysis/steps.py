@@ -153,14 +153,15 @@ def _updates(curves: Curves) -> np.ndarray:
 def noise_rows(curves: Curves, scale: str) -> np.ndarray:
     """Per-row B_simple ("simple") or B_noise ("noise"): from the frozen-parameter probes where a
     run has them (pooled over +-1 octave before the ratio, `smoothing.pooled_probes`), else the
-    training loop's EMA column."""
+    training loop's EMA column. Without probes that column itself: read-only, as the curves."""
     num, den = (("probe_trace_sigma", "probe_g2") if scale == "simple"
                 else ("probe_trace_h_sigma", "probe_g_h_g"))
-    out = curves.columns[f"b_{scale}"].copy()
+    column = curves.columns[f"b_{scale}"]
     numerator, denominator = curves.columns[num], curves.columns[den]
     probed = np.isfinite(numerator) & np.isfinite(denominator)
     if not probed.any():
-        return out
+        return column
+    out = column.copy()
     x = curves.columns["step"] - 1.0
     for lo, hi in zip(curves.offsets[:-1], curves.offsets[1:], strict=True):
         at = np.flatnonzero(probed[lo:hi])
@@ -325,10 +326,14 @@ def _noise_sums(curves: Curves) -> tuple[_RunningMeans, _RunningMeans, _RunningM
 
 def _filled(curves: Curves, column: str) -> np.ndarray:
     """A column logged at some rows only (a costly exact truth), interpolated to every row of
-    its run linearly in log steps (`smoothing.interpolate_log_steps`); unchanged where dense."""
-    values = curves.columns[column].copy()
+    its run linearly in log steps (`smoothing.interpolate_log_steps`); unchanged where dense
+    (then the column itself: read-only, as the curves)."""
+    values = curves.columns[column]
     step = curves.columns["step"]
     finite = np.isfinite(values)
+    if finite.all() or not finite.any():
+        return values
+    values = values.copy()
     for lo, hi in zip(curves.offsets[:-1], curves.offsets[1:], strict=True):
         known = finite[lo:hi]
         if known.any() and not known.all():
