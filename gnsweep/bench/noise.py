@@ -27,6 +27,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -258,32 +259,52 @@ def _ddp_worker(rank: int, world: int, store: str, out: str, rounds: int, steps:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    # A bounded wait: a rank that died leaves the other at a collective, not for 30 minutes.
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=timedelta(minutes=5))
     clean = False
     try:
         results = {f"{name}/{batch}": _ddp_ratio(name, batch, world, rounds, steps,
                                                  round_seconds)
                    for name in models for batch in batch_sizes}
-        if rank == 0:
-            Path(out).write_text(json.dumps(results))
+        if rank == 0:  # whole or not at all: the parent reads it even if a process dies later
+            partial = Path(f"{out}.part")
+            partial.write_text(json.dumps(results))
+            partial.replace(out)
         clean = True
     finally:
         close_process_group(clean)
 
 
 def _ddp_ratios(rounds: int, steps: int, batch_sizes: tuple[int, ...], models: tuple[str, ...],
-                round_seconds: float) -> dict[str, float]:
+                round_seconds: float, attempts: int = 2) -> dict[str, float]:
+    """The DDP ratios from two spawned processes. A process that dies after rank 0 wrote every
+    ratio (at exit, in gloo's teardown) costs nothing measured: said, and the ratios kept; one
+    that dies before is started again once (a fresh store and processes), then raised."""
     import tempfile
 
     import torch.multiprocessing as mp
 
-    with tempfile.TemporaryDirectory(prefix="gnsweep-bench-ddp-") as folder:
-        out = Path(folder) / "ddp.json"
-        store = str(Path(folder) / "store")
-        mp.spawn(_ddp_worker, args=(2, store, str(out), rounds, steps, batch_sizes, models,
-                                    round_seconds), nprocs=2)
-        result: dict[str, float] = json.loads(out.read_text())
-        return result
+    for attempt in range(1, attempts + 1):
+        with tempfile.TemporaryDirectory(prefix="gnsweep-bench-ddp-") as folder:
+            out = Path(folder) / "ddp.json"
+            store = str(Path(folder) / "store")
+            try:
+                mp.spawn(_ddp_worker, args=(2, store, str(out), rounds, steps, batch_sizes,
+                                            models, round_seconds), nprocs=2)
+            except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
+                if out.exists():
+                    print(f"noise bench, ddp: a process failed after the results were written "
+                          f"(kept): {str(err).strip().splitlines()[-1]}")
+                elif attempt < attempts:
+                    print(f"noise bench, ddp: {str(err).strip().splitlines()[-1]}; "
+                          "starting the two processes again")
+                    continue
+                else:
+                    raise
+            result: dict[str, float] = json.loads(out.read_text())
+            return result
+    raise AssertionError("unreachable")
 
 
 def misses(row: Mapping[str, Any]) -> list[str]:
