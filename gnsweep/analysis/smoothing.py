@@ -101,7 +101,8 @@ class RunSmoother:
         # Runs in chunks of about CHUNK_ROWS rows: the gathers below stay in cache.
         bounds = sorted({0, *(np.flatnonzero(np.diff(ends // CHUNK_ROWS)) + 1).tolist(),
                          len(starts)})
-        self.chunks = [(first, last, self._sums(first, last))
+        self.chunks = [(first, last, self._sums(first, last),
+                        bool(np.isfinite(y[offsets[first]:offsets[last]]).all()))
                        for first, last in itertools.pairwise(bounds)]
 
     def _sums(self, first: int, last: int) -> list[np.ndarray]:
@@ -115,6 +116,16 @@ class RunSmoother:
         ys = np.where(ok, yc, 0.0)
         columns = (ok.astype(float), xs, ys, xs * xs, xs * ys)
         sums = [np.zeros(b0 - a0 + last - first) for _ in range(5)]
+        lengths = self.lengths[first:last]
+        if len(lengths) and lengths[0] > 0 and (lengths == lengths[0]).all() \
+                and not self.odd[first:last].any():
+            # Runs of one length (a grid's, usually): run i's slots are row i of a
+            # (runs, length + 1) array; one cumsum along the rows per sum, the same numbers.
+            shape = (last - first, int(lengths[0]))
+            for total, values in zip(sums, columns, strict=True):
+                grid = total.reshape(shape[0], shape[1] + 1)
+                np.cumsum(values.reshape(shape), axis=1, out=grid[:, 1:])
+            return sums
         for i, (a, b) in enumerate(zip((self.offsets[first:last] - a0).tolist(),
                                        (self.offsets[first + 1:last + 1] - a0).tolist(),
                                        strict=True)):
@@ -133,15 +144,15 @@ class RunSmoother:
         # Runs logged at the same steps with the same smallest half-width (the runs of one
         # batch size) have the same window edges: searched once.
         edges: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        for first, last, sums in self.chunks:
-            self._fit_chunk(first, last, sums, fraction, min_half, out, edges)
+        for first, last, sums, dense in self.chunks:
+            self._fit_chunk(first, last, sums, dense, fraction, min_half, out, edges)
         for i in np.flatnonzero(self.odd):
             a, b = self.offsets[i], self.offsets[i + 1]
             out[a:b] = centred_fit(self.x[a:b], self.y[a:b], fraction, float(min_half[i]))
         return out
 
-    def _fit_chunk(self, first: int, last: int, sums: list[np.ndarray], fraction: float,
-                   min_half: np.ndarray, out: np.ndarray,
+    def _fit_chunk(self, first: int, last: int, sums: list[np.ndarray], dense: bool,
+                   fraction: float, min_half: np.ndarray, out: np.ndarray,
                    edges: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]]
                    ) -> None:
         a0, b0 = int(self.offsets[first]), int(self.offsets[last])
@@ -166,7 +177,8 @@ class RunSmoother:
                 lo[a:b] = seen[1] + (a + i)
                 hi[a:b] = seen[2] + (a + i)
         c1, cx, cy, cxx, cxy = sums
-        n = c1[hi] - c1[lo]
+        # Every y finite (`dense`): each window counts its rows, hi - lo (exact either way).
+        n = (hi - lo).astype(float) if dense else c1[hi] - c1[lo]
         sx, sy = cx[hi] - cx[lo], cy[hi] - cy[lo]
         sxx, sxy = cxx[hi] - cxx[lo], cxy[hi] - cxy[lo]
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -175,6 +187,9 @@ class RunSmoother:
             cov = sxy / n - mx * my
             slope = np.where(var > 1e-12 * np.maximum(mx * mx, 1.0), cov / var, 0.0)
             fitted = np.where(n > 0, my + slope * (xc - mx), np.nan)
+        if not self.odd[first:last].any():
+            out[a0:b0] = fitted
+            return
         fast = ~np.repeat(self.odd[first:last], self.lengths[first:last])
         out[a0:b0][fast] = fitted[fast]
 
