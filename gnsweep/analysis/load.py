@@ -174,10 +174,12 @@ def load_curves(sweep_dir: Path, skip_corrupt: bool = False) -> Curves:
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     n_rows = int(offsets[-1])
     present = [t for t in tables if t is not None and t.num_rows]
+    names = [set(t.column_names) for t in present]
     columns: dict[str, np.ndarray] = {}
     for name in CURVE_COLUMNS:
         # One chunk per file without nulls: to_numpy copies nothing.
-        found = [t.column(name).to_numpy() if name in t.column_names else None for t in present]
+        found = [t.column(name).to_numpy() if name in have else None
+                 for t, have in zip(present, names, strict=True)]
         if any(part is not None and np.isfinite(part).any() for part in found):
             columns[name] = np.concatenate(
                 [np.full(t.num_rows, np.nan) if part is None else part
