@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -92,6 +93,7 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--keep", type=Path, default=None, help="Write the sweep here, keep it.")
     args = parser.parse_args(argv)
     root = args.keep or Path(tempfile.mkdtemp(prefix="gnsweep-bench-")) / "sweep"
+    load = os.getloadavg()[0]
     try:
         if not (root / store.SWEEP_CONFIG).exists():
             start = time.perf_counter()
@@ -113,8 +115,10 @@ def main(argv: list[str]) -> dict:
               "rows": args.runs * args.steps, "pyarrow_read_s": round(read, 3),
               "pyarrow_read_core_s": round(core, 3), "analyze_s": round(analysis, 3),
               "ratio": round(analysis / read, 2), "ratio_core": round(analysis / core, 2),
-              "goal_ratio": GOAL}
-    print(f"fastest of {args.repeat} interleaved rounds, {args.runs} runs x {args.steps} steps")
+              "goal_ratio": GOAL, "load_average": round(load, 2)}
+    print(f"fastest of {args.repeat} interleaved rounds, {args.runs} runs x {args.steps} steps; "
+          f"load average before: {load:.2f} (other processes slow the analysis more than the "
+          "read: the ratio rises on a busy machine)")
     print(f"{'what':<48}{'seconds':>10}")
     print(f"{'pyarrow reads the columns the analysis reads':<48}{read:>10.3f}")
     print(f"{'pyarrow reads the 7 core columns':<48}{core:>10.3f}")
