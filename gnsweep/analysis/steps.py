@@ -274,7 +274,8 @@ def _first_at_or_below(values: np.ndarray, offsets: np.ndarray, level: float) ->
     first = ends.copy()
     if not len(lengths):
         return first
-    if lengths[0] > 0 and (lengths == lengths[0]).all():
+    if lengths[0] > 0 and (lengths == lengths[0]).all() and len(below) == int(ends[-1]) \
+            and starts[0] == 0:
         grid = below.reshape(len(lengths), int(lengths[0]))
         column = grid.argmax(axis=1)
         hit = grid[np.arange(len(lengths)), column]
