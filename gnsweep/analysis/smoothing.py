@@ -183,10 +183,13 @@ class RunSmoother:
         sxx, sxy = cxx[hi] - cxx[lo], cxy[hi] - cxy[lo]
         with np.errstate(invalid="ignore", divide="ignore"):
             mx, my = sx / n, sy / n
-            var = sxx / n - mx * mx
+            mx2 = mx * mx
+            var = sxx / n - mx2
             cov = sxy / n - mx * my
-            slope = np.where(var > 1e-12 * np.maximum(mx * mx, 1.0), cov / var, 0.0)
-            fitted = np.where(n > 0, my + slope * (xc - mx), np.nan)
+            slope = np.where(var > 1e-12 * np.maximum(mx2, 1.0), cov / var, 0.0)
+            fitted = my + slope * (xc - mx)
+            if not dense:  # (dense: every window holds at least its own point)
+                fitted = np.where(n > 0, fitted, np.nan)
         if not self.odd[first:last].any():
             out[a0:b0] = fitted
             return
