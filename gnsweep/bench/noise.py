@@ -184,10 +184,12 @@ def _auto_method(subject: Subject, batch_size: int) -> str:
     torch.manual_seed(0)
     model = subject.make()
     monitor = NoiseScaleMonitor(model, "auto", timed_auto=True)
-    try:
-        if monitor.method == "per_example" and not monitor.needs_microbatches:
-            subject.loss(model, batch).backward()
-            monitor.step()
+    try:  # one measured step as the training loop takes it (split where the monitor says)
+        pieces = _split(batch, MICROBATCHES) if monitor.needs_microbatches else [batch]
+        for piece in pieces:
+            (subject.loss(model, piece) * (_size(piece) / _size(batch))).backward()
+            monitor.accumulate()
+        monitor.step()
     finally:
         monitor.close()
     return monitor.method
