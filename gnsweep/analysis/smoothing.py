@@ -94,7 +94,7 @@ class RunSmoother:
         run_of_row = np.repeat(np.arange(len(starts)), self.lengths)
         # Runs whose x is not finite and non-decreasing take the one-run path (centred_fit
         # filters x as well as y; the shared prefix sums need every row's x in order).
-        step_back = np.flatnonzero(~(np.diff(x) >= 0)) + 1  # row i+1 < row i, or a NaN
+        step_back = np.flatnonzero(~(x[1:] >= x[:-1])) + 1  # row i+1 < row i, or a NaN
         self.odd = odd = np.zeros(len(starts), bool)
         odd[run_of_row[step_back[~np.isin(step_back, starts)]]] = True
         odd[run_of_row[~np.isfinite(x)]] = True
@@ -159,9 +159,6 @@ class RunSmoother:
         if b0 <= a0:
             return
         xc = self.x[a0:b0]
-        half = np.maximum(fraction * np.abs(xc),
-                          np.repeat(min_half[first:last], self.lengths[first:last]))
-        low, high = xc - half, xc + half
         lo = np.zeros(b0 - a0, np.int64)
         hi = np.zeros(b0 - a0, np.int64)
         for i, (a, b) in enumerate(zip((self.offsets[first:last] - a0).tolist(),
@@ -172,8 +169,9 @@ class RunSmoother:
                 key = (b - a, float(min_half[first + i]))
                 seen = edges.get(key)
                 if seen is None or not np.array_equal(seen[0], run):
-                    seen = edges[key] = (run, np.searchsorted(run, low[a:b], side="left"),
-                                         np.searchsorted(run, high[a:b], side="right"))
+                    half = np.maximum(fraction * np.abs(run), min_half[first + i])
+                    seen = edges[key] = (run, np.searchsorted(run, run - half, side="left"),
+                                         np.searchsorted(run, run + half, side="right"))
                 lo[a:b] = seen[1] + (a + i)
                 hi[a:b] = seen[2] + (a + i)
         c1, cx, cy, cxx, cxy = sums
