@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from gnsweep.measure import NoiseScaleMonitor
-from gnsweep.measure.per_example import gram_is_cheaper
+from gnsweep.measure.per_example import CONV_CHUNK, gram_is_cheaper
 
 
 class _Pool(nn.Module):
@@ -41,6 +41,10 @@ def _cases() -> dict[str, tuple[nn.Module, torch.Tensor, list[bool]]]:
             nn.Conv2d(8, 4, (2, 3), padding="same", padding_mode="circular", bias=False),
             _Pool(), nn.Linear(4, 2)), torch.randn(5, 3, 9, 8, generator=g),
             [False, False, False]),
+        # More examples than one call of the explicit form takes: a full chunk and a partial.
+        "conv1d_explicit_chunks": (nn.Sequential(
+            nn.Conv1d(2, 4, 3, padding=1, padding_mode="replicate"), nn.Tanh(), _Pool(),
+            nn.Linear(4, 2)), torch.randn(CONV_CHUNK + 6, 2, 12, generator=g), [False, False]),
         "sequence_linear": (nn.Sequential(nn.Linear(30, 40), nn.Tanh(), nn.Linear(40, 3),
                                           nn.Flatten(), nn.Linear(12, 2)),
                             torch.randn(6, 4, 30, generator=g), [True, False, False]),
@@ -75,6 +79,7 @@ def _expected_form(model: nn.Module, x: torch.Tensor) -> list[bool]:
 def test_per_example_norms_match_brute_force(name: str) -> None:
     model, x, gram = _cases()[name]
     assert _expected_form(model, x) == gram  # the case exercises the form it is named for
+    assert ("chunks" in name) == (len(x) > CONV_CHUNK)
     y = torch.randn(model(x).shape, generator=torch.Generator().manual_seed(1))
     params = list(model.parameters())
 
