@@ -322,11 +322,23 @@ def _ddp_worker(rank: int, world: int, store: str, out: str) -> None:
         monitor = NoiseScaleMonitor(ddp, "ddp")
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+        # Each step's pair by hand: the mean over workers of |g_r|^2 and |mean g_r|^2. The
+        # monitor folds a step's pair in one step late (summed in the next step's gradient
+        # all-reduce), the last at close().
+        pairs, folded = [], []
         for step in range(4):
             xs = [small.sample(16, torch.Generator().manual_seed(10 * step + r)) for r in (0, 1)]
+            grads = [torch.autograd.grad(small.output_loss(reference(x), y),
+                                         list(reference.parameters())) for x, y in xs]
+            mine, other = grads
+            pairs.append([sum(float(g.square().sum()) for g in (*mine, *other)) / 2,
+                          sum(float(((a + b) / 2).square().sum())
+                              for a, b in zip(mine, other, strict=True))])
             opt.zero_grad()
             small.output_loss(ddp(xs[rank][0]), xs[rank][1]).backward()
             last = monitor.step()
+            if last is not None:
+                folded.append([last.sq_norm_small, last.sq_norm_big])
             opt.step()
             ref_opt.zero_grad()
             x = torch.cat([xs[0][0], xs[1][0]])
@@ -334,6 +346,9 @@ def _ddp_worker(rank: int, world: int, store: str, out: str) -> None:
             small.output_loss(reference(x), y).backward()
             ref_opt.step()
         monitor.close()
+        assert monitor.estimate is not None
+        folded.append([monitor.estimate.sq_norm_small, monitor.estimate.sq_norm_big])
+        result["pairs"], result["folded"] = pairs, folded
         result["same_params"] = all(
             torch.allclose(a, b, atol=1e-6)
             for a, b in zip(ddp.module.parameters(), reference.parameters(), strict=True))
@@ -357,3 +372,6 @@ def test_ddp_hook_matches_the_truth_and_keeps_training_exact(tmp_path):
     assert result["b_noise"] == pytest.approx(1, abs=0.05)
     assert result["same_params"]
     assert result["train_pair"] == [16, 32]
+    assert len(result["folded"]) == len(result["pairs"])
+    for folded, pair in zip(result["folded"], result["pairs"], strict=True):
+        assert folded == pytest.approx(pair, rel=1e-5)

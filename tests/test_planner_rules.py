@@ -219,3 +219,30 @@ def test_no_rate_reaching_a_target_goes_down_from_one_that_stopped_early():
     # A lowest rate that trained the whole max_steps without reaching it: lower is slower still.
     runs[0] = RunOutcome(256, 0.8, "done", MAX_STEPS, {0.3: 14}, steps_run=MAX_STEPS)
     assert next_round({256: runs}, [256], {}, RATES, TARGETS, MAX_STEPS, 1.5) == []
+
+
+def test_a_rising_metric_is_planned_as_its_mirrored_loss():
+    """A return reached by rising to -0.3, -0.1, -0.03 is the loss 0.3, 0.1, 0.03 mirrored: the
+    same runs, budgets and prediction, target for target (the hardest is -0.03, not -0.3)."""
+    truth = Truth(s_min=(10.0, 25.0, 60.0), b_crit=(40.0, 90.0, 300.0))
+    mirror = [-t for t in TARGETS]
+
+    def mirrored(run: RunOutcome) -> RunOutcome:
+        return RunOutcome(run.batch_size, run.learning_rate, run.state, run.max_steps,
+                          {-t: s for t, s in run.steps.items()},
+                          {-t: b for t, b in run.b_simple.items()}, run.steps_run)
+
+    outcomes: list[RunOutcome] = []
+    for _ in range(100):
+        loss = decide(outcomes, BATCHES, RATES, TARGETS, MAX_STEPS)
+        rising = decide([mirrored(r) for r in outcomes], BATCHES, RATES, list(reversed(mirror)),
+                        MAX_STEPS, higher_is_better=True)
+        assert [(p.batch_size, p.learning_rate, p.max_steps) for p in rising.proposals] == \
+            [(p.batch_size, p.learning_rate, p.max_steps) for p in loss.proposals]
+        assert rising.b_noise == {-t: v for t, v in loss.b_noise.items()}
+        assert rising.b_noise_lr == loss.b_noise_lr == truth.b_crit[0.03] or not loss.pilot
+        if not loss.proposals:
+            break
+        outcomes += [truth.run(p.batch_size, p.learning_rate, p.max_steps)
+                     for p in loss.proposals]
+    assert loss.phase == "done"

@@ -18,6 +18,7 @@ from gnsweep.analysis.results import Results
 from gnsweep.analysis.smoothing import SMOOTHING_FRACTION
 from gnsweep.analysis.steps import Curves, curves_from_frames, steps_to_target
 from gnsweep.errors import StoreError
+from gnsweep.targets import in_training_order, rising
 
 FIT_COLUMNS = ["target", "n_batch_sizes", "s_min", "s_min_se", "e_min", "e_min_se", "b_crit",
                "b_crit_se", "rmse_log", "b_simple_at_target", "b_simple_mean", "ratio",
@@ -119,7 +120,8 @@ def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int =
     fits = pd.DataFrame([fit_target(t, best[best["target"] == t], warnings, bootstrap,
                                     lr_fits[(lr_fits["target"] == t)
                                             & (lr_fits["model"] == lr_model)])
-                         for t in sorted(targets, reverse=True)], columns=ALL_FIT_COLUMNS)
+                         for t in in_training_order(targets, rising(meta))],
+                        columns=ALL_FIT_COLUMNS)
     fits["n_batch_sizes"] = fits["n_batch_sizes"].astype(int)
     fits["dof"] = fits["dof"].astype(int)
     fits["n_bootstrap"] = fits["n_bootstrap"].astype(int)

@@ -1,6 +1,8 @@
 """Per-worker gradient norms under DistributedDataParallel (b_small = per-worker batch, b_big =
-global batch) from a communication hook; one scalar all-reduce per measured step, overlapped
-with the next step."""
+global batch) from a communication hook. A measured step's few numbers are summed over the
+workers by riding on the next step's first gradient bucket (no collective of their own: over
+gloo one costs about as much as a small model's whole step), or by one scalar all-reduce where
+they cannot ride (a low-precision bucket, or no next step)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,10 @@ from torch import nn
 from gnsweep.measure.common import Gate, grad_sq_norm, sq
 from gnsweep.noise import NormPair
 
+CARRIER_DTYPES = (torch.float32, torch.float64)
+"""Bucket dtypes the measured numbers ride in: a bf16 or fp16 bucket would round a squared norm
+to 3 significant digits."""
+
 
 class DdpHook:
     """Reads each worker's gradient in DDP's buckets before the all-reduce.
@@ -19,6 +25,13 @@ class DdpHook:
     With a registered hook DDP no longer divides by the world size: the hook does. Buckets are
     rebuilt after the first step; summing squared norms over whatever buckets pass through is
     indifferent to that.
+
+    A measured step's pack (this worker's squared norm, |G_big|^2, examples, Hessian norms) is
+    appended to bucket 0 of the next backward (every rank has a bucket 0, of the same dtype, at
+    the same steps: ranks measure at the same steps) and read back from its all-reduce; it is
+    therefore summed one step late, as a pack reduced on its own would be (that reduction was
+    overlapped with the next step too). A pack with no next backward to ride (`close`, a
+    checkpoint) is all-reduced on its own: every rank gets there at the same step.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -32,6 +45,13 @@ class DdpHook:
         self.measured: set[int] | None = None
         """ids of the measured parameters (None: all)."""
         self.pending: tuple[Any, torch.Tensor] | None = None
+        """An all-reduce of a pack on its own, in flight: (work, pack)."""
+        self.outgoing: torch.Tensor | None = None
+        """The last measured step's pack, waiting for the next backward's bucket 0."""
+        self.carried: torch.Tensor | None = None
+        """A pack summed over the workers in bucket 0's all-reduce (not yet read)."""
+        self.can_carry = False
+        """Bucket 0 holds fp32 or fp64 gradients (set by the hook; the same on every rank)."""
         try:
             # A lambda: DDP rejects hooks whose (postponed, string) annotations it cannot match.
             cast(Any, model).register_comm_hook(None, lambda state, bucket: self._hook(state,
@@ -74,13 +94,36 @@ class DdpHook:
                         local = local + sq(grad.float())
             self.local_sq = local if self.local_sq is None else self.local_sq + local
         buffer.div_(self.world)
+        if bucket.index() == 0:
+            self.can_carry = buffer.dtype in CARRIER_DTYPES
+            if self.outgoing is not None and self.can_carry:
+                return self._carry(buffer, self.outgoing)
         future = dist.all_reduce(buffer, group=self.group, async_op=True).get_future()
         return future.then(lambda fut: fut.value()[0])
 
+    def _carry(self, buffer: torch.Tensor, pack: torch.Tensor
+               ) -> torch.futures.Future[torch.Tensor]:
+        """All-reduce `buffer` with `pack` appended (divided by the world size like the
+        gradients; `collect` multiplies back); the gradients' part goes back to DDP."""
+        import torch.distributed as dist
+
+        self.outgoing = None
+        n = buffer.numel()
+        joined = torch.cat([buffer.reshape(-1), pack.to(buffer.dtype) / self.world])
+        future = dist.all_reduce(joined, group=self.group, async_op=True).get_future()
+
+        def split(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            reduced = fut.value()[0]
+            self.carried = reduced[n:].double() * self.world
+            return reduced[:n].view_as(buffer)
+
+        return future.then(split)
+
     def measure(self, hess: NormPair | None, examples: int, params: list[nn.Parameter],
                 unscale: float = 1.0) -> tuple[list[NormPair], NormPair | None]:
-        """Start this step's one scalar all-reduce (worker norms, example counts, Hessian
-        norms) and return the previous one's result: the reduction overlaps the next step.
+        """Pack this step's numbers (worker norms, example counts, Hessian norms) to be summed
+        over the workers in the next backward (or by an all-reduce of their own started now,
+        where bucket 0 cannot carry them) and return the previous pack's result.
         `unscale` multiplies this step's squared gradient norms (1 / the loss scale^2)."""
         import torch.distributed as dist
 
@@ -93,18 +136,39 @@ class DdpHook:
         big = grad_sq_norm(params).to(local.device).reshape(1)
         pack = torch.cat([local.double().reshape(1) * unscale, big * unscale,
                           torch.tensor(scalars, dtype=torch.float64, device=local.device)])
-        work = dist.all_reduce(pack, group=self.group, async_op=True)
-        self.pending = (work, pack)
+        if self.can_carry:
+            self.outgoing = pack
+        else:
+            self.pending = (dist.all_reduce(pack, group=self.group, async_op=True), pack)
         return done
 
-    def pending_state(self) -> list[float] | None:
-        """The pending all-reduce's result (waited for), or None: what a checkpoint taken
-        between two steps holds so that the resumed run folds it in at its next measurement."""
+    def _summed(self) -> torch.Tensor | None:
+        """The last pack summed over the workers, or None: read from bucket 0's all-reduce,
+        waited for, or all-reduced now when it has not left (every rank calls this at the same
+        step: `measure`, `close`, a checkpoint's `pending_state`)."""
+        import torch.distributed as dist
+
+        if self.carried is not None:
+            summed, self.carried = self.carried, None
+            return summed
+        if self.outgoing is not None:
+            pack, self.outgoing = self.outgoing, None
+            self.pending = (dist.all_reduce(pack, group=self.group, async_op=True), pack)
         if self.pending is None:
             return None
-        work, pack = self.pending
+        work, summed = self.pending
+        self.pending = None
         work.wait()
-        return [float(v) for v in pack.tolist()]
+        return summed
+
+    def pending_state(self) -> list[float] | None:
+        """The last pack summed over the workers, or None: what a checkpoint taken between two
+        steps holds so that the resumed run folds it in at its next measurement."""
+        summed = self._summed()
+        if summed is None:
+            return None
+        self.pending = (_Done(), summed)
+        return [float(v) for v in summed.tolist()]
 
     def load_pending(self, values: list[float] | None, device: torch.device) -> None:
         """Restore `pending_state()`: the next `collect` returns it."""
@@ -112,14 +176,14 @@ class DdpHook:
             _Done(), torch.tensor(values, dtype=torch.float64, device=device))
 
     def collect(self) -> tuple[list[NormPair], NormPair | None]:
-        """Wait for the pending all-reduce, if any; its (parts, Hessian norms)."""
-        if self.pending is None:
+        """The last pack's (parts, Hessian norms), summed over the workers; nothing when no
+        pack is pending."""
+        summed = self._summed()
+        if summed is None:
             return [], None
-        work, pack = self.pending
-        self.pending = None
-        work.wait()
         w = float(self.world)
-        sq_small, sq_big, examples, have, *hessian, have_hessian = (v / w for v in pack.tolist())
+        sq_small, sq_big, examples, have, *hessian, have_hessian = (
+            v / w for v in summed.tolist())
         parts = [NormPair(sq_small, sq_big, examples, examples * w)] if have == 1 else []
         # Every worker measured the same batch pair: their H-norms are averaged.
         return parts, (NormPair(*hessian) if have_hessian == 1 else None)

@@ -13,9 +13,10 @@ current step and all unbiased for the same `|G|^2` and `tr(Sigma)`:
 - `microbatch` (b_small = B / k): the batch back-propagated as k micro-batches, as in gradient
   accumulation; `accumulate()` after each records the micro-batch's own gradient.
 - `ddp` (b_small = per-worker batch, b_big = global batch): a DistributedDataParallel
-  communication hook reads each worker's gradient before the all-reduce; one extra scalar
-  all-reduce per measured step, overlapped with the next step (so the estimate `step()` returns
-  lags one measured step; `close()` folds the last one in).
+  communication hook reads each worker's gradient before the all-reduce; the step's few numbers
+  are summed over the workers inside the next step's gradient all-reduce (no collective of their
+  own; so the estimate `step()` returns lags one measured step; `close()` folds the last one
+  in, a collective every rank reaches).
 - `fsdp` (b_small = one rank's micro-step, b_big = the global step): a model sharded by
   `fully_shard`; hooks on the unsharded parameters FSDP swaps in read each backward's gradient,
   the sharded `.grad` the global one; one scalar all-reduce per measured step (`measure.fsdp`).

@@ -18,6 +18,7 @@ from gnsweep import store
 from gnsweep.config import Config
 from gnsweep.planner.rules import SPREAD, Decision, Proposal, RunOutcome, decide
 from gnsweep.runs import RunSpec, read_run, write_run
+from gnsweep.targets import in_training_order
 
 PLAN_FILE = "plan.json"
 """The plan's record in the sweep folder: every round decided, its runs and why."""
@@ -56,7 +57,8 @@ def plan(config: Config, sweep_dir: Path, *, show_progress: bool = True,
         else:
             decision = decide(read_outcomes(sweep_dir, config), config.sweep.batch_sizes,
                               config.sweep.learning_rates, config.sweep.targets,
-                              config.sweep.max_steps)
+                              config.sweep.max_steps,
+                              higher_is_better=config.task.higher_is_better)
             if decision.pilot is not None and not announced:
                 announced = True
                 for line in explain(decision, config):
@@ -104,7 +106,8 @@ def read_outcomes(sweep_dir: Path, config: Config) -> list[RunOutcome]:
         return []
     seed = config.sweep.seeds[0]
     curves = load_curves(sweep_dir)
-    steps = steps_to_target(curves, None, config.sweep.targets, loss=config.analysis.loss)
+    steps = steps_to_target(curves, None, config.sweep.targets, loss=config.analysis.loss,
+                            higher_is_better=config.task.higher_is_better)
     out = []
     for run in curves.runs.itertuples(index=False):
         if run.state not in ("done", "diverged", "failed") or run.seed != seed:
@@ -135,8 +138,8 @@ def explain(decision: Decision, config: Config) -> list[str]:
     """What the plan decided from the pilot and why, in a few lines."""
     assert decision.pilot is not None
     b_pilot, lr_pilot = decision.pilot
-    noise = ", ".join(f"{v:.4g} (loss {t:g})" for t, v in sorted(decision.b_noise.items(),
-                                                                    reverse=True))
+    order = in_training_order(decision.b_noise, config.task.higher_is_better)
+    noise = ", ".join(f"{decision.b_noise[t]:.4g} ({config.task.metric} {t:g})" for t in order)
     grid = sorted(config.sweep.batch_sizes)
     finite = [v for v in decision.b_noise.values() if math.isfinite(v) and v > 0]
     k = SPREAD

@@ -52,6 +52,7 @@ import numpy as np
 
 from gnsweep.analysis.fit import FitRefused, fit_hyperbola
 from gnsweep.errors import ConfigError
+from gnsweep.targets import in_training_order
 
 SPREAD = 8.0
 """Batch sizes from B_pred / SPREAD to B_pred x SPREAD (rule 2)."""
@@ -150,12 +151,13 @@ def next_pilot(pilots: list[RunOutcome], learning_rates: list[float]) -> float |
 def pilot_noise(pilots: list[RunOutcome], targets: list[float]) -> dict[float, float]:
     """B_simple per target from the pilot that reached the most targets (fewest steps to the
     easiest on ties); a target it did not reach takes the value at the hardest one it reached
-    (the noise scale grows during training: a lower bound). NaN where none was measured."""
+    (the noise scale grows during training: a lower bound). NaN where none was measured.
+    `targets` in training order (easiest first), as in every rule here."""
     usable = [p for p in pilots if p.steps]
-    best = min(usable, key=lambda p: (-len(p.steps), p.steps.get(max(targets), math.inf)))
+    best = min(usable, key=lambda p: (-len(p.steps), p.steps.get(targets[0], math.inf)))
     out: dict[float, float] = {}
     last = math.nan
-    for target in sorted(targets, reverse=True):
+    for target in targets:
         last = best.b_simple.get(target, last)
         out[target] = last
     return out
@@ -219,7 +221,7 @@ def bracket(runs: list[RunOutcome], learning_rates: list[float], targets: list[f
     bests = {t: best for t in targets if (best := best_run(runs, t)) is not None}
     ordered = sorted(learning_rates)
     wanted: dict[float, Want] = {}
-    for target in sorted(targets, reverse=True):
+    for target in targets:
         best = bests.get(target)
         if best is not None:
             steps = best.steps[target]
@@ -267,7 +269,7 @@ def widen(by_batch: dict[int, list[RunOutcome]], batch_sizes: list[int], grid: l
     """Grid batch sizes to add so that every target's fitted B_crit lies `edge` times inside the
     batch sizes (rule 6): batch size -> why. Fits on fewer than 3 batch sizes are skipped."""
     added: dict[int, str] = {}
-    for target in sorted(targets, reverse=True):
+    for target in targets:
         points = [(b, best.steps[target]) for b in batch_sizes
                   if (best := best_run(by_batch.get(b, []), target)) is not None]
         if len(points) < 3:
@@ -281,7 +283,7 @@ def widen(by_batch: dict[int, list[RunOutcome]], batch_sizes: list[int], grid: l
         if not math.isfinite(b_crit):
             continue
         low, high = min(batch_sizes), max(batch_sizes)
-        why = f"the fit's B_crit {b_crit:.4g} at loss {target:g} needs batch sizes from " \
+        why = f"the fit's B_crit {b_crit:.4g} at target {target:g} needs batch sizes from " \
               f"B_crit/{edge:g} to {edge:g} B_crit"
         if high < edge * b_crit:
             for b in sorted(g for g in grid if g > high):
@@ -346,9 +348,12 @@ class Decision:
 
 
 def decide(outcomes: list[RunOutcome], batch_grid: list[int], lr_grid: list[float],
-           targets: list[float], max_steps: int, cap_factor: float = CAP_FACTOR) -> Decision:
+           targets: list[float], max_steps: int, cap_factor: float = CAP_FACTOR,
+           higher_is_better: bool = False) -> Decision:
     """The next runs from the finished ones: a function of the outcomes alone, so a resumed plan
-    re-derives the same decisions. Rules 1-5 of this module's docstring."""
+    re-derives the same decisions. Rules 1-6 of this module's docstring. `higher_is_better`:
+    the targets are reached by rising to them (a return), not by falling (a loss)."""
+    targets = in_training_order(targets, higher_is_better)
     by_batch: dict[int, list[RunOutcome]] = {}
     on_grid = [r for r in outcomes if r.batch_size in batch_grid and r.learning_rate in lr_grid]
     for run in sorted(on_grid, key=lambda r: (r.batch_size, r.learning_rate)):
@@ -373,7 +378,7 @@ def decide(outcomes: list[RunOutcome], batch_grid: list[int], lr_grid: list[floa
     # Rules 2 and 3; batch sizes with runs stay (those rule 6 added, or from an earlier launch).
     batch_sizes = sorted(set(choose_batch_sizes(batch_grid, list(b_noise.values())))
                          | set(by_batch))
-    b_noise_lr = b_noise[min(targets)]
+    b_noise_lr = b_noise[targets[-1]]  # the hardest target's
     if not b_noise_lr > 0:  # unmeasured (NaN) or a noisy negative estimate: eps_opt = eps_max
         b_noise_lr = 0.0
     eps_max = eps_max_from(pilot[1], b_pilot, b_noise_lr)
