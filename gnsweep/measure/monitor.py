@@ -75,7 +75,7 @@ MICROBATCH_FROM = 64
 (convolutions, sequences) is measured with micro-batches. On the bench's CNN (`gnsweep bench
 noise`, 4 micro-batches) conv per-example norms cost 1.5-1.9x the plain step at every batch (an
 extra weight-gradient pass of each conv layer, by a grouped kernel slower per example than the
-batch's), while micro-batches cost 2.1-2.3x at batch 32, 1.6-1.8x at 48-64 (as much as or less
+batch's), while micro-batches cost 2.1-2.3x at batch 32, 1.5-1.8x at 48-64 (as much as or less
 than per-example norms), 1.1-1.3x at 96-128 and 0.8x at 512 (their fixed cost per micro-batch
 shrinks against its work)."""
 TIMED_STEPS = 3
