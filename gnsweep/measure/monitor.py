@@ -70,11 +70,14 @@ from gnsweep.noise import (
 
 METHODS = ("per_example", "microbatch", "ddp", "fsdp")
 
-MICROBATCH_FROM = 128
+MICROBATCH_FROM = 64
 """`timed_auto`: from this batch on, a model whose per-example norms need per-position work
-(convolutions, sequences) is measured with micro-batches: `gnsweep bench noise` has conv
-per-example norms at 1.4-1.6x the plain step there against 1.0-1.4x for micro-batches, and
-per-example norms cheaper at batch 32."""
+(convolutions, sequences) is measured with micro-batches. On the bench's CNN (`gnsweep bench
+noise`, 4 micro-batches) conv per-example norms cost 1.5-1.9x the plain step at every batch (an
+extra weight-gradient pass of each conv layer, by a grouped kernel slower per example than the
+batch's), while micro-batches cost 2.1-2.3x at batch 32, 1.5-1.8x at 48-64 (as much as or less
+than per-example norms), 1.1-1.3x at 96-128 and 0.8x at 512 (their fixed cost per micro-batch
+shrinks against its work)."""
 TIMED_STEPS = 3
 """`timed_auto`: measured steps timed after the choice (the fastest is reported)."""
 
