@@ -126,3 +126,12 @@ def test_a_runs_result_says_the_choice():
     assert result.noise_method is not None
     assert result.noise_method["method"] == "per_example" and result.noise_method["batch"] == 16
     assert result.noise_method["step_seconds"] > 0
+
+
+def test_sequence_layers_keep_per_example_norms_longer_than_convolutions():
+    from gnsweep.measure.monitor import SEQUENCE_MICROBATCH_FROM, cheaper_method
+
+    assert cheaper_method(["Conv2d", "Linear"], MICROBATCH_FROM, False)[0] == "microbatch"
+    assert cheaper_method(["Conv1D", "Linear"], MICROBATCH_FROM, False)[0] == "per_example"
+    assert cheaper_method(["Linear"], SEQUENCE_MICROBATCH_FROM, False)[0] == "microbatch"
+    assert cheaper_method(["Embedding"], SEQUENCE_MICROBATCH_FROM - 1, False)[0] == "per_example"

@@ -48,13 +48,39 @@ def test_every_subject_has_quick_options() -> None:
 
 def test_noise_bench_runs() -> None:
     result = _run("noise", QUICKEST["noise"])
-    assert [(r["model"], r["batch"]) for r in result["rows"]] == [("mlp", 32), ("cnn", 32)]
+    assert [(r["model"], r["batch"]) for r in result["rows"]] == [
+        ("mlp", 32), ("cnn", 32), ("cnn_batchnorm", 32), ("gpt2", 32)]
     for row in result["rows"]:
-        for key in ("plain_ms", "per_example", "microbatch", "hessian_steps", "b_noise",
-                    "auto_cost"):
+        for key in ("plain_ms", "microbatch", "auto_cost"):
             assert _positive(row[key]), (row["model"], key, row[key])
-    # At batch 32 per-example norms are kept for both (cnn: below the micro-batch threshold).
-    assert [r["auto"] for r in result["rows"]] == ["per_example", "per_example"]
+        assert row["meets"] == (not row["misses"])
+    rows = {r["model"]: r for r in result["rows"]}
+    for name in ("mlp", "cnn"):
+        assert _positive(rows[name]["per_example"]) and _positive(rows[name]["b_noise"])
+    # At batch 32 per-example norms are kept (cnn: below the micro-batch threshold); a
+    # BatchNorm model's examples interact: micro-batches, and per-example norms never timed.
+    assert [r["auto"] for r in result["rows"]] == ["per_example", "per_example", "microbatch",
+                                                   "per_example"]
+    assert math.isnan(rows["cnn_batchnorm"]["per_example"])
+    assert rows["cnn_batchnorm"]["auto_cost"] == rows["cnn_batchnorm"]["microbatch_vs_unsplit"]
+    assert [rows[n]["conv"] for n in ("mlp", "cnn", "cnn_batchnorm", "gpt2")] == [
+        False, True, True, False]
+
+
+def test_noise_goals_name_the_rows_that_miss() -> None:
+    from gnsweep.bench.noise import misses
+
+    def row(batch: int, auto_cost: float, per_example: float, conv: bool) -> dict:
+        return {"batch": batch, "auto_cost": auto_cost, "per_example": per_example,
+                "conv": conv}
+
+    assert misses(row(32, 1.29, 1.29, True)) == []
+    assert misses(row(32, 1.31, 1.0, False)) == ["auto_cost 1.31 > 1.3"]
+    assert misses(row(128, 1.21, 1.0, False)) == ["auto_cost 1.21 > 1.2"]
+    assert misses(row(512, 1.1, 1.5, False)) == []  # per-example goal: convolutions only
+    assert misses(row(512, 1.1, 1.5, True)) == ["per_example 1.5 > 1.3 (convolutions)"]
+    assert misses(row(512, 1.1, math.nan, True)) == []  # not timed: wrong for the model
+    assert misses(row(512, math.nan, 1.0, False)) == ["auto_cost nan > 1.2"]
 
 
 def test_probe_bench_runs() -> None:

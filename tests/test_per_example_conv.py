@@ -9,7 +9,12 @@ import torch
 from torch import nn
 
 from gnsweep.measure import NoiseScaleMonitor
-from gnsweep.measure.per_example import gram_is_cheaper
+from gnsweep.measure.per_example import (
+    CONV_CHUNK,
+    PATCH_BYTES,
+    gram_is_cheaper,
+    patches_are_cheaper,
+)
 
 
 class _Pool(nn.Module):
@@ -19,48 +24,67 @@ class _Pool(nn.Module):
         return x.flatten(2).mean(2)
 
 
-def _cases() -> dict[str, tuple[nn.Module, torch.Tensor, list[bool]]]:
-    """name -> (model, inputs, for each weight layer whether the Gram form is expected)."""
+def _cases() -> dict[str, tuple[nn.Module, torch.Tensor, list[str]]]:
+    """name -> (model, inputs, for each weight layer the form expected: "gram", "patches" or
+    "kernel" (the explicit per-example gradient from patches and a matmul, or from the
+    backend's grouped conv kernel), "explicit" (a Linear's))."""
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     return {
         # Few positions (4), wide channels: 4 * (96 + 32) < 96 * 32.
         "conv1d_gram": (nn.Sequential(nn.Conv1d(32, 32, 3, padding=1), nn.Tanh(), _Pool(),
                                       nn.Linear(32, 2)),
-                        torch.randn(5, 32, 4, generator=g), [True, False]),
+                        torch.randn(5, 32, 4, generator=g), ["gram", "explicit"]),
         # Many positions, narrow: explicit; stride, dilation, reflect padding, groups.
         "conv1d_explicit": (nn.Sequential(
             nn.Conv1d(4, 6, 3, stride=2, dilation=2, padding=2, padding_mode="reflect",
-                      groups=2), nn.Tanh(), nn.Conv1d(6, 3, 5, padding="same"), _Pool(),
-            nn.Linear(3, 2)), torch.randn(5, 4, 40, generator=g), [False, False, False]),
+                      groups=2), nn.Tanh(), nn.Conv1d(6, 16, 5, padding="same"), nn.Tanh(),
+            nn.Conv1d(16, 4, 3, stride=2, dilation=2, groups=2), _Pool(), nn.Linear(4, 2)),
+            torch.randn(5, 4, 40, generator=g), ["patches", "patches", "kernel", "explicit"]),
         "conv2d_gram": (nn.Sequential(nn.Conv2d(24, 24, 3, padding=1), nn.Tanh(), _Pool(),
                                       nn.Linear(24, 2)),
-                        torch.randn(5, 24, 2, 2, generator=g), [True, False]),
+                        torch.randn(5, 24, 2, 2, generator=g), ["gram", "explicit"]),
         "conv2d_explicit": (nn.Sequential(
             nn.Conv2d(3, 8, 3, stride=(2, 1), dilation=(1, 2), padding=(1, 2)), nn.ReLU(),
             nn.Conv2d(8, 4, (2, 3), padding="same", padding_mode="circular", bias=False),
+            nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1, padding_mode="replicate", groups=4),
             _Pool(), nn.Linear(4, 2)), torch.randn(5, 3, 9, 8, generator=g),
-            [False, False, False]),
+            ["patches", "kernel", "patches", "explicit"]),
+        # More examples than one call of the explicit form takes: a full chunk and a partial.
+        "conv1d_explicit_chunks": (nn.Sequential(
+            nn.Conv1d(2, 8, 3, padding=1, padding_mode="replicate"), nn.Tanh(),
+            nn.Conv1d(8, 4, 3, padding=1), _Pool(), nn.Linear(4, 2)),
+            torch.randn(CONV_CHUNK + 6, 2, 12, generator=g), ["patches", "kernel", "explicit"]),
+        # More patches than PATCH_BYTES per CONV_CHUNK examples: smaller chunks.
+        "conv2d_patch_chunks": (nn.Sequential(nn.Conv2d(3, 2, 3, padding=1), _Pool(),
+                                              nn.Linear(2, 2)),
+                                torch.randn(30, 3, 80, 80, generator=g), ["patches", "explicit"]),
         "sequence_linear": (nn.Sequential(nn.Linear(30, 40), nn.Tanh(), nn.Linear(40, 3),
                                           nn.Flatten(), nn.Linear(12, 2)),
-                            torch.randn(6, 4, 30, generator=g), [True, False, False]),
+                            torch.randn(6, 4, 30, generator=g), ["gram", "explicit", "explicit"]),
     }
 
 
-def _expected_form(model: nn.Module, x: torch.Tensor) -> list[bool]:
-    """The form `gram_is_cheaper` picks for each weight layer at its shapes."""
-    forms: list[bool] = []
+def _expected_form(model: nn.Module, x: torch.Tensor) -> list[str]:
+    """The form `gram_is_cheaper` and, for an explicit conv, `patches_are_cheaper` pick for
+    each weight layer at its shapes; whether some conv's explicit form takes several chunks
+    (of CONV_CHUNK examples or PATCH_BYTES of patches)."""
+    forms: list[str] = []
 
     def record(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         if isinstance(module, (nn.Conv1d, nn.Conv2d)):
             taps = module.weight[0, 0].numel()
             channels = module.in_channels // module.groups
-            forms.append(gram_is_cheaper(output[0, 0].numel(), taps * channels,
-                                         module.out_channels // module.groups))
+            if gram_is_cheaper(output[0, 0].numel(), taps * channels,
+                               module.out_channels // module.groups):
+                forms.append("gram")
+            else:
+                forms.append("patches" if patches_are_cheaper(channels, "cpu") else "kernel")
         elif isinstance(module, nn.Linear):
             positions = inputs[0][0].numel() // module.in_features
-            forms.append(positions > 1 and gram_is_cheaper(positions, module.in_features,
-                                                           module.out_features))
+            gram = positions > 1 and gram_is_cheaper(positions, module.in_features,
+                                                     module.out_features)
+            forms.append("gram" if gram else "explicit")
 
     handles = [m.register_forward_hook(record) for m in model.modules()
                if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Linear))]
@@ -71,10 +95,29 @@ def _expected_form(model: nn.Module, x: torch.Tensor) -> list[bool]:
     return forms
 
 
+def _patch_chunk(model: nn.Module, x: torch.Tensor) -> int:
+    """The fewest examples per chunk any conv's patches allow (PATCH_BYTES)."""
+    sizes = [PATCH_BYTES // (4 * m.weight[0].numel() * m.groups * o[0, 0].numel())
+             for m, o in _outputs(model, x) if isinstance(m, (nn.Conv1d, nn.Conv2d))]
+    return min(sizes, default=CONV_CHUNK)
+
+
+def _outputs(model: nn.Module, x: torch.Tensor) -> list[tuple[nn.Module, torch.Tensor]]:
+    seen: list[tuple[nn.Module, torch.Tensor]] = []
+    handles = [m.register_forward_hook(lambda m, i, o: seen.append((m, o)))
+               for m in model.modules()]
+    with torch.no_grad():
+        model(x)
+    for handle in handles:
+        handle.remove()
+    return seen
+
+
 @pytest.mark.parametrize("name", list(_cases()))
 def test_per_example_norms_match_brute_force(name: str) -> None:
-    model, x, gram = _cases()[name]
-    assert _expected_form(model, x) == gram  # the case exercises the form it is named for
+    model, x, forms = _cases()[name]
+    assert _expected_form(model, x) == forms  # the case exercises the forms it is named for
+    assert ("chunks" in name) == (len(x) > min(CONV_CHUNK, _patch_chunk(model, x)))
     y = torch.randn(model(x).shape, generator=torch.Generator().manual_seed(1))
     params = list(model.parameters())
 

@@ -67,6 +67,18 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
             .reset_index(drop=True))
 
 
+def best_steps_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
+    """`best_per_batch`'s target, batch_size and steps only (the same rows, the same numbers),
+    without the noise scales and the learning-rate refinement: what a refit of eq. 2.11 needs."""
+    keys = ["target", "batch_size", "learning_rate"]
+    grouped = (steps.groupby(keys, as_index=False, dropna=False)
+               .agg(steps=("steps", "mean"), all_reached=("reached", "all")))
+    reached = grouped[grouped["all_reached"] & np.isfinite(grouped["steps"])]
+    best = reached.loc[reached.groupby(["target", "batch_size"])["steps"].idxmin()]
+    return (best[["target", "batch_size", "steps"]].sort_values(["target", "batch_size"])
+            .reset_index(drop=True))
+
+
 def _refine(curve: tuple[np.ndarray, np.ndarray, np.ndarray], row) -> float:
     """Vertex of the parabola in (log lr, log steps) through the best lr and its two neighbours.
 

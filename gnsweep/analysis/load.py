@@ -101,7 +101,9 @@ def _read_metrics(path: Path) -> pa.Table:
 
     `ParquetFile.read` is about twice as fast per small file as `read_table` (no dataset
     discovery) but skips a missing column silently; anything unexpected goes through
-    `store.read_table`, which raises StoreError naming the file.
+    `store.read_table`, which raises StoreError naming the file. One thread: handing a few
+    columns of a few thousand rows to pyarrow's pool costs more than decoding them (half the
+    read time on `gnsweep bench analysis`'s 2,000-row files, more on a busy machine).
     """
     try:
         file = pq.ParquetFile(path)
@@ -110,7 +112,7 @@ def _read_metrics(path: Path) -> pa.Table:
             raise ValueError("core columns missing")
         empty = _all_nan(file)
         table = file.read(columns=[c for c in METRIC_COLUMNS + OPTIONAL_COLUMNS
-                                   if c in names and c not in empty])
+                                   if c in names and c not in empty], use_threads=False)
     except (pa.ArrowException, OSError, ValueError):
         table = store.read_table(path, columns=METRIC_COLUMNS)
     return table
@@ -174,10 +176,12 @@ def load_curves(sweep_dir: Path, skip_corrupt: bool = False) -> Curves:
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     n_rows = int(offsets[-1])
     present = [t for t in tables if t is not None and t.num_rows]
+    names = [set(t.column_names) for t in present]
     columns: dict[str, np.ndarray] = {}
     for name in CURVE_COLUMNS:
         # One chunk per file without nulls: to_numpy copies nothing.
-        found = [t.column(name).to_numpy() if name in t.column_names else None for t in present]
+        found = [t.column(name).to_numpy() if name in have else None
+                 for t, have in zip(present, names, strict=True)]
         if any(part is not None and np.isfinite(part).any() for part in found):
             columns[name] = np.concatenate(
                 [np.full(t.num_rows, np.nan) if part is None else part

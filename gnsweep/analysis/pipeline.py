@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.fit import FitRefused, fit_hyperbola, predict_steps
-from gnsweep.analysis.front import best_per_batch, pareto_front
+from gnsweep.analysis.front import best_per_batch, best_steps_per_batch, pareto_front
 from gnsweep.analysis.loss_scaling import fit_loss_scaling
 from gnsweep.analysis.lr import fit_lr_table
 from gnsweep.analysis.results import Results
@@ -77,7 +77,8 @@ def window_robustness(curves: Curves, targets: list[float], result: Analysis) ->
     found: dict[str, dict[float, float]] = {}
     for name, fraction in (("b_crit_window_lo", SMOOTHING_FRACTION / 2),
                            ("b_crit_window_hi", SMOOTHING_FRACTION * 2)):
-        best = best_per_batch(steps_to_target(curves, None, targets, smoothing=fraction))
+        best = best_steps_per_batch(steps_to_target(curves, None, targets,
+                                                    smoothing=fraction))
         found[name] = {}
         for target in targets:
             rows = best[best["target"] == target]

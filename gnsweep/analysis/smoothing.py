@@ -94,14 +94,15 @@ class RunSmoother:
         run_of_row = np.repeat(np.arange(len(starts)), self.lengths)
         # Runs whose x is not finite and non-decreasing take the one-run path (centred_fit
         # filters x as well as y; the shared prefix sums need every row's x in order).
-        step_back = np.flatnonzero(~(np.diff(x) >= 0)) + 1  # row i+1 < row i, or a NaN
+        step_back = np.flatnonzero(~(x[1:] >= x[:-1])) + 1  # row i+1 < row i, or a NaN
         self.odd = odd = np.zeros(len(starts), bool)
         odd[run_of_row[step_back[~np.isin(step_back, starts)]]] = True
         odd[run_of_row[~np.isfinite(x)]] = True
         # Runs in chunks of about CHUNK_ROWS rows: the gathers below stay in cache.
         bounds = sorted({0, *(np.flatnonzero(np.diff(ends // CHUNK_ROWS)) + 1).tolist(),
                          len(starts)})
-        self.chunks = [(first, last, self._sums(first, last))
+        self.chunks = [(first, last, self._sums(first, last),
+                        bool(np.isfinite(y[offsets[first]:offsets[last]]).all()))
                        for first, last in itertools.pairwise(bounds)]
 
     def _sums(self, first: int, last: int) -> list[np.ndarray]:
@@ -115,6 +116,16 @@ class RunSmoother:
         ys = np.where(ok, yc, 0.0)
         columns = (ok.astype(float), xs, ys, xs * xs, xs * ys)
         sums = [np.zeros(b0 - a0 + last - first) for _ in range(5)]
+        lengths = self.lengths[first:last]
+        if len(lengths) and lengths[0] > 0 and (lengths == lengths[0]).all() \
+                and not self.odd[first:last].any():
+            # Runs of one length (a grid's, usually): run i's slots are row i of a
+            # (runs, length + 1) array; one cumsum along the rows per sum, the same numbers.
+            shape = (last - first, int(lengths[0]))
+            for total, values in zip(sums, columns, strict=True):
+                grid = total.reshape(shape[0], shape[1] + 1)
+                np.cumsum(values.reshape(shape), axis=1, out=grid[:, 1:])
+            return sums
         for i, (a, b) in enumerate(zip((self.offsets[first:last] - a0).tolist(),
                                        (self.offsets[first + 1:last + 1] - a0).tolist(),
                                        strict=True)):
@@ -133,24 +144,21 @@ class RunSmoother:
         # Runs logged at the same steps with the same smallest half-width (the runs of one
         # batch size) have the same window edges: searched once.
         edges: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        for first, last, sums in self.chunks:
-            self._fit_chunk(first, last, sums, fraction, min_half, out, edges)
+        for first, last, sums, dense in self.chunks:
+            self._fit_chunk(first, last, sums, dense, fraction, min_half, out, edges)
         for i in np.flatnonzero(self.odd):
             a, b = self.offsets[i], self.offsets[i + 1]
             out[a:b] = centred_fit(self.x[a:b], self.y[a:b], fraction, float(min_half[i]))
         return out
 
-    def _fit_chunk(self, first: int, last: int, sums: list[np.ndarray], fraction: float,
-                   min_half: np.ndarray, out: np.ndarray,
+    def _fit_chunk(self, first: int, last: int, sums: list[np.ndarray], dense: bool,
+                   fraction: float, min_half: np.ndarray, out: np.ndarray,
                    edges: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]]
                    ) -> None:
         a0, b0 = int(self.offsets[first]), int(self.offsets[last])
         if b0 <= a0:
             return
         xc = self.x[a0:b0]
-        half = np.maximum(fraction * np.abs(xc),
-                          np.repeat(min_half[first:last], self.lengths[first:last]))
-        low, high = xc - half, xc + half
         lo = np.zeros(b0 - a0, np.int64)
         hi = np.zeros(b0 - a0, np.int64)
         for i, (a, b) in enumerate(zip((self.offsets[first:last] - a0).tolist(),
@@ -161,20 +169,28 @@ class RunSmoother:
                 key = (b - a, float(min_half[first + i]))
                 seen = edges.get(key)
                 if seen is None or not np.array_equal(seen[0], run):
-                    seen = edges[key] = (run, np.searchsorted(run, low[a:b], side="left"),
-                                         np.searchsorted(run, high[a:b], side="right"))
+                    half = np.maximum(fraction * np.abs(run), min_half[first + i])
+                    seen = edges[key] = (run, np.searchsorted(run, run - half, side="left"),
+                                         np.searchsorted(run, run + half, side="right"))
                 lo[a:b] = seen[1] + (a + i)
                 hi[a:b] = seen[2] + (a + i)
         c1, cx, cy, cxx, cxy = sums
-        n = c1[hi] - c1[lo]
+        # Every y finite (`dense`): each window counts its rows, hi - lo (exact either way).
+        n = (hi - lo).astype(float) if dense else c1[hi] - c1[lo]
         sx, sy = cx[hi] - cx[lo], cy[hi] - cy[lo]
         sxx, sxy = cxx[hi] - cxx[lo], cxy[hi] - cxy[lo]
         with np.errstate(invalid="ignore", divide="ignore"):
             mx, my = sx / n, sy / n
-            var = sxx / n - mx * mx
+            mx2 = mx * mx
+            var = sxx / n - mx2
             cov = sxy / n - mx * my
-            slope = np.where(var > 1e-12 * np.maximum(mx * mx, 1.0), cov / var, 0.0)
-            fitted = np.where(n > 0, my + slope * (xc - mx), np.nan)
+            slope = np.where(var > 1e-12 * np.maximum(mx2, 1.0), cov / var, 0.0)
+            fitted = my + slope * (xc - mx)
+            if not dense:  # (dense: every window holds at least its own point)
+                fitted = np.where(n > 0, fitted, np.nan)
+        if not self.odd[first:last].any():
+            out[a0:b0] = fitted
+            return
         fast = ~np.repeat(self.odd[first:last], self.lengths[first:last])
         out[a0:b0][fast] = fitted[fast]
 

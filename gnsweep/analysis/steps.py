@@ -111,11 +111,11 @@ def centred_loss(curves: Curves, fraction: float = SMOOTHING_FRACTION,
     """A loss column of every run smoothed by a centred local-linear window (no lag):
     half-width max(fraction * x, min_examples / B) at x updates (`smoothing.centred_fit`)."""
     loss = curves.columns[column]
-    x = curves.columns["step"] - (0.0 if column == "eval_loss" else 1.0)
     batch = curves.runs["batch_size"].to_numpy(float)
     key = f"smoother:{column}"
     smoother = curves.derived.get(key)
     if not isinstance(smoother, RunSmoother):  # built once, reused at every window
+        x = curves.columns["step"] if column == "eval_loss" else _updates(curves)
         smoother = curves.derived[key] = RunSmoother(x, loss, curves.offsets)
     return smoother.fit(fraction, min_examples / batch)
 
@@ -128,30 +128,40 @@ def loss_curve(curves: Curves, loss: str, ema_examples: float | None = None,
     fluctuates with its parameters, and the first crossing of a fluctuating curve comes early
     (on linreg_truth the unsmoothed exact loss gave B_crit 0.55-0.75 of the exact one)."""
     step = curves.columns["step"]
+    updates = _updates(curves)
     if loss == "metric":  # a task's own metric, already a window mean (cartpole's return)
-        return step - 1.0, curves.columns["metric"]
+        return updates, curves.columns["metric"]
     if loss == "eval":
         return step, centred_loss(curves, smoothing, column="eval_loss")
     if loss == "raw":
-        return step - 1.0, curves.columns["loss"]
+        return updates, curves.columns["loss"]
     if ema_examples:
-        return step - 1.0, resmooth(curves, ema_examples)
+        return updates, resmooth(curves, ema_examples)
     if not np.isfinite(curves.columns["loss"]).any():
-        return step - 1.0, curves.columns["loss_smooth"]  # a table without the raw loss
-    return step - 1.0, centred_loss(curves, smoothing)
+        return updates, curves.columns["loss_smooth"]  # a table without the raw loss
+    return updates, centred_loss(curves, smoothing)
+
+
+def _updates(curves: Curves) -> np.ndarray:
+    """Updates before each logged training loss (step - 1), computed once per `Curves`."""
+    updates = curves.derived.get("updates")
+    if not isinstance(updates, np.ndarray):
+        updates = curves.derived["updates"] = curves.columns["step"] - 1.0
+    return updates
 
 
 def noise_rows(curves: Curves, scale: str) -> np.ndarray:
     """Per-row B_simple ("simple") or B_noise ("noise"): from the frozen-parameter probes where a
     run has them (pooled over +-1 octave before the ratio, `smoothing.pooled_probes`), else the
-    training loop's EMA column."""
+    training loop's EMA column. Without probes that column itself: read-only, as the curves."""
     num, den = (("probe_trace_sigma", "probe_g2") if scale == "simple"
                 else ("probe_trace_h_sigma", "probe_g_h_g"))
-    out = curves.columns[f"b_{scale}"].copy()
+    column = curves.columns[f"b_{scale}"]
     numerator, denominator = curves.columns[num], curves.columns[den]
     probed = np.isfinite(numerator) & np.isfinite(denominator)
     if not probed.any():
-        return out
+        return column
+    out = column.copy()
     x = curves.columns["step"] - 1.0
     for lo, hi in zip(curves.offsets[:-1], curves.offsets[1:], strict=True):
         at = np.flatnonzero(probed[lo:hi])
@@ -190,8 +200,9 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     # A metric that rises to its targets: negate values and targets, so every comparison
     # below is the loss's (NaN, a metric not measured yet, reaches nothing either way).
     sign = -1.0 if higher_is_better else 1.0
-    values = sign * values
-    n_runs, n_rows = len(curves.runs), len(values)
+    if higher_is_better:
+        values = sign * values
+    n_runs = len(curves.runs)
     starts, ends = curves.offsets[:-1], curves.offsets[1:]
     has_rows = ends > starts
     batch = curves.runs["batch_size"].to_numpy(float)
@@ -204,7 +215,9 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     if has_rows.any():
         # Never better than any value the run logged: a local-linear window at a blow-up (a
         # NaN loss after a steep rise) can dip below every logged loss, even below zero.
-        logged = sign * _logged(curves, loss)
+        logged = _logged(curves, loss)
+        if higher_is_better:
+            logged = sign * logged
         with np.errstate(invalid="ignore"):
             min_loss[has_rows] = sign * np.fmax(np.fmin.reduceat(values, starts[has_rows]),
                                                 np.fmin.reduceat(logged, starts[has_rows]))
@@ -213,12 +226,9 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
 
     base = curves.runs[RUN_COLUMNS[:4]].reset_index(drop=True)
     parts = []
-    rows = np.arange(n_rows)
     for target in sorted(targets, reverse=True):
-        first = np.full(n_runs, n_rows)
-        if usable.any():
-            hit_index = np.where(values <= sign * target, rows, n_rows)
-            first[has_rows] = np.minimum.reduceat(hit_index, starts[has_rows])
+        first = (_first_at_or_below(values, curves.offsets, sign * target) if usable.any()
+                 else ends)
         reached = usable & (first < ends)
         at = np.where(reached, first, 0)
         steps = np.where(reached, _interpolated(x, values, at, starts, sign * target), np.nan)
@@ -252,6 +262,33 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     return out[STEPS_COLUMNS]
 
 
+def _first_at_or_below(values: np.ndarray, offsets: np.ndarray, level: float) -> np.ndarray:
+    """Each run's first row whose value is at or below `level`; its end offset when none.
+
+    A search per run that stops at the first hit (`argmax` of a boolean), all runs in one call
+    when they have the same length (a grid's runs, usually), instead of a full-length index
+    array per target."""
+    starts, ends = offsets[:-1], offsets[1:]
+    below = values <= level
+    lengths = ends - starts
+    first = ends.copy()
+    if not len(lengths):
+        return first
+    if lengths[0] > 0 and (lengths == lengths[0]).all() and len(below) == int(ends[-1]) \
+            and starts[0] == 0:
+        grid = below.reshape(len(lengths), int(lengths[0]))
+        column = grid.argmax(axis=1)
+        hit = grid[np.arange(len(lengths)), column]
+        first[hit] = starts[hit] + column[hit]
+        return first
+    for i in np.flatnonzero(lengths > 0).tolist():
+        a = int(starts[i])
+        j = int(below[a:int(ends[i])].argmax())
+        if below[a + j]:
+            first[i] = a + j
+    return first
+
+
 def _logged(curves: Curves, loss: str) -> np.ndarray:
     """The logged (unsmoothed) values behind `loss_curve`'s curve for `loss`."""
     if loss in ("metric", "eval"):
@@ -275,8 +312,10 @@ def _noise_sums(curves: Curves) -> tuple[_RunningMeans, _RunningMeans, _RunningM
     batch = curves.runs["batch_size"].to_numpy(float)
     run_of_row = np.repeat(np.arange(len(curves.runs)), curves.lengths)
     drift = curves.columns["drift"]
+    flagged = np.zeros(len(drift), bool)
+    logged = np.flatnonzero(np.isfinite(drift))  # often none: a log of NaN is slow
     with np.errstate(invalid="ignore", divide="ignore"):
-        flagged = np.isfinite(drift) & (np.abs(np.log(drift)) > np.log(DRIFT_LIMIT))
+        flagged[logged] = np.abs(np.log(drift[logged])) > np.log(DRIFT_LIMIT)
     out = (_RunningMeans(noise_rows(curves, "simple"), step, starts, run_of_row, batch),
            _RunningMeans(noise_rows(curves, "noise"), step, starts, run_of_row, batch),
            _RunningMeans(_filled(curves, "b_simple_true"), step, starts, run_of_row, batch),
@@ -288,10 +327,14 @@ def _noise_sums(curves: Curves) -> tuple[_RunningMeans, _RunningMeans, _RunningM
 
 def _filled(curves: Curves, column: str) -> np.ndarray:
     """A column logged at some rows only (a costly exact truth), interpolated to every row of
-    its run linearly in log steps (`smoothing.interpolate_log_steps`); unchanged where dense."""
-    values = curves.columns[column].copy()
+    its run linearly in log steps (`smoothing.interpolate_log_steps`); unchanged where dense
+    (then the column itself: read-only, as the curves)."""
+    values = curves.columns[column]
     step = curves.columns["step"]
     finite = np.isfinite(values)
+    if finite.all() or not finite.any():
+        return values
+    values = values.copy()
     for lo, hi in zip(curves.offsets[:-1], curves.offsets[1:], strict=True):
         known = finite[lo:hi]
         if known.any() and not known.all():
@@ -332,16 +375,27 @@ class _RunningMeans:
             return
         n = len(b)
         self.finite_rows = np.flatnonzero(finite)
-        ds = np.diff(step, prepend=0.0)
+        # Few fresh full-length arrays, each written in place: on a large sweep allocating
+        # (page-faulting) a new array costs more than the arithmetic that fills it.
+        weight = np.empty(n)  # dS: steps since the previous row, or since a run's start
+        weight[0] = step[0]
+        np.subtract(step[1:], step[:-1], out=weight[1:])
         inside = starts[starts < n]
-        ds[inside] = step[inside]  # a run's first row: steps since its start
-        ratio = b / batch[run_of_row]
+        weight[inside] = step[inside]
+        ratio = np.take(batch, run_of_row)
+        np.divide(b, ratio, out=ratio)  # b / B
         ok = finite & (ratio > -1.0)
-        weight = np.zeros(n)
-        np.divide(ds, 1.0 + ratio, out=weight, where=ok)
-        self.cw = np.concatenate([[0.0], np.cumsum(weight)])
-        weight *= np.where(ok, b, 0.0)
-        self.cwb = np.concatenate([[0.0], np.cumsum(weight)])
+        ratio += 1.0
+        np.divide(weight, ratio, out=weight, where=ok)
+        weight[~ok] = 0.0
+        self.cw = np.empty(n + 1)
+        self.cw[0] = 0.0
+        np.cumsum(weight, out=self.cw[1:])
+        np.multiply(weight, b, out=weight, where=ok)
+        del ratio  # its memory serves the second prefix sum
+        self.cwb = np.empty(n + 1)
+        self.cwb[0] = 0.0
+        np.cumsum(weight, out=self.cwb[1:])
 
     def at(self, row: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Values at `row[i]`, a row of run i (so run i starts at starts[i])."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 
 from gnsweep.bench import SUBJECTS
 
@@ -21,15 +22,25 @@ def main(argv: list[str]) -> None:
     if not argv[:split] and {"-h", "--help"} & set(options):
         print(USAGE)  # help without a subject: not every subject's help, and nothing run
         return
+    unknown = [s for s in subjects if s not in SUBJECTS]
+    if unknown:
+        sys.exit(f"gnsweep bench: unknown subject {unknown[0]!r}; choose from {SUBJECTS}")
+    failed = []
     for subject in subjects:
-        if subject not in SUBJECTS:
-            sys.exit(f"gnsweep bench: unknown subject {subject!r}; choose from {SUBJECTS}")
         try:
             module = importlib.import_module(f"gnsweep.bench.{subject}")
         except ModuleNotFoundError as err:
             print(f"bench {subject}: not available ({err})")
             continue
-        module.main(options)
+        try:
+            module.main(options)
+        except Exception:  # one subject's failure leaves the others' numbers, then fails
+            traceback.print_exc()
+            failed.append(subject)
+            print(f"bench {subject}: FAILED (the traceback above); going on with the others",
+                  flush=True)
+    if failed:
+        sys.exit(f"gnsweep bench: {', '.join(failed)} failed (tracebacks above)")
 
 
 if __name__ == "__main__":

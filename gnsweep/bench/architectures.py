@@ -128,8 +128,10 @@ def gpt2(seed: int = 0) -> Architecture:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
+    # bos/eos inside the small vocabulary (GPT-2's 50256 draws a warning; neither is used).
     config = GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=24, n_layer=2, n_head=2,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
     model = GPT2LMHeadModel(config)
     return Architecture("gpt2", model, _markov_sample(seed + 1), _lm_loss)
 

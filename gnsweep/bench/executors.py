@@ -84,14 +84,23 @@ def bench_torchrun(root: Path, n_runs: int) -> dict:
     run_ids = [s.run_id for s in prepare(sweep_dir, config)][:n_runs]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
-    def timed(ids: list[str]) -> float:
-        command = worker_command(sweep_dir, write_runs_file(sweep_dir, ids), nproc=2,
-                                 max_retries=0)
-        start = time.perf_counter()
-        subprocess.run(command, env=env, check=True, capture_output=True)
-        return time.perf_counter() - start
+    def timed(ids: list[str], attempts: int = 1) -> float:
+        """Seconds of one torchrun job; a job that fails says how (its output's end). A job
+        without runs may start again (`attempts`): nothing of it is kept."""
+        for attempt in range(1, attempts + 1):
+            command = worker_command(sweep_dir, write_runs_file(sweep_dir, ids), nproc=2,
+                                     max_retries=0)
+            start = time.perf_counter()
+            done = subprocess.run(command, env=env, capture_output=True, text=True)
+            if done.returncode == 0:
+                return time.perf_counter() - start
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+            if attempt == attempts:
+                raise RuntimeError(f"torchrun job exited {done.returncode}:\n{tail}")
+            print(f"torchrun job exited {done.returncode}; starting it again:\n{tail}")
+        raise AssertionError("unreachable")
 
-    startup = min(timed([]) for _ in range(2))
+    startup = min(timed([], attempts=2) for _ in range(2))
     wall = timed(run_ids)
     runs = _attempts(sweep_dir)
     train = sum(a["train"] for a in runs)

@@ -70,11 +70,20 @@ from gnsweep.noise import (
 
 METHODS = ("per_example", "microbatch", "ddp", "fsdp")
 
-MICROBATCH_FROM = 128
+MICROBATCH_FROM = 64
 """`timed_auto`: from this batch on, a model whose per-example norms need per-position work
-(convolutions, sequences) is measured with micro-batches: `gnsweep bench noise` has conv
-per-example norms at 1.4-1.6x the plain step there against 1.0-1.4x for micro-batches, and
-per-example norms cheaper at batch 32."""
+(convolutions, sequences) is measured with micro-batches. On the bench's CNN (`gnsweep bench
+noise`, 4 micro-batches) conv per-example norms cost 1.5-1.9x the plain step at every batch (an
+extra weight-gradient pass of each conv layer, by a grouped kernel slower per example than the
+batch's), while micro-batches cost 2.1-2.3x at batch 32, 1.5-1.8x at 48-64 (as much as or less
+than per-example norms), 1.1-1.3x at 96-128 and 0.8x at 512 (their fixed cost per micro-batch
+shrinks against its work)."""
+SEQUENCE_MICROBATCH_FROM = 256
+"""`timed_auto`: the same for a model whose per-position work is in sequence layers only
+(Linear, transformers' Conv1D, Embedding over positions): on the bench's GPT-2 per-example norms
+cost 1.4-1.5x the plain step at batch 32-128 against 1.7-2.4x for micro-batches, and 1.35x at
+512 against 1.0x."""
+CONVOLUTIONS = ("Conv1d", "Conv2d")
 TIMED_STEPS = 3
 """`timed_auto`: measured steps timed after the choice (the fastest is reported)."""
 
@@ -707,18 +716,19 @@ def cheaper_method(positional: list[str], batch: int, rest: bool) -> tuple[str, 
     """(per_example or microbatch, why) for a model both measure right: micro-batches where
     per-example norms need them anyway (`rest`: layers without per-example norms; the hooks
     then only add), or where some layer's per-example norm needs per-position work
-    (`positional`: its kinds) and the batch is at least `MICROBATCH_FROM`; else per-example
-    norms."""
+    (`positional`: its kinds) and the batch is at least `MICROBATCH_FROM` (with convolutions)
+    or `SEQUENCE_MICROBATCH_FROM` (sequence layers only); else per-example norms."""
     if rest:
         return "microbatch", "layers without per-example norms need micro-batches anyway"
     if not positional:
         return "per_example", "no layer needs per-position work for its per-example norms"
     kinds = ", ".join(positional)
-    if batch >= MICROBATCH_FROM:
+    start = MICROBATCH_FROM if set(positional) & set(CONVOLUTIONS) else SEQUENCE_MICROBATCH_FROM
+    if batch >= start:
         return "microbatch", (f"{kinds} need per-position work for per-example norms, and at "
-                              f"batch {batch} >= {MICROBATCH_FROM} micro-batches cost less")
+                              f"batch {batch} >= {start} micro-batches cost less")
     return "per_example", (f"{kinds} need per-position work for per-example norms, but at "
-                           f"batch {batch} < {MICROBATCH_FROM} they cost less than micro-batches")
+                           f"batch {batch} < {start} they cost less than micro-batches")
 
 
 def _now(device: torch.device) -> float:

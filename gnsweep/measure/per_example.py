@@ -325,6 +325,41 @@ def _patches_last(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> torch.Tenso
     return view.reshape(n, math.prod(out), math.prod(kernel), c)
 
 
+def _patches_first(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """The conv's input patches with positions last, (B, C * K, L): C input channels, K kernel
+    taps, L output positions (`F.unfold`'s layout, for Conv1d too); one strided copy of the
+    padded input whose innermost runs are rows of output positions, contiguous at stride 1
+    (`F.unfold` itself loops over the batch on the CPU)."""
+    mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+    x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
+    n, c, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    kernel, dilation, stride = module.kernel_size, module.dilation, module.stride
+    out = [(size - d * (k - 1) - 1) // s + 1
+           for size, k, d, s in zip(spatial, kernel, dilation, stride, strict=True)]
+    strides = x.stride()
+    view = x.as_strided(
+        (n, c, *kernel, *out),
+        (strides[0], strides[1], *(d * st for d, st in zip(dilation, strides[2:], strict=True)),
+         *(s * st for s, st in zip(stride, strides[2:], strict=True))))
+    return view.reshape(n, c * math.prod(kernel), math.prod(out))
+
+
+def patches_are_cheaper(channels: int, device: str) -> bool:
+    """Whether the explicit per-example weight gradient of a conv with `channels` input
+    channels per group costs less from its patches and one batched matmul than from the
+    backend's grouped weight-gradient kernel. On the CPU oneDNN has direct kernels for groups
+    of 8 and 16 input channels (at 8 to 64 channels, 3x3 to 7x7 kernels, 1.3-4.5x faster than
+    the patches); with 1 to 7 it falls back to an im2col and a small gemm per group, that is
+    per example, and the patches cost 0.3-0.85x as much (1 to 6 channels, 3x3 kernels; about
+    the same for 3 channels, 7x7 stride 2). Elsewhere not measured: the backend's kernel."""
+    return device == "cpu" and channels < 8
+
+
+PATCH_BYTES = 16 << 20
+"""Most bytes of patches `_conv_sq` copies at once (a 7x7 stem on 224x224 RGB images has 7 MB
+of patches per example)."""
+
+
 def _conv_per_example_grad(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: torch.Tensor
                            ) -> torch.Tensor:
     """Every example's own weight gradient, (B * out, in / groups, *kernel), by one weight
@@ -346,29 +381,57 @@ def _conv_per_example_grad(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: to
         n * module.groups, [False, True, False])[1]
 
 
+CONV_CHUNK = 64
+"""Most examples per explicit per-example weight gradient on the CPU. oneDNN's grouped
+weight-gradient kernel, with the batch folded into its groups, costs 2-3x more per example past
+64-256 groups (measured from 16 to 64 channels); chunks of 64 stay within 10% of the best chunk
+for every layer measured, and on batches of at most 64 nothing changes."""
+
+
 def _conv_sq(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: torch.Tensor, weight: bool,
              bias: bool) -> torch.Tensor:
     """Sum over examples of a Conv1d/Conv2d's `|g_i|^2`: the weight's in the Gram form (from
     its patches and output gradients, per group) or as the explicit per-example gradient,
     whichever costs less at this layer's shape (`gram_is_cheaper`; mixed ghost norm, Bu et al.
-    2022); the bias's from the output gradient summed over positions."""
+    2022), the explicit one from the backend's grouped kernel or from patches and a batched
+    matmul (`patches_are_cheaper`), in chunks on the CPU (`CONV_CHUNK`, `PATCH_BYTES`); the
+    bias's from the output gradient summed over positions. Few ops: each costs several
+    microseconds in a training step, as much as a small layer's arithmetic."""
     n, groups = x.shape[0], module.groups
-    spatial = d.shape[2:]
-    d = d.reshape(n, d.shape[1], -1)  # (B, out, L)
-    out = sq(d.sum(2)) if bias else d.new_zeros(())
+    total = None
+    if bias:
+        summed = d.flatten(2).sum(2).flatten()  # (B * out): each example's bias gradient
+        total = torch.dot(summed, summed)
     if not weight:
-        return out
+        return total if total is not None else d.new_zeros(())
     taps = math.prod(module.kernel_size)
-    if not gram_is_cheaper(d.shape[2], taps * module.in_channels // groups,
-                           module.out_channels // groups):
-        return out + sq(_conv_per_example_grad(module, x, d.reshape(n, -1, *spatial)))
+    positions = math.prod(d.shape[2:])
+    channels = module.in_channels // groups
+    if not gram_is_cheaper(positions, taps * channels, module.out_channels // groups):
+        by_patches = patches_are_cheaper(channels, x.device.type)
+        chunk = CONV_CHUNK if x.device.type == "cpu" else max(n, 1)
+        if by_patches:
+            per_example = x.element_size() * taps * module.in_channels * positions
+            chunk = min(chunk, max(1, PATCH_BYTES // per_example))
+        for start in range(0, n, chunk):
+            xs, ds = x[start:start + chunk], d[start:start + chunk]
+            if by_patches:  # (b*g, C/g*K, L) against (b*g, L, out/g)
+                rows = xs.shape[0] * groups
+                grads = torch.bmm(_patches_first(module, xs).reshape(rows, -1, positions),
+                                  ds.reshape(rows, -1, positions).transpose(1, 2)).flatten()
+            else:
+                grads = _conv_per_example_grad(module, xs, ds).flatten()
+            part = torch.dot(grads, grads)
+            total = part if total is None else total + part
+        return total if total is not None else d.new_zeros(())
+    d = d.reshape(n, d.shape[1], -1)  # (B, out, L)
     a = _patches_last(module, x)  # (B, L, K, C)
-    length = a.shape[1]
     if groups == 1:
-        a = a.reshape(n, length, -1)
+        a = a.reshape(n, positions, -1)
         dg = d.transpose(1, 2)  # (B, L, out)
     else:  # (B*g, L, K*C/g) against (B*g, L, out/g)
-        a = (a.reshape(n, length, taps, groups, -1).permute(0, 3, 1, 2, 4)
-             .reshape(n * groups, length, -1))
-        dg = d.reshape(n, groups, -1, length).transpose(2, 3).flatten(0, 1)
-    return out + _weight_sq(a, dg)
+        a = (a.reshape(n, positions, taps, groups, -1).permute(0, 3, 1, 2, 4)
+             .reshape(n * groups, positions, -1))
+        dg = d.reshape(n, groups, -1, positions).transpose(2, 3).flatten(0, 1)
+    gram = _weight_sq(a, dg)
+    return gram if total is None else total + gram
