@@ -91,6 +91,9 @@ def ema_window(ema_fraction: float | None, ema_steps: float, ema_examples: float
 
 DRIFT_MAX_RELATIVE_ERROR = 0.25
 """The drift flag needs both ends of the window known to 25% (a 2x change is then > 2.8 sigma)."""
+_PRUNE_FROM = 256
+"""`NoiseScaleEma` drops the drift history before the window's start once that many entries
+(and at least half the history) lie there: amortised O(1) a measurement."""
 
 
 class Ema:
@@ -232,6 +235,7 @@ class NoiseScaleEma:
         # relative standard error) for the drift flag.
         self._g2_short, self._g2_spread = Ema(), Ema()
         self._history: list[tuple[float, float, float]] = []
+        self._past = 0  # where `drift` last found the window's start in `_history`
 
     @property
     def window(self) -> float:
@@ -244,21 +248,33 @@ class NoiseScaleEma:
     def drift(self) -> float:
         """|G|^2 (quarter-window EMA) now over its value one window ago; NaN until a window
         has passed, or when either is not positive (|G|^2 lost in the noise)."""
-        if not self._history or not math.isfinite(self.window):
+        history = self._history
+        if not history:
             return math.nan
-        clock = self.seen_steps if (self.ema_steps > 0 and self.ema_fraction <= 0) \
-            else self.seen_examples
-        then = clock - self.window
-        if then < self._history[0][0]:
+        window = self.window
+        if not math.isfinite(window):
             return math.nan
-        lo, hi = 0, len(self._history) - 1
-        while lo < hi:  # last entry at or before `then`
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if self._history[mid][0] <= then else (lo, mid - 1)
-        (_, past, past_err), (_, now, now_err) = self._history[lo], self._history[-1]
+        then = self._clock() - window
+        if then < history[0][0]:
+            return math.nan
+        # The last entry at or before `then`. `then` never runs back (the window is fixed, or
+        # a fraction < 1 of a clock that only grows), so the search steps on from the last
+        # answer: O(1) a measurement.
+        lo, n = self._past, len(history)
+        if lo >= n or history[lo][0] > then:
+            lo = 0
+        while lo + 1 < n and history[lo + 1][0] <= then:
+            lo += 1
+        self._past = lo
+        (_, past, past_err), (_, now, now_err) = history[lo], history[-1]
         if max(past_err, now_err) > DRIFT_MAX_RELATIVE_ERROR:
             return math.nan  # a 2x change would not stand out of the noise
         return now / past if past > 0 and now > 0 else math.nan
+
+    def _clock(self) -> float:
+        """The drift history's clock: steps with a window in steps, else examples."""
+        return self.seen_steps if (self.ema_steps > 0 and self.ema_fraction <= 0) \
+            else self.seen_examples
 
     @property
     def drifting(self) -> bool:
@@ -284,6 +300,8 @@ class NoiseScaleEma:
         self.seen_examples, self.seen_steps = state["seen_examples"], state["seen_steps"]
         self._h_examples, self._h_steps = state["h_examples"], state["h_steps"]
         self._history = [(clock, value, error) for clock, value, error in state["history"]]
+        self._past = 0
+        _ = self.drift  # where the window starts, as the saved run had it (for the pruning)
 
     def _decay_for(self, examples: float, steps: float) -> float:
         if self.ema_fraction > 0:
@@ -324,16 +342,19 @@ class NoiseScaleEma:
         self._decay = decay
         if math.isfinite(self.window):
             # The quarter-window EMA: decay^4 has a time constant a quarter as long.
-            before = self._g2_short.value
+            before, quarter = self._g2_short.value, decay ** 4
             if before > 0:
-                self._g2_spread.update((g2 / before - 1.0) ** 2, decay ** 4)
-            self._g2_short.update(g2, decay ** 4)
-            clock = self.seen_steps if (self.ema_steps > 0 and self.ema_fraction <= 0) \
-                else self.seen_examples
+                self._g2_spread.update((g2 / before - 1.0) ** 2, quarter)
+            self._g2_short.update(g2, quarter)
             mean, count = self._g2_short.value, self._g2_short.count
             error = (math.sqrt(self._g2_spread.value / count)
                      if mean > 0 and count > 1 and self._g2_spread.count > 0 else math.inf)
-            self._history.append((clock, mean, error))
+            if self._past >= _PRUNE_FROM and 2 * self._past >= len(self._history):
+                # Entries before the window's start are never read again (it only moves on):
+                # the history, and a checkpoint of it, stay about a window long.
+                del self._history[:self._past]
+                self._past = 0
+            self._history.append((self._clock(), mean, error))
         return self.estimate()
 
     def update_hessian(self, hsq_small: float, hsq_big: float, b_small: float, b_big: float
@@ -355,11 +376,12 @@ class NoiseScaleEma:
         if self._last is None:
             raise ValueError("no measurement yet")
         b_small, b_big, sq_small, sq_big, g2, trace = self._last
+        g2_ema, trace_ema = self._g2.value, self._trace.value
         ghg, htrace = self._ghg.value, self._htrace.value
         return NoiseEstimate(
             b_small=b_small, b_big=b_big, sq_norm_small=sq_small, sq_norm_big=sq_big,
-            g2_step=g2, trace_sigma_step=trace, g2=self._g2.value, trace_sigma=self._trace.value,
-            b_simple=_ratio(self._trace.value, self._g2.value),
+            g2_step=g2, trace_sigma_step=trace, g2=g2_ema, trace_sigma=trace_ema,
+            b_simple=_ratio(trace_ema, g2_ema),
             g_h_g=ghg, trace_h_sigma=htrace, b_noise=_ratio(htrace, ghg), drift=self.drift,
         )
 

@@ -89,6 +89,43 @@ def test_per_example_norms_are_exact(name):
     assert estimate.sq_norm_big == pytest.approx(big, rel=1e-6)
 
 
+class _Rows(nn.Module):
+    """Linear layers with one example per row in the shapes their hooks must get right: no
+    bias, a frozen weight (bias trained), an in-place ReLU on an output (its hook needs the
+    gradient before it), and two branches whose backward order is not the forward's reverse."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(5, 7, bias=False)
+        self.b = nn.Linear(5, 7)
+        self.c = nn.Linear(7, 2)
+        self.c.weight.requires_grad_(False)
+
+    def forward(self, x):
+        return self.c(torch.relu_(self.a(x)) + torch.tanh(self.b(x)))
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_per_example_rows_are_exact(create_graph):
+    torch.manual_seed(0)
+    model = _Rows()
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(6, 5, generator=g), torch.randn(6, 2, generator=g)
+    params = [p for p in model.parameters() if p.requires_grad]
+    expected = 0.0
+    for i in range(len(x)):
+        grads = torch.autograd.grad(_mse(model(x[i:i + 1]), y[i:i + 1]), params)
+        expected += sum(float((g.double() ** 2).sum()) for g in grads) / len(x)
+    monitor = NoiseScaleMonitor(model, "per_example")
+    assert not monitor.needs_microbatches
+    _mse(model(x), y).backward(create_graph=create_graph)  # a graph of the gradient: none kept
+    estimate = monitor.step()
+    monitor.close()
+    assert estimate is not None and estimate.sq_norm_small == pytest.approx(expected, rel=1e-5)
+    big = sum(float((p.grad.double() ** 2).sum()) for p in params)
+    assert estimate.sq_norm_big == pytest.approx(big, rel=1e-6)
+
+
 # -- ground truth -------------------------------------------------------------------------
 
 

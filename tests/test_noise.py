@@ -143,3 +143,43 @@ def test_drift_stays_quiet_on_noise_alone():
         ema.update(g2 + 8.0, g2 + 1.0, 1, 8, examples=8)
         fired += ema.drifting
     assert fired / 3000 < 0.01
+
+
+def _drift_by_definition(history, clock, window):
+    """|G|^2 now over |G|^2 one window ago from the whole history (the last entry at or before
+    the window's start), as `NoiseScaleEma.drift` defines it."""
+    then = clock - window
+    if not history or then < history[0][0]:
+        return math.nan
+    (_, past, past_err) = [h for h in history if h[0] <= then][-1]
+    (_, now, now_err) = history[-1]
+    if max(past_err, now_err) > noise.DRIFT_MAX_RELATIVE_ERROR:
+        return math.nan
+    return now / past if past > 0 and now > 0 else math.nan
+
+
+@pytest.mark.parametrize("window", [{"ema_fraction": 0.2}, {"ema_steps": 50.0}])
+def test_drift_keeps_a_window_of_history_and_its_answers(window):
+    """The drift history is pruned before the window's start (it only moves on): every drift
+    equals the definition on the whole history, the history stays about a window long, and a
+    state saved and loaded mid-run continues bit for bit."""
+    import random
+
+    rng = random.Random(1)
+    ema = noise.NoiseScaleEma(**window)
+    whole, resumed = [], None
+    for i in range(2400):
+        g2 = 2.0 ** (-i / 400) * (1.0 + 0.05 * rng.gauss(0.0, 1.0))
+        estimate = ema.update(g2 + 1.0 / 8, g2 + 1.0 / 64, 8, 64, examples=64)
+        whole.append(ema._history[-1])
+        clock = ema.seen_steps if "ema_steps" in window else ema.seen_examples
+        expected = _drift_by_definition(whole, clock, ema.window)
+        assert estimate.drift == expected or (math.isnan(expected) and math.isnan(estimate.drift))
+        if i == 1000:
+            resumed = noise.NoiseScaleEma(**window)
+            resumed.load_state_dict(ema.state_dict())
+        elif resumed is not None:
+            assert resumed.update(g2 + 1.0 / 8, g2 + 1.0 / 64, 8, 64, examples=64) == estimate
+    assert sum(math.isfinite(h[1]) for h in whole) > 2000 and math.isfinite(estimate.drift)
+    assert len(ema._history) < 1200
+    assert ema.state_dict() == resumed.state_dict()

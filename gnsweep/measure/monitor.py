@@ -441,15 +441,15 @@ class NoiseScaleMonitor:
             return
         if self._timing is not None and self._started is None and self.measuring:
             self._started = _now(self.params[0].device)
-        first = first_tensor(args) if args else None
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else \
+            first_tensor(args) if args else None
         if first is None:
             first = first_tensor(tuple(kwargs.values()))
-        if first is not None and first.dim() > 0:
-            self._examples += int(first.shape[0])
+        batch = int(first.shape[0]) if first is not None and first.dim() > 0 else 0
+        self._examples += batch
         if self._per_example is not None:
             self._per_example.forward_id += 1
-            self._per_example.batch = int(first.shape[0]) if first is not None \
-                and first.dim() > 0 else 0
+            self._per_example.batch = batch
 
     def warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -556,8 +556,9 @@ class NoiseScaleMonitor:
                 self._hessian_seconds += _now(self.params[0].device) - started
 
     def _fold(self, parts: list[NormPair], hess: NormPair | None) -> None:
-        valid = [p for p in parts if all(map(math.isfinite, p)) and 0 < p.b_small < p.b_big]
-        if any(not all(map(math.isfinite, p)) for p in parts):
+        finite = all(map(math.isfinite, (x for p in parts for x in p)))
+        valid = [p for p in parts if 0 < p.b_small < p.b_big] if finite else []
+        if not finite:
             # A NaN or inf loss makes every norm non-finite: say that, not a batch-size cause.
             self.warn_once("nonfinite", "noise scale: non-finite gradient norms (a NaN or inf "
                            "loss or gradient, or an fp16 overflow); that measurement is skipped")
@@ -738,6 +739,8 @@ def _now(device: torch.device) -> float:
 
 
 def _unscale(part: NormPair, small: float, big: float) -> NormPair:
+    if small == big == 1.0:  # no loss scale (fp32, bf16)
+        return part
     return NormPair(part.sq_small / small, part.sq_big / big, part.b_small, part.b_big)
 
 

@@ -6,15 +6,17 @@ allow them (`nn.Linear`, transformers' `Conv1D`, `nn.Conv1d`, `nn.Conv2d`, `nn.E
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gnsweep.measure.common import Gate, grad_sq_norm, say_once, sq
+from gnsweep.measure.common import Gate, say_once, sq
 from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like
 from gnsweep.noise import NormPair
 
@@ -76,6 +78,10 @@ class PerExample:
 
     def reset(self) -> None:
         self.values: list[torch.Tensor] = []
+        """Sums over examples of `|g_i|^2` of the layers measured during backward."""
+        self.rows: list[tuple[torch.Tensor | None, bool, list[torch.Tensor]]] = []
+        """The linear layers with one example per row (`_stash`): `|a_i|^2` (None for a frozen
+        weight), whether the bias is trained, and `|d_i|^2` of each output gradient."""
         self.invalid = False
         if hasattr(self, "tied"):
             self.tied.reset()
@@ -83,21 +89,23 @@ class PerExample:
     def _forward(self, module: nn.Module, inputs: tuple, output: Any) -> Any:
         if not (self.gate.capturing and torch.is_grad_enabled()):
             return None
-        if not isinstance(output, torch.Tensor):
+        if not isinstance(output, torch.Tensor) or not output.requires_grad or not inputs:
             return None
-        if not output.requires_grad or not inputs or not isinstance(inputs[0], torch.Tensor):
+        a = inputs[0]
+        if not isinstance(a, torch.Tensor):
             return None
-        fitted = along_batch(module, inputs[0], output, self.batch)
-        if fitted is None:
-            # Examples are not along dim 0 here (a sequence-first layout): per-example norms
-            # would be wrong, so the step is not measured.
-            self.invalid = True
-            self.gate.warn_once(f"dim0{id(module)}", f"noise scale: {type(module).__name__}'s "
-                                f"output does not have the {self.batch} examples of the batch "
-                                "in its first dimension; per-example norms skip such steps "
-                                "(B_simple NaN): use method='microbatch'")
-            return None
-        inputs, output = (fitted[0],), fitted[1]
+        if self.batch > 1 and output.shape[0] != self.batch:
+            fitted = along_batch(module, a, output, self.batch)
+            if fitted is None:
+                # Examples are not along dim 0 here (a sequence-first layout): per-example
+                # norms would be wrong, so the step is not measured.
+                self.invalid = True
+                self.gate.warn_once(f"dim0{id(module)}", f"noise scale: {type(module).__name__}"
+                                    f"'s output does not have the {self.batch} examples of the "
+                                    "batch in its first dimension; per-example norms skip such "
+                                    "steps (B_simple NaN): use method='microbatch'")
+                return None
+            a, output = fitted
         if self._last_forward.get(id(module)) == self.forward_id:
             # Used twice in one forward: per-use norms would miss the cross terms.
             self.invalid = True
@@ -106,38 +114,110 @@ class PerExample:
                                 "skip such steps")
             return None
         self._last_forward[id(module)] = self.forward_id
-        # Statistics in fp32: autocast (bf16, fp16) would run these products in low precision.
-        with _fp32(output.device.type):
-            saved = _save_input(module, inputs[0].detach())
-        if linear_like(module) and saved.dim() == 1:
-            # The common case, kept to two small ops: (|a_i|^2 + 1) . |d_i|^2.
-            output.register_hook(lambda d: self._fast(saved, d.detach().float()))
-        else:
-            sequence = isinstance(module, nn.Embedding) and saved[0].numel() > 1
-            if linear_like(module) or sequence or isinstance(module, (nn.Conv1d, nn.Conv2d)):
-                self.positional.add(type(module).__name__)
-            output.register_hook(lambda grad: self._backward(module, saved, grad))
+        if a.dim() == 2 and linear_like(module):
+            self._stash(module, a.detach(), output)
+            return output
+        saved = a.detach()
+        sequence = isinstance(module, nn.Embedding) and saved[0].numel() > 1
+        if linear_like(module) or sequence or isinstance(module, (nn.Conv1d, nn.Conv2d)):
+            self.positional.add(type(module).__name__)
+        output.register_hook(lambda grad: self._backward(module, saved, grad))
         return output
 
-    def _fast(self, saved: torch.Tensor, d: torch.Tensor) -> None:
-        with torch.no_grad(), _fp32(d.device.type):
-            self.values.append(torch.dot(saved, torch.linalg.vecdot(d, d)))
+    def _stash(self, module: nn.Module, a: torch.Tensor, output: torch.Tensor) -> None:
+        """A linear layer with one example per row: example i's gradient is `d_i a_i^T` (and
+        `d_i` for the bias), so `|g_i|^2 = (|a_i|^2 + 1) |d_i|^2` (the 1 for a trained bias).
+        The forward keeps `|a_i|^2`, the backward `|d_i|^2` (computed where `d` is made, while
+        it is in cache: keeping `d` for later costs more), and `measure` finishes every layer
+        together."""
+        own = module._parameters  # not getattr: a module's getattr of a parameter is slow
+        weight, bias = own.get("weight"), own.get("bias")
+        a_sq = _row_sq(a) if weight is not None and weight.requires_grad else None
+        grad_sq: list[torch.Tensor] = []
+        self.rows.append((a_sq, bias is not None and bias.requires_grad, grad_sq))
+        _on_grad(output, partial(_grad_row_sq, grad_sq))
 
     def _backward(self, module: nn.Module, saved: Any, grad: torch.Tensor) -> None:
         with torch.no_grad(), _fp32(grad.device.type):
             self.values.append(_per_example_sq(module, saved, grad.detach()))
 
     def measure(self, examples: int) -> NormPair | None:
+        """Eq. A.2's pair for b_small = 1 from this step's captures; None when it cannot be
+        measured (no layer captured, or a step that had to be skipped)."""
         tied = self.tied.total()
         if tied is not None:
             self.values.append(tied)
-        if not self.values or self.invalid:
+        if self.invalid or not (self.values or self.rows):
             return None
+        # The rows' sum_i |a_i|^2 |d_i|^2 in one dot (and sum_i |d_i|^2 of their biases in one
+        # sum), |G_big|^2's parameter gradients in one foreach norm, all in one transfer.
+        sqs, grad_sqs, biases = [], [], []
+        alike = True  # every layer here trains both its weight and its bias
+        for a_sq, bias, grad_sq in self.rows:
+            if not grad_sq:  # no gradient reached this layer's output: no contribution
+                continue
+            e = grad_sq[0] if len(grad_sq) == 1 else torch.stack(grad_sq).sum(0)
+            if a_sq is not None:
+                sqs.append(a_sq)
+                grad_sqs.append(e)
+            if bias:
+                biases.append(e)
+            alike = alike and bias and a_sq is not None
+        if sqs:
+            e = grad_sqs[0] if len(grad_sqs) == 1 else torch.cat(grad_sqs)
+            self.values.append(torch.dot(sqs[0] if len(sqs) == 1 else torch.cat(sqs), e))
+            if alike:  # the biases' sum_i |d_i|^2 is that of the same rows
+                self.values.append(e.sum())
+                biases = []
+        if biases:
+            self.values.append(torch.cat(biases).sum())
+        big = [p.grad for p in self.params if p.grad is not None]
+        kinds = {g.dtype for g in big}
+        # fp32 norms of low-precision gradients (float64 ones stay float64).
+        dtype = None if len(kinds) == 1 and torch.float32 in kinds else \
+            torch.float64 if torch.float64 in kinds else torch.float32
+        norms = torch._foreach_norm(big, 2, dtype=dtype) if big else ()
+        values = torch.stack([*norms, *self.values]).tolist()
         # With a mean-reduced loss every captured gradient is 1/B of the example's own, so the
         # mean over examples of |g_i|^2 is B^2 / B times the sum captured.
-        total = torch.stack(self.values).sum().double().reshape(1)
-        values = torch.cat([total, grad_sq_norm(self.params).reshape(1)]).tolist()
-        return NormPair(values[0] * examples, values[1], 1.0, float(examples))
+        sq_big = math.fsum(v * v for v in values[:len(norms)])
+        total = math.fsum(values[len(norms):])
+        return NormPair(total * examples, sq_big, 1.0, float(examples))
+
+
+def _row_sq(x: torch.Tensor) -> torch.Tensor:
+    """`|x_i|^2` of each row, in fp32 (autocast would run `vecdot` in low precision)."""
+    if x.dtype in _LOW:
+        x = x.float()
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        with torch.autocast(device, enabled=False):
+            return torch.linalg.vecdot(x, x)
+    return torch.linalg.vecdot(x, x)
+
+
+def _grad_row_sq(into: list[torch.Tensor], d: torch.Tensor) -> None:
+    """A backward hook: `|d_i|^2` of a linear layer's output gradient appended to `into`."""
+    into.append(_row_sq(d.detach() if d.requires_grad else d))  # create_graph=True: no graph
+
+
+def _on_grad(output: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> None:
+    """`output.register_hook(hook)` through the hook dictionary that `register_hook` itself
+    fills, without its handle (which costs more than the rest of a layer's capture and is
+    never used: the graph and the hook go with the step); `register_hook` where that is not
+    available."""
+    fn = output.grad_fn
+    if fn is not None and output._backward_hooks is None and type(output) is torch.Tensor:
+        try:
+            output._backward_hooks = OrderedDict(gnsweep=hook)
+            fn._register_hook_dict(output)
+            return
+        except (AttributeError, RuntimeError, TypeError):
+            output._backward_hooks = None
+    output.register_hook(hook)
+
+
+_LOW = (torch.float16, torch.bfloat16)
 
 
 def _fp32(device: str) -> AbstractContextManager[Any]:
@@ -163,16 +243,6 @@ def _unsupported(module: nn.Module) -> str | None:
     return None
 
 
-def _save_input(module: nn.Module, a: torch.Tensor) -> Any:
-    if linear_like(module) and a.dim() == 2:
-        # Keep |a_i|^2 (+ 1 for the bias), not the activation: |g_i|^2 = (|a_i|^2 + 1) |d_i|^2.
-        weight, bias = _trainable(module)
-        a = a.float()
-        sq = torch.linalg.vecdot(a, a) if weight else a.new_zeros(a.shape[0])
-        return sq + 1.0 if bias else sq
-    return a
-
-
 def _trainable(module: nn.Module) -> tuple[bool, bool]:
     weight = getattr(module, "weight", None)
     bias = getattr(module, "bias", None)
@@ -185,8 +255,7 @@ def _per_example_sq(module: nn.Module, saved: Any, d: torch.Tensor) -> torch.Ten
     d = d.float()
     weight, bias = _trainable(module)
     if linear_like(module):  # Conv1D's transposed weight has the same per-example norms
-        if d.dim() == 2:
-            return torch.dot(saved, torch.linalg.vecdot(d, d))
+        # (one example per row is `PerExample._stash`'s)
         a = saved.float().flatten(1, -2)
         d = d.flatten(1, -2)
         out = _weight_sq(a, d) if weight else d.new_zeros(())
