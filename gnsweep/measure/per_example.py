@@ -6,8 +6,7 @@ allow them (`nn.Linear`, transformers' `Conv1D`, `nn.Conv1d`, `nn.Conv2d`, `nn.E
 from __future__ import annotations
 
 import math
-from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections import Counter
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any
@@ -135,7 +134,7 @@ class PerExample:
         a_sq = _row_sq(a) if weight is not None and weight.requires_grad else None
         grad_sq: list[torch.Tensor] = []
         self.rows.append((a_sq, bias is not None and bias.requires_grad, grad_sq))
-        _on_grad(output, partial(_grad_row_sq, grad_sq))
+        output.register_hook(partial(_grad_row_sq, grad_sq))
 
     def _backward(self, module: nn.Module, saved: Any, grad: torch.Tensor) -> None:
         with torch.no_grad(), _fp32(grad.device.type):
@@ -199,22 +198,6 @@ def _row_sq(x: torch.Tensor) -> torch.Tensor:
 def _grad_row_sq(into: list[torch.Tensor], d: torch.Tensor) -> None:
     """A backward hook: `|d_i|^2` of a linear layer's output gradient appended to `into`."""
     into.append(_row_sq(d.detach() if d.requires_grad else d))  # create_graph=True: no graph
-
-
-def _on_grad(output: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> None:
-    """`output.register_hook(hook)` through the hook dictionary that `register_hook` itself
-    fills, without its handle (which costs more than the rest of a layer's capture and is
-    never used: the graph and the hook go with the step); `register_hook` where that is not
-    available."""
-    fn = output.grad_fn
-    if fn is not None and output._backward_hooks is None and type(output) is torch.Tensor:
-        try:
-            output._backward_hooks = OrderedDict(gnsweep=hook)
-            fn._register_hook_dict(output)
-            return
-        except (AttributeError, RuntimeError, TypeError):
-            output._backward_hooks = None
-    output.register_hook(hook)
 
 
 _LOW = (torch.float16, torch.bfloat16)
