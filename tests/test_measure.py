@@ -65,6 +65,15 @@ def _cases():
     }
 
 
+def _per_example_mean_sq(model, x, y, params) -> float:
+    """Brute force: the mean over examples of |g_i|^2, each example's own loss and backward."""
+    total = 0.0
+    for i in range(len(x)):
+        grads = torch.autograd.grad(_mse(model(x[i:i + 1]), y[i:i + 1]), params)
+        total += sum(float((g.double() ** 2).sum()) for g in grads)
+    return total / len(x)
+
+
 @pytest.mark.parametrize("name", list(_cases()))
 def test_per_example_norms_are_exact(name):
     make, x = _cases()[name]
@@ -72,11 +81,7 @@ def test_per_example_norms_are_exact(name):
     model = make()
     y = torch.randn(model(x).shape, generator=torch.Generator().manual_seed(1))
     params = [p for p in model.parameters()]
-    # Brute force: each example's own loss, its own backward.
-    expected = 0.0
-    for i in range(len(x)):
-        grads = torch.autograd.grad(_mse(model(x[i:i + 1]), y[i:i + 1]), params)
-        expected += sum(float((g.double() ** 2).sum()) for g in grads) / len(x)
+    expected = _per_example_mean_sq(model, x, y, params)
     monitor = NoiseScaleMonitor(model, "per_example")
     assert not monitor.needs_microbatches
     model.zero_grad()
@@ -112,10 +117,7 @@ def test_per_example_rows_are_exact(create_graph):
     g = torch.Generator().manual_seed(2)
     x, y = torch.randn(6, 5, generator=g), torch.randn(6, 2, generator=g)
     params = [p for p in model.parameters() if p.requires_grad]
-    expected = 0.0
-    for i in range(len(x)):
-        grads = torch.autograd.grad(_mse(model(x[i:i + 1]), y[i:i + 1]), params)
-        expected += sum(float((g.double() ** 2).sum()) for g in grads) / len(x)
+    expected = _per_example_mean_sq(model, x, y, params)
     monitor = NoiseScaleMonitor(model, "per_example")
     assert not monitor.needs_microbatches
     _mse(model(x), y).backward(create_graph=create_graph)  # a graph of the gradient: none kept
