@@ -17,7 +17,7 @@ from torch import nn
 import gnsweep
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig
 from gnsweep.distributed import close_process_group
-from gnsweep.measure import NoiseScaleMonitor, measure_noise_scale
+from gnsweep.measure import NoiseScaleMonitor, hessian_norms, measure_noise_scale
 from gnsweep.sweep import RunSpec
 from gnsweep.tasks import linreg, make_task
 
@@ -166,6 +166,38 @@ class _Shift(nn.Module):
 
     def forward(self, x):
         return x + self.offset
+
+
+class _Attention(nn.Module):
+    """One attention layer over 5 positions: by `scaled_dot_product_attention` (fused kernels
+    without double backward) or written out (softmax(q k^T / sqrt(d)) v)."""
+
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+        self.qkv = nn.Linear(4, 12)
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, x):
+        # (batch, 2 heads, positions, 2): the layout the fused kernels take.
+        q, k, v = (t.unflatten(-1, (2, 2)).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        if self.fused:
+            h = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        else:
+            h = torch.softmax(q @ k.transpose(-1, -2) / 2 ** 0.5, dim=-1) @ v
+        return self.out(h.transpose(1, 2).flatten(2)).mean((1, 2))
+
+
+def test_b_noise_of_attention_by_a_fused_kernel_equals_written_out_attention():
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(16, 5, 4, generator=g), torch.randn(16, generator=g)
+    norms = []
+    for fused in (True, False):
+        torch.manual_seed(0)
+        norms.append(hessian_norms(_Attention(fused), _mse, (x, y), 2))
+    assert norms[0] is not None and norms[1] is not None
+    assert norms[0] == pytest.approx(norms[1], rel=1e-5)
+    assert norms[0].sq_small > 0
 
 
 def test_per_example_falls_back_to_microbatches(caplog):

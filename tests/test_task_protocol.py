@@ -282,9 +282,45 @@ def test_the_analysis_sees_batch_sizes_in_the_tasks_unit(tmp_path):
     assert Config.load(tmp_path / "s").task.unit == "tokens"
 
 
+class _Prototypes(torch.nn.Module):
+    """Logits from distances to learned prototypes: `torch.cdist` has no double backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(4, 3)
+        self.prototypes = torch.nn.Parameter(torch.randn(5, 3))
+
+    def forward(self, x):
+        return -torch.cdist(self.embed(x), self.prototypes)
+
+
 def test_b_noise_on_a_model_without_double_backward_is_said_once_and_left_out(caplog):
-    """Fused attention has no double backward: the monitor says so once and goes on without
-    B_noise; B_simple is still measured."""
+    """An op without double backward: the monitor says so once and goes on without B_noise;
+    B_simple is still measured."""
+    torch.manual_seed(0)
+    model = _Prototypes()
+    loss_fn = torch.nn.functional.cross_entropy
+    monitor = NoiseScaleMonitor(model, "microbatch", loss_fn=loss_fn, hessian_every=1)
+    g = torch.Generator().manual_seed(0)
+    with caplog.at_level("WARNING", logger="gnsweep.measure"):
+        for _ in range(3):
+            x, y = torch.randn(8, 4, generator=g), torch.randint(5, (8,), generator=g)
+            model.zero_grad(set_to_none=True)
+            for part in (slice(0, 4), slice(4, 8)):
+                (loss_fn(model(x[part]), y[part]) / 2).backward()
+                monitor.accumulate()
+            estimate = monitor.step(batch=(x, y))
+    monitor.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("double backward" in m for m in messages) == 1
+    assert not any("too small" in m for m in messages)
+    assert estimate is not None and math.isfinite(estimate.b_simple)
+    assert math.isnan(estimate.b_noise)
+
+
+def test_b_noise_of_a_model_with_fused_attention_is_measured(caplog):
+    """`chars`' attention (`scaled_dot_product_attention`, fused kernels without double
+    backward) runs by the math kernel in the Hessian passes: B_noise is measured."""
     from gnsweep.tasks import chars
 
     task = chars.make(chars.Options(context=8, width=16, heads=2, depth=1, eval_windows=0), 0)
@@ -298,11 +334,8 @@ def test_b_noise_on_a_model_without_double_backward_is_said_once_and_left_out(ca
             task.loss(model, batch).backward()
             estimate = monitor.step(batch=batch)
     monitor.close()
-    messages = [r.getMessage() for r in caplog.records]
-    assert sum("double backward" in m for m in messages) == 1
-    assert not any("too small" in m for m in messages)
-    assert estimate is not None and math.isfinite(estimate.b_simple)
-    assert math.isnan(estimate.b_noise)
+    assert not any("double backward" in r.getMessage() for r in caplog.records)
+    assert estimate is not None and math.isfinite(estimate.b_noise)
 
 
 def test_tasks_lists_the_new_tasks_and_the_custom_form():

@@ -156,7 +156,7 @@ def _variants(subject: Subject, batch_size: int) -> dict[str, Callable[[], objec
     def hessian_call() -> object:
         return hessian_norms(hessian_model, None, batch, 2, task_loss=subject.loss)
 
-    try:  # double backward is not implemented for every op (CPU flash attention: GPT-2)
+    try:  # double backward is not implemented for every op (torch.cdist, CTC loss)
         hessian_call()
         # One B_noise measurement on its own (timed per call, amortized over HESSIAN_EVERY).
         out["hessian_call"] = hessian_call

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gnsweep.measure.common import (
     Batch,
@@ -52,7 +53,9 @@ def hessian_norms(module: nn.Module, loss_fn: LossFn | None, batch: Batch,
         loss = loss_of(index)
         grads.append(_grad(loss, params, create_graph=False))
     rest = slice(split, n)
-    with torch.enable_grad():
+    # Attention by the math kernel here: the fused kernels `scaled_dot_product_attention` picks
+    # (flash, memory-efficient) have no double backward. Same attention, more memory.
+    with torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]):
         loss = loss_of(rest)
         g_q = _grad(loss, params, create_graph=True)
     # Gradient entries that do not depend on the parameters have zero Hessian rows.

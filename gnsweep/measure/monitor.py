@@ -534,14 +534,24 @@ class NoiseScaleMonitor:
                      f"are updated {k} times a step (docs/noise.md)")
 
     def _hessian(self, batch: Batch) -> NormPair | None:
-        """H-norms for B_noise; a model whose loss has no double backward (e.g. a fused
-        attention kernel) is said once and B_noise is no longer measured."""
+        """H-norms for B_noise; a model whose loss has no double backward (an op without
+        one), or whose Hessian pass does not fit in device memory, is said once and B_noise is
+        no longer measured: the run trains on."""
         started = _now(self.params[0].device) if self._timing is not None else 0.0
         try:
             with _busy(self):
                 return hessian_norms(self.module, self.loss_fn, batch,
                                      self.hessian_microbatches, task_loss=self.task_loss,
                                      params=self.params)
+        except torch.OutOfMemoryError:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            self.warn_once("hmemory", "noise scale: B_noise's Hessian pass ran out of device "
+                           "memory (double backward keeps the graph of a gradient, and "
+                           "attention runs by its math kernel there); B_noise is not measured "
+                           "(noise.hessian_every=0 leaves it out)")
+            self.hessian_every = 0
+            return None
         except RuntimeError as err:
             text = str(err)
             if "derivative for" not in text and "double backward" not in text:
