@@ -19,7 +19,7 @@ from gnsweep import config as config_module
 from gnsweep import store
 from gnsweep.cli import app
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
-from gnsweep.measure import NoiseScaleMonitor
+from gnsweep.measure import NoiseScaleMonitor, hessian_norms
 from gnsweep.measure.common import split_batch
 from gnsweep.runs import RunSpec
 from gnsweep.tasks import make_task
@@ -314,6 +314,52 @@ def test_b_noise_on_a_model_without_double_backward_is_said_once_and_left_out(ca
     messages = [r.getMessage() for r in caplog.records]
     assert sum("double backward" in m for m in messages) == 1
     assert not any("too small" in m for m in messages)
+    assert estimate is not None and math.isfinite(estimate.b_simple)
+    assert math.isnan(estimate.b_noise)
+
+
+class _Square(torch.autograd.Function):
+    """x^2 with a backward that builds no graph (`once_differentiable`, as custom kernels)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class _SquaredHidden(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(4, 6), torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.second(_Square.apply(torch.tanh(self.first(x))))
+
+
+def test_b_noise_through_a_once_differentiable_op_is_refused_not_wrong(caplog):
+    """Double backward through an op whose backward builds no graph misses its second-derivative
+    terms and returns a number all the same: the monitor says so once and leaves B_noise out."""
+    torch.manual_seed(0)
+    model = _SquaredHidden()
+    loss_fn = torch.nn.functional.cross_entropy
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 4, generator=g), torch.randint(3, (8,), generator=g)
+    with pytest.raises(RuntimeError, match=r"_Square .*once_differentiable"):
+        hessian_norms(model, loss_fn, (x, y), 2)
+    monitor = NoiseScaleMonitor(model, "per_example", loss_fn=loss_fn, hessian_every=1)
+    with caplog.at_level("WARNING", logger="gnsweep.measure"):
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            loss_fn(model(x), y).backward()
+            estimate = monitor.step(batch=(x, y))
+    monitor.close()
+    assert sum("double backward" in r.getMessage() for r in caplog.records) == 1
     assert estimate is not None and math.isfinite(estimate.b_simple)
     assert math.isnan(estimate.b_noise)
 

@@ -4,6 +4,7 @@ B_noise (eq. 2.8)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -57,6 +58,7 @@ def hessian_norms(module: nn.Module, loss_fn: LossFn | None, batch: Batch,
     # (flash, memory-efficient) have no double backward. Same attention, more memory.
     with torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]):
         loss = loss_of(rest)
+        refuse_once_differentiable(loss)
         g_q = _grad(loss, params, create_graph=True)
     # Gradient entries that do not depend on the parameters have zero Hessian rows.
     keep = [i for i, g in enumerate(g_q) if g.requires_grad]
@@ -96,6 +98,32 @@ def _loss_closure(module: nn.Module, loss_fn: LossFn | None, task_loss: TaskLoss
         return batch_loss(module, loss_fn, take(inputs, index), take(targets, index))
 
     return of_outputs
+
+
+def refuse_once_differentiable(loss: torch.Tensor) -> None:
+    """RuntimeError when the loss's graph has a custom autograd Function whose backward is
+    marked `once_differentiable` (some custom kernels): that backward builds no graph, so double
+    backward would miss its second-derivative terms and B_noise would be wrong without a word."""
+    seen: set[Any] = set()
+    stack = [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        function: Any = getattr(node, "_forward_cls", None)  # a custom Function's node
+        backward: Any = getattr(function, "backward", None)
+        if getattr(backward, "__wrapped__", None) is not None and \
+                backward.__code__.co_filename == _ONCE_DIFFERENTIABLE_FILE:
+            raise RuntimeError(f"{function.__name__} (a custom autograd Function) is marked "
+                               "once_differentiable: it has no double backward")
+        stack.extend(next_node for next_node, _ in node.next_functions)
+
+
+_ONCE_DIFFERENTIABLE_FILE = torch.autograd.function.once_differentiable(
+    lambda ctx: None).__code__.co_filename
+"""Where `once_differentiable`'s wrapper is defined (torch's own file): how a marked backward is
+told from any other."""
 
 
 def _grad(loss: torch.Tensor, params: list[nn.Parameter], *, create_graph: bool
