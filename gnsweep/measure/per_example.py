@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any
 
@@ -15,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gnsweep.measure.common import Gate, say_once, sq
+from gnsweep.measure.common import Gate, fp32, say_once, sq
 from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like
 from gnsweep.noise import NormPair
 
@@ -137,7 +136,7 @@ class PerExample:
         output.register_hook(partial(_grad_row_sq, grad_sq))
 
     def _backward(self, module: nn.Module, saved: Any, grad: torch.Tensor) -> None:
-        with torch.no_grad(), _fp32(grad.device.type):
+        with torch.no_grad(), fp32(grad.device.type):
             self.values.append(_per_example_sq(module, saved, grad.detach()))
 
     def measure(self, examples: int) -> NormPair | None:
@@ -201,14 +200,6 @@ def _grad_row_sq(into: list[torch.Tensor], d: torch.Tensor) -> None:
 
 
 _LOW = (torch.float16, torch.bfloat16)
-
-
-def _fp32(device: str) -> AbstractContextManager[Any]:
-    """Autocast off where it is on; nothing elsewhere (entering the context costs more than
-    the small products it guards, several times per layer and step)."""
-    if torch.is_autocast_enabled(device):
-        return torch.autocast(device, enabled=False)
-    return nullcontext()
 
 
 def _unsupported(module: nn.Module) -> str | None:
