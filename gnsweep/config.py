@@ -315,7 +315,7 @@ class TrainConfig:
     """Save the run's state at least this often, seconds of training (0: steps only)."""
     keep_checkpoints_at: list[int] = field(default_factory=list)
     """Examples at which a checkpoint is taken and kept after the run (e.g. for branching):
-    the first step boundary at or past each."""
+    the first step boundary at or past each (`gnsweep branch --at` the same number takes it)."""
     keep_checkpoints: str = "none"
     """none, or log: also keep one at the first boundary past each power of two of examples."""
 
