@@ -463,7 +463,8 @@ class ExecutorConfig:
     kind: str = "local"
     """local, torchrun or slurm."""
     workers: int = 0
-    """Local worker processes (0: one per core)."""
+    """Local worker processes (0: one per GPU of `gpus`, else one per core); torchrun: jobs at
+    once (0: as many as `gpus` hold); Slurm: jobs to spread the runs over."""
     threads_per_worker: int = 1
     """Torch threads in each worker (two 1-thread processes beat one 2-thread one)."""
     nproc_per_node: int = 2
