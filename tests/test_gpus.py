@@ -56,7 +56,7 @@ def test_the_plan_gives_each_slot_its_environment_and_says_when_gpus_are_shared_
     assert note is not None and "3 workers share 2 GPUs" in note
     idle, note = plan(["0", "1", "2", "3"], 1, 2, what="torchrun job", setting="auto")
     assert idle.env(0) == {VISIBLE: "0,1"}
-    assert note is not None and "use 2 of the 4 GPUs" in note and "workers=2" in note
+    assert note is not None and "uses 2 of the 4 GPUs" in note and "workers=2" in note
     assert plan(["0", "1"], 2, 1, what="worker", setting="auto")[1] is None  # one each
     hidden, _ = plan([], 2, 1, what="worker", setting="none")
     assert hidden.env(1) == {VISIBLE: ""}  # none: the workers see no GPU
@@ -133,6 +133,29 @@ def test_a_local_pool_gives_each_worker_its_own_gpu(tmp_path):
     # each by one worker, every run of a worker on that worker's GPU.
     assert all(len(gpus) == 1 for gpus in seen.values())
     assert sorted(g for gpus in seen.values() for g in gpus) == ["5", "7"]
+
+
+def test_a_worker_that_replaces_a_dead_one_takes_its_gpu(tmp_path, monkeypatch):
+    from dying_task import MARKER
+
+    from gnsweep import tasks
+    from gnsweep.config import TaskConfig
+
+    dying = tasks.TaskEntry(tasks.options.DigitsOptions, "dying_task:make", "dies once")
+    monkeypatch.setitem(tasks.REGISTRY, "dying", dying)  # forked workers see it
+    monkeypatch.setenv(MARKER, str(tmp_path / "died"))
+    config = compose([*QUICK, "sweep.batch_sizes=[8]", "sweep.max_retries=1",
+                      "executor.workers=1", "executor.gpus=[5,7]"])
+    config.task = TaskConfig(name="dying")
+    launch(config, tmp_path / "sweep", show_progress=False)
+    assert (tmp_path / "died").exists()
+    starts = [json.loads(line) for run_id in store.run_ids(tmp_path / "sweep")
+              for line in (store.run_dir(tmp_path / "sweep", run_id) / HISTORY).open()]
+    starts = [e for e in starts if e["event"] == "start"]
+    # The only worker died in its first run; its replacement (another pid) is on its GPU, 5,
+    # not on the next one a fresh worker would have got.
+    assert len({e["pid"] for e in starts}) == 2
+    assert {e["gpus"] for e in starts} == {"5"}
 
 
 @pytest.mark.distributed

@@ -165,6 +165,7 @@ def plan(gpus: list[str] | None, slots: int, per_slot: int, *, what: str,
                 f"round-robin: up to {-(-used // len(gpus))} processes on one GPU")
     elif used < len(gpus):
         enough = -(-len(gpus) // per_slot)
-        note = (f"gnsweep: {slots} {what} use {used} of the {len(gpus)} GPUs "
+        note = (f"gnsweep: {slots} {what} {'use' if slots != 1 else 'uses'} {used} of the "
+                f"{len(gpus)} GPUs "
                 f"({','.join(gpus)}); executor.workers={enough} would use them all")
     return GpuPlan(shares), note

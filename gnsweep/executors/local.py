@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,7 +210,7 @@ def _stop(pool: list[_Worker]) -> None:
             worker.process.join(5)
 
 
-def _replace_dead(pool: list[_Worker], start_worker: Any) -> list[str]:
+def _replace_dead(pool: list[_Worker], start_worker: Callable[[int], _Worker]) -> list[str]:
     """Replace dead workers; returns the runs they held."""
     lost = []
     for i, worker in enumerate(pool):
@@ -217,5 +218,5 @@ def _replace_dead(pool: list[_Worker], start_worker: Any) -> list[str]:
             continue
         if worker.run_id is not None:
             lost.append(worker.run_id)
-        pool[i] = start_worker()
+        pool[i] = start_worker(worker.slot)  # the same slot: the same GPUs
     return lost
