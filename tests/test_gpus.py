@@ -7,6 +7,9 @@ absent trains on the CPU.
 """
 
 import json
+import subprocess
+import sys
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -80,8 +83,41 @@ def test_auto_takes_the_launchers_own_visible_gpus_and_a_list_must_lie_within_th
         launcher_gpus("0,3", {VISIBLE: "1,3"})
 
 
-def test_this_cpu_machine_counts_no_gpu():
-    assert count_gpus() == 0  # no NVIDIA library, a CPU-only torch: nothing started to ask
+def _nvidia_smi_gpus() -> int:
+    """The machine's GPUs as nvidia-smi lists them (0 without it): the independent count."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+
+
+def test_the_launcher_counts_the_gpus_nvidia_smi_lists():
+    assert count_gpus() == _nvidia_smi_gpus()  # 0 here: no NVIDIA library, a CPU-only torch
+
+
+@pytest.mark.skipif(_nvidia_smi_gpus() == 0, reason="needs NVIDIA GPUs")
+def test_a_forked_worker_uses_cuda_after_the_launcher_counted_the_gpus():
+    # In a fresh interpreter (this one may have used CUDA): count as the launcher does, fork,
+    # give the child the last GPU, and use it there. Had counting initialised CUDA in the
+    # parent, the child's first CUDA call would fail.
+    code = textwrap.dedent("""
+        import multiprocessing as mp, os
+        import torch
+        from gnsweep.executors.gpus import count_gpus
+        n = count_gpus()
+        def child(out):
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(n - 1)
+            out.put((torch.cuda.device_count(), torch.ones(2, device="cuda").sum().item()))
+        ctx = mp.get_context("fork")
+        out = ctx.Queue()
+        ctx.Process(target=child, args=(out,)).start()
+        print(n, *out.get(timeout=120), torch.cuda.is_initialized())
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(_nvidia_smi_gpus()), "1", "2.0", "False"]
 
 
 @pytest.mark.parametrize(("value", "stored"), [
