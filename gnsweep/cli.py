@@ -300,11 +300,14 @@ def status(
 
 
 def _progress_of(row: dict[str, Any]) -> str:
-    """Where an unfinished run stands on disk: step, examples, smoothed loss, requeues."""
+    """Where an unfinished run stands on disk: step, examples, smoothed loss, the GPUs it is
+    training on, requeues."""
     parts = []
     if row.get("step") is not None:
         parts.append(f"step {row['step']}, {row['examples']} examples, loss "
                      f"{row['loss_smooth']:.4g}")
+    if row.get("gpus") and row["state"] == "running":
+        parts.append(f"GPU {row['gpus']}")
     if row["requeues"]:
         parts.append(f"requeued {row['requeues']}x")
     return "; ".join(parts)

@@ -149,13 +149,17 @@ def test_a_bad_setting_on_the_command_line_is_one_line_and_exit_2(tmp_path):
 
 def _where(sweep_dir: Path) -> dict[int, set[str]]:
     """The GPUs each worker pid was given, from the runs' status and start events."""
+    from gnsweep.sweep import sweep_status
+
     seen: dict[int, set[str]] = {}
+    shown = {row["run_id"]: row for row in sweep_status(sweep_dir)}  # `gnsweep status`'s rows
     for run_id in store.run_ids(sweep_dir):
         path = store.run_dir(sweep_dir, run_id)
         status = store.read_status(path)
         assert status["state"] in store.FINISHED, run_id
         assert status["device"] == "cpu"  # CUDA absent: trained on the CPU all the same
         seen.setdefault(int(status["pid"]), set()).add(status["gpus"])
+        assert (shown[run_id]["gpus"], shown[run_id]["device"]) == (status["gpus"], "cpu")
         starts = [json.loads(line) for line in (path / HISTORY).read_text().splitlines()]
         assert [e["gpus"] for e in starts if e["event"] == "start"] == [status["gpus"]]
     return seen
