@@ -156,12 +156,18 @@ def _explicit_cheaper(uses: list[_Use]) -> bool:
 
 
 def _explicit(uses: list[_Use]) -> torch.Tensor:
-    """The per-example gradient summed over the uses, (n, rows, cols), then its norm."""
-    first = uses[0]
+    """The per-example gradient summed over the uses, (n, rows, cols), then its norm; a dense
+    use's product first makes it (no zero fill)."""
+    dense = sorted(uses, key=lambda use: use.index is not None)
+    first = dense[0]
     n, cols = first.v.shape[0], first.v.shape[2]
-    rows = first.rows if first.u is None else first.u.shape[2]
-    grad = first.v.new_zeros(n, rows, cols)
-    for use in uses:
+    if first.u is not None:
+        grad = torch.bmm(first.u.transpose(1, 2), first.v)
+        rest = dense[1:]
+    else:
+        grad = first.v.new_zeros(n, first.rows, cols)
+        rest = dense
+    for use in rest:
         if use.index is not None:
             grad.scatter_add_(1, use.index.unsqueeze(-1).expand(-1, -1, cols), use.v)
         else:
