@@ -85,7 +85,9 @@ thread time, 4 micro-batches against the plain unsplit step) per-example norms c
 plain step at batch 32 and 1.35x at 128 against 2.4x and 1.5-1.6x for micro-batches; both about
 1.4x at 192; from 256 micro-batches cost less (1.1-1.2x at 256, 1.0-1.1x at 320-512) while
 per-example norms stay at 1.25-1.3x. At a tie per-example norms are kept (their |G_small|^2
-averages B squared norms, the micro-batches' only 4)."""
+averages B squared norms, the micro-batches' only 4). The crossover is a number of tokens, not
+of examples: the same GPT-2 on 48 and 96 tokens ties at 48 and 24 examples and switches at 64
+and 32, 2304 and 3072 tokens as at 12 tokens; this count is for the bench's 12 tokens."""
 CONVOLUTIONS = ("Conv1d", "Conv2d")
 TIMED_STEPS = 3
 """`timed_auto`: measured steps timed after the choice (the fastest is reported)."""
