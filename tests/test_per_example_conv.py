@@ -4,6 +4,10 @@ form where positions are few and channels many, the explicit per-example gradien
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import torch
 from torch import nn
@@ -27,7 +31,9 @@ class _Pool(nn.Module):
 def _cases() -> dict[str, tuple[nn.Module, torch.Tensor, list[str]]]:
     """name -> (model, inputs, for each weight layer the form expected: "gram", "patches" or
     "kernel" (the explicit per-example gradient from patches and a matmul, or from the
-    backend's grouped conv kernel), "explicit" (a Linear's))."""
+    backend's grouped conv kernel), "explicit" (a Linear's)); "+sum" where a measured step
+    also takes the conv's weight gradient as the sum of those per-example gradients (zero
+    padding given as numbers)."""
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     return {
@@ -40,7 +46,8 @@ def _cases() -> dict[str, tuple[nn.Module, torch.Tensor, list[str]]]:
             nn.Conv1d(4, 6, 3, stride=2, dilation=2, padding=2, padding_mode="reflect",
                       groups=2), nn.Tanh(), nn.Conv1d(6, 16, 5, padding="same"), nn.Tanh(),
             nn.Conv1d(16, 4, 3, stride=2, dilation=2, groups=2), _Pool(), nn.Linear(4, 2)),
-            torch.randn(5, 4, 40, generator=g), ["patches", "patches", "kernel", "explicit"]),
+            torch.randn(5, 4, 40, generator=g),
+            ["patches", "patches", "kernel+sum", "explicit"]),
         "conv2d_gram": (nn.Sequential(nn.Conv2d(24, 24, 3, padding=1), nn.Tanh(), _Pool(),
                                       nn.Linear(24, 2)),
                         torch.randn(5, 24, 2, 2, generator=g), ["gram", "explicit"]),
@@ -48,17 +55,21 @@ def _cases() -> dict[str, tuple[nn.Module, torch.Tensor, list[str]]]:
             nn.Conv2d(3, 8, 3, stride=(2, 1), dilation=(1, 2), padding=(1, 2)), nn.ReLU(),
             nn.Conv2d(8, 4, (2, 3), padding="same", padding_mode="circular", bias=False),
             nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1, padding_mode="replicate", groups=4),
-            _Pool(), nn.Linear(4, 2)), torch.randn(5, 3, 9, 8, generator=g),
-            ["patches", "kernel", "patches", "explicit"]),
+            nn.ReLU(), nn.Conv2d(4, 6, 3, padding=1, groups=2), nn.ReLU(inplace=True),
+            nn.Conv2d(6, 8, 1, bias=False), _Pool(), nn.Linear(8, 2)),
+            torch.randn(5, 3, 9, 8, generator=g),
+            ["patches+sum", "kernel", "kernel", "patches+sum", "patches+sum", "explicit"]),
         # More examples than one call of the explicit form takes: a full chunk and a partial.
         "conv1d_explicit_chunks": (nn.Sequential(
             nn.Conv1d(2, 8, 3, padding=1, padding_mode="replicate"), nn.Tanh(),
             nn.Conv1d(8, 4, 3, padding=1), _Pool(), nn.Linear(4, 2)),
-            torch.randn(CONV_CHUNK + 6, 2, 12, generator=g), ["patches", "kernel", "explicit"]),
+            torch.randn(CONV_CHUNK + 6, 2, 12, generator=g),
+            ["patches", "kernel+sum", "explicit"]),
         # More patches than PATCH_BYTES per CONV_CHUNK examples: smaller chunks.
         "conv2d_patch_chunks": (nn.Sequential(nn.Conv2d(3, 2, 3, padding=1), _Pool(),
                                               nn.Linear(2, 2)),
-                                torch.randn(30, 3, 80, 80, generator=g), ["patches", "explicit"]),
+                                torch.randn(30, 3, 80, 80, generator=g),
+                                ["patches+sum", "explicit"]),
         "sequence_linear": (nn.Sequential(nn.Linear(30, 40), nn.Tanh(), nn.Linear(40, 3),
                                           nn.Flatten(), nn.Linear(12, 2)),
                             torch.randn(6, 4, 30, generator=g), ["gram", "explicit", "explicit"]),
@@ -79,7 +90,10 @@ def _expected_form(model: nn.Module, x: torch.Tensor) -> list[str]:
                                module.out_channels // module.groups):
                 forms.append("gram")
             else:
-                forms.append("patches" if patches_are_cheaper(channels, "cpu") else "kernel")
+                patches = patches_are_cheaper(channels, module.groups, taps,
+                                              output[0, 0].numel(), "cpu")
+                summed = module.padding_mode == "zeros" and not isinstance(module.padding, str)
+                forms.append(("patches" if patches else "kernel") + ("+sum" if summed else ""))
         elif isinstance(module, nn.Linear):
             positions = inputs[0][0].numel() // module.in_features
             gram = positions > 1 and gram_is_cheaper(positions, module.in_features,
@@ -128,11 +142,50 @@ def test_per_example_norms_match_brute_force(name: str) -> None:
     for i in range(len(x)):  # each example's own loss, its own backward
         grads = torch.autograd.grad(loss(model(x[i:i + 1]), y[i:i + 1]), params)
         expected += sum(float((gr.double() ** 2).sum()) for gr in grads) / len(x)
+    exact = copy.deepcopy(model).double()  # the true gradient, to float64 rounding
+    loss(exact(x.double()), y.double()).backward()
     monitor = NoiseScaleMonitor(model, "per_example")
     assert not monitor.needs_microbatches  # every layer has per-example norms
     model.zero_grad()
-    loss(model(x), y).backward()
+    with _backward_kinds(model) as kinds:
+        loss(model(x), y).backward()
     estimate = monitor.step()
     monitor.close()
     assert estimate is not None
     assert estimate.sq_norm_small == pytest.approx(expected, rel=1e-5)
+    # The convs marked "+sum" took their weight gradient as the sum of the per-example ones:
+    # the gradient to float32 rounding.
+    assert kinds == ["sum" if form.endswith("+sum") else "backend"
+                     for form in forms if form != "explicit" and "conv" in name]
+    _assert_close_grads(model, exact)
+
+
+@contextmanager
+def _backward_kinds(model: nn.Module) -> Iterator[list[str]]:
+    """For each conv of a forward, in order: "sum" where its output's backward is the summed
+    per-example weight gradient, "backend" where it is the convolution's own."""
+    kinds: list[str] = []
+
+    def record(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        name = type(output.grad_fn).__name__
+        kinds.append("sum" if name == "_ConvWeightByExamplesBackward" else "backend")
+
+    handles = [m.register_forward_hook(record) for m in model.modules()
+               if isinstance(m, (nn.Conv1d, nn.Conv2d))]
+    try:
+        yield kinds
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _assert_close_grads(model: nn.Module, exact: nn.Module, rel: float = 1e-5) -> None:
+    """Every parameter's gradient within `rel` (relative norm) of `exact`'s, in its own dtype
+    (`exact` may be a float64 copy: the backend's own float32 bias gradient of a conv over
+    many positions is off by up to 5e-4 here, the summed per-example one by 1e-7)."""
+    for (name, p), q in zip(model.named_parameters(), exact.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            assert p.grad.dtype == p.dtype, name
+            error = float((p.grad.double() - q.grad.double()).norm() / q.grad.double().norm())
+            assert error < rel, (name, error)
