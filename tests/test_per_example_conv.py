@@ -189,3 +189,142 @@ def _assert_close_grads(model: nn.Module, exact: nn.Module, rel: float = 1e-5) -
             assert p.grad.dtype == p.dtype, name
             error = float((p.grad.double() - q.grad.double()).norm() / q.grad.double().norm())
             assert error < rel, (name, error)
+
+
+def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((out - target) ** 2).mean()
+
+
+def _brute_force(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The mean over examples of `|g_i|^2` of the trained parameters, each example's own
+    backward."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = 0.0
+    for i in range(len(x)):
+        grads = torch.autograd.grad(_mse(model(x[i:i + 1]), y[i:i + 1]), params)
+        total += sum(float((gr.double() ** 2).sum()) for gr in grads)
+    return total / len(x)
+
+
+def _small(variant: str) -> tuple[nn.Module, torch.Tensor]:
+    """A conv net whose convs take the summed per-example form, changed by `variant`."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    if variant == "conv1d":
+        return (nn.Sequential(nn.Conv1d(3, 8, 3, stride=2, padding=1), nn.ReLU(),
+                              nn.Conv1d(8, 4, 3, padding=2, dilation=2, groups=2), _Pool(),
+                              nn.Linear(4, 2)), torch.randn(5, 3, 20, generator=g))
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=variant != "no_bias"),
+                          nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1, groups=2), _Pool(),
+                          nn.Linear(4, 2))
+    x = torch.randn(5, 3, 8, 8, generator=g)
+    if variant == "frozen_bias":
+        model[0].bias.requires_grad_(False)
+    if variant == "frozen_weight":  # its output hook measures the bias; the backend's gradient
+        model[2].weight.requires_grad_(False)
+    if variant == "channels_last":
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    return model, x
+
+
+@pytest.mark.parametrize("variant", ["no_bias", "frozen_bias", "frozen_weight", "channels_last",
+                                     "conv1d", "input_grad"])
+def test_measured_conv_gradients_and_norms(variant: str) -> None:
+    """Gradients of a measured step (the convs' weights as sums of per-example gradients)
+    against a float64 copy, the input's gradient too; the norms against brute force."""
+    model, x = _small(variant)
+    y = torch.randn(len(x), 2, generator=torch.Generator().manual_seed(1))
+    expected = _brute_force(model, x, y)
+    exact = copy.deepcopy(model).double()
+    x64 = x.double().requires_grad_(variant == "input_grad")
+    _mse(exact(x64), y.double()).backward()
+    x = x.requires_grad_(variant == "input_grad")
+    monitor = NoiseScaleMonitor(model, "per_example")
+    with _backward_kinds(model) as kinds:
+        _mse(model(x), y).backward()
+    estimate = monitor.step()
+    monitor.close()
+    assert kinds == ["sum", "backend" if variant == "frozen_weight" else "sum"]
+    assert estimate is not None
+    assert estimate.sq_norm_small == pytest.approx(expected, rel=1e-5)
+    _assert_close_grads(model, exact)
+    if variant == "input_grad":
+        assert x.grad is not None and x64.grad is not None
+        assert float((x.grad.double() - x64.grad).norm() / x64.grad.norm()) < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+def test_create_graph_second_derivatives_hooks_and_unmeasured_steps() -> None:
+    """`backward(create_graph=True)` on a measured step: the same gradients and second
+    derivatives as a float64 copy's, and the norms; hooks on the weight and on its
+    accumulation fire with that gradient; a step not measured (`every=2`) keeps the
+    backend's backward."""
+    model, x = _small("plain")
+    y = torch.randn(len(x), 2, generator=torch.Generator().manual_seed(1))
+    expected = _brute_force(model, x, y)
+    exact = copy.deepcopy(model).double()
+    monitor = NoiseScaleMonitor(model, "per_example", every=2)
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(key: str, grad: torch.Tensor | None) -> None:
+        assert grad is not None
+        seen.setdefault(key, grad.detach().clone())
+
+    model[0].weight.register_hook(lambda grad: keep("hook", grad))
+    model[0].weight.register_post_accumulate_grad_hook(lambda p: keep("accumulated", p.grad))
+    results = []
+    for net, inputs, targets in ((model, x, y), (exact, x.double(), y.double())):
+        with _backward_kinds(net) as kinds:
+            _mse(net(inputs), targets).backward(create_graph=True)
+        if net is model:  # before a second backward through the same graph adds its own
+            estimate = monitor.step()
+            assert estimate is not None
+            assert estimate.sq_norm_small == pytest.approx(expected, rel=1e-5)
+        params = [p for p in net.parameters() if p.grad is not None]
+        curvature = sum((p.grad ** 2).sum() for p in params)  # its gradient: 2 H g
+        results.append((kinds, torch.autograd.grad(curvature, params)))
+    assert results[0][0] == ["sum", "sum"]
+    for measured, truth in zip(results[0][1], results[1][1], strict=True):
+        assert float((measured.double() - truth).norm() / truth.norm()) < 1e-5
+    truth = exact[0].weight.grad.detach()
+    for grad in seen.values():
+        assert float((grad.double() - truth).norm() / truth.norm()) < 1e-5
+    assert set(seen) == {"hook", "accumulated"}
+    for p in model.parameters():
+        p.grad = None
+    with _backward_kinds(model) as kinds:
+        _mse(model(x), y).backward()
+    monitor.step()
+    assert kinds == ["backend", "backend"]
+    monitor.close()
+
+
+def test_autocast_and_reuse_keep_the_backend_backward() -> None:
+    """Under autocast (bf16) and for a conv called twice per forward the convs keep the
+    backend's backward: gradients equal an unmeasured copy's exactly; the reused conv's step
+    is not measured."""
+    model, x = _small("plain")
+    y = torch.randn(len(x), 2, generator=torch.Generator().manual_seed(1))
+    plain = copy.deepcopy(model)
+    monitor = NoiseScaleMonitor(model, "per_example")
+    for net in (model, plain):
+        with torch.autocast("cpu", dtype=torch.bfloat16), _backward_kinds(net) as kinds:
+            _mse(net(x).float(), y).backward()
+    assert kinds == ["backend", "backend"]
+    assert monitor.step() is not None
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)
+        p.grad = q.grad = None
+
+    twice = nn.Sequential(model[0], nn.ReLU(), nn.Conv2d(8, 3, 1), model[0], _Pool(),
+                          nn.Linear(8, 2))
+    again = copy.deepcopy(twice)
+    monitor.close()
+    monitor = NoiseScaleMonitor(twice, "per_example")
+    for net in (twice, again):
+        _mse(net(x), y).backward()
+    assert monitor.step() is None  # skipped, said once
+    monitor.close()
+    for p, q in zip(twice.parameters(), again.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-7)
