@@ -328,3 +328,32 @@ def test_autocast_and_reuse_keep_the_backend_backward() -> None:
     monitor.close()
     for p, q in zip(twice.parameters(), again.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_an_earlier_forward_hook_keeps_the_original_output() -> None:
+    """A forward hook registered before the monitor may hook the conv's output gradient: that
+    conv keeps the backend's backward, the hook fires with the true gradient, the norms are
+    right; a conv without such a hook takes the summed form."""
+    model, x = _small("plain")
+    y = torch.randn(len(x), 2, generator=torch.Generator().manual_seed(1))
+    expected = _brute_force(model, x, y)
+    exact = copy.deepcopy(model).double()
+    outputs: list[torch.Tensor] = []
+
+    def hook_output(module: nn.Module, inputs: tuple, out: torch.Tensor) -> None:
+        out.register_hook(lambda grad: outputs.append(grad.double()))
+
+    for net in (exact, model):
+        net[2].register_forward_hook(hook_output)
+    _mse(exact(x.double()), y.double()).backward()
+    monitor = NoiseScaleMonitor(model, "per_example")
+    with _backward_kinds(model) as kinds:
+        _mse(model(x), y).backward()
+    estimate = monitor.step()
+    monitor.close()
+    assert kinds == ["sum", "backend"]
+    assert len(outputs) == 2
+    assert float((outputs[1] - outputs[0]).norm() / outputs[0].norm()) < 1e-5
+    assert estimate is not None
+    assert estimate.sq_norm_small == pytest.approx(expected, rel=1e-5)
+    _assert_close_grads(model, exact)

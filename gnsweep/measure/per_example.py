@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.modules.module import _global_forward_hooks
 
 from gnsweep.measure.common import Gate, say_once, sq
 from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like
@@ -116,7 +117,8 @@ class PerExample:
         if a.dim() == 2 and linear_like(module):
             self._stash(module, a.detach(), output)
             return output
-        if isinstance(module, (nn.Conv1d, nn.Conv2d)) and _fusable(module, a, output):
+        if isinstance(module, (nn.Conv1d, nn.Conv2d)) and _fusable(module, a, output) \
+                and _first_hook(module, self._forward):
             self.positional.add(type(module).__name__)
             return _ConvWeightByExamples.apply(a, module.weight, module.bias, output.detach(),
                                                module, self)
@@ -377,11 +379,12 @@ def _conv_per_example_grad(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: to
         n * module.groups, [False, True, False])[1]
 
 
-CONV_CHUNK = 64
+CONV_CHUNK = 32
 """Most examples per explicit per-example weight gradient on the CPU. oneDNN's grouped
-weight-gradient kernel, with the batch folded into its groups, costs 2-3x more per example past
-64-256 groups (measured from 16 to 64 channels); chunks of 64 stay within 10% of the best chunk
-for every layer measured, and on batches of at most 64 nothing changes."""
+weight-gradient kernel, with the batch folded into its groups, costs 1.3-2x more per example
+past 32-64 groups (measured from 16 to 64 channels, 8x8 and 16x16 inputs, chunks of 8 to 128
+examples: at 64 examples 10-35% more than at 32); chunks of 32 stay within 10% of the best
+chunk for every layer measured."""
 
 
 def _conv_sq(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: torch.Tensor, weight: bool,
@@ -487,6 +490,17 @@ def _fusable(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, output: torch.Tenso
 
 
 _FULL = (torch.float32, torch.float64)
+
+
+def _first_hook(module: nn.Module, hook: Any) -> bool:
+    """Whether `hook` is the first forward hook to see the module's output (no global forward
+    hook, none registered before it on the module): only then may it hand back an output of a
+    new graph, an earlier hook having perhaps hooked the original output's gradient."""
+    if _global_forward_hooks:
+        return False
+    for first in module._forward_hooks.values():
+        return bool(first == hook)
+    return False
 
 
 class _ConvWeightByExamples(torch.autograd.Function):
