@@ -447,7 +447,7 @@ def _conv_weight_by_examples(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: 
     total: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     for start in range(0, n, chunk):
-        xs, ds = x[start:start + chunk], d[start:start + chunk]
+        xs, ds = (x, d) if n <= chunk else (x[start:start + chunk], d[start:start + chunk])
         b = xs.shape[0]
         if by_patches:  # (b*g, C/g*K, L) against (b*g, L, out/g)
             rows = b * groups
@@ -490,6 +490,8 @@ def _fusable(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, output: torch.Tenso
 
 
 _FULL = (torch.float32, torch.float64)
+_POSITIONS = {1: (2,), 2: (2, 3)}
+"""The position dimensions of a Conv1d's and a Conv2d's output."""
 
 
 def _first_hook(module: nn.Module, hook: Any) -> bool:
@@ -542,8 +544,8 @@ class _ConvWeightByExamples(torch.autograd.Function):
                                                      [True, False, False])[0]
         total, dw = _conv_weight_by_examples(module, x, grad, True)
         if need_bias:  # each example's bias gradient, (B, out)
-            summed = grad.flatten(2).sum(2)
-            flat = summed.flatten()
+            summed = grad.sum(_POSITIONS[spatial])
+            flat = summed.view(-1)
             total = total + torch.dot(flat, flat)
             db = summed.sum(0)
         ctx.owner.values.append(total)
