@@ -1,12 +1,13 @@
 """`gnsweep branch`: a batch size x learning rate grid started from checkpoints of one base run.
 
-For each requested point N (examples seen), the base run's kept checkpoint at or before N is a
-branch point: its loss is measured on fresh batches at its fixed parameters (the targets are
-fractions of it, `branch.targets`), the base run's noise scale there is read from its metrics,
-and the grid's runs are written under `D/runs/` (run ids `at<N>_b..`), each starting from that
-checkpoint (`gnsweep.training.branch`: what is kept and what is reset). The folder is a sweep
-like any other: status, analyze (the local B_crit, `analysis.along`), plot and report work, and
-the same command again resumes it. docs/along.md.
+For each requested point N (examples seen), the base run's checkpoint taken for N
+(`train.keep_checkpoints_at`: the first step boundary at or past N), else its kept checkpoint
+at or before N, is a branch point: its loss is measured on fresh batches at its fixed
+parameters (the targets are fractions of it, `branch.targets`), the base run's noise scale
+there is read from its metrics, and the grid's runs are written under `D/runs/` (run ids
+`at<N>_b..`), each starting from that checkpoint (`gnsweep.training.branch`: what is kept and
+what is reset). The folder is a sweep like any other: status, analyze (the local B_crit,
+`analysis.along`), plot and report work, and the same command again resumes it. docs/along.md.
 """
 
 from __future__ import annotations
@@ -57,9 +58,14 @@ def kept_checkpoints(run_dir: Path) -> dict[int, Path]:
     return dict(kept(run_dir))
 
 
-def checkpoint_at_or_before(run_dir: Path, at: int, kept: dict[int, Path]) -> tuple[int, Path]:
-    """The kept checkpoint with the most examples not above `at`; ConfigError (one line, exit 2)
-    when the run kept none that early."""
+def checkpoint_at_or_before(run_dir: Path, at: int, kept: dict[int, Path],
+                            taken_for: dict[int, tuple[int, Path]] | None = None
+                            ) -> tuple[int, Path]:
+    """The checkpoint taken for `at` (`taken_for`: by the `keep_checkpoints_at` point asked,
+    at the first step boundary at or past it), else the kept checkpoint with the most examples
+    not above `at`; ConfigError (one line, exit 2) when the run kept none that early."""
+    if taken_for and at in taken_for:
+        return taken_for[at]
     usable = [n for n in kept if n <= at]
     if not usable:
         have = ", ".join(f"{n:,}" for n in sorted(kept)) or "none"
@@ -166,8 +172,10 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
     config = branch_config(base, overrides)
     metric_task = config.task.metric != "loss"
     loss = "metric" if metric_task else config.analysis.loss
-    kept = kept_checkpoints(base_run)
-    chosen = sorted({checkpoint_at_or_before(base_run, n, kept) for n in at})
+    from gnsweep.training.checkpoint import taken_for
+
+    kept, asked = kept_checkpoints(base_run), taken_for(base_run)
+    chosen = sorted({checkpoint_at_or_before(base_run, n, kept, asked) for n in at})
     points = []
     for examples, path in chosen:
         source = read_checkpoint(path)

@@ -99,7 +99,7 @@ def launch(
     sweep_dir: Annotated[Path | None, typer.Option(
         "--sweep-dir", help="Sweep folder (default: runs/<sweep name>).")] = None,
     workers: Annotated[int | None, typer.Option(
-        "--workers", min=1, help="Worker processes (default: one per core).")] = None,
+        "--workers", min=1, help="Worker processes (default: one a GPU, else a core).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid and exit.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     detach: Annotated[bool, typer.Option(
@@ -193,7 +193,7 @@ def plan(
     sweep_dir: Annotated[Path | None, typer.Option(
         "--sweep-dir", help="Sweep folder (default: runs/<sweep name>-plan).")] = None,
     workers: Annotated[int | None, typer.Option(
-        "--workers", min=1, help="Worker processes (default: one per core).")] = None,
+        "--workers", min=1, help="Worker processes (default: one a GPU, else a core).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Find B_crit at a fraction of the grid's compute: a pilot run's B_simple picks the batch
@@ -238,7 +238,7 @@ def branch(
         help="Hydra overrides for the branch grid, e.g. sweep.batch_sizes=[16,64,256] "
              "branch.targets=[0.97,0.94,0.9]")] = None,
     workers: Annotated[int | None, typer.Option(
-        "--workers", min=1, help="Worker processes (default: one per core).")] = None,
+        "--workers", min=1, help="Worker processes (default: one a GPU, else a core).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Measure the critical batch size along a run: a batch size x learning rate grid started
@@ -300,11 +300,14 @@ def status(
 
 
 def _progress_of(row: dict[str, Any]) -> str:
-    """Where an unfinished run stands on disk: step, examples, smoothed loss, requeues."""
+    """Where an unfinished run stands on disk: step, examples, smoothed loss, the GPUs it is
+    training on, requeues."""
     parts = []
     if row.get("step") is not None:
         parts.append(f"step {row['step']}, {row['examples']} examples, loss "
                      f"{row['loss_smooth']:.4g}")
+    if row.get("gpus") and row["state"] == "running":
+        parts.append(f"GPU {row['gpus']}")
     if row["requeues"]:
         parts.append(f"requeued {row['requeues']}x")
     return "; ".join(parts)

@@ -315,7 +315,7 @@ class TrainConfig:
     """Save the run's state at least this often, seconds of training (0: steps only)."""
     keep_checkpoints_at: list[int] = field(default_factory=list)
     """Examples at which a checkpoint is taken and kept after the run (e.g. for branching):
-    the first step boundary at or past each."""
+    the first step boundary at or past each (`gnsweep branch --at` the same number takes it)."""
     keep_checkpoints: str = "none"
     """none, or log: also keep one at the first boundary past each power of two of examples."""
 
@@ -463,7 +463,8 @@ class ExecutorConfig:
     kind: str = "local"
     """local, torchrun or slurm."""
     workers: int = 0
-    """Local worker processes (0: one per core)."""
+    """Local worker processes (0: one per GPU of `gpus`, else one per core); torchrun: jobs at
+    once (0: as many as `gpus` hold); Slurm: jobs to spread the runs over."""
     threads_per_worker: int = 1
     """Torch threads in each worker (two 1-thread processes beat one 2-thread one)."""
     nproc_per_node: int = 2
@@ -486,6 +487,12 @@ class ExecutorConfig:
     the restarted job continues its run from the run's checkpoint."""
     sbatch_extra: dict[str, Any] = field(default_factory=dict)
     """Slurm: extra sbatch options, e.g. {account: abc, qos: high}."""
+    gpus: str = "auto"
+    """local/torchrun: the GPUs this launcher shares out, each worker (local) or torchrun job
+    its own through CUDA_VISIBLE_DEVICES: auto (those the launcher sees: its own
+    CUDA_VISIBLE_DEVICES, else all; none on a machine without GPUs), none (train on the CPU),
+    or a list of CUDA device ids or UUIDs, "0,1,2,3" or [0,1,2,3]. Slurm gives each job its
+    own GPUs (gpus_per_node)."""
 
     def __post_init__(self) -> None:
         self.kind = _choice("executor.kind", self.kind, EXECUTORS)
@@ -497,6 +504,11 @@ class ExecutorConfig:
             if value < minimum:
                 raise ConfigError(f"executor.{name}: {value} is not allowed; must be >= {minimum}")
             setattr(self, name, value)
+        self.gpus = _gpu_setting(self.gpus)
+        if self.kind == "slurm" and self.gpus != "auto":
+            raise ConfigError(f"executor.gpus={self.gpus}: Slurm gives each job its own GPUs; "
+                              "ask for them with executor.gpus_per_node (executor.gpus is for "
+                              "executor=local and torchrun)")
         if self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:
             raise ConfigError(f"executor.nproc_per_node={self.nproc_per_node} DDP processes on "
                               f"executor.gpus_per_node={self.gpus_per_node} GPUs: each process "
@@ -512,6 +524,33 @@ class ExecutorConfig:
         if self.kind == "torchrun":
             return self.nproc_per_node
         return self.nproc_per_node * self.nodes
+
+
+def _gpu_setting(value: Any) -> str:
+    """`executor.gpus` as stored: auto, none, or GPU ids joined by commas (an int is one id; a
+    list or a comma-separated string several); ConfigError naming the setting otherwise."""
+    if value is None:
+        return "none"
+    if isinstance(value, str) and value.strip().lower() in ("auto", "none"):
+        return value.strip().lower()
+    items: list[Any]
+    if isinstance(value, str):
+        items = [s.strip() for s in value.split(",")]
+    elif isinstance(value, (list, tuple)) or hasattr(value, "__iter__"):
+        items = [v if isinstance(v, bool) else str(v).strip() for v in value]
+    else:
+        items = [value if isinstance(value, bool) else str(value)]
+    bad = [v for v in items
+           if isinstance(v, bool) or not (v.isdigit() or (v.startswith(("GPU-", "MIG-"))
+                                                             and len(v) > 4))]
+    if bad or not items:
+        raise ConfigError(f"executor.gpus: {value!r} is not auto, none or a list of GPU ids "
+                          "(CUDA device numbers or UUIDs), e.g. executor.gpus=auto, "
+                          "executor.gpus=none or executor.gpus=[0,1,2,3]")
+    ids = [str(int(v)) if v.isdigit() else v for v in items]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"executor.gpus: {','.join(ids)} names a GPU twice; list each once")
+    return ",".join(ids)
 
 
 @dataclass
@@ -817,6 +856,10 @@ def _override_message(first: str, overrides: list[str]) -> str:
     section lacks is not a setting, and the known ones are listed."""
     import re
 
+    ambiguous = re.match(r"Ambiguous value for argument '([\w.]+)=(.*)'", first)
+    if ambiguous:  # Hydra reads `key=a,b` as a sweep over a and b
+        key, value = ambiguous.groups()
+        return f"{key}={value}: write a list in brackets, {key}=[{value}]"
     match = re.match(r"Could not override '((\w+)\.([\w.]+))'", first)
     if not match:
         return f"bad override: {first}"

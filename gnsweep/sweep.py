@@ -201,8 +201,9 @@ def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
 
 def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
     """One row a run: id, state, attempts, Slurm job, owner, why it ended, how often Slurm
-    requeued it (`requeues`), and where it stands on disk (`step`, `examples`, `loss_smooth`
-    of its last row written; None before its first).
+    requeued it (`requeues`), where its last attempt trained (`gpus`: the CUDA_VISIBLE_DEVICES
+    it was given, `device`; None before its first), and where it stands on disk (`step`,
+    `examples`, `loss_smooth` of its last row written; None before its first).
 
     A `running` run whose owner is gone shows as `died` (a relaunch runs it again); a pending
     run waiting in a Slurm queue shows as `queued`.
@@ -235,5 +236,6 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
         rows.append({"run_id": run_id, "state": state, "attempts": int(status.get("attempts", 0)),
                      "slurm_job_id": job or "", "owner": owner, "info": str(info),
                      "requeues": requeues(path),
+                     "gpus": status.get("gpus"), "device": status.get("device"),
                      **{k: (last or {}).get(k) for k in ("step", "examples", "loss_smooth")}})
     return rows

@@ -20,7 +20,7 @@ from gnsweep import store
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
 from gnsweep.runs import RunSpec
 from gnsweep.training import StopRequested, build_run, run, train
-from gnsweep.training.checkpoint import FOLDER, kept, load_into
+from gnsweep.training.checkpoint import FOLDER, kept, load_into, taken_for
 from gnsweep.training.loop import make_checkpointer
 
 STEPS = 40
@@ -229,3 +229,19 @@ def test_log_spaced_checkpoints_are_kept_past_the_runs_end(tmp_path, whole):
     run(state)
     for name, values in whole.items():
         assert np.array_equal(np.asarray(state.rows[name]), values[8:], equal_nan=True), name
+
+
+def test_a_checkpoint_kept_between_boundaries_is_found_for_the_point_asked(tmp_path):
+    # 16 examples a step: keep_checkpoints_at=[70, 150] are taken at the first boundaries past
+    # them, 80 and 160 examples; a branch at 70 takes the one taken for 70, not "none at or
+    # before 70", and a point nobody asked for still takes the kept one at or before it.
+    from gnsweep.branching import checkpoint_at_or_before, kept_checkpoints
+
+    path = _folder(tmp_path)
+    train(_config(checkpoint_every=0, keep_checkpoints_at=[70, 150]), SPEC, path)
+    asked = taken_for(path)
+    assert {point: examples for point, (examples, _) in asked.items()} == {70: 80, 150: 160}
+    kept_by_examples = kept_checkpoints(path)
+    assert checkpoint_at_or_before(path, 70, kept_by_examples, asked)[0] == 80
+    assert checkpoint_at_or_before(path, 150, kept_by_examples, asked)[0] == 160
+    assert checkpoint_at_or_before(path, 100, kept_by_examples, asked)[0] == 80

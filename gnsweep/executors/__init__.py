@@ -167,11 +167,12 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
     if writer:
         assert claim is not None, "rank 0 trains only runs it has claimed"
         attempts = int(store.read_status(path).get("attempts", 0)) + 1
+        where = placed()  # host, GPUs, device: "where did this run train?"
         # Logged before the status says running: whoever sees `running` finds the start.
-        log_event(path, "start", attempt=attempts)
+        log_event(path, "start", attempt=attempts, **where)
         store.write_status(path, RunState.RUNNING, attempts=attempts, host=socket.gethostname(),
                            pid=os.getpid(), slurm_job_id=claims.slurm_job_id(),
-                           started=time.time(), traceback=None)
+                           started=time.time(), traceback=None, **where)
         watchdog = start_watchdog(path, attempts, claim)
         claims.heartbeat().add(claim, alive=watchdog.alive)
     try:
@@ -182,6 +183,15 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
         if writer and claim is not None:
             claims.heartbeat().discard(claim)
             claim.release()
+
+
+def placed() -> dict[str, Any]:
+    """Where this process trains, for a run's status and history: `gpus`, the
+    CUDA_VISIBLE_DEVICES it was given (its launcher's share for it, or Slurm's; None: not set),
+    and `device`, the torch device of rank 0 ("cuda:0" is the first of `gpus`; "cpu")."""
+    from gnsweep.training import placement
+
+    return {"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "device": str(placement()[2])}
 
 
 def stall_seconds(sweep_dir: Path) -> float:

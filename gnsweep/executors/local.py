@@ -5,6 +5,10 @@ each uses one torch thread: two 1-thread processes beat one 2-thread process on 
 On Linux they are forked from the launcher, which has imported torch already, so they start in
 milliseconds (fork is what torch's DataLoader does; the launcher never touches CUDA).
 
+On a machine with GPUs each worker trains on its own (`executor.gpus`, `gnsweep.executors.gpus`):
+its CUDA_VISIBLE_DEVICES is set first thing in the child, before it initialises CUDA, so its
+`cuda:0` is its GPU. A worker that replaces a dead one takes its slot, and so its GPU.
+
 The parent hands one run at a time to each idle worker, so it always knows which run a worker
 holds. Workers claim each run before training it (`gnsweep.executors.take_run`), so another
 launcher on the same sweep never runs it twice. A worker that dies is replaced and its run
@@ -20,6 +24,7 @@ import signal
 import sys
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,7 @@ from gnsweep.config import ExecutorConfig
 from gnsweep.errors import StopRequested
 from gnsweep.executors import LAUNCH_ENV, Outcome, warm_up
 from gnsweep.executors.base import Summary
+from gnsweep.executors.gpus import GpuPlan, launcher_gpus, plan
 from gnsweep.notices import once_per_launch
 from gnsweep.progress import SweepProgress
 from gnsweep.runs import FINISHED, max_attempts, needs_running, read_state
@@ -43,11 +49,15 @@ HELD_RETRY_S = 1.0
 class _Worker:
     process: Any
     inbox: Any
+    slot: int
+    """Its place in the pool: which GPUs it has (a replacement takes the same)."""
     run_id: str | None = None
 
 
 def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: int,
-                 max_retries: int) -> None:
+                 max_retries: int, env: dict[str, str]) -> None:
+    # Before anything can initialise CUDA: which GPUs this worker sees (CUDA reads it then).
+    os.environ.update(env)
     import torch
 
     from gnsweep.executors import execute_run, process_logger
@@ -94,8 +104,10 @@ def _context() -> Any:
 
 
 def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int = 1,
-              max_retries: int = 2, progress: SweepProgress | None = None) -> Summary:
+              max_retries: int = 2, progress: SweepProgress | None = None,
+              gpus: GpuPlan | None = None) -> Summary:
     """Run `run_ids` on `workers` processes; failed runs are retried up to `max_retries` times.
+    Worker i gets the environment `gpus.env(i)` (its CUDA_VISIBLE_DEVICES; None: inherited).
 
     Returns when every run has finished here or elsewhere, or is out of retries.
     """
@@ -106,15 +118,16 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
     deaths: Counter[str] = Counter()  # workers that died holding each run
     summary = Summary()
 
-    def start_worker() -> _Worker:
+    def start_worker(slot: int) -> _Worker:
         inbox = ctx.Queue()
+        env = gpus.env(slot) if gpus is not None else {}
         # Not daemonic: a daemonic process cannot start children, and a run's DataLoader starts
         # worker processes (train.loader_workers). Every exit below stops the workers instead.
         process = ctx.Process(target=_worker_main, daemon=False,
                               args=(inbox, outbox, str(sweep_dir), threads, os.getpid(),
-                                    max_retries))
+                                    max_retries, env))
         process.start()
-        return _Worker(process, inbox)
+        return _Worker(process, inbox, slot)
 
     def finish(run_id: str, outcome: Outcome) -> None:
         if outcome.state == "held":
@@ -132,7 +145,7 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
 
     if ctx.get_start_method() == "fork" and run_ids:
         warm_up(sweep_dir, run_ids[0])  # forked workers inherit it
-    pool = [start_worker() for _ in range(min(workers, len(pending)))]
+    pool = [start_worker(slot) for slot in range(min(workers, len(pending)))]
     try:
         while pending or later or any(w.run_id for w in pool):
             now = time.monotonic()
@@ -171,10 +184,17 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
 
 def launch(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *, max_retries: int,
            progress: SweepProgress | None, wait: bool = True) -> Summary:
-    """The registry's entry (`gnsweep.executors.registry`)."""
-    return run_local(sweep_dir, run_ids, workers=executor.n_workers(),
+    """The registry's entry (`gnsweep.executors.registry`). With GPUs to share out and
+    `executor.workers=0`, one worker per GPU; more workers than GPUs share them round-robin
+    (said once): small runs leave a GPU mostly idle, and the user asked for that many."""
+    gpus = launcher_gpus(executor.gpus)
+    workers = executor.workers or (len(gpus) if gpus else executor.n_workers())
+    gpu_plan, note = plan(gpus, workers, 1, what="worker", setting=executor.gpus)
+    if note and run_ids:
+        print(note, file=sys.stderr)
+    return run_local(sweep_dir, run_ids, workers=workers,
                      threads=executor.threads_per_worker, max_retries=max_retries,
-                     progress=progress)
+                     progress=progress, gpus=gpu_plan)
 
 
 def _stop(pool: list[_Worker]) -> None:
@@ -190,7 +210,7 @@ def _stop(pool: list[_Worker]) -> None:
             worker.process.join(5)
 
 
-def _replace_dead(pool: list[_Worker], start_worker: Any) -> list[str]:
+def _replace_dead(pool: list[_Worker], start_worker: Callable[[int], _Worker]) -> list[str]:
     """Replace dead workers; returns the runs they held."""
     lost = []
     for i, worker in enumerate(pool):
@@ -198,5 +218,5 @@ def _replace_dead(pool: list[_Worker], start_worker: Any) -> list[str]:
             continue
         if worker.run_id is not None:
             lost.append(worker.run_id)
-        pool[i] = start_worker()
+        pool[i] = start_worker(worker.slot)  # the same slot: the same GPUs
     return lost

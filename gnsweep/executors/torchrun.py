@@ -5,6 +5,10 @@ runs in turn (`gnsweep.executors.worker`), since torchrun's start-up costs secon
 the whole list; claims decide who trains what. The launcher watches the run folders for
 progress; when the jobs have exited and runs remain (a worker died, a run failed with retries
 left), it starts them again.
+
+On a machine with GPUs each job gets its own `nproc_per_node` of them (`executor.gpus`,
+`gnsweep.executors.gpus`) through CUDA_VISIBLE_DEVICES, so its ranks' `cuda:LOCAL_RANK` are its
+GPUs, not the first ones of the machine that every job would otherwise share.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gnsweep import store
 from gnsweep.config import ExecutorConfig
 from gnsweep.executors.base import Summary, Watcher, run_rounds
+from gnsweep.executors.gpus import GpuPlan, launcher_gpus, plan
 from gnsweep.progress import SweepProgress
 
 POLL_S = 0.3
@@ -55,9 +60,20 @@ def write_runs_file(sweep_dir: Path, run_ids: list[str]) -> Path:
 def run_torchrun(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *,
                  max_retries: int = 2, progress: SweepProgress | None = None) -> Summary:
     """Train `run_ids` with DDP over `executor.nproc_per_node` processes each, `executor.workers`
-    torchrun jobs at a time; returns when every run has finished or is out of retries."""
+    torchrun jobs at a time; returns when every run has finished or is out of retries.
+
+    With GPUs to share out, each job gets its own `nproc_per_node` (`executor.workers=0`: as
+    many jobs as fit); jobs beyond that share GPUs round-robin, said once; a job needing more
+    GPUs than there are is refused (ConfigError)."""
+    gpus = launcher_gpus(executor.gpus)
+    nproc = executor.nproc_per_node
+    jobs = executor.workers or max(1, len(gpus or []) // nproc)
+    gpu_plan, note = plan(gpus, jobs, nproc, what="torchrun job", setting=executor.gpus)
+    if note and run_ids:
+        print(note, file=sys.stderr)
     watcher = Watcher(sweep_dir, run_ids, max_retries, progress)
-    run_rounds(TorchrunBackend(sweep_dir, executor, max_retries), watcher, max_retries)
+    run_rounds(TorchrunBackend(sweep_dir, executor, max_retries, jobs, gpu_plan), watcher,
+               max_retries)
     return watcher.summary()
 
 
@@ -70,11 +86,13 @@ def launch(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *, max
 
 @dataclass
 class TorchrunBackend:
-    """Rounds of `executor.workers` torchrun jobs on this machine."""
+    """Rounds of `jobs` torchrun jobs on this machine; job i sees `gpus.env(i)`."""
 
     sweep_dir: Path
     executor: ExecutorConfig
     max_retries: int
+    jobs: int = 1
+    gpus: GpuPlan = field(default_factory=lambda: GpuPlan(None))
     poll_s: float = POLL_S
 
     def start(self, run_ids: list[str]) -> _LocalJobs:
@@ -86,9 +104,9 @@ class TorchrunBackend:
         env = {**os.environ, "OMP_NUM_THREADS": str(self.executor.threads_per_worker)}
         # Own sessions: Ctrl-C reaches the launcher alone, which stops the jobs in order.
         # Their output goes to a log beside the runs file (it would garble the progress bar).
-        logs = [runs_file.with_suffix(f".{i}.log")
-                for i in range(min(self.executor.workers or 1, len(run_ids)))]
-        return _LocalJobs([_start(command, env, log) for log in logs], logs, runs_file)
+        logs = [runs_file.with_suffix(f".{i}.log") for i in range(min(self.jobs, len(run_ids)))]
+        return _LocalJobs([_start(command, {**env, **self.gpus.env(i)}, log)
+                           for i, log in enumerate(logs)], logs, runs_file)
 
 
 @dataclass

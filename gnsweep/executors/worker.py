@@ -36,7 +36,13 @@ def init_process_group() -> bool:
     if "WORLD_SIZE" not in os.environ or dist.is_initialized():
         return dist.is_initialized()
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local_rank, seen = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local_rank >= seen:  # nccl refuses two ranks on one GPU: say why, not NCCL's words
+            raise SystemExit(f"gnsweep: local rank {local_rank} has no GPU of its own: this job "
+                             f"sees {seen} (CUDA_VISIBLE_DEVICES="
+                             f"{os.environ.get('CUDA_VISIBLE_DEVICES')}); use at most {seen} "
+                             "processes per node")
+        torch.cuda.set_device(local_rank)
         backend = "nccl"
     else:
         backend = "gloo"

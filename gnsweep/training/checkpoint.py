@@ -69,6 +69,9 @@ class Checkpoint:
     """Metrics rows the run had logged when it was taken."""
     keep: bool = False
     """Kept past the next checkpoint and the run's end (`Checkpointer`'s keep rules)."""
+    taken_for: tuple[int, ...] = ()
+    """The `keep_at` points (examples) it was taken for: it is the first step boundary at or
+    past each."""
 
 
 def fingerprint(state: TrainState) -> str:
@@ -119,7 +122,7 @@ class Checkpointer:
         self.rows_written = 0
         """Rows already in the run's metrics parts."""
         self._examples = 0  # at the last boundary `due` looked at
-        self._keep_next = False  # the next checkpoint is one of keep_at's
+        self._keep_for: list[int] = []  # the keep_at points the next checkpoint is taken for
         self.refused: str | None = None
         """Why this run takes no checkpoints (`resumable`), None when it does."""
         self._warned = False
@@ -136,8 +139,9 @@ class Checkpointer:
         before, self._examples = self._examples, examples
         if self.refused is not None:
             return False
-        if any(before < at <= examples for at in self.keep_at):
-            self._keep_next = True
+        crossed = [at for at in self.keep_at if before < at <= examples]
+        if crossed:
+            self._keep_for += crossed
             return True
         if self.every_steps and step % self.every_steps == 0:
             return True
@@ -174,17 +178,18 @@ class Checkpointer:
         self.last_save = self.clock()
         if self.folder is None or not self.flush_rows(state, force=True):
             return None
-        keep = self._keep_next or (self.keep is not None and self.keep(state.step,
+        taken_for, self._keep_for = tuple(self._keep_for), []
+        keep = bool(taken_for) or (self.keep is not None and self.keep(state.step,
                                                                        state.examples))
-        self._keep_next = False
         ckpt = Checkpoint(self.folder / f"{state.step:012d}.pt", state.step, state.examples,
-                          len(state.rows["step"]), keep)
+                          len(state.rows["step"]), keep, taken_for)
         buffer = io.BytesIO()
         torch.save(content, buffer)
         data = buffer.getbuffer()
         sidecar = {"format": FORMAT, "run_id": self.folder.parent.name,
                    "fingerprint": fingerprint(state), "step": ckpt.step,
-                   "examples": ckpt.examples, "rows": ckpt.rows, "keep": keep, "size": len(data),
+                   "examples": ckpt.examples, "rows": ckpt.rows, "keep": keep,
+                   "taken_for": list(taken_for), "size": len(data),
                    "sha256": hashlib.sha256(data).hexdigest(), "time": time.time()}
         try:
             store.subdir(self.folder.parent, self.folder.name)  # never through a link
@@ -286,6 +291,13 @@ def kept(run_dir: Path) -> list[tuple[int, Path]]:
     return [(c.examples, c.path) for c in _listed(run_dir / FOLDER)]
 
 
+def taken_for(run_dir: Path) -> dict[int, tuple[int, Path]]:
+    """The run's checkpoints by the `keep_at` point each was taken for (examples asked, as in
+    `train.keep_checkpoints_at`): (examples at the checkpoint, .pt path)."""
+    return {point: (c.examples, c.path) for c in _listed(run_dir / FOLDER)
+            for point in c.taken_for}
+
+
 def verify(path: Path, fingerprint_: str | None = None, run_id: str | None = None
            ) -> dict[str, Any]:
     """The checkpoint's content, read once and checked against its sidecar: the size and
@@ -370,7 +382,8 @@ def _listed(folder: Path) -> list[Checkpoint]:
         try:
             meta = _read_sidecar(path)
             out.append(Checkpoint(path, int(meta["step"]), int(meta["examples"]),
-                                  int(meta["rows"]), bool(meta.get("keep", False))))
+                                  int(meta["rows"]), bool(meta.get("keep", False)),
+                                  tuple(int(n) for n in meta.get("taken_for", ()))))
         except (StoreError, KeyError, TypeError, ValueError):
             print(f"gnsweep: {folder / name}: not a checkpoint sidecar; ignored", file=sys.stderr)
     return sorted(out, key=lambda c: c.step)

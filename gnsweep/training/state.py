@@ -162,7 +162,11 @@ def build_run(config: Config, spec: RunSpec) -> TrainState:
 def placement() -> tuple[int, int, torch.device]:
     """(world size, rank, device). Under torch.distributed: one GPU per local rank (LOCAL_RANK,
     set by torchrun and the Slurm executor) with an nccl process group, else the CPU. In one
-    process: the GPU of LOCAL_RANK (0 unless set) when CUDA is present, else the CPU."""
+    process: the GPU of LOCAL_RANK (0 unless set) when CUDA is present, else the CPU.
+
+    Device numbers count the GPUs this process sees: the launcher gives each local worker and
+    each torchrun job its own through CUDA_VISIBLE_DEVICES (`gnsweep.executors.gpus`), so a
+    local worker's `cuda:0` is its GPU, not the machine's first."""
     dist = torch.distributed
     local_gpu = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if not (dist.is_available() and dist.is_initialized()):
