@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.measure.per_example import (
@@ -356,4 +357,22 @@ def test_an_earlier_forward_hook_keeps_the_original_output() -> None:
     assert float((outputs[1] - outputs[0]).norm() / outputs[0].norm()) < 1e-5
     assert estimate is not None
     assert estimate.sq_norm_small == pytest.approx(expected, rel=1e-5)
+    _assert_close_grads(model, exact)
+
+
+def test_activation_checkpointing_keeps_the_backend_backward() -> None:
+    """Convs inside a non-reentrant activation checkpoint keep the backend's backward (the
+    recomputation must save what the forward saved): the step trains on the true gradient and,
+    the layers being called again in the recomputation, is not measured (said once)."""
+    model, x = _small("plain")
+    y = torch.randn(len(x), 2, generator=torch.Generator().manual_seed(1))
+    exact = copy.deepcopy(model).double()
+    _mse(exact(x.double()), y.double()).backward()
+    monitor = NoiseScaleMonitor(model, "per_example")
+    with _backward_kinds(model) as kinds:
+        out = checkpoint(model[:4], x, use_reentrant=False)
+        _mse(model[4](out), y).backward()
+    assert kinds[:2] == ["backend", "backend"]  # then the recomputation's
+    assert monitor.step() is None
+    monitor.close()
     _assert_close_grads(model, exact)

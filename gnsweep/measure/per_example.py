@@ -473,8 +473,10 @@ def _fusable(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, output: torch.Tenso
     per-example gradients (`_ConvWeightByExamples`) instead of the backend's batch weight
     gradient plus a second pass for the norms: a trained plain weight (not a subclass such as
     a sharded DTensor), batched input, zero padding given as numbers (the forward then runs
-    the conv on the input itself), float32/float64 throughout without autocast, and the
-    explicit form cheaper than the Gram form. Elsewhere the output's gradient hook."""
+    the conv on the input itself), float32/float64 throughout without autocast, no saved-tensor
+    hooks (activation checkpointing recomputes the forward and expects the tensors it saved
+    the first time), and the explicit form cheaper than the Gram form. Elsewhere the output's
+    gradient hook."""
     weight = module._parameters.get("weight")
     if weight is None or type(weight) is not nn.Parameter or not weight.requires_grad:
         return False
@@ -483,6 +485,8 @@ def _fusable(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, output: torch.Tenso
     if a.dim() != weight.dim() or not a.dtype == weight.dtype == output.dtype or \
             a.dtype not in _FULL or torch.is_autocast_enabled(a.device.type):
         return False
+    if _saved_tensors_hooks is None or _saved_tensors_hooks(False) is not None:
+        return False
     bias = module._parameters.get("bias")
     if bias is not None and (type(bias) is not nn.Parameter or bias.dtype != weight.dtype):
         return False
@@ -490,6 +494,9 @@ def _fusable(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, output: torch.Tenso
 
 
 _FULL = (torch.float32, torch.float64)
+_saved_tensors_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+"""The innermost saved-tensor hooks in force (`torch.autograd.graph.saved_tensors_hooks`:
+activation checkpointing, offloading), or None."""
 _POSITIONS = {1: (2,), 2: (2, 3)}
 """The position dimensions of a Conv1d's and a Conv2d's output."""
 
