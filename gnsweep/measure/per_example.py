@@ -342,12 +342,13 @@ def patches_are_cheaper(channels: int, groups: int, taps: int, positions: int, d
     (one thread, batches 32 and 128, 8-256 channels, 1x1 to 7x7 kernels, strides 1 and 2,
     8x8 to 64x64 inputs, groups, Conv1d): oneDNN has direct kernels for groups of 8 and more
     input channels (1.2-4.5x faster than the patches at 3x3 to 7x7) and for depthwise layers
-    with 4 or more groups (1.5-4.5x faster); with 1 to 7 channels in fewer groups it runs a
-    small gemm per example and the patches cost 0.25-0.9x as much; a 1x1 kernel over at most
-    64 positions is a small matmul per example either way, and the patches cost 0.3-0.9x
-    (8 to 256 channels). Patches laid out (positions, taps x channels) for a matmul of the
-    output gradient against them cost about as much as these at 16+ channels and 10-20x more
-    per group. Elsewhere (other devices) the backend's kernel."""
+    of 4 or more groups (1.5-4.5x faster; 2-4 channels in 4-32 groups: 0.6-1.3x); with 1 to
+    7 channels in 1-3 groups it runs a small gemm per example and the patches cost 0.25-0.9x
+    as much; a 1x1 kernel over at most 64 positions is a small matmul per example either way,
+    and the patches cost 0.3-0.9x (8 to 256 channels). The patches in the other layout,
+    (positions, taps x channels) with the output gradient multiplied against them, cost about
+    as much as the grouped kernel at 16+ channels, 10-20x more with groups: not used.
+    Elsewhere (other devices) the backend's kernel."""
     if device != "cpu" or groups >= 4:
         return False
     return channels < 8 or (taps == 1 and positions <= 64)
