@@ -245,3 +245,18 @@ def test_a_checkpoint_kept_between_boundaries_is_found_for_the_point_asked(tmp_p
     assert checkpoint_at_or_before(path, 70, kept_by_examples, asked)[0] == 80
     assert checkpoint_at_or_before(path, 150, kept_by_examples, asked)[0] == 160
     assert checkpoint_at_or_before(path, 100, kept_by_examples, asked)[0] == 80
+
+
+def test_a_stopped_state_is_not_run_again_with_its_monitor_closed(tmp_path):
+    # After a stop the monitor's hooks are gone: running the same state on would log its last
+    # estimate again and again. Refused; the run goes on from its checkpoint instead.
+    path = _folder(tmp_path)
+    config = _config()
+    state = build_run(config, SPEC)
+    checkpoints = make_checkpointer(config, path)
+    with pytest.raises(StopRequested):
+        run(state, path, should_stop=lambda: state.step >= 3, checkpoints=checkpoints)
+    with pytest.raises(ValueError, match="already ended"):
+        run(state, path, checkpoints=checkpoints)
+    with pytest.raises(ValueError, match="closed NoiseScaleMonitor"):
+        state.monitor.step()

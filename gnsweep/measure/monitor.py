@@ -165,6 +165,8 @@ class NoiseScaleMonitor:
         self._examples = 0
         self._since_examples, self._since_steps = 0, 0
         self._handles: list[Any] = []
+        self.closed = False
+        """`close()` was called: the hooks are gone, and `step()` refuses to go on."""
         self._ddp: DdpHook | None = None
         self._per_example: PerExample | None = None
         self._increments: Increments | None = None
@@ -302,6 +304,9 @@ class NoiseScaleMonitor:
         (`GradScaler.unscale_`, as Lightning's `on_before_optimizer_step` sees it), while what
         the hooks and `accumulate()` captured during backward is still scaled.
         """
+        if self.closed:  # its hooks are gone: it would hand back the last estimate, stale
+            raise ValueError("step() on a closed NoiseScaleMonitor; build a new monitor (its "
+                             "state_dict() carries the EMAs over)")
         if not (loss_scale > 0 and math.isfinite(loss_scale)):
             raise ValueError(f"loss_scale={loss_scale}: need a finite number > 0")
         self._loss_scale = float(loss_scale)
@@ -382,7 +387,9 @@ class NoiseScaleMonitor:
         self.choice = dict(choice)
 
     def close(self) -> None:
-        """Remove the hooks (DDP's communication hook stays, all-reducing without measuring)."""
+        """Remove the hooks (DDP's communication hook stays, all-reducing without measuring);
+        `step()` is refused from then on."""
+        self.closed = True
         for handle in self._handles:
             handle.remove()
         self._handles = []

@@ -97,7 +97,8 @@ def run(state: TrainState, out_dir: Path | None = None,
     each step's batch at the size the schedule asks, counts its examples (`task.examples`),
     measures the noise scale, and stops at the hardest target, the budget or divergence.
     Raises StopRequested when `should_stop()` says so, between two steps (the run goes back to
-    pending; `state` then stands at a step boundary, whole).
+    pending; `state` then stands at a step boundary, whole, and its monitor and data are
+    closed: the run goes on from its checkpoint, `train`, and `run` refuses the same state).
 
     `on_row` sees every metrics row as it is logged (a run logger; it must not raise).
 
@@ -107,6 +108,10 @@ def run(state: TrainState, out_dir: Path | None = None,
     Under torch.distributed every rank calls this with the same arguments; only rank 0 passes
     `out_dir` (the executors gate every write on the rank).
     """
+    if state.monitor.closed:
+        raise ValueError("this run state already ended (stopped, finished or failed): its "
+                         "monitor and data are closed; build it again from its checkpoint, "
+                         "e.g. train(config, spec, out_dir)")
     config, spec, task = state.config, state.spec, state.task
     sweep, world = config.sweep, state.world
     # A metric task's targets are values of task.metric(model), reached in its direction.
