@@ -73,11 +73,12 @@ METHODS = ("per_example", "microbatch", "ddp", "fsdp")
 MICROBATCH_FROM = 64
 """`timed_auto`: from this batch on, a model whose per-example norms need per-position work
 (convolutions, sequences) is measured with micro-batches. On the bench's CNN (`gnsweep bench
-noise`, 4 micro-batches) conv per-example norms cost 1.5-1.9x the plain step at every batch (an
-extra weight-gradient pass of each conv layer, by a grouped kernel slower per example than the
-batch's), while micro-batches cost 2.1-2.3x at batch 32, 1.5-1.8x at 48-64 (as much as or less
-than per-example norms), 1.1-1.3x at 96-128 and 0.8x at 512 (their fixed cost per micro-batch
-shrinks against its work)."""
+noise`'s steps side by side, 4 micro-batches, one loaded CPU thread) conv per-example norms
+cost 1.6x the plain step at batch 32, 1.5x at 64, 1.35x at 128, 1.2x at 192-256 and 1.3-1.45x
+at 512 (the weight gradient taken as the sum of the per-example ones, by a grouped kernel
+1.5-1.9x slower per example than the batch's, plus the hooks' fixed cost), while micro-batches
+cost 1.9-2.1x at batch 32, 1.5x at 64 (as much as per-example norms), 1.3x at 96, 1.15x at 128
+and 0.85-0.95x from 192 (their fixed cost per micro-batch shrinks against its work)."""
 SEQUENCE_MICROBATCH_FROM = 256
 """`timed_auto`: the same for a model whose per-position work is in sequence layers only
 (Linear, transformers' Conv1D, Embedding over positions): on the bench's GPT-2 (interleaved

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.modules.module import _global_forward_hooks
 
 from gnsweep.measure.common import Gate, fp32, say_once, sq
 from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like
@@ -115,6 +116,11 @@ class PerExample:
         if a.dim() == 2 and linear_like(module):
             self._stash(module, a.detach(), output)
             return output
+        if isinstance(module, (nn.Conv1d, nn.Conv2d)) and _fusable(module, a, output) \
+                and _first_hook(module, self._forward):
+            self.positional.add(type(module).__name__)
+            return _ConvWeightByExamples.apply(a, module.weight, module.bias, output.detach(),
+                                               module, self)
         saved = a.detach()
         sequence = isinstance(module, nn.Embedding) and saved[0].numel() > 1
         if linear_like(module) or sequence or isinstance(module, (nn.Conv1d, nn.Conv2d)):
@@ -363,15 +369,25 @@ def _patches_first(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> torch.Tens
     return view.reshape(n, c * math.prod(kernel), math.prod(out))
 
 
-def patches_are_cheaper(channels: int, device: str) -> bool:
+def patches_are_cheaper(channels: int, groups: int, taps: int, positions: int, device: str
+                        ) -> bool:
     """Whether the explicit per-example weight gradient of a conv with `channels` input
-    channels per group costs less from its patches and one batched matmul than from the
-    backend's grouped weight-gradient kernel. On the CPU oneDNN has direct kernels for groups
-    of 8 and 16 input channels (at 8 to 64 channels, 3x3 to 7x7 kernels, 1.3-4.5x faster than
-    the patches); with 1 to 7 it falls back to an im2col and a small gemm per group, that is
-    per example, and the patches cost 0.3-0.85x as much (1 to 6 channels, 3x3 kernels; about
-    the same for 3 channels, 7x7 stride 2). Elsewhere not measured: the backend's kernel."""
-    return device == "cpu" and channels < 8
+    channels per group, `groups` groups, `taps` kernel taps and `positions` output positions
+    costs less from its patches and one batched matmul (`_patches_first`) than from the
+    backend's grouped weight-gradient kernel (`_conv_per_example_grad`). Measured on the CPU
+    (one thread, batches 32 and 128, 8-256 channels, 1x1 to 7x7 kernels, strides 1 and 2,
+    8x8 to 64x64 inputs, groups, Conv1d): oneDNN has direct kernels for groups of 8 and more
+    input channels (1.2-4.5x faster than the patches at 3x3 to 7x7) and for depthwise layers
+    of 4 or more groups (1.5-4.5x faster; 2-4 channels in 4-32 groups: 0.6-1.3x); with 1 to
+    7 channels in 1-3 groups it runs a small gemm per example and the patches cost 0.25-0.9x
+    as much; a 1x1 kernel over at most 64 positions is a small matmul per example either way,
+    and the patches cost 0.3-0.9x (8 to 256 channels). The patches in the other layout,
+    (positions, taps x channels) with the output gradient multiplied against them, cost about
+    as much as the grouped kernel at 16+ channels, 10-20x more with groups: not used.
+    Elsewhere (other devices) the backend's kernel."""
+    if device != "cpu" or groups >= 4:
+        return False
+    return channels < 8 or (taps == 1 and positions <= 64)
 
 
 PATCH_BYTES = 16 << 20
@@ -400,11 +416,12 @@ def _conv_per_example_grad(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: to
         n * module.groups, [False, True, False])[1]
 
 
-CONV_CHUNK = 64
+CONV_CHUNK = 32
 """Most examples per explicit per-example weight gradient on the CPU. oneDNN's grouped
-weight-gradient kernel, with the batch folded into its groups, costs 2-3x more per example past
-64-256 groups (measured from 16 to 64 channels); chunks of 64 stay within 10% of the best chunk
-for every layer measured, and on batches of at most 64 nothing changes."""
+weight-gradient kernel, with the batch folded into its groups, costs 1.3-2x more per example
+past 32-64 groups (measured from 16 to 64 channels, 8x8 and 16x16 inputs, chunks of 8 to 128
+examples: at 64 examples 10-35% more than at 32); chunks of 32 stay within 10% of the best
+chunk for every layer measured."""
 
 
 def _conv_sq(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: torch.Tensor, weight: bool,
@@ -425,24 +442,9 @@ def _conv_sq(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: torch.Tensor, we
         return total if total is not None else d.new_zeros(())
     taps = math.prod(module.kernel_size)
     positions = math.prod(d.shape[2:])
-    channels = module.in_channels // groups
-    if not gram_is_cheaper(positions, taps * channels, module.out_channels // groups):
-        by_patches = patches_are_cheaper(channels, x.device.type)
-        chunk = CONV_CHUNK if x.device.type == "cpu" else max(n, 1)
-        if by_patches:
-            per_example = x.element_size() * taps * module.in_channels * positions
-            chunk = min(chunk, max(1, PATCH_BYTES // per_example))
-        for start in range(0, n, chunk):
-            xs, ds = x[start:start + chunk], d[start:start + chunk]
-            if by_patches:  # (b*g, C/g*K, L) against (b*g, L, out/g)
-                rows = xs.shape[0] * groups
-                grads = torch.bmm(_patches_first(module, xs).reshape(rows, -1, positions),
-                                  ds.reshape(rows, -1, positions).transpose(1, 2)).flatten()
-            else:
-                grads = _conv_per_example_grad(module, xs, ds).flatten()
-            part = torch.dot(grads, grads)
-            total = part if total is None else total + part
-        return total if total is not None else d.new_zeros(())
+    if _explicit(module, positions):
+        weight_sq, _ = _conv_weight_by_examples(module, x, d, False)
+        return weight_sq if total is None else total + weight_sq
     d = d.reshape(n, d.shape[1], -1)  # (B, out, L)
     a = _patches_last(module, x)  # (B, L, K, C)
     if groups == 1:
@@ -454,3 +456,141 @@ def _conv_sq(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: torch.Tensor, we
         dg = d.reshape(n, groups, -1, positions).transpose(2, 3).flatten(0, 1)
     gram = _weight_sq(a, dg)
     return gram if total is None else total + gram
+
+
+def _explicit(module: nn.Conv1d | nn.Conv2d, positions: int) -> bool:
+    """Whether this conv's per-example weight-gradient norms come from the explicit per-example
+    gradients (`gram_is_cheaper` false at `positions` output positions)."""
+    groups = module.groups
+    return not gram_is_cheaper(positions, math.prod(module.kernel_size) * module.in_channels
+                               // groups, module.out_channels // groups)
+
+
+def _conv_weight_by_examples(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: torch.Tensor,
+                             summed: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sum_i |g_i|^2` of the conv's weight from its explicit per-example gradients `g_i` (the
+    backend's grouped kernel or patches and a batched matmul, `patches_are_cheaper`; in chunks
+    on the CPU, `CONV_CHUNK`, `PATCH_BYTES`), and with `summed` their sum `sum_i g_i`: the
+    batch's weight gradient, in the weight's layout."""
+    n, groups = x.shape[0], module.groups
+    taps = math.prod(module.kernel_size)
+    positions = math.prod(d.shape[2:])
+    channels = module.in_channels // groups
+    by_patches = patches_are_cheaper(channels, groups, taps, positions, x.device.type)
+    chunk = CONV_CHUNK if x.device.type == "cpu" else max(n, 1)
+    if by_patches:
+        per_example = x.element_size() * taps * module.in_channels * positions
+        chunk = min(chunk, max(1, PATCH_BYTES // per_example))
+    total: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
+    for start in range(0, n, chunk):
+        xs, ds = (x, d) if n <= chunk else (x[start:start + chunk], d[start:start + chunk])
+        b = xs.shape[0]
+        if by_patches:  # (b*g, C/g*K, L) against (b*g, L, out/g)
+            rows = b * groups
+            grads = torch.bmm(_patches_first(module, xs).reshape(rows, -1, positions),
+                              ds.reshape(rows, -1, positions).transpose(1, 2))
+        else:  # (b*out, C/g, *kernel)
+            grads = _conv_per_example_grad(module, xs, ds)
+        flat = grads.flatten()
+        part = torch.dot(flat, flat)
+        total = part if total is None else total + part
+        if summed:
+            if by_patches:  # (g, C/g*K, out/g) -> (out, C/g, *kernel)
+                part = grads.reshape(b, groups, -1, grads.shape[-1]).sum(0).transpose(1, 2)
+                part = part.reshape(module.weight.shape)
+            else:
+                part = grads.reshape(b, *module.weight.shape).sum(0)
+            weight = part if weight is None else weight + part
+    return (total if total is not None else d.new_zeros(())), weight
+
+
+def _fusable(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, output: torch.Tensor) -> bool:
+    """Whether a measured step computes this conv's weight gradient as the sum of its explicit
+    per-example gradients (`_ConvWeightByExamples`) instead of the backend's batch weight
+    gradient plus a second pass for the norms: a trained plain weight (not a subclass such as
+    a sharded DTensor), batched input, zero padding given as numbers (the forward then runs
+    the conv on the input itself), float32/float64 throughout without autocast, no saved-tensor
+    hooks (activation checkpointing recomputes the forward and expects the tensors it saved
+    the first time), and the explicit form cheaper than the Gram form. Elsewhere the output's
+    gradient hook."""
+    weight = module._parameters.get("weight")
+    if weight is None or type(weight) is not nn.Parameter or not weight.requires_grad:
+        return False
+    if module.padding_mode != "zeros" or isinstance(module.padding, str):
+        return False
+    if a.dim() != weight.dim() or not a.dtype == weight.dtype == output.dtype or \
+            a.dtype not in _FULL or torch.is_autocast_enabled(a.device.type):
+        return False
+    if _saved_tensors_hooks is None or _saved_tensors_hooks(False) is not None:
+        return False
+    bias = module._parameters.get("bias")
+    if bias is not None and (type(bias) is not nn.Parameter or bias.dtype != weight.dtype):
+        return False
+    return _explicit(module, math.prod(output.shape[2:]))
+
+
+_FULL = (torch.float32, torch.float64)
+_saved_tensors_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+"""The innermost saved-tensor hooks in force (`torch.autograd.graph.saved_tensors_hooks`:
+activation checkpointing, offloading), or None."""
+_POSITIONS = {1: (2,), 2: (2, 3)}
+"""The position dimensions of a Conv1d's and a Conv2d's output."""
+
+
+def _first_hook(module: nn.Module, hook: Any) -> bool:
+    """Whether `hook` is the first forward hook to see the module's output (no global forward
+    hook, none registered before it on the module): only then may it hand back an output of a
+    new graph, an earlier hook having perhaps hooked the original output's gradient."""
+    if _global_forward_hooks:
+        return False
+    for first in module._forward_hooks.values():
+        return bool(first == hook)
+    return False
+
+
+class _ConvWeightByExamples(torch.autograd.Function):
+    """A conv's output on a measured step, whose backward computes the weight gradient once,
+    as the sum over examples of the explicit per-example gradients `g_i`, with
+    `sum_i |g_i|^2` (and the bias's) as a by-product appended to the owner's values; the input
+    and bias gradients as the backend computes them. The forward hands back the output already
+    computed (no second conv); the original output's graph is left unused. Under
+    `create_graph=True` the backend's differentiable backward (the norms then from a second
+    pass), so that second derivatives stay right."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                output: torch.Tensor, module: nn.Conv1d | nn.Conv2d, owner: PerExample
+                ) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.module, ctx.owner, ctx.bias = module, owner, bias is not None
+        return output.detach()  # a new tensor, not a view of an input: in-place ops allowed
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        module = ctx.module
+        need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
+        spatial = len(module.kernel_size)
+        args = (module.stride, module.padding, module.dilation, False, [0] * spatial,
+                module.groups)
+        sizes = [weight.shape[0]] if ctx.bias else None
+        if torch.is_grad_enabled():  # create_graph=True: differentiable gradients
+            dx, dw, db = torch.ops.aten.convolution_backward(
+                grad, x, weight, sizes, *args, [need_x, need_weight, need_bias])
+            with torch.no_grad():
+                ctx.owner.values.append(_conv_sq(module, x.detach().float(), grad.detach().float(),
+                                                 need_weight, need_bias))
+            return dx, dw, db, None, None, None
+        dx = db = None
+        if need_x:
+            dx = torch.ops.aten.convolution_backward(grad, x, weight, None, *args,
+                                                     [True, False, False])[0]
+        total, dw = _conv_weight_by_examples(module, x, grad, True)
+        if need_bias:  # each example's bias gradient, (B, out)
+            summed = grad.sum(_POSITIONS[spatial])
+            flat = summed.view(-1)
+            total = total + torch.dot(flat, flat)
+            db = summed.sum(0)
+        ctx.owner.values.append(total)
+        return dx, dw, db, None, None, None
