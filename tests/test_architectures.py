@@ -75,9 +75,10 @@ def test_gpt2_and_lstm_are_covered_or_said_once(caplog):
 
 @pytest.mark.parametrize("form", ["explicit", "gram"])
 def test_tied_weights_are_the_norm_of_the_sum(form, monkeypatch):
-    """A weight shared by an embedding and the output layer, and a linear layer used twice in
-    one forward through a shared copy: sum_i |g_i|^2 against each example's own backward, by
-    the explicit per-example gradient and by the Gram form of the uses' cross terms."""
+    """A weight shared by an embedding and the output layer, one shared by two embeddings, and a
+    linear layer used twice in one forward through a shared copy: sum_i |g_i|^2 against each
+    example's own backward, by the explicit per-example gradient and by the Gram form of the
+    uses' cross terms."""
     from gnsweep.measure import shared
 
     monkeypatch.setattr(shared, "_explicit_cheaper", lambda uses: form == "explicit")
@@ -91,9 +92,13 @@ def test_tied_weights_are_the_norm_of_the_sum(form, monkeypatch):
             self.mix_again.weight = self.mix.weight
             self.head = nn.Linear(5, 7, bias=False)
             self.head.weight = self.embed.weight
+            self.extra = nn.Embedding(4, 5)  # a weight shared by embeddings only
+            self.extra_again = nn.Embedding(4, 5)
+            self.extra_again.weight = self.extra.weight
 
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-            h = torch.tanh(self.mix(self.embed(tokens)))
+            h = self.embed(tokens) + self.extra(tokens % 4) * self.extra_again((tokens + 1) % 4)
+            h = torch.tanh(self.mix(h))
             return self.head(torch.tanh(self.mix_again(h)))
 
     torch.manual_seed(0)

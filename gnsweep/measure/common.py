@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 import torch
@@ -31,6 +32,14 @@ class Gate(Protocol):
 
     def warn_once(self, key: str, message: str) -> None:
         """Log `message` the first time `key` is seen."""
+
+
+def fp32(device: str) -> AbstractContextManager[Any]:
+    """Autocast off where it is on; nothing elsewhere (entering the context costs more than
+    the small products it guards, several times per layer and step)."""
+    if torch.is_autocast_enabled(device):
+        return torch.autocast(device, enabled=False)
+    return nullcontext()
 
 
 def sq(t: torch.Tensor) -> torch.Tensor:

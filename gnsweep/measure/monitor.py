@@ -81,9 +81,14 @@ cost 1.9-2.1x at batch 32, 1.5x at 64 (as much as per-example norms), 1.3x at 96
 and 0.85-0.95x from 192 (their fixed cost per micro-batch shrinks against its work)."""
 SEQUENCE_MICROBATCH_FROM = 256
 """`timed_auto`: the same for a model whose per-position work is in sequence layers only
-(Linear, transformers' Conv1D, Embedding over positions): on the bench's GPT-2 per-example norms
-cost 1.4-1.5x the plain step at batch 32-128 against 1.7-2.4x for micro-batches, and 1.35x at
-512 against 1.0x."""
+(Linear, transformers' Conv1D, Embedding over positions): on the bench's GPT-2 (interleaved
+thread time, 4 micro-batches against the plain unsplit step) per-example norms cost 1.45x the
+plain step at batch 32 and 1.35x at 128 against 2.4x and 1.5-1.6x for micro-batches; both about
+1.4x at 192; from 256 micro-batches cost less (1.1-1.2x at 256, 1.0-1.1x at 320-512) while
+per-example norms stay at 1.25-1.3x. At a tie per-example norms are kept (their |G_small|^2
+averages B squared norms, the micro-batches' only 4). The crossover is a number of tokens, not
+of examples: the same GPT-2 on 48 and 96 tokens ties at 48 and 24 examples and switches at 64
+and 32, 2304 and 3072 tokens as at 12 tokens; this count is for the bench's 12 tokens."""
 CONVOLUTIONS = ("Conv1d", "Conv2d")
 TIMED_STEPS = 3
 """`timed_auto`: measured steps timed after the choice (the fastest is reported)."""

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnsweep.measure.common import Gate, sq
+from gnsweep.measure.common import Gate, fp32
 
 
 def is_conv1d(module: nn.Module) -> bool:
@@ -101,7 +101,7 @@ class Tied:
 
     @torch.no_grad()
     def _backward(self, module: nn.Module, a: torch.Tensor, d: torch.Tensor) -> None:
-        with torch.autocast(d.device.type, enabled=False):  # statistics in fp32
+        with fp32(d.device.type):  # statistics in fp32
             self._capture(module, a, d)
 
     def _capture(self, module: nn.Module, a: torch.Tensor, d: torch.Tensor) -> None:
@@ -131,9 +131,10 @@ class Tied:
         if not self.uses:
             return None
         device = next(iter(self.uses.values()))[0].v.device
-        with torch.no_grad(), torch.autocast(device.type, enabled=False):
-            return torch.stack([_explicit(uses) if _explicit_cheaper(uses) else _gram(uses)
-                                for uses in self.uses.values()]).sum()
+        with torch.no_grad(), fp32(device.type):
+            parts = [_explicit(uses) if _explicit_cheaper(uses) else _gram(uses)
+                     for uses in self.uses.values()]
+            return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
 
 
 def _group(module: nn.Module, owners: dict[int, list[nn.Module]]) -> list[nn.Module]:
@@ -155,27 +156,35 @@ def _explicit_cheaper(uses: list[_Use]) -> bool:
 
 
 def _explicit(uses: list[_Use]) -> torch.Tensor:
-    """The per-example gradient summed over the uses, (n, rows, cols), then its norm."""
-    first = uses[0]
+    """The per-example gradient summed over the uses, (n, rows, cols), then its norm; a dense
+    use's product first makes it (no zero fill)."""
+    dense = sorted(uses, key=lambda use: use.index is not None)
+    first = dense[0]
     n, cols = first.v.shape[0], first.v.shape[2]
-    rows = first.rows if first.u is None else first.u.shape[2]
-    grad = first.v.new_zeros(n, rows, cols)
-    for use in uses:
+    if first.u is not None:
+        grad = torch.bmm(first.u.transpose(1, 2), first.v)
+        rest = dense[1:]
+    else:
+        grad = first.v.new_zeros(n, first.rows, cols)
+        rest = dense
+    for use in rest:
         if use.index is not None:
             grad.scatter_add_(1, use.index.unsqueeze(-1).expand(-1, -1, cols), use.v)
         else:
             assert use.u is not None
             grad.baddbmm_(use.u.transpose(1, 2), use.v)
-    return sq(grad)
+    flat = grad.view(-1)
+    return torch.dot(flat, flat)
 
 
 def _gram(uses: list[_Use]) -> torch.Tensor:
-    out = uses[0].v.new_zeros(())
+    terms = []
     for i, p in enumerate(uses):
         for q in uses[i:]:
-            term = (_u_gram(p, q) * torch.bmm(p.v, q.v.transpose(1, 2))).sum()
-            out = out + (term if q is p else 2 * term)
-    return out
+            term = torch.dot(_u_gram(p, q).reshape(-1),
+                             torch.bmm(p.v, q.v.transpose(1, 2)).view(-1))
+            terms.append(term if q is p else 2 * term)
+    return terms[0] if len(terms) == 1 else torch.stack(terms).sum()
 
 
 def _u_gram(p: _Use, q: _Use) -> torch.Tensor:
