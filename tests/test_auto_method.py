@@ -128,10 +128,39 @@ def test_a_runs_result_says_the_choice():
     assert result.noise_method["step_seconds"] > 0
 
 
-def test_sequence_layers_keep_per_example_norms_longer_than_convolutions():
-    from gnsweep.measure.monitor import SEQUENCE_MICROBATCH_FROM, cheaper_method
+def test_sequence_layers_switch_by_tokens_and_convolutions_by_examples():
+    from gnsweep.measure.monitor import SEQUENCE_MICROBATCH_TOKENS, cheaper_method
 
-    assert cheaper_method(["Conv2d", "Linear"], MICROBATCH_FROM, False)[0] == "microbatch"
-    assert cheaper_method(["Conv1D", "Linear"], MICROBATCH_FROM, False)[0] == "per_example"
-    assert cheaper_method(["Linear"], SEQUENCE_MICROBATCH_FROM, False)[0] == "microbatch"
-    assert cheaper_method(["Embedding"], SEQUENCE_MICROBATCH_FROM - 1, False)[0] == "per_example"
+    assert cheaper_method(["Conv2d", "Linear"], MICROBATCH_FROM, False, 12)[0] == "microbatch"
+    assert cheaper_method(["Conv1D", "Linear"], MICROBATCH_FROM, False, 12)[0] == "per_example"
+    # batch x positions: 256 examples of 12 tokens switch, as do 32 of 96; 31 of 96 do not.
+    assert cheaper_method(["Linear"], SEQUENCE_MICROBATCH_TOKENS // 12, False, 12)[0] == \
+        "microbatch"
+    assert cheaper_method(["Conv1D"], SEQUENCE_MICROBATCH_TOKENS // 96, False, 96)[0] == \
+        "microbatch"
+    assert cheaper_method(["Embedding"], SEQUENCE_MICROBATCH_TOKENS // 96 - 1, False, 96)[0] \
+        == "per_example"
+
+
+def test_the_monitor_counts_the_tokens_of_a_sequence_model():
+    # A transformer's first measured step sees its sequence length: 40 examples of 96 tokens
+    # (3840 tokens) switch to micro-batches, 40 of 12 tokens (480) keep per-example norms.
+    class Tokens(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(16, 8)
+            self.out = nn.Linear(8, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.embed(x))
+
+    for length, expected in ((96, "microbatch"), (12, "per_example")):
+        torch.manual_seed(0)
+        model = Tokens()
+        monitor = NoiseScaleMonitor(model, "auto", timed_auto=True)
+        x = torch.randint(16, (40, length))
+        F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+        monitor.accumulate()
+        monitor.step()
+        monitor.close()
+        assert monitor.method == expected, (length, monitor.choice)

@@ -79,16 +79,17 @@ at 512 (the weight gradient taken as the sum of the per-example ones, by a group
 1.5-1.9x slower per example than the batch's, plus the hooks' fixed cost), while micro-batches
 cost 1.9-2.1x at batch 32, 1.5x at 64 (as much as per-example norms), 1.3x at 96, 1.15x at 128
 and 0.85-0.95x from 192 (their fixed cost per micro-batch shrinks against its work)."""
-SEQUENCE_MICROBATCH_FROM = 256
+SEQUENCE_MICROBATCH_TOKENS = 3072
 """`timed_auto`: the same for a model whose per-position work is in sequence layers only
-(Linear, transformers' Conv1D, Embedding over positions): on the bench's GPT-2 (interleaved
-thread time, 4 micro-batches against the plain unsplit step) per-example norms cost 1.45x the
-plain step at batch 32 and 1.35x at 128 against 2.4x and 1.5-1.6x for micro-batches; both about
-1.4x at 192; from 256 micro-batches cost less (1.1-1.2x at 256, 1.0-1.1x at 320-512) while
-per-example norms stay at 1.25-1.3x. At a tie per-example norms are kept (their |G_small|^2
-averages B squared norms, the micro-batches' only 4). The crossover is a number of tokens, not
-of examples: the same GPT-2 on 48 and 96 tokens ties at 48 and 24 examples and switches at 64
-and 32, 2304 and 3072 tokens as at 12 tokens; this count is for the bench's 12 tokens."""
+(Linear, transformers' Conv1D, Embedding over positions), from this many tokens a batch (batch
+x positions per example): the crossover is a number of tokens, not of examples. On the bench's
+GPT-2 (interleaved thread time, 4 micro-batches against the plain unsplit step) at 12 tokens
+per-example norms cost 1.45x the plain step at batch 32 and 1.35x at 128 against 2.4x and
+1.5-1.6x for micro-batches; both about 1.4x at 192 (2304 tokens); from 256 (3072 tokens)
+micro-batches cost less (1.1-1.2x at 256, 1.0-1.1x at 320-512) while per-example norms stay at
+1.25-1.3x. The same GPT-2 on 48 and 96 tokens ties at 48 and 24 examples (2304 tokens) and
+switches at 64 and 32 (3072). At a tie per-example norms are kept (their |G_small|^2 averages B
+squared norms, the micro-batches' only 4)."""
 CONVOLUTIONS = ("Conv1d", "Conv2d")
 TIMED_STEPS = 3
 """`timed_auto`: measured steps timed after the choice (the fastest is reported)."""
@@ -362,7 +363,8 @@ class NoiseScaleMonitor:
         the hooks saw and this batch."""
         assert self._per_example is not None
         rest = self._increments is not None
-        method, reason = cheaper_method(sorted(self._per_example.positional), batch, rest)
+        method, reason = cheaper_method(sorted(self._per_example.positional), batch, rest,
+                                        self._per_example.positions)
         self._commit({"method": method, "reason": reason, "batch": batch, "step_seconds": None})
         self._timing = []
 
@@ -735,23 +737,28 @@ def _measured(model: nn.Module, parameters: Iterable[nn.Parameter] | None
     return [p for p in trainable if id(p) in ids]
 
 
-def cheaper_method(positional: list[str], batch: int, rest: bool) -> tuple[str, str]:
+def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int = 1
+                   ) -> tuple[str, str]:
     """(per_example or microbatch, why) for a model both measure right: micro-batches where
     per-example norms need them anyway (`rest`: layers without per-example norms; the hooks
     then only add), or where some layer's per-example norm needs per-position work
-    (`positional`: its kinds) and the batch is at least `MICROBATCH_FROM` (with convolutions)
-    or `SEQUENCE_MICROBATCH_FROM` (sequence layers only); else per-example norms."""
+    (`positional`: its kinds) and the batch is at least `MICROBATCH_FROM` examples (with
+    convolutions) or `SEQUENCE_MICROBATCH_TOKENS` tokens (sequence layers only: batch x
+    `positions`, the most positions per example); else per-example norms."""
     if rest:
         return "microbatch", "layers without per-example norms need micro-batches anyway"
     if not positional:
         return "per_example", "no layer needs per-position work for its per-example norms"
     kinds = ", ".join(positional)
-    start = MICROBATCH_FROM if set(positional) & set(CONVOLUTIONS) else SEQUENCE_MICROBATCH_FROM
-    if batch >= start:
+    if set(positional) & set(CONVOLUTIONS):
+        size, start, unit = batch, MICROBATCH_FROM, "batch"
+    else:
+        size, start, unit = batch * max(positions, 1), SEQUENCE_MICROBATCH_TOKENS, "tokens"
+    if size >= start:
         return "microbatch", (f"{kinds} need per-position work for per-example norms, and at "
-                              f"batch {batch} >= {start} micro-batches cost less")
+                              f"{unit} {size} >= {start} micro-batches cost less")
     return "per_example", (f"{kinds} need per-position work for per-example norms, but at "
-                           f"batch {batch} < {start} they cost less than micro-batches")
+                           f"{unit} {size} < {start} they cost less than micro-batches")
 
 
 def _now(device: torch.device) -> float:

@@ -42,6 +42,8 @@ class PerExample:
         self.positional: set[str] = set()
         """Kinds of the layers captured so far whose norms needed per-position work
         (convolutions, sequences: Gram matrices or explicit per-example gradients)."""
+        self.positions = 0
+        """The most positions per example of a sequence layer captured so far (tokens)."""
         self.handles: list[Any] = []
         self._last_forward: dict[int, int] = {}
         wanted = {id(p) for p in measured}
@@ -125,6 +127,9 @@ class PerExample:
         sequence = isinstance(module, nn.Embedding) and saved[0].numel() > 1
         if linear_like(module) or sequence or isinstance(module, (nn.Conv1d, nn.Conv2d)):
             self.positional.add(type(module).__name__)
+        if linear_like(module) or sequence:
+            positions = saved[0].numel() if sequence else math.prod(saved.shape[1:-1])
+            self.positions = max(self.positions, positions)
         output.register_hook(lambda grad: self._backward(module, saved, grad))
         return output
 
