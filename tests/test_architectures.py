@@ -73,15 +73,17 @@ def test_gpt2_and_lstm_are_covered_or_said_once(caplog):
     assert len(said) <= 1  # zero when an earlier test in this process said it
 
 
-@pytest.mark.parametrize("form", ["explicit", "gram"])
+@pytest.mark.parametrize("form", ["explicit", "explicit_in_chunks", "gram"])
 def test_tied_weights_are_the_norm_of_the_sum(form, monkeypatch):
     """A weight shared by an embedding and the output layer, one shared by two embeddings, and a
     linear layer used twice in one forward through a shared copy: sum_i |g_i|^2 against each
-    example's own backward, by the explicit per-example gradient and by the Gram form of the
-    uses' cross terms."""
+    example's own backward, by the explicit per-example gradient (whole, and a few examples at
+    a time as for a large vocabulary) and by the Gram form of the uses' cross terms."""
     from gnsweep.measure import shared
 
-    monkeypatch.setattr(shared, "_explicit_cheaper", lambda uses: form == "explicit")
+    monkeypatch.setattr(shared, "_explicit_cheaper", lambda uses: form != "gram")
+    if form == "explicit_in_chunks":  # 7 x 5 fp32 gradients: 4 examples, then 2
+        monkeypatch.setattr(shared, "EXPLICIT_BYTES", 4 * 7 * 5 * 4)
 
     class TiedLm(nn.Module):
         def __init__(self) -> None:

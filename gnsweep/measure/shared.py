@@ -155,10 +155,37 @@ def _explicit_cheaper(uses: list[_Use]) -> bool:
     return rows * cols < t * t * (cols + 1)
 
 
+EXPLICIT_BYTES = 64 << 20
+"""Most bytes of per-example gradients `_explicit` builds at once: a language model's tied
+embedding has one per example of vocabulary x width (154 MB for GPT-2's 50257 x 768 in fp32), so
+the batch goes through in chunks of examples."""
+
+
 def _explicit(uses: list[_Use]) -> torch.Tensor:
-    """The per-example gradient summed over the uses, (n, rows, cols), then its norm; a dense
-    use's product first makes it (no zero fill)."""
+    """`sum_i |g_i|^2` from the per-example gradients summed over the uses, (n, rows, cols),
+    built a chunk of examples at a time (`EXPLICIT_BYTES`); a dense use's product first makes
+    a chunk's gradients (no zero fill)."""
     dense = sorted(uses, key=lambda use: use.index is not None)
+    first = dense[0]
+    n, cols = first.v.shape[0], first.v.shape[2]
+    rows = first.rows if first.u is None else first.u.shape[2]
+    chunk = max(1, EXPLICIT_BYTES // (rows * cols * first.v.element_size()))
+    total = None
+    for start in range(0, n, chunk):
+        part = _explicit_sq([_slice(use, start, start + chunk) for use in dense])
+        total = part if total is None else total + part
+    assert total is not None
+    return total
+
+
+def _slice(use: _Use, start: int, stop: int) -> _Use:
+    """The use's examples start:stop."""
+    return _Use(use.v[start:stop], None if use.u is None else use.u[start:stop],
+                None if use.index is None else use.index[start:stop], use.rows)
+
+
+def _explicit_sq(dense: list[_Use]) -> torch.Tensor:
+    """`sum_i |g_i|^2` of these examples' gradients, dense uses first."""
     first = dense[0]
     n, cols = first.v.shape[0], first.v.shape[2]
     if first.u is not None:
