@@ -6,6 +6,7 @@ import importlib
 import sys
 import traceback
 
+from gnsweep import allocator
 from gnsweep.bench import SUBJECTS
 
 USAGE = f"""usage: python -m gnsweep.bench [SUBJECT ...] [OPTIONS]   (or: gnsweep bench ...)
@@ -25,6 +26,8 @@ def main(argv: list[str]) -> None:
     unknown = [s for s in subjects if s not in SUBJECTS]
     if unknown:
         sys.exit(f"gnsweep bench: unknown subject {unknown[0]!r}; choose from {SUBJECTS}")
+    # Measured as gnsweep's workers train: with their malloc settings (gnsweep.allocator).
+    allocator.tune()
     failed = []
     for subject in subjects:
         try:

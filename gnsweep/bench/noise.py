@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from gnsweep import allocator
 from gnsweep.distributed import close_process_group
 from gnsweep.measure import NoiseScaleMonitor, hessian_norms
 
@@ -261,6 +262,7 @@ def _ddp_worker(rank: int, world: int, store: str, out: str, rounds: int, steps:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    allocator.tune()  # a spawned process: as gnsweep's workers (gnsweep.allocator)
     # A bounded wait: a rank that died leaves the other at a collective, not for 30 minutes.
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(minutes=5))
@@ -380,7 +382,7 @@ def main(argv: list[str]) -> dict[str, Any]:
           f"{HESSIAN_EVERY} steps; microbatch: over the same {MICROBATCHES}-micro-batch loop; "
           "ddp: 2 gloo processes; auto: the method noise.method=auto keeps on one process, "
           "auto_cost: its step over the plain unsplit step; nan: a method wrong for the model, "
-          "or ops without double backward for the Hessian, not timed)")
+          f"or ops without double backward for the Hessian, not timed; {allocator.described()})")
     width = {c: max(len(c), 6) for c in columns}
     for name in ("model", "auto"):
         width[name] = max(width[name], *(len(r[name]) for r in rows))
@@ -406,4 +408,5 @@ def main(argv: list[str]) -> dict[str, Any]:
 if __name__ == "__main__":
     import sys
 
+    allocator.tune()
     main(sys.argv[1:])

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gnsweep import redact, store
+from gnsweep import allocator, redact, store
 from gnsweep.config import ExecutorConfig
 from gnsweep.errors import StopRequested
 from gnsweep.executors import LAUNCH_ENV, Outcome, warm_up
@@ -76,6 +76,7 @@ def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: 
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     torch.set_num_threads(threads)
+    allocator.tune()  # a step's temporaries stay on the heap (gnsweep.allocator)
     once_per_launch(Path(sweep_dir), os.environ.get(LAUNCH_ENV))  # a notice once, not per run
 
     def should_stop() -> bool:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gnsweep import allocator
 from gnsweep.distributed import close_process_group
 from gnsweep.errors import StopRequested
 from gnsweep.executors import LAUNCH_ENV, PREEMPTED, process_logger, run_taken, take_run, warm_up
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="Stop cleanly when this pid (the launcher) is gone.")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    allocator.tune()  # a step's temporaries stay on the heap (gnsweep.allocator)
     once_per_launch(args.sweep_dir, os.environ.get(LAUNCH_ENV))  # a notice once, not per run
     should_stop = StopFlag(args.stop_with)
     run_ids = [line.strip() for line in args.runs_file.read_text().splitlines() if line.strip()]

@@ -70,15 +70,18 @@ from gnsweep.noise import (
 
 METHODS = ("per_example", "microbatch", "ddp", "fsdp")
 
-MICROBATCH_FROM = 64
+MICROBATCH_FROM = 192
 """`timed_auto`: from this batch on, a model whose per-example norms need per-position work
 (convolutions, sequences) is measured with micro-batches. On the bench's CNN (`gnsweep bench
-noise`'s steps side by side, 4 micro-batches, one loaded CPU thread) conv per-example norms
-cost 1.6x the plain step at batch 32, 1.5x at 64, 1.35x at 128, 1.2x at 192-256 and 1.3-1.45x
-at 512 (the weight gradient taken as the sum of the per-example ones, by a grouped kernel
-1.5-1.9x slower per example than the batch's, plus the hooks' fixed cost), while micro-batches
-cost 1.9-2.1x at batch 32, 1.5x at 64 (as much as per-example norms), 1.3x at 96, 1.15x at 128
-and 0.85-0.95x from 192 (their fixed cost per micro-batch shrinks against its work)."""
+noise`'s steps side by side, 4 micro-batches, one CPU thread, glibc malloc as in gnsweep's
+workers: `gnsweep.allocator`) conv per-example norms cost 1.35-1.45x the plain step from batch
+32 to 256 (the weight gradient taken as the sum of the per-example ones, by a grouped kernel
+slower per example than the batch's, plus the hooks' fixed cost), while micro-batches cost 2.2x
+at batch 32, 2.0x at 48, 1.8x at 64, 1.55x at 96, 1.4x at 128 (a tie: per-example norms kept,
+their |G_small|^2 averages B squared norms, the micro-batches' only 4), 1.25x at 192, 1.2x at
+256 and 1.1x at 512 (their fixed cost per micro-batch shrinks against its work). With glibc's
+own settings the plain step pays page faults for its large temporaries that micro-batches,
+smaller, avoid: there micro-batches looked cheaper from 64 on (0.8x at 512)."""
 SEQUENCE_MICROBATCH_TOKENS = 3072
 """`timed_auto`: the same for a model whose per-position work is in sequence layers only
 (Linear, transformers' Conv1D, Embedding over positions), from this many tokens a batch (batch
