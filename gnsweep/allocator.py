@@ -1,4 +1,5 @@
-"""glibc malloc settings for the processes that train (gnsweep's workers, its benchmarks).
+"""glibc malloc settings for gnsweep's processes: the workers that train, the CLI (the analysis),
+the benchmarks.
 
 A CPU training step allocates and frees the same large temporaries every step (activations,
 gradients, a convolution's per-example gradients). glibc's malloc hands blocks over an adaptive

@@ -604,6 +604,11 @@ def bench(
 
 
 def main() -> None:
+    from gnsweep import allocator
+
+    # The analysis's large arrays and the workers forked from `launch` alike: temporaries on the
+    # heap, not page-faulted back on every use.
+    allocator.tune()
     try:
         app()
     except BrokenPipeError:
