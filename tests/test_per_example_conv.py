@@ -376,3 +376,44 @@ def test_activation_checkpointing_keeps_the_backend_backward() -> None:
     assert monitor.step() is None
     monitor.close()
     _assert_close_grads(model, exact)
+
+
+class _StandardisedConv(nn.Conv2d):
+    """Weight standardisation (timm's StdConv2d): the conv runs on a function of its weight."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        w = (w - w.mean((1, 2, 3), keepdim=True)) / (w.std((1, 2, 3), keepdim=True) + 1e-5)
+        return self._conv_forward(x, w, self.bias)
+
+
+class _ScaledConv(nn.Conv2d):
+    """An equalised learning rate (StyleGAN): the weight scaled inside the conv."""
+
+    def _conv_forward(self, x: torch.Tensor, weight: torch.Tensor,
+                      bias: torch.Tensor | None) -> torch.Tensor:
+        return super()._conv_forward(x, weight * 0.5, bias)
+
+
+@pytest.mark.parametrize("layer", [_StandardisedConv, _ScaledConv])
+def test_a_conv_computing_its_own_forward_is_not_measured_from_its_hooks(layer, caplog) -> None:
+    # Its output is not conv(x, weight): per-example norms (and a weight gradient) from the
+    # stock formula would be wrong. It is left to micro-batches, said once, and a measured step
+    # trains on the true gradient.
+    torch.manual_seed(0)
+    model = nn.Sequential(layer(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 6 * 6, 2))
+    plain = copy.deepcopy(model)
+    x, y = torch.randn(8, 3, 6, 6), torch.randint(2, (8,))
+    with caplog.at_level("WARNING", logger="gnsweep.measure"):
+        monitor = NoiseScaleMonitor(model, "per_example")
+    assert monitor.needs_microbatches
+    assert "computes its own forward" in caplog.text or not caplog.records  # said once a process
+    for xs, ys in zip(x.chunk(2), y.chunk(2), strict=True):
+        (nn.functional.cross_entropy(model(xs), ys) / 2).backward()
+        monitor.accumulate()
+    monitor.step()
+    monitor.close()
+    nn.functional.cross_entropy(plain(x), y).backward()
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)

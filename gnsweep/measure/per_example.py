@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from torch.nn.modules.module import _global_forward_hooks
 
 from gnsweep.measure.common import Gate, fp32, say_once, sq
-from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like
+from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like, own_forward
 from gnsweep.noise import NormPair
 
 
@@ -219,6 +219,8 @@ def _unsupported(module: nn.Module) -> str | None:
     kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
     if not isinstance(module, kinds) and not is_conv1d(module):
         return type(module).__name__
+    if own_forward(module):
+        return f"{type(module).__name__} computes its own forward"
     if not own <= {"weight", "bias"}:
         return "extra parameters"
     if isinstance(module, nn.Embedding) and module.scale_grad_by_freq:

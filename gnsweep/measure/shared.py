@@ -34,6 +34,24 @@ def is_conv1d(module: nn.Module) -> bool:
             and weight.dim() == 2 and weight.shape[1] == getattr(module, "nf", None))
 
 
+_STOCK = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
+
+
+def own_forward(module: nn.Module) -> bool:
+    """Whether a subclass of a torch layer computes its output its own way: it overrides
+    `forward` (or a convolution's `_conv_forward`), as weight standardisation, a scaled weight,
+    LoRA or padding inside the forward do. Per-example norms from the layer's input and output
+    gradient assume the stock computation, so for such a layer they would be wrong."""
+    for kind in _STOCK:
+        if isinstance(module, kind):
+            cls = type(module)
+            if cls.forward is not kind.forward:
+                return True
+            stock = getattr(kind, "_conv_forward", None)
+            return stock is not None and getattr(cls, "_conv_forward", None) is not stock
+    return False
+
+
 def linear_like(module: nn.Module) -> bool:
     """`nn.Linear` or a `Conv1D`: the same per-example norms (a transposed weight has the same
     norm)."""
@@ -52,10 +70,12 @@ class _Use:
 
 
 def _kind_ok(module: nn.Module) -> bool:
+    if own_forward(module):
+        return False
     if isinstance(module, nn.Embedding):
         return not module.scale_grad_by_freq and not module.sparse
     own = {name for name, _ in module.named_parameters(recurse=False)}
-    return linear_like(module) and own <= {"weight", "bias"}
+    return linear_like(module) and own <= {"weight", "bias"} and not own_forward(module)
 
 
 class Tied:
