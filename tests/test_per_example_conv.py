@@ -230,10 +230,15 @@ def _small(variant: str) -> tuple[nn.Module, torch.Tensor]:
 
 
 @pytest.mark.parametrize("variant", ["no_bias", "frozen_bias", "frozen_weight", "channels_last",
-                                     "conv1d", "input_grad"])
-def test_measured_conv_gradients_and_norms(variant: str) -> None:
+                                     "conv1d", "input_grad", "memory_chunks"])
+def test_measured_conv_gradients_and_norms(variant: str, monkeypatch) -> None:
     """Gradients of a measured step (the convs' weights as sums of per-example gradients)
-    against a float64 copy, the input's gradient too; the norms against brute force."""
+    against a float64 copy, the input's gradient too; the norms against brute force. With
+    `memory_chunks` the per-example gradients are held 2 examples at a time (GRADIENT_BYTES)."""
+    if variant == "memory_chunks":
+        from gnsweep.measure import per_example
+
+        monkeypatch.setattr(per_example, "GRADIENT_BYTES", 2 * 4 * 8 * 3 * 3 * 3)
     model, x = _small(variant)
     y = torch.randn(len(x), 2, generator=torch.Generator().manual_seed(1))
     expected = _brute_force(model, x, y)

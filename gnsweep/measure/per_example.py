@@ -400,6 +400,10 @@ def patches_are_cheaper(channels: int, groups: int, taps: int, positions: int, d
 PATCH_BYTES = 16 << 20
 """Most bytes of patches `_conv_sq` copies at once (a 7x7 stem on 224x224 RGB images has 7 MB
 of patches per example)."""
+GRADIENT_BYTES = 256 << 20
+"""Most bytes of explicit per-example conv weight gradients held at once, on any device (a
+128 -> 128 3x3 conv has 0.6 MB of them per example): on measured steps they are the training
+gradient's path too, so a large batch must not run out of memory there only."""
 
 
 def _conv_per_example_grad(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: torch.Tensor
@@ -485,6 +489,7 @@ def _conv_weight_by_examples(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: 
     channels = module.in_channels // groups
     by_patches = patches_are_cheaper(channels, groups, taps, positions, x.device.type)
     chunk = CONV_CHUNK if x.device.type == "cpu" else max(n, 1)
+    chunk = min(chunk, max(1, GRADIENT_BYTES // (x.element_size() * module.weight.numel())))
     if by_patches:
         per_example = x.element_size() * taps * module.in_channels * positions
         chunk = min(chunk, max(1, PATCH_BYTES // per_example))
