@@ -140,6 +140,9 @@ def test_sequence_layers_switch_by_tokens_and_convolutions_by_examples():
         "microbatch"
     assert cheaper_method(["Embedding"], SEQUENCE_MICROBATCH_TOKENS // 96 - 1, False, 96)[0] \
         == "per_example"
+    # A conv front-end under a transformer (speech): either rule switches it.
+    assert cheaper_method(["Conv1d", "Linear"], 64, False, 1500)[0] == "microbatch"
+    assert cheaper_method(["Conv1d", "Linear"], 16, False, 12)[0] == "per_example"
 
 
 def test_the_monitor_counts_the_tokens_of_a_sequence_model():

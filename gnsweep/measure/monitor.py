@@ -740,28 +740,32 @@ def _measured(model: nn.Module, parameters: Iterable[nn.Parameter] | None
     return [p for p in trainable if id(p) in ids]
 
 
-def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int = 1
+def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int
                    ) -> tuple[str, str]:
     """(per_example or microbatch, why) for a model both measure right: micro-batches where
     per-example norms need them anyway (`rest`: layers without per-example norms; the hooks
     then only add), or where some layer's per-example norm needs per-position work
-    (`positional`: its kinds) and the batch is at least `MICROBATCH_FROM` examples (with
-    convolutions) or `SEQUENCE_MICROBATCH_TOKENS` tokens (sequence layers only: batch x
-    `positions`, the most positions per example); else per-example norms."""
+    (`positional`: its kinds) and the batch is large enough for micro-batches to cost less: at
+    least `MICROBATCH_FROM` examples with convolutions, or at least `SEQUENCE_MICROBATCH_TOKENS`
+    tokens (batch x `positions`, the most positions per example of a sequence layer) with
+    sequence layers; else per-example norms."""
     if rest:
         return "microbatch", "layers without per-example norms need micro-batches anyway"
     if not positional:
         return "per_example", "no layer needs per-position work for its per-example norms"
     kinds = ", ".join(positional)
+    sizes = []  # (unit, size, where micro-batches start to cost less)
     if set(positional) & set(CONVOLUTIONS):
-        size, start, unit = batch, MICROBATCH_FROM, "batch"
-    else:
-        size, start, unit = batch * max(positions, 1), SEQUENCE_MICROBATCH_TOKENS, "tokens"
-    if size >= start:
-        return "microbatch", (f"{kinds} need per-position work for per-example norms, and at "
-                              f"{unit} {size} >= {start} micro-batches cost less")
+        sizes.append(("batch", batch, MICROBATCH_FROM))
+    if set(positional) - set(CONVOLUTIONS):
+        sizes.append(("tokens", batch * max(positions, 1), SEQUENCE_MICROBATCH_TOKENS))
+    for unit, size, start in sizes:
+        if size >= start:
+            return "microbatch", (f"{kinds} need per-position work for per-example norms, and "
+                                  f"at {unit} {size} >= {start} micro-batches cost less")
+    said = ", ".join(f"{unit} {size} < {start}" for unit, size, start in sizes)
     return "per_example", (f"{kinds} need per-position work for per-example norms, but at "
-                           f"{unit} {size} < {start} they cost less than micro-batches")
+                           f"{said} they cost less than micro-batches")
 
 
 def _now(device: torch.device) -> float:
