@@ -60,6 +60,9 @@ def test_the_plan_gives_each_slot_its_environment_and_says_when_gpus_are_shared_
     idle, note = plan(["0", "1", "2", "3"], 1, 2, what="torchrun job", setting="auto")
     assert idle.env(0) == {VISIBLE: "0,1"}
     assert note is not None and "uses 2 of the 4 GPUs" in note and "workers=2" in note
+    # 3 GPUs a job on 4: a second job would share, not fill them, so none is suggested.
+    _, note = plan(["0", "1", "2", "3"], 1, 3, what="torchrun job", setting="auto")
+    assert note is not None and "uses 3 of the 4 GPUs" in note and "workers=" not in note
     assert plan(["0", "1"], 2, 1, what="worker", setting="auto")[1] is None  # one each
     hidden, _ = plan([], 2, 1, what="worker", setting="none")
     assert hidden.env(1) == {VISIBLE: ""}  # none: the workers see no GPU

@@ -19,6 +19,7 @@ them together for one launch.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import subprocess
 import sys
@@ -100,10 +101,13 @@ def launcher_gpus(setting: str, environ: Mapping[str, str] | None = None,
     return wanted
 
 
+@functools.cache
 def count_gpus() -> int:
-    """The machine's GPUs, counted without initialising CUDA in this process: NVML, else (torch
-    built with CUDA, NVML unusable) `torch.cuda.device_count()` in a child process; 0 on a
-    machine without an NVIDIA driver or a CPU-only torch."""
+    """The machine's GPUs, counted once a process without initialising CUDA in it: NVML, else
+    (torch built with CUDA, NVML unusable) `torch.cuda.device_count()` in a child process; 0
+    on a machine without an NVIDIA driver (no child started) or with a CPU-only torch."""
+    if not any(os.path.exists(p) for p in _DRIVER):
+        return 0
     found = _nvml_count()
     if found is not None:
         return found
@@ -121,6 +125,10 @@ def count_gpus() -> int:
         return 0
 
 
+_DRIVER = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/nvidia0")
+"""What an NVIDIA driver leaves on a Linux machine."""
+
+
 def _nvml_count() -> int | None:
     """Every NVIDIA GPU of the machine (CUDA_VISIBLE_DEVICES ignored) by NVML; None when
     NVML is absent or fails."""
@@ -131,12 +139,16 @@ def _nvml_count() -> int | None:
     try:
         if nvml.nvmlInit_v2() != 0:
             return None
-        found = ctypes.c_uint(0)
-        ok = nvml.nvmlDeviceGetCount_v2(ctypes.byref(found)) == 0
-        nvml.nvmlShutdown()
-        return int(found.value) if ok else None
     except AttributeError:  # an NVML too old for these entry points
         return None
+    try:
+        found = ctypes.c_uint(0)
+        ok = nvml.nvmlDeviceGetCount_v2(ctypes.byref(found)) == 0
+        return int(found.value) if ok else None
+    except AttributeError:
+        return None
+    finally:
+        nvml.nvmlShutdown()
 
 
 def plan(gpus: list[str] | None, slots: int, per_slot: int, *, what: str,
@@ -164,8 +176,8 @@ def plan(gpus: list[str] | None, slots: int, per_slot: int, *, what: str,
         note = (f"gnsweep: {slots} {what} share {len(gpus)} GPUs ({','.join(gpus)}), "
                 f"round-robin: up to {-(-used // len(gpus))} processes on one GPU")
     elif used < len(gpus):
-        enough = -(-len(gpus) // per_slot)
         note = (f"gnsweep: {slots} {what} {'use' if slots != 1 else 'uses'} {used} of the "
-                f"{len(gpus)} GPUs "
-                f"({','.join(gpus)}); executor.workers={enough} would use them all")
+                f"{len(gpus)} GPUs ({','.join(gpus)})")
+        if len(gpus) % per_slot == 0:  # else more workers would share GPUs, not fill them
+            note += f"; executor.workers={len(gpus) // per_slot} would use them all"
     return GpuPlan(shares), note
