@@ -6,16 +6,17 @@ gradients, a convolution's per-example gradients). glibc's malloc hands blocks o
 threshold (128 KiB at first, at most 32 MiB) to the kernel with mmap, and gives back the top of
 its heap once more than twice that is free there: so a step's temporaries come back as fresh
 pages that the kernel zero-fills on first touch, every step. On the bench's CNN at batch 512 a
-plain step goes 29-33 ms -> 22-25 ms with the settings below, at batch 128 6-7 -> 5.7 ms, and
+plain step goes 29-33 ms -> 20-25 ms with the settings below, at batch 128 6-7 -> 5.7 ms, and
 the step time no longer depends on where the adaptive threshold happened to settle in that
 process (the same bench moved by 25% from one process to the next). A small MLP or GPT-2
 step, whose temporaries are small, is unchanged.
 
-`tune()` keeps blocks up to `MMAP_THRESHOLD` on the heap and at most `TRIM_THRESHOLD` of free
-memory at its top, so a worker holds up to that much more than it uses (what PyTorch's own CUDA
-caching allocator does on a GPU). It leaves malloc alone where the user chose: any MALLOC_*_
-setting of glibc's in the environment, an allocator preloaded (jemalloc, tcmalloc, mimalloc),
-or `GNSWEEP_MALLOC=default`; and off glibc (macOS, musl).
+`tune()` keeps blocks up to `MMAP_THRESHOLD` on the heap and up to `TRIM_THRESHOLD` of free
+memory at its top, so a worker holds more than it uses: that much at the top, and freed blocks
+below it (what PyTorch's own CUDA caching allocator does on a GPU). It leaves malloc alone where
+the user chose: glibc's MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_ or
+MALLOC_MMAP_MAX_ in the environment, `glibc.malloc.*` in GLIBC_TUNABLES, an allocator preloaded
+(jemalloc, tcmalloc, mimalloc), or `GNSWEEP_MALLOC=default`; and off glibc (macOS, musl).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ TRIM_THRESHOLD = 64 << 20
 """Free memory at the heap's top is given back to the kernel past this much."""
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
-                  "MALLOC_MMAP_MAX_", "GLIBC_TUNABLES")
+                  "MALLOC_MMAP_MAX_")
+"""glibc's own variables for what `tune()` sets (also `glibc.malloc.*` in GLIBC_TUNABLES)."""
 _PRELOADED = ("jemalloc", "tcmalloc", "mimalloc")
 _tuned = False
 
@@ -45,6 +47,8 @@ def why_untouched() -> str | None:
     chosen = [name for name in _USER_SETTINGS if name in os.environ]
     if chosen:
         return f"{chosen[0]} is set"
+    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+        return "GLIBC_TUNABLES sets glibc.malloc"
     preload = os.environ.get("LD_PRELOAD", "")
     if any(name in preload for name in _PRELOADED):
         return "an allocator is preloaded (LD_PRELOAD)"

@@ -58,7 +58,7 @@ def test_tuned_malloc_keeps_a_steps_temporaries_on_the_heap():
 @pytest.mark.parametrize(("env", "reason"), [
     ({"GNSWEEP_MALLOC": "default"}, "GNSWEEP_MALLOC=default"),
     ({"MALLOC_TRIM_THRESHOLD_": "131072"}, "MALLOC_TRIM_THRESHOLD_ is set"),
-    ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, "GLIBC_TUNABLES is set"),
+    ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, "GLIBC_TUNABLES sets glibc.malloc"),
     ({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}, "an allocator is preloaded (LD_PRELOAD)")])
 def test_a_users_own_malloc_choice_is_left_alone(monkeypatch, env, reason):
     for name in ("MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD", allocator.ENV):
@@ -67,3 +67,11 @@ def test_a_users_own_malloc_choice_is_left_alone(monkeypatch, env, reason):
         monkeypatch.setenv(name, value)
     assert allocator.why_untouched() == reason
     assert not allocator.tune()
+
+
+def test_tunables_of_other_parts_of_glibc_do_not_stop_it(monkeypatch):
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0")  # set by some container images
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+                 "MALLOC_MMAP_MAX_", "LD_PRELOAD", allocator.ENV):
+        monkeypatch.delenv(name, raising=False)
+    assert allocator.why_untouched() in (None, "not glibc")
