@@ -50,21 +50,22 @@ def parse_points(text: str) -> list[int]:
     return sorted(set(points))
 
 
-def kept_checkpoints(run_dir: Path) -> dict[int, Path]:
+def kept_checkpoints(run_dir: Path) -> tuple[dict[int, Path], dict[int, tuple[int, Path]]]:
     """The checkpoints a run kept (`train.keep_checkpoints_at`, `train.keep_checkpoints=log`;
-    while it trains also its latest), by the examples it had seen at each."""
-    from gnsweep.training.checkpoint import kept
+    while it trains also its latest): by the examples it had seen at each, and by the
+    `keep_checkpoints_at` point each was taken for ((examples, path))."""
+    from gnsweep.training.checkpoint import kept, taken_for
 
-    return dict(kept(run_dir))
+    return dict(kept(run_dir)), taken_for(run_dir)
 
 
-def checkpoint_at_or_before(run_dir: Path, at: int, kept: dict[int, Path],
-                            taken_for: dict[int, tuple[int, Path]] | None = None
-                            ) -> tuple[int, Path]:
-    """The checkpoint taken for `at` (`taken_for`: by the `keep_checkpoints_at` point asked,
-    at the first step boundary at or past it), else the kept checkpoint with the most examples
-    not above `at`; ConfigError (one line, exit 2) when the run kept none that early."""
-    if taken_for and at in taken_for:
+def branch_checkpoint(run_dir: Path, at: int, kept: dict[int, Path],
+                      taken_for: dict[int, tuple[int, Path]]) -> tuple[int, Path]:
+    """(examples, path) of the checkpoint to branch from at `at` examples: the one taken for
+    `at` (`keep_checkpoints_at=[at]`: at the first step boundary at or past it), else the kept
+    one with the most examples not above `at`; ConfigError (one line, exit 2) when the run kept
+    none that early."""
+    if at in taken_for:
         return taken_for[at]
     usable = [n for n in kept if n <= at]
     if not usable:
@@ -172,10 +173,8 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
     config = branch_config(base, overrides)
     metric_task = config.task.metric != "loss"
     loss = "metric" if metric_task else config.analysis.loss
-    from gnsweep.training.checkpoint import taken_for
-
-    kept, asked = kept_checkpoints(base_run), taken_for(base_run)
-    chosen = sorted({checkpoint_at_or_before(base_run, n, kept, asked) for n in at})
+    kept, asked = kept_checkpoints(base_run)
+    chosen = sorted({branch_checkpoint(base_run, n, kept, asked) for n in at})
     points = []
     for examples, path in chosen:
         source = read_checkpoint(path)

@@ -235,16 +235,16 @@ def test_a_checkpoint_kept_between_boundaries_is_found_for_the_point_asked(tmp_p
     # 16 examples a step: keep_checkpoints_at=[70, 150] are taken at the first boundaries past
     # them, 80 and 160 examples; a branch at 70 takes the one taken for 70, not "none at or
     # before 70", and a point nobody asked for still takes the kept one at or before it.
-    from gnsweep.branching import checkpoint_at_or_before, kept_checkpoints
+    from gnsweep.branching import branch_checkpoint, kept_checkpoints
 
     path = _folder(tmp_path)
     train(_config(checkpoint_every=0, keep_checkpoints_at=[70, 150]), SPEC, path)
-    asked = taken_for(path)
-    assert {point: examples for point, (examples, _) in asked.items()} == {70: 80, 150: 160}
-    kept_by_examples = kept_checkpoints(path)
-    assert checkpoint_at_or_before(path, 70, kept_by_examples, asked)[0] == 80
-    assert checkpoint_at_or_before(path, 150, kept_by_examples, asked)[0] == 160
-    assert checkpoint_at_or_before(path, 100, kept_by_examples, asked)[0] == 80
+    assert {point: examples for point, (examples, _) in taken_for(path).items()} == \
+        {70: 80, 150: 160}
+    kept_by_examples, asked = kept_checkpoints(path)
+    assert branch_checkpoint(path, 70, kept_by_examples, asked)[0] == 80
+    assert branch_checkpoint(path, 150, kept_by_examples, asked)[0] == 160
+    assert branch_checkpoint(path, 100, kept_by_examples, asked)[0] == 80
 
 
 def test_a_stopped_state_is_not_run_again_with_its_monitor_closed(tmp_path):

@@ -453,7 +453,7 @@ def _conv_sq(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: torch.Tensor, we
         return total if total is not None else d.new_zeros(())
     taps = math.prod(module.kernel_size)
     positions = math.prod(d.shape[2:])
-    if _explicit(module, positions):
+    if _explicit_is_cheaper(module, positions):
         weight_sq, _ = _conv_weight_by_examples(module, x, d, False)
         return weight_sq if total is None else total + weight_sq
     d = d.reshape(n, d.shape[1], -1)  # (B, out, L)
@@ -469,7 +469,7 @@ def _conv_sq(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: torch.Tensor, we
     return gram if total is None else total + gram
 
 
-def _explicit(module: nn.Conv1d | nn.Conv2d, positions: int) -> bool:
+def _explicit_is_cheaper(module: nn.Conv1d | nn.Conv2d, positions: int) -> bool:
     """Whether this conv's per-example weight-gradient norms come from the explicit per-example
     gradients (`gram_is_cheaper` false at `positions` output positions)."""
     groups = module.groups
@@ -539,7 +539,7 @@ def _fusable(module: nn.Conv1d | nn.Conv2d, a: torch.Tensor, output: torch.Tenso
     bias = module._parameters.get("bias")
     if bias is not None and (type(bias) is not nn.Parameter or bias.dtype != weight.dtype):
         return False
-    return _explicit(module, math.prod(output.shape[2:]))
+    return _explicit_is_cheaper(module, math.prod(output.shape[2:]))
 
 
 _FULL = (torch.float32, torch.float64)
