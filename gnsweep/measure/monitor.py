@@ -71,11 +71,11 @@ from gnsweep.noise import (
 METHODS = ("per_example", "microbatch", "ddp", "fsdp")
 
 MICROBATCH_FROM = 192
-"""`timed_auto`: from this batch on, a model whose per-example norms need per-position work
-(convolutions, sequences) is measured with micro-batches. On the bench's CNN (`gnsweep bench
+"""`timed_auto`: from this batch on, a model with convolutions is measured with micro-batches
+(`cheaper_method`). On the bench's CNN (`gnsweep bench
 noise`'s steps side by side, 4 micro-batches, one CPU thread, glibc malloc as in gnsweep's
 workers: `gnsweep.allocator`) conv per-example norms cost 1.35-1.45x the plain step from batch
-32 to 256 (the weight gradient taken as the sum of the per-example ones, by a grouped kernel
+32 to 512 (the weight gradient taken as the sum of the per-example ones, by a grouped kernel
 slower per example than the batch's, plus the hooks' fixed cost), while micro-batches cost 2.2x
 at batch 32, 2.0x at 48, 1.8x at 64, 1.55x at 96, 1.4x at 128 (a tie: per-example norms kept,
 their |G_small|^2 averages B squared norms, the micro-batches' only 4), 1.25x at 192, 1.2x at
@@ -83,8 +83,8 @@ their |G_small|^2 averages B squared norms, the micro-batches' only 4), 1.25x at
 own settings the plain step pays page faults for its large temporaries that micro-batches,
 smaller, avoid: there micro-batches looked cheaper from 64 on (0.8x at 512)."""
 SEQUENCE_MICROBATCH_TOKENS = 3072
-"""`timed_auto`: the same for a model whose per-position work is in sequence layers only
-(Linear, transformers' Conv1D, Embedding over positions), from this many tokens a batch (batch
+"""`timed_auto`: the same for a model with sequence layers (Linear, transformers' Conv1D,
+Embedding over positions), from this many tokens a batch (batch
 x positions per example): the crossover is a number of tokens, not of examples. On the bench's
 GPT-2 (interleaved thread time, 4 micro-batches against the plain unsplit step) at 12 tokens
 per-example norms cost 1.45x the plain step at batch 32 and 1.35x at 128 against 2.4x and
