@@ -188,7 +188,8 @@ class NoiseScaleMonitor:
         self._rank: RankGrads | None = None
         self._fsdp: FsdpGrads | None = None
         # auto: the method right for this model and launch; a method wrong for it is refused.
-        requested = method
+        requested = self.requested = method
+        self._switched = False  # auto moved to micro-batches for unattributable layers
         method = choose_method(model, method, distributed=self._distributed(model))
         if method == "ddp":
             method = self._setup_ddp(model)
@@ -345,9 +346,48 @@ class NoiseScaleMonitor:
             seconds = _now(self.params[0].device) - self._started - self._hessian_seconds
             self._timed(seconds)
         self._started, self._hessian_seconds = None, 0.0
-        if self.timed and self.choice is None and measuring and self._per_example is not None:
+        if measuring and self._per_example is not None and self._per_example.unattributed:
+            self._unattributable(steps_examples)
+        elif self.timed and self.choice is None and measuring and self._per_example is not None:
             self._choose(steps_examples)
         return self.estimate
+
+    def _unattributable(self, batch: int) -> None:
+        """Per-example norms met a layer whose gradient they cannot attribute to examples
+        (`PerExample.unattributed`: an input without the batch dimension). `auto` measures
+        with micro-batches from the next step on, said once; an explicit `per_example` is
+        refused, a ValueError saying why."""
+        assert self._per_example is not None
+        layers = ", ".join(f"{name} ({seen})"
+                           for name, seen in self._per_example.unattributed.items())
+        reason = (f"per-example norms cannot attribute the gradient of {layers} to examples: "
+                  "its input has no batch dimension (positions such as wpe(torch.arange(T)) "
+                  "broadcast over the batch), so its gradient arrives summed over the batch")
+        if self.requested != "auto":
+            raise ValueError(f"noise scale: method={self.requested!r}: {reason}; use "
+                             "method='auto' or 'microbatch'")
+        choice = {"method": "microbatch", "reason": reason, "batch": batch,
+                  "step_seconds": None}
+        if self.timed:
+            self._commit(choice)
+            self._timing = []  # said once timed (`_timed`)
+            return
+        self._switch_to_microbatches(choice)
+        say_once("auto unattributed", f"noise scale: method auto measures with micro-batches "
+                 f"from the next step on ({reason}); micro-batches need gradient accumulation: "
+                 ">= 2 micro-batches a step, monitor.accumulate() after each "
+                 "(gradient_accumulation_steps >= 2 with Hugging Face's Trainer, "
+                 "accumulate_grad_batches >= 2 with Lightning)", per_launch=True)
+
+    def _switch_to_microbatches(self, choice: dict[str, Any]) -> None:
+        """Without `timed_auto`: drop the per-example hooks, measure with micro-batches."""
+        assert self._per_example is not None
+        for handle in self._per_example.handles:
+            handle.remove()
+        self._handles = [h for h in self._handles if h not in self._per_example.handles]
+        self._per_example, self._increments = None, Increments(self.params)
+        self.method, self._switched = "microbatch", True
+        self.choice = dict(choice)
 
     @property
     def timed(self) -> bool:
@@ -429,6 +469,9 @@ class NoiseScaleMonitor:
             self._commit(state["choice"])
             timing = state.get("timing")
             self._timing = None if timing is None else list(timing)
+        elif state.get("choice") is not None and state["method"] == "microbatch" \
+                and self.method == "per_example" and self.requested == "auto":
+            self._switch_to_microbatches(state["choice"])  # switched before the save
         if state["method"] != self.method:
             raise ValueError(f"monitor state of method {state['method']}, this monitor "
                              f"measures with {self.method}")
@@ -527,9 +570,16 @@ class NoiseScaleMonitor:
                 complete = False  # a step it had to skip (a layer used twice): no estimate
         if self._increments is not None and plain:
             # Micro-batch increments and their sum were both read during backward: scaled.
-            part = self._increments.measure(self.method == "microbatch")
+            part = self._increments.measure(self.method == "microbatch" and not self._switched)
             if part is not None:
                 parts.append(_unscale(part, small_scale, small_scale))
+            elif self._switched:
+                self.warn_once("switched", "noise scale: method auto needs micro-batches for "
+                               "this model and this step had one: B_simple is not measured "
+                               "(NaN) until >= 2 micro-batches a step are back-propagated, "
+                               "monitor.accumulate() after each (gradient_accumulation_steps "
+                               ">= 2 with Hugging Face's Trainer, accumulate_grad_batches >= 2 "
+                               "with Lightning)")
             elif self.method == "per_example":
                 complete = False
                 self.warn_once("fallback", "noise scale: layers without per-example norms "
