@@ -122,7 +122,7 @@ def launch(
     Example: gnsweep launch task=digits sweep.batch_sizes=[16,64,256] sweep.learning_rates=[0.1,0.3]
     """
     from gnsweep.config import compose
-    from gnsweep.sweep import expand_grid, resolve_adaptive_lr
+    from gnsweep.sweep import expand_grid, resolve_adaptive_lr, unmeasured_runs
     from gnsweep.sweep import launch as run_sweep
 
     overrides = list(overrides or [])
@@ -150,7 +150,8 @@ def launch(
 
     # Before the sweep folder is written: a task that cannot train is refused here (exit 2).
     # A custom task's unit is recorded in the folder's config for the analysis.
-    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
+    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
+                      config.noise.method)
     config = dataclasses.replace(config, task=config.task.with_unit(unit))
     typer.echo(_grid_line(config, specs, sweep_dir))  # the grid that runs, before it runs
     summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)
@@ -163,6 +164,10 @@ def launch(
     if summary.failed:
         typer.echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
                    f"{', '.join(summary.failed)}", err=True)
+    # A noise scale missing on most of a run is said loudly (the runs still count: exit 0).
+    unmeasured = unmeasured_runs(sweep_dir, [spec.run_id for spec in specs])
+    if unmeasured:
+        typer.echo(unmeasured, err=True)
     if summary.done or summary.diverged or not summary.failed:  # not when every run failed
         typer.echo(f"next: gnsweep analyze {sweep_dir}")
     if summary.failed:
@@ -214,7 +219,8 @@ def plan(
     from gnsweep.tasks.check import check_task
 
     # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
-    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
+    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
+                      config.noise.method)
     config = dataclasses.replace(config, task=config.task.with_unit(unit))
     sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
     summary = run_plan(config, sweep_dir, show_progress=not quiet, echo=typer.echo)
@@ -252,6 +258,7 @@ def branch(
     """
     from gnsweep.branching import branch as run_branch
     from gnsweep.branching import parse_points
+    from gnsweep.sweep import unmeasured_runs
 
     overrides = list(overrides or [])
     if workers is not None:
@@ -262,6 +269,9 @@ def branch(
     if summary.failed:
         typer.echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
                    f"{', '.join(summary.failed)}", err=True)
+    unmeasured = unmeasured_runs(sweep_dir)
+    if unmeasured:
+        typer.echo(unmeasured, err=True)
         raise typer.Exit(1)
     typer.echo(f"next: gnsweep analyze {sweep_dir}")
 
@@ -281,6 +291,7 @@ def status(
     """
     from collections import Counter
 
+    from gnsweep.runs import unmeasured_line
     from gnsweep.sweep import sweep_status
 
     rows = sweep_status(sweep_dir)
@@ -297,6 +308,10 @@ def status(
     requeued = sum(r["requeues"] for r in rows)
     typer.echo(f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
                + (f"; Slurm requeued runs {requeued} times" if requeued else ""))
+    unmeasured = unmeasured_line({r["run_id"]: r["b_simple_nan_share"] for r in rows
+                                  if r["state"] in ("done", "diverged")})
+    if unmeasured:
+        typer.echo(unmeasured)
 
 
 def _progress_of(row: dict[str, Any]) -> str:

@@ -282,6 +282,13 @@ class NoiseScaleMonitor:
                                                   and self._fsdp.world == 1)
 
     @property
+    def unattributed(self) -> dict[str, str]:
+        """Layers whose gradient per-example norms cannot attribute to examples, met so far on
+        measured steps (name -> what was seen; `PerExample.unattributed`): an input without
+        the batch dimension. Empty when none, or when per-example norms are not in use."""
+        return dict(self._per_example.unattributed) if self._per_example is not None else {}
+
+    @property
     def b_simple(self) -> float:
         return self.estimate.b_simple if self.estimate is not None else math.nan
 

@@ -22,10 +22,14 @@ from gnsweep.tasks import CUSTOM, TARGET, Task, examples_of, make_task
 from gnsweep.training.data import as_dataset
 
 
-def check_task(name: str, options: dict[str, Any], seed: int = 0) -> str | None:
+def check_task(name: str, options: dict[str, Any], seed: int = 0,
+               noise_method: str = "auto") -> str | None:
     """Build the task, draw a batch of 2 and back-propagate its loss once; ConfigError if any
     part of the protocol (docs/tasks.md) fails. Returns the unit the task object declares
-    (its `unit` attribute: what its batch sizes count, e.g. "tokens"), or None."""
+    (its `unit` attribute: what its batch sizes count, e.g. "tokens"), or None.
+    `noise_method="per_example"` (asked for explicitly): refused where per-example norms
+    cannot measure this model (a layer whose input has no batch dimension, batch
+    statistics), as a run would fail on its first step."""
     label = f"task {options.get(TARGET)}" if name == CUSTOM else f"task {name}"
     task: Task = _call(label, "building it", lambda: make_task(name, options, seed))
     for method in ("model", "loss"):
@@ -65,6 +69,8 @@ def check_task(name: str, options: dict[str, Any], seed: int = 0) -> str | None:
         raise ConfigError(f"{label}: examples(batch) is {count} for a batch of 2; must be >= 1")
     if hasattr(task, "noise_parameters"):
         _check_noise_parameters(label, task, model, params)
+    if noise_method == "per_example":
+        _check_per_example(label, task, model, batch)
     unit = getattr(task, "unit", None)
     if unit is not None and (not isinstance(unit, str) or not unit.strip()):
         raise ConfigError(f"{label}: its unit is {unit!r}; give a word naming what a batch "
@@ -110,6 +116,32 @@ def _check_noise_parameters(label: str, task: Any, model: nn.Module,
                           f"{len(chosen)} items that are not trainable parameters of the model "
                           "it is given; return parameters of that model (e.g. "
                           "model.actor.parameters())")
+
+
+def _check_per_example(label: str, task: Any, model: nn.Module, batch: Any) -> None:
+    """noise.method=per_example can measure this model: one more backward of the batch of 2
+    under a per-example monitor, whose hooks see every layer's input."""
+    from gnsweep.measure import NoiseScaleMonitor
+
+    parameters = list(task.noise_parameters(model)) if hasattr(task, "noise_parameters") \
+        else None
+    try:
+        monitor = NoiseScaleMonitor(model, "per_example", parameters=parameters)
+    except ValueError as err:
+        raise ConfigError(f"{label}: noise.method=per_example: {err}") from None
+    try:
+        model.zero_grad(set_to_none=True)
+        task.loss(model, batch).backward()
+        unattributed = monitor.unattributed
+    finally:
+        monitor.close()
+        model.zero_grad(set_to_none=True)
+    if unattributed:
+        layers = ", ".join(f"{name} ({seen})" for name, seen in unattributed.items())
+        raise ConfigError(f"{label}: noise.method=per_example cannot attribute the gradient of "
+                          f"{layers} to examples (an input without the batch dimension, such "
+                          "as positions wpe(torch.arange(T)) broadcast over the batch); use "
+                          "noise.method=auto (micro-batches for such a model) or microbatch")
 
 
 def _call(label: str, what: str, function: Callable[[], Any]) -> Any:

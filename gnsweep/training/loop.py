@@ -35,7 +35,7 @@ from gnsweep.config import Config
 from gnsweep.errors import StopRequested
 from gnsweep.measure.probe import overrun_steps
 from gnsweep.noise import NoiseEstimate
-from gnsweep.runs import RunSpec
+from gnsweep.runs import RunSpec, unmeasured_share
 from gnsweep.schedule import Progress
 from gnsweep.tasks import Task, examples_of
 from gnsweep.tasks.protocol import first_dim
@@ -63,8 +63,11 @@ class RunResult:
     final_loss: float
     train_seconds: float
     noise_method: dict[str, Any] | None = None
-    """noise.method=auto's choice and the measured step time of each candidate, in seconds
-    (`NoiseScaleMonitor.choice`); None where nothing was chosen by cost."""
+    """The method the noise scale was measured with: {"method", "reason", ...}; for
+    noise.method=auto its choice and the measured step time, in seconds
+    (`NoiseScaleMonitor.choice`)."""
+    b_simple_nan_share: float | None = None
+    """The share of the run's logged steps whose B_simple is NaN (`runs.unmeasured_share`)."""
 
 
 def train(config: Config, spec: RunSpec, out_dir: Path | None,
@@ -222,8 +225,11 @@ def run(state: TrainState, out_dir: Path | None = None,
         store.end_metrics(out_dir, state.rows)
     if checkpoints is not None:
         checkpoints.finish()
+    monitor = state.monitor
+    method = monitor.choice or {"method": monitor.method,
+                                "reason": f"noise.method={config.noise.method}"}
     return RunResult(outcome, state.step, reason, state.loss, time.perf_counter() - start,
-                     state.monitor.choice)
+                     method, unmeasured_share(list(state.rows["b_simple"])))
 
 
 def make_checkpointer(config: Config, run_dir: Path | None) -> Checkpointer:
