@@ -1,0 +1,107 @@
+"""A nanoGPT-style LM (tests/lm_task.py: positions as `wpe(torch.arange(T))`, tied embeddings, B
+in tokens) with gnsweep's defaults: the noise scale is measured on nearly every step, the
+method used is recorded, and a run whose B_simple is missing is said, never passed in silence."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import lm_task
+from gnsweep.cli import app
+from gnsweep.measure import NoiseScaleMonitor, measure_noise_scale
+
+runner = CliRunner()
+LM = ["task=custom", "task._target_=lm_task.make", "sweep.learning_rates=[0.003]",
+      "sweep.targets=[1.6,1.4]", "train.optimizer=adam"]
+
+
+def _status(run_dir) -> dict:
+    return json.loads((run_dir / "status.json").read_text())
+
+
+def test_auto_measures_the_lm_with_broadcast_positions(tmp_path):
+    # B=4 sequences: the positions' output (16, 32) lacks the batch (NaN on every step before);
+    # B=16 = T: shapes alone took positions for examples (wrong numbers before).
+    import pandas as pd
+
+    result = runner.invoke(app, ["launch", "-q", *LM, "sweep.batch_sizes=[4,16]",
+                                 "sweep.max_steps=30", "--sweep-dir", str(tmp_path / "lm")])
+    assert result.exit_code == 0, result.output
+    assert "B_simple is NaN" not in result.output
+    for run in ("b00004_lr0.003_s0", "b00016_lr0.003_s0"):
+        run_dir = tmp_path / "lm" / "runs" / run
+        b_simple = pd.read_parquet(run_dir / "metrics.parquet")["b_simple"].to_numpy()
+        finite = sum(math.isfinite(v) for v in b_simple) / len(b_simple)
+        assert finite >= 0.9, (run, finite)
+        status = _status(run_dir)
+        assert status["noise_method"]["method"] == "microbatch"
+        assert "wpe" in status["noise_method"]["reason"]
+        assert status["b_simple_nan_share"] <= 0.1
+
+
+def test_explicit_per_example_is_refused_at_launch(tmp_path):
+    result = runner.invoke(app, ["launch", *LM, "sweep.batch_sizes=[4]", "sweep.max_steps=5",
+                                 "noise.method=per_example", "--sweep-dir", str(tmp_path / "x")])
+    assert result.exit_code == 2
+    assert "noise.method=per_example cannot attribute the gradient of wpe" in result.output
+    assert not (tmp_path / "x").exists()
+
+
+def _one_step(monitor: NoiseScaleMonitor, task, model, batch, pieces: int) -> None:
+    model.zero_grad(set_to_none=True)
+    for part in batch.chunk(pieces):
+        (task.loss(model, part) * (len(part) / len(batch))).backward()
+        monitor.accumulate()
+    monitor.step()
+
+
+def test_monitor_in_a_plain_loop_switches_and_matches_micro_batches():
+    """Own loop, method auto: the first measured step finds the positions and says micro-batches
+    are needed; from then on (two micro-batches a step) B_simple equals the micro-batch
+    measurement at the same parameters, and explicit per_example raises."""
+    torch.manual_seed(0)
+    task = lm_task.make(0)
+    model = task.model()
+    batches = [task.sample(8, torch.Generator().manual_seed(s)) for s in range(6)]
+    monitor = NoiseScaleMonitor(model, ema_steps=math.inf)
+    assert monitor.method == "per_example"
+    _one_step(monitor, task, model, batches[0], 1)
+    assert monitor.method == "microbatch" and "wpe" in monitor.choice["reason"]
+    for batch in batches[1:]:
+        _one_step(monitor, task, model, batch, 2)
+    expected = measure_noise_scale(model, None, batches[1:], method="microbatch",
+                                   microbatches=2, task_loss=task.loss)
+    assert monitor.b_simple == pytest.approx(expected.b_simple, rel=1e-6)
+
+    explicit = NoiseScaleMonitor(model, "per_example")
+    with pytest.raises(ValueError, match="per-example norms cannot attribute the gradient of wpe"):
+        _one_step(explicit, task, model, batches[0], 1)
+
+
+def test_positions_equal_to_the_batch_are_not_taken_for_examples():
+    """T = B = 16: the positions' output has the batch's length along dim 0."""
+    task = lm_task.make(0)
+    model = task.model()
+    monitor = NoiseScaleMonitor(model, ema_steps=math.inf)
+    _one_step(monitor, task, model, task.sample(16, torch.Generator().manual_seed(0)), 1)
+    assert "wpe" in monitor.choice["reason"] and monitor.method == "microbatch"
+
+
+def test_a_run_without_b_simple_is_said_by_launch_and_status(tmp_path):
+    # One sample a step: no spread to measure, B_simple NaN on every step.
+    sweep = tmp_path / "one"
+    result = runner.invoke(app, ["launch", "-q", "task=custom", "task._target_=protocol_tasks.make",
+                                 "sweep.batch_sizes=[1]", "sweep.learning_rates=[0.1]",
+                                 "sweep.targets=[0.5]", "sweep.max_steps=10",
+                                 "--sweep-dir", str(sweep)])
+    assert result.exit_code == 0, result.output
+    line = "B_simple is NaN on more than 10% of the steps of 1 run(s): b00001_lr0.1_s0 (100%)"
+    assert line in result.output
+    assert _status(sweep / "runs" / "b00001_lr0.1_s0")["b_simple_nan_share"] == 1.0
+    shown = runner.invoke(app, ["status", str(sweep)])
+    assert shown.exit_code == 0 and line in shown.output
