@@ -121,7 +121,7 @@ def launch(
 
     Example: gnsweep launch task=digits sweep.batch_sizes=[16,64,256] sweep.learning_rates=[0.1,0.3]
     """
-    from gnsweep.config import compose
+    from gnsweep.config import budget_lines, compose, in_task_units
     from gnsweep.sweep import expand_grid, resolve_adaptive_lr, unmeasured_runs
     from gnsweep.sweep import launch as run_sweep
 
@@ -137,23 +137,35 @@ def launch(
         config = resolve_along(config, sweep_dir)
     specs = expand_grid(config)
     if dry_run:
+        from collections import Counter
+
         typer.echo(_grid_line(config, specs, sweep_dir))
-        typer.echo(f"{'run_id':<28}{'batch_size':>16}{'learning_rate':>16}{'seed':>6}")
+        typer.echo(f"{'run_id':<28}{'batch_size':>16}{'learning_rate':>16}{'seed':>6}  state")
+        states = _states(sweep_dir, specs)
         for spec in specs:
             # An adaptive run's batch size follows the noise scale, its rate is eps_max (eq. 2.7).
             batch, lr = ((f"adaptive r={spec.exchange_rate:g}", f"eps_max {spec.learning_rate:g}")
                          if spec.adaptive else ("along B_crit", f"eps_max {spec.learning_rate:g}")
                          if spec.along else (str(spec.batch_size), f"{spec.learning_rate:g}"))
-            typer.echo(f"{spec.run_id:<28}{batch:>16}{lr:>16}{spec.seed:>6}")
+            typer.echo(f"{spec.run_id:<28}{batch:>16}{lr:>16}{spec.seed:>6}  "
+                       f"{states[spec.run_id]}")
+        counts = Counter(states.values())
+        typer.echo(f"{len(specs)} runs: " + ", ".join(f"{n} {state}" for state, n in
+                                                      sorted(counts.items()))
+                   + " (a launch runs every run not done or diverged)")
         return
     from gnsweep.tasks.check import check_task
 
     # Before the sweep folder is written: a task that cannot train is refused here (exit 2).
     # A custom task's unit is recorded in the folder's config for the analysis.
-    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
-                      config.noise.method)
-    config = dataclasses.replace(config, task=config.task.with_unit(unit))
-    typer.echo(_grid_line(config, specs, sweep_dir))  # the grid that runs, before it runs
+    checked = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
+                         config.noise.method)
+    config = dataclasses.replace(config, task=config.task.with_unit(checked.unit))
+    # Windows given in samples mean the same training in the task's unit (tokens).
+    config = in_task_units(config, checked.per_sample, overrides)
+    typer.echo(_grid_line(config, specs, sweep_dir))
+    for line in budget_lines(config, checked.per_sample):
+        typer.echo(line)  # the grid that runs, before it runs
     summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)
     if detach and config.executor.kind == "slurm":
         jobs = ", ".join(summary.submitted) or "none (nothing left to run)"
@@ -172,6 +184,20 @@ def launch(
         typer.echo(f"next: gnsweep analyze {sweep_dir}")
     if summary.failed:
         raise typer.Exit(1)
+
+
+def _states(sweep_dir: Path, specs: list[Any]) -> dict[str, str]:
+    """Each run's state in the sweep folder as a launch would act on it (done, diverged,
+    failed, running, pending: a run not written yet, or recorded finished with its metrics
+    lost)."""
+    from gnsweep import store
+    from gnsweep.runs import read_state
+
+    out = {}
+    for spec in specs:
+        path = sweep_dir / store.RUNS / spec.run_id
+        out[spec.run_id] = str(read_state(path)["state"]) if path.is_dir() else "pending"
+    return out
 
 
 def _grid_line(config: Any, specs: list[Any], sweep_dir: Path) -> str:
@@ -208,7 +234,7 @@ def plan(
     DIR/plan.json records each decision, and re-running the same command resumes.
     Example: gnsweep plan --sweep-dir runs/digits-plan
     """
-    from gnsweep.config import compose
+    from gnsweep.config import compose, in_task_units
     from gnsweep.planner.orchestrate import examples_processed
     from gnsweep.planner.orchestrate import plan as run_plan
 
@@ -219,9 +245,10 @@ def plan(
     from gnsweep.tasks.check import check_task
 
     # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
-    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
-                      config.noise.method)
-    config = dataclasses.replace(config, task=config.task.with_unit(unit))
+    checked = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
+                         config.noise.method)
+    config = dataclasses.replace(config, task=config.task.with_unit(checked.unit))
+    config = in_task_units(config, checked.per_sample, overrides)
     sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
     summary = run_plan(config, sweep_dir, show_progress=not quiet, echo=typer.echo)
     ids = sorted(set(summary.run_ids))

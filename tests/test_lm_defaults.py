@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import math
 
+import lm_task
 import pytest
 import torch
 from typer.testing import CliRunner
 
-import lm_task
 from gnsweep.cli import app
 from gnsweep.measure import NoiseScaleMonitor, measure_noise_scale
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -19,14 +19,25 @@ from torch.utils.data import default_collate
 
 from gnsweep.errors import ConfigError
 from gnsweep.tasks import CUSTOM, TARGET, Task, examples_of, make_task
+from gnsweep.tasks.protocol import first_dim
 from gnsweep.training.data import as_dataset
 
 
+class TaskCheck(NamedTuple):
+    """What the check learnt about the task."""
+
+    unit: str | None
+    """The unit the task object declares (its `unit` attribute: what its batch sizes count,
+    e.g. "tokens"), or None."""
+    per_sample: float
+    """Examples a sample: `examples(batch)` over the batch's first dimension (a language
+    model's tokens a sequence; 1 for a task counting its samples)."""
+
+
 def check_task(name: str, options: dict[str, Any], seed: int = 0,
-               noise_method: str = "auto") -> str | None:
+               noise_method: str = "auto") -> TaskCheck:
     """Build the task, draw a batch of 2 and back-propagate its loss once; ConfigError if any
-    part of the protocol (docs/tasks.md) fails. Returns the unit the task object declares
-    (its `unit` attribute: what its batch sizes count, e.g. "tokens"), or None.
+    part of the protocol (docs/tasks.md) fails. Returns its unit and examples a sample.
     `noise_method="per_example"` (asked for explicitly): refused where per-example norms
     cannot measure this model (a layer whose input has no batch dimension, batch
     statistics), as a run would fail on its first step."""
@@ -75,7 +86,8 @@ def check_task(name: str, options: dict[str, Any], seed: int = 0,
     if unit is not None and (not isinstance(unit, str) or not unit.strip()):
         raise ConfigError(f"{label}: its unit is {unit!r}; give a word naming what a batch "
                           "size counts, e.g. unit = \"tokens\"")
-    return unit
+    samples = first_dim(batch)
+    return TaskCheck(unit, count / samples if samples else 1.0)
 
 
 def _first_batch(label: str, task: Any, seed: int) -> Any:

@@ -185,7 +185,7 @@ def run(state: TrainState, out_dir: Path | None = None,
             if state.stop_at is None and config.task.reached(metric if metric_task else smooth,
                                                              hardest):
                 state.stop_at = state.step + (0 if metric_task else overrun_steps(
-                    state.step, n_examples, SMOOTHING_FRACTION, MIN_WINDOW_EXAMPLES))
+                    state.step, size, SMOOTHING_FRACTION, MIN_WINDOW_EXAMPLES))
             done = state.stop_at is not None and state.step >= state.stop_at
             # Log.
             if state.step % sweep.log_every == 0 or done:
@@ -193,8 +193,7 @@ def run(state: TrainState, out_dir: Path | None = None,
                 if on_row is not None:
                     on_row(row)
             # Stop.
-            if done and not metric_task and not _analysis_reached(state.rows, hardest,
-                                                                  n_examples):
+            if done and not metric_task and not _analysis_reached(state.rows, hardest, size):
                 # The causal EMA crossed, but the analysis's centred reading of the logged
                 # losses has not (near a loss floor they differ): train on and look again.
                 state.stop_at, done = None, False
@@ -281,13 +280,14 @@ def _skipped(state: TrainState) -> None:
                        f"{state.step + 1})")
 
 
-def _analysis_reached(rows: dict[str, list], target: float, batch_examples: int) -> bool:
+def _analysis_reached(rows: dict[str, list], target: float, samples: int) -> bool:
     """Whether `gnsweep analyze` will read the hardest loss target as reached from the rows
     logged so far: the centred smooth of the training loss (at step - 1 updates, as
-    analysis.steps reads it) at or below it where its window is already whole."""
+    analysis.steps reads it) at or below it where its window is already whole (its smallest
+    half-width in samples, `samples` a step)."""
     x = np.asarray(rows["step"], float) - 1.0
     return settled_at_or_below(x, np.asarray(rows["loss"], float), target, SMOOTHING_FRACTION,
-                               MIN_WINDOW_EXAMPLES / batch_examples)
+                               MIN_WINDOW_EXAMPLES / samples)
 
 
 def _agree(loss: float, metric: float, stop: bool, save: bool,
