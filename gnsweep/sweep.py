@@ -87,7 +87,8 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
                           f"sweep.adaptive_lr_noise=..., or launch and analyse the fixed-batch "
                           f"grid first (gnsweep analyze {sweep_dir})")
     fits = store.read_table(path, columns=["target", "eps_max", "b_noise_lr"]).to_pylist()
-    order = sorted(fits, key=lambda row: row["target"], reverse=config.task.higher_is_better)
+    # The hardest target first: its fit speaks for the whole run.
+    order = config.task.direction.in_training_order(fits, key=lambda row: row["target"])[::-1]
     found = [row for row in order
              if all(row[k] is not None and math.isfinite(row[k]) and row[k] > 0
                     for k in ("eps_max", "b_noise_lr"))]

@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.fit import FitRefused, least_squares_fit
+from gnsweep.tables import columns
 
-LR_FIT_COLUMNS = ["target", "model", "n_points", "eps_max", "eps_max_se", "b_noise", "b_noise_se",
-                  "alpha", "alpha_se", "rmse_log", "refused"]
+LR_FIT_COLUMNS = columns("lr_fits")
 MODELS = ("sgd", "power")
 RUNAWAY = 1000.0
 """A fitted B_noise more than this factor outside the measured batch sizes is a fit running

@@ -52,7 +52,7 @@ import numpy as np
 
 from gnsweep.analysis.fit import FitRefused, fit_hyperbola
 from gnsweep.errors import ConfigError
-from gnsweep.targets import in_training_order
+from gnsweep.targets import FALLING, Direction
 
 SPREAD = 8.0
 """Batch sizes from B_pred / SPREAD to B_pred x SPREAD (rule 2)."""
@@ -349,11 +349,11 @@ class Decision:
 
 def decide(outcomes: list[RunOutcome], batch_grid: list[int], lr_grid: list[float],
            targets: list[float], max_steps: int, cap_factor: float = CAP_FACTOR,
-           higher_is_better: bool = False) -> Decision:
+           direction: Direction = FALLING) -> Decision:
     """The next runs from the finished ones: a function of the outcomes alone, so a resumed plan
-    re-derives the same decisions. Rules 1-6 of this module's docstring. `higher_is_better`:
-    the targets are reached by rising to them (a return), not by falling (a loss)."""
-    targets = in_training_order(targets, higher_is_better)
+    re-derives the same decisions. Rules 1-6 of this module's docstring. `direction`:
+    which way the targets are reached (`RISING` for a return, `FALLING` for a loss)."""
+    targets = direction.in_training_order(targets)
     by_batch: dict[int, list[RunOutcome]] = {}
     on_grid = [r for r in outcomes if r.batch_size in batch_grid and r.learning_rate in lr_grid]
     for run in sorted(on_grid, key=lambda r: (r.batch_size, r.learning_rate)):
