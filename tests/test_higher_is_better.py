@@ -18,9 +18,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import store, tasks
 from gnsweep.analysis.pipeline import analyze_tables
-from gnsweep.analysis.results import read_results, tasks
+from gnsweep.analysis.results import read_results
 from gnsweep.analysis.steps import steps_to_target
 from gnsweep.cli import app
 from gnsweep.targets import FALLING, RISING
