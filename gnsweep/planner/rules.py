@@ -52,6 +52,7 @@ import numpy as np
 
 from gnsweep.analysis.fit import FitRefused, fit_hyperbola
 from gnsweep.errors import ConfigError
+from gnsweep.lr_law import eps_max_from, eps_opt
 from gnsweep.targets import FALLING, Direction
 
 SPREAD = 8.0
@@ -119,16 +120,6 @@ def neighbours(value: float, grid: list[float]) -> tuple[float | None, float | N
     i = ordered.index(value)
     return (ordered[i - 1] if i > 0 else None,
             ordered[i + 1] if i + 1 < len(ordered) else None)
-
-
-def eps_opt(batch_size: float, eps_max: float, b_noise: float) -> float:
-    """The optimal SGD learning rate at batch size B, eq. 2.7: eps_max / (1 + B_noise/B)."""
-    return eps_max / (1.0 + b_noise / batch_size)
-
-
-def eps_max_from(learning_rate: float, batch_size: float, b_noise: float) -> float:
-    """eps_max for which `learning_rate` is optimal at `batch_size` (eq. 2.7 inverted)."""
-    return learning_rate * (1.0 + b_noise / batch_size)
 
 
 def next_pilot(pilots: list[RunOutcome], learning_rates: list[float]) -> float | None:
