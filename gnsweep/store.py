@@ -37,12 +37,32 @@ import pyarrow.parquet as pq
 from gnsweep.errors import StoreError
 from gnsweep.tables import COMPARE_SCHEMA, OPTIONAL_RESULTS, RESULT_SCHEMAS, RESULT_TABLES  # noqa: F401
 
+# Every file name of a sweep folder, once (docs/storage.md draws the layout):
+#   <sweep>/config.yaml, plan.json, .claims.lock, <table>.parquet, fits.json, slurm/jobs.json
+#   <sweep>/runs/<run_id>/config.json, status.json, metrics.parquet, metrics.parts/,
+#                         attempts.jsonl, claim.json, checkpoints/
 RUNS = "runs"
 SWEEP_CONFIG = "config.yaml"
 RUN_CONFIG = "config.json"
 STATUS = "status.json"
 METRICS = "metrics.parquet"
 METRIC_PARTS = "metrics.parts"
+HISTORY = "attempts.jsonl"
+"""Append-only log of a run's attempts (start, end, stopped, died), one JSON object a line."""
+CLAIM = "claim.json"
+"""A run folder's claim: which worker trains it (`executors.claims`)."""
+CLAIMS_LOCK = ".claims.lock"
+"""The sweep folder's lock around taking and breaking claims."""
+CHECKPOINTS = "checkpoints"
+"""A run folder's checkpoints (`training.checkpoint`)."""
+PLAN = "plan.json"
+"""`gnsweep plan`'s record of its rounds."""
+SLURM = "slurm"
+"""The sweep folder's Slurm job files (`executors.slurm`)."""
+JOBS = "jobs.json"
+"""In SLURM: run id -> the Slurm job id it was last submitted to."""
+FITS = "fits.parquet"
+"""The analysis' fits table: a folder with one is an analysed sweep."""
 
 class RunState(StrEnum):
     """A run's state in its status.json (a str: files and tables hold the plain value)."""
@@ -420,6 +440,16 @@ def run_dir(sweep_dir: Path, run_id: str) -> Path:
     return path
 
 
+def sweep_of(run_path: Path) -> Path:
+    """The sweep folder a run folder (`run_dir`) sits in."""
+    return run_path.parent.parent
+
+
+def result_file(table: str) -> str:
+    """The file a results table is written to: `<table>.parquet`."""
+    return f"{table}.parquet"
+
+
 def run_ids(sweep_dir: Path) -> list[str]:
     """The runs of a sweep folder (those with a config.json); StoreError names a run folder
     that is a link or a name that is not a run id."""
@@ -465,7 +495,7 @@ def write_results(out_dir: Path, results: Any) -> None:
         frame = getattr(results, name)
         if name in OPTIONAL_RESULTS and not len(frame):
             continue  # e.g. a sweep without adaptive runs gets no adaptive.parquet
-        write_frame(out_dir / f"{name}.parquet", frame,
+        write_frame(out_dir / result_file(name), frame,
                     schema=_schema_of(frame, RESULT_SCHEMAS[name]))
     write_json(out_dir / FITS_JSON, results.to_json())
 
@@ -483,7 +513,7 @@ def read_result_tables(sweep_dir: Path) -> dict[str, Any]:
     `gnsweep.analysis.results.read_results` makes them one `Results`."""
 
     def frame(name: str) -> Any:
-        path = sweep_dir / f"{name}.parquet"
+        path = sweep_dir / result_file(name)
         try:
             return read_table(path).to_pandas()
         except StoreError as err:
@@ -492,7 +522,7 @@ def read_result_tables(sweep_dir: Path) -> dict[str, Any]:
 
     out: dict[str, Any] = {name: frame(name) for name in ("steps", "front", "fits")}
     for name in ("lr_fits", "loss_scaling", *OPTIONAL_RESULTS):
-        if (sweep_dir / f"{name}.parquet").exists():
+        if (sweep_dir / result_file(name)).exists():
             out[name] = frame(name)
     out["warnings"], out["meta"] = [], {}
     if (sweep_dir / FITS_JSON).exists():

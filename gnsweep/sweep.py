@@ -80,7 +80,7 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
     # An along run (docs/along.md) takes the same rule, eq. 2.7 with the fit's B_noise.
     if sweep.schedule not in ("adaptive", "along") or (sweep.eps_max > 0 and not need_noise):
         return config
-    path = sweep_dir / "fits.parquet"
+    path = sweep_dir / store.FITS
     if not path.is_file():
         raise ConfigError(f"sweep.schedule={sweep.schedule} needs eps_max (and the B_noise of "
                           f"eq. 2.7), and {path} does not exist: set sweep.eps_max=... and "

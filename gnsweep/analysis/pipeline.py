@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gnsweep import store
 from gnsweep.analysis.fit import FitRefused, fit_hyperbola, predict_steps
 from gnsweep.analysis.front import best_per_batch, best_steps_per_batch, pareto_front
 from gnsweep.analysis.loss_scaling import fit_loss_scaling
@@ -29,8 +30,8 @@ WINDOW_SPREAD_WARNING = 0.2
 """Warn when B_crit moves more than this (relative) between half and double smoothing windows."""
 DRIFT_SHARE_WARNING = 0.25
 """Warn when the drift flag is up on more than this share of the best runs' steps to a target."""
-OUTPUT_FILES = ("steps.parquet", "front.parquet", "fits.parquet", "lr_fits.parquet",
-                "loss_scaling.parquet", "fits.json")
+OUTPUT_FILES = (*(store.result_file(name) for name in
+                  ("steps", "front", "fits", "lr_fits", "loss_scaling")), store.FITS_JSON)
 
 
 class AnalysisError(StoreError):

@@ -19,7 +19,7 @@ from gnsweep.config import Config
 from gnsweep.planner.rules import SPREAD, Decision, Proposal, RunOutcome, decide
 from gnsweep.runs import RunSpec, read_run, write_run
 
-PLAN_FILE = "plan.json"
+PLAN_FILE = store.PLAN
 """The plan's record in the sweep folder: every round decided, its runs and why."""
 
 
