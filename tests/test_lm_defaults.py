@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import lm_task
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -105,3 +107,91 @@ def test_a_run_without_b_simple_is_said_by_launch_and_status(tmp_path):
     assert _status(sweep / "runs" / "b00001_lr0.1_s0")["b_simple_nan_share"] == 1.0
     shown = runner.invoke(app, ["status", str(sweep)])
     assert shown.exit_code == 0 and line in shown.output
+
+
+# -- one meaning per window, whatever the unit -------------------------------------------------
+
+
+def _curves(batch_sizes: list[int], samples: list[int], loss: np.ndarray):
+    import pandas as pd
+
+    from gnsweep.analysis.steps import curves_from_frames
+
+    runs = pd.DataFrame({"run_id": [f"r{i}" for i in range(len(batch_sizes))],
+                         "batch_size": batch_sizes, "learning_rate": 0.1, "seed": 0,
+                         "state": "done", "samples": samples})
+    steps = np.arange(1, len(loss) + 1)
+    metrics = pd.concat([pd.DataFrame({"run_id": f"r{i}", "step": steps, "loss": loss,
+                                       "examples": steps * b})
+                         for i, b in enumerate(batch_sizes)])
+    return curves_from_frames(runs, metrics)
+
+
+def test_the_smoothing_window_is_the_same_training_in_tokens_and_in_examples():
+    """4 samples a step, counted as 4 examples or as 64 tokens (16 a sample): the same loss
+    curve reaches each target at the same step. (The smallest window was 64 of the unit: 16
+    steps in examples, 1 step in tokens.)"""
+    from gnsweep.analysis.steps import steps_to_target
+
+    rng = np.random.default_rng(0)
+    x = np.arange(200)
+    loss = 2.0 * np.exp(-x / 40) + 0.5 + 0.15 * rng.standard_normal(len(x))
+    curves = _curves([4, 64], [4, 4], loss)
+    table = steps_to_target(curves, None, [1.5, 1.0, 0.8])
+    for target, rows in table.groupby("target"):
+        examples, tokens = rows.sort_values("batch_size")["steps"].to_numpy()
+        assert examples == pytest.approx(tokens, rel=1e-9), target
+        assert tokens * 64 == pytest.approx(rows["examples"].max())
+
+
+def test_a_target_is_never_reached_in_the_first_step():
+    """A curve below the target from its second row (one noisy row, or one lucky update)."""
+    from gnsweep.analysis.smoothing import MIN_REACH_ROWS
+    from gnsweep.analysis.steps import steps_to_target
+
+    loss = np.array([3.0, 0.9, 0.95, 0.92, 0.9, 0.88, 0.87, 0.86])
+    table = steps_to_target(_curves([8], [8], loss), None, [1.0], loss="raw")
+    assert table["reached"].all()
+    assert table["steps"].iloc[0] == MIN_REACH_ROWS - 1 >= 1
+
+
+def test_the_default_loss_ema_means_samples_in_any_unit():
+    from gnsweep.config import compose, in_task_units
+
+    grid = ["task=custom", "task._target_=lm_task.make", "sweep.batch_sizes=[4]",
+            "sweep.learning_rates=[0.1]", "sweep.targets=[1]"]
+    config = compose(grid)
+    assert in_task_units(config, 16.0, grid).sweep.loss_ema_examples == 128 * 16
+    assert in_task_units(config, 1.0, grid).sweep.loss_ema_examples == 128
+    given = [*grid, "sweep.loss_ema_examples=512"]
+    assert in_task_units(compose(given), 16.0, given).sweep.loss_ema_examples == 512
+
+
+# -- defaults that do not surprise --------------------------------------------------------------
+
+
+def test_a_custom_sweep_is_named_after_its_task(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["launch", "--dry-run", *LM, "sweep.batch_sizes=[4]"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("sweep lm_task.make: task lm_task.make")
+    assert f"-> {Path('runs') / 'lm_task.make'}" in result.output
+
+
+def test_launch_says_where_max_steps_binds_and_dry_run_lists_states(tmp_path):
+    sweep = tmp_path / "tok"
+    # 3 tokens a sample: 5 steps x 2 x 3 = 30 < 100 tokens, 5 x 8 x 3 = 120 >= 100.
+    grid = ["task=custom", "task._target_=protocol_tasks.tokens", "sweep.learning_rates=[0.1]",
+            "sweep.targets=[0.01]", "sweep.max_steps=5", "sweep.max_examples=100",
+            "--sweep-dir", str(sweep)]
+    result = runner.invoke(app, ["launch", "-q", *grid, "sweep.batch_sizes=[2,8]"])
+    assert result.exit_code == 0, result.output
+    assert ("note: sweep.max_steps=5 ends runs at batch sizes 2 before sweep.max_examples=100"
+            in result.output)
+    shown = runner.invoke(app, ["launch", "--dry-run", *grid, "sweep.batch_sizes=[2,8,32]"])
+    assert shown.exit_code == 0, shown.output
+    states = {line.split()[0]: line.split()[-1] for line in shown.output.splitlines()
+              if line.startswith("b0")}
+    assert states == {"b00002_lr0.1_s0": "done", "b00008_lr0.1_s0": "done",
+                      "b00032_lr0.1_s0": "pending"}
+    assert "3 runs: 2 done, 1 pending" in shown.output

@@ -19,8 +19,8 @@ from torch.utils.data import default_collate
 
 from gnsweep.errors import ConfigError
 from gnsweep.tasks import CUSTOM, TARGET, Task, examples_of, make_task
+from gnsweep.tasks.datasets import as_dataset
 from gnsweep.tasks.protocol import first_dim
-from gnsweep.training.data import as_dataset
 
 
 class TaskCheck(NamedTuple):
