@@ -107,6 +107,9 @@ def test_a_run_without_b_simple_is_said_by_launch_and_status(tmp_path):
     assert _status(sweep / "runs" / "b00001_lr0.1_s0")["b_simple_nan_share"] == 1.0
     shown = runner.invoke(app, ["status", str(sweep)])
     assert shown.exit_code == 0 and line in shown.output
+    analyzed = runner.invoke(app, ["analyze", str(sweep), "--targets", "10"])
+    assert analyzed.exit_code == 0, analyzed.output
+    assert line in analyzed.output  # among the warnings, which the report shows too
 
 
 # -- one meaning per window, whatever the unit -------------------------------------------------
