@@ -102,8 +102,8 @@ def test_launch_exits_1_naming_the_run_whose_user_code_raised(tmp_path):
     assert "b00008_lr0.1_s0" in result.stderr
     # The first line names the grid it runs; with every run failed, nothing to analyze.
     assert result.stdout.splitlines()[0] == (
-        f"sweep protocol_tasks.raises_later: task protocol_tasks.raises_later, 1 runs (batch sizes 8 x learning "
-        f"rates 0.1 x seeds 0; targets 0.01) -> {tmp_path / 's'}")
+        "sweep protocol_tasks.raises_later: task protocol_tasks.raises_later, 1 runs (batch "
+        f"sizes 8 x learning rates 0.1 x seeds 0; targets 0.01) -> {tmp_path / 's'}")
     assert "next: gnsweep analyze" not in result.stdout
     status = store.read_status(tmp_path / "s" / "runs" / "b00008_lr0.1_s0")
     assert status["state"] == "failed"
