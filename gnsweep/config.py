@@ -854,9 +854,9 @@ def budget_lines(config: Config, per_sample: float) -> list[str]:
         return []
     listed = ",".join(str(b) for b in short)
     return [f"note: sweep.max_steps={sweep.max_steps} ends runs at batch sizes {listed} before "
-            f"sweep.max_examples={sweep.max_examples:,} (at most {sweep.max_steps:,} steps x "
-            f"{short[-1]} = {round(sweep.max_steps * short[-1] * per_sample):,} examples at "
-            f"{short[-1]}); raise sweep.max_steps to give them the same budget in examples"]
+            f"sweep.max_examples={sweep.max_examples:,} (at batch size {short[-1]}, "
+            f"{sweep.max_steps:,} steps train {round(sweep.max_steps * short[-1] * per_sample):,}"
+            " examples); raise sweep.max_steps to give them the same budget in examples"]
 
 
 def _named_after_task(config: Config, sweep_file: str, overrides: list[str]) -> Config:
