@@ -410,9 +410,9 @@ class NoiseConfig:
     microbatches: int = 4
     """Micro-batches per step for method=microbatch (b_small = B / this); where a step is
     already cut into train.microbatch_size pieces, those pieces are used instead."""
-    every: int | str = 1
+    every: int | str = "auto"
     """Measure every this many steps (1: every step), or auto: the steps needed to keep
-    B_simple's relative standard error under 3%, at least one in 16 (docs/noise.md,
+    B_simple's standard error within 4% of a measurement on every step, at least one in 16 (docs/noise.md,
     "Measuring a subset of steps")."""
     ema_steps: float = 0.0
     """EMA time constant of G2 and S in steps (0: use ema_examples)."""

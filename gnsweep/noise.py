@@ -89,9 +89,11 @@ def ema_window(ema_fraction: float | None, ema_steps: float, ema_examples: float
             "ema_examples": 2048.0 if ema_examples is None else ema_examples}
 
 
-AUTO_RELATIVE_SE = 0.03
+AUTO_ADDED_SE = 0.04
 """`noise.every=auto`: a step is measured when without it B_simple's relative standard error
-would exceed this (`NoiseScaleEma.due`)."""
+would exceed that of a measurement on every step by more than this, in quadrature
+(`NoiseScaleEma.due`): the estimate from a subset stays within about 2 x 4% of the one from
+every step."""
 AUTO_MIN_MEASUREMENTS = 8.0
 """`noise.every=auto`: every step is measured while the window holds fewer measurements' worth
 than this (the standard error of fewer is itself too rough to act on)."""
@@ -102,7 +104,8 @@ AUTO_MAX_EVERY = 16
 
 class MeasureSchedule:
     """Which steps are measured: every `every`-th (an int >= 1), or `"auto"`: the steps needed
-    to keep B_simple's relative standard error under `AUTO_RELATIVE_SE` (`NoiseScaleEma.due`),
+    to keep B_simple's relative standard error within `AUTO_ADDED_SE` of a measurement on every
+    step (in quadrature; `NoiseScaleEma.due`),
     at least one in `AUTO_MAX_EVERY`. The rule reads only measured numbers, never a clock, so
     a run trained twice, or resumed from its state, measures the same steps."""
 
@@ -133,7 +136,7 @@ class MeasureSchedule:
             return
         gap = self._since + 1  # the next measurement would stand for this many steps
         self.next = gap >= AUTO_MAX_EVERY or ema.due(
-            examples_since + step_examples, float(gap))
+            examples_since + step_examples, float(gap), step_examples)
 
     def state_dict(self) -> dict[str, Any]:
         return {"next": self.next, "steps": self.steps, "measured": self.measured,
@@ -374,13 +377,15 @@ class NoiseScaleEma:
         relative = (var_s / (s * s) + var_g / (g * g) - 2.0 * cov / (s * g)) / (n - 1)
         return abs(s / g) * math.sqrt(max(relative, 0.0))
 
-    def due(self, examples: float, weight: float) -> bool:
+    def due(self, examples: float, weight: float, step_examples: float) -> bool:
         """Whether a measurement `examples` on from the last one, standing for `weight`
         measured steps' worth, is needed (`noise.every=auto`, `MeasureSchedule`): while the
-        window holds fewer than `AUTO_MIN_MEASUREMENTS` measurements' worth, or B_simple's
-        relative standard error with this measurement folded in (the window moved on by
-        `examples`, the old weights decayed, the spread of the single estimates as it is)
-        would exceed `AUTO_RELATIVE_SE`."""
+        window holds fewer than `AUTO_MIN_MEASUREMENTS` measurements' worth, or when without
+        it B_simple's standard error would exceed that of a measurement on every step by more
+        than `AUTO_ADDED_SE` (relative, in quadrature): the window moved on by `examples`, the
+        old weights decayed, this one's added, the spread of the single estimates as it is;
+        every step measured, the window would hold `(1 + d) / (1 - d)` of them, `d` the decay
+        over one step of `step_examples`."""
         weight_sum, weight_sq = self._g2.count, self._weight_sq
         if weight_sum <= 0 or weight_sq <= 0:
             return True
@@ -394,8 +399,11 @@ class NoiseScaleEma:
         n = self.measurements
         if not (math.isfinite(se) and math.isfinite(b) and b != 0 and n > 1):
             return True
-        relative_sq = (se / b) ** 2 * (n - 1) / (count - 1)  # the spread per measurement kept
-        return relative_sq > AUTO_RELATIVE_SE ** 2
+        spread = (se / b) ** 2 * (n - 1)  # relative variance of one measurement
+        step_decay = self._decay_for(step_examples, 1.0)
+        every_step = (1 + step_decay) / (1 - step_decay) if step_decay < 1 else math.inf
+        added = spread / (count - 1) - (spread / (every_step - 1) if every_step > 1 else 0.0)
+        return added > AUTO_ADDED_SE ** 2
 
     def _ratio_now(self) -> float:
         return _ratio(self._trace.value, self._g2.value)

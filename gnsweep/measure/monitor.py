@@ -70,6 +70,11 @@ from gnsweep.noise import (
 )
 
 METHODS = ("per_example", "microbatch", "ddp", "fsdp")
+NORM_LAYERS = "norm_layers"
+"""`method="norm_layers"`: per-example norms of the LayerNorm / RMSNorm parameters only (Gray et
+al. 2024): B_simple of that block of the gradient, a few reductions per layer; the other
+layers carry no hooks. docs/noise.md says where it tracks the whole model's B_simple."""
+NORM_LAYER_TYPES = (nn.LayerNorm, nn.RMSNorm)
 OFF = "none"
 """`method="none"`: nothing is measured (no hooks; `step()` counts steps and returns None): the
 training the cost of a measurement is compared with."""
@@ -124,8 +129,8 @@ class NoiseScaleMonitor:
     2x inside the window the estimate leans to the window's start: `estimate.drift` says so.
 
     `every`: measure every n steps (hooks idle in between), or `"auto"`: the steps needed to
-    keep B_simple's relative standard error under 3% (`gnsweep.noise.MeasureSchedule`), at
-    least one in 16; each measurement weighs the steps it stands for, so the window averages
+    keep B_simple's standard error within 4% of a measurement on every step
+    (`gnsweep.noise.MeasureSchedule`), at least one in 16; each measurement weighs the steps it stands for, so the window averages
     over training progress however many steps were measured. `method="none"`: no
     measurement at all (the baseline; `step()` returns None). `hessian_every` > 0 measures
     B_noise every n steps when `step(batch=...)` is given the step's batch, with
@@ -158,9 +163,9 @@ class NoiseScaleMonitor:
                  ema_fraction: float | None = None,
                  parameters: Iterable[nn.Parameter] | None = None,
                  all_reduced_grads: bool = False, timed_auto: bool = False) -> None:
-        if method not in (*METHODS, "auto", OFF):
+        if method not in (*METHODS, "auto", NORM_LAYERS, OFF):
             raise ValueError(f"method={method!r}: choose one of auto, {', '.join(METHODS)}, "
-                             f"{OFF}")
+                             f"{NORM_LAYERS}, {OFF}")
         if (every != "auto" and not (isinstance(every, int) and every >= 1)) or \
                 hessian_every < 0 or hessian_microbatches < 2:
             raise ValueError("need every >= 1 (or 'auto'), hessian_every >= 0 and "
@@ -206,9 +211,19 @@ class NoiseScaleMonitor:
         self._hessian_seconds = 0.0
         self.choice: dict[str, Any] | None = None
         self._sources: dict[str, tuple[PerExample | None, Increments | None]] = {}
+        self._asked = method
         if method == OFF:  # nothing measured, nothing hooked
             self.method, self.hessian_every = OFF, 0
             return
+        if method == NORM_LAYERS:
+            measured = {id(p) for p in self.params}
+            self.params = [p for m in self.module.modules() if isinstance(m, NORM_LAYER_TYPES)
+                           for p in m.parameters(recurse=False) if id(p) in measured]
+            if not self.params:
+                raise ValueError("method='norm_layers' measures the LayerNorm/RMSNorm "
+                                 "parameters, and this model has no trainable ones: use "
+                                 "method='per_example' (or auto)")
+            method = "per_example"
         # auto: the method right for this model and launch; a method wrong for it is refused.
         requested = method
         method = choose_method(model, method, distributed=self._distributed(model))
@@ -288,6 +303,11 @@ class NoiseScaleMonitor:
     def measuring(self) -> bool:
         """Whether the current step (the one before the next `step()`) is measured."""
         return self.schedule.next and self.method != OFF
+
+    @property
+    def measures(self) -> str:
+        """What is measured: `norm_layers` or `none` where asked for, else the method."""
+        return self._asked if self._asked in (NORM_LAYERS, OFF) else self.method
 
     @property
     def needs_microbatches(self) -> bool:
