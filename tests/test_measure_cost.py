@@ -150,3 +150,21 @@ def test_norm_layers_hooks_only_the_norm_layers_and_refuses_a_model_without_them
         assert "LayerNorm" in str(err)
     else:
         raise AssertionError("a model without norm layers was not refused")
+
+
+def test_status_says_measurement_was_off_or_what_share_was_measured():
+    from gnsweep.sweep import measurement_note
+    from gnsweep.training import train
+
+    config = Config(task=TaskConfig(name="linreg", options={"dim": 8}),
+                    sweep=SweepConfig(batch_sizes=[16], learning_rates=[0.05], targets=[1e-9],
+                                      max_steps=12),
+                    noise=NoiseConfig(method="none"))
+    result = train(config, RunSpec(batch_size=16, learning_rate=0.05), None)
+    assert result.noise_measured == {"method": "none", "every": "auto", "steps": 12,
+                                     "measured": 0, "share": 0.0}
+    rows = [{"noise": result.noise_measured},
+            {"noise": {"method": "per_example", "every": 4, "steps": 100, "measured": 25}}]
+    note = measurement_note(rows)
+    assert note is not None and "noise.method=none" in note and "25% of 100 steps" in note
+    assert measurement_note([{"noise": None}]) is None

@@ -270,7 +270,9 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
                                     final_loss=result.final_loss,
                                     train_seconds=result.train_seconds,
                                     **({"noise_method": result.noise_method}
-                                       if result.noise_method else {}))
+                                       if result.noise_method else {}),
+                                    **({"noise_measured": result.noise_measured}
+                                       if result.noise_measured else {}))
         log_event(path, "end", attempt=attempts, state=result.state)
     return status
 

@@ -65,6 +65,9 @@ class RunResult:
     noise_method: dict[str, Any] | None = None
     """noise.method=auto's choice and the measured step time of each candidate, in seconds
     (`NoiseScaleMonitor.choice`); None where nothing was chosen by cost."""
+    noise_measured: dict[str, Any] | None = None
+    """What was measured (`measured_share`): the method (`none`: measurement off), noise.every,
+    steps and measured steps, and their share."""
 
 
 def train(config: Config, spec: RunSpec, out_dir: Path | None,
@@ -223,7 +226,18 @@ def run(state: TrainState, out_dir: Path | None = None,
     if checkpoints is not None:
         checkpoints.finish()
     return RunResult(outcome, state.step, reason, state.loss, time.perf_counter() - start,
-                     state.monitor.choice)
+                     state.monitor.choice, measured_share(state))
+
+
+def measured_share(state: TrainState) -> dict[str, Any]:
+    """The run's measurement for its status.json: `method` (`none` where measurement was off,
+    so that an absent B_simple is said, never silent), `every` (an int or auto), `steps`,
+    `measured` (steps whose norms were measured) and `share` (measured / steps)."""
+    schedule = state.monitor.schedule
+    share = schedule.share
+    return {"method": state.monitor.measures, "every": schedule.every,
+            "steps": schedule.steps, "measured": schedule.measured,
+            "share": None if math.isnan(share) else round(share, 4)}
 
 
 def make_checkpointer(config: Config, run_dir: Path | None) -> Checkpointer:
