@@ -412,8 +412,8 @@ class NoiseConfig:
     already cut into train.microbatch_size pieces, those pieces are used instead."""
     every: int | str = "auto"
     """Measure every this many steps (1: every step), or auto: the steps needed to keep
-    B_simple's standard error within 4% of a measurement on every step, at least one in 16 (docs/noise.md,
-    "Measuring a subset of steps")."""
+    B_simple's standard error within 4% of a measurement on every step, at least one in 16
+    (docs/noise.md, "Measuring a subset of steps")."""
     ema_steps: float = 0.0
     """EMA time constant of G2 and S in steps (0: use ema_examples)."""
     ema_examples: float = 2048.0

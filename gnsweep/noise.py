@@ -416,7 +416,8 @@ class NoiseScaleEma:
         constructor's): every EMA, the last measurement, the clocks and the drift history."""
         return {**{name: getattr(self, name).state_dict()
                    for name in (*self._EMAS, *self._MOMENTS)},
-                "weight_sq": self._weight_sq, "last": self._last, "decay": self._decay, "seen_examples": self.seen_examples,
+                "weight_sq": self._weight_sq, "last": self._last, "decay": self._decay,
+                "seen_examples": self.seen_examples,
                 "seen_steps": self.seen_steps, "h_examples": self._h_examples,
                 "h_steps": self._h_steps, "history": list(self._history)}
 

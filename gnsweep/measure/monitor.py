@@ -130,8 +130,9 @@ class NoiseScaleMonitor:
 
     `every`: measure every n steps (hooks idle in between), or `"auto"`: the steps needed to
     keep B_simple's standard error within 4% of a measurement on every step
-    (`gnsweep.noise.MeasureSchedule`), at least one in 16; each measurement weighs the steps it stands for, so the window averages
-    over training progress however many steps were measured. `method="none"`: no
+    (`gnsweep.noise.MeasureSchedule`), at least one in 16; each measurement weighs the steps
+    it stands for, so the window averages over training progress however many steps were
+    measured. `method="none"`: no
     measurement at all (the baseline; `step()` returns None). `hessian_every` > 0 measures
     B_noise every n steps when `step(batch=...)` is given the step's batch, with
     `hessian_microbatches` gradients per measurement (see `hessian_norms`). The loss for those
