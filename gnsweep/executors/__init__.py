@@ -269,6 +269,7 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
         status = store.write_status(path, result.state, steps=result.steps, reason=result.reason,
                                     final_loss=result.final_loss,
                                     train_seconds=result.train_seconds,
+                                    rows=result.rows, examples=result.examples,
                                     **({"noise_method": result.noise_method}
                                        if result.noise_method else {}))
         log_event(path, "end", attempt=attempts, state=result.state)
