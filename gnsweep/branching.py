@@ -21,6 +21,7 @@ from gnsweep import store
 from gnsweep.analysis.along import branch_point
 from gnsweep.config import BranchConfig, Config, ConfigError, compose
 from gnsweep.runs import RunSpec, read_run, verify_folder, write_run
+from gnsweep.stall import bounded
 
 PROBE_SEED = 271_828
 """Seed of the batches on which the loss at a branch point is measured (the same at every
@@ -191,8 +192,12 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
                                   f"cover step {step}; a branch needs it there")
             at_loss = smoothed
         else:
-            at_loss = loss_at(base, base_spec, source, max(config.sweep.batch_sizes),
-                              config.branch.probe_batches, loss)
+            at_loss = bounded(
+                config.sweep.stall_seconds, f"{base_run}: the loss at its checkpoint at step "
+                f"{step} (the task's own code)",
+                lambda source=source: loss_at(base, base_spec, source,  # type: ignore[misc]
+                                              max(config.sweep.batch_sizes),
+                                              config.branch.probe_batches, loss))
         points.append({"at_examples": examples, "at_step": step, "at_loss": at_loss,
                        "b_simple": b_simple, "b_noise": b_noise,
                        "checkpoint": str(path.resolve())})

@@ -150,7 +150,8 @@ def launch(
 
     # Before the sweep folder is written: a task that cannot train is refused here (exit 2).
     # A custom task's unit is recorded in the folder's config for the analysis.
-    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
+    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
+                      config.sweep.stall_seconds)
     config = dataclasses.replace(config, task=config.task.with_unit(unit))
     typer.echo(_grid_line(config, specs, sweep_dir))  # the grid that runs, before it runs
     summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)
@@ -214,7 +215,8 @@ def plan(
     from gnsweep.tasks.check import check_task
 
     # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
-    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
+    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
+                      config.sweep.stall_seconds)
     config = dataclasses.replace(config, task=config.task.with_unit(unit))
     sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
     summary = run_plan(config, sweep_dir, show_progress=not quiet, echo=typer.echo)

@@ -240,11 +240,11 @@ def check_records(sweep_dir: Path, config: Config, run_ids: list[str]) -> None:
 
 def verify_folder(sweep_dir: Path) -> tuple[Config, dict[str, RunSpec]]:
     """What every command that reads a sweep folder calls before it builds anything from it:
-    the folder is a sweep, its config.yaml reads, and every run file is checked against config.yaml (`check_record`,
-    and its config must be one this version accepts). A run file holding only a grid point (no
-    config: written by another tool for the analysis) is type-checked; it names no code.
-    Returns (the sweep's config, each run's grid point by id); StoreError or ConfigError (exit 2)
-    naming the first file that disagrees."""
+    the folder is a sweep, its config.yaml reads, and every run file is checked against
+    config.yaml (`check_record`, and its config must be one this version accepts). A run file
+    holding only a grid point (no config: written by another tool for the analysis) is
+    type-checked; it names no code. Returns (the sweep's config, each run's grid point by
+    id); StoreError or ConfigError (exit 2) naming the first file that disagrees."""
     store.require_sweep(sweep_dir)
     config = Config.load(sweep_dir)
     expected = expected_record_config(config)
