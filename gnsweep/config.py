@@ -148,7 +148,7 @@ class SweepConfig:
         default_factory=lambda: [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4])
     """Learning rates to sweep at every batch size."""
     seeds: list[int] = field(default_factory=lambda: [0])
-    """Seeds; each grid point runs once per seed."""
+    """Seeds; each grid point runs once per seed (at least one)."""
     targets: list[float] = field(default_factory=lambda: [0.3, 0.1, 0.03])
     """Training-loss targets; a run stops once it reaches the hardest (smallest)."""
     max_steps: int = 5000

@@ -253,11 +253,7 @@ def verify_folder(sweep_dir: Path) -> tuple[Config, dict[str, RunSpec]]:
         path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
         data = store.read_json(path)
         if isinstance(data, dict) and "config" not in data and "run_id" not in data:
-            spec = parse_spec(data.get("run"), path)
-            if spec.run_id != run_id:
-                raise StoreError(f"{path}: its grid point makes run {spec.run_id!r}, not "
-                                 f"{run_id!r} (its folder); rename the folder or fix the file")
-            specs[run_id] = spec
+            specs[run_id] = parse_spec(data.get("run"), path)
             continue
         specs[run_id] = _checked(data, path, run_id, expected)
     return config, specs

@@ -36,7 +36,6 @@ from gnsweep.errors import StopRequested
 from gnsweep.executors import (
     LAUNCH_ENV,
     Outcome,
-    stall_seconds,
     stopped_by_launcher,
     warm_up,
 )
@@ -45,7 +44,6 @@ from gnsweep.executors.gpus import GpuPlan, launcher_gpus, plan
 from gnsweep.notices import once_per_launch
 from gnsweep.progress import SweepProgress
 from gnsweep.runs import FINISHED, max_attempts, needs_running, read_state
-from gnsweep.stall import bounded
 
 __all__ = ["Summary", "launch", "run_local"]
 
@@ -153,10 +151,9 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
             progress.advance(outcome.state)
 
     if ctx.get_start_method() == "fork" and run_ids:
-        # Forked workers inherit it. The task's own code runs here, in the launcher: bounded
-        # like a run's (sweep.stall_seconds), so that a task that blocks cannot hang it.
-        bounded(stall_seconds(sweep_dir), f"task of run {run_ids[0]}: building it before the "
-                "workers start", lambda: warm_up(sweep_dir, run_ids[0]))
+        # Forked workers inherit it. It builds the task the launcher's pre-check has built
+        # already, under its bound (`check_task`, sweep.stall_seconds).
+        warm_up(sweep_dir, run_ids[0])
     pool = [start_worker(slot) for slot in range(min(workers, len(pending)))]
     try:
         while pending or later or any(w.run_id for w in pool):
