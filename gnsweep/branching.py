@@ -173,7 +173,7 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
                           "runs/digits/runs/b00032_lr0.1_s0")
     # The base run's record is checked against its sweep's config.yaml, as every reader does,
     # before its task is built: a run file never names code of its own.
-    base_sweep = base_run.parent.parent
+    base_sweep = store.sweep_of(base_run)
     verify_folder(base_sweep)
     base, base_spec = read_run(base_sweep, base_run.name)
     config = branch_config(base, overrides)
@@ -243,7 +243,7 @@ def resolve_along(config: Config, sweep_dir: Path) -> Config:
     if sweep.schedule != "along" or sweep.along_points:
         return config
     source = Path(sweep.along_from)
-    path = source / "along.parquet"
+    path = source / store.result_file("along")
     if not path.is_file():
         raise ConfigError(f"sweep.along_from={source}: no along.parquet there; run gnsweep "
                           f"branch into it, then gnsweep analyze {source}")

@@ -430,6 +430,7 @@ def _fits_of(folder: Path) -> tuple[Any, str | None]:
     from gnsweep import store
     from gnsweep.analysis.groups import group_of
     from gnsweep.analysis.report import analyze_sweep
+    from gnsweep.analysis.results import read_results
 
     if store.is_sweep(folder):
         analysis = analyze_sweep(folder, write=False)
@@ -438,7 +439,7 @@ def _fits_of(folder: Path) -> tuple[Any, str | None]:
                 typer.echo(f"warning: {warning}", err=True)
         return analysis.fits, None
     if (folder / "fits.parquet").is_file():
-        results = store.read_results(folder)
+        results = read_results(folder)
         return results.fits, group_of(results)
     store.require_sweep(folder)  # raises with the usual message
     return None, None

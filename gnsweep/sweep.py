@@ -81,14 +81,15 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
     # An along run (docs/along.md) takes the same rule, eq. 2.7 with the fit's B_noise.
     if sweep.schedule not in ("adaptive", "along") or (sweep.eps_max > 0 and not need_noise):
         return config
-    path = sweep_dir / "fits.parquet"
+    path = sweep_dir / store.FITS
     if not path.is_file():
         raise ConfigError(f"sweep.schedule={sweep.schedule} needs eps_max (and the B_noise of "
                           f"eq. 2.7), and {path} does not exist: set sweep.eps_max=... and "
                           f"sweep.adaptive_lr_noise=..., or launch and analyse the fixed-batch "
                           f"grid first (gnsweep analyze {sweep_dir})")
     fits = store.read_table(path, columns=["target", "eps_max", "b_noise_lr"]).to_pylist()
-    order = sorted(fits, key=lambda row: row["target"], reverse=config.task.higher_is_better)
+    # The hardest target first: its fit speaks for the whole run.
+    order = config.task.direction.in_training_order(fits, key=lambda row: row["target"])[::-1]
     found = [row for row in order
              if all(row[k] is not None and math.isfinite(row[k]) and row[k] > 0
                     for k in ("eps_max", "b_noise_lr"))]
@@ -108,14 +109,12 @@ def prepare_folder(sweep_dir: Path, config: Config, specs: list[RunSpec] | None 
     write its config.yaml (the grid: the union of the old and new grids)."""
     from omegaconf import OmegaConf
 
-    from gnsweep.executors.claims import LOCK
-
     if not sweep_dir.is_dir():
         _check_relaunch(sweep_dir, config)  # a new folder: nothing of it exists before this
         sweep_dir.mkdir(parents=True, exist_ok=True)
     # Read, merge and write config.yaml under the folder's lock: two launchers with different
     # grids at once leave the union of both (each reads what the other wrote).
-    with store.exclusive(sweep_dir / LOCK):
+    with store.exclusive(sweep_dir / store.CLAIMS_LOCK):
         merged = _check_relaunch(sweep_dir, config)
         # Before anything is written: a run file that disagrees with the sweep (of this grid
         # or another run of the folder) refuses the whole launch (exit 2, nothing run).

@@ -40,7 +40,7 @@ from gnsweep import store
 from gnsweep.errors import StoreError
 from gnsweep.training.state import TrainState
 
-FOLDER = "checkpoints"
+FOLDER = store.CHECKPOINTS
 IDENTITY = "identity"
 """The key of a checkpoint's content naming its run, fingerprint, step and examples."""
 FORMAT = 1
