@@ -65,6 +65,11 @@ class RunResult:
     noise_method: dict[str, Any] | None = None
     """noise.method=auto's choice and the measured step time of each candidate, in seconds
     (`NoiseScaleMonitor.choice`); None where nothing was chosen by cost."""
+    rows: int | None = None
+    """Metrics rows the run logged (its metrics.parquet's row count)."""
+    examples: int | None = None
+    """Examples at its last logged row. The run's status records both: a table cut short or
+    rewritten disagrees with them (`store.metrics_problem`)."""
     noise_measured: dict[str, Any] | None = None
     """What was measured (`measured_share`): the method (`none`: measurement off), noise.every,
     steps and measured steps, and their share."""
@@ -225,8 +230,11 @@ def run(state: TrainState, out_dir: Path | None = None,
         store.end_metrics(out_dir, state.rows)
     if checkpoints is not None:
         checkpoints.finish()
+    logged = state.rows["step"]
     return RunResult(outcome, state.step, reason, state.loss, time.perf_counter() - start,
-                     state.monitor.choice, measured_share(state))
+                     state.monitor.choice, rows=len(logged),
+                     examples=int(state.rows["examples"][-1]) if len(logged) else None,
+                     noise_measured=measured_share(state))
 
 
 def measured_share(state: TrainState) -> dict[str, Any]:
