@@ -159,13 +159,13 @@ def launch(
     # Before the sweep folder is written: a task that cannot train is refused here (exit 2).
     # A custom task's unit is recorded in the folder's config for the analysis.
     checked = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
-                         config.noise.method)
+                         config.sweep.stall_seconds, noise_method=config.noise.method)
     config = dataclasses.replace(config, task=config.task.with_unit(checked.unit))
     # Windows given in samples mean the same training in the task's unit (tokens).
     config = in_task_units(config, checked.per_sample, overrides)
-    typer.echo(_grid_line(config, specs, sweep_dir))
+    typer.echo(_grid_line(config, specs, sweep_dir))  # the grid that runs, before it runs
     for line in budget_lines(config, checked.per_sample):
-        typer.echo(line)  # the grid that runs, before it runs
+        typer.echo(line)
     summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)
     if detach and config.executor.kind == "slurm":
         jobs = ", ".join(summary.submitted) or "none (nothing left to run)"
@@ -246,7 +246,7 @@ def plan(
 
     # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
     checked = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
-                         config.noise.method)
+                         config.sweep.stall_seconds, noise_method=config.noise.method)
     config = dataclasses.replace(config, task=config.task.with_unit(checked.unit))
     config = in_task_units(config, checked.per_sample, overrides)
     sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
@@ -319,7 +319,7 @@ def status(
     from collections import Counter
 
     from gnsweep.runs import unmeasured_line
-    from gnsweep.sweep import sweep_status
+    from gnsweep.sweep import measurement_note, sweep_status
 
     rows = sweep_status(sweep_dir)
     shown = [r for r in rows if all_runs or r["state"] != "done"]
@@ -335,6 +335,9 @@ def status(
     requeued = sum(r["requeues"] for r in rows)
     typer.echo(f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
                + (f"; Slurm requeued runs {requeued} times" if requeued else ""))
+    note = measurement_note(rows)
+    if note:
+        typer.echo(note)
     unmeasured = unmeasured_line({r["run_id"]: r["b_simple_nan_share"] for r in rows
                                   if r["state"] in ("done", "diverged")})
     if unmeasured:

@@ -117,7 +117,8 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
         analysis.warnings.append(
             f"{int(running.sum())} runs still running: the targets they have passed are used, "
             "the others wait for them (analyze again when they end)")
-    analysis.warnings += unmeasured_warnings(curves)
+    if config.noise.method != "none":  # measurement off: B_simple absent by design
+        analysis.warnings += unmeasured_warnings(curves)
     if write:
         write_outputs(out_dir or sweep_dir, analysis)
     return analysis
@@ -152,7 +153,8 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
     for run in unfinished.itertuples(index=False):
         analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
-    analysis.warnings += unmeasured_warnings(curves)
+    if config.noise.method != "none":  # measurement off: B_simple absent by design
+        analysis.warnings += unmeasured_warnings(curves)
     return analysis
 
 

@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from gnsweep.errors import ConfigError
+from gnsweep.stall import bounded
 from gnsweep.tasks import CUSTOM, TARGET, Task, examples_of, make_task
 from gnsweep.tasks.datasets import as_dataset
 from gnsweep.tasks.protocol import first_dim
@@ -35,13 +36,25 @@ class TaskCheck(NamedTuple):
 
 
 def check_task(name: str, options: dict[str, Any], seed: int = 0,
-               noise_method: str = "auto") -> TaskCheck:
+               stall_seconds: float = 0.0, *, noise_method: str = "auto") -> TaskCheck:
     """Build the task, draw a batch of 2 and back-propagate its loss once; ConfigError if any
-    part of the protocol (docs/tasks.md) fails. Returns its unit and examples a sample.
-    `noise_method="per_example"` (asked for explicitly): refused where per-example norms
-    cannot measure this model (a layer whose input has no batch dimension, batch
-    statistics), as a run would fail on its first step."""
-    label = f"task {options.get(TARGET)}" if name == CUSTOM else f"task {name}"
+    part of the protocol (docs/tasks.md) fails, `stall.Stalled` (a ConfigError) if the task's
+    code has not answered after `stall_seconds` (`sweep.stall_seconds`; 0: no bound). Returns
+    its unit and examples a sample. `noise_method="per_example"` (asked for explicitly):
+    refused where per-example norms cannot measure this model (a layer whose input has no
+    batch dimension, batch statistics), as a run would fail on its first step."""
+    label = _label(name, options)
+    return bounded(stall_seconds, f"{label}: the pre-launch check (build, a batch of 2, its "
+                   "loss and gradient)",
+                   lambda: _check_task(label, name, options, seed, noise_method))
+
+
+def _label(name: str, options: dict[str, Any]) -> str:
+    return f"task {options.get(TARGET)}" if name == CUSTOM else f"task {name}"
+
+
+def _check_task(label: str, name: str, options: dict[str, Any], seed: int,
+                noise_method: str) -> TaskCheck:
     task: Task = _call(label, "building it", lambda: make_task(name, options, seed))
     for method in ("model", "loss"):
         if not callable(getattr(task, method, None)):

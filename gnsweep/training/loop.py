@@ -68,6 +68,14 @@ class RunResult:
     (`NoiseScaleMonitor.choice`)."""
     b_simple_nan_share: float | None = None
     """The share of the run's logged steps whose B_simple is NaN (`runs.unmeasured_share`)."""
+    rows: int | None = None
+    """Metrics rows the run logged (its metrics.parquet's row count)."""
+    examples: int | None = None
+    """Examples at its last logged row. The run's status records both: a table cut short or
+    rewritten disagrees with them (`store.metrics_problem`)."""
+    noise_measured: dict[str, Any] | None = None
+    """What was measured (`measured_share`): the method (`none`: measurement off), noise.every,
+    steps and measured steps, and their share."""
 
 
 def train(config: Config, spec: RunSpec, out_dir: Path | None,
@@ -227,8 +235,24 @@ def run(state: TrainState, out_dir: Path | None = None,
     monitor = state.monitor
     method = monitor.choice or {"method": monitor.method,
                                 "reason": f"noise.method={config.noise.method}"}
+    logged = state.rows["step"]
+    # Measurement off (noise.method=none): B_simple absent by design, not missing.
+    missing = None if monitor.method == "none" else unmeasured_share(list(state.rows["b_simple"]))
     return RunResult(outcome, state.step, reason, state.loss, time.perf_counter() - start,
-                     method, unmeasured_share(list(state.rows["b_simple"])))
+                     method, missing, rows=len(logged),
+                     examples=int(state.rows["examples"][-1]) if len(logged) else None,
+                     noise_measured=measured_share(state))
+
+
+def measured_share(state: TrainState) -> dict[str, Any]:
+    """The run's measurement for its status.json: `method` (`none` where measurement was off,
+    so that an absent B_simple is said, never silent), `every` (an int or auto), `steps`,
+    `measured` (steps whose norms were measured) and `share` (measured / steps)."""
+    schedule = state.monitor.schedule
+    share = schedule.share
+    return {"method": state.monitor.measures, "every": schedule.every,
+            "steps": schedule.steps, "measured": schedule.measured,
+            "share": None if math.isnan(share) else round(share, 4)}
 
 
 def make_checkpointer(config: Config, run_dir: Path | None) -> Checkpointer:
