@@ -16,9 +16,3 @@ class Echo(Protocol):
 
     def __call__(self, message: str, *, err: bool = False) -> None: ...
 
-
-def echo_print(message: str, *, err: bool = False) -> None:
-    """`Echo` without typer: print to stdout or stderr."""
-    import sys
-
-    print(message, file=sys.stderr if err else sys.stdout)
