@@ -402,8 +402,9 @@ def test_analysis_never_imports_torch(tmp_path):
     example = Path(__file__).parents[1] / "docs" / "examples" / "steps.csv"
     code = ("import sys\nfrom pathlib import Path\n"
             "from gnsweep.analysis.external import analyze_table\n"
-            "from gnsweep.analysis import baseline, load, report\n"
-            f"report.write_outputs(Path({str(tmp_path)!r}), analyze_table(Path({str(example)!r}),"
+            "from gnsweep.analysis import baseline, load\n"
+            "from gnsweep.commands import analyze\n"
+            f"analyze.write_outputs(Path({str(tmp_path)!r}), analyze_table(Path({str(example)!r}),"
             " bootstrap=10))\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
