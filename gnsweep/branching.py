@@ -222,7 +222,7 @@ def resolve_along(config: Config, sweep_dir: Path) -> Config:
     if sweep.schedule != "along" or sweep.along_points:
         return config
     source = Path(sweep.along_from)
-    path = source / "along.parquet"
+    path = source / store.result_file("along")
     if not path.is_file():
         raise ConfigError(f"sweep.along_from={source}: no along.parquet there; run gnsweep "
                           f"branch into it, then gnsweep analyze {source}")

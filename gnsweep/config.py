@@ -85,9 +85,15 @@ class TaskConfig:
         return str(self._declared("metric", "loss"))
 
     @property
+    def direction(self) -> targets.Direction:
+        """Which way the targets are reached: the task's declared flag (`targets.KEY`), mapped
+        to the direction type here, once."""
+        return targets.Direction.of(self._declared(targets.KEY, False))
+
+    @property
     def higher_is_better(self) -> bool:
         """True when a target is reached by rising to it (a return), False for a loss."""
-        return bool(self._declared("higher_is_better", False))
+        return self.direction.rises
 
     @property
     def unit(self) -> str:
@@ -113,11 +119,11 @@ class TaskConfig:
 
     def reached(self, value: float, target: float) -> bool:
         """Whether a (smoothed) metric value has reached `target` in the task's direction."""
-        return targets.reached(value, target, self.higher_is_better)
+        return self.direction.reached(value, target)
 
     def hardest(self, values: list[float]) -> float:
         """The target a run stops at: the largest return, the smallest loss."""
-        return targets.hardest(values, self.higher_is_better)
+        return self.direction.hardest(values)
 
 
 @dataclass

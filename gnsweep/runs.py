@@ -15,7 +15,6 @@ from typing import Any
 from gnsweep import redact, store
 from gnsweep.config import Config, ConfigError
 from gnsweep.store import FINISHED, RunState, StoreError
-from gnsweep.targets import relative_target
 
 __all__ = [
     "FINISHED",
@@ -131,11 +130,11 @@ def expand_grid(config: Config) -> list[RunSpec]:
 def run_config(config: Config, spec: RunSpec) -> Config:
     """What one run trains with, derived from the sweep's config and its grid point alone: the
     sweep's config, except that a branch run stops at its branch point's own targets (the
-    fractions `branch.targets` of the loss there, `gnsweep.targets.relative_target`)."""
+    fractions `branch.targets` of the loss there, `Direction.relative_target`)."""
     if not spec.at_examples:
         return config
     point = config.branch.point(spec.at_examples)
-    targets = [relative_target(point["at_loss"], f, config.task.higher_is_better)
+    targets = [config.task.direction.relative_target(point["at_loss"], f)
                for f in config.branch.targets]
     return replace(config, sweep=replace(config.sweep, targets=targets))
 

@@ -78,14 +78,15 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
     # An along run (docs/along.md) takes the same rule, eq. 2.7 with the fit's B_noise.
     if sweep.schedule not in ("adaptive", "along") or (sweep.eps_max > 0 and not need_noise):
         return config
-    path = sweep_dir / "fits.parquet"
+    path = sweep_dir / store.FITS
     if not path.is_file():
         raise ConfigError(f"sweep.schedule={sweep.schedule} needs eps_max (and the B_noise of "
                           f"eq. 2.7), and {path} does not exist: set sweep.eps_max=... and "
                           f"sweep.adaptive_lr_noise=..., or launch and analyse the fixed-batch "
                           f"grid first (gnsweep analyze {sweep_dir})")
     fits = store.read_table(path, columns=["target", "eps_max", "b_noise_lr"]).to_pylist()
-    order = sorted(fits, key=lambda row: row["target"], reverse=config.task.higher_is_better)
+    # The hardest target first: its fit speaks for the whole run.
+    order = config.task.direction.in_training_order(fits, key=lambda row: row["target"])[::-1]
     found = [row for row in order
              if all(row[k] is not None and math.isfinite(row[k]) and row[k] > 0
                     for k in ("eps_max", "b_noise_lr"))]

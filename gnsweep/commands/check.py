@@ -14,6 +14,7 @@ def fits_of(folder: Path, echo: Echo) -> tuple[Any, str | None]:
     """Fresh fits of a sweep folder (analyzed now, nothing written), or a folder's fits.parquet;
     with the column the fits are grouped by (`analyze --group-by`), else None."""
     from gnsweep.analysis.groups import group_of
+    from gnsweep.analysis.results import read_results
     from gnsweep.commands.analyze import analyze_sweep
 
     if store.is_sweep(folder):
@@ -23,7 +24,7 @@ def fits_of(folder: Path, echo: Echo) -> tuple[Any, str | None]:
                 echo(f"warning: {warning}", err=True)
         return analysis.fits, None
     if (folder / "fits.parquet").is_file():
-        results = store.read_results(folder)
+        results = read_results(folder)
         return results.fits, group_of(results)
     store.require_sweep(folder)  # raises with the usual message
     return None, None

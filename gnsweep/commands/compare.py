@@ -42,7 +42,7 @@ def load_sweep_fits(sweep_dir: Path) -> SweepFits:
     fits = store.read_table(sweep_dir / "fits.parquet").to_pandas()
     task = config.task
     return SweepFits(task=task.label, sweep=sweep_dir.name, sweep_dir=str(sweep_dir),
-                     metric=task.metric, higher_is_better=task.higher_is_better,
+                     metric=task.metric, direction=task.direction,
                      unit=task.unit, fits=fits)
 
 

@@ -10,8 +10,6 @@ from gnsweep.analysis.results import Results
 from gnsweep.commands import Echo
 from gnsweep.config import Config
 
-REPORT = "report.html"
-
 
 def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
     """Draw the figures and write <folder>/report.html; returns (path, skipped, notes).
@@ -68,7 +66,7 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
     else:
         text = render(tables, {}, config, config_text, title, groups=sections,
                       along_figures=along)
-    path = sweep_dir / REPORT
+    path = sweep_dir / store.REPORT
     store.write_text(path, text)
     return path, skipped, all_notes
 

@@ -30,7 +30,7 @@ from gnsweep.tracking import METRICS, RunLogger, make_logger
 runnable = needs_running
 """Whether a run still needs running (the retry rule lives in `gnsweep.runs.needs_running`)."""
 
-HISTORY = "attempts.jsonl"
+HISTORY = store.HISTORY
 """Append-only log of a run's attempts (start, end, stopped, died), one JSON object a line."""
 PREEMPTED = 75
 """Exit code of a worker stopped by Slurm's warning ahead of a time limit or preemption
@@ -209,7 +209,7 @@ def start_watchdog(run_path: Path, attempt: int, claim: claims.Claim) -> Watchdo
     """The stall watchdog of a run this process (rank 0) trains: on a stall it records the
     attempt failed (reason "stalled", retried like any failure), releases the claim, and ends
     the process (`gnsweep.executors.watchdog`)."""
-    limit = stall_seconds(run_path.parent.parent)
+    limit = stall_seconds(store.sweep_of(run_path))
 
     def on_stall(idle: float) -> None:
         error = (f"stalled: no step logged for {idle:.0f} s (sweep.stall_seconds={limit:g}); "
@@ -229,7 +229,7 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
     from gnsweep.training import train
 
     try:
-        config, spec = read_run(path.parent.parent, path.name)
+        config, spec = read_run(store.sweep_of(path), path.name)
 
         def on_row(row: dict[str, float]) -> None:
             if watchdog is not None:

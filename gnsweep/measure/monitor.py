@@ -69,6 +69,8 @@ from gnsweep.noise import (
 )
 
 METHODS = ("per_example", "microbatch", "ddp", "fsdp")
+FALLBACK_METHOD = "per_example"
+"""What a monitor measures with when the batch cannot be cut into micro-batches."""
 
 MICROBATCH_FROM = 192
 """`timed_auto`: from this batch on, a model with convolutions is measured with micro-batches
@@ -279,6 +281,35 @@ class NoiseScaleMonitor:
         one process."""
         return self._increments is not None or (self._fsdp is not None
                                                   and self._fsdp.world == 1)
+
+    def microbatches(self, wanted: int, samples: int) -> int:
+        """The micro-batches this step's backward must come in for the measurement: `wanted`
+        (noise.microbatches, at most one per sample) on a measured step that needs them, else
+        one (the batch whole)."""
+        return min(wanted, samples) if self.measuring and self.needs_microbatches else 1
+
+    def unsplittable(self) -> str | None:
+        """The run's first batch cannot be cut along dim 0: this monitor's fallback. With
+        `timed_auto` it keeps per-example norms (micro-batches are no candidate) and needs
+        nothing more; with method microbatch it says so once and returns the method to rebuild
+        it with (`FALLBACK_METHOD`: per-example norms need no split, except for layers they
+        do not cover; a batch of one sample they leave unmeasured, NaN); otherwise None."""
+        if self.timed:
+            self.keep(FALLBACK_METHOD)
+            return None
+        if self.method != "microbatch":
+            return None
+        self.warn_once("nosplit", "noise scale: this task's batch cannot be split along dim 0 "
+                       "(no tensor, tensors of different lengths, or one sample): measuring "
+                       "with per-example norms instead of micro-batches")
+        return FALLBACK_METHOD
+
+    def resumed_method(self, saved: dict[str, Any]) -> str | None:
+        """The method to rebuild this monitor with before `load_state_dict(saved)`: the saved
+        run fell back at its first step (`unsplittable`), so does this one; None: as built."""
+        if saved["method"] != self.method and not self.timed:
+            return FALLBACK_METHOD
+        return None
 
     @property
     def b_simple(self) -> float:

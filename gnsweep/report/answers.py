@@ -13,6 +13,8 @@ from typing import Any
 
 import pandas as pd
 
+from gnsweep.targets import Direction
+
 EXTRAPOLATION = 2.0
 """B_crit further than this factor outside the measured batch sizes is reported as a bound."""
 POORLY_DETERMINED = 100.0
@@ -55,9 +57,9 @@ def interval_of(row: Any) -> tuple[float, float]:
 
 
 def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
-            unit: str = "examples", higher_is_better: bool | None = None) -> list[str]:
+            unit: str = "examples", direction: Direction | bool | None = None) -> list[str]:
     """One plain paragraph per target, earliest in training first; `what` names the targets'
-    quantity (loss, or a task's own metric such as return); `higher_is_better` its direction
+    quantity (loss, or a task's own metric such as return); `direction` which way it is reached
     (default: a loss falls, any other metric rises).
 
     B_crit more than a factor EXTRAPOLATION outside the measured batch sizes is reported as a
@@ -65,7 +67,7 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
     """
     out = []
     batches = sorted(int(b) for b in front["batch_size"].unique()) if len(front) else []
-    rises = what != "loss" if higher_is_better is None else higher_is_better
+    rises = what != "loss" if direction is None else Direction.of(direction).rises
     for row in fits.sort_values("target", ascending=rises).itertuples(index=False):
         b_crit = float(row.b_crit)
         if not (math.isfinite(b_crit) and b_crit > 0):

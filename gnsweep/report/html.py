@@ -21,7 +21,7 @@ from gnsweep.config import Config
 from gnsweep.report.answers import answers, interval_of
 from gnsweep.report.views import quantity
 from gnsweep.report.views import unit as unit_of
-from gnsweep.targets import rising
+from gnsweep.targets import Direction
 
 
 def collect_warnings(tables: Results) -> list[str]:
@@ -274,7 +274,7 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
         "<h2>Answer</h2>",
         *(f"<p class=answer>{esc(a)}</p>"
           for a in answers(tables.fits, tables.front, quantity(tables.meta), unit,
-                              rising(tables.meta))),
+                              Direction.from_meta(tables.meta))),
         f"<h2>Warnings ({len(warnings)})</h2>",
         _list(warnings, "warn") if warnings else "<p>None.</p>",
         "<h2>Fits of eq. 2.11: (S/S_min − 1)(E/E_min − 1) = 1</h2>",

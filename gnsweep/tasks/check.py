@@ -19,7 +19,7 @@ from torch.utils.data import default_collate
 
 from gnsweep.errors import ConfigError
 from gnsweep.tasks import CUSTOM, TARGET, Task, examples_of, make_task
-from gnsweep.training.data import as_dataset
+from gnsweep.tasks.datasets import as_dataset
 
 
 def check_task(name: str, options: dict[str, Any], seed: int = 0) -> str | None:

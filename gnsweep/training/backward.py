@@ -29,7 +29,7 @@ def pieces(monitor: NoiseScaleMonitor, microbatch_size: int, wanted: int, sample
     and measures: `wanted` (noise.microbatches) of them, each of at least one sample."""
     if microbatch_size and samples > microbatch_size:
         return math.ceil(samples / microbatch_size)
-    return min(wanted, samples) if monitor.measuring and monitor.needs_microbatches else 1
+    return monitor.microbatches(wanted, samples)
 
 
 def backward(trained: torch.nn.Module, task: Task, batch: Any, k: int,

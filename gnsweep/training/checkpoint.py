@@ -40,7 +40,7 @@ from gnsweep import store
 from gnsweep.errors import StoreError
 from gnsweep.training.state import TrainState
 
-FOLDER = "checkpoints"
+FOLDER = store.CHECKPOINTS
 FORMAT = 1
 """The layout of a checkpoint; another one is refused."""
 ROWS_EVERY_S = 30.0
