@@ -24,7 +24,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
@@ -98,6 +98,7 @@ METRICS_SCHEMA = pa.schema([
     ("trace_h_sigma", pa.float64()),  # EMA of tr(H Sigma)
     ("b_noise", pa.float64()),        # EMA(tr H Sigma) / EMA(G^T H G)
     ("drift", pa.float64()),          # |G|^2 now / one EMA window ago (NaN: not resolvable)
+    ("b_simple_se", pa.float64()),    # standard error of b_simple (delta method over the window)
     ("probe_g2", pa.float64()),       # frozen-parameter probe: |G|^2 (NaN between probes)
     ("probe_trace_sigma", pa.float64()),    # probe: tr(Sigma)
     ("probe_g_h_g", pa.float64()),          # probe: G^T H G
@@ -255,21 +256,72 @@ def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
         raise StoreError(f"{path}: unreadable parquet ({str(err).splitlines()[0]})") from None
 
 
-def metrics_problem(run_path: Path) -> str | None:
+def metrics_problem(run_path: Path, status: dict[str, Any] | None = None) -> str | None:
     """Why a run's metrics cannot be analysed ("missing", "unreadable: ..."), None when they
-    can: its parquet footer and schema read (cheap: no data pages)."""
+    can: its parquet footer and schema read (cheap: no data pages). With the run's `status`
+    (finished), also when its rows disagree with what the run recorded as it ended: the row
+    count (`rows`), the last row's examples (`examples`) and its step (within `log_every` of
+    `steps`), a table rewritten or cut short that would change the answer in silence."""
     path = run_path / METRICS
     try:
         if path.is_symlink():
             return "a symbolic link"
-        schema = pq.read_schema(path)
+        meta = pq.read_metadata(path)
+        schema = meta.schema.to_arrow_schema()
     except FileNotFoundError:
         return "missing"
     except (pa.ArrowException, OSError, ValueError) as err:
         return f"unreadable ({(str(err).strip().splitlines() or [type(err).__name__])[0]})"
     if "step" not in schema.names or "loss" not in schema.names:
         return "unreadable (no step and loss columns)"
-    return None
+    if status is None or status.get("state") not in FINISHED:
+        return None
+    return _rows_disagree(run_path, meta, status)
+
+
+def _rows_disagree(run_path: Path, meta: Any, status: dict[str, Any]) -> str | None:
+    def last() -> dict[str, Any]:
+        return read_table(run_path / METRICS, columns=["step", "examples"]).slice(
+            meta.num_rows - 1).to_pylist()[0]
+
+    try:
+        return rows_disagree(status, meta.num_rows, last, lambda: log_every(run_path))
+    except StoreError:
+        return "unreadable (its step and examples columns)"
+
+
+def rows_disagree(status: dict[str, Any], num_rows: int, last: Callable[[], dict[str, Any]],
+                  every: Callable[[], int]) -> str | None:
+    """How a finished run's rows (`num_rows`, `last()`: its last row's step and examples)
+    disagree with its status.json, None if they do not."""
+    rows, steps, examples = status.get("rows"), status.get("steps"), status.get("examples")
+    if isinstance(rows, int) and num_rows != rows:
+        return f"cut short or rewritten: {num_rows} rows where the run logged {rows} ({STATUS})"
+    # A status written before rows and examples were recorded: a done run logged its last
+    # step (at the target) or one of the last `every()` (its log_every; at its budget).
+    by_step = status.get("state") == RunState.DONE and isinstance(steps, int)
+    if num_rows == 0 or not (isinstance(examples, int) or by_step):
+        return None
+    row = last()
+    if isinstance(examples, int):
+        if row.get("examples") == examples:
+            return None
+        return (f"cut short or rewritten: its last row at {row.get('examples')} examples where "
+                f"the run's last logged row was at {examples} ({STATUS})")
+    step = row.get("step")
+    if isinstance(step, int) and isinstance(steps, int) and steps - every() < step <= steps:
+        return None
+    return (f"cut short or rewritten: its last row at step {step} where the run ended at step "
+            f"{steps} ({STATUS})")
+
+
+def log_every(run_path: Path) -> int:
+    """The run's `sweep.log_every` from its config.json (1 when it does not say)."""
+    try:
+        value = read_json(run_path / RUN_CONFIG)["config"]["sweep"]["log_every"]
+    except (StoreError, KeyError, TypeError):
+        return 1
+    return value if isinstance(value, int) and value >= 1 else 1
 
 
 OPTIONAL_METRICS = ("metric", "batch_size", "grad_norm", "skipped_steps", "epoch")
@@ -448,6 +500,27 @@ def sweep_of(run_path: Path) -> Path:
 def result_file(table: str) -> str:
     """The file a results table is written to: `<table>.parquet`."""
     return f"{table}.parquet"
+
+
+WRITTEN_INTO = (CLAIMS_LOCK, ".notices", "queue", SLURM, "figures", "tensorboard", "mlflow",
+                "wandb")
+"""Sweep-level names gnsweep writes into or locks: a link there is refused before a launch."""
+RUN_WRITTEN_INTO = (HISTORY, CHECKPOINTS, METRIC_PARTS, CLAIM, STATUS, METRICS)
+"""Names of a run folder gnsweep appends to or writes into."""
+
+
+def check_links(sweep_dir: Path) -> None:
+    """StoreError (exit 2, nothing claimed, nothing run) naming the first file or folder of the
+    sweep gnsweep writes into that is a symbolic link: writes are refused there anyway (they
+    are never followed), but refused up front the run is not half-started, claimed or failed."""
+    names = [sweep_dir / name for name in WRITTEN_INTO]
+    for run_id in run_ids(sweep_dir):
+        names += [sweep_dir / RUNS / run_id / name for name in RUN_WRITTEN_INTO]
+    for path in names:
+        if path.is_symlink():
+            raise StoreError(f"{path}: a symbolic link; gnsweep writes only files inside the "
+                             "sweep folder and never follows one: remove the link (or replace "
+                             "it by a copy of what it points to)")
 
 
 def run_ids(sweep_dir: Path) -> list[str]:

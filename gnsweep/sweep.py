@@ -106,13 +106,19 @@ def prepare_folder(sweep_dir: Path, config: Config, specs: list[RunSpec] | None 
     write its config.yaml (the grid: the union of the old and new grids)."""
     from omegaconf import OmegaConf
 
-    merged = _check_relaunch(sweep_dir, config)
-    # Before anything is written: a run file that disagrees with the sweep (of this grid or
-    # another run of the folder) refuses the whole launch (exit 2, nothing run).
-    check_records(sweep_dir, config, [s.run_id for s in specs or []])
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    store.subdir(sweep_dir, store.RUNS)
-    store.write_text(sweep_dir / store.SWEEP_CONFIG, OmegaConf.to_yaml(redact.config(merged)))
+    if not sweep_dir.is_dir():
+        _check_relaunch(sweep_dir, config)  # a new folder: nothing of it exists before this
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+    # Read, merge and write config.yaml under the folder's lock: two launchers with different
+    # grids at once leave the union of both (each reads what the other wrote).
+    with store.exclusive(sweep_dir / store.CLAIMS_LOCK):
+        merged = _check_relaunch(sweep_dir, config)
+        # Before anything is written: a run file that disagrees with the sweep (of this grid
+        # or another run of the folder) refuses the whole launch (exit 2, nothing run).
+        check_records(sweep_dir, config, [s.run_id for s in specs or []])
+        store.subdir(sweep_dir, store.RUNS)
+        store.write_text(sweep_dir / store.SWEEP_CONFIG,
+                         OmegaConf.to_yaml(redact.config(merged)))
 
 
 def prepare(sweep_dir: Path, config: Config) -> list[RunSpec]:
@@ -169,6 +175,9 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
     os.environ[LAUNCH_ENV] = uuid.uuid4().hex
     # The real values of the secrets masked on disk, for this launch's workers only.
     redact.export(config.to_dict())
+    # Nothing gnsweep writes into may be a link: refused here (exit 2), before a run is
+    # claimed, rather than half-way through one.
+    store.check_links(sweep_dir)
     specs = [read_run(sweep_dir, r)[1] for r in run_ids]  # each checked against config.yaml
     # Runs another launcher holds stay in: every executor waits for them (and runs them should
     # their owner die), but none starts them while their owner lives.

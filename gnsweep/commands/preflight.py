@@ -24,5 +24,6 @@ def preflight(config: Config) -> Config:
     config with the task's unit recorded."""
     from gnsweep.tasks.check import check_task
 
-    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
+    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
+                      config.sweep.stall_seconds)
     return dataclasses.replace(config, task=config.task.with_unit(unit))
