@@ -283,7 +283,7 @@ def status(
     """
     from collections import Counter
 
-    from gnsweep.sweep import sweep_status
+    from gnsweep.sweep import measurement_note, sweep_status
 
     rows = sweep_status(sweep_dir)
     shown = [r for r in rows if all_runs or r["state"] != "done"]
@@ -299,6 +299,9 @@ def status(
     requeued = sum(r["requeues"] for r in rows)
     typer.echo(f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
                + (f"; Slurm requeued runs {requeued} times" if requeued else ""))
+    note = measurement_note(rows)
+    if note:
+        typer.echo(note)
 
 
 def _progress_of(row: dict[str, Any]) -> str:

@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 
-METHODS = ("auto", "per_example", "microbatch", "ddp")
+METHODS = ("auto", "per_example", "microbatch", "ddp", "norm_layers", "none")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 EXECUTORS = ("local", "torchrun", "slurm")
 LOSS_KINDS = ("smoothed", "raw", "eval")
@@ -426,13 +426,16 @@ class NoiseConfig:
     """How B_simple (and optionally B_noise) is measured during every run."""
 
     method: str = "auto"
-    """per_example, microbatch, ddp, or auto (ddp under torchrun, else the cheaper right one of
-    per_example and microbatch: docs/noise.md)."""
+    """per_example, microbatch, ddp, norm_layers (per-example norms of the LayerNorm/RMSNorm
+    parameters only), none (no measurement: the baseline), or auto (ddp under torchrun, else
+    the cheaper right one of per_example and microbatch: docs/noise.md)."""
     microbatches: int = 4
     """Micro-batches per step for method=microbatch (b_small = B / this); where a step is
     already cut into train.microbatch_size pieces, those pieces are used instead."""
-    every: int = 1
-    """Measure every this many steps."""
+    every: int | str = "auto"
+    """Measure every this many steps (1: every step), or auto: the steps needed to keep
+    B_simple's standard error within 4% of a measurement on every step, at least one in 16
+    (docs/noise.md, "Measuring a subset of steps")."""
     ema_steps: float = 0.0
     """EMA time constant of G2 and S in steps (0: use ema_examples)."""
     ema_examples: float = 2048.0
@@ -457,9 +460,12 @@ class NoiseConfig:
         self.microbatches = _integer("noise.microbatches", self.microbatches)
         if self.microbatches < 2:
             raise ConfigError(f"noise.microbatches: {self.microbatches} must be >= 2")
-        self.every = _integer("noise.every", self.every)
-        if self.every < 1:
-            raise ConfigError(f"noise.every: {self.every} must be >= 1")
+        if isinstance(self.every, str) and self.every.strip().lower() == "auto":
+            self.every = "auto"
+        else:
+            self.every = _integer("noise.every", self.every)
+            if self.every < 1:
+                raise ConfigError(f"noise.every: {self.every} must be >= 1 (or auto)")
         self.ema_steps = _number("noise.ema_steps", self.ema_steps)
         self.ema_examples = _number("noise.ema_examples", self.ema_examples)
         if self.ema_steps < 0 or self.ema_examples <= 0:

@@ -98,6 +98,7 @@ METRICS_SCHEMA = pa.schema([
     ("trace_h_sigma", pa.float64()),  # EMA of tr(H Sigma)
     ("b_noise", pa.float64()),        # EMA(tr H Sigma) / EMA(G^T H G)
     ("drift", pa.float64()),          # |G|^2 now / one EMA window ago (NaN: not resolvable)
+    ("b_simple_se", pa.float64()),    # standard error of b_simple (delta method over the window)
     ("probe_g2", pa.float64()),       # frozen-parameter probe: |G|^2 (NaN between probes)
     ("probe_trace_sigma", pa.float64()),    # probe: tr(Sigma)
     ("probe_g_h_g", pa.float64()),          # probe: G^T H G

@@ -248,5 +248,26 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
                      "slurm_job_id": job or "", "owner": owner, "info": str(info),
                      "requeues": requeues(path),
                      "gpus": status.get("gpus"), "device": status.get("device"),
+                     "noise": status.get("noise_measured"),
                      **{k: (last or {}).get(k) for k in ("step", "examples", "loss_smooth")}})
     return rows
+
+
+def measurement_note(rows: list[dict[str, Any]]) -> str | None:
+    """One line on what the finished runs measured (`sweep_status` rows, their status.json's
+    `noise_measured`): measurement off (`noise.method=none`: B_simple absent by design), or
+    the share of steps measured over the runs; None before any run has finished."""
+    known = [r["noise"] for r in rows if isinstance(r.get("noise"), dict)]
+    if not known:
+        return None
+    off = sum(1 for n in known if n.get("method") == "none")
+    steps = sum(int(n.get("steps") or 0) for n in known if n.get("method") != "none")
+    measured = sum(int(n.get("measured") or 0) for n in known if n.get("method") != "none")
+    parts = []
+    if off:
+        parts.append(f"{off} run(s) with noise measurement off (noise.method=none): no B_simple")
+    if steps:
+        everys = sorted({str(n.get("every")) for n in known if n.get("method") != "none"})
+        parts.append(f"noise scale measured on {measured / steps:.0%} of {steps} steps "
+                     f"(noise.every={', '.join(everys)})")
+    return "; ".join(parts) if parts else None

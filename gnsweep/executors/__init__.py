@@ -295,7 +295,9 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
                                     train_seconds=result.train_seconds,
                                     rows=result.rows, examples=result.examples,
                                     **({"noise_method": result.noise_method}
-                                       if result.noise_method else {}))
+                                       if result.noise_method else {}),
+                                    **({"noise_measured": result.noise_measured}
+                                       if result.noise_measured else {}))
         log_event(path, "end", attempt=attempts, state=result.state)
     return status
 

@@ -95,5 +95,6 @@ def in_task_units(estimate: NoiseEstimate | None, per_sample: float) -> NoiseEst
                    trace_sigma_step=estimate.trace_sigma_step * per_sample,
                    trace_sigma=estimate.trace_sigma * per_sample,
                    b_simple=estimate.b_simple * per_sample,
+                   b_simple_se=estimate.b_simple_se * per_sample,
                    trace_h_sigma=estimate.trace_h_sigma * per_sample,
                    b_noise=estimate.b_noise * per_sample)

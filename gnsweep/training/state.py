@@ -197,7 +197,7 @@ def make_monitor(model: torch.nn.Module, trained: torch.nn.Module, task: Task, c
     # loop splits the batch when the monitor asks: `pieces`).
     method = method or noise.method
     if isinstance(trained, torch.nn.parallel.DistributedDataParallel) and \
-            method not in ("ddp", "auto"):
+            method not in ("ddp", "auto", "none"):
         raise ValueError(f"noise.method={method} under torchrun: use ddp (or auto), which "
                          "reads each worker's gradient before the all-reduce")
     # The Hessian passes run the task's own loss on the unwrapped model (`task_loss`).
