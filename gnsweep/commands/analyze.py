@@ -204,6 +204,12 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
         from gnsweep.analysis.adaptive import format_adaptive
 
         echo(format_adaptive(result.adaptive), err=as_json)
+    if sweep_dir is not None:  # what share of the steps the noise scale was measured on
+        from gnsweep.commands.status import sweep_measurement_note
+
+        note = sweep_measurement_note(sweep_dir)
+        if note:
+            echo(note, err=as_json)
     for warning in result.warnings:
         echo(f"warning: {warning}", err=True)
     echo(f"tables: {out}/steps.parquet, front.parquet, fits.parquet, lr_fits.parquet, "

@@ -80,6 +80,14 @@ def measurement_note(rows: list[dict[str, Any]]) -> str | None:
     return "; ".join(parts) if parts else None
 
 
+def sweep_measurement_note(sweep_dir: Path) -> str | None:
+    """`measurement_note` from the runs' status.json files alone (what `analyze` and `report`
+    say beside their figures)."""
+    rows = [{"noise": store.read_status(store.run_dir(sweep_dir, run_id)).get("noise_measured")}
+            for run_id in store.run_ids(sweep_dir)]
+    return measurement_note(rows)
+
+
 def progress_of(row: dict[str, Any]) -> str:
     """Where an unfinished run stands on disk: step, examples, smoothed loss, the GPUs it is
     training on, requeues."""
