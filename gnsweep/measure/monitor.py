@@ -157,6 +157,11 @@ class NoiseScaleMonitor:
     gradient trained on is the batch mean either way (as the micro-batches' weighted sum: equal
     up to rounding). The choice is a function of the model and the first batch, never of a
     clock, so that a run trained twice, or resumed, gives the same numbers.
+
+    A layer whose gradient per-example norms cannot attribute to examples (its input has no
+    batch dimension: positions `wpe(torch.arange(T))`, `unattributed`) leaves the first
+    measured step unmeasured; `method="auto"` then measures with micro-batches (said once,
+    `choice` says why), an explicit `"per_example"` raises a ValueError.
     """
 
     def __init__(self, model: nn.Module, method: str = "auto", *, every: int | str = 1,
