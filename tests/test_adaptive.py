@@ -304,7 +304,7 @@ def test_dry_run_shows_adaptive_runs_as_what_they_are(tmp_path):
                                  "--sweep-dir", str(tmp_path / "x"), "--dry-run"])
     assert result.exit_code == 0, result.output
     (line,) = [line for line in result.output.splitlines() if line.startswith("r30_")]
-    assert line.split()[1:] == ["adaptive", "r=30", "eps_max", "2", "0"]
+    assert line.split()[1:] == ["adaptive", "r=30", "eps_max", "2", "0", "pending"]
     assert not (tmp_path / "x").exists()
 
 

@@ -109,7 +109,7 @@ def reference(metrics, runs, targets):
             b = upto["b_simple"].to_numpy()
             ok = np.isfinite(b) & (b > -run.batch_size)
             w = ds[ok] / (1 + b[ok] / run.batch_size)
-            out[run.run_id, t] = (crossing,
+            out[run.run_id, t] = (max(crossing, 1.0),  # never inside the first step
                                   (w * b[ok]).sum() / w.sum() if w.sum() > 0 else math.nan)
     return out
 

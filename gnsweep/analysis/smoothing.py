@@ -37,9 +37,12 @@ MIN_WINDOW_EXAMPLES = 64.0
 sequences), divided by the samples a step for steps. Counted in samples, not in the task's unit,
 so it means the same training for a task in tokens as for one in examples (64 tokens would be a
 quarter step at 16 sequences of 16 tokens); for a task whose unit is its samples they agree."""
-MIN_REACH_ROWS = 3
-"""A target counts as reached at a run's third logged row at the earliest (after >= 2 updates
-when every step is logged): never inside the first step, never from one noisy row."""
+MIN_REACH_UPDATES = 1.0
+"""A target is never read as reached before this many updates: a crossing interpolated inside
+the first step (a branch run of a language model at a few sequences read 0.38-0.98 steps), or a
+loss already at the target before any update, counts as reached at one step, the least a run
+can take (and log S stays finite). Rows are never dropped: sparse logging and short tables keep
+their first rows."""
 
 
 def centred_fit(x: np.ndarray, y: np.ndarray, fraction: float, min_half_width: float = 0.0
@@ -258,13 +261,11 @@ def pooled_probes(probe_steps: np.ndarray, numerator: np.ndarray, denominator: n
 def settled_at_or_below(x: np.ndarray, y: np.ndarray, target: float, fraction: float,
                         min_half_width: float = 0.0) -> bool:
     """Whether the centred smooth of y(x) (`centred_fit`) is at or below `target` at a point
-    whose whole window lies inside the data, `MIN_REACH_ROWS` rows in at the earliest: later
-    points cannot move that value, so the analysis will read the target as reached whatever
-    comes after."""
+    whose whole window lies inside the data: later points cannot move that value, so the
+    analysis will read the target as reached whatever comes after."""
     x = np.asarray(x, float)
     if len(x) == 0:
         return False
     smooth = centred_fit(x, y, fraction, min_half_width)
     whole = x + np.maximum(fraction * np.abs(x), min_half_width) <= x[-1]
-    whole[:MIN_REACH_ROWS - 1] = False
     return bool(np.any(whole & (smooth <= target)))

@@ -5,8 +5,8 @@ at step s was computed before update s (after s - 1 updates), the eval loss afte
 default "smoothed" loss is a centred local-linear smooth of the raw training loss
 (`analysis.smoothing.centred_fit`, half-width max(fraction x steps, MIN_WINDOW_EXAMPLES / samples
 a step)): no lag, unlike the training loop's causal EMA (`loss_smooth`, used only where no raw
-loss is logged or with `ema_examples`). A target is read as reached at a run's
-`MIN_REACH_ROWS`-th row at the earliest: never inside its first step or from one noisy row.
+loss is logged or with `ema_examples`). A target is never read as reached before one update
+(`MIN_REACH_UPDATES`): not inside a run's first step.
 
 Works on `Curves`: every run's logged rows concatenated into flat numpy arrays with offsets, so a
 sweep of 1,000 runs x 2,000 steps is a handful of vectorized passes, not a Python loop per row.
@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.smoothing import (
-    MIN_REACH_ROWS,
+    MIN_REACH_UPDATES,
     MIN_WINDOW_EXAMPLES,
     SMOOTHING_FRACTION,
     RunSmoother,
@@ -235,19 +235,17 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
                                                 np.fmin.reduceat(logged, starts[has_rows]))
         last_step[has_rows] = step[ends[has_rows] - 1]
     simple, noise, simple_true, noise_true, flag_sum = _noise_sums(curves)
-    # No target is reached in a run's first rows: their values reach nothing.
-    early = values.copy()
-    first_rows = (np.arange(len(values)) - np.repeat(starts, curves.lengths)) < MIN_REACH_ROWS - 1
-    early[first_rows] = np.nan
 
     base = curves.runs[RUN_COLUMNS[:4]].reset_index(drop=True)
     parts = []
     for target in sorted(targets, reverse=True):
-        first = (_first_at_or_below(early, curves.offsets, sign * target) if usable.any()
+        first = (_first_at_or_below(values, curves.offsets, sign * target) if usable.any()
                  else ends)
         reached = usable & (first < ends)
         at = np.where(reached, first, 0)
         steps = np.where(reached, _interpolated(x, values, at, starts, sign * target), np.nan)
+        # Never inside the first step: at least one update (training losses sit at step - 1).
+        steps = np.where(reached, np.maximum(steps, MIN_REACH_UPDATES), np.nan)
         outcome = np.where(reached, "reached", np.where(has_rows, "not_reached", "no_metrics"))
         outcome = np.where(state == "diverged", "diverged", outcome)
         # A run still training has not failed to reach what it has not reached yet.
@@ -362,13 +360,12 @@ def _filled(curves: Curves, column: str) -> np.ndarray:
 def _interpolated(x: np.ndarray, values: np.ndarray, at: np.ndarray, starts: np.ndarray,
                   target: float) -> np.ndarray:
     """x where the loss crosses `target` between row at-1 (above) and row at (at or below),
-    linear as `smoothing.first_reach`; x[at] at a run's first row, after a NaN or where row at-1
-    is at or below it too (a run's first rows, which reach nothing, `MIN_REACH_ROWS`)."""
+    linear as `smoothing.first_reach`; x[at] at a run's first row or after a NaN."""
     if not len(x):
         return np.full(len(at), np.nan)
     prev = np.maximum(at - 1, 0)
     v0, v1 = values[prev], values[at]
-    ok = (at > starts) & np.isfinite(v0) & (v0 > v1) & (v0 > target)
+    ok = (at > starts) & np.isfinite(v0) & (v0 > v1)
     with np.errstate(invalid="ignore", divide="ignore"):
         frac = np.where(ok, (v0 - target) / (v0 - v1), 1.0)
     return np.where(ok, x[prev] + frac * (x[at] - x[prev]), x[at])
