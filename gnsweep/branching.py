@@ -19,7 +19,7 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.analysis.along import branch_point
-from gnsweep.config import BranchConfig, Config, ConfigError, compose
+from gnsweep.config import Config, ConfigError, compose
 from gnsweep.runs import RunSpec, parse_run_record, write_run
 
 PROBE_SEED = 271_828
@@ -77,14 +77,24 @@ def branch_checkpoint(run_dir: Path, at: int, kept: dict[int, Path],
     return best, kept[best]
 
 
-def branch_config(base: Config, overrides: list[str]) -> Config:
+def branch_config(base: Config, overrides: list[str], *, has_eval: bool = False) -> Config:
     """The branch sweep's config: the overrides composed as for `gnsweep launch`, with the base
     run's task and optimizer settings (FIXED_BY_BASE). Overrides of those may repeat the base
-    run's settings; one that differs from them is refused."""
-    from gnsweep.sweep import config_differences
+    run's settings; one that differs from them is refused. A custom task gives its batch sizes
+    and learning rates (its targets are `branch.targets`, or automatic: no sweep.targets).
 
-    config = compose(overrides)
+    Read on the eval loss where the task has one (`has_eval`) and `analysis.loss` is not set:
+    a branch run's targets lie a few per cent below its point, and a noisy training loss
+    cannot tell them apart."""
+    from gnsweep.sweep import config_differences
+    from gnsweep.tasks import CUSTOM
+
+    config = compose(overrides, grid=("batch_sizes", "learning_rates"),
+                     custom=base.task.name == CUSTOM)
     keys = [(o, o.lstrip("+~").split("=", 1)[0]) for o in overrides]
+    if has_eval and base.task.metric == "loss" and "analysis.loss" not in {k for _, k in keys}:
+        config = dataclasses.replace(config, analysis=dataclasses.replace(config.analysis,
+                                                                         loss="eval"))
     touched = [o for o, key in keys
                if any(key == f or key.startswith(f"{f}.") for f in FIXED_BY_BASE)]
     if touched:
@@ -166,11 +176,8 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
     from gnsweep.sweep import prepare_folder
     from gnsweep.training.branch import read_checkpoint
 
-    if not (base_run / store.RUN_CONFIG).is_file():
-        raise ConfigError(f"{base_run}: not a run folder (no {store.RUN_CONFIG}); give a run of "
-                          "a sweep, e.g. runs/digits/runs/b00032_lr0.1_s0")
-    base, base_spec = parse_run_record(store.read_json(base_run / store.RUN_CONFIG))
-    config = branch_config(base, overrides)
+    base, base_spec = read_base(base_run)
+    config = branch_config(base, overrides, has_eval=has_eval_loss(base, base_spec))
     metric_task = config.task.metric != "loss"
     loss = "metric" if metric_task else config.analysis.loss
     kept, asked = kept_checkpoints(base_run)
@@ -191,8 +198,7 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
         points.append({"at_examples": examples, "at_step": step, "at_loss": at_loss,
                        "b_simple": b_simple, "b_noise": b_noise,
                        "checkpoint": str(path.resolve())})
-    branch = BranchConfig(targets=config.branch.targets, probe_batches=config.branch.probe_batches,
-                          base=str(base_run.resolve()), points=points)
+    branch = dataclasses.replace(config.branch, base=str(base_run.resolve()), points=points)
     config = dataclasses.replace(config, branch=branch)
     prepare_folder(sweep_dir, config)
     specs = []
@@ -203,6 +209,64 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
             write_run(sweep_dir, config, spec)
             specs.append(spec)
     return config, specs
+
+
+def read_base(base_run: Path) -> tuple[Config, RunSpec]:
+    """The base run's config and grid point, from its record (ConfigError: not a run folder)."""
+    if not (base_run / store.RUN_CONFIG).is_file():
+        raise ConfigError(f"{base_run}: not a run folder (no {store.RUN_CONFIG}); give a run of "
+                          "a sweep, e.g. runs/digits/runs/b00032_lr0.1_s0")
+    return parse_run_record(store.read_json(base_run / store.RUN_CONFIG))
+
+
+def has_eval_loss(base: Config, base_spec: RunSpec) -> bool:
+    """Whether the base run's task has a held-out loss (`eval_loss`)."""
+    from gnsweep.tasks import make_task
+
+    return hasattr(make_task(base.task.name, base.task.options, base_spec.seed), "eval_loss")
+
+
+def plan_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[str]
+                ) -> tuple[Config, list[tuple[RunSpec, str]]]:
+    """What `gnsweep branch` would run, writing nothing and training nothing: the branch
+    sweep's config (its points resolved to the base run's checkpoints, the loss there not yet
+    measured) and each run's grid point with its state in `sweep_dir` (pending where it has no
+    record yet)."""
+    from gnsweep.runs import read_state
+
+    base, base_spec = read_base(base_run)
+    config = branch_config(base, overrides, has_eval=has_eval_loss(base, base_spec))
+    kept, asked = kept_checkpoints(base_run)
+    chosen = sorted({branch_checkpoint(base_run, n, kept, asked) for n in at})
+    planned = []
+    for examples, _path in chosen:
+        for spec in _grid(config, examples):
+            run_path = sweep_dir / store.RUNS / spec.run_id
+            state = (str(read_state(run_path)["state"])
+                     if (run_path / store.STATUS).is_file() else "pending")
+            planned.append((spec, state))
+    return config, planned
+
+
+def describe_plan(config: Config, planned: list[tuple[RunSpec, str]], sweep_dir: Path) -> str:
+    """`gnsweep branch --dry-run`'s lines: the grid, the targets and each run's state."""
+    branch = config.branch
+    done = sum(state in ("done", "diverged") for _, state in planned)
+    if branch.automatic:
+        window = (f"{branch.window:,} examples ({config.task.unit})" if branch.window
+                  else f"{branch.window_steps} steps of the largest batch size")
+        targets = f"automatic targets, one window of {window} a run"
+    else:
+        targets = f"targets {', '.join(f'{f:g}' for f in branch.targets)} x the loss there"
+    lines = [f"branch sweep -> {sweep_dir}: {len(planned)} runs ({done} done, "
+             f"{len(planned) - done} to run); {targets}; read on the "
+             f"{config.analysis.loss} loss",
+             f"{'run_id':<34}{'from (examples)':>16}{'batch_size':>12}{'learning_rate':>15}"
+             f"{'seed':>6}  state"]
+    for spec, state in planned:
+        lines.append(f"{spec.run_id:<34}{spec.at_examples:>16,}{spec.batch_size:>12}"
+                     f"{spec.learning_rate:>15g}{spec.seed:>6}  {state}")
+    return "\n".join(lines)
 
 
 def _grid(config: Config, at_examples: int) -> list[RunSpec]:

@@ -240,6 +240,9 @@ def branch(
     workers: Annotated[int | None, typer.Option(
         "--workers", min=1, help="Worker processes (default: one a GPU, else a core).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="List the branch runs, done and pending, and exit: nothing is "
+                          "written or trained.")] = False,
 ) -> None:
     """Measure the critical batch size along a run: a batch size x learning rate grid started
     from the base run's checkpoints, to targets relative to the loss at each (docs/along.md).
@@ -256,6 +259,12 @@ def branch(
     overrides = list(overrides or [])
     if workers is not None:
         overrides.append(f"executor.workers={workers}")
+    if dry_run:
+        from gnsweep.branching import describe_plan, plan_branch
+
+        typer.echo(describe_plan(*plan_branch(base_run_dir, parse_points(at), sweep_dir,
+                                              overrides), sweep_dir))
+        return
     summary = run_branch(base_run_dir, parse_points(at), sweep_dir, overrides,
                          show_progress=not quiet)
     typer.echo(f"branch sweep {sweep_dir}: {summary.describe()}")

@@ -18,10 +18,12 @@ from gnsweep.store import FINISHED, RunState, StoreError
 from gnsweep.targets import relative_target
 
 __all__ = [
+    "EVALS_PER_RUN",
     "FINISHED",
     "RELAUNCH_MAY_CHANGE",
     "RunSpec",
     "RunState",
+    "branch_budget",
     "check_record",
     "check_records",
     "config_differences",
@@ -130,14 +132,44 @@ def expand_grid(config: Config) -> list[RunSpec]:
 
 def run_config(config: Config, spec: RunSpec) -> Config:
     """What one run trains with, derived from the sweep's config and its grid point alone: the
-    sweep's config, except that a branch run stops at its branch point's own targets (the
-    fractions `branch.targets` of the loss there, `gnsweep.targets.relative_target`)."""
+    sweep's config, except for a branch run (`branch_budget`): with `branch.targets` it stops at
+    its branch point's own targets (the fractions of the loss there,
+    `gnsweep.targets.relative_target`); with automatic targets it trains one window of examples
+    and stops at no target. A branch sweep read on the eval loss evaluates about 32 times a run
+    unless `sweep.eval_every` says otherwise."""
     if not spec.at_examples:
         return config
-    point = config.branch.point(spec.at_examples)
-    targets = [relative_target(point["at_loss"], f, config.task.higher_is_better)
-               for f in config.branch.targets]
-    return replace(config, sweep=replace(config.sweep, targets=targets))
+    branch, sweep = config.branch, config.sweep
+    point = branch.point(spec.at_examples)
+    changes: dict[str, Any] = {}
+    if branch.automatic:
+        steps, examples = branch_budget(config, spec.batch_size)
+        changes.update(max_steps=steps or sweep.max_steps, max_examples=examples)
+        expected = steps or max(1, math.ceil(examples / spec.batch_size))
+    else:
+        changes["targets"] = [relative_target(point["at_loss"], f, config.task.higher_is_better)
+                              for f in branch.targets]
+        expected = min(sweep.max_steps, 1024)
+    if config.analysis.loss == "eval" and not sweep.eval_every:
+        changes["eval_every"] = max(1, expected // EVALS_PER_RUN)
+    return replace(config, sweep=replace(sweep, **changes))
+
+
+EVALS_PER_RUN = 32
+"""How often a branch run read on the eval loss evaluates over its budget by default (each run
+at the same examples: every max(1, steps // 32) steps)."""
+
+
+def branch_budget(config: Config, batch_size: int) -> tuple[int, int]:
+    """(max_steps, max_examples) of a branch run with automatic targets: one window, the same
+    examples at every batch size. `branch.window` examples (in the task's unit; steps 0: as
+    many as it takes), else `branch.window_steps` steps of the grid's largest batch size
+    (examples 0), so that a batch size k times smaller trains k times the steps."""
+    branch = config.branch
+    if branch.window:
+        return 0, branch.window
+    largest = max(config.sweep.batch_sizes)
+    return max(1, math.ceil(branch.window_steps * largest / batch_size)), 0
 
 
 def run_record(config: Config, spec: RunSpec) -> dict[str, Any]:

@@ -531,6 +531,10 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("ratio_noise", pa.float64()), ("ratio_noise_se", pa.float64()),
         ("b_simple_mean", pa.float64()), ("b_noise_mean", pa.float64()),
         ("quality", pa.large_string()), ("refused", pa.large_string()),
+        ("target_source", pa.large_string()), ("window", pa.float64()),
+        ("b_crit_tol", pa.float64()), ("b_crit_tol_lo", pa.float64()),
+        ("b_crit_tol_hi", pa.float64()), ("tolerance", pa.float64()),
+        ("tol_refused", pa.large_string()),
     ]),
     "along_schedule": pa.schema([
         ("run_id", pa.large_string()), ("seed", pa.int64()), ("target", pa.float64()),

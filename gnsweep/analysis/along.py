@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -40,12 +41,28 @@ ALONG_COLUMNS = ["at_examples", "at_step", "at_loss", "target", "target_value", 
                  "n_batch_sizes", "s_min", "s_min_se", "e_min", "e_min_se", "b_crit",
                  "b_crit_se", "rmse_log", "b_simple", "b_noise", "ratio", "ratio_se",
                  "ratio_noise", "ratio_noise_se", "b_simple_mean", "b_noise_mean", "quality",
-                 "refused"]
+                 "refused", "target_source", "window", "b_crit_tol", "b_crit_tol_lo",
+                 "b_crit_tol_hi", "tolerance", "tol_refused"]
 """along.parquet: one row per (branch point, target). `target` is the fraction of `branch.targets`,
 `target_value` the loss (or metric) it stands for at that point; `b_simple`, `b_noise` the base
 run's noise scales at the point; `ratio` = b_crit / b_simple, `ratio_noise` = b_crit / b_noise;
 `b_simple_mean`, `b_noise_mean` the branch runs' own S_min-weighted means up to the target
-(median over the best runs, as in fits.parquet)."""
+(median over the best runs, as in fits.parquet). `target_source` says where the target came
+from: "set" (`branch.targets`) or "auto" (`auto_targets`: from the losses the point's runs
+reached; `target` is then the fraction of the loss at the point it stands for).
+
+The second definition (Merrill et al. 2025, `tolerance_b_crit`), the same on every row of a
+point: `window` the examples every batch size trained from the point, `b_crit_tol` the largest
+batch size whose loss decrease over that window is at least (1 - `tolerance`) x the best smaller
+batch size's (interpolated in log B between `b_crit_tol_lo`, the last within tolerance, and
+`b_crit_tol_hi`, the first outside); `tol_refused` says why it is NaN or a bound ("all batch
+sizes within tolerance: above 512" keeps `b_crit_tol_lo` = 512)."""
+AUTO_QUANTILES = (0.3, 0.5, 0.7)
+"""Automatic targets: these shares of the loss decrease that most batch sizes achieve over the
+window (`auto_targets`), from the most local (0.3) to the hardest one half the batch sizes,
+and at least 3, still reach."""
+AUTO_MIN_BATCH_SIZES = 3
+"""An automatic target is one that at least this many batch sizes (or all, when fewer) reach."""
 BASE_COLUMNS = ["step", "examples", "loss", "b_simple", "b_noise"]
 """along_base.parquet: the base run's smoothed loss and noise scales per logged row (for the
 figure: the noise scale the local B_crit is compared with, over the whole run)."""
@@ -108,13 +125,19 @@ def _span(x: np.ndarray) -> str:
     return f"{x.min():g}..{x.max():g}" if len(x) else "nothing"
 
 
-def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[float], *,
+def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[float] | None, *,
                   loss: str = "smoothed", ema_examples: float | None = None,
                   bootstrap: int = 0, optimizer: str = "sgd", higher_is_better: bool = False,
-                  source: str = "branch") -> Results:
+                  source: str = "branch", window: float = 0.0,
+                  tolerance: float = 0.5) -> Results:
     """One analysis per branch point (runs whose `at_examples` column names it) to its relative
     targets, put together grouped by `at_examples` (`analysis.groups`), with `along`: one row
-    per (point, fraction), ALONG_COLUMNS.
+    per (point, target), ALONG_COLUMNS.
+
+    `fractions` empty or None: each point's targets are chosen from the losses its runs reached
+    (`auto_targets`). Beside the fit of eq. 2.11 every row carries the point's local B_crit by
+    tolerance (`tolerance_b_crit`) over `window` examples (0: the examples every batch size
+    covered, `common_window`).
 
     A target that no run of its point reached, or a point without runs, keeps its row with
     `refused` saying why and NaN estimates: marked, never dropped, and never fitted on a subset
@@ -123,16 +146,36 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
     if GROUP not in curves.runs:
         raise AnalysisError(f"{source}: the runs name no branch point (no {GROUP} column); "
                             "a branch sweep is written by `gnsweep branch`")
-    fractions = sorted((float(f) for f in fractions), reverse=True)
+    automatic = not fractions
+    fractions = sorted((float(f) for f in fractions or []), reverse=True)
     at = curves.runs[GROUP].to_numpy(np.int64)
     parts: dict[str, Results] = {}
     rows: list[dict] = []
     warnings: list[str] = []
     for point in sorted(points, key=lambda p: p.at_examples):
         sub = subset(curves, at == point.at_examples)
-        values = [relative_target(point.at_loss, f, higher_is_better) for f in fractions]
-        fits = pd.DataFrame()
         why = f"no branch runs from {point.at_examples} examples" if not len(sub.runs) else ""
+        tol = _tolerance_columns(sub, point, loss, ema_examples, higher_is_better, window,
+                                 tolerance) if not why else _no_tolerance(why, tolerance)
+        if automatic:
+            values = [] if why else auto_targets(sub, point.at_loss, loss, ema_examples,
+                                                 higher_is_better)
+            if not values and not why:
+                why = (f"no batch size moved the {loss} loss past the point's "
+                       f"{point.at_loss:.4g} on {AUTO_MIN_BATCH_SIZES} or more of its runs' "
+                       "batch sizes: train longer (branch.window_steps) or check the "
+                       "learning rates")
+            point_fractions = [fraction_of(point.at_loss, v, higher_is_better) for v in values]
+        else:
+            values = [relative_target(point.at_loss, f, higher_is_better) for f in fractions]
+            point_fractions = fractions
+        fits = pd.DataFrame()
+        if why and not values:
+            row = _row(point, math.nan, math.nan, fits, len(sub.runs), why)
+            row.update(tol, target_source="auto" if automatic else "set")
+            warnings.append(f"branch point {point.at_examples} examples: {why}")
+            rows.append(row)
+            continue
         if not why:
             steps = steps_to_target(sub, None, values, loss=loss, ema_examples=ema_examples,
                                     higher_is_better=higher_is_better)
@@ -154,8 +197,9 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
                           and not ema_examples else None})
                 parts[str(point.at_examples)] = part
                 fits = part.fits
-        for fraction, value in zip(fractions, values, strict=True):
+        for fraction, value in zip(point_fractions, values, strict=True):
             row = _row(point, fraction, value, fits, len(sub.runs), why)
+            row.update(tol, target_source="auto" if automatic else "set")
             fitted = len(fits) and (fits["target"] == value).any()
             if row["refused"] and not fitted:  # a refused fit has warned in its part already
                 warnings.append(f"branch point {point.at_examples} examples, target "
@@ -165,12 +209,160 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
         result = combine(parts, GROUP)
     else:
         raise AnalysisError(f"{source}: no branch point has a run that reached a target "
-                            f"({len(points)} point(s), targets {fractions}); train longer or "
+                            f"({len(points)} point(s), targets "
+                            f"{fractions or 'automatic'}); train longer or "
                             "choose fractions closer to 1 (branch.targets)")
     result.warnings = warnings + result.warnings
-    result.meta.update(source=source, branch_targets=fractions)
+    result.meta.update(source=source, branch_targets=fractions or "auto",
+                       branch_tolerance=tolerance)
     result.along = pd.DataFrame(rows, columns=ALONG_COLUMNS)
     return result
+
+
+def fraction_of(at_loss: float, value: float, higher_is_better: bool = False) -> float:
+    """The fraction of `branch.targets` a target value stands for at a point of loss `at_loss`
+    (the inverse of `targets.relative_target`)."""
+    if higher_is_better:
+        return 1.0 - (value - at_loss) / abs(at_loss) if at_loss else math.nan
+    return value / at_loss if at_loss else math.nan
+
+
+def run_windows(curves: Curves, loss: str, ema_examples: float | None = None
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per run, (examples, loss) of its logged rows read as the analysis reads them
+    (`steps.loss_curve`): the examples at the number of updates behind each value, and the
+    value, finite rows only."""
+    x, values = loss_curve(curves, loss, ema_examples)
+    step, examples = curves.columns["step"], curves.columns["examples"]
+    out = []
+    for i in range(len(curves.runs)):
+        lo, hi = curves.offsets[i], curves.offsets[i + 1]
+        seen = np.interp(x[lo:hi], np.concatenate([[0.0], step[lo:hi]]),
+                         np.concatenate([[0.0], examples[lo:hi]]))
+        ok = np.isfinite(seen) & np.isfinite(values[lo:hi])
+        out.append((seen[ok], values[lo:hi][ok]))
+    return out
+
+
+def auto_targets(curves: Curves, at_loss: float, loss: str, ema_examples: float | None = None,
+                 higher_is_better: bool = False) -> list[float]:
+    """Targets chosen from what a point's branch runs reached, easiest first: AUTO_QUANTILES
+    of the loss decrease below the point that the k-th best batch size achieves (each batch
+    size at its best learning rate, k = max(3, half the batch sizes), or all when fewer), so
+    that at least k batch sizes reach every target. Fixed fractions of a loss are reached in
+    under a step by some batch sizes and never by others; these are reached by several.
+    [] when fewer than k batch sizes got below the point."""
+    sign = -1.0 if higher_is_better else 1.0
+    best: dict[float, float] = {}
+    for (_seen, values), batch in zip(run_windows(curves, loss, ema_examples),
+                                     curves.runs["batch_size"].to_numpy(float), strict=True):
+        # Past the first row: the first reading is the smoother's, not a step's (as the
+        # reached-at-start rule, `_reached_at_start`).
+        if len(values) > 1:
+            lowest = float(np.min(sign * values[1:]))
+            best[batch] = min(best.get(batch, math.inf), lowest)
+    drops = sorted((sign * at_loss - v for v in best.values()), reverse=True)
+    k = min(len(drops), max(AUTO_MIN_BATCH_SIZES, math.ceil(len(drops) / 2)))
+    if k < min(AUTO_MIN_BATCH_SIZES, len(drops)) or not drops or drops[k - 1] <= 0:
+        return []
+    drop = drops[k - 1]
+    return [at_loss - sign * q * drop for q in AUTO_QUANTILES]
+
+
+def common_window(curves: Curves, loss: str, ema_examples: float | None = None) -> float:
+    """The examples every batch size covered from the point: over batch sizes, the least of
+    the most examples any of its runs that did not diverge logged (a run stopped at its target
+    covers less than one trained to its budget). 0 when no run logged a row."""
+    covered: dict[float, float] = {}
+    states = curves.runs["state"].astype(str).to_numpy()
+    for (seen, _), batch, state in zip(run_windows(curves, loss, ema_examples),
+                                       curves.runs["batch_size"].to_numpy(float), states,
+                                       strict=True):
+        if state != "diverged" and len(seen):
+            covered[batch] = max(covered.get(batch, 0.0), float(seen[-1]))
+    return min(covered.values()) if covered else 0.0
+
+
+def tolerance_b_crit(batch_sizes: np.ndarray, decreases: np.ndarray, tolerance: float
+                     ) -> tuple[float, float, float, str]:
+    """The local critical batch size by tolerance (Merrill et al. 2025) from each batch size's
+    loss decrease over one window of examples (its best learning rate): scanning up from the
+    smallest, the largest batch size whose decrease is at least (1 - tolerance) x the best
+    smaller batch size's; (value, last within, first outside, reason). The value is the
+    crossing interpolated in log B between the last within and the first outside; NaN with a
+    reason where there is none: every batch size within tolerance is a bound above the largest,
+    no decrease at all is a refusal.
+
+    Why a share of the decrease: with eq. 2.11 a batch B needs E_min (1 + B/B_crit) examples for
+    the progress E_min examples buy at a small batch, so over a window short enough that the
+    loss falls linearly in examples its decrease is 1 / (1 + B/B_crit) of the small batches':
+    tolerance 0.5 puts the crossing at B_crit itself."""
+    order = np.argsort(batch_sizes)
+    b, d = np.asarray(batch_sizes, float)[order], np.asarray(decreases, float)[order]
+    ok = np.isfinite(d)
+    b, d = b[ok], d[ok]
+    if len(b) < 2:
+        return math.nan, math.nan, math.nan, (
+            f"{len(b)} batch size(s) with a loss at the window's end; the tolerance rule "
+            "compares at least 2")
+    if d[0] <= 0 and np.max(d) <= 0:
+        return math.nan, math.nan, math.nan, "no batch size lowered the loss over the window"
+    ratios = [1.0]
+    for i in range(1, len(b)):
+        best = float(np.max(d[:i]))
+        ratios.append(d[i] / best if best > 0 else math.inf)
+    floor = 1.0 - tolerance
+    for i in range(1, len(b)):
+        if ratios[i] < floor:
+            lo, hi = ratios[i - 1], ratios[i]
+            share = 0.0 if not math.isfinite(lo) or lo == hi else (lo - floor) / (lo - hi)
+            share = min(max(share, 0.0), 1.0)
+            value = float(np.exp(np.log(b[i - 1]) + share * (np.log(b[i]) - np.log(b[i - 1]))))
+            return value, float(b[i - 1]), float(b[i]), ""
+    return math.nan, float(b[-1]), math.inf, (
+        f"all batch sizes within tolerance: above {b[-1]:g}")
+
+
+def _tolerance_columns(curves: Curves, point: BranchPoint, loss: str,
+                       ema_examples: float | None, higher_is_better: bool, window: float,
+                       tolerance: float) -> dict:
+    """The tolerance rule's columns of one point: each batch size's loss at `window` examples
+    (0: `common_window`) at its best learning rate (seeds averaged), as a decrease from the
+    loss at the point, through `tolerance_b_crit`."""
+    window = float(window) or common_window(curves, loss, ema_examples)
+    out = _no_tolerance("", tolerance)
+    out["window"] = window
+    if not window > 0:
+        out["tol_refused"] = "no run logged a loss after its point"
+        return out
+    sign = -1.0 if higher_is_better else 1.0
+    runs = curves.runs
+    at_window = []
+    for seen, values in run_windows(curves, loss, ema_examples):
+        # The value at the window; a run whose last row falls short of it by more than 1/16
+        # did not train it (diverged, failed, stopped at a target): no reading.
+        if len(seen) and seen[-1] >= window * (1 - 1 / 16):
+            at_window.append(float(np.interp(min(window, seen[-1]), seen, values)))
+        else:
+            at_window.append(math.nan)
+    frame = pd.DataFrame({"batch_size": runs["batch_size"].to_numpy(float),
+                          "learning_rate": runs["learning_rate"].to_numpy(float),
+                          "value": at_window})
+    frame = frame[frame["value"].notna()]
+    if not len(frame):
+        out["tol_refused"] = f"no run covered the window of {window:.4g} examples"
+        return out
+    mean = frame.groupby(["batch_size", "learning_rate"])["value"].mean().reset_index()
+    best = (sign * mean["value"]).groupby(mean["batch_size"]).min()
+    decreases = sign * point.at_loss - best.to_numpy(float)
+    value, lo, hi, why = tolerance_b_crit(best.index.to_numpy(float), decreases, tolerance)
+    out.update(b_crit_tol=value, b_crit_tol_lo=lo, b_crit_tol_hi=hi, tol_refused=why)
+    return out
+
+
+def _no_tolerance(why: str, tolerance: float) -> dict:
+    return {"window": math.nan, "b_crit_tol": math.nan, "b_crit_tol_lo": math.nan,
+            "b_crit_tol_hi": math.nan, "tolerance": tolerance, "tol_refused": why}
 
 
 def _reached_at_start(steps: pd.DataFrame, curves: Curves, loss: str) -> np.ndarray:
@@ -214,24 +406,53 @@ def _row(point: BranchPoint, fraction: float, value: float, fits: pd.DataFrame, 
     return row
 
 
+def tolerance_answer(row: Any, unit: str = "examples") -> str:
+    """The tolerance rule's answer at one point, in words: the value with its bracket, the
+    bound, or the refusal."""
+    def g(value: float) -> str:
+        return f"{value:,.4g}"
+
+    if np.isfinite(row.b_crit_tol):
+        return (f"{g(row.b_crit_tol)} {unit} (between {g(row.b_crit_tol_lo)} and "
+                f"{g(row.b_crit_tol_hi)})")
+    return f"none: {row.tol_refused}" if row.tol_refused else "none"
+
+
+def point_name(row: Any, unit: str = "examples") -> str:
+    """A branch point as the answers name it: examples (in the task's unit) and the base
+    run's step there."""
+    return f"{int(row.at_examples):,} {unit} (step {int(row.at_step):,})"
+
+
 def format_along(along: pd.DataFrame, unit: str = "examples") -> str:
-    """The local B_crit table as `gnsweep analyze` prints it: one line per (point, target)."""
-    lines = [f"critical batch size along training ({unit}):",
-             f"{'at':>12} {'loss there':>11} {'target':>7} {'#B':>3} {'S_min':>14} "
-             f"{'local B_crit':>16} {'base B_simple':>14} {'base B_noise':>13}  note"]
-    for row in along.itertuples(index=False):
-        def pm(value: float, se: float) -> str:
-            if not np.isfinite(value):
-                return "-"
-            return f"{value:.4g} ± {se:.2g}" if np.isfinite(se) else f"{value:.4g}"
+    """The local B_crit table as `gnsweep analyze` prints it: per branch point a line naming it
+    with the tolerance rule's answer, then one line per target (the fit of eq. 2.11)."""
+    lines = [f"critical batch size along training ({unit}):"]
 
-        def num(value: float) -> str:
-            return f"{value:.4g}" if np.isfinite(value) else "-"
+    def pm(value: float, se: float) -> str:
+        if not np.isfinite(value):
+            return "-"
+        return f"{value:.4g} ± {se:.2g}" if np.isfinite(se) else f"{value:.4g}"
 
-        lines.append(f"{row.at_examples:>12,} {row.at_loss:>11.4g} {row.target:>7g} "
-                     f"{row.n_batch_sizes:>3} {pm(row.s_min, row.s_min_se):>14} "
-                     f"{pm(row.b_crit, row.b_crit_se):>16} {num(row.b_simple):>14} "
-                     f"{num(row.b_noise):>13}  {row.refused or row.quality}")
+    def num(value: float) -> str:
+        return f"{value:.4g}" if np.isfinite(value) else "-"
+
+    for _, rows in along.groupby("at_examples", sort=True):
+        first = next(rows.itertuples(index=False))
+        window = (f"window {first.window:,.0f} {unit}, tolerance {first.tolerance:g}"
+                  if np.isfinite(first.window) else f"tolerance {first.tolerance:g}")
+        lines.append(f"at {point_name(first, unit)}, loss there {first.at_loss:.4g}: by "
+                     f"tolerance ({window}): {tolerance_answer(first, unit)}")
+        lines.append(f"{'target':>10} {'value':>9} {'#B':>3} {'S_min':>14} "
+                     f"{'B_crit (2.11)':>16} {'base B_simple':>14} {'base B_noise':>13}  note")
+        for row in rows.itertuples(index=False):
+            if not np.isfinite(row.target):
+                lines.append(f"{'-':>10} {'-':>9}  {row.refused}")
+                continue
+            lines.append(f"{row.target:>10.4g} {row.target_value:>9.4g} {row.n_batch_sizes:>3} "
+                         f"{pm(row.s_min, row.s_min_se):>14} "
+                         f"{pm(row.b_crit, row.b_crit_se):>16} {num(row.b_simple):>14} "
+                         f"{num(row.b_noise):>13}  {row.refused or row.quality}")
     return "\n".join(lines)
 
 

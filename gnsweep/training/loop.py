@@ -116,7 +116,9 @@ def run(state: TrainState, out_dir: Path | None = None,
     sweep, world = config.sweep, state.world
     # A metric task's targets are values of task.metric(model), reached in its direction.
     metric_task = config.task.metric != "loss"
-    hardest = config.task.hardest(sweep.targets)
+    # A branch run with automatic targets trains its window and stops at no target.
+    hardest = None if config.branch.points and config.branch.automatic \
+        else config.task.hardest(sweep.targets)
     params = [p for p in state.model.parameters() if p.requires_grad]
     start = time.perf_counter() - state.elapsed
     outcome, reason = "done", "max_steps"
@@ -179,8 +181,8 @@ def run(state: TrainState, out_dir: Path | None = None,
             smooth = state.watch.update(loss, n_examples, state.step)
             # Past the hardest target, train on until the analysis's centred window is whole
             # (a metric is read as logged, no window: stop at once). NaN reaches nothing.
-            if state.stop_at is None and config.task.reached(metric if metric_task else smooth,
-                                                             hardest):
+            if state.stop_at is None and hardest is not None and config.task.reached(
+                    metric if metric_task else smooth, hardest):
                 state.stop_at = state.step + (0 if metric_task else overrun_steps(
                     state.step, n_examples, SMOOTHING_FRACTION, MIN_WINDOW_EXAMPLES))
             done = state.stop_at is not None and state.step >= state.stop_at
@@ -190,8 +192,8 @@ def run(state: TrainState, out_dir: Path | None = None,
                 if on_row is not None:
                     on_row(row)
             # Stop.
-            if done and not metric_task and not _analysis_reached(state.rows, hardest,
-                                                                  n_examples):
+            if done and hardest is not None and not metric_task and not _analysis_reached(
+                    state.rows, hardest, n_examples):
                 # The causal EMA crossed, but the analysis's centred reading of the logged
                 # losses has not (near a loss floor they differ): train on and look again.
                 state.stop_at, done = None, False
