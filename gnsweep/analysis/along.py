@@ -283,39 +283,37 @@ def common_window(curves: Curves, loss: str, ema_examples: float | None = None) 
     return min(covered.values()) if covered else 0.0
 
 
-def tolerance_b_crit(batch_sizes: np.ndarray, decreases: np.ndarray, tolerance: float
+def tolerance_b_crit(batch_sizes: np.ndarray, efficiencies: np.ndarray, tolerance: float
                      ) -> tuple[float, float, float, str]:
-    """The local critical batch size by tolerance (Merrill et al. 2025) from each batch size's
-    loss decrease over one window of examples (its best learning rate): scanning up from the
-    smallest, the largest batch size whose decrease is at least (1 - tolerance) x the best
-    smaller batch size's; (value, last within, first outside, reason). The value is the
-    crossing interpolated in log B between the last within and the first outside; NaN with a
-    reason where there is none: every batch size within tolerance is a bound above the largest,
-    no decrease at all is a refusal.
+    """The local critical batch size by tolerance (Merrill et al. 2025): scanning up from the
+    smallest batch size, the largest whose efficiency stays at least 1 - tolerance; (value,
+    last within, first outside, reason). `efficiencies[i]`: the share of the window's examples
+    the best smaller batch size needed to reach batch size i's loss after the window
+    (`window_efficiencies`; 1 for the smallest, and for a batch that beat every smaller one).
+    The value is the crossing interpolated in log B between the last within and the first
+    outside; NaN with a reason where there is none (every batch size within tolerance: a bound
+    above the largest).
 
-    Why a share of the decrease: with eq. 2.11 a batch B needs E_min (1 + B/B_crit) examples for
-    the progress E_min examples buy at a small batch, so over a window short enough that the
-    loss falls linearly in examples its decrease is 1 / (1 + B/B_crit) of the small batches':
-    tolerance 0.5 puts the crossing at B_crit itself."""
+    Why this reading of "within a tolerance of the best smaller batch's loss": a loss gap means
+    little by itself (it depends on the loss's scale and on how fast it falls there); the
+    examples the smaller batch needed to close it are the token efficiency the definition is
+    about. With eq. 2.11 a batch B needs E_min (1 + B/B_crit) examples for what E_min buys at a
+    batch far below B_crit, so its efficiency is 1 / (1 + B/B_crit) and tolerance 0.5 puts the
+    crossing at B_crit itself, however the loss falls over the window."""
     order = np.argsort(batch_sizes)
-    b, d = np.asarray(batch_sizes, float)[order], np.asarray(decreases, float)[order]
-    ok = np.isfinite(d)
-    b, d = b[ok], d[ok]
+    b = np.asarray(batch_sizes, float)[order]
+    r = np.asarray(efficiencies, float)[order]
+    ok = np.isfinite(r)
+    b, r = b[ok], r[ok]
     if len(b) < 2:
         return math.nan, math.nan, math.nan, (
             f"{len(b)} batch size(s) with a loss at the window's end; the tolerance rule "
             "compares at least 2")
-    if d[0] <= 0 and np.max(d) <= 0:
-        return math.nan, math.nan, math.nan, "no batch size lowered the loss over the window"
-    ratios = [1.0]
-    for i in range(1, len(b)):
-        best = float(np.max(d[:i]))
-        ratios.append(d[i] / best if best > 0 else math.inf)
     floor = 1.0 - tolerance
     for i in range(1, len(b)):
-        if ratios[i] < floor:
-            lo, hi = ratios[i - 1], ratios[i]
-            share = 0.0 if not math.isfinite(lo) or lo == hi else (lo - floor) / (lo - hi)
+        if r[i] < floor:
+            lo, hi = min(r[i - 1], 1.0), r[i]
+            share = (lo - floor) / (lo - hi) if lo > hi else 0.0
             share = min(max(share, 0.0), 1.0)
             value = float(np.exp(np.log(b[i - 1]) + share * (np.log(b[i]) - np.log(b[i - 1]))))
             return value, float(b[i - 1]), float(b[i]), ""
@@ -323,12 +321,53 @@ def tolerance_b_crit(batch_sizes: np.ndarray, decreases: np.ndarray, tolerance: 
         f"all batch sizes within tolerance: above {b[-1]:g}")
 
 
+def window_efficiencies(batch_sizes: np.ndarray, curves: list[tuple[np.ndarray, np.ndarray]],
+                        window: float) -> np.ndarray:
+    """Per batch size (sorted ascending, one curve each: its best learning rate's (examples,
+    loss), lower is better), the share of `window` examples the best smaller batch size (the
+    lowest loss at the window among the smaller ones) needed to first reach this batch size's
+    loss at the window: 1 for the smallest and wherever it did not get that low (this batch
+    beat it), NaN where this batch size has no loss at the window."""
+    at_window = np.array([_value_at(seen, values, window) for seen, values in curves])
+    out = np.full(len(curves), np.nan)
+    for i in range(len(curves)):
+        if not np.isfinite(at_window[i]):
+            continue
+        smaller = [j for j in range(i) if np.isfinite(at_window[j])]
+        if not smaller:
+            out[i] = 1.0
+            continue
+        seen, values = curves[min(smaller, key=lambda j: at_window[j])]
+        below = np.flatnonzero(values <= at_window[i])
+        if not len(below):
+            out[i] = 1.0
+            continue
+        k = int(below[0])
+        if k == 0:
+            out[i] = seen[0] / window
+            continue
+        # Interpolated between the rows on either side of the first crossing.
+        v0, v1 = values[k - 1], values[k]
+        share = (v0 - at_window[i]) / (v0 - v1) if v0 > v1 else 1.0
+        out[i] = min((seen[k - 1] + share * (seen[k] - seen[k - 1])) / window, 1.0)
+    _ = batch_sizes
+    return out
+
+
+def _value_at(seen: np.ndarray, values: np.ndarray, window: float) -> float:
+    """A run's value at `window` examples; NaN when its rows stop short of it by more than
+    1/16 (diverged, failed, or stopped at a target before it)."""
+    if not len(seen) or seen[-1] < window * (1 - 1 / 16):
+        return math.nan
+    return float(np.interp(min(window, seen[-1]), seen, values))
+
+
 def _tolerance_columns(curves: Curves, point: BranchPoint, loss: str,
                        ema_examples: float | None, higher_is_better: bool, window: float,
                        tolerance: float) -> dict:
-    """The tolerance rule's columns of one point: each batch size's loss at `window` examples
-    (0: `common_window`) at its best learning rate (seeds averaged), as a decrease from the
-    loss at the point, through `tolerance_b_crit`."""
+    """The tolerance rule's columns of one point: per batch size its best learning rate's run
+    at `window` examples (0: `common_window`), through `window_efficiencies` and
+    `tolerance_b_crit`."""
     window = float(window) or common_window(curves, loss, ema_examples)
     out = _no_tolerance("", tolerance)
     out["window"] = window
@@ -336,26 +375,22 @@ def _tolerance_columns(curves: Curves, point: BranchPoint, loss: str,
         out["tol_refused"] = "no run logged a loss after its point"
         return out
     sign = -1.0 if higher_is_better else 1.0
-    runs = curves.runs
-    at_window = []
-    for seen, values in run_windows(curves, loss, ema_examples):
-        # The value at the window; a run whose last row falls short of it by more than 1/16
-        # did not train it (diverged, failed, stopped at a target): no reading.
-        if len(seen) and seen[-1] >= window * (1 - 1 / 16):
-            at_window.append(float(np.interp(min(window, seen[-1]), seen, values)))
-        else:
-            at_window.append(math.nan)
-    frame = pd.DataFrame({"batch_size": runs["batch_size"].to_numpy(float),
-                          "learning_rate": runs["learning_rate"].to_numpy(float),
-                          "value": at_window})
-    frame = frame[frame["value"].notna()]
-    if not len(frame):
-        out["tol_refused"] = f"no run covered the window of {window:.4g} examples"
+    best: dict[float, tuple[float, tuple[np.ndarray, np.ndarray]]] = {}
+    for (seen, values), batch in zip(run_windows(curves, loss, ema_examples),
+                                     curves.runs["batch_size"].to_numpy(float), strict=True):
+        at = _value_at(seen, sign * values, window)
+        if np.isfinite(at) and (batch not in best or at < best[batch][0]):
+            best[batch] = (at, (seen, sign * values))
+    if not best:
+        out["tol_refused"] = f"no run covered the window of {window:,.4g} examples"
         return out
-    mean = frame.groupby(["batch_size", "learning_rate"])["value"].mean().reset_index()
-    best = (sign * mean["value"]).groupby(mean["batch_size"]).min()
-    decreases = sign * point.at_loss - best.to_numpy(float)
-    value, lo, hi, why = tolerance_b_crit(best.index.to_numpy(float), decreases, tolerance)
+    sizes = np.array(sorted(best))
+    if best[sizes[0]][0] >= sign * point.at_loss and all(
+            v[0] >= sign * point.at_loss for v in best.values()):
+        out["tol_refused"] = "no batch size lowered the loss over the window"
+        return out
+    efficiencies = window_efficiencies(sizes, [best[b][1] for b in sizes], window)
+    value, lo, hi, why = tolerance_b_crit(sizes, efficiencies, tolerance)
     out.update(b_crit_tol=value, b_crit_tol_lo=lo, b_crit_tol_hi=hi, tol_refused=why)
     return out
 
