@@ -261,8 +261,8 @@ def describe_plan(config: Config, planned: list[tuple[RunSpec, str]], sweep_dir:
     lines = [f"branch sweep -> {sweep_dir}: {len(planned)} runs ({done} done, "
              f"{len(planned) - done} to run); {targets}; read on the "
              f"{config.analysis.loss} loss",
-             f"{'run_id':<34}{'from (examples)':>16}{'batch_size':>12}{'learning_rate':>15}"
-             f"{'seed':>6}  state"]
+             f"{'run_id':<34}{f'from ({config.task.unit})':>16}{'batch_size':>12}"
+             f"{'learning_rate':>15}{'seed':>6}  state"]
     for spec, state in planned:
         lines.append(f"{spec.run_id:<34}{spec.at_examples:>16,}{spec.batch_size:>12}"
                      f"{spec.learning_rate:>15g}{spec.seed:>6}  {state}")
