@@ -98,8 +98,11 @@ def branch_config(base: Config, overrides: list[str], *, has_eval: bool = False)
     touched = [o for o, key in keys
                if any(key == f or key.startswith(f"{f}.") for f in FIXED_BY_BASE)]
     if touched:
+        # Only what the overrides touch: the task not named keeps the default's, not the base's.
+        task_touched = any(k == "task" or k.startswith("task.") for _, k in keys)
+
         def fixed(c: Config) -> dict:
-            return {"task": c.to_dict()["task"],
+            return {**({"task": c.to_dict()["task"]} if task_touched else {}),
                     "train": {k: getattr(c.train, k) for k in OPTIMIZER_KEYS}}
 
         differ = config_differences(fixed(base), fixed(config))

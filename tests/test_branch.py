@@ -306,6 +306,6 @@ def test_a_custom_task_branches_without_sweep_targets(tmp_path):
                                          "sweep.batch_sizes=[4,16]",
                                          "sweep.learning_rates=[0.05]"])
     assert config.sweep.batch_sizes == [4, 16] and config.branch.automatic
-    with pytest.raises(ConfigError, match="sweep.learning_rates") as err:
+    with pytest.raises(ConfigError, match=r"sweep\.learning_rates") as err:
         branch_config(base_config, ["sweep.batch_sizes=[4,16]"])
     assert "sweep.targets" not in str(err.value)
