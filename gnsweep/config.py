@@ -153,6 +153,11 @@ class SweepConfig:
     """Write a metrics row every this many steps."""
     eval_every: int = 0
     """Evaluate on the held-out split every this many steps (0: never)."""
+    eval_per_octave: int = 0
+    """Also evaluate this many times per doubling of the steps: every step for the first 2N
+    steps, every 2nd up to 4N, every 4th up to 8N ... (0: off). Dense where a run has just
+    started: a branch run's targets lie a few steps from its start at large batch sizes and
+    hundreds at small ones, and the same relative resolution serves both."""
     max_retries: int = 2
     """How often a run that raised is retried before it counts as failed."""
     stall_seconds: float = 1800.0
@@ -204,7 +209,7 @@ class SweepConfig:
         self.divergence_factor = _number("sweep.divergence_factor", self.divergence_factor)
         if self.divergence_factor <= 1:
             raise ConfigError(f"sweep.divergence_factor: {self.divergence_factor} must be > 1")
-        for name in ("log_every", "eval_every", "max_retries"):
+        for name in ("log_every", "eval_every", "eval_per_octave", "max_retries"):
             value = _integer(f"sweep.{name}", getattr(self, name))
             if value < (1 if name == "log_every" else 0):
                 raise ConfigError(f"sweep.{name}: {value} is not allowed")

@@ -238,13 +238,24 @@ def make_checkpointer(config: Config, run_dir: Path | None) -> Checkpointer:
                         every_seconds=settings.checkpoint_seconds, keep_at=keep_at)
 
 
+def eval_due(step: int, every: int, per_octave: int) -> bool:
+    """Whether step `step` evaluates: every `every` steps, and `per_octave` times per doubling
+    of the steps (`sweep.eval_per_octave`: steps 1..2 per_octave, then every 2nd ...)."""
+    if every and step % every == 0:
+        return True
+    if per_octave and step >= 1:
+        spacing = max(1, (1 << (step.bit_length() - 1)) // per_octave)
+        return step % spacing == 0
+    return False
+
+
 def _log(state: TrainState, smooth: float, size: int, lr: float,
          start: float) -> dict[str, float]:
     """Append this step's row to `state.rows` (evaluating where `sweep.eval_every` says) and
     return it; `wall_time` is the seconds since `start`."""
     sweep, model = state.config.sweep, state.model
     eval_loss = math.nan
-    if sweep.eval_every and state.step % sweep.eval_every == 0:
+    if eval_due(state.step, sweep.eval_every, sweep.eval_per_octave):
         exact = state.probes.exact_loss(model)
         eval_loss = exact if exact is not None else _eval_loss(model, state)
     state.elapsed = time.perf_counter() - start
