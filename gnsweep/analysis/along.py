@@ -32,17 +32,13 @@ from gnsweep.analysis.pipeline import AnalysisError, analyze_steps, ratio_with_e
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.smoothing import SMOOTHING_FRACTION
 from gnsweep.analysis.steps import Curves, loss_curve, noise_rows, steps_to_target
-from gnsweep.targets import relative_target
+from gnsweep.tables import columns
+from gnsweep.targets import FALLING, Direction
 
 GROUP = "at_examples"
 """The runs-table column naming a branch run's point (examples the base run had seen), and the
 column the per-point tables are grouped by (`analysis.groups`)."""
-ALONG_COLUMNS = ["at_examples", "at_step", "at_loss", "target", "target_value", "n_runs",
-                 "n_batch_sizes", "s_min", "s_min_se", "e_min", "e_min_se", "b_crit",
-                 "b_crit_se", "rmse_log", "b_simple", "b_noise", "ratio", "ratio_se",
-                 "ratio_noise", "ratio_noise_se", "b_simple_mean", "b_noise_mean", "quality",
-                 "refused", "target_source", "window", "b_crit_tol", "b_crit_tol_lo",
-                 "b_crit_tol_hi", "tolerance", "tol_refused"]
+ALONG_COLUMNS = columns("along")
 """along.parquet: one row per (branch point, target). `target` is the fraction of `branch.targets`,
 `target_value` the loss (or metric) it stands for at that point; `b_simple`, `b_noise` the base
 run's noise scales at the point; `ratio` = b_crit / b_simple, `ratio_noise` = b_crit / b_noise;
@@ -53,8 +49,9 @@ reached; `target` is then the fraction of the loss at the point it stands for).
 
 The second definition (Merrill et al. 2025, `tolerance_b_crit`), the same on every row of a
 point: `window` the examples every batch size trained from the point, `b_crit_tol` the largest
-batch size whose loss decrease over that window is at least (1 - `tolerance`) x the best smaller
-batch size's (interpolated in log B between `b_crit_tol_lo`, the last within tolerance, and
+batch size whose loss after that window the best smaller batch size reached within (1 -
+`tolerance`) x the window's examples (interpolated in log B between `b_crit_tol_lo`, the last
+within tolerance, and
 `b_crit_tol_hi`, the first outside); `tol_refused` says why it is NaN or a bound ("all batch
 sizes within tolerance: above 512" keeps `b_crit_tol_lo` = 512)."""
 AUTO_QUANTILES = (0.3, 0.5, 0.7)
@@ -63,7 +60,7 @@ window (`auto_targets`), from the most local (0.3) to the hardest one half the b
 and at least 3, still reach."""
 AUTO_MIN_BATCH_SIZES = 3
 """An automatic target is one that at least this many batch sizes (or all, when fewer) reach."""
-BASE_COLUMNS = ["step", "examples", "loss", "b_simple", "b_noise"]
+BASE_COLUMNS = columns("along_base")
 """along_base.parquet: the base run's smoothed loss and noise scales per logged row (for the
 figure: the noise scale the local B_crit is compared with, over the whole run)."""
 
@@ -127,7 +124,7 @@ def _span(x: np.ndarray) -> str:
 
 def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[float] | None, *,
                   loss: str = "smoothed", ema_examples: float | None = None,
-                  bootstrap: int = 0, optimizer: str = "sgd", higher_is_better: bool = False,
+                  bootstrap: int = 0, optimizer: str = "sgd", direction: Direction = FALLING,
                   source: str = "branch", window: float = 0.0,
                   tolerance: float = 0.5) -> Results:
     """One analysis per branch point (runs whose `at_examples` column names it) to its relative
@@ -155,19 +152,19 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
     for point in sorted(points, key=lambda p: p.at_examples):
         sub = subset(curves, at == point.at_examples)
         why = f"no branch runs from {point.at_examples} examples" if not len(sub.runs) else ""
-        tol = _tolerance_columns(sub, point, loss, ema_examples, higher_is_better, window,
+        tol = _tolerance_columns(sub, point, loss, ema_examples, direction, window,
                                  tolerance) if not why else _no_tolerance(why, tolerance)
         if automatic:
             values = [] if why else auto_targets(sub, point.at_loss, loss, ema_examples,
-                                                 higher_is_better)
+                                                 direction)
             if not values and not why:
                 why = (f"no batch size moved the {loss} loss past the point's "
                        f"{point.at_loss:.4g} on {AUTO_MIN_BATCH_SIZES} or more of its runs' "
                        "batch sizes: train longer (branch.window_steps) or check the "
                        "learning rates")
-            point_fractions = [fraction_of(point.at_loss, v, higher_is_better) for v in values]
+            point_fractions = [fraction_of(point.at_loss, v, direction) for v in values]
         else:
-            values = [relative_target(point.at_loss, f, higher_is_better) for f in fractions]
+            values = [direction.relative_target(point.at_loss, f) for f in fractions]
             point_fractions = fractions
         fits = pd.DataFrame()
         if why and not values:
@@ -178,7 +175,7 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
             continue
         if not why:
             steps = steps_to_target(sub, None, values, loss=loss, ema_examples=ema_examples,
-                                    higher_is_better=higher_is_better)
+                                    direction=direction)
             started = _reached_at_start(steps, sub, loss)
             if started.any():
                 warnings.append(
@@ -192,7 +189,7 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
                     steps[steps["target"].isin(reached)].reset_index(drop=True), reached,
                     bootstrap=bootstrap, optimizer=optimizer,
                     meta={"source": source, "loss": loss, "ema_examples": ema_examples,
-                          "higher_is_better": higher_is_better,
+                          **direction.to_meta(),
                           "smoothing": SMOOTHING_FRACTION if loss == "smoothed"
                           and not ema_examples else None})
                 parts[str(point.at_examples)] = part
@@ -219,10 +216,10 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
     return result
 
 
-def fraction_of(at_loss: float, value: float, higher_is_better: bool = False) -> float:
+def fraction_of(at_loss: float, value: float, direction: Direction = FALLING) -> float:
     """The fraction of `branch.targets` a target value stands for at a point of loss `at_loss`
-    (the inverse of `targets.relative_target`)."""
-    if higher_is_better:
+    (the inverse of `Direction.relative_target`)."""
+    if direction.rises:
         return 1.0 - (value - at_loss) / abs(at_loss) if at_loss else math.nan
     return value / at_loss if at_loss else math.nan
 
@@ -245,14 +242,14 @@ def run_windows(curves: Curves, loss: str, ema_examples: float | None = None
 
 
 def auto_targets(curves: Curves, at_loss: float, loss: str, ema_examples: float | None = None,
-                 higher_is_better: bool = False) -> list[float]:
+                 direction: Direction = FALLING) -> list[float]:
     """Targets chosen from what a point's branch runs reached, easiest first: AUTO_QUANTILES
     of the loss decrease below the point that the k-th best batch size achieves (each batch
     size at its best learning rate, k = max(3, half the batch sizes), or all when fewer), so
     that at least k batch sizes reach every target. Fixed fractions of a loss are reached in
     under a step by some batch sizes and never by others; these are reached by several.
     [] when fewer than k batch sizes got below the point."""
-    sign = -1.0 if higher_is_better else 1.0
+    sign = direction.sign
     best: dict[float, float] = {}
     for (_seen, values), batch in zip(run_windows(curves, loss, ema_examples),
                                      curves.runs["batch_size"].to_numpy(float), strict=True):
@@ -363,7 +360,7 @@ def _value_at(seen: np.ndarray, values: np.ndarray, window: float) -> float:
 
 
 def _tolerance_columns(curves: Curves, point: BranchPoint, loss: str,
-                       ema_examples: float | None, higher_is_better: bool, window: float,
+                       ema_examples: float | None, direction: Direction, window: float,
                        tolerance: float) -> dict:
     """The tolerance rule's columns of one point: per batch size its best learning rate's run
     at `window` examples (0: `common_window`), through `window_efficiencies` and
@@ -374,7 +371,7 @@ def _tolerance_columns(curves: Curves, point: BranchPoint, loss: str,
     if not window > 0:
         out["tol_refused"] = "no run logged a loss after its point"
         return out
-    sign = -1.0 if higher_is_better else 1.0
+    sign = direction.sign
     best: dict[float, tuple[float, tuple[np.ndarray, np.ndarray]]] = {}
     for (seen, values), batch in zip(run_windows(curves, loss, ema_examples),
                                      curves.runs["batch_size"].to_numpy(float), strict=True):
@@ -491,9 +488,7 @@ def format_along(along: pd.DataFrame, unit: str = "examples") -> str:
     return "\n".join(lines)
 
 
-SCHEDULE_COLUMNS = ["run_id", "seed", "target", "state", "reached", "steps", "examples",
-                    "mean_batch", "best_batch", "best_lr", "best_steps", "best_examples",
-                    "steps_ratio", "examples_ratio", "front_steps", "front_ratio"]
+SCHEDULE_COLUMNS = columns("along_schedule")
 """along_schedule.parquet: one row per (along run, target): its steps and examples to the target
 against the fixed batch size that reached it in the fewest steps at its best learning rate
 (front.parquet); `steps_ratio` = steps / best_steps (below 1: fewer steps, the 2025 paper's
@@ -516,12 +511,12 @@ def split_along(curves: Curves) -> tuple[Curves, Curves | None]:
 def compare_schedule(curves: Curves, front: pd.DataFrame, targets: list[float], *,
                      fits: pd.DataFrame | None = None, loss: str = "smoothed",
                      ema_examples: float | None = None,
-                     higher_is_better: bool = False) -> pd.DataFrame:
+                     direction: Direction = FALLING) -> pd.DataFrame:
     """SCHEDULE_COLUMNS for the along runs in `curves` (`split_along`) against the fixed-batch
     front: for each target, steps and examples (interpolated at the fractional step, as the
     examples column counts them) beside the fastest fixed batch size's."""
     steps = steps_to_target(curves, None, targets, loss=loss, ema_examples=ema_examples,
-                            higher_is_better=higher_is_better)
+                            direction=direction)
     step, examples = curves.columns["step"], curves.columns["examples"]
     position = {run_id: i for i, run_id in enumerate(curves.runs["run_id"])}
     rows = []
