@@ -210,8 +210,9 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
     config = dataclasses.replace(config, branch=branch)
     prepare_folder(sweep_dir, config)
     specs = []
-    # Each point's runs stop at its own hardest target, the fractions of its loss: derived
-    # from the sweep's config and the run's point when the run is built (`runs.run_config`).
+    # Each point's runs train one window (automatic targets) or stop at its own hardest
+    # target: derived from the sweep's config and the run's point when the run is built
+    # (`runs.run_config`).
     for point in branch.points:
         for spec in _grid(config, point["at_examples"]):
             write_run(sweep_dir, config, spec)
