@@ -262,42 +262,10 @@ def plan_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[
     return config, planned
 
 
-def describe_plan(config: Config, planned: list[tuple[RunSpec, str]], sweep_dir: Path) -> str:
-    """`gnsweep branch --dry-run`'s lines: the grid, the targets and each run's state."""
-    branch = config.branch
-    done = sum(state in ("done", "diverged") for _, state in planned)
-    if branch.automatic:
-        window = (f"{branch.window:,} examples ({config.task.unit})" if branch.window
-                  else f"{branch.window_steps} steps of the largest batch size")
-        targets = f"automatic targets, one window of {window} a run"
-    else:
-        targets = f"targets {', '.join(f'{f:g}' for f in branch.targets)} x the loss there"
-    lines = [f"branch sweep -> {sweep_dir}: {len(planned)} runs ({done} done, "
-             f"{len(planned) - done} to run); {targets}; read on the "
-             f"{config.analysis.loss} loss",
-             f"{'run_id':<34}{f'from ({config.task.unit})':>16}{'batch_size':>12}"
-             f"{'learning_rate':>15}{'seed':>6}  state"]
-    for spec, state in planned:
-        lines.append(f"{spec.run_id:<34}{spec.at_examples:>16,}{spec.batch_size:>12}"
-                     f"{spec.learning_rate:>15g}{spec.seed:>6}  {state}")
-    return "\n".join(lines)
-
-
 def _grid(config: Config, at_examples: int) -> list[RunSpec]:
     sweep = config.sweep
     return sorted(RunSpec(b, lr, s, at_examples=at_examples) for b in sweep.batch_sizes
                   for lr in sweep.learning_rates for s in sweep.seeds)
-
-
-def branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[str], *,
-           show_progress: bool = True) -> Any:
-    """Write the branch sweep (`prepare_branch`) and run what has not finished with the
-    configured executor; returns the executor's summary."""
-    from gnsweep.sweep import run_specs
-
-    config, specs = prepare_branch(base_run, at, sweep_dir, overrides)
-    return run_specs(config, sweep_dir, [spec.run_id for spec in specs],
-                     show_progress=show_progress)
 
 
 def resolve_along(config: Config, sweep_dir: Path) -> Config:

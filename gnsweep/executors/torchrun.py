@@ -13,6 +13,7 @@ GPUs, not the first ones of the machine that every job would otherwise share.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -138,7 +139,15 @@ class _LocalJobs:
         self._remove_scratch()
 
     def stop(self) -> None:
+        from gnsweep.executors import stopped_by_launcher
+
         stop_jobs(self.jobs)
+        # A job killed when it did not stop in time (its task blocked) could not record its
+        # run's stop: the launcher does, so that its "went back to pending" holds.
+        with contextlib.suppress(OSError):
+            for run_id in self.runs_file.read_text().split():
+                with contextlib.suppress(Exception):  # never in place of the signal's exit
+                    stopped_by_launcher(self.runs_file.parent.parent, run_id)  # <sweep>/queue/
         self._remove_scratch()
 
     def _remove_scratch(self) -> None:
