@@ -445,7 +445,8 @@ def tolerance_answer(row: Any, unit: str = "examples") -> str:
         return f"{value:,.4g}"
 
     if np.isfinite(row.b_crit_tol):
-        return (f"{g(row.b_crit_tol)} {unit} (between {g(row.b_crit_tol_lo)} and "
+        return (f"{g(row.b_crit_tol)}{' ' + unit if unit else ''} (between "
+                f"{g(row.b_crit_tol_lo)} and "
                 f"{g(row.b_crit_tol_hi)})")
     return f"none: {row.tol_refused}" if row.tol_refused else "none"
 
