@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
 
@@ -174,6 +174,13 @@ class NoiseEstimate:
     """EMA(tr(H Sigma)) / EMA(G^T H G): the true noise scale (eq. 2.8), when measured."""
     drift: float = math.nan
     """|G|^2 now over |G|^2 one window ago (`NoiseScaleEma.drift`); NaN until resolvable."""
+    g2_precond: float = math.nan
+    """EMA of G^T P G, P the optimizer's diagonal preconditioner (eq. A.2 in the P-norm)."""
+    trace_sigma_precond: float = math.nan
+    """EMA of tr(P Sigma)."""
+    b_simple_precond: float = math.nan
+    """EMA(tr(P Sigma)) / EMA(G^T P G): B_simple of the preconditioned step `P g` (eq. 2.9 in
+    the coordinates where that step is a plain gradient step); B_simple itself under SGD."""
 
 
 def estimate_state(estimate: NoiseEstimate | None) -> dict[str, float] | None:
@@ -384,6 +391,14 @@ class NoiseScaleEma:
             b_simple=_ratio(trace_ema, g2_ema),
             g_h_g=ghg, trace_h_sigma=htrace, b_noise=_ratio(htrace, ghg), drift=self.drift,
         )
+
+
+def with_precond(estimate: NoiseEstimate, precond: NoiseEstimate | None) -> NoiseEstimate:
+    """`estimate` with the preconditioned EMAs of `precond` (a `NoiseScaleEma` fed P-norms)."""
+    if precond is None:
+        return estimate
+    return replace(estimate, g2_precond=precond.g2, trace_sigma_precond=precond.trace_sigma,
+                   b_simple_precond=precond.b_simple)
 
 
 def _ratio(numerator: float, denominator: float) -> float:

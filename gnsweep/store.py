@@ -80,6 +80,9 @@ METRICS_SCHEMA = pa.schema([
     ("trace_h_sigma", pa.float64()),  # EMA of tr(H Sigma)
     ("b_noise", pa.float64()),        # EMA(tr H Sigma) / EMA(G^T H G)
     ("drift", pa.float64()),          # |G|^2 now / one EMA window ago (NaN: not resolvable)
+    ("g2_precond", pa.float64()),     # EMA of G^T P G (P: the optimizer's preconditioner)
+    ("trace_sigma_precond", pa.float64()),  # EMA of tr(P Sigma)
+    ("b_simple_precond", pa.float64()),     # EMA(tr P Sigma) / EMA(G^T P G); b_simple under SGD
     ("probe_g2", pa.float64()),       # frozen-parameter probe: |G|^2 (NaN between probes)
     ("probe_trace_sigma", pa.float64()),    # probe: tr(Sigma)
     ("probe_g_h_g", pa.float64()),          # probe: G^T H G

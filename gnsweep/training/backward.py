@@ -25,11 +25,13 @@ def pieces(monitor: NoiseScaleMonitor, microbatch_size: int, wanted: int, sample
     `microbatch_size` > 0 bounds the memory: ceil(samples / microbatch_size) pieces of at most
     that many samples (gradient accumulation), and the monitor's micro-batch estimate reuses
     them where it needs micro-batches (at no extra pass). Otherwise micro-batches only where
-    the monitor needs them (method microbatch, or per_example with layers it cannot handle)
-    and measures: `wanted` (noise.microbatches) of them, each of at least one sample."""
+    the monitor needs them (method microbatch, or per_example with layers it cannot handle,
+    or the preconditioned pair of an adaptive optimizer: `wants_microbatches`) and measures:
+    `wanted` (noise.microbatches) of them, each of at least one sample."""
     if microbatch_size and samples > microbatch_size:
         return math.ceil(samples / microbatch_size)
-    return min(wanted, samples) if monitor.measuring and monitor.needs_microbatches else 1
+    split = monitor.needs_microbatches or monitor.wants_microbatches
+    return min(wanted, samples) if monitor.measuring and split else 1
 
 
 def backward(trained: torch.nn.Module, task: Task, batch: Any, k: int,
@@ -95,5 +97,7 @@ def in_task_units(estimate: NoiseEstimate | None, per_sample: float) -> NoiseEst
                    trace_sigma_step=estimate.trace_sigma_step * per_sample,
                    trace_sigma=estimate.trace_sigma * per_sample,
                    b_simple=estimate.b_simple * per_sample,
+                   trace_sigma_precond=estimate.trace_sigma_precond * per_sample,
+                   b_simple_precond=estimate.b_simple_precond * per_sample,
                    trace_h_sigma=estimate.trace_h_sigma * per_sample,
                    b_noise=estimate.b_noise * per_sample)
