@@ -36,7 +36,13 @@ from torch.autograd.graph import register_multi_grad_hook
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from gnsweep import NoiseScaleMonitor
-from gnsweep.integrations._common import Watched, cannot_measure, first_tensor, metrics
+from gnsweep.integrations._common import (
+    Watched,
+    cannot_measure,
+    first_tensor,
+    metrics,
+    torch_optimizer,
+)
 
 __all__ = ["NoiseScaleCallback"]
 log = logging.getLogger("gnsweep.integrations")
@@ -114,6 +120,9 @@ class NoiseScaleCallback(TrainerCallback):
         if reason is not None:
             self._cannot(reason)
             return
+        inner = torch_optimizer(optimizer)
+        if inner is not None:  # B_simple_P from the micro-batches of gradient accumulation
+            self.monitor.precondition(inner)
         params = self.monitor.params
         self._handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
                          register_multi_grad_hook(params, self._in_backward, mode="any")]

@@ -609,6 +609,10 @@ class NoiseScaleMonitor:
         elif plain and parts:
             source = self._precond_source()
             pair = source.weighted() if source is not None else None
+            if pair is None and source is not None and len(source.counts) < 2:
+                self.warn_once("precond1", "noise scale: b_simple_precond needs >= 2 "
+                               "micro-batches a measured step, each followed by "
+                               "monitor.accumulate() (gradient accumulation); NaN without")
             precond = [_unscale(pair, small_scale, small_scale)] if pair is not None else None
         self._fold(parts, hess, precond)
 
