@@ -468,7 +468,8 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("outcome", pa.large_string()), ("b_noise_at_target", pa.float64()),
         ("b_noise_mean", pa.float64()), ("min_loss", pa.float64()), ("last_step", pa.float64()),
         ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
-        ("drift_share", pa.float64()),
+        ("drift_share", pa.float64()), ("b_simple_precond_at_target", pa.float64()),
+        ("b_simple_precond_mean", pa.float64()),
     ]),
     "front": pa.schema([
         ("target", pa.float64()), ("batch_size", pa.int64()), ("learning_rate", pa.float64()),
@@ -479,7 +480,8 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("b_noise_at_target", pa.float64()), ("b_noise_mean", pa.float64()),
         ("steps_fit", pa.float64()), ("resid_log", pa.float64()),
         ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
-        ("drift_share", pa.float64()),
+        ("drift_share", pa.float64()), ("b_simple_precond_at_target", pa.float64()),
+        ("b_simple_precond_mean", pa.float64()),
     ]),
     "fits": pa.schema([
         ("target", pa.float64()), ("n_batch_sizes", pa.int64()), ("s_min", pa.float64()),
@@ -502,6 +504,10 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
         ("drift_share", pa.float64()), ("b_crit_window_lo", pa.float64()),
         ("b_crit_window_hi", pa.float64()), ("b_crit_window_spread", pa.float64()),
+        ("b_simple_precond_at_target", pa.float64()),
+        ("b_simple_precond_at_target_se", pa.float64()), ("b_simple_precond_mean", pa.float64()),
+        ("b_simple_precond_mean_se", pa.float64()), ("ratio_precond", pa.float64()),
+        ("ratio_precond_se", pa.float64()),
     ]),
     "lr_fits": pa.schema([
         ("target", pa.float64()), ("model", pa.large_string()), ("n_points", pa.int64()),
@@ -534,6 +540,8 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("ratio_noise", pa.float64()), ("ratio_noise_se", pa.float64()),
         ("b_simple_mean", pa.float64()), ("b_noise_mean", pa.float64()),
         ("quality", pa.large_string()), ("refused", pa.large_string()),
+        ("b_simple_precond", pa.float64()), ("ratio_precond", pa.float64()),
+        ("ratio_precond_se", pa.float64()), ("b_simple_precond_mean", pa.float64()),
     ]),
     "along_schedule": pa.schema([
         ("run_id", pa.large_string()), ("seed", pa.int64()), ("target", pa.float64()),
@@ -547,6 +555,7 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
     "along_base": pa.schema([
         ("step", pa.float64()), ("examples", pa.float64()), ("loss", pa.float64()),
         ("b_simple", pa.float64()), ("b_noise", pa.float64()),
+        ("b_simple_precond", pa.float64()),
     ]),
 }
 OPTIONAL_RESULTS = ("adaptive", "along", "along_schedule", "along_base")
@@ -560,7 +569,8 @@ COMPARE_SCHEMA = pa.schema([
     ("b_simple_at_target_se", pa.float64()), ("b_noise_mean", pa.float64()),
     ("b_noise_mean_se", pa.float64()), ("ratio", pa.float64()), ("ratio_se", pa.float64()),
     ("ratio_noise", pa.float64()), ("refused", pa.large_string()),
-    ("quality", pa.large_string()),
+    ("quality", pa.large_string()), ("b_simple_precond_mean", pa.float64()),
+    ("ratio_precond", pa.float64()), ("ratio_precond_se", pa.float64()),
 ])
 """compare.parquet, written by `gnsweep compare` (docs/compare.md)."""
 COMPARE = "compare.parquet"

@@ -19,13 +19,15 @@ COMPARE_COLUMNS = [
     "task", "sweep", "sweep_dir", "metric", "higher_is_better", "unit", "target",
     "n_batch_sizes", "b_crit", "b_crit_se", "b_simple_mean", "b_simple_mean_se",
     "b_simple_at_target", "b_simple_at_target_se", "b_noise_mean", "b_noise_mean_se",
-    "ratio", "ratio_se", "ratio_noise", "refused", "quality",
+    "ratio", "ratio_se", "ratio_noise", "refused", "quality", "b_simple_precond_mean",
+    "ratio_precond", "ratio_precond_se",
 ]
 """compare.parquet's columns (docs/compare.md says what each means)."""
 
 _FROM_FITS = ["n_batch_sizes", "b_crit", "b_crit_se", "b_simple_mean", "b_simple_mean_se",
               "b_simple_at_target", "b_simple_at_target_se", "b_noise_mean", "b_noise_mean_se",
-              "ratio", "ratio_se", "ratio_noise", "refused", "quality"]
+              "ratio", "ratio_se", "ratio_noise", "refused", "quality", "b_simple_precond_mean",
+              "ratio_precond", "ratio_precond_se"]
 
 
 @dataclass(frozen=True)
@@ -104,9 +106,14 @@ def format_compare(table: pd.DataFrame) -> str:
 
     head = (f"{'task':<10}{'sweep':<14}{'target':>10}  {'B_crit':<20}{'B_simple (mean)':<20}"
             f"{'ratio':<16}unit")
+    precond = "ratio_precond" in table and bool(np.isfinite(table["ratio_precond"]).any())
+    if precond:  # B_crit / B_simple_P where an adaptive optimizer's was logged
+        head = head.replace("unit", f"{'ratio (P)':<16}unit")
     lines = [head]
     for row in table.itertuples(index=False):
         ratio = pm(row.ratio, row.ratio_se)
+        if precond:
+            ratio = f"{ratio:<16}{pm(row.ratio_precond, row.ratio_precond_se)}"
         note = f"  (no fit: {row.refused})" if row.refused else ""
         lines.append(f"{row.task:<10}{row.sweep[:13]:<14}{row.target:>10.4g}  "
                      f"{pm(row.b_crit, row.b_crit_se):<20}"

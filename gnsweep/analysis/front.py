@@ -10,7 +10,8 @@ import pandas as pd
 BEST_COLUMNS = ["target", "batch_size", "learning_rate", "steps", "examples", "n_lr_reached",
                 "lr_on_edge", "b_simple_at_target", "b_simple_mean"]
 EXTRA_COLUMNS = ["n_lr", "lr_edge", "lr_opt", "n_seeds", "b_noise_at_target", "b_noise_mean",
-                 "b_simple_true_mean", "b_noise_true_mean", "drift_share"]
+                 "b_simple_true_mean", "b_noise_true_mean", "drift_share",
+                 "b_simple_precond_at_target", "b_simple_precond_mean"]
 FRONT_COLUMNS = [*BEST_COLUMNS, "on_front", *EXTRA_COLUMNS, "steps_fit", "resid_log"]
 
 
@@ -24,7 +25,7 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
     """
     steps = steps.copy()
     for name in ("b_noise_at_target", "b_noise_mean", "b_simple_true_mean", "b_noise_true_mean",
-                 "drift_share"):
+                 "drift_share", "b_simple_precond_at_target", "b_simple_precond_mean"):
         if name not in steps:
             steps[name] = np.nan
     if "seed" not in steps:
@@ -39,7 +40,9 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
                     b_noise_mean=("b_noise_mean", "mean"),
                     b_simple_true_mean=("b_simple_true_mean", "mean"),
                     b_noise_true_mean=("b_noise_true_mean", "mean"),
-                    drift_share=("drift_share", "mean")))
+                    drift_share=("drift_share", "mean"),
+                    b_simple_precond_at_target=("b_simple_precond_at_target", "mean"),
+                    b_simple_precond_mean=("b_simple_precond_mean", "mean")))
     tried = grouped.groupby(["target", "batch_size"])["learning_rate"]
     grouped["n_lr"] = tried.transform("size")
     grouped["lr_min"] = tried.transform("min")

@@ -30,7 +30,9 @@ FIT_EXTRA_COLUMNS = [
     "b_noise_mean", "b_noise_mean_se", "ratio_noise", "ratio_noise_se", "lr_model", "eps_max",
     "eps_max_se", "b_noise_lr", "b_noise_lr_se", "lr_alpha", "lr_alpha_se", "lr_refused",
     "quality", "b_simple_true_mean", "b_noise_true_mean", "drift_share", "b_crit_window_lo",
-    "b_crit_window_hi", "b_crit_window_spread"]
+    "b_crit_window_hi", "b_crit_window_spread", "b_simple_precond_at_target",
+    "b_simple_precond_at_target_se", "b_simple_precond_mean", "b_simple_precond_mean_se",
+    "ratio_precond", "ratio_precond_se"]
 WINDOW_SPREAD_WARNING = 0.2
 """Warn when B_crit moves more than this (relative) between half and double smoothing windows."""
 DRIFT_SHARE_WARNING = 0.25
@@ -164,6 +166,9 @@ def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap
     # Noise scales of the best-tuned runs: the median over batch sizes, robust to one bad run.
     for name in ("b_simple_at_target", "b_simple_mean", "b_noise_at_target", "b_noise_mean"):
         row[name], row[f"{name}_se"] = median_with_error(best[name])
+    for name in ("b_simple_precond_at_target", "b_simple_precond_mean"):
+        if name in best:  # B_simple in the optimizer's preconditioner, where logged
+            row[name], row[f"{name}_se"] = median_with_error(best[name])
     for name in ("b_simple_true_mean", "b_noise_true_mean", "drift_share"):
         if name in best:
             row[name] = median_with_error(best[name])[0]
@@ -190,7 +195,8 @@ def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap
     if row["quality"]:
         warnings.append(f"target {target:g}: B_crit {fit.b_crit:.4g}: {row['quality']}")
     for out, denominator in (("ratio", "b_simple_mean"), ("ratio_at_target", "b_simple_at_target"),
-                             ("ratio_noise", "b_noise_mean")):
+                             ("ratio_noise", "b_noise_mean"),
+                             ("ratio_precond", "b_simple_precond_mean")):
         row[out], row[f"{out}_se"] = ratio_with_error(
             fit.b_crit, fit.b_crit_se, row[denominator], row[f"{denominator}_se"])
     return row
