@@ -401,7 +401,7 @@ def analyze(
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"tables: {out}/steps.parquet, front.parquet, fits.parquet, lr_fits.parquet, "
-               "loss_scaling.parquet, fits.json" + (", along.parquet" if len(result.along)
+               "loss_scaling.parquet, temperature.parquet, fits.json" + (", along.parquet" if len(result.along)
                                                      else ""), err=as_json)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))

@@ -513,7 +513,8 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("target", pa.float64()), ("model", pa.large_string()), ("n_points", pa.int64()),
         ("eps_max", pa.float64()), ("eps_max_se", pa.float64()), ("b_noise", pa.float64()),
         ("b_noise_se", pa.float64()), ("alpha", pa.float64()), ("alpha_se", pa.float64()),
-        ("rmse_log", pa.float64()), ("refused", pa.large_string()),
+        ("rmse_log", pa.float64()), ("refused", pa.large_string()), ("aic", pa.float64()),
+        ("form", pa.large_string()),
     ]),
     "loss_scaling": pa.schema([
         ("n_targets", pa.int64()), ("b_star", pa.float64()), ("b_star_se", pa.float64()),
@@ -556,6 +557,12 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("step", pa.float64()), ("examples", pa.float64()), ("loss", pa.float64()),
         ("b_simple", pa.float64()), ("b_noise", pa.float64()),
         ("b_simple_precond", pa.float64()),
+    ]),
+    "temperature": pa.schema([
+        ("target", pa.float64()), ("exponent", pa.float64()), ("exponent_se", pa.float64()),
+        ("n_runs", pa.int64()), ("n_temperatures", pa.int64()), ("rmse_log", pa.float64()),
+        ("refused", pa.large_string()), ("exponent_precond", pa.float64()),
+        ("exponent_precond_se", pa.float64()), ("n_runs_precond", pa.int64()),
     ]),
 }
 OPTIONAL_RESULTS = ("adaptive", "along", "along_schedule", "along_base")
@@ -611,7 +618,7 @@ def read_results(sweep_dir: Path) -> Results:
                              "rewrites the table)") from None
 
     results = Results(steps=frame("steps"), front=frame("front"), fits=frame("fits"))
-    for name in ("lr_fits", "loss_scaling", *OPTIONAL_RESULTS):
+    for name in ("lr_fits", "loss_scaling", "temperature", *OPTIONAL_RESULTS):
         if (sweep_dir / f"{name}.parquet").exists():
             setattr(results, name, frame(name))
     if (sweep_dir / FITS_JSON).exists():

@@ -17,6 +17,7 @@ from gnsweep.analysis.lr import fit_lr_table
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.smoothing import SMOOTHING_FRACTION
 from gnsweep.analysis.steps import Curves, curves_from_frames, steps_to_target
+from gnsweep.analysis.temperature import fit_temperature
 from gnsweep.errors import StoreError
 from gnsweep.targets import in_training_order, rising
 
@@ -39,7 +40,7 @@ DRIFT_SHARE_WARNING = 0.25
 """Warn when the drift flag is up on more than this share of the best runs' steps to a target."""
 ALL_FIT_COLUMNS = FIT_COLUMNS + FIT_EXTRA_COLUMNS
 OUTPUT_FILES = ("steps.parquet", "front.parquet", "fits.parquet", "lr_fits.parquet",
-                "loss_scaling.parquet", "fits.json")
+                "loss_scaling.parquet", "temperature.parquet", "fits.json")
 
 
 class AnalysisError(StoreError):
@@ -129,7 +130,9 @@ def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int =
     fits["dof"] = fits["dof"].astype(int)
     fits["n_bootstrap"] = fits["n_bootstrap"].astype(int)
     _add_residuals(front, fits)
-    return Analysis(steps, front, fits, warnings, lr_fits, fit_loss_scaling(fits), meta)
+    result = Analysis(steps, front, fits, warnings, lr_fits, fit_loss_scaling(fits), meta)
+    result.temperature = fit_temperature(steps)
+    return result
 
 
 def _closest(steps: pd.DataFrame, higher_is_better: bool = False) -> str:

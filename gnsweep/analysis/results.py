@@ -15,6 +15,7 @@ import pandas as pd
 from gnsweep.analysis.adaptive import ADAPTIVE_COLUMNS
 from gnsweep.analysis.loss_scaling import LOSS_SCALING_COLUMNS
 from gnsweep.analysis.lr import LR_FIT_COLUMNS
+from gnsweep.analysis.temperature import TEMPERATURE_COLUMNS
 
 
 @dataclass
@@ -51,6 +52,10 @@ class Results:
     along_base: pd.DataFrame = field(default_factory=pd.DataFrame)
     """A branch sweep's base run: smoothed loss and noise scales per row (along_base.parquet,
     `analysis.along.BASE_COLUMNS`); empty for any other sweep."""
+    temperature: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=TEMPERATURE_COLUMNS))
+    """B_simple against the temperature eps/B, one row per target (temperature.parquet,
+    `analysis.temperature`, appendix C)."""
 
     @property
     def bcrit_law(self) -> dict | None:
