@@ -150,7 +150,8 @@ def launch(
 
     # Before the sweep folder is written: a task that cannot train is refused here (exit 2).
     # A custom task's unit is recorded in the folder's config for the analysis.
-    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
+    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
+                      config.sweep.stall_seconds)
     config = dataclasses.replace(config, task=config.task.with_unit(unit))
     typer.echo(_grid_line(config, specs, sweep_dir))  # the grid that runs, before it runs
     summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)
@@ -214,7 +215,8 @@ def plan(
     from gnsweep.tasks.check import check_task
 
     # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
-    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
+    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
+                      config.sweep.stall_seconds)
     config = dataclasses.replace(config, task=config.task.with_unit(unit))
     sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
     summary = run_plan(config, sweep_dir, show_progress=not quiet, echo=typer.echo)
@@ -281,7 +283,7 @@ def status(
     """
     from collections import Counter
 
-    from gnsweep.sweep import sweep_status
+    from gnsweep.sweep import measurement_note, sweep_status
 
     rows = sweep_status(sweep_dir)
     shown = [r for r in rows if all_runs or r["state"] != "done"]
@@ -297,6 +299,9 @@ def status(
     requeued = sum(r["requeues"] for r in rows)
     typer.echo(f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
                + (f"; Slurm requeued runs {requeued} times" if requeued else ""))
+    note = measurement_note(rows)
+    if note:
+        typer.echo(note)
 
 
 def _progress_of(row: dict[str, Any]) -> str:
@@ -401,8 +406,8 @@ def analyze(
     for warning in result.warnings:
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(f"tables: {out}/steps.parquet, front.parquet, fits.parquet, lr_fits.parquet, "
-               "loss_scaling.parquet, temperature.parquet, fits.json" + (", along.parquet" if len(result.along)
-                                                     else ""), err=as_json)
+               "loss_scaling.parquet, temperature.parquet, fits.json"
+               + (", along.parquet" if len(result.along) else ""), err=as_json)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
 
@@ -428,6 +433,7 @@ def _fits_of(folder: Path) -> tuple[Any, str | None]:
     from gnsweep import store
     from gnsweep.analysis.groups import group_of
     from gnsweep.analysis.report import analyze_sweep
+    from gnsweep.analysis.results import read_results
 
     if store.is_sweep(folder):
         analysis = analyze_sweep(folder, write=False)
@@ -436,7 +442,7 @@ def _fits_of(folder: Path) -> tuple[Any, str | None]:
                 typer.echo(f"warning: {warning}", err=True)
         return analysis.fits, None
     if (folder / "fits.parquet").is_file():
-        results = store.read_results(folder)
+        results = read_results(folder)
         return results.fits, group_of(results)
     store.require_sweep(folder)  # raises with the usual message
     return None, None

@@ -25,7 +25,7 @@ def load_sweep_fits(sweep_dir: Path) -> SweepFits:
 
     StoreError in one line for a folder that is not a sweep or not analysed yet.
     """
-    from gnsweep.config import Config
+    from gnsweep.runs import verify_folder
 
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
@@ -37,11 +37,11 @@ def load_sweep_fits(sweep_dir: Path) -> SweepFits:
     if not (sweep_dir / "fits.parquet").is_file():
         raise StoreError(f"{sweep_dir}: not an analysed sweep (no fits.parquet); run "
                          f"`gnsweep analyze {sweep_dir}` first")
-    config = Config.load(sweep_dir)
+    config, _ = verify_folder(sweep_dir)  # its run files checked, as every reader does
     fits = store.read_table(sweep_dir / "fits.parquet").to_pandas()
     task = config.task
     return SweepFits(task=task.label, sweep=sweep_dir.name, sweep_dir=str(sweep_dir),
-                     metric=task.metric, higher_is_better=task.higher_is_better,
+                     metric=task.metric, direction=task.direction,
                      unit=task.unit, fits=fits)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gnsweep import store
-from gnsweep.analysis.results import Results
+from gnsweep.analysis.results import Results, read_results
 
 FORMATS = ("png", "pdf")
 
@@ -22,12 +22,12 @@ def load_tables(sweep_dir: Path, analyze: bool = True) -> Results:
     from gnsweep.analysis.report import analyze_sweep
 
     if not store.is_sweep(sweep_dir) and (sweep_dir / "fits.parquet").is_file():
-        return store.read_results(sweep_dir)  # `analyze --table` output: no runs, no curves
+        return read_results(sweep_dir)  # `analyze --table` output: no runs, no curves
     store.require_sweep(sweep_dir)
     if analyze and not all((sweep_dir / name).exists() for name in (
             "steps.parquet", "front.parquet", "fits.parquet")):
         analyze_sweep(sweep_dir)
-    results = store.read_results(sweep_dir)
+    results = read_results(sweep_dir)
     runs, metrics = load_sweep(sweep_dir, skip_corrupt=True)
     # Adaptive runs are drawn from the adaptive table (along runs, sweep.schedule=along, are in
     # along_schedule); the curves figures show grid runs.

@@ -24,7 +24,7 @@ from gnsweep.analysis.results import Results
 from gnsweep.analysis.views import quantity
 from gnsweep.analysis.views import unit as unit_of
 from gnsweep.config import Config
-from gnsweep.targets import rising
+from gnsweep.targets import Direction
 
 REPORT = "report.html"
 EXTRAPOLATION = 2.0
@@ -69,9 +69,9 @@ def interval_of(row: Any) -> tuple[float, float]:
 
 
 def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
-            unit: str = "examples", higher_is_better: bool | None = None) -> list[str]:
+            unit: str = "examples", direction: Direction | bool | None = None) -> list[str]:
     """One plain paragraph per target, earliest in training first; `what` names the targets'
-    quantity (loss, or a task's own metric such as return); `higher_is_better` its direction
+    quantity (loss, or a task's own metric such as return); `direction` which way it is reached
     (default: a loss falls, any other metric rises).
 
     B_crit more than a factor EXTRAPOLATION outside the measured batch sizes is reported as a
@@ -79,7 +79,7 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
     """
     out = []
     batches = sorted(int(b) for b in front["batch_size"].unique()) if len(front) else []
-    rises = what != "loss" if higher_is_better is None else higher_is_better
+    rises = what != "loss" if direction is None else Direction.of(direction).rises
     for row in fits.sort_values("target", ascending=rises).itertuples(index=False):
         b_crit = float(row.b_crit)
         if not (math.isfinite(b_crit) and b_crit > 0):
@@ -385,7 +385,7 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
         "<h2>Answer</h2>",
         *(f"<p class=answer>{esc(a)}</p>"
           for a in answers(tables.fits, tables.front, quantity(tables.meta), unit,
-                              rising(tables.meta))),
+                              Direction.from_meta(tables.meta))),
         f"<h2>Warnings ({len(warnings)})</h2>",
         _list(warnings, "warn") if warnings else "<p>None.</p>",
         "<h2>Fits of eq. 2.11: (S/S_min − 1)(E/E_min − 1) = 1</h2>",

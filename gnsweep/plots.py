@@ -39,7 +39,7 @@ from gnsweep.analysis.views import (
     quantity,
 )
 from gnsweep.analysis.views import unit as unit_of
-from gnsweep.targets import rising
+from gnsweep.targets import FALLING, Direction
 
 # Okabe & Ito (2008): distinguishable with every common colour-vision deficiency.
 COLORS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442"]
@@ -331,13 +331,13 @@ def _positive(values: pd.Series) -> np.ndarray:
 
 def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
                         what: str = "loss", unit: str = "examples",
-                        higher_is_better: bool = False) -> Figure:
+                        direction: Direction = FALLING) -> Figure:
     """B_simple = EMA(tr Sigma)/EMA(|G|^2) (eq. A.2) and B_noise (eq. 2.8, where measured) of
     the best-tuned run per batch size, against optimizer steps and against the training loss.
     Non-positive early estimates (noise before the EMAs settle) are not drawn on the log axis."""
     if metrics.empty or not np.isfinite(_positive(metrics["b_simple"])).any():
         raise Skip("no run logged a positive B_simple")
-    chosen = best_runs(runs, metrics, front, higher_is_better)
+    chosen = best_runs(runs, metrics, front, direction)
     if chosen.empty:
         raise Skip("every run diverged or has no metrics")
     has_noise = "b_noise" in metrics and np.isfinite(_positive(metrics["b_noise"])).any()
@@ -576,13 +576,13 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
 
 def loss_curves(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
                 targets: list[float] | None = None, what: str = "loss",
-                unit: str = "examples", higher_is_better: bool = False) -> Figure:
+                unit: str = "examples", direction: Direction = FALLING) -> Figure:
     """Smoothed training loss of the best-tuned run per batch size, against optimizer steps and
     against examples, log-log, with the targets as horizontal lines: larger batches need fewer
     steps but more examples (the two sides of eq. 2.11)."""
     if metrics.empty:
         raise Skip("no run has metrics")
-    chosen = best_runs(runs, metrics, front, higher_is_better)
+    chosen = best_runs(runs, metrics, front, direction)
     if chosen.empty:
         raise Skip("every run diverged or has no metrics")
     colors = _batch_colors(list(chosen["batch_size"]))
@@ -650,7 +650,7 @@ FIGURES = [
     FigureSpec("noise_over_training", "The measured noise scale of the best-tuned run per "
                "batch size, over steps and against the loss: it grows as the loss falls.",
                lambda t: noise_over_training(t.runs, t.metrics, t.front, _what(t), _unit(t),
-                                                 rising(t.meta))),
+                                                 Direction.from_meta(t.meta))),
     FigureSpec("steps_grid", "Steps to reach each target over the batch size x learning rate "
                "grid; boxed cells are the best learning rate per batch size.",
                lambda t: steps_grid(t.steps, t.front, _what(t), _unit(t))),
@@ -663,7 +663,7 @@ FIGURES = [
     FigureSpec("loss_curves", "Training loss of the best-tuned run per batch size against "
                "steps and examples; dashed lines are the targets.",
                lambda t: loss_curves(t.runs, t.metrics, t.front, _targets(t), _what(t),
-                                     _unit(t), rising(t.meta))),
+                                     _unit(t), Direction.from_meta(t.meta))),
 ]
 
 

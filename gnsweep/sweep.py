@@ -20,6 +20,7 @@ from gnsweep.runs import (
     fresh_retries,
     parse_run_record,
     read_state,
+    verify_folder,
     write_run,
 )
 
@@ -80,14 +81,15 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
     # An along run (docs/along.md) takes the same rule, eq. 2.7 with the fit's B_noise.
     if sweep.schedule not in ("adaptive", "along") or (sweep.eps_max > 0 and not need_noise):
         return config
-    path = sweep_dir / "fits.parquet"
+    path = sweep_dir / store.FITS
     if not path.is_file():
         raise ConfigError(f"sweep.schedule={sweep.schedule} needs eps_max (and the B_noise of "
                           f"eq. 2.7), and {path} does not exist: set sweep.eps_max=... and "
                           f"sweep.adaptive_lr_noise=..., or launch and analyse the fixed-batch "
                           f"grid first (gnsweep analyze {sweep_dir})")
     fits = store.read_table(path, columns=["target", "eps_max", "b_noise_lr"]).to_pylist()
-    order = sorted(fits, key=lambda row: row["target"], reverse=config.task.higher_is_better)
+    # The hardest target first: its fit speaks for the whole run.
+    order = config.task.direction.in_training_order(fits, key=lambda row: row["target"])[::-1]
     found = [row for row in order
              if all(row[k] is not None and math.isfinite(row[k]) and row[k] > 0
                     for k in ("eps_max", "b_noise_lr"))]
@@ -107,13 +109,19 @@ def prepare_folder(sweep_dir: Path, config: Config, specs: list[RunSpec] | None 
     write its config.yaml (the grid: the union of the old and new grids)."""
     from omegaconf import OmegaConf
 
-    merged = _check_relaunch(sweep_dir, config)
-    # Before anything is written: a run file that disagrees with the sweep (of this grid or
-    # another run of the folder) refuses the whole launch (exit 2, nothing run).
-    check_records(sweep_dir, config, [s.run_id for s in specs or []])
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    store.subdir(sweep_dir, store.RUNS)
-    store.write_text(sweep_dir / store.SWEEP_CONFIG, OmegaConf.to_yaml(redact.config(merged)))
+    if not sweep_dir.is_dir():
+        _check_relaunch(sweep_dir, config)  # a new folder: nothing of it exists before this
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+    # Read, merge and write config.yaml under the folder's lock: two launchers with different
+    # grids at once leave the union of both (each reads what the other wrote).
+    with store.exclusive(sweep_dir / store.CLAIMS_LOCK):
+        merged = _check_relaunch(sweep_dir, config)
+        # Before anything is written: a run file that disagrees with the sweep (of this grid
+        # or another run of the folder) refuses the whole launch (exit 2, nothing run).
+        check_records(sweep_dir, config, [s.run_id for s in specs or []])
+        store.subdir(sweep_dir, store.RUNS)
+        store.write_text(sweep_dir / store.SWEEP_CONFIG,
+                         OmegaConf.to_yaml(redact.config(merged)))
 
 
 def prepare(sweep_dir: Path, config: Config) -> list[RunSpec]:
@@ -170,6 +178,9 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
     os.environ[LAUNCH_ENV] = uuid.uuid4().hex
     # The real values of the secrets masked on disk, for this launch's workers only.
     redact.export(config.to_dict())
+    # Nothing gnsweep writes into may be a link: refused here (exit 2), before a run is
+    # claimed, rather than half-way through one.
+    store.check_links(sweep_dir)
     specs = [read_run(sweep_dir, r)[1] for r in run_ids]  # each checked against config.yaml
     # Runs another launcher holds stay in: every executor waits for them (and runs them should
     # their owner die), but none starts them while their owner lives.
@@ -211,7 +222,7 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
     from gnsweep.executors import claims, requeues
     from gnsweep.executors.slurm import job_ids, queue_states
 
-    store.require_sweep(sweep_dir)
+    verify_folder(sweep_dir)  # run files checked against config.yaml, as every reader does
     submitted = job_ids(sweep_dir)
     queued = queue_states(list(submitted.values()))
     rows = []
@@ -237,5 +248,26 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
                      "slurm_job_id": job or "", "owner": owner, "info": str(info),
                      "requeues": requeues(path),
                      "gpus": status.get("gpus"), "device": status.get("device"),
+                     "noise": status.get("noise_measured"),
                      **{k: (last or {}).get(k) for k in ("step", "examples", "loss_smooth")}})
     return rows
+
+
+def measurement_note(rows: list[dict[str, Any]]) -> str | None:
+    """One line on what the finished runs measured (`sweep_status` rows, their status.json's
+    `noise_measured`): measurement off (`noise.method=none`: B_simple absent by design), or
+    the share of steps measured over the runs; None before any run has finished."""
+    known = [r["noise"] for r in rows if isinstance(r.get("noise"), dict)]
+    if not known:
+        return None
+    off = sum(1 for n in known if n.get("method") == "none")
+    steps = sum(int(n.get("steps") or 0) for n in known if n.get("method") != "none")
+    measured = sum(int(n.get("measured") or 0) for n in known if n.get("method") != "none")
+    parts = []
+    if off:
+        parts.append(f"{off} run(s) with noise measurement off (noise.method=none): no B_simple")
+    if steps:
+        everys = sorted({str(n.get("every")) for n in known if n.get("method") != "none"})
+        parts.append(f"noise scale measured on {measured / steps:.0%} of {steps} steps "
+                     f"(noise.every={', '.join(everys)})")
+    return "; ".join(parts) if parts else None

@@ -112,6 +112,7 @@ def test_linked_run_folders_and_files_are_refused(tmp_path):
         log_event(path.parent, "start", attempt=1)
     history.unlink()  # the advice, followed
     log_event(path.parent, "start", attempt=1)
+    (sweep / ".claims.lock").unlink()  # a launch takes it to write config.yaml
     (sweep / ".claims.lock").symlink_to(victim)
     with pytest.raises(store.StoreError, match="symbolic link"), store.exclusive(
             sweep / ".claims.lock"):

@@ -15,13 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-COMPARE_COLUMNS = [
-    "task", "sweep", "sweep_dir", "metric", "higher_is_better", "unit", "target",
-    "n_batch_sizes", "b_crit", "b_crit_se", "b_simple_mean", "b_simple_mean_se",
-    "b_simple_at_target", "b_simple_at_target_se", "b_noise_mean", "b_noise_mean_se",
-    "ratio", "ratio_se", "ratio_noise", "refused", "quality", "b_simple_precond_mean",
-    "ratio_precond", "ratio_precond_se",
-]
+from gnsweep.tables import columns
+from gnsweep.targets import KEY as DIRECTION_KEY
+from gnsweep.targets import Direction
+
+COMPARE_COLUMNS = columns("compare")
 """compare.parquet's columns (docs/compare.md says what each means)."""
 
 _FROM_FITS = ["n_batch_sizes", "b_crit", "b_crit_se", "b_simple_mean", "b_simple_mean_se",
@@ -40,7 +38,8 @@ class SweepFits:
     sweep_dir: str
     metric: str
     """What the targets are values of: "loss", or the task's own metric ("return")."""
-    higher_is_better: bool
+    direction: Direction | bool
+    """Which way the targets are reached (a declared flag is read as `Direction.of` it)."""
     unit: str
     """What B counts: examples, tokens, environment steps."""
     fits: pd.DataFrame
@@ -58,7 +57,8 @@ def compare_rows(sweeps: list[SweepFits]) -> pd.DataFrame:
         for i in range(len(fits)):
             fit = fits.iloc[i]
             row: dict = {"task": sweep.task, "sweep": sweep.sweep, "sweep_dir": sweep.sweep_dir,
-                         "metric": sweep.metric, "higher_is_better": sweep.higher_is_better,
+                         "metric": sweep.metric,
+                         DIRECTION_KEY: Direction.of(sweep.direction).rises,
                          "unit": sweep.unit, "target": float(fit["target"])}
             for name in _FROM_FITS:
                 text = name in ("refused", "quality")
@@ -70,7 +70,7 @@ def compare_rows(sweeps: list[SweepFits]) -> pd.DataFrame:
             rows.append(row)
     out = pd.DataFrame(rows, columns=COMPARE_COLUMNS)
     out["n_batch_sizes"] = out["n_batch_sizes"].fillna(0).astype(np.int64)
-    out["higher_is_better"] = out["higher_is_better"].astype(bool)
+    out[DIRECTION_KEY] = out[DIRECTION_KEY].astype(bool)
     return out
 
 

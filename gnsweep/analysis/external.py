@@ -17,6 +17,7 @@ from gnsweep.analysis.groups import combine
 from gnsweep.analysis.pipeline import Analysis, AnalysisError, analyze_steps, analyze_tables
 from gnsweep.analysis.steps import STEPS_COLUMNS, curves_from_frames
 from gnsweep.errors import shown as show_value
+from gnsweep.tables import BEST_VALUE
 
 STEPS_REQUIRED = ("batch_size", "target", "steps")
 CURVES_REQUIRED = ("run_id", "batch_size", "learning_rate", "step", "loss")
@@ -117,7 +118,7 @@ def steps_from_table(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
         "examples": steps * batch, "b_simple_at_target": optional["b_simple"],
         "b_simple_mean": optional["b_simple_mean"], "outcome": "reached",
         "b_noise_at_target": optional["b_noise"], "b_noise_mean": optional["b_noise_mean"],
-        "min_loss": np.nan, "last_step": steps, "b_simple_true_mean": np.nan,
+        BEST_VALUE: np.nan, "last_step": steps, "b_simple_true_mean": np.nan,
         "b_noise_true_mean": np.nan, "drift_share": np.nan,
         "b_simple_precond_at_target": np.nan, "b_simple_precond_mean": np.nan})
     return out[STEPS_COLUMNS]

@@ -90,16 +90,16 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
         bootstrap = config.analysis.bootstrap
     analysis = analyze_tables(None, fixed, targets, loss=loss, ema_examples=ema_examples,
                               bootstrap=bootstrap, optimizer=config.train.optimizer,
-                              source=str(sweep_dir), higher_is_better=task.higher_is_better)
+                              source=str(sweep_dir), direction=task.direction)
     if adaptive is not None:
         analysis.adaptive = analyze_adaptive(adaptive, analysis.fits, targets, loss=loss,
                                              ema_examples=ema_examples,
-                                             higher_is_better=task.higher_is_better)
+                                             direction=task.direction)
     if along is not None:
         analysis.along_schedule = compare_schedule(along, analysis.front, targets,
                                                    fits=analysis.fits, loss=loss,
                                                    ema_examples=ema_examples,
-                                                   higher_is_better=task.higher_is_better)
+                                                   direction=task.direction)
     # Where the learning-rate schedule, not the batch size, decides the answer.
     analysis.warnings += recipe_warnings(config, analysis.fits, analysis.front)
     # What the targets are values of, for figures and the report ("loss", "return"), and B's unit.
@@ -141,7 +141,7 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
     analysis = analyze_along(curves, points, branch.targets, loss=loss, ema_examples=ema_examples,
                              bootstrap=config.analysis.bootstrap if bootstrap is None
                              else bootstrap, optimizer=config.train.optimizer,
-                             higher_is_better=task.higher_is_better, source=str(sweep_dir))
+                             direction=task.direction, source=str(sweep_dir))
     base = Path(branch.base)
     try:
         analysis.along_base = base_curve(load_run_curves(base), loss)

@@ -20,9 +20,9 @@ import math
 import numpy as np
 import pandas as pd
 
-TEMPERATURE_COLUMNS = ["target", "exponent", "exponent_se", "n_runs", "n_temperatures",
-                       "rmse_log", "refused", "exponent_precond", "exponent_precond_se",
-                       "n_runs_precond"]
+from gnsweep.tables import columns
+
+TEMPERATURE_COLUMNS = columns("temperature")
 """temperature.parquet: one row per target (docs/analysis.md)."""
 MIN_RUNS = 3
 """A slope with its standard error needs one more run than its two parameters."""

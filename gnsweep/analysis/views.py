@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gnsweep.targets import hardest
+from gnsweep.targets import FALLING, Direction
 
 
 def finite(frame: pd.DataFrame, column: str) -> pd.Series:
@@ -49,10 +49,10 @@ def placed(fits: pd.DataFrame, front: pd.DataFrame | None,
 
 
 def best_runs(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
-              higher_is_better: bool = False) -> pd.DataFrame:
+              direction: Direction | bool = FALLING) -> pd.DataFrame:
     """The best-tuned run of each batch size: the learning rate that reached the hardest target
     it reached in fewest steps (from `front`; the hardest in the targets' direction,
-    `gnsweep.targets.hardest`: the smallest loss, the largest return); a batch size that
+    `Direction.hardest`: the smallest loss, the largest return); a batch size that
     reached none falls back to its run with the lowest final smoothed loss. Diverged runs are
     never chosen.
     Columns: batch_size, learning_rate, run_id, reached (whether any target was reached)."""
@@ -66,7 +66,7 @@ def best_runs(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
         best = front[front["batch_size"] == batch] if len(front) else front
         reached = len(best) > 0
         if reached:
-            target = hardest(best["target"].astype(float), higher_is_better)
+            target = Direction.of(direction).hardest(best["target"].astype(float))
             lr = float(best[best["target"] == target]["learning_rate"].iloc[0])
             chosen = group[np.isclose(group["learning_rate"], lr)]
             if chosen.empty:

@@ -18,9 +18,8 @@ from gnsweep import store
 from gnsweep.config import Config
 from gnsweep.planner.rules import SPREAD, Decision, Proposal, RunOutcome, decide
 from gnsweep.runs import RunSpec, read_run, write_run
-from gnsweep.targets import in_training_order
 
-PLAN_FILE = "plan.json"
+PLAN_FILE = store.PLAN
 """The plan's record in the sweep folder: every round decided, its runs and why."""
 
 
@@ -58,7 +57,7 @@ def plan(config: Config, sweep_dir: Path, *, show_progress: bool = True,
             decision = decide(read_outcomes(sweep_dir, config), config.sweep.batch_sizes,
                               config.sweep.learning_rates, config.sweep.targets,
                               config.sweep.max_steps,
-                              higher_is_better=config.task.higher_is_better)
+                              direction=config.task.direction)
             if decision.pilot is not None and not announced:
                 announced = True
                 for line in explain(decision, config):
@@ -107,7 +106,7 @@ def read_outcomes(sweep_dir: Path, config: Config) -> list[RunOutcome]:
     seed = config.sweep.seeds[0]
     curves = load_curves(sweep_dir)
     steps = steps_to_target(curves, None, config.sweep.targets, loss=config.analysis.loss,
-                            higher_is_better=config.task.higher_is_better)
+                            direction=config.task.direction)
     out = []
     for run in curves.runs.itertuples(index=False):
         if run.state not in ("done", "diverged", "failed") or run.seed != seed:
@@ -138,7 +137,7 @@ def explain(decision: Decision, config: Config) -> list[str]:
     """What the plan decided from the pilot and why, in a few lines."""
     assert decision.pilot is not None
     b_pilot, lr_pilot = decision.pilot
-    order = in_training_order(decision.b_noise, config.task.higher_is_better)
+    order = config.task.direction.in_training_order(decision.b_noise)
     noise = ", ".join(f"{decision.b_noise[t]:.4g} ({config.task.metric} {t:g})" for t in order)
     grid = sorted(config.sweep.batch_sizes)
     finite = [v for v in decision.b_noise.values() if math.isfinite(v) and v > 0]
