@@ -128,3 +128,31 @@ def test_preconditioner_is_the_optimizers_step(make) -> None:
     assert p is not None
     assert torch.allclose(w.detach() - before, -optimizer.param_groups[0]["lr"] * p * w.grad,
                           rtol=1e-4, atol=1e-7)
+
+
+def test_a_tiny_lm_trained_with_adamw_logs_b_simple_precond() -> None:
+    """The training loop on a small character-level transformer with AdamW: after step 50
+    b_simple_precond is finite and positive on at least 90% of rows, and not b_simple."""
+    from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
+    from gnsweep.runs import RunSpec
+    from gnsweep.training import build_run, run
+
+    torch.set_num_threads(1)
+    config = Config(task=TaskConfig(name="chars", options={"context": 16, "width": 32,
+                                                           "depth": 1, "heads": 2,
+                                                           "eval_windows": 0}),
+                    sweep=SweepConfig(batch_sizes=[16], learning_rates=[0.01],
+                                      targets=[1e-9], max_steps=90),
+                    train=TrainConfig(optimizer="adamw", weight_decay=0.1),
+                    # Micro-batches: B_simple beside it (per-example norms skip the position
+                    # embedding, looked up once for the batch); both pairs from one split.
+                    noise=NoiseConfig(method="microbatch", every=1))
+    state = build_run(config, RunSpec(batch_size=16, learning_rate=0.01))
+    run(state)
+    rows = [(s, b, p) for s, b, p in zip(state.rows["step"], state.rows["b_simple"],
+                                         state.rows["b_simple_precond"], strict=True) if s > 50]
+    assert len(rows) >= 30
+    good = [p for _, _, p in rows if math.isfinite(p) and p > 0]
+    assert len(good) >= 0.9 * len(rows)
+    assert all(math.isfinite(b) for _, b, _ in rows)
+    assert sum(b != p for _, b, p in rows) >= 0.9 * len(rows)

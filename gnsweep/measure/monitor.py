@@ -687,7 +687,7 @@ class NoiseScaleMonitor:
         precond: list[NormPair] | None = None
         if self._precond_kind == IDENTITY:
             precond = parts  # P = I: the very pairs of B_simple
-        elif plain and parts:
+        elif plain:  # whether or not B_simple's own pair was complete this step
             source = self._precond_source()
             pair = source.weighted() if source is not None else None
             if pair is None and source is not None and len(source.counts) < 2:
@@ -775,8 +775,11 @@ class NoiseScaleMonitor:
         if ok and precond is not None and all(p.b_small < p.b_big for p in precond):
             self.ema_precond.update_parts(list(precond), examples=examples, steps=steps)
             self._precond_since = (0.0, 0.0)
-        if self.estimate is not None and self.ema_precond.seen_steps > 0:
-            self.estimate = with_precond(self.estimate, self.ema_precond.estimate())
+        if self.ema_precond.seen_steps > 0:
+            # B_simple_P stands on its own pairs: shown even where B_simple's were not complete.
+            base = self.estimate if self.estimate is not None else NoiseEstimate(
+                *([math.nan] * 9))
+            self.estimate = with_precond(base, self.ema_precond.estimate())
 
 
 
