@@ -221,17 +221,6 @@ def _grid(config: Config, at_examples: int) -> list[RunSpec]:
                   for lr in sweep.learning_rates for s in sweep.seeds)
 
 
-def branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[str], *,
-           show_progress: bool = True) -> Any:
-    """Write the branch sweep (`prepare_branch`) and run what has not finished with the
-    configured executor; returns the executor's summary."""
-    from gnsweep.sweep import run_specs
-
-    config, specs = prepare_branch(base_run, at, sweep_dir, overrides)
-    return run_specs(config, sweep_dir, [spec.run_id for spec in specs],
-                     show_progress=show_progress)
-
-
 def resolve_along(config: Config, sweep_dir: Path) -> Config:
     """The config with an along schedule's curve resolved (`sweep.schedule=along`): the local
     B_crit of `sweep.along_from`'s along.parquet at each branch point, at the fraction nearest 1

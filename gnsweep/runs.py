@@ -230,11 +230,12 @@ def check_records(sweep_dir: Path, config: Config, run_ids: list[str]) -> None:
     """Check every run file of the folder, and those of `run_ids` that exist, against the
     sweep's `config` (`check_record`); StoreError names the first that disagrees."""
     expected = expected_record_config(config)
+    accepted: set[str] = set()
     for run_id in sorted(set(store.run_ids(sweep_dir)) | set(run_ids)):
         path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
         if not (path.exists() or path.is_symlink()):
             continue
-        _checked(store.read_json(path), path, run_id, expected)
+        _checked(store.read_json(path), path, run_id, expected, accepted)
 
 
 def verify_folder(sweep_dir: Path) -> tuple[Config, dict[str, RunSpec]]:
@@ -248,23 +249,34 @@ def verify_folder(sweep_dir: Path) -> tuple[Config, dict[str, RunSpec]]:
     config = Config.load(sweep_dir)
     expected = expected_record_config(config)
     specs = {}
+    accepted: set[str] = set()  # the runs of one launch share their config: typed once
     for run_id in store.run_ids(sweep_dir):
         path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
         data = store.read_json(path)
         if isinstance(data, dict) and "config" not in data and "run_id" not in data:
             specs[run_id] = parse_spec(data.get("run"), path)
             continue
-        specs[run_id] = _checked(data, path, run_id, expected)
+        specs[run_id] = _checked(data, path, run_id, expected, accepted)
     return config, specs
 
 
-def _checked(data: Any, path: Path, run_id: str, expected: dict[str, Any]) -> RunSpec:
+def _checked(data: Any, path: Path, run_id: str, expected: dict[str, Any],
+             accepted: set[str] | None = None) -> RunSpec:
+    """`check_record`, and the record's config typed (`Config.from_dict`) unless one equal to
+    it is in `accepted` (which it then joins)."""
+    import json
+
     spec = check_record(data, path, run_id, expected)
+    key = json.dumps(data["config"], sort_keys=True, default=str)
+    if accepted is not None and key in accepted:
+        return spec
     try:  # a setting only the run file has, or of the wrong type, that the sweep lacks
         Config.from_dict(data["config"])
     except ConfigError as err:
         raise StoreError(f"{path}: {err}; remove {path.parent} and relaunch to write it "
                          "again") from None
+    if accepted is not None:
+        accepted.add(key)
     return spec
 
 

@@ -561,6 +561,8 @@ def write_status(path: Path, state: str, **fields: Any) -> dict[str, Any]:
 # The tables' columns and types live in `gnsweep.tables` (no analysis import from here).
 COMPARE = "compare.parquet"
 FITS_JSON = "fits.json"
+REPORT = "report.html"
+"""`gnsweep report`'s one-page HTML, in the sweep folder."""
 
 
 def write_results(out_dir: Path, results: Any) -> None:

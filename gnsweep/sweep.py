@@ -20,18 +20,15 @@ from gnsweep.runs import (
     fresh_retries,
     parse_run_record,
     read_state,
-    verify_folder,
     write_run,
 )
 
 # RunSpec, expand_grid, parse_run_record: from gnsweep.runs
 __all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "prepare_folder",
-           "remaining", "resolve_adaptive_lr", "run_specs", "sweep_status"]
+           "remaining", "resolve_adaptive_lr", "run_specs"]
 
 
 GRID_KEYS = ("batch_sizes", "learning_rates", "seeds", "exchange_rates")
-UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
-"""States whose rows so far `gnsweep status` shows (step, examples, smoothed loss)."""
 
 
 def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
@@ -208,66 +205,3 @@ def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
     specs = prepare(sweep_dir, config)
     return run_specs(config, sweep_dir, [spec.run_id for spec in specs],
                      show_progress=show_progress, wait=wait)
-
-
-def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row a run: id, state, attempts, Slurm job, owner, why it ended, how often Slurm
-    requeued it (`requeues`), where its last attempt trained (`gpus`: the CUDA_VISIBLE_DEVICES
-    it was given, `device`; None before its first), and where it stands on disk (`step`,
-    `examples`, `loss_smooth` of its last row written; None before its first).
-
-    A `running` run whose owner is gone shows as `died` (a relaunch runs it again); a pending
-    run waiting in a Slurm queue shows as `queued`.
-    """
-    from gnsweep.executors import claims, requeues
-    from gnsweep.executors.slurm import job_ids, queue_states
-
-    verify_folder(sweep_dir)  # run files checked against config.yaml, as every reader does
-    submitted = job_ids(sweep_dir)
-    queued = queue_states(list(submitted.values()))
-    rows = []
-    for run_id in store.run_ids(sweep_dir):
-        path = store.run_dir(sweep_dir, run_id)
-        status = read_state(path)
-        state, job = status["state"], status.get("slurm_job_id") or submitted.get(run_id)
-        if status.get("lost"):
-            state = "rerun"  # recorded finished, but its metrics are gone: a launch reruns it
-        claim = claims.read_claim(path)
-        owner = ""
-        if state == "running":
-            if claim is None or claims.is_stale(claim):
-                state = "died"
-            else:
-                owner, job = f"{claim['host']}:{claim['pid']}", claim.get("slurm_job_id") or job
-        elif state == "pending" and job and (queued.get(job) or queued.get(job.split("_")[0])):
-            state = "queued"
-        info = status.get("lost") or status.get("error") or status.get("reason") or ""
-        # Where an unfinished run stands (a finished run's whole file is not read for it).
-        last = store.last_metrics_row(path) if state in UNFINISHED_SHOWN else None
-        rows.append({"run_id": run_id, "state": state, "attempts": int(status.get("attempts", 0)),
-                     "slurm_job_id": job or "", "owner": owner, "info": str(info),
-                     "requeues": requeues(path),
-                     "gpus": status.get("gpus"), "device": status.get("device"),
-                     "noise": status.get("noise_measured"),
-                     **{k: (last or {}).get(k) for k in ("step", "examples", "loss_smooth")}})
-    return rows
-
-
-def measurement_note(rows: list[dict[str, Any]]) -> str | None:
-    """One line on what the finished runs measured (`sweep_status` rows, their status.json's
-    `noise_measured`): measurement off (`noise.method=none`: B_simple absent by design), or
-    the share of steps measured over the runs; None before any run has finished."""
-    known = [r["noise"] for r in rows if isinstance(r.get("noise"), dict)]
-    if not known:
-        return None
-    off = sum(1 for n in known if n.get("method") == "none")
-    steps = sum(int(n.get("steps") or 0) for n in known if n.get("method") != "none")
-    measured = sum(int(n.get("measured") or 0) for n in known if n.get("method") != "none")
-    parts = []
-    if off:
-        parts.append(f"{off} run(s) with noise measurement off (noise.method=none): no B_simple")
-    if steps:
-        everys = sorted({str(n.get("every")) for n in known if n.get("method") != "none"})
-        parts.append(f"noise scale measured on {measured / steps:.0%} of {steps} steps "
-                     f"(noise.every={', '.join(everys)})")
-    return "; ".join(parts) if parts else None

@@ -179,8 +179,8 @@ def test_along_table_round_trips_through_the_store(branched, tmp_path):
 def test_figure_and_report_section(branched):
     """The along-training figure: log-log, one error-bar series per target that has a fit,
     the base run's noise scale as a line; the report section lists every (point, target)."""
-    from gnsweep import plots
-    from gnsweep.html_report import along_section
+    from gnsweep.report import figures as plots
+    from gnsweep.report.html import along_section
 
     _, _, points, curves = branched
     result = analyze_along(curves, points, FRACTIONS, loss="eval")

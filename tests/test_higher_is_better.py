@@ -210,7 +210,7 @@ def test_best_run_is_picked_at_the_hardest_target_in_its_direction():
     smallest: the same front picks opposite runs."""
     import pandas as pd
 
-    from gnsweep.analysis.views import best_runs
+    from gnsweep.report.views import best_runs
     from gnsweep.targets import hardest, in_training_order, reached
 
     runs = pd.DataFrame({"run_id": ["a", "b"], "batch_size": [8, 8],

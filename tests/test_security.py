@@ -201,7 +201,7 @@ def test_the_html_report_masks_credentials_of_an_older_config():
     import pandas as pd
 
     from gnsweep.analysis.results import Results
-    from gnsweep.html_report import render
+    from gnsweep.report.html import render
 
     text = f"logger:\n  kind: mlflow\n  tracking_uri: https://bob:{SECRET}@mlflow.example/\n"
     empty = {name: pd.DataFrame(columns=list(store.RESULT_SCHEMAS[name].names))

@@ -1,6 +1,6 @@
 """The paper's headline comparison across sweeps: B_crit (eq. 2.12) against the noise scale
 B_simple measured in the same runs, one row per sweep x target. Pure: the sweeps' fits come in
-as tables (`gnsweep.comparison` reads them from the sweep folders), one table goes out.
+as tables (`gnsweep.commands.compare` reads them from the sweep folders), one table goes out.
 
 The paper's claim (section 3, fig. 4): across domains whose B_crit differs by orders of
 magnitude, B_crit is about B_simple averaged over training up to the target (the S_min-weighted
@@ -95,28 +95,3 @@ def log_error_bars(values: np.ndarray, errors: np.ndarray) -> np.ndarray:
     v = np.asarray(values, float)
     e = np.nan_to_num(np.asarray(errors, float), nan=0.0)
     return np.vstack([np.minimum(e, 0.9 * v), e])
-
-
-def format_compare(table: pd.DataFrame) -> str:
-    """The comparison as a plain-text table for the console."""
-    def pm(value: float, se: float) -> str:
-        if not np.isfinite(value):
-            return "-"
-        return f"{value:.4g} ± {se:.2g}" if np.isfinite(se) else f"{value:.4g}"
-
-    head = (f"{'task':<10}{'sweep':<14}{'target':>10}  {'B_crit':<20}{'B_simple (mean)':<20}"
-            f"{'ratio':<16}unit")
-    precond = "ratio_precond" in table and bool(np.isfinite(table["ratio_precond"]).any())
-    if precond:  # B_crit / B_simple_P where an adaptive optimizer's was logged
-        head = head.replace("unit", f"{'ratio (P)':<16}unit")
-    lines = [head]
-    for row in table.itertuples(index=False):
-        ratio = pm(row.ratio, row.ratio_se)
-        if precond:
-            ratio = f"{ratio:<16}{pm(row.ratio_precond, row.ratio_precond_se)}"
-        note = f"  (no fit: {row.refused})" if row.refused else ""
-        lines.append(f"{row.task:<10}{row.sweep[:13]:<14}{row.target:>10.4g}  "
-                     f"{pm(row.b_crit, row.b_crit_se):<20}"
-                     f"{pm(row.b_simple_mean, row.b_simple_mean_se):<20}{ratio:<16}"
-                     f"{row.unit}{note}")
-    return "\n".join(lines)

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.groups import combine
-from gnsweep.analysis.pipeline import Analysis, AnalysisError, analyze_steps, analyze_tables
+from gnsweep.analysis.pipeline import AnalysisError, analyze_steps, analyze_tables
+from gnsweep.analysis.results import Results
 from gnsweep.analysis.steps import STEPS_COLUMNS, curves_from_frames
 from gnsweep.errors import shown as show_value
 from gnsweep.tables import BEST_VALUE
@@ -157,7 +158,7 @@ def curves_from_table(path: Path, frame: pd.DataFrame, loss: str):
 
 def analyze_table(path: Path, targets: list[float] | None = None, loss: str = "smoothed",
                   ema_examples: float | None = None, bootstrap: int = 0,
-                  optimizer: str = "sgd", group_by: str | None = None) -> Analysis:
+                  optimizer: str = "sgd", group_by: str | None = None) -> Results:
     """Analyze a table of external measurements; writes nothing.
 
     `group_by` names a column (workload, model...): one analysis per value, put back together
@@ -196,7 +197,7 @@ def analyze_table(path: Path, targets: list[float] | None = None, loss: str = "s
 
 
 def _analyze_frame(path: Path, frame: pd.DataFrame, targets: list[float] | None, loss: str,
-                   ema_examples: float | None, bootstrap: int, optimizer: str) -> Analysis:
+                   ema_examples: float | None, bootstrap: int, optimizer: str) -> Results:
     shape = table_shape(path, frame)
     if shape == "steps":
         steps = steps_from_table(path, frame)

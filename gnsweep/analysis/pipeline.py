@@ -40,14 +40,10 @@ class AnalysisError(StoreError):
     """The data cannot support an analysis (no run reached a target, bad table); names why."""
 
 
-Analysis = Results
-"""The analysis's name for the one results type (`gnsweep.analysis.results.Results`)."""
-
-
 def analyze_tables(runs: pd.DataFrame | None, metrics: pd.DataFrame | Curves, targets: list[float],
                    loss: str = "smoothed", *, ema_examples: float | None = None,
                    bootstrap: int = 0, optimizer: str = "sgd", source: str = "sweep",
-                   direction: Direction | bool = FALLING) -> Analysis:
+                   direction: Direction | bool = FALLING) -> Results:
     """Steps-to-target from curves, then everything `analyze_steps` does; with the centred
     smoother, B_crit again at half and double its window (`window_robustness`).
 
@@ -65,7 +61,7 @@ def analyze_tables(runs: pd.DataFrame | None, metrics: pd.DataFrame | Curves, ta
     return result
 
 
-def window_robustness(curves: Curves, targets: list[float], result: Analysis) -> None:
+def window_robustness(curves: Curves, targets: list[float], result: Results) -> None:
     """B_crit refitted with the loss smoothed over half and double the default window:
     `b_crit_window_lo`/`_hi` (at half / double) and `b_crit_window_spread` (max - min of the
     three over the default), with a warning where the spread exceeds 20%."""
@@ -96,7 +92,7 @@ def window_robustness(curves: Curves, targets: list[float], result: Analysis) ->
 
 
 def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int = 0,
-                  optimizer: str = "sgd", meta: dict[str, Any] | None = None) -> Analysis:
+                  optimizer: str = "sgd", meta: dict[str, Any] | None = None) -> Results:
     """Best learning rates, fronts, the fits of eq. 2.11, eps_opt(B) and B_crit(L)."""
     meta = {"source": "table", **(meta or {}), "bootstrap": bootstrap, "optimizer": optimizer,
             "n_runs": int(steps["run_id"].nunique()) if "run_id" in steps else len(steps)}
@@ -123,7 +119,7 @@ def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int =
     fits["dof"] = fits["dof"].astype(int)
     fits["n_bootstrap"] = fits["n_bootstrap"].astype(int)
     _add_residuals(front, fits)
-    result = Analysis(steps, front, fits, warnings, lr_fits, fit_loss_scaling(fits), meta)
+    result = Results(steps, front, fits, warnings, lr_fits, fit_loss_scaling(fits), meta)
     result.temperature = fit_temperature(steps)
     return result
 

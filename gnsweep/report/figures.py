@@ -3,7 +3,7 @@
 One style for every figure: Okabe-Ito colours for targets (colour-blind safe), viridis for the
 ordered batch sizes, sizes and fonts meant for a paper column (3.4 in) or a page (7 in).
 `draw_all` draws every figure a sweep can support and says in one line why it skipped the rest;
-`gnsweep.figures` writes them to files.
+`png_bytes` turns one into bytes for the report; `gnsweep.commands.plot` writes them to files.
 
 Tables (docs/analysis.md lists their columns): `runs` and `metrics` from
 `gnsweep.analysis.load.load_sweep`, `steps`, `front` and `fits` from `gnsweep analyze`.
@@ -11,6 +11,7 @@ Tables (docs/analysis.md lists their columns): `runs` and `metrics` from
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from matplotlib.ticker import FixedFormatter, FixedLocator, LogFormatter, NullFo
 
 from gnsweep.analysis.fit import predict_steps
 from gnsweep.analysis.results import Results
-from gnsweep.analysis.views import (
+from gnsweep.report.views import (
     best_runs,
     finite,
     fitted,
@@ -38,7 +39,7 @@ from gnsweep.analysis.views import (
     placed,
     quantity,
 )
-from gnsweep.analysis.views import unit as unit_of
+from gnsweep.report.views import unit as unit_of
 from gnsweep.targets import FALLING, Direction
 
 # Okabe & Ito (2008): distinguishable with every common colour-vision deficiency.
@@ -60,10 +61,6 @@ STYLE: dict[Any, Any] = {
 
 class Skip(Exception):
     """The sweep cannot support this figure; the message says why in one line."""
-
-
-SweepTables = Results
-"""The figures' name for the one results type (`gnsweep.analysis.results.Results`)."""
 
 
 def _batch_colors(batch_sizes: list[int]) -> dict[int, tuple]:
@@ -633,18 +630,18 @@ class FigureSpec:
     name: str
     """File stem, e.g. pareto_fronts."""
     caption: str
-    draw: Callable[[SweepTables], Figure]
+    draw: Callable[[Results], Figure]
 
 
-def _what(tables: SweepTables) -> str:
+def _what(tables: Results) -> str:
     return quantity(tables.meta)
 
 
-def _unit(tables: SweepTables) -> str:
+def _unit(tables: Results) -> str:
     return unit_of(tables.meta)
 
 
-def _targets(tables: SweepTables) -> list[float]:
+def _targets(tables: Results) -> list[float]:
     return sorted(float(t) for t in tables.fits["target"]) if len(tables.fits) else []
 
 
@@ -720,7 +717,7 @@ def noise_vs_temperature(steps: pd.DataFrame, temperature: pd.DataFrame, what: s
         return fig
 
 
-def draw_all(tables: SweepTables) -> dict[str, Figure | str]:
+def draw_all(tables: Results) -> dict[str, Figure | str]:
     """Every figure of FIGURES: a Figure, or the one-line reason it was skipped."""
     out: dict[str, Figure | str] = {}
     for spec in FIGURES:
@@ -784,7 +781,7 @@ ALONG_FIGURE = FigureSpec(
     lambda t: bcrit_along_training(t.along, t.along_base, _unit(t)))
 
 
-def draw_along(tables: SweepTables) -> dict[str, Figure | str]:
+def draw_along(tables: Results) -> dict[str, Figure | str]:
     """The along-training figure of a branch sweep ({} for any other sweep)."""
     if not len(tables.along):
         return {}
@@ -794,7 +791,7 @@ def draw_along(tables: SweepTables) -> dict[str, Figure | str]:
         return {ALONG_FIGURE.name: str(reason)}
 
 
-def notes(tables: SweepTables) -> list[str]:
+def notes(tables: Results) -> list[str]:
     """One line for each thing the figures leave out although the figure is drawn."""
     out = []
     if "b_noise" not in tables.metrics or not np.isfinite(
@@ -817,3 +814,10 @@ def notes(tables: SweepTables) -> list[str]:
 def axes_of(fig: Figure) -> list[Axes]:
     """The figure's data axes (colorbars left out)."""
     return [ax for ax in fig.axes if ax.get_label() != "<colorbar>" and ax.get_visible()]
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG bytes, for embedding in the report."""
+    buffer = io.BytesIO()
+    fig.canvas.print_figure(buffer, format="png")  # what savefig does, into memory
+    return buffer.getvalue()

@@ -1,6 +1,7 @@
-"""`gnsweep plan`: read the finished runs, ask `rules.decide` for the next round, record it in
-D/plan.json (atomically, before any of its runs starts), write the runs' records and hand them to
-the executors exactly as `gnsweep launch` does; repeat until nothing is left to decide.
+"""`gnsweep plan`: check the task as a launch does (`preflight`), read the finished runs, ask
+`rules.decide` for the next round, record it in D/plan.json (atomically, before any of its runs
+starts), write the runs' records and hand them to the executors exactly as `gnsweep launch`
+does; repeat until nothing is left to decide.
 
 A re-run resumes: recorded rounds are run to the end first (their finished runs are skipped),
 then decisions are derived again from the finished runs, which give the same answer.
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
+from gnsweep.commands import Echo
 from gnsweep.config import Config
 from gnsweep.planner.rules import SPREAD, Decision, Proposal, RunOutcome, decide
 from gnsweep.runs import RunSpec, read_run, write_run
@@ -169,3 +171,21 @@ def _decision_record(decision: Decision) -> dict[str, Any]:
 
 __all__ = ["PLAN_FILE", "PlanSummary", "Proposal", "examples_processed", "explain", "plan",
            "read_outcomes"]
+
+
+def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | None,
+        quiet: bool, echo: Echo) -> None:
+    """`gnsweep plan`: the config and its checks as for `gnsweep launch`, then the plan's rounds;
+    ends with what it ran and pruned."""
+    from gnsweep.commands.preflight import compose_config, preflight
+
+    # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
+    config = preflight(compose_config(overrides, workers))
+    sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
+    summary = plan(config, sweep_dir, show_progress=not quiet, echo=echo)
+    ids = sorted(set(summary.run_ids))
+    echo(f"plan {sweep_dir}: {len(ids)} of {summary.grid_size} grid runs in "
+         f"{summary.rounds} round(s) ({summary.grid_size - len(ids)} pruned: never run; "
+         f"{len(set(summary.capped))} with a smaller step budget); "
+         f"{examples_processed(sweep_dir, ids):,} examples processed")
+    echo(f"next: gnsweep analyze {sweep_dir}")

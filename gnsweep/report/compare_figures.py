@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 from gnsweep.analysis.compare import log_error_bars, placeable
-from gnsweep.plots import COLORS, COLUMN, STYLE, Skip
+from gnsweep.report.figures import COLORS, COLUMN, STYLE, Skip
 from gnsweep.targets import KEY as DIRECTION_KEY
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
