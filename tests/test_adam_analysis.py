@@ -101,3 +101,13 @@ def test_surge_form_recovers_its_peak_and_wins_over_saturation():
     front["lr_opt"] = saturating
     table = fit_lr_table(front, [0.5])
     assert (table["form"] != "surge").all() and (table["form"] != "").all()
+
+
+@pytest.mark.parametrize("name,task", [("linreg_adam", "linreg"), ("chars_adam_small", "chars")])
+def test_adam_experiments_compose(name, task):
+    """The bundles behind docs/noise.md's table train with Adam on the task they name."""
+    from gnsweep.config import compose
+
+    config = compose([f"+experiment={name}"])
+    assert config.task.name == task and config.train.optimizer == "adam"
+    assert len(config.sweep.batch_sizes) >= 3  # enough for a fit of eq. 2.11
