@@ -159,6 +159,11 @@ class NoiseScaleMonitor:
     gradient trained on is the batch mean either way (as the micro-batches' weighted sum: equal
     up to rounding). The choice is a function of the model and the first batch, never of a
     clock, so that a run trained twice, or resumed, gives the same numbers.
+
+    A layer whose gradient per-example norms cannot attribute to examples (its input has no
+    batch dimension: positions `wpe(torch.arange(T))`, `unattributed`) leaves the first
+    measured step unmeasured; `method="auto"` then measures with micro-batches (said once,
+    `choice` says why), an explicit `"per_example"` raises a ValueError.
     """
 
     def __init__(self, model: nn.Module, method: str = "auto", *, every: int | str = 1,
@@ -225,7 +230,8 @@ class NoiseScaleMonitor:
         self._hessian_seconds = 0.0
         self.choice: dict[str, Any] | None = None
         self._sources: dict[str, tuple[PerExample | None, Increments | None]] = {}
-        self._asked = method
+        self._asked = self.requested = method
+        self._switched = False  # auto moved to micro-batches for unattributable layers
         if method == OFF:  # nothing measured, nothing hooked
             self.method, self.hessian_every = OFF, 0
             return
@@ -395,8 +401,17 @@ class NoiseScaleMonitor:
         """The method to rebuild this monitor with before `load_state_dict(saved)`: the saved
         run fell back at its first step (`unsplittable`), so does this one; None: as built."""
         if saved["method"] != self.method and not self.timed:
+            if self.requested == "auto" and saved.get("choice") is not None:
+                return None  # auto's own switch (`_unattributable`): load_state_dict redoes it
             return FALLBACK_METHOD
         return None
+
+    @property
+    def unattributed(self) -> dict[str, str]:
+        """Layers whose gradient per-example norms cannot attribute to examples, met so far on
+        measured steps (name -> what was seen; `PerExample.unattributed`): an input without
+        the batch dimension. Empty when none, or when per-example norms are not in use."""
+        return dict(self._per_example.unattributed) if self._per_example is not None else {}
 
     @property
     def b_simple(self) -> float:
@@ -481,9 +496,48 @@ class NoiseScaleMonitor:
             self._timed(seconds)
         self._started, self._hessian_seconds = None, 0.0
         self.schedule.advance(measuring, self.ema, self._since_examples, self._step_examples)
-        if self.timed and self.choice is None and measuring and self._per_example is not None:
+        if measuring and self._per_example is not None and self._per_example.unattributed:
+            self._unattributable(steps_examples)
+        elif self.timed and self.choice is None and measuring and self._per_example is not None:
             self._choose(steps_examples)
         return self.estimate
+
+    def _unattributable(self, batch: int) -> None:
+        """Per-example norms met a layer whose gradient they cannot attribute to examples
+        (`PerExample.unattributed`: an input without the batch dimension). `auto` measures
+        with micro-batches from the next step on, said once; an explicit `per_example` is
+        refused, a ValueError saying why."""
+        assert self._per_example is not None
+        layers = ", ".join(f"{name} ({seen})"
+                           for name, seen in self._per_example.unattributed.items())
+        reason = (f"per-example norms cannot attribute the gradient of {layers} to examples: "
+                  "its input has no batch dimension (positions such as wpe(torch.arange(T)) "
+                  "broadcast over the batch), so its gradient arrives summed over the batch")
+        if self.requested != "auto":
+            raise ValueError(f"noise scale: method={self.requested!r}: {reason}; use "
+                             "method='auto' or 'microbatch'")
+        choice = {"method": "microbatch", "reason": reason, "batch": batch,
+                  "step_seconds": None}
+        if self.timed:
+            self._commit(choice)
+            self._timing = []  # said once timed (`_timed`)
+            return
+        self._switch_to_microbatches(choice)
+        say_once("auto unattributed", f"noise scale: method auto measures with micro-batches "
+                 f"from the next step on ({reason}); micro-batches need gradient accumulation: "
+                 ">= 2 micro-batches a step, monitor.accumulate() after each "
+                 "(gradient_accumulation_steps >= 2 with Hugging Face's Trainer, "
+                 "accumulate_grad_batches >= 2 with Lightning)", per_launch=True)
+
+    def _switch_to_microbatches(self, choice: dict[str, Any]) -> None:
+        """Without `timed_auto`: drop the per-example hooks, measure with micro-batches."""
+        assert self._per_example is not None
+        for handle in self._per_example.handles:
+            handle.remove()
+        self._handles = [h for h in self._handles if h not in self._per_example.handles]
+        self._per_example, self._increments = None, Increments(self.params)
+        self.method, self._switched = "microbatch", True
+        self.choice = dict(choice)
 
     @property
     def timed(self) -> bool:
@@ -567,6 +621,9 @@ class NoiseScaleMonitor:
             self._commit(state["choice"])
             timing = state.get("timing")
             self._timing = None if timing is None else list(timing)
+        elif state.get("choice") is not None and state["method"] == "microbatch" \
+                and self.method == "per_example" and self.requested == "auto":
+            self._switch_to_microbatches(state["choice"])  # switched before the save
         if state["method"] != self.method:
             raise ValueError(f"monitor state of method {state['method']}, this monitor "
                              f"measures with {self.method}")
@@ -673,9 +730,16 @@ class NoiseScaleMonitor:
                 complete = False  # a step it had to skip (a layer used twice): no estimate
         if self._increments is not None and plain:
             # Micro-batch increments and their sum were both read during backward: scaled.
-            part = self._increments.measure(self.method == "microbatch")
+            part = self._increments.measure(self.method == "microbatch" and not self._switched)
             if part is not None:
                 parts.append(_unscale(part, small_scale, small_scale))
+            elif self._switched:
+                self.warn_once("switched", "noise scale: method auto needs micro-batches for "
+                               "this model and this step had one: B_simple is not measured "
+                               "(NaN) until >= 2 micro-batches a step are back-propagated, "
+                               "monitor.accumulate() after each (gradient_accumulation_steps "
+                               ">= 2 with Hugging Face's Trainer, accumulate_grad_batches >= 2 "
+                               "with Lightning)")
             elif self.method == "per_example":
                 complete = False
                 self.warn_once("fallback", "noise scale: layers without per-example norms "
