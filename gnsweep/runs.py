@@ -36,9 +36,16 @@ __all__ = [
     "read_state",
     "run_config",
     "run_record",
+    "unmeasured_line",
+    "unmeasured_share",
     "verify_folder",
     "write_run",
 ]
+
+UNMEASURED_SHARE = 0.1
+"""A run whose B_simple is NaN on more than this share of its logged steps is named by the
+launch's summary, `gnsweep status` and the report (`unmeasured_line`): a noise scale missing
+on most of a run must never pass in silence."""
 
 # Settings a relaunch may change: where and how runs execute, the grid (runs are added), the
 # analysis and where runs are logged. Anything else changes what a run trains, and mixing them
@@ -263,11 +270,12 @@ def check_records(sweep_dir: Path, config: Config, run_ids: list[str]) -> None:
     """Check every run file of the folder, and those of `run_ids` that exist, against the
     sweep's `config` (`check_record`); StoreError names the first that disagrees."""
     expected = expected_record_config(config)
+    accepted: set[str] = set()
     for run_id in sorted(set(store.run_ids(sweep_dir)) | set(run_ids)):
         path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
         if not (path.exists() or path.is_symlink()):
             continue
-        _checked(store.read_json(path), path, run_id, expected)
+        _checked(store.read_json(path), path, run_id, expected, accepted)
 
 
 def verify_folder(sweep_dir: Path) -> tuple[Config, dict[str, RunSpec]]:
@@ -281,23 +289,34 @@ def verify_folder(sweep_dir: Path) -> tuple[Config, dict[str, RunSpec]]:
     config = Config.load(sweep_dir)
     expected = expected_record_config(config)
     specs = {}
+    accepted: set[str] = set()  # the runs of one launch share their config: typed once
     for run_id in store.run_ids(sweep_dir):
         path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
         data = store.read_json(path)
         if isinstance(data, dict) and "config" not in data and "run_id" not in data:
             specs[run_id] = parse_spec(data.get("run"), path)
             continue
-        specs[run_id] = _checked(data, path, run_id, expected)
+        specs[run_id] = _checked(data, path, run_id, expected, accepted)
     return config, specs
 
 
-def _checked(data: Any, path: Path, run_id: str, expected: dict[str, Any]) -> RunSpec:
+def _checked(data: Any, path: Path, run_id: str, expected: dict[str, Any],
+             accepted: set[str] | None = None) -> RunSpec:
+    """`check_record`, and the record's config typed (`Config.from_dict`) unless one equal to
+    it is in `accepted` (which it then joins)."""
+    import json
+
     spec = check_record(data, path, run_id, expected)
+    key = json.dumps(data["config"], sort_keys=True, default=str)
+    if accepted is not None and key in accepted:
+        return spec
     try:  # a setting only the run file has, or of the wrong type, that the sweep lacks
         Config.from_dict(data["config"])
     except ConfigError as err:
         raise StoreError(f"{path}: {err}; remove {path.parent} and relaunch to write it "
                          "again") from None
+    if accepted is not None:
+        accepted.add(key)
     return spec
 
 
@@ -377,3 +396,26 @@ def fresh_retries(sweep_dir: Path, run_ids: list[str]) -> None:
         if status["state"] == RunState.FAILED:
             store.write_status(path, RunState.FAILED, error=status.get("error"),
                                retry_base=int(status.get("attempts", 0)))
+
+
+def unmeasured_share(b_simple: list[float]) -> float | None:
+    """The share of a run's logged steps whose B_simple is NaN (or infinite), None without any
+    step logged."""
+    if not b_simple:
+        return None
+    missing = sum(1 for v in b_simple if v is None or not math.isfinite(v))
+    return missing / len(b_simple)
+
+
+def unmeasured_line(shares: dict[str, float | None]) -> str | None:
+    """One line naming the runs (id -> `unmeasured_share`) whose B_simple is NaN on more than
+    `UNMEASURED_SHARE` of their steps, or None when there is none."""
+    missing = {r: s for r, s in shares.items() if s is not None and s > UNMEASURED_SHARE}
+    if not missing:
+        return None
+    listed = ", ".join(f"{r} ({s:.0%})" for r, s in sorted(missing.items())[:6])
+    more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+    return (f"WARNING: B_simple is NaN on more than {UNMEASURED_SHARE:.0%} of the steps of "
+            f"{len(missing)} run(s): {listed}{more}; the noise scale was not measured there "
+            "(status.json: noise_method and b_simple_nan_share; the run's log says why; "
+            "docs/noise.md)")

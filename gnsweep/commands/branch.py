@@ -30,6 +30,7 @@ def run(base_run_dir: Path, at: str, sweep_dir: Path, overrides: list[str] | Non
     """`gnsweep branch`; returns the exit code (1 when a run failed, named on stderr). With
     `dry_run` it lists the branch runs, done and pending, and writes nothing."""
     from gnsweep.branching import parse_points, plan_branch
+    from gnsweep.sweep import unmeasured_runs
 
     overrides = list(overrides or [])
     if workers is not None:
@@ -44,6 +45,10 @@ def run(base_run_dir: Path, at: str, sweep_dir: Path, overrides: list[str] | Non
     if summary.failed:
         echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
              f"{', '.join(summary.failed)}", err=True)
+    unmeasured = unmeasured_runs(sweep_dir)
+    if unmeasured:
+        echo(unmeasured, err=True)
+    if summary.failed:
         return 1
     echo(f"next: gnsweep analyze {sweep_dir}")
     return 0
