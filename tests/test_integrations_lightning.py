@@ -147,6 +147,33 @@ def test_lightning_bf16_mixed_matches_the_truth():
     assert float(trainer.callback_metrics["b_simple"]) == pytest.approx(truth.b_simple, rel=0.06)
 
 
+class AdamModule(LinRegModule):
+    def __init__(self, task: linreg.LinReg, lr: float, optimizer: str) -> None:
+        super().__init__(task, lr)
+        self.optimizer_name = optimizer
+
+    def configure_optimizers(self):
+        if self.optimizer_name == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+        return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+@pytest.mark.parametrize("optimizer,accumulate", [("sgd", 1), ("adamw", 2)])
+def test_lightning_logs_b_simple_precond(optimizer, accumulate):
+    """SGD with momentum: b_simple_precond is b_simple; AdamW: its own, finite, positive."""
+    task = linreg.make(linreg.Options(dim=16, condition=100.0), seed=0)
+    callback = NoiseScaleCallback(ema_fraction=0.2)
+    trainer = _trainer(callback, accumulate_grad_batches=accumulate)
+    trainer.fit(AdamModule(task, 0.01, optimizer), _data(task, 40, 32 // accumulate))
+    simple = float(trainer.callback_metrics["b_simple"])
+    precond = float(trainer.callback_metrics["b_simple_precond"])
+    assert math.isfinite(simple) and precond > 0
+    if optimizer == "sgd":
+        assert precond == pytest.approx(simple, rel=1e-6)
+    else:
+        assert precond != pytest.approx(simple, rel=0.05)
+
+
 class MarkovGptModule(pl.LightningModule):
     """tests/lm_task.py's nanoGPT-style model (positions wpe(torch.arange(T)))."""
 

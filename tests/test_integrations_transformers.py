@@ -90,6 +90,11 @@ def test_transformers_tiny_gpt2_logs_to_history_and_tensorboard(tmp_path):
     trainer.train()
     logged = [entry["b_simple"] for entry in trainer.state.log_history if "b_simple" in entry]
     assert len(logged) == 3 and all(math.isfinite(v) for v in logged)
+    # The Trainer's AdamW: B_simple in its preconditioner, from the two micro-batches (on
+    # random tokens |G|^2 is near zero: either may be negative here, never NaN).
+    precond = [entry["b_simple_precond"] for entry in trainer.state.log_history
+               if "b_simple" in entry]
+    assert all(math.isfinite(v) for v in precond) and precond != logged
     events = EventAccumulator(str(next((tmp_path / "out").rglob("events.out.tfevents.*")).parent))
     events.Reload()
     assert {"train/b_simple", "train/g2", "train/trace_sigma"} <= set(events.Tags()["scalars"])

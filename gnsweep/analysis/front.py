@@ -25,7 +25,7 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
     """
     steps = steps.copy()
     for name in ("b_noise_at_target", "b_noise_mean", "b_simple_true_mean", "b_noise_true_mean",
-                 "drift_share"):
+                 "drift_share", "b_simple_precond_at_target", "b_simple_precond_mean"):
         if name not in steps:
             steps[name] = np.nan
     if "seed" not in steps:
@@ -40,7 +40,9 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
                     b_noise_mean=("b_noise_mean", "mean"),
                     b_simple_true_mean=("b_simple_true_mean", "mean"),
                     b_noise_true_mean=("b_noise_true_mean", "mean"),
-                    drift_share=("drift_share", "mean")))
+                    drift_share=("drift_share", "mean"),
+                    b_simple_precond_at_target=("b_simple_precond_at_target", "mean"),
+                    b_simple_precond_mean=("b_simple_precond_mean", "mean")))
     tried = grouped.groupby(["target", "batch_size"])["learning_rate"]
     grouped["n_lr"] = tried.transform("size")
     grouped["lr_min"] = tried.transform("min")

@@ -37,7 +37,7 @@ LOSS_COLUMNS = {"smoothed": "loss_smooth", "raw": "loss", "eval": "eval_loss",
 """Which logged column decides a target; "metric" is a task's own (cartpole's return)."""
 CURVE_COLUMNS = ("step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise",
                  "drift", "probe_g2", "probe_trace_sigma", "probe_g_h_g", "probe_trace_h_sigma",
-                 "b_simple_true", "b_noise_true", "metric")
+                 "b_simple_true", "b_noise_true", "metric", "b_simple_precond")
 RUN_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "state"]
 
 STEPS_COLUMNS = columns("steps")
@@ -235,6 +235,7 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
                                                 np.fmin.reduceat(logged, starts[has_rows]))
         last_step[has_rows] = step[ends[has_rows] - 1]
     simple, noise, simple_true, noise_true, flag_sum = _noise_sums(curves)
+    precond = _precond_sums(curves)
 
     base = curves.runs[RUN_COLUMNS[:4]].reset_index(drop=True)
     parts = []
@@ -268,6 +269,8 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
         with np.errstate(invalid="ignore", divide="ignore"):
             share = (flag_sum[at + 1] - flag_sum[starts]) / (at + 1 - starts)
         part["drift_share"] = np.where(reached, share, np.nan)
+        part["b_simple_precond_at_target"], part["b_simple_precond_mean"] = precond.at(at,
+                                                                                      reached)
         parts.append(part)
     if not parts:
         return pd.DataFrame(columns=STEPS_COLUMNS)
@@ -336,6 +339,20 @@ def _noise_sums(curves: Curves) -> tuple[_RunningMeans, _RunningMeans, _RunningM
            _RunningMeans(_filled(curves, "b_noise_true"), step, starts, run_of_row, batch),
            np.concatenate([[0.0], np.cumsum(flagged)]))
     curves.derived["noise_sums"] = out
+    return out
+
+
+def _precond_sums(curves: Curves) -> _RunningMeans:
+    """Running means of B_simple_P (the optimizer's preconditioned B_simple), like B_simple's
+    (`_noise_sums`): from the training loop's EMA column, computed once per `Curves`."""
+    cached = curves.derived.get("precond_sums")
+    if cached is not None:
+        return cast(_RunningMeans, cached)
+    batch = curves.runs["batch_size"].to_numpy(float)
+    run_of_row = np.repeat(np.arange(len(curves.runs)), curves.lengths)
+    out = _RunningMeans(curves.columns["b_simple_precond"], curves.columns["step"],
+                        curves.offsets[:-1], run_of_row, batch)
+    curves.derived["precond_sums"] = out
     return out
 
 

@@ -124,7 +124,8 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
     analysis = analyze_along(curves, points, branch.targets, loss=loss, ema_examples=ema_examples,
                              bootstrap=config.analysis.bootstrap if bootstrap is None
                              else bootstrap, optimizer=config.train.optimizer,
-                             direction=task.direction, source=str(sweep_dir))
+                             direction=task.direction, source=str(sweep_dir),
+                             window=float(branch.window), tolerance=branch.tolerance)
     base = Path(branch.base)
     try:
         analysis.along_base = base_curve(load_run_curves(base), loss)
@@ -213,7 +214,8 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
     for warning in result.warnings:
         echo(f"warning: {warning}", err=True)
     echo(f"tables: {out}/steps.parquet, front.parquet, fits.parquet, lr_fits.parquet, "
-         "loss_scaling.parquet, fits.json" + (", along.parquet" if len(result.along) else ""),
+         "loss_scaling.parquet, temperature.parquet, fits.json"
+         + (", along.parquet" if len(result.along) else ""),
          err=as_json)
     if as_json:
         echo(json.dumps(result.to_json(), indent=2, sort_keys=True))

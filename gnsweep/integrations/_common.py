@@ -1,5 +1,6 @@
 """What the framework callbacks share: finding a batch's size, the module the monitor watches,
-and the logged metric names (a public contract: `b_simple`, `g2`, `trace_sigma`, `b_noise`)."""
+and the logged metric names (a public contract: `b_simple`, `g2`, `trace_sigma`, `b_noise`,
+`b_simple_precond`)."""
 
 from __future__ import annotations
 
@@ -76,7 +77,23 @@ def metrics(estimate: NoiseEstimate | None, *, with_b_noise: bool) -> dict[str, 
            "trace_sigma": float(estimate.trace_sigma)}
     if with_b_noise and math.isfinite(estimate.b_noise):
         out["b_noise"] = float(estimate.b_noise)
+    if math.isfinite(estimate.b_simple_precond):
+        # B_simple in the optimizer's preconditioner (docs/noise.md), once measured.
+        out["b_simple_precond"] = float(estimate.b_simple_precond)
     return out
+
+
+def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
+    """The torch optimizer inside a framework's wrapper (accelerate's `AcceleratedOptimizer`,
+    Lightning's `LightningOptimizer`), whose state holds the preconditioner; None if none."""
+    for _ in range(4):
+        if isinstance(optimizer, torch.optim.Optimizer) and not hasattr(optimizer, "optimizer"):
+            return optimizer
+        inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
+        if inner is None:
+            return optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
+        optimizer = inner
+    return None
 
 
 def cannot_measure(monitor: NoiseScaleMonitor, accumulation: int, setting: str) -> str | None:

@@ -30,7 +30,14 @@ from torch import nn
 from torch.optim import Optimizer
 
 from gnsweep import NoiseScaleMonitor
-from gnsweep.integrations._common import Units, Watched, cannot_measure, measure_step, metrics
+from gnsweep.integrations._common import (
+    Units,
+    Watched,
+    cannot_measure,
+    measure_step,
+    metrics,
+    torch_optimizer,
+)
 from gnsweep.training.backward import in_task_units
 
 __all__ = ["NoiseScaleCallback"]
@@ -107,6 +114,10 @@ class NoiseScaleCallback(pl.Callback):
                                 "accumulate_grad_batches")
         if reason is not None:
             self._cannot(reason)
+            return
+        inner = torch_optimizer(trainer.optimizers[0]) if trainer.optimizers else None
+        if inner is not None:  # B_simple_P from the micro-batches of gradient accumulation
+            self.monitor.precondition(inner)
 
     def _cannot(self, reason: str) -> None:
         """Say once, loudly, why nothing is measured; b_simple is logged as NaN."""

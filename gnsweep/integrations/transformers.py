@@ -44,6 +44,7 @@ from gnsweep.integrations._common import (
     first_tensor,
     measure_step,
     metrics,
+    torch_optimizer,
 )
 from gnsweep.training.backward import in_task_units
 
@@ -138,6 +139,9 @@ class NoiseScaleCallback(TrainerCallback):
         if reason is not None:
             self._cannot(reason)
             return
+        inner = torch_optimizer(optimizer)
+        if inner is not None:  # B_simple_P from the micro-batches of gradient accumulation
+            self.monitor.precondition(inner)
         params = self.monitor.params
         self._handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
                          register_multi_grad_hook(params, self._in_backward, mode="any")]

@@ -30,6 +30,7 @@ from matplotlib.ticker import FixedFormatter, FixedLocator, LogFormatter, NullFo
 
 from gnsweep.analysis.fit import predict_steps
 from gnsweep.analysis.results import Results
+from gnsweep.report.answers import TREND_WORDS, along_trend_caption, bcrit_trend_caption, trend
 from gnsweep.report.views import (
     best_runs,
     finite,
@@ -245,7 +246,7 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None,
         values = [ok["b_crit"].to_numpy(float), ok["b_simple_mean"].to_numpy(float)]
         has_noise = "b_noise_mean" in ok and finite(ok, "b_noise_mean").any()
         colors = _target_colors(fits["target"])
-        has_lr = False
+        has_lr = has_precond = False
         for row in ok.itertuples(index=False):
             color = colors[float(row.target)]
             yerr = _yerr(row.b_crit, getattr(row, "b_crit_se", np.nan))
@@ -269,6 +270,12 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None,
                 ax.errorbar([row.b_noise_mean], [row.b_crit], yerr=yerr, fmt="s", mfc="white",
                             color=color, capsize=2, ms=4, elinewidth=0.8)
                 values.append(np.array([row.b_noise_mean]))
+            b_p = _number(row._asdict(), "b_simple_precond_mean")
+            if np.isfinite(b_p) and b_p > 0:  # B_simple in the optimizer's preconditioner
+                ax.errorbar([b_p], [row.b_crit], yerr=yerr, fmt="^", mfc="white", color=color,
+                            capsize=2, ms=4, elinewidth=0.8)
+                values.append(np.array([b_p]))
+                has_precond = True
         flat = np.concatenate(values)
         flat = flat[np.isfinite(flat) & (flat > 0)]
         lo, hi = flat.min() / 2.5, flat.max() * 2.5
@@ -290,6 +297,8 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None,
             kinds.append(("s", "white", "B_noise (eq. 2.8)"))
         if has_lr:
             kinds.append(("D", "white", "B_noise implied by the best lr"))
+        if has_precond:
+            kinds.append(("^", "white", "B_simple_P (optimizer's preconditioner)"))
         for marker, face, label in kinds:
             handles.append(plt.Line2D([], [], marker=marker, ls="", mfc=face, color="grey",
                                       ms=4))
@@ -623,6 +632,15 @@ class FigureSpec:
     """File stem, e.g. pareto_fronts."""
     caption: str
     draw: Callable[[Results], Figure]
+    trend: Callable[[Results], str] | None = None
+    """What the drawn data do (computed, `report.answers`), appended to the caption: a caption
+    never claims a trend its figure does not show."""
+
+    def caption_for(self, tables: Results) -> str:
+        """The caption, with the trend computed from `tables` where the figure has one."""
+        if self.trend is None:
+            return self.caption
+        return f"{self.caption} {self.trend(tables)}"
 
 
 def _what(tables: Results) -> str:
@@ -631,6 +649,26 @@ def _what(tables: Results) -> str:
 
 def _unit(tables: Results) -> str:
     return unit_of(tables.meta)
+
+
+def _over_targets(tables: Results, column: str) -> str:
+    """The trend of a fits column over the targets, in training order (`answers.trend`)."""
+    fits = tables.fits
+    if not len(fits) or column not in fits:
+        return TREND_WORDS[""]
+    rises = Direction.from_meta(tables.meta).rises
+    ordered = fits.sort_values("target", ascending=rises)[column].to_numpy(float)
+    return TREND_WORDS[trend(np.arange(1, len(ordered) + 1, dtype=float), ordered)]
+
+
+def _lr_trend(tables: Results) -> str:
+    """How the best learning rate moves with the batch size: the median over targets of each
+    batch size's best rate (front.parquet)."""
+    front = tables.front
+    if not len(front):
+        return TREND_WORDS[""]
+    best = front.groupby("batch_size")["learning_rate"].median()
+    return TREND_WORDS[trend(best.index.to_numpy(float), best.to_numpy(float))]
 
 
 def _targets(tables: Results) -> list[float]:
@@ -645,23 +683,72 @@ FIGURES = [
                "during training; on the dashed line the noise scale predicts B_crit exactly.",
                lambda t: bcrit_vs_bsimple(t.fits, t.front, _what(t), _unit(t))),
     FigureSpec("noise_over_training", "The measured noise scale of the best-tuned run per "
-               "batch size, over steps and against the loss: it grows as the loss falls.",
+               "batch size, over steps and against the loss.",
                lambda t: noise_over_training(t.runs, t.metrics, t.front, _what(t), _unit(t),
-                                                 Direction.from_meta(t.meta))),
+                                                 Direction.from_meta(t.meta)),
+               lambda t: "Its S_min-weighted mean up to each target "
+                         f"{_over_targets(t, 'b_simple_mean')} from target to target."),
     FigureSpec("steps_grid", "Steps to reach each target over the batch size x learning rate "
                "grid; boxed cells are the best learning rate per batch size.",
                lambda t: steps_grid(t.steps, t.front, _what(t), _unit(t))),
-    FigureSpec("best_lr", "The best learning rate against batch size; it grows with B, then "
-               "levels off near B_noise (eq. 2.7).",
-               lambda t: best_lr_vs_batch(t.front, t.steps, t.fits, _what(t), _unit(t))),
-    FigureSpec("bcrit_vs_loss", "B_crit against the target loss: the critical batch size "
-               "grows as training goes on.",
-               lambda t: bcrit_vs_loss(t.fits, t.bcrit_law, t.front, _what(t), _unit(t))),
+    FigureSpec("best_lr", "The best learning rate against batch size (eq. 2.7 has it grow with "
+               "B, then level off near B_noise).",
+               lambda t: best_lr_vs_batch(t.front, t.steps, t.fits, _what(t), _unit(t)),
+               lambda t: f"Here it {_lr_trend(t)} with B."),
+    FigureSpec("bcrit_vs_loss", "B_crit against the target loss.",
+               lambda t: bcrit_vs_loss(t.fits, t.bcrit_law, t.front, _what(t), _unit(t)),
+               lambda t: "As training goes on the critical batch size "
+                         f"{bcrit_trend_caption(t.fits, t.front, Direction.from_meta(t.meta))}."),
     FigureSpec("loss_curves", "Training loss of the best-tuned run per batch size against "
                "steps and examples; dashed lines are the targets.",
                lambda t: loss_curves(t.runs, t.metrics, t.front, _targets(t), _what(t),
                                      _unit(t), Direction.from_meta(t.meta))),
+    FigureSpec("noise_scale_vs_temperature", "B_simple when each run reaches a target against "
+               "the temperature eps/B (appendix C: slope -1 in equilibrium), with the fitted "
+               "exponent of temperature.parquet.",
+               lambda t: noise_vs_temperature(t.steps, t.temperature, _what(t), _unit(t))),
 ]
+
+
+def noise_vs_temperature(steps: pd.DataFrame, temperature: pd.DataFrame, what: str = "loss",
+                         unit: str = "examples") -> Figure:
+    """B_simple at the moment each run reaches a target against the temperature T = eps/B
+    (appendix C), every run that reached it, with the fitted power law of temperature.parquet
+    per target and the paper's slope -1 for reference."""
+    if steps.empty or "b_simple_at_target" not in steps:
+        raise Skip("no steps table with B_simple at the targets")
+    runs = steps[steps["reached"].astype(bool)]
+    runs = runs[np.isfinite(runs["b_simple_at_target"]) & (runs["b_simple_at_target"] > 0)
+                & np.isfinite(runs["learning_rate"])]
+    if runs.empty:
+        raise Skip("no run reached a target with a measured, positive B_simple")
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(COLUMN, 3.4))
+        colors = _target_colors(steps["target"])
+        slopes = temperature.set_index("target") if len(temperature) else pd.DataFrame()
+        for target, group in runs.groupby("target"):
+            t = (group["learning_rate"] / group["batch_size"]).to_numpy(float)
+            b = group["b_simple_at_target"].to_numpy(float)
+            color = colors[float(target)]
+            label = f"{what} {target:g}"
+            if float(target) in slopes.index and np.isfinite(slopes.loc[target, "exponent"]):
+                row = slopes.loc[target]
+                label += f": slope {row['exponent']:.2f} ± {row['exponent_se']:.2f}"
+                grid = np.geomspace(t.min(), t.max(), 20)
+                level = np.exp(np.mean(np.log(b) - row["exponent"] * np.log(t)))
+                ax.plot(grid, level * grid ** row["exponent"], color=color, lw=0.9)
+            ax.plot(t, b, "o", color=color, ms=3.5, label=label)
+        t_all = (runs["learning_rate"] / runs["batch_size"]).to_numpy(float)
+        b_all = runs["b_simple_at_target"].to_numpy(float)
+        mid_t, mid_b = np.exp(np.mean(np.log(t_all))), np.exp(np.mean(np.log(b_all)))
+        grid = np.geomspace(t_all.min(), t_all.max(), 20)
+        ax.plot(grid, mid_b * mid_t / grid, "k--", lw=0.8, label="slope -1 (appendix C)")
+        _loglog(ax)
+        ax.set_xlabel(f"temperature T = learning rate / B (per {unit[:-1] or unit})")
+        ax.set_ylabel(f"B_simple at the target ({unit})")
+        ax.set_title("Noise scale against temperature")
+        ax.legend(fontsize="small")
+        return fig
 
 
 def draw_all(tables: Results) -> dict[str, Figure | str]:
@@ -686,23 +773,35 @@ def bcrit_along_training(along: pd.DataFrame, base: pd.DataFrame | None = None,
     theory puts at the local critical batch size."""
     ok = along[np.isfinite(along["b_crit"].astype(float)) & (along["b_crit"].astype(float) > 0)
                & (along["at_examples"].astype(float) > 0)] if len(along) else along
-    if not len(ok):
-        raise Skip("no branch point has a fit of eq. 2.11 (along.parquet: see `refused`)")
+    points = along.groupby("at_examples", sort=True).first().reset_index() \
+        if len(along) and "b_crit_tol" in along else pd.DataFrame()
+    tol = points[np.isfinite(points["b_crit_tol"].astype(float))] if len(points) else points
+    bounded = points[~np.isfinite(points["b_crit_tol"].astype(float))
+                     & np.isfinite(points["b_crit_tol_lo"].astype(float))
+                     & ~np.isfinite(points["b_crit_tol_hi"].astype(float))] \
+        if len(points) else points
+    if not len(ok) and not len(tol) and not len(bounded):
+        raise Skip("no branch point has a local B_crit, by eq. 2.11 or by tolerance "
+                   "(along.parquet: see `refused`, `tol_refused`)")
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(COLUMN * 1.3, 2.9))
-        colors = _target_colors(along["target"])
-        offsets = np.linspace(-0.04, 0.04, max(len(colors), 1))  # side by side, in log x
-        for i, (target, color) in enumerate(colors.items()):
-            rows = ok[ok["target"].astype(float) == target]
-            if not len(rows):
-                continue
+        series = _along_series(ok)
+        offsets = np.linspace(-0.04, 0.04, max(len(series), 1))  # side by side, in log x
+        for i, (label, rows) in enumerate(series):
             x = rows["at_examples"].to_numpy(float) * 10 ** offsets[i]
             se = rows["b_crit_se"].to_numpy(float)
             b = rows["b_crit"].to_numpy(float)
             low = np.where(np.isfinite(se), np.minimum(se, 0.95 * b), 0.0)
             high = np.where(np.isfinite(se), se, 0.0)
-            ax.errorbar(x, b, yerr=[low, high], fmt="o-", color=color, capsize=2, ms=3.5,
-                        elinewidth=0.8, lw=0.8, label=f"local B_crit, target {target:g} x loss")
+            ax.errorbar(x, b, yerr=[low, high], fmt="o-", color=COLORS[i % len(COLORS)],
+                        capsize=2, ms=3.5, elinewidth=0.8, lw=0.8, label=label)
+        if len(tol):
+            ax.plot(tol["at_examples"].to_numpy(float), tol["b_crit_tol"].to_numpy(float),
+                    "s:", color="0.1", ms=4, lw=0.9, label="local B_crit by tolerance")
+        if len(bounded):  # every batch size within tolerance: above the largest
+            ax.plot(bounded["at_examples"].to_numpy(float),
+                    bounded["b_crit_tol_lo"].to_numpy(float), "^", color="0.1", ms=5,
+                    ls="none", label="by tolerance: above the largest batch")
         if base is not None and len(base):
             for column, style, label in (("b_simple", "-", "base run B_simple"),
                                          ("b_noise", "--", "base run B_noise")):
@@ -721,11 +820,36 @@ def bcrit_along_training(along: pd.DataFrame, base: pd.DataFrame | None = None,
         return fig
 
 
+def _along_series(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The fitted rows of along.parquet as series: one per target fraction (`branch.targets`),
+    or, for targets chosen from the runs (a different fraction at every point), one per rank
+    at its point (easiest first)."""
+    if not len(rows):
+        return []
+    auto = rows["target_source"].astype(str) == "auto" if "target_source" in rows \
+        else pd.Series(False, index=rows.index)
+    out: list[tuple[str, pd.DataFrame]] = []
+    fixed = rows[~auto]
+    for target in sorted({float(t) for t in fixed["target"]}, reverse=True):
+        out.append((f"local B_crit, target {target:g} x loss",
+                    fixed[fixed["target"].astype(float) == target]))
+    chosen = rows[auto]
+    if len(chosen):
+        rank = chosen.groupby("at_examples")["target"].rank(ascending=False, method="first")
+        for r in sorted(set(rank.astype(int))):
+            out.append((f"local B_crit, automatic target {r}", chosen[rank == r]))
+    return out
+
+
 ALONG_FIGURE = FigureSpec(
     "bcrit_along_training", "Local B_crit of short runs branched from the base run's "
-    "checkpoints (error bars: standard errors of the fit of eq. 2.11) against the examples the "
-    "base run had seen, with the base run's own noise scale over training.",
-    lambda t: bcrit_along_training(t.along, t.along_base, _unit(t)))
+    "checkpoints (error bars: standard errors of the fit of eq. 2.11; squares: the tolerance "
+    "rule, triangles its bounds) against the examples the base run had seen, with the base "
+    "run's own noise scale over training.",
+    lambda t: bcrit_along_training(t.along, t.along_base, _unit(t)),
+    lambda t: "From point to point the local B_crit of eq. 2.11 (median over each point's "
+              f"targets) {along_trend_caption(t.along)}; by tolerance it "
+              f"{along_trend_caption(t.along, 'b_crit_tol')}.")
 
 
 def draw_along(tables: Results) -> dict[str, Figure | str]:

@@ -16,9 +16,10 @@ import numpy as np
 import pandas as pd
 
 from gnsweep import redact
+from gnsweep.analysis.along import tolerance_answer
 from gnsweep.analysis.results import Results
 from gnsweep.config import Config
-from gnsweep.report.answers import answers, interval_of
+from gnsweep.report.answers import along_answers, answers, interval_of
 from gnsweep.report.views import quantity
 from gnsweep.report.views import unit as unit_of
 from gnsweep.targets import Direction
@@ -105,6 +106,7 @@ def _has(fits: pd.DataFrame, column: str) -> bool:
 def fit_table(fits: pd.DataFrame, what: str = "loss", unit: str = "examples") -> str:
     has_noise = _has(fits, "b_noise_mean")
     has_window = _has(fits, "b_crit_window_spread")
+    has_precond = _has(fits, "ratio_precond")  # an adaptive optimizer's B_simple_P logged
     true = [c for c in ("b_simple_true_mean", "b_noise_true_mean") if _has(fits, c)]
     head = [f"target {what}", "batch sizes", "S_min (steps)", f"E_min ({unit})",
             f"B_crit ({unit})", "B_crit 95% interval",
@@ -113,7 +115,9 @@ def fit_table(fits: pd.DataFrame, what: str = "loss", unit: str = "examples") ->
             *(["B_simple exact (same runs)"] if "b_simple_true_mean" in true else []),
             "B_simple at target", *(["B_noise"] if has_noise else []),
             *(["B_noise exact (same runs)"] if "b_noise_true_mean" in true else []),
-            "B_crit / B_simple", "rms log residual", "note"]
+            "B_crit / B_simple",
+            *(["B_simple_P (preconditioned)", "B_crit / B_simple_P"] if has_precond else []),
+            "rms log residual", "note"]
     rows = []
     for row in fits.sort_values("target", ascending=False).itertuples(index=False):
         lo, hi = interval_of(row)
@@ -128,12 +132,35 @@ def fit_table(fits: pd.DataFrame, what: str = "loss", unit: str = "examples") ->
                  *([_num(row.b_noise_mean)] if has_noise else []),
                  *([_num(row.b_noise_true_mean)] if "b_noise_true_mean" in true else []),
                  _num(row.ratio, ".2f"),
+                 *([_num(row.b_simple_precond_mean), _num(row.ratio_precond, ".2f")]
+                   if has_precond else []),
                  _num(row.rmse_log), str(row.refused or "")]
         rows.append("<tr>" + "".join(
             f"<td{' class=text' if i == len(cells) - 1 else ''}>{esc(c)}</td>"
             for i, c in enumerate(cells)) + "</tr>")
     header = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
     return f"<table>{header}{''.join(rows)}</table>"
+
+
+def lr_form_lines(lr_fits: pd.DataFrame) -> list[str]:
+    """Which law the best learning rates follow per target (`form` of lr_fits.parquet: the
+    lowest AICc of eq. 2.7, its saturating power law, and Li et al.'s surge), where one was
+    fitted."""
+    if "form" not in lr_fits or not (lr_fits["form"].astype(str) != "").any():
+        return []
+    names = {"sgd": "eq. 2.7, eps_max/(1 + B_noise/B)",
+             "power": "saturating, eps_max/(1 + (B_noise/B)^alpha)",
+             "surge": "surge (Li et al. 2024): peaks at B_noise, falls after"}
+    items = []
+    for target, rows in lr_fits.groupby("target", sort=False):
+        form = str(rows["form"].iloc[0])
+        if form:
+            chosen = rows[rows["model"] == form].iloc[0]
+            items.append(f"target {target:g}: {names.get(form, form)}, B_noise "
+                         f"{_num(chosen['b_noise'])} (lowest AICc of "
+                         f"{int((rows['refused'] == '').sum())} fitted forms)")
+    return ["<h3>Best learning rate against batch size: the form that fits</h3>",
+            _list(items, "note")]
 
 
 def adaptive_section(table: pd.DataFrame, unit: str = "examples") -> list[str]:
@@ -163,33 +190,41 @@ def adaptive_section(table: pd.DataFrame, unit: str = "examples") -> list[str]:
 
 
 def along_section(table: pd.DataFrame, figures: dict[str, bytes | str] | None = None,
-                  what: str = "loss", unit: str = "examples") -> list[str]:
-    """A branch sweep's local B_crit per branch point and target, beside the base run's noise
-    scale there, and the along-training figure; nothing for any other sweep."""
+                  what: str = "loss", unit: str = "examples",
+                  caption: str = "") -> list[str]:
+    """A branch sweep's answer per branch point (`answers.along_answers`: each named by its
+    point), its local B_crit per point and target beside the base run's noise scale there and
+    the tolerance rule's, and the along-training figure; nothing for any other sweep."""
     if table is None or not len(table):
         return []
-    head = ["branch point (examples)", "steps", f"{what} there", "target", f"target {what}",
+    head = [f"branch point ({unit})", "steps", f"{what} there", "target", f"target {what}",
             "batch sizes", "S_min (steps)", f"E_min ({unit})", f"local B_crit ({unit})",
-            "base B_simple", "base B_noise", "B_crit / B_simple", "note"]
+            f"by tolerance ({unit})", "base B_simple", "base B_noise", "B_crit / B_simple",
+            "note"]
     rows = []
     for row in table.sort_values(["at_examples", "target"], ascending=[True, False]
                                  ).itertuples(index=False):
         note = str(row.refused or row.quality or "")
+        tolerance = tolerance_answer(row, "").strip() if hasattr(row, "b_crit_tol") else ""
         cells = [f"{row.at_examples:,}", f"{row.at_step:,}", _num(row.at_loss, ".4g"),
-                 f"{row.target:g}", _num(row.target_value, ".4g"), str(row.n_batch_sizes),
-                 _pm(row.s_min, row.s_min_se), _pm(row.e_min, row.e_min_se),
-                 _pm(row.b_crit, row.b_crit_se), _num(row.b_simple), _num(row.b_noise),
-                 _num(row.ratio, ".2f"), note]
+                 _num(row.target, ".4g"), _num(row.target_value, ".4g"),
+                 str(row.n_batch_sizes), _pm(row.s_min, row.s_min_se),
+                 _pm(row.e_min, row.e_min_se), _pm(row.b_crit, row.b_crit_se), tolerance,
+                 _num(row.b_simple), _num(row.b_noise), _num(row.ratio, ".2f"), note]
         rows.append("<tr>" + "".join(
-            f"<td{' class=text' if i == len(cells) - 1 else ''}>{esc(c)}</td>"
+            f"<td{' class=text' if i in (9, len(cells) - 1) else ''}>{esc(c)}</td>"
             for i, c in enumerate(cells)) + "</tr>")
     header = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
     parts = ["<h2>Critical batch size along training (branch sweep)</h2>",
+             *(f"<p class=answer>{esc(a)}</p>" for a in along_answers(table, unit, what)),
              "<p class=meta>Short runs branched from the base run's checkpoints, each branch "
-             "point a sweep of its own to targets relative to its smoothed "
-             f"{esc(what)} (target = fraction of it); local B_crit = E_min/S_min of eq. "
-             "2.11-2.12 with its standard error, beside the base run's B_simple (eq. 2.9) and "
-             "B_noise (eq. 2.8) at the point (docs/along.md).</p>",
+             f"point a sweep of its own to targets relative to its {esc(what)} (target = "
+             "fraction of it; chosen from what the runs reached unless branch.targets sets "
+             "them); local B_crit = E_min/S_min of eq. 2.11-2.12 with its standard error, and "
+             "by tolerance (Merrill et al. 2025: the largest batch size whose loss after the "
+             "window the best smaller one reached within the tolerance's share of the "
+             "window), beside the base run's B_simple (eq. 2.9) and B_noise (eq. 2.8) at the "
+             "point (docs/along.md).</p>",
              f"<table>{header}{''.join(rows)}</table>"]
     for name, item in (figures or {}).items():
         if isinstance(item, str):
@@ -198,15 +233,27 @@ def along_section(table: pd.DataFrame, figures: dict[str, bytes | str] | None = 
         data = base64.b64encode(item).decode("ascii")
         parts.append(f"<figure id={esc(name)}><img alt='{esc(name)}' "
                      f"src='data:image/png;base64,{data}'><figcaption><b>{esc(name)}</b>"
-                     "</figcaption></figure>")
+                     f"{': ' + esc(caption) if caption else ''}</figcaption></figure>")
     return parts
 
 
 def grid_summary(config: Config, runs: pd.DataFrame) -> str:
+    """The grid as run. Batch sizes in the task's unit, as every other number of the report
+    (the analysis's runs table counts them so), with the samples per step the config names
+    beside them where the unit differs (an LM's windows)."""
     sweep = config.sweep
+    unit = config.task.unit
+    batches = ", ".join(map(str, sweep.batch_sizes))
+    counted = sorted({int(b) for b in runs["batch_size"]}) if len(runs) and \
+        "batch_size" in runs else []
+    if counted and counted != sorted(sweep.batch_sizes):
+        batches = (f"{', '.join(f'{b:,}' for b in counted)} {unit} "
+                   f"({batches} samples per step)")
+    elif unit != "examples":
+        batches = f"{batches} {unit}"
     items = [("task", config.task.label),
              ("training", config.train.summary()),
-             ("batch sizes", ", ".join(map(str, sweep.batch_sizes))),
+             ("batch sizes", batches),
              ("learning rates", ", ".join(f"{x:g}" for x in sweep.learning_rates)),
              ("seeds", ", ".join(map(str, sweep.seeds))),
              ("target " + ("losses" if config.task.metric == "loss" else
@@ -240,8 +287,13 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config | No
         "<p class=meta>Critical batch size from a batch size x learning rate sweep "
         "(McCandlish et al. 2018, eq. 2.11-2.12). Written by <code>gnsweep report</code>.</p>",
     ]
+    along_caption = ""
+    if len(tables.along):
+        from gnsweep.report.figures import ALONG_FIGURE
+
+        along_caption = ALONG_FIGURE.caption_for(tables)
     parts += along_section(tables.along, along_figures, quantity(tables.meta),
-                           unit_of(tables.meta))
+                           unit_of(tables.meta), along_caption)
     if groups:
         column = tables.meta.get("group_by", "group")
         for name, (part, part_figures, part_notes) in groups.items():
@@ -267,7 +319,7 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
     """Answer, warnings, fits and figures of one analysis."""
     from gnsweep.report.figures import FIGURES  # captions; matplotlib only once a report is drawn
 
-    captions = {spec.name: spec.caption for spec in FIGURES}
+    captions = {spec.name: spec.caption_for(tables) for spec in FIGURES}
     warnings = collect_warnings(tables)
     unit = unit_of(tables.meta)
     parts = [
@@ -281,6 +333,7 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
         "<p class=meta>Standard errors from the least-squares Jacobian on log S; "
         "B_crit = E_min/S_min (eq. 2.12), its error by the delta method.</p>",
         fit_table(tables.fits, quantity(tables.meta), unit),
+        *lr_form_lines(tables.lr_fits),
         *adaptive_section(tables.adaptive, unit),
         "<h2>Figures</h2><div class=figures>",
     ]
