@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.adaptive import subset
+from gnsweep.analysis.bounds import bound_text
 from gnsweep.analysis.groups import combine
 from gnsweep.analysis.pipeline import AnalysisError, analyze_steps, ratio_with_error
 from gnsweep.analysis.results import Results
@@ -40,12 +41,14 @@ ALONG_COLUMNS = ["at_examples", "at_step", "at_loss", "target", "target_value", 
                  "n_batch_sizes", "s_min", "s_min_se", "e_min", "e_min_se", "b_crit",
                  "b_crit_se", "rmse_log", "b_simple", "b_noise", "ratio", "ratio_se",
                  "ratio_noise", "ratio_noise_se", "b_simple_mean", "b_noise_mean", "quality",
-                 "refused"]
+                 "refused", "bcrit_status", "bcrit_reason", "b_crit_bound"]
 """along.parquet: one row per (branch point, target). `target` is the fraction of `branch.targets`,
 `target_value` the loss (or metric) it stands for at that point; `b_simple`, `b_noise` the base
 run's noise scales at the point; `ratio` = b_crit / b_simple, `ratio_noise` = b_crit / b_noise;
 `b_simple_mean`, `b_noise_mean` the branch runs' own S_min-weighted means up to the target
-(median over the best runs, as in fits.parquet)."""
+(median over the best runs, as in fits.parquet); `bcrit_status` (fit, lower_bound, upper_bound,
+refused), `bcrit_reason` and `b_crit_bound` as in fits.parquet: a local B_crit outside what the
+point's batch sizes support is a bound or refused, with NaN in `b_crit`."""
 BASE_COLUMNS = ["step", "examples", "loss", "b_simple", "b_noise"]
 """along_base.parquet: the base run's smoothed loss and noise scales per logged row (for the
 figure: the noise scale the local B_crit is compared with, over the whole run)."""
@@ -197,14 +200,17 @@ def _row(point: BranchPoint, fraction: float, value: float, fits: pd.DataFrame, 
     row: dict = dict.fromkeys(ALONG_COLUMNS, math.nan)
     row.update(at_examples=point.at_examples, at_step=point.at_step, at_loss=point.at_loss,
                target=fraction, target_value=value, n_runs=n_runs, n_batch_sizes=0,
-               b_simple=point.b_simple, b_noise=point.b_noise, quality="", refused=why)
+               b_simple=point.b_simple, b_noise=point.b_noise, quality="", refused=why,
+               bcrit_status="refused", bcrit_reason=why)
     match = fits[fits["target"] == value] if len(fits) else fits
     if not len(match):
-        row["refused"] = why or "no run reached it (below the loss floor, or too few steps?)"
+        row["refused"] = row["bcrit_reason"] = (
+            why or "no run reached it (below the loss floor, or too few steps?)")
         return row
     fit = match.iloc[0]
     for name in ("n_batch_sizes", "s_min", "s_min_se", "e_min", "e_min_se", "b_crit",
-                 "b_crit_se", "rmse_log", "b_simple_mean", "b_noise_mean", "quality", "refused"):
+                 "b_crit_se", "rmse_log", "b_simple_mean", "b_noise_mean", "quality", "refused",
+                 "bcrit_status", "bcrit_reason", "b_crit_bound"):
         row[name] = fit[name]
     row["n_batch_sizes"] = int(row["n_batch_sizes"])
     row["ratio"], row["ratio_se"] = ratio_with_error(fit["b_crit"], fit["b_crit_se"],
@@ -228,9 +234,10 @@ def format_along(along: pd.DataFrame, unit: str = "examples") -> str:
         def num(value: float) -> str:
             return f"{value:.4g}" if np.isfinite(value) else "-"
 
+        b_crit = bound_text(row.bcrit_status, row.b_crit_bound) or pm(row.b_crit, row.b_crit_se)
         lines.append(f"{row.at_examples:>12,} {row.at_loss:>11.4g} {row.target:>7g} "
                      f"{row.n_batch_sizes:>3} {pm(row.s_min, row.s_min_se):>14} "
-                     f"{pm(row.b_crit, row.b_crit_se):>16} {num(row.b_simple):>14} "
+                     f"{b_crit:>16} {num(row.b_simple):>14} "
                      f"{num(row.b_noise):>13}  {row.refused or row.quality}")
     return "\n".join(lines)
 

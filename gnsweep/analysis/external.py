@@ -117,8 +117,8 @@ def steps_from_table(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
         "examples": steps * batch, "b_simple_at_target": optional["b_simple"],
         "b_simple_mean": optional["b_simple_mean"], "outcome": "reached",
         "b_noise_at_target": optional["b_noise"], "b_noise_mean": optional["b_noise_mean"],
-        "min_loss": np.nan, "last_step": steps, "b_simple_true_mean": np.nan,
-        "b_noise_true_mean": np.nan, "drift_share": np.nan})
+        "min_loss": np.nan, "last_step": np.nan, "b_simple_true_mean": np.nan,
+        "b_noise_true_mean": np.nan, "drift_share": np.nan, "lr_share": np.nan})
     return out[STEPS_COLUMNS]
 
 

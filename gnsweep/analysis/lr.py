@@ -5,6 +5,11 @@ Adam-like optimizers grow like B^alpha, alpha in [0.5, 1], then level off, which
 saturating power law `eps_opt(B) = eps_max / (1 + (B_noise/B)^alpha)` (alpha = 1 is SGD's law).
 Both are fitted on log lr (relative errors) to the refined best learning rate of every batch size
 whose best learning rate is not on an edge of the grid: an edge is a bound, not a measurement.
+
+A fit is an answer only inside its physical range (`analysis.bounds`): B_noise inside the
+support of the batch sizes fitted with an error below its value, and for the power law alpha in
+ALPHA_RANGE with an error below its value; otherwise a bound at the grid's edge, or refused, with
+the reason (`status`, `refused`) and NaN parameters.
 """
 
 from __future__ import annotations
@@ -15,14 +20,19 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from gnsweep.analysis.bounds import FIT, REFUSED, judge_scale
 from gnsweep.analysis.fit import FitRefused, least_squares_fit
 
 LR_FIT_COLUMNS = ["target", "model", "n_points", "eps_max", "eps_max_se", "b_noise", "b_noise_se",
-                  "alpha", "alpha_se", "rmse_log", "refused"]
+                  "alpha", "alpha_se", "rmse_log", "refused", "status", "b_noise_bound"]
 MODELS = ("sgd", "power")
 RUNAWAY = 1000.0
 """A fitted B_noise more than this factor outside the measured batch sizes is a fit running
 off along its flat valley, not a value."""
+ALPHA_RANGE = (0.2, 2.0)
+"""Plausible exponents of the power law: Adam-like optimizers grow like B^alpha with alpha
+between 0.5 and 1 (DESIGN.md), SGD's law is alpha = 1; far outside, the fit is bending a
+law with no bend in the points (an alpha of -17 is not an optimizer)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,12 @@ class LrFit:
     alpha: float
     alpha_se: float
     rmse_log: float
+    status: str = FIT
+    """`analysis.bounds.STATUSES`: whether B_noise (and alpha) stand, bound or are refused."""
+    reason: str = ""
+    """Why not a fit ("" for one); the parameters are still the raw optimum, for diagnosis."""
+    b_noise_bound: float = math.nan
+    """The grid edge B_noise is above (lower_bound) or below (upper_bound)."""
 
 
 def eps_opt(batch_size: np.ndarray, eps_max: float, b_noise: float, alpha: float = 1.0
@@ -81,11 +97,22 @@ def fit_lr(batch_size: np.ndarray, lr: np.ndarray, model: str = "sgd") -> LrFit:
                          "measured batch sizes): the best rates show no bend inside them")
     se = np.sqrt(np.clip(np.diag(cov), 0, None))
     eps_max, b_noise = math.exp(theta[0]), math.exp(theta[1])
+    alpha = float(theta[2]) if n_params == 3 else 1.0
+    alpha_se = float(se[2]) if n_params == 3 else 0.0
+    verdict = judge_scale("B_noise(lr)", b_noise, b_noise * se[1], float(b.min()), float(b.max()))
+    reason, status = verdict.reason, verdict.status
+    if status in (FIT, REFUSED) and n_params == 3:
+        if not ALPHA_RANGE[0] <= alpha <= ALPHA_RANGE[1]:
+            status, reason = REFUSED, (
+                f"alpha {alpha:.2g} is outside its plausible range {ALPHA_RANGE[0]:g}..."
+                f"{ALPHA_RANGE[1]:g}: the best learning rates show no saturating growth")
+        elif not alpha_se < alpha:
+            status, reason = REFUSED, ("alpha's standard error is larger than its value: the "
+                                       "points do not place it")
     return LrFit(model=model, n_points=len(b), eps_max=eps_max, eps_max_se=eps_max * se[0],
-                 b_noise=b_noise, b_noise_se=b_noise * se[1],
-                 alpha=float(theta[2]) if n_params == 3 else 1.0,
-                 alpha_se=float(se[2]) if n_params == 3 else 0.0,
-                 rmse_log=float(np.sqrt(np.mean(res**2))))
+                 b_noise=b_noise, b_noise_se=b_noise * se[1], alpha=alpha, alpha_se=alpha_se,
+                 rmse_log=float(np.sqrt(np.mean(res**2))), status=status, reason=reason,
+                 b_noise_bound=verdict.bound)
 
 
 def fit_lr_table(front: pd.DataFrame, targets: list[float]) -> pd.DataFrame:
@@ -95,12 +122,19 @@ def fit_lr_table(front: pd.DataFrame, targets: list[float]) -> pd.DataFrame:
         points = front[(front["target"] == target) & ~front["lr_on_edge"].astype(bool)]
         for model in MODELS:
             row: dict = dict.fromkeys(LR_FIT_COLUMNS, math.nan)
-            row.update(target=target, model=model, n_points=len(points), refused="")
+            row.update(target=target, model=model, n_points=len(points), refused="",
+                       status=REFUSED)
             try:
                 fit = fit_lr(points["batch_size"].to_numpy(), points["lr_opt"].to_numpy(), model)
             except FitRefused as err:
                 row["refused"] = str(err)
             else:
-                row.update(asdict(fit))
+                fields = asdict(fit)
+                row.update(n_points=fit.n_points, status=fit.status, refused=fit.reason,
+                           b_noise_bound=fit.b_noise_bound)
+                # A bound or a refusal keeps only how well the law ran through the points.
+                row["rmse_log"] = fit.rmse_log
+                if fit.status == FIT:
+                    row.update({k: v for k, v in fields.items() if k in row and k != "refused"})
             rows.append(row)
     return pd.DataFrame(rows, columns=LR_FIT_COLUMNS)

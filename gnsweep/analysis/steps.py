@@ -33,13 +33,13 @@ LOSS_COLUMNS = {"smoothed": "loss_smooth", "raw": "loss", "eval": "eval_loss",
 """Which logged column decides a target; "metric" is a task's own (cartpole's return)."""
 CURVE_COLUMNS = ("step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise",
                  "drift", "probe_g2", "probe_trace_sigma", "probe_g_h_g", "probe_trace_h_sigma",
-                 "b_simple_true", "b_noise_true", "metric")
+                 "b_simple_true", "b_noise_true", "metric", "lr")
 RUN_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "state"]
 
 STEPS_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "target", "state", "reached",
                  "steps", "examples", "b_simple_at_target", "b_simple_mean", "outcome",
                  "b_noise_at_target", "b_noise_mean", "min_loss", "last_step",
-                 "b_simple_true_mean", "b_noise_true_mean", "drift_share"]
+                 "b_simple_true_mean", "b_noise_true_mean", "drift_share", "lr_share"]
 DRIFT_LIMIT = 2.0
 """A step's drift flag: |G|^2 changed more than this factor inside the noise-scale window."""
 
@@ -194,6 +194,9 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
 
     `higher_is_better` (a task's metric such as a return): a target is reached when the value
     rises to it, and `min_loss` holds the best (largest) value reached.
+
+    `lr_share`: the learning rate logged at the target over the run's largest logged one (NaN
+    where no learning rate is logged): how far its schedule had decayed when it got there.
     """
     curves = metrics if isinstance(metrics, Curves) else curves_from_frames(runs, metrics)
     x, values = loss_curve(curves, loss, ema_examples, smoothing)
@@ -222,6 +225,11 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
             min_loss[has_rows] = sign * np.fmax(np.fmin.reduceat(values, starts[has_rows]),
                                                 np.fmin.reduceat(logged, starts[has_rows]))
         last_step[has_rows] = step[ends[has_rows] - 1]
+    lr = curves.columns["lr"]
+    peak_lr = np.full(n_runs, np.nan)
+    if has_rows.any() and np.isfinite(lr).any():
+        with np.errstate(invalid="ignore"):
+            peak_lr[has_rows] = np.fmax.reduceat(lr, starts[has_rows])
     simple, noise, simple_true, noise_true, flag_sum = _noise_sums(curves)
 
     base = curves.runs[RUN_COLUMNS[:4]].reset_index(drop=True)
@@ -254,6 +262,9 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
         with np.errstate(invalid="ignore", divide="ignore"):
             share = (flag_sum[at + 1] - flag_sum[starts]) / (at + 1 - starts)
         part["drift_share"] = np.where(reached, share, np.nan)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            lr_share = lr[at] / peak_lr if len(lr) else np.full(n_runs, np.nan)
+        part["lr_share"] = np.where(reached & (peak_lr > 0), lr_share, np.nan)
         parts.append(part)
     if not parts:
         return pd.DataFrame(columns=STEPS_COLUMNS)
