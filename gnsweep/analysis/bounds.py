@@ -54,12 +54,12 @@ def judge_scale(name: str, value: float, se: float, low: float, high: float,
     below = value < low / SUPPORT_FACTOR or (vague and value < low)
     if above:
         return Verdict(LOWER_BOUND, f"{name} above {high:g}{unit}: the fit places it beyond "
-                       f"the largest batch size, where the sweep cannot see the bend (steps "
-                       "still fall as 1/B there); add larger batch sizes", high)
+                       f"the largest batch size, where the sweep cannot see the bend; add larger "
+                       "batch sizes", high)
     if below:
         return Verdict(UPPER_BOUND, f"{name} below {low:g}{unit}: the fit places it beyond the "
-                       "smallest batch size, where the sweep cannot see the bend (steps hardly "
-                       "fall with B there); add smaller batch sizes", low)
+                       "smallest batch size, where the sweep cannot see the bend; add smaller "
+                       "batch sizes", low)
     if vague:
         return refused(f"{name}'s standard error is larger than its value: the points do not "
                        "place it; more batch sizes, seeds or longer runs")

@@ -25,8 +25,13 @@ schedule anneals the loss down faster than the batch size alone would, and only 
 sizes whose budget ran out, so the tradeoff it shows is the schedule's."""
 MIN_FIT_POINTS = 3
 """Points the fit of eq. 2.11 needs; late points are left out only while this many remain."""
-OFF_FRONT = ("off the front: another batch size reached it in no more steps with fewer "
-             "examples")
+FRONT_TOLERANCE = 0.1
+"""A point is off the front for the fit when another needs this share fewer steps *and* fewer
+examples. Strict Pareto dominance would drop genuine points by noise alone: where S ~ 1/B the
+examples are flat and a few per cent of noise makes half the points dominated, and on the S_min
+plateau the steps are."""
+OFF_FRONT = (f"off the front: another batch size reached it in {FRONT_TOLERANCE:.0%} fewer "
+             "steps with fewer examples")
 LATE = (f"reached late (after {LATE_BUDGET_SHARE:.0%} of its steps, or with its learning rate "
         f"below {LATE_LR_SHARE:.0%} of its peak)")
 
@@ -165,11 +170,26 @@ def pareto_front(best: pd.DataFrame) -> pd.DataFrame:
     return front[[c for c in FRONT_COLUMNS if c in front]]
 
 
+def dominated_beyond_noise(examples: np.ndarray, steps: np.ndarray,
+                           tolerance: float = FRONT_TOLERANCE) -> np.ndarray:
+    """True where another point needs `tolerance` fewer steps and fewer examples (relative)."""
+    examples, steps = np.asarray(examples, float), np.asarray(steps, float)
+    shrink = 1.0 / (1.0 + tolerance)
+    with np.errstate(invalid="ignore"):
+        better = ((examples[None, :] <= shrink * examples[:, None])
+                  & (steps[None, :] <= shrink * steps[:, None]))
+    return better.any(axis=1)
+
+
 def fit_points(front: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Which best points enter the fit of eq. 2.11 (`in_fit`), and why each other one does not
-    (`left_out`): only points on the front, and of those the late ones (`late`) only while fewer
-    than MIN_FIT_POINTS would remain without them (then they stay, and the fit says so)."""
-    in_fit = front["on_front"].to_numpy(bool).copy()
+    (`left_out`): only points on the front (within FRONT_TOLERANCE), and of those the late ones
+    (`late`) only while fewer than MIN_FIT_POINTS would remain without them (then they stay, and
+    the fit says so)."""
+    in_fit = np.ones(len(front), bool)
+    for _, rows in front.groupby("target", sort=False).indices.items():
+        in_fit[rows] = ~dominated_beyond_noise(front["examples"].to_numpy(float)[rows],
+                                               front["steps"].to_numpy(float)[rows])
     left_out = np.where(in_fit, "", OFF_FRONT).astype(object)
     late = front["late"].to_numpy(bool)
     for _, rows in front.groupby("target", sort=False).indices.items():

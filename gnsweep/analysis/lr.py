@@ -104,7 +104,7 @@ def fit_lr(batch_size: np.ndarray, lr: np.ndarray, model: str = "sgd") -> LrFit:
     if status in (FIT, REFUSED) and n_params == 3:
         if not ALPHA_RANGE[0] <= alpha <= ALPHA_RANGE[1]:
             status, reason = REFUSED, (
-                f"alpha {alpha:.2g} is outside its plausible range {ALPHA_RANGE[0]:g}..."
+                f"alpha {alpha:.2g} is outside its plausible range {ALPHA_RANGE[0]:g}.."
                 f"{ALPHA_RANGE[1]:g}: the best learning rates show no saturating growth")
         elif not alpha_se < alpha:
             status, reason = REFUSED, ("alpha's standard error is larger than its value: the "

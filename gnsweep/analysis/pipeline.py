@@ -204,8 +204,12 @@ def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap
         fit = fit_hyperbola(used["batch_size"].to_numpy(), used["steps"].to_numpy(),
                             bootstrap=bootstrap)
     except FitRefused as err:
-        row.update(refused=str(err), bcrit_reason=str(err))
-        warnings.append(f"target {target:g}: no fit: {err}")
+        why = str(err)
+        if row["n_left_out"]:
+            why += (f" ({row['n_left_out']} more left out of the fit: off the front or reached "
+                    "late, see front.parquet's left_out)")
+        row.update(refused=why, bcrit_reason=why)
+        warnings.append(f"target {target:g}: no fit: {why}")
         return row
     notes = _fit_notes(fit.s_min, fit.e_min, used, censored, row)
     if fit.status != FIT:
