@@ -20,7 +20,7 @@ from gnsweep.analysis.along import BranchPoint, analyze_along
 from gnsweep.analysis.bounds import FIT, STATUSES, SUPPORT_FACTOR
 from gnsweep.analysis.console import format_fits
 from gnsweep.analysis.lr import ALPHA_RANGE
-from gnsweep.analysis.pipeline import AnalysisError, Analysis, analyze_steps, analyze_tables
+from gnsweep.analysis.pipeline import Analysis, AnalysisError, analyze_steps, analyze_tables
 from gnsweep.analysis.steps import curves_from_frames
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,

@@ -178,7 +178,7 @@ def dominated_beyond_noise(examples: np.ndarray, steps: np.ndarray,
     with np.errstate(invalid="ignore"):
         better = ((examples[None, :] <= shrink * examples[:, None])
                   & (steps[None, :] <= shrink * steps[:, None]))
-    return better.any(axis=1)
+    return np.asarray(better.any(axis=1), bool)
 
 
 def fit_points(front: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
