@@ -29,7 +29,11 @@ def fit_loss_scaling(fits: pd.DataFrame) -> pd.DataFrame:
         ok = ok[ok["bcrit_status"].astype(str).isin(("fit", ""))]
     row["n_targets"] = len(ok)
     if len(ok) < 2:
-        row["refused"] = f"{len(ok)} target(s) with a fit; B_crit(L) needs at least 2"
+        bounds = (int(fits["bcrit_status"].astype(str).isin(("lower_bound", "upper_bound")).sum())
+                  if "bcrit_status" in fits else 0)
+        also = f" ({bounds} more only bound it)" if bounds else ""
+        row["refused"] = (f"{len(ok)} target(s) with a fitted B_crit{also}; B_crit(L) needs at "
+                          "least 2")
         return pd.DataFrame([row], columns=LOSS_SCALING_COLUMNS)
     x = np.log(ok["target"].to_numpy(float))
     y = np.log(ok["b_crit"].to_numpy(float))
