@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from gnsweep import redact
+from gnsweep.analysis.bounds import bound_text
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.views import quantity
 from gnsweep.analysis.views import unit as unit_of
@@ -82,6 +83,16 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
     rises = what != "loss" if higher_is_better is None else higher_is_better
     for row in fits.sort_values("target", ascending=rises).itertuples(index=False):
         b_crit = float(row.b_crit)
+        status = str(getattr(row, "bcrit_status", ""))
+        if status in ("lower_bound", "upper_bound"):
+            edge = f"{float(row.b_crit_bound):g}" + ("" if unit == "examples" else f" {unit}")
+            side = ("above the largest batch size measured" if status == "lower_bound"
+                    else "below the smallest batch size measured")
+            more = "larger" if status == "lower_bound" else "smaller"
+            out.append(f"At {what} {row.target:g} the sweep only bounds the largest useful "
+                       f"batch size: it is {side} ({edge}), and the fit cannot place it. Add "
+                       f"{more} batch sizes to measure it.")
+            continue
         if not (math.isfinite(b_crit) and b_crit > 0):
             reason = str(row.refused) or "no fit"
             out.append(f"At {what} {row.target:g}: no answer yet; {reason}.")
@@ -205,6 +216,13 @@ def _pm(value: float, se: float) -> str:
     return f"{value:.4g} ± {se:.2g}" if math.isfinite(se) else f"{value:.4g}"
 
 
+def _bcrit_cell(row: Any) -> str:
+    """B_crit with its error, or the bound it is ("> 8192"), never a runaway value."""
+    bound = bound_text(str(getattr(row, "bcrit_status", "")),
+                       float(getattr(row, "b_crit_bound", math.nan)))
+    return bound or _pm(row.b_crit, row.b_crit_se)
+
+
 def _num(value: float, fmt: str = ".3g") -> str:
     return format(value, fmt) if isinstance(value, int | float) and math.isfinite(value) else ""
 
@@ -229,7 +247,7 @@ def fit_table(fits: pd.DataFrame, what: str = "loss", unit: str = "examples") ->
     for row in fits.sort_values("target", ascending=False).itertuples(index=False):
         lo, hi = interval_of(row)
         cells = [f"{row.target:g}", f"{row.n_batch_sizes}", _pm(row.s_min, row.s_min_se),
-                 _pm(row.e_min, row.e_min_se), _pm(row.b_crit, row.b_crit_se),
+                 _pm(row.e_min, row.e_min_se), _bcrit_cell(row),
                  f"{lo:.3g} to {hi:.3g}" if math.isfinite(lo) else "",
                  *([f"{_num(row.b_crit_window_lo)} / {_num(row.b_crit_window_hi)} "
                     f"({_num(100 * row.b_crit_window_spread, '.0f')}%)"] if has_window else []),
@@ -289,7 +307,7 @@ def along_section(table: pd.DataFrame, figures: dict[str, bytes | str] | None = 
         cells = [f"{row.at_examples:,}", f"{row.at_step:,}", _num(row.at_loss, ".4g"),
                  f"{row.target:g}", _num(row.target_value, ".4g"), str(row.n_batch_sizes),
                  _pm(row.s_min, row.s_min_se), _pm(row.e_min, row.e_min_se),
-                 _pm(row.b_crit, row.b_crit_se), _num(row.b_simple), _num(row.b_noise),
+                 _bcrit_cell(row), _num(row.b_simple), _num(row.b_noise),
                  _num(row.ratio, ".2f"), note]
         rows.append("<tr>" + "".join(
             f"<td{' class=text' if i == len(cells) - 1 else ''}>{esc(c)}</td>"

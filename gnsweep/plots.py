@@ -31,6 +31,7 @@ from gnsweep.analysis.fit import predict_steps
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.views import (
     best_runs,
+    bounded,
     finite,
     fitted,
     grid_cells,
@@ -118,6 +119,20 @@ def _number(record: dict | pd.Series | None, key: str) -> float:
         return np.nan
 
 
+def _bound_arrows(ax: Axes, x: np.ndarray, rows: pd.DataFrame, color: str,
+                  label: str | None = None) -> None:
+    """B_crit bounds drawn as bounds: an arrow from the grid edge the way B_crit lies (up for
+    "above 8192", down for "below 128"), never a point at a value the fit ran off to."""
+    for xi, row in zip(x, rows.itertuples(index=False), strict=True):
+        up = row.bcrit_status == "lower_bound"
+        ax.annotate("", xy=(xi, row.b_crit_bound * (2.0 if up else 0.5)),
+                    xytext=(xi, row.b_crit_bound),
+                    arrowprops={"arrowstyle": "-|>", "color": color, "lw": 0.9})
+        ax.plot([xi], [row.b_crit_bound], marker="_", ms=8, mew=1.2, color=color, ls="",
+                label=label)
+        label = None
+
+
 def _off_note(ax: Axes, off: list[str]) -> None:
     if off:
         ax.text(0.99, 0.01, "\n".join(off), transform=ax.transAxes, ha="right", va="bottom",
@@ -157,6 +172,11 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame,
             on = group["on_front"].astype(bool) if "on_front" in group else group["steps"] > 0
             fit = fitted(fits[np.isclose(fits["target"], target)])
             label = f"{what} {target:g}"
+            bound = bounded(fits[np.isclose(fits["target"], target)])
+            if len(bound):
+                row = bound.iloc[0]
+                label += f": B_crit {'>' if row['bcrit_status'] == 'lower_bound' else '<'} " \
+                         f"{row['b_crit_bound']:g}"
             ax.plot(group["examples"], group["steps"], ":", color=color, lw=0.6, alpha=0.7)
             for row in group.itertuples(index=False):
                 ax.annotate(f"{row.batch_size}", (row.examples, row.steps), fontsize=5,
@@ -539,7 +559,8 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
     """B_crit (eq. 2.12) with its standard error against the target loss, log-log, with the
     power law B_crit(L) = B_* / L^(1/alpha_B) (Kaplan et al. 2020) where a fit is given."""
     ok, off = placed(fitted(fits), front, what)
-    if len(ok) < 2:
+    bounds = bounded(fits)
+    if len(ok) + len(bounds) < 2:
         raise Skip(f"{len(ok)} target(s) with a fit of eq. 2.11 that places B_crit; a trend "
                    "needs at least 2" + (f" ({'; '.join(off)})" if off else ""))
     with plt.rc_context(STYLE):
@@ -550,9 +571,11 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
             color = colors[float(row.target)]
             ax.errorbar([row.target], [row.b_crit], yerr=_yerr(row.b_crit, row.b_crit_se),
                         fmt="o", color=color, capsize=2, ms=4, elinewidth=0.8)
+        for target, rows in bounds.groupby("target", sort=False):
+            _bound_arrows(ax, rows["target"].to_numpy(float), rows, colors[float(target)])
         title = f"Critical batch size vs target {what}"
         b_star, alpha = _number(law, "b_star"), _number(law, "alpha_b")
-        if np.isfinite([b_star, alpha]).all() and alpha > 0 and b_star > 0:
+        if np.isfinite([b_star, alpha]).all() and alpha > 0 and b_star > 0 and len(ok):
             losses = np.geomspace(ok["target"].min() / 1.5, ok["target"].max() * 1.5, 100)
             ax.plot(losses, b_star / losses ** (1 / alpha), "k--", lw=0.9,
                     label=f"B_* / L^(1/α_B): B_* = {b_star:.3g}, α_B = {alpha:.2g}")
@@ -560,7 +583,7 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
         else:
             title += " (no power-law fit)"
         _loglog(ax)
-        _plain_ticks(ax.xaxis, ok["target"])
+        _plain_ticks(ax.xaxis, pd.concat([ok["target"], bounds["target"]]))
         if what == "loss":
             ax.invert_xaxis()
             ax.set_xlabel("target loss L (nats; lower is further into training)")
@@ -689,13 +712,19 @@ def bcrit_along_training(along: pd.DataFrame, base: pd.DataFrame | None = None,
     theory puts at the local critical batch size."""
     ok = along[np.isfinite(along["b_crit"].astype(float)) & (along["b_crit"].astype(float) > 0)
                & (along["at_examples"].astype(float) > 0)] if len(along) else along
-    if not len(ok):
+    bounds = bounded(along) if len(along) else along
+    bounds = bounds[bounds["at_examples"].astype(float) > 0] if len(bounds) else bounds
+    if not len(ok) and not len(bounds):
         raise Skip("no branch point has a fit of eq. 2.11 (along.parquet: see `refused`)")
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(COLUMN * 1.3, 2.9))
         colors = _target_colors(along["target"])
         offsets = np.linspace(-0.04, 0.04, max(len(colors), 1))  # side by side, in log x
         for i, (target, color) in enumerate(colors.items()):
+            edge = bounds[bounds["target"].astype(float) == target] if len(bounds) else bounds
+            if len(edge):
+                _bound_arrows(ax, edge["at_examples"].to_numpy(float) * 10 ** offsets[i], edge,
+                              color, f"B_crit only bounded (arrow), target {target:g} x loss")
             rows = ok[ok["target"].astype(float) == target]
             if not len(rows):
                 continue
@@ -727,7 +756,9 @@ def bcrit_along_training(along: pd.DataFrame, base: pd.DataFrame | None = None,
 ALONG_FIGURE = FigureSpec(
     "bcrit_along_training", "Local B_crit of short runs branched from the base run's "
     "checkpoints (error bars: standard errors of the fit of eq. 2.11) against the examples the "
-    "base run had seen, with the base run's own noise scale over training.",
+    "base run had seen, with the base run's own noise scale over training; an arrow from a "
+    "batch size: B_crit only bounded there (above the point's largest batch size, or below "
+    "its smallest).",
     lambda t: bcrit_along_training(t.along, t.along_base, _unit(t)))
 
 

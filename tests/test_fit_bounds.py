@@ -197,3 +197,18 @@ def test_the_lr_fit_keeps_a_law_it_can_place():
     assert fit.status == "fit" and fit.b_noise == pytest.approx(300.0, rel=1e-6)
     fit = fit_lr(b, 0.1 / (1 + (300.0 / b) ** 0.7), "power")
     assert fit.status == "fit" and fit.alpha == pytest.approx(0.7, rel=1e-4)
+
+
+def test_analyze_table_of_targets_a_hair_apart_answers_with_bounds(tmp_path):
+    # `gnsweep analyze --table` on this table died with OverflowError at B* = exp(coef[0]).
+    from gnsweep.analysis.console import format_fits
+    from gnsweep.analysis.external import analyze_table
+
+    path = tmp_path / "steps.csv"
+    table = perfectly_scaling({0.0095: 3000.0, 0.009: 9000.0})
+    table[["batch_size", "learning_rate", "target", "steps"]].to_csv(path, index=False)
+    result = analyze_table(path)
+    assert list(result.fits["bcrit_status"]) == [LOWER_BOUND, LOWER_BOUND]
+    printed = format_fits(result.fits, result.loss_scaling)
+    assert "> 1024" in printed and "e+1" not in printed
+    assert "2 more only bound it" in result.loss_scaling.iloc[0]["refused"]

@@ -205,7 +205,7 @@ def censored_points(steps: pd.DataFrame) -> pd.DataFrame:
     """The batch sizes at each target that no learning rate reached although every run of them
     finished: the target lies beyond their budget, S > the steps they ran (a bound, not a point).
     Columns target, batch_size, budget (the most steps any of them ran)."""
-    if not len(steps):
+    if not len(steps) or not {"outcome", "last_step", "reached"} <= set(steps):
         return pd.DataFrame(columns=["target", "batch_size", "budget"])
     outcome = steps["outcome"].astype(str)
     # Only a run that trained to its end without reaching the target bounds S; one still

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gnsweep.analysis.bounds import bound_text
 from gnsweep.targets import hardest
 
 
@@ -20,6 +21,15 @@ def finite(frame: pd.DataFrame, column: str) -> pd.Series:
 
 def fitted(fits: pd.DataFrame) -> pd.DataFrame:
     return fits[finite(fits, "b_crit") & finite(fits, "s_min") & finite(fits, "e_min")]
+
+
+def bounded(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose B_crit is only a bound (`bcrit_status` lower_bound or upper_bound, with
+    the grid edge in `b_crit_bound`): drawn as arrows at that edge, never as a value."""
+    if "bcrit_status" not in table or "b_crit_bound" not in table:
+        return table.iloc[0:0]
+    status = table["bcrit_status"].astype(str)
+    return table[status.isin(("lower_bound", "upper_bound")) & finite(table, "b_crit_bound")]
 
 
 def quantity(meta: dict) -> str:
@@ -38,14 +48,17 @@ def placed(fits: pd.DataFrame, front: pd.DataFrame | None,
            what: str = "loss") -> tuple[pd.DataFrame, list[str]]:
     """The fitted targets whose B_crit lies within a factor 2 of the measured batch sizes, and
     one line for each of the others (the fit bounds B_crit there but cannot place it)."""
+    bounds = [f"{what} {row.target:g}: B_crit {bound_text(row.bcrit_status, row.b_crit_bound)}"
+              " (a bound: the sweep cannot place it)"
+              for row in bounded(fits).itertuples(index=False)]
     if front is None or front.empty or fits.empty:
-        return fits, []
+        return fits, bounds
     b_lo, b_hi = float(front["batch_size"].min()), float(front["batch_size"].max())
     inside = (fits["b_crit"] <= 2 * b_hi) & (fits["b_crit"] >= b_lo / 2)
     off = [f"{what} {row.target:g}: B_crit {'beyond' if row.b_crit > b_hi else 'below'} "
            f"{b_hi if row.b_crit > b_hi else b_lo:g}, not shown"
            for row in fits[~inside].itertuples(index=False)]
-    return fits[inside], off
+    return fits[inside], off + bounds
 
 
 def best_runs(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
