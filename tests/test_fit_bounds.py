@@ -212,3 +212,17 @@ def test_analyze_table_of_targets_a_hair_apart_answers_with_bounds(tmp_path):
     printed = format_fits(result.fits, result.loss_scaling)
     assert "> 1024" in printed and "e+1" not in printed
     assert "2 more only bound it" in result.loss_scaling.iloc[0]["refused"]
+
+
+def test_lr_share_reads_the_decay_not_the_warmup():
+    from gnsweep.analysis.steps import steps_to_target
+
+    step = np.arange(1, 101, dtype=float)
+    lr = np.where(step <= 10, step / 10, 0.5 * (1 + np.cos(np.pi * (step - 10) / 90)))
+    runs = pd.DataFrame({"run_id": ["r"], "batch_size": [8], "learning_rate": [1.0], "seed": [0],
+                         "state": ["done"]})
+    metrics = pd.DataFrame({"run_id": "r", "step": step, "examples": 8 * step,
+                            "loss": 10.0 - 0.09 * step, "lr": lr})
+    out = steps_to_target(metrics, runs, [9.5, 1.5], loss="raw").set_index("target")
+    assert math.isnan(out.loc[9.5, "lr_share"])  # reached in the warmup: not a decay
+    assert out.loc[1.5, "lr_share"] < 0.1  # 95 of 100 steps into the cosine

@@ -196,7 +196,8 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     rises to it, and `min_loss` holds the best (largest) value reached.
 
     `lr_share`: the learning rate logged at the target over the run's largest logged one (NaN
-    where no learning rate is logged): how far its schedule had decayed when it got there.
+    where no learning rate is logged, or when the target came before the peak, in a warmup): how
+    far its schedule had decayed when it got there.
     """
     curves = metrics if isinstance(metrics, Curves) else curves_from_frames(runs, metrics)
     x, values = loss_curve(curves, loss, ema_examples, smoothing)
@@ -227,9 +228,13 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
         last_step[has_rows] = step[ends[has_rows] - 1]
     lr = curves.columns["lr"]
     peak_lr = np.full(n_runs, np.nan)
+    peak_at = ends.copy()  # the row of each run's peak learning rate
     if has_rows.any() and np.isfinite(lr).any():
-        with np.errstate(invalid="ignore"):
-            peak_lr[has_rows] = np.fmax.reduceat(lr, starts[has_rows])
+        for i in np.flatnonzero(has_rows).tolist():
+            part = lr[starts[i]:ends[i]]
+            if np.isfinite(part).any():
+                j = int(np.nanargmax(part))
+                peak_lr[i], peak_at[i] = part[j], starts[i] + j
     simple, noise, simple_true, noise_true, flag_sum = _noise_sums(curves)
 
     base = curves.runs[RUN_COLUMNS[:4]].reset_index(drop=True)
@@ -264,7 +269,8 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
         part["drift_share"] = np.where(reached, share, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
             lr_share = lr[at] / peak_lr if len(lr) else np.full(n_runs, np.nan)
-        part["lr_share"] = np.where(reached & (peak_lr > 0), lr_share, np.nan)
+        # Only a decay counts: a target met during a warmup, before the peak, is not late.
+        part["lr_share"] = np.where(reached & (peak_lr > 0) & (at >= peak_at), lr_share, np.nan)
         parts.append(part)
     if not parts:
         return pd.DataFrame(columns=STEPS_COLUMNS)
