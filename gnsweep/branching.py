@@ -20,7 +20,8 @@ from typing import Any
 from gnsweep import store
 from gnsweep.analysis.along import branch_point
 from gnsweep.config import BranchConfig, Config, ConfigError, compose
-from gnsweep.runs import RunSpec, parse_run_record, write_run
+from gnsweep.runs import RunSpec, read_run, verify_folder, write_run
+from gnsweep.stall import bounded
 
 PROBE_SEED = 271_828
 """Seed of the batches on which the loss at a branch point is measured (the same at every
@@ -166,10 +167,15 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
     from gnsweep.sweep import prepare_folder
     from gnsweep.training.branch import read_checkpoint
 
-    if not (base_run / store.RUN_CONFIG).is_file():
-        raise ConfigError(f"{base_run}: not a run folder (no {store.RUN_CONFIG}); give a run of "
-                          "a sweep, e.g. runs/digits/runs/b00032_lr0.1_s0")
-    base, base_spec = parse_run_record(store.read_json(base_run / store.RUN_CONFIG))
+    if not (base_run / store.RUN_CONFIG).is_file() or base_run.parent.name != store.RUNS:
+        raise ConfigError(f"{base_run}: not a run folder of a sweep (no {store.RUN_CONFIG} in "
+                          f"<sweep>/{store.RUNS}/<run id>); give a run of a sweep, e.g. "
+                          "runs/digits/runs/b00032_lr0.1_s0")
+    # The base run's record is checked against its sweep's config.yaml, as every reader does,
+    # before its task is built: a run file never names code of its own.
+    base_sweep = store.sweep_of(base_run)
+    verify_folder(base_sweep)
+    base, base_spec = read_run(base_sweep, base_run.name)
     config = branch_config(base, overrides)
     metric_task = config.task.metric != "loss"
     loss = "metric" if metric_task else config.analysis.loss
@@ -186,8 +192,12 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
                                   f"cover step {step}; a branch needs it there")
             at_loss = smoothed
         else:
-            at_loss = loss_at(base, base_spec, source, max(config.sweep.batch_sizes),
-                              config.branch.probe_batches, loss)
+            at_loss = bounded(
+                config.sweep.stall_seconds, f"{base_run}: the loss at its checkpoint at step "
+                f"{step} (the task's own code)",
+                lambda source=source: loss_at(base, base_spec, source,  # type: ignore[misc]
+                                              max(config.sweep.batch_sizes),
+                                              config.branch.probe_batches, loss))
         points.append({"at_examples": examples, "at_step": step, "at_loss": at_loss,
                        "b_simple": b_simple, "b_noise": b_noise,
                        "checkpoint": str(path.resolve())})
@@ -211,17 +221,6 @@ def _grid(config: Config, at_examples: int) -> list[RunSpec]:
                   for lr in sweep.learning_rates for s in sweep.seeds)
 
 
-def branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[str], *,
-           show_progress: bool = True) -> Any:
-    """Write the branch sweep (`prepare_branch`) and run what has not finished with the
-    configured executor; returns the executor's summary."""
-    from gnsweep.sweep import run_specs
-
-    config, specs = prepare_branch(base_run, at, sweep_dir, overrides)
-    return run_specs(config, sweep_dir, [spec.run_id for spec in specs],
-                     show_progress=show_progress)
-
-
 def resolve_along(config: Config, sweep_dir: Path) -> Config:
     """The config with an along schedule's curve resolved (`sweep.schedule=along`): the local
     B_crit of `sweep.along_from`'s along.parquet at each branch point, at the fraction nearest 1
@@ -233,7 +232,7 @@ def resolve_along(config: Config, sweep_dir: Path) -> Config:
     if sweep.schedule != "along" or sweep.along_points:
         return config
     source = Path(sweep.along_from)
-    path = source / "along.parquet"
+    path = source / store.result_file("along")
     if not path.is_file():
         raise ConfigError(f"sweep.along_from={source}: no along.parquet there; run gnsweep "
                           f"branch into it, then gnsweep analyze {source}")

@@ -1,4 +1,4 @@
-"""The `gnsweep` command: thin wrappers that parse, compose the config, call one function, print.
+"""The `gnsweep` command: parse the command line, call one `gnsweep.commands` function, exit.
 
 User mistakes (bad config, missing or corrupt files) end with one line on stderr and exit code 2,
 never a traceback.
@@ -6,7 +6,6 @@ never a traceback.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -121,67 +120,13 @@ def launch(
 
     Example: gnsweep launch task=digits sweep.batch_sizes=[16,64,256] sweep.learning_rates=[0.1,0.3]
     """
-    from gnsweep.config import compose
-    from gnsweep.sweep import expand_grid, resolve_adaptive_lr
-    from gnsweep.sweep import launch as run_sweep
+    from gnsweep.commands.launch import run
 
-    overrides = list(overrides or [])
-    if workers is not None:
-        overrides.append(f"executor.workers={workers}")
-    config = compose(overrides)
-    sweep_dir = sweep_dir or Path("runs") / config.sweep.name
-    config = resolve_adaptive_lr(config, sweep_dir)  # adaptive runs: eq. 2.7 from the folder's fit
-    if config.sweep.schedule == "along":  # the measured B_crit curve of a branch sweep
-        from gnsweep.branching import resolve_along
+    code = run(overrides, sweep_dir=sweep_dir, workers=workers, dry_run=dry_run, quiet=quiet,
+               detach=detach, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)
 
-        config = resolve_along(config, sweep_dir)
-    specs = expand_grid(config)
-    if dry_run:
-        typer.echo(_grid_line(config, specs, sweep_dir))
-        typer.echo(f"{'run_id':<28}{'batch_size':>16}{'learning_rate':>16}{'seed':>6}")
-        for spec in specs:
-            # An adaptive run's batch size follows the noise scale, its rate is eps_max (eq. 2.7).
-            batch, lr = ((f"adaptive r={spec.exchange_rate:g}", f"eps_max {spec.learning_rate:g}")
-                         if spec.adaptive else ("along B_crit", f"eps_max {spec.learning_rate:g}")
-                         if spec.along else (str(spec.batch_size), f"{spec.learning_rate:g}"))
-            typer.echo(f"{spec.run_id:<28}{batch:>16}{lr:>16}{spec.seed:>6}")
-        return
-    from gnsweep.tasks.check import check_task
-
-    # Before the sweep folder is written: a task that cannot train is refused here (exit 2).
-    # A custom task's unit is recorded in the folder's config for the analysis.
-    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
-    config = dataclasses.replace(config, task=config.task.with_unit(unit))
-    typer.echo(_grid_line(config, specs, sweep_dir))  # the grid that runs, before it runs
-    summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)
-    if detach and config.executor.kind == "slurm":
-        jobs = ", ".join(summary.submitted) or "none (nothing left to run)"
-        typer.echo(f"sweep {sweep_dir}: submitted Slurm jobs {jobs}")
-        typer.echo(f"follow: gnsweep status {sweep_dir}")
-        return
-    typer.echo(f"sweep {sweep_dir}: {summary.describe()}")
-    if summary.failed:
-        typer.echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
-                   f"{', '.join(summary.failed)}", err=True)
-    if summary.done or summary.diverged or not summary.failed:  # not when every run failed
-        typer.echo(f"next: gnsweep analyze {sweep_dir}")
-    if summary.failed:
-        raise typer.Exit(1)
-
-
-def _grid_line(config: Any, specs: list[Any], sweep_dir: Path) -> str:
-    """`sweep NAME: task T, N runs (batch sizes ... x learning rates ... x seeds ...) -> DIR`."""
-    sweep = config.sweep
-
-    def listed(values: list[Any]) -> str:
-        return ",".join(f"{v:g}" for v in values)
-
-    grid = (f"batch sizes {listed(sweep.batch_sizes)} x learning rates "
-            f"{listed(sweep.learning_rates)} x seeds {listed(sweep.seeds)}")
-    if sweep.schedule == "adaptive":
-        grid += f", adaptive at exchange rates {listed(sweep.exchange_rates)}"
-    return (f"sweep {sweep.name}: task {config.task.label}, {len(specs)} runs ({grid}; "
-            f"targets {listed(sweep.targets)}) -> {sweep_dir}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -203,27 +148,9 @@ def plan(
     DIR/plan.json records each decision, and re-running the same command resumes.
     Example: gnsweep plan --sweep-dir runs/digits-plan
     """
-    from gnsweep.config import compose
-    from gnsweep.planner.orchestrate import examples_processed
-    from gnsweep.planner.orchestrate import plan as run_plan
+    from gnsweep.commands.plan import run
 
-    overrides = list(overrides or [])
-    if workers is not None:
-        overrides.append(f"executor.workers={workers}")
-    config = compose(overrides)
-    from gnsweep.tasks.check import check_task
-
-    # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
-    unit = check_task(config.task.name, config.task.options, config.sweep.seeds[0])
-    config = dataclasses.replace(config, task=config.task.with_unit(unit))
-    sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
-    summary = run_plan(config, sweep_dir, show_progress=not quiet, echo=typer.echo)
-    ids = sorted(set(summary.run_ids))
-    typer.echo(f"plan {sweep_dir}: {len(ids)} of {summary.grid_size} grid runs in "
-               f"{summary.rounds} round(s) ({summary.grid_size - len(ids)} pruned: never run; "
-               f"{len(set(summary.capped))} with a smaller step budget); "
-               f"{examples_processed(sweep_dir, ids):,} examples processed")
-    typer.echo(f"next: gnsweep analyze {sweep_dir}")
+    run(overrides, sweep_dir=sweep_dir, workers=workers, quiet=quiet, echo=typer.echo)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -250,20 +177,12 @@ def branch(
     Example: gnsweep branch runs/linreg/runs/b00016_lr0.4_s0 --at 256,1024,4096
     --sweep-dir runs/linreg-along sweep=linreg branch.targets=[0.7,0.6,0.5]
     """
-    from gnsweep.branching import branch as run_branch
-    from gnsweep.branching import parse_points
+    from gnsweep.commands.branch import run
 
-    overrides = list(overrides or [])
-    if workers is not None:
-        overrides.append(f"executor.workers={workers}")
-    summary = run_branch(base_run_dir, parse_points(at), sweep_dir, overrides,
-                         show_progress=not quiet)
-    typer.echo(f"branch sweep {sweep_dir}: {summary.describe()}")
-    if summary.failed:
-        typer.echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
-                   f"{', '.join(summary.failed)}", err=True)
-        raise typer.Exit(1)
-    typer.echo(f"next: gnsweep analyze {sweep_dir}")
+    code = run(base_run_dir, at, sweep_dir, overrides, workers=workers, quiet=quiet,
+               echo=typer.echo)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -279,38 +198,10 @@ def status(
     next launch runs it again (the analysis leaves it out and says so).
     Example: gnsweep status runs/digits
     """
-    from collections import Counter
+    from gnsweep.commands.status import run
 
-    from gnsweep.sweep import sweep_status
+    run(sweep_dir, all_runs, typer.echo)
 
-    rows = sweep_status(sweep_dir)
-    shown = [r for r in rows if all_runs or r["state"] != "done"]
-    if shown:
-        typer.echo(f"{'run_id':<28}{'state':<10}{'tries':>5}  {'slurm job':<12}{'owner':<18}info")
-    for r in shown:
-        info = _progress_of(r) or r["info"]
-        info = info if len(info) <= 60 else info[:57] + "..."
-        typer.echo(f"{r['run_id']:<28}{r['state']:<10}{r['attempts']:>5}  "
-                   f"{r['slurm_job_id']:<12}{r['owner']:<18}{info}")
-    counts = Counter(r["state"] for r in rows)
-    order = ("done", "diverged", "failed", "running", "queued", "pending", "died", "rerun")
-    requeued = sum(r["requeues"] for r in rows)
-    typer.echo(f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
-               + (f"; Slurm requeued runs {requeued} times" if requeued else ""))
-
-
-def _progress_of(row: dict[str, Any]) -> str:
-    """Where an unfinished run stands on disk: step, examples, smoothed loss, the GPUs it is
-    training on, requeues."""
-    parts = []
-    if row.get("step") is not None:
-        parts.append(f"step {row['step']}, {row['examples']} examples, loss "
-                     f"{row['loss_smooth']:.4g}")
-    if row.get("gpus") and row["state"] == "running":
-        parts.append(f"GPU {row['gpus']}")
-    if row["requeues"]:
-        parts.append(f"requeued {row['requeues']}x")
-    return "; ".join(parts)
 
 
 @app.command()
@@ -353,93 +244,13 @@ def analyze(
     Examples: gnsweep analyze runs/digits --bootstrap 1000;
     gnsweep analyze --table docs/examples/steps.csv --out /tmp/ext
     """
-    import json
+    from gnsweep.commands.analyze import run
 
-    from gnsweep.analysis.external import analyze_table
-    from gnsweep.analysis.report import analyze_sweep, format_fits, write_outputs
-    from gnsweep.config import LOSS_KINDS, OPTIMIZERS, ConfigError
-
-    if (sweep_dir is None) == (table is None):
-        raise ConfigError("give a sweep folder or --table FILE (one of them)")
-    if loss is not None and loss not in LOSS_KINDS:
-        raise ConfigError(f"--loss: {loss!r} is not one of {', '.join(LOSS_KINDS)}")
-    if ema_examples is not None and (loss or "smoothed") != "smoothed":
-        raise ConfigError("--ema-examples re-smooths the training loss; it needs --loss smoothed")
-    if optimizer not in OPTIMIZERS:
-        raise ConfigError(f"--optimizer: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
-    target_list = _parse_targets(targets)
-    if group_by is not None and table is None:
-        raise ConfigError("--group-by groups the rows of a --table FILE; a sweep folder is one "
-                          "workload")
-    if table is not None:
-        if out is None:
-            raise ConfigError("--table needs --out DIR for the tables")
-        result = analyze_table(table, target_list, loss=loss or "smoothed",
-                               ema_examples=ema_examples, bootstrap=bootstrap or 0,
-                               optimizer=optimizer, group_by=group_by)
-        write_outputs(out, result)
-    else:
-        assert sweep_dir is not None
-        result = analyze_sweep(sweep_dir, loss=loss, skip_corrupt=skip_corrupt,
-                               ema_examples=ema_examples, bootstrap=bootstrap,
-                               targets=target_list, out_dir=out)
-        out = out or sweep_dir
-    typer.echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by")),
-               err=as_json)
-    if len(result.along_schedule):  # runs following a measured B_crit (sweep.schedule=along)
-        from gnsweep.analysis.along import format_schedule
-
-        typer.echo(format_schedule(result.along_schedule), err=as_json)
-    if len(result.along):  # a branch sweep (`gnsweep branch`): the local B_crit per point
-        from gnsweep.analysis.along import format_along
-
-        typer.echo(format_along(result.along, result.meta.get("unit", "examples")), err=as_json)
-    if len(result.adaptive):
-        from gnsweep.analysis.adaptive import format_adaptive
-
-        typer.echo(format_adaptive(result.adaptive), err=as_json)
-    for warning in result.warnings:
-        typer.echo(f"warning: {warning}", err=True)
-    typer.echo(f"tables: {out}/steps.parquet, front.parquet, fits.parquet, lr_fits.parquet, "
-               "loss_scaling.parquet, fits.json" + (", along.parquet" if len(result.along)
-                                                     else ""), err=as_json)
-    if as_json:
-        typer.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    run(sweep_dir, table=table, out=out, targets=targets, loss=loss, ema_examples=ema_examples,
+        bootstrap=bootstrap, optimizer=optimizer, group_by=group_by, as_json=as_json,
+        skip_corrupt=skip_corrupt, echo=typer.echo)
 
 
-def _parse_targets(text: str | None) -> list[float] | None:
-    from gnsweep.config import ConfigError
-
-    if not text:
-        return None
-    try:
-        values = [float(part) for part in text.replace(" ", "").strip("[]").split(",") if part]
-    except ValueError:
-        raise ConfigError(f"--targets: {text!r} is not a comma-separated list of numbers"
-                          ) from None
-    if not values or any(not (v > 0 and v < float("inf")) for v in values):
-        raise ConfigError(f"--targets: {text!r}: give positive finite losses, e.g. 0.5,0.2")
-    return values
-
-
-def _fits_of(folder: Path) -> tuple[Any, str | None]:
-    """Fresh fits of a sweep folder (analyzed now, nothing written), or a folder's fits.parquet;
-    with the column the fits are grouped by (`analyze --group-by`), else None."""
-    from gnsweep import store
-    from gnsweep.analysis.groups import group_of
-    from gnsweep.analysis.report import analyze_sweep
-
-    if store.is_sweep(folder):
-        analysis = analyze_sweep(folder, write=False)
-        for warning in analysis.warnings:
-            if "left out" in warning:  # runs missing from these fits: never in silence
-                typer.echo(f"warning: {warning}", err=True)
-        return analysis.fits, None
-    if (folder / "fits.parquet").is_file():
-        results = store.read_results(folder)
-        return results.fits, group_of(results)
-    store.require_sweep(folder)  # raises with the usual message
-    return None, None
 
 
 @app.command()
@@ -456,14 +267,9 @@ def baseline(
 
     Example: gnsweep baseline runs/tiny -o tests/baseline/tiny.json
     """
-    from gnsweep import store
-    from gnsweep.analysis.baseline import make_baseline
+    from gnsweep.commands.check import baseline as record_baseline
 
-    fits, group_by = _fits_of(folder)
-    record = make_baseline(fits, rtol=rtol, k_se=k_se, source=folder.name, group_by=group_by)
-    store.write_json(output, record)
-    fitted = sum(1 for t in record["targets"] if t["b_crit"] is not None)
-    typer.echo(f"baseline {output}: {fitted} of {len(record['targets'])} target(s) with a fit")
+    record_baseline(folder, output, rtol=rtol, k_se=k_se, echo=typer.echo)
 
 
 @app.command()
@@ -482,27 +288,11 @@ def check(
 
     Example: gnsweep check runs/tiny --baseline tests/baseline/tiny.json --junit fits.xml
     """
-    from gnsweep import store
-    from gnsweep.analysis.baseline import BaselineError, compare, junit_xml
+    from gnsweep.commands.check import check as run_check
 
-    record = store.read_json(baseline_file)
-    fits, _ = _fits_of(folder)
-    try:
-        cases = compare(record, fits, rtol=rtol, k_se=k_se)
-    except BaselineError as err:
-        raise store.StoreError(f"{baseline_file}: {err}") from None
-    for case in cases:
-        mark = "ok  " if case.ok else "FAIL"
-        where = f"{case.group} " if case.group else ""
-        typer.echo(f"{mark} {where}target {case.target:<8g} {case.figure:<7} {case.message}")
-    if junit is not None:
-        store.write_text(junit, junit_xml(cases))
-    failed = [c for c in cases if not c.ok]
-    if failed:
-        typer.echo(f"gnsweep check: {len(failed)} of {len(cases)} figure(s) regressed "
-                   f"against {baseline_file}", err=True)
-        raise typer.Exit(1)
-    typer.echo(f"gnsweep check: all {len(cases)} figure(s) within tolerance of {baseline_file}")
+    code = run_check(folder, baseline_file, rtol=rtol, k_se=k_se, junit=junit, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -517,15 +307,9 @@ def plot(
     Runs `gnsweep analyze` first when its tables are missing.
     Example: gnsweep plot runs/digits
     """
-    from gnsweep.figures import write_figures
+    from gnsweep.commands.plot import run
 
-    written = write_figures(sweep_dir, formats=("png", "svg" if svg else "pdf"))
-    for name, reason in written.skipped.items():
-        typer.echo(f"skipped {name}: {reason}", err=True)
-    for note in written.notes:
-        typer.echo(f"note: {note}", err=True)
-    for path in written.paths:
-        typer.echo(str(path))
+    run(sweep_dir, svg, typer.echo)
 
 
 @app.command()
@@ -538,15 +322,9 @@ def report(
     Runs `gnsweep analyze` first when its tables are missing.
     Example: gnsweep report runs/digits
     """
-    from gnsweep.html_report import write_report
+    from gnsweep.commands.report import run
 
-    path, skipped, notes = write_report(sweep_dir)
-    for name, reason in skipped.items():
-        typer.echo(f"skipped {name}: {reason}", err=True)
-    if notes:
-        # Listed in the report itself; `gnsweep plot` (run before it by `make demo`) prints them.
-        typer.echo(f"the report lists {len(notes)} note(s) on how to read the figures", err=True)
-    typer.echo(f"report: {path.resolve().as_uri()}")
+    run(sweep_dir, typer.echo)
 
 
 @app.command()
@@ -565,15 +343,9 @@ def compare(
     noise_scale_vs_target.png/.pdf (docs/compare.md).
     Example: gnsweep compare runs/paper/digits runs/paper/linreg --out runs/paper/compare
     """
-    from gnsweep.analysis.compare import format_compare
-    from gnsweep.comparison import compare_sweeps
+    from gnsweep.commands.compare import run
 
-    result = compare_sweeps(sweep_dirs, out, formats=("png", "svg" if svg else "pdf"))
-    typer.echo(format_compare(result.table))
-    for name, reason in result.skipped.items():
-        typer.echo(f"skipped {name}: {reason}", err=True)
-    for path in result.paths:
-        typer.echo(str(path))
+    run(sweep_dirs, out, svg, typer.echo)
 
 
 @app.command()

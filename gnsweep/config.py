@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from gnsweep import store, targets, tasks, tracking
+from gnsweep import redact, store, targets, tasks, tracking
 from gnsweep.errors import ConfigError
 from gnsweep.errors import choice as _choice
 from gnsweep.errors import integer as _integer
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 
-METHODS = ("auto", "per_example", "microbatch", "ddp")
+METHODS = ("auto", "per_example", "microbatch", "ddp", "norm_layers", "none")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 EXECUTORS = ("local", "torchrun", "slurm")
 LOSS_KINDS = ("smoothed", "raw", "eval")
@@ -69,6 +69,8 @@ class TaskConfig:
     """Task-specific options (hidden width, dimension, noise...), validated by the task."""
 
     def __post_init__(self) -> None:
+        for key, value in dict(self.options).items():
+            _secret_is_text(f"task.{key}", value)
         self.options = tasks.validate_options(self.name, dict(self.options))
 
     # The task's direction and unit come from the registry (no torch), not from config.yaml: a
@@ -85,9 +87,15 @@ class TaskConfig:
         return str(self._declared("metric", "loss"))
 
     @property
+    def direction(self) -> targets.Direction:
+        """Which way the targets are reached: the task's declared flag (`targets.KEY`), mapped
+        to the direction type here, once."""
+        return targets.Direction.of(self._declared(targets.KEY, False))
+
+    @property
     def higher_is_better(self) -> bool:
         """True when a target is reached by rising to it (a return), False for a loss."""
-        return bool(self._declared("higher_is_better", False))
+        return self.direction.rises
 
     @property
     def unit(self) -> str:
@@ -113,11 +121,22 @@ class TaskConfig:
 
     def reached(self, value: float, target: float) -> bool:
         """Whether a (smoothed) metric value has reached `target` in the task's direction."""
-        return targets.reached(value, target, self.higher_is_better)
+        return self.direction.reached(value, target)
 
     def hardest(self, values: list[float]) -> float:
         """The target a run stops at: the largest return, the smallest loss."""
-        return targets.hardest(values, self.higher_is_better)
+        return self.direction.hardest(values)
+
+
+def _secret_is_text(where: str, value: Any, holds_uri: bool = False) -> None:
+    """A setting whose name says secret (or that holds a URI, which may carry a password) is
+    a string or unset: a list or a number would be written and printed unmasked, or mangled
+    (a number loses its leading zeros). ConfigError naming the setting, never its value."""
+    if value is None or isinstance(value, str):
+        return
+    if holds_uri or redact.is_secret_name(where):
+        raise ConfigError(f"{where}: a {type(value).__name__} where a string is expected (a "
+                          f"secret or a URI is one string); quote it: '{where}=\"...\"'")
 
 
 @dataclass
@@ -135,7 +154,7 @@ class SweepConfig:
         default_factory=lambda: [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4])
     """Learning rates to sweep at every batch size."""
     seeds: list[int] = field(default_factory=lambda: [0])
-    """Seeds; each grid point runs once per seed."""
+    """Seeds; each grid point runs once per seed (at least one)."""
     targets: list[float] = field(default_factory=lambda: [0.3, 0.1, 0.03])
     """Training-loss targets; a run stops once it reaches the hardest (smallest)."""
     max_steps: int = 5000
@@ -195,7 +214,10 @@ class SweepConfig:
         self.batch_sizes = _positive_list("sweep.batch_sizes", self.batch_sizes, _integer)
         self.learning_rates = _positive_list("sweep.learning_rates", self.learning_rates, _number)
         self.targets = _positive_list("sweep.targets", self.targets, _number)
-        self.seeds = [_integer("sweep.seeds", s) for s in self.seeds] or [0]
+        if not self.seeds:
+            raise ConfigError("sweep.seeds: an empty list runs nothing; give at least one seed, "
+                              "e.g. sweep.seeds=[0]")
+        self.seeds = [_integer("sweep.seeds", s) for s in self.seeds]
         self.max_steps = _integer("sweep.max_steps", self.max_steps)
         if self.max_steps < 1:
             raise ConfigError(f"sweep.max_steps: {self.max_steps} is not allowed; must be >= 1")
@@ -404,13 +426,16 @@ class NoiseConfig:
     """How B_simple (and optionally B_noise) is measured during every run."""
 
     method: str = "auto"
-    """per_example, microbatch, ddp, or auto (ddp under torchrun, else the cheaper right one of
-    per_example and microbatch: docs/noise.md)."""
+    """per_example, microbatch, ddp, norm_layers (per-example norms of the LayerNorm/RMSNorm
+    parameters only), none (no measurement: the baseline), or auto (ddp under torchrun, else
+    the cheaper right one of per_example and microbatch: docs/noise.md)."""
     microbatches: int = 4
     """Micro-batches per step for method=microbatch (b_small = B / this); where a step is
     already cut into train.microbatch_size pieces, those pieces are used instead."""
-    every: int = 1
-    """Measure every this many steps."""
+    every: int | str = "auto"
+    """Measure every this many steps (1: every step), or auto: the steps needed to keep
+    B_simple's standard error within 4% of a measurement on every step, at least one in 16
+    (docs/noise.md, "Measuring a subset of steps")."""
     ema_steps: float = 0.0
     """EMA time constant of G2 and S in steps (0: use ema_examples)."""
     ema_examples: float = 2048.0
@@ -435,9 +460,12 @@ class NoiseConfig:
         self.microbatches = _integer("noise.microbatches", self.microbatches)
         if self.microbatches < 2:
             raise ConfigError(f"noise.microbatches: {self.microbatches} must be >= 2")
-        self.every = _integer("noise.every", self.every)
-        if self.every < 1:
-            raise ConfigError(f"noise.every: {self.every} must be >= 1")
+        if isinstance(self.every, str) and self.every.strip().lower() == "auto":
+            self.every = "auto"
+        else:
+            self.every = _integer("noise.every", self.every)
+            if self.every < 1:
+                raise ConfigError(f"noise.every: {self.every} must be >= 1 (or auto)")
         self.ema_steps = _number("noise.ema_steps", self.ema_steps)
         self.ema_examples = _number("noise.ema_examples", self.ema_examples)
         if self.ema_steps < 0 or self.ema_examples <= 0:
@@ -590,6 +618,9 @@ class LoggerConfig:
     """tensorboard: how often a live run's events reach the files."""
 
     def __post_init__(self) -> None:
+        for name in ("tracking_uri", "experiment", "project", "entity", "mode"):
+            value = getattr(self, name)
+            _secret_is_text(f"logger.{name}", value, holds_uri=True)
         self.kind = _choice("logger.kind", self.kind, tracking.KINDS)
         self.flush_secs = _integer("logger.flush_secs", self.flush_secs)
         if self.flush_secs < 1:
@@ -800,7 +831,7 @@ def compose(overrides: list[str] | None = None) -> Config:
         raise ConfigError(_missing_config_message(str(err))) from None
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(_override_message(first, overrides)) from None
+        raise ConfigError(_masked(_override_message(first, overrides), overrides)) from None
     finally:
         GlobalHydra.instance().clear()
     data = OmegaConf.to_container(cfg, resolve=True)
@@ -856,9 +887,12 @@ def _override_message(first: str, overrides: list[str]) -> str:
     section lacks is not a setting, and the known ones are listed."""
     import re
 
-    ambiguous = re.match(r"Ambiguous value for argument '([\w.]+)=(.*)'", first)
+    ambiguous = re.match(r"Ambiguous value for argument '([+~]?[\w.]+)=(.*)'", first)
     if ambiguous:  # Hydra reads `key=a,b` as a sweep over a and b
         key, value = ambiguous.groups()
+        if redact.is_secret_name(key.lstrip("+~")):  # one string, never a list
+            return (f"{key}: a comma in its value reads as a list of values; give it as one "
+                    f"string in quotes, e.g. '{key}=\"...\"'")
         return f"{key}={value}: write a list in brackets, {key}=[{value}]"
     match = re.match(r"Could not override '((\w+)\.([\w.]+))'", first)
     if not match:
@@ -875,6 +909,22 @@ def _override_message(first: str, overrides: list[str]) -> str:
         return f"bad override: {first}"
     known = ", ".join(sorted(f.name for f in fields(schema)))
     return f"{key}: unknown option; known: {known}"
+
+
+def _masked(message: str, overrides: list[str]) -> str:
+    """`message` with the value of every secret override (`+task.api_key=...`) masked wherever
+    it appears, whole or in part: a parser quotes what it could not read ("no viable
+    alternative at input '[s3cret'"), with no name beside it to mask by."""
+    import re
+
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep or not value or not redact.is_secret_name(key.lstrip("+~")):
+            continue
+        pieces = [value, *re.split(r"[\s\[\]{}(),'\"]+", value)]
+        for piece in sorted({p for p in pieces if len(p) >= 3}, key=len, reverse=True):
+            message = message.replace(piece, redact.MASK)
+    return message
 
 
 def _missing_config_message(text: str) -> str:

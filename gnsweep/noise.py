@@ -89,6 +89,64 @@ def ema_window(ema_fraction: float | None, ema_steps: float, ema_examples: float
             "ema_examples": 2048.0 if ema_examples is None else ema_examples}
 
 
+AUTO_ADDED_SE = 0.04
+"""`noise.every=auto`: a step is measured when without it B_simple's relative standard error
+would exceed that of a measurement on every step by more than this, in quadrature
+(`NoiseScaleEma.due`): the estimate from a subset stays within about 2 x 4% of the one from
+every step."""
+AUTO_MIN_MEASUREMENTS = 8.0
+"""`noise.every=auto`: every step is measured while the window holds fewer measurements' worth
+than this (the standard error of fewer is itself too rough to act on)."""
+AUTO_MAX_EVERY = 16
+"""`noise.every=auto`: at least one step in this many is measured, however precise the window
+(the spread the standard error is read from stays current)."""
+
+
+class MeasureSchedule:
+    """Which steps are measured: every `every`-th (an int >= 1), or `"auto"`: the steps needed
+    to keep B_simple's relative standard error within `AUTO_ADDED_SE` of a measurement on every
+    step (in quadrature; `NoiseScaleEma.due`),
+    at least one in `AUTO_MAX_EVERY`. The rule reads only measured numbers, never a clock, so
+    a run trained twice, or resumed from its state, measures the same steps."""
+
+    def __init__(self, every: int | str = 1) -> None:
+        if every != "auto" and not (isinstance(every, int) and every >= 1):
+            raise ValueError(f"every={every!r}: need an integer >= 1 or 'auto'")
+        self.every = every
+        self.next = True
+        """Whether the next step is measured."""
+        self.steps = self.measured = 0
+        """Steps seen and steps measured."""
+        self._since = 0
+
+    @property
+    def share(self) -> float:
+        """Measured steps over steps (NaN before the first)."""
+        return self.measured / self.steps if self.steps else math.nan
+
+    def advance(self, measured: bool, ema: NoiseScaleEma, examples_since: float,
+                step_examples: float) -> None:
+        """After a step (`measured`: it was): decide the next. `examples_since`: the examples
+        since the last measurement, this step's included; `step_examples`: this step's."""
+        self.steps += 1
+        self.measured += int(measured)
+        self._since = 0 if measured else self._since + 1
+        if isinstance(self.every, int):
+            self.next = self.steps % self.every == 0
+            return
+        gap = self._since + 1  # the next measurement would stand for this many steps
+        self.next = gap >= AUTO_MAX_EVERY or ema.due(
+            examples_since + step_examples, float(gap), step_examples)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next": self.next, "steps": self.steps, "measured": self.measured,
+                "since": self._since}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next, self.steps = bool(state["next"]), int(state["steps"])
+        self.measured, self._since = int(state["measured"]), int(state["since"])
+
+
 DRIFT_MAX_RELATIVE_ERROR = 0.25
 """The drift flag needs both ends of the window known to 25% (a 2x change is then > 2.8 sigma)."""
 _PRUNE_FROM = 256
@@ -107,11 +165,13 @@ class Ema:
         self._sum = 0.0
         self._weight = 0.0
 
-    def update(self, value: float, decay: float) -> None:
+    def update(self, value: float, decay: float, weight: float = 1.0) -> None:
+        """Decay the past by `decay`, then add `value` with `weight` (the share of training it
+        stands for: a measurement that stands for k steps weighs k)."""
         if not 0.0 <= decay <= 1.0:
             raise ValueError(f"EMA decay {decay} must be in [0, 1]")
-        self._sum = decay * self._sum + value
-        self._weight = decay * self._weight + 1.0
+        self._sum = decay * self._sum + (value if weight == 1.0 else weight * value)
+        self._weight = decay * self._weight + weight
 
     @property
     def count(self) -> float:
@@ -174,6 +234,10 @@ class NoiseEstimate:
     """EMA(tr(H Sigma)) / EMA(G^T H G): the true noise scale (eq. 2.8), when measured."""
     drift: float = math.nan
     """|G|^2 now over |G|^2 one window ago (`NoiseScaleEma.drift`); NaN until resolvable."""
+    b_simple_se: float = math.nan
+    """Standard error of `b_simple` from the spread of the single estimates of tr(Sigma) and
+    |G|^2 in the window (`NoiseScaleEma.b_simple_se`); NaN until the window holds more than
+    one measurement."""
 
 
 def estimate_state(estimate: NoiseEstimate | None) -> dict[str, float] | None:
@@ -234,6 +298,10 @@ class NoiseScaleEma:
         # free, so early large values do not leak into it), and the history (seen, value,
         # relative standard error) for the drift flag.
         self._g2_short, self._g2_spread = Ema(), Ema()
+        # Second moments of the single estimates on the window's weights, and the sum of the
+        # squared weights (the effective count of measurements): b_simple's standard error.
+        self._g2_sq, self._trace_sq, self._cross = Ema(), Ema(), Ema()
+        self._weight_sq = 0.0
         self._history: list[tuple[float, float, float]] = []
         self._past = 0  # where `drift` last found the window's start in `_history`
 
@@ -282,19 +350,83 @@ class NoiseScaleEma:
         d = self.drift
         return math.isfinite(d) and not 0.5 <= d <= 2.0
 
+    @property
+    def measurements(self) -> float:
+        """The effective number of measurements in the window, `(sum w)^2 / sum w^2` over the
+        EMA's weights (equal weights: their count)."""
+        weight = self._g2.count
+        return weight * weight / self._weight_sq if self._weight_sq > 0 else 0.0
+
+    @property
+    def b_simple_se(self) -> float:
+        """Standard error of B_simple = EMA(S) / EMA(G2) by the delta method for a ratio:
+        `(se/B)^2 = [var(S)/S^2 + var(G2)/G2^2 - 2 cov(S, G2)/(S G2)] / (n - 1)`, the
+        (co)variances those of the single estimates about the window's means on the EMA's
+        weights and `n` their effective count (`measurements`). It assumes the measurements of
+        a window independent and the quantity steady over it (a drift inflates the spread: the
+        error is then on the large side). NaN with fewer than two measurements' worth."""
+        n = self.measurements
+        s, g = self._trace.value, self._g2.value
+        if not n > 1.0 or not g > 0 or not math.isfinite(s):
+            return math.nan
+        var_s = max(self._trace_sq.value - s * s, 0.0)
+        var_g = max(self._g2_sq.value - g * g, 0.0)
+        cov = self._cross.value - s * g
+        if s == 0:
+            return math.sqrt(var_s / (n - 1)) / g
+        relative = (var_s / (s * s) + var_g / (g * g) - 2.0 * cov / (s * g)) / (n - 1)
+        return abs(s / g) * math.sqrt(max(relative, 0.0))
+
+    def due(self, examples: float, weight: float, step_examples: float) -> bool:
+        """Whether a measurement `examples` on from the last one, standing for `weight`
+        measured steps' worth, is needed (`noise.every=auto`, `MeasureSchedule`): while the
+        window holds fewer than `AUTO_MIN_MEASUREMENTS` measurements' worth, or when without
+        it B_simple's standard error would exceed that of a measurement on every step by more
+        than `AUTO_ADDED_SE` (relative, in quadrature): the window moved on by `examples`, the
+        old weights decayed, this one's added, the spread of the single estimates as it is;
+        every step measured, the window would hold `(1 + d) / (1 - d)` of them, `d` the decay
+        over one step of `step_examples`."""
+        weight_sum, weight_sq = self._g2.count, self._weight_sq
+        if weight_sum <= 0 or weight_sq <= 0:
+            return True
+        decay = self._decay_for(examples, weight)
+        # After the update: old weights times decay, this one's weight added.
+        total = decay * weight_sum + weight
+        count = total * total / (decay * decay * weight_sq + weight * weight)
+        if count < AUTO_MIN_MEASUREMENTS:
+            return True
+        se, b = self.b_simple_se, self._ratio_now()
+        n = self.measurements
+        if not (math.isfinite(se) and math.isfinite(b) and b != 0 and n > 1):
+            return True
+        spread = (se / b) ** 2 * (n - 1)  # relative variance of one measurement
+        step_decay = self._decay_for(step_examples, 1.0)
+        every_step = (1 + step_decay) / (1 - step_decay) if step_decay < 1 else math.inf
+        added = spread / (count - 1) - (spread / (every_step - 1) if every_step > 1 else 0.0)
+        return added > AUTO_ADDED_SE ** 2
+
+    def _ratio_now(self) -> float:
+        return _ratio(self._trace.value, self._g2.value)
+
     _EMAS = ("_g2", "_trace", "_ghg", "_htrace", "_g2_short", "_g2_spread")
+    _MOMENTS = ("_g2_sq", "_trace_sq", "_cross")
 
     def state_dict(self) -> dict[str, Any]:
         """What changes as measurements are folded in (the window's settings are the
         constructor's): every EMA, the last measurement, the clocks and the drift history."""
-        return {**{name: getattr(self, name).state_dict() for name in self._EMAS},
-                "last": self._last, "decay": self._decay, "seen_examples": self.seen_examples,
+        return {**{name: getattr(self, name).state_dict()
+                   for name in (*self._EMAS, *self._MOMENTS)},
+                "weight_sq": self._weight_sq, "last": self._last, "decay": self._decay,
+                "seen_examples": self.seen_examples,
                 "seen_steps": self.seen_steps, "h_examples": self._h_examples,
                 "h_steps": self._h_steps, "history": list(self._history)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in self._EMAS:
             getattr(self, name).load_state_dict(state[name])
+        for name in self._MOMENTS:  # absent from a state saved before they were kept
+            getattr(self, name).load_state_dict(state.get(name, {"sum": 0.0, "weight": 0.0}))
+        self._weight_sq = float(state.get("weight_sq", 0.0))
         self._last = None if state["last"] is None else tuple(state["last"])
         self._decay = state["decay"]
         self.seen_examples, self.seen_steps = state["seen_examples"], state["seen_steps"]
@@ -310,14 +442,18 @@ class NoiseScaleEma:
                          steps_elapsed=steps)
 
     def update(self, sq_small: float, sq_big: float, b_small: float, b_big: float,
-               *, examples: float | None = None, steps: float = 1.0) -> NoiseEstimate:
+               *, examples: float | None = None, steps: float = 1.0,
+               weight: float = 1.0) -> NoiseEstimate:
         """Fold in one measurement (eq. A.2); `examples` and `steps` seen since the last one
-        (default `b_big` and 1)."""
+        (default `b_big` and 1). `weight`: the share of training the measurement stands for,
+        in measured steps' worth (with one step in k measured, k): the window then averages
+        over training progress, not over measurements."""
         g2, trace = unbiased_g2_and_trace(sq_small, sq_big, b_small, b_big)
-        return self._fold(g2, trace, b_small, b_big, sq_small, sq_big, examples, steps)
+        return self._fold(g2, trace, b_small, b_big, sq_small, sq_big, examples, steps, weight)
 
     def update_parts(self, parts: list[tuple[float, float, float, float]], *,
-                     examples: float | None = None, steps: float = 1.0) -> NoiseEstimate:
+                     examples: float | None = None, steps: float = 1.0,
+                     weight: float = 1.0) -> NoiseEstimate:
         """Fold in parameter blocks measured with different batch pairs (`combine_parts`).
 
         The estimate reports the first part's `(b_small, b_big)` with the equivalent squared
@@ -326,18 +462,23 @@ class NoiseScaleEma:
         g2, trace = combine_parts(parts)
         b_small, b_big = parts[0][2], parts[0][3]
         sq_small, sq_big = equivalent_norms(g2, trace, b_small, b_big)
-        return self._fold(g2, trace, b_small, b_big, sq_small, sq_big, examples, steps)
+        return self._fold(g2, trace, b_small, b_big, sq_small, sq_big, examples, steps, weight)
 
     def _fold(self, g2: float, trace: float, b_small: float, b_big: float, sq_small: float,
-              sq_big: float, examples: float | None, steps: float) -> NoiseEstimate:
+              sq_big: float, examples: float | None, steps: float,
+              weight: float = 1.0) -> NoiseEstimate:
         examples = b_big if examples is None else examples
         self.seen_examples += examples
         self.seen_steps += steps
         self._h_examples += examples
         self._h_steps += steps
         decay = self._decay_for(examples, steps)
-        self._g2.update(g2, decay)
-        self._trace.update(trace, decay)
+        self._g2.update(g2, decay, weight)
+        self._trace.update(trace, decay, weight)
+        self._g2_sq.update(g2 * g2, decay, weight)
+        self._trace_sq.update(trace * trace, decay, weight)
+        self._cross.update(g2 * trace, decay, weight)
+        self._weight_sq = decay * decay * self._weight_sq + weight * weight
         self._last = (b_small, b_big, sq_small, sq_big, g2, trace)
         self._decay = decay
         if math.isfinite(self.window):
@@ -383,6 +524,7 @@ class NoiseScaleEma:
             g2_step=g2, trace_sigma_step=trace, g2=g2_ema, trace_sigma=trace_ema,
             b_simple=_ratio(trace_ema, g2_ema),
             g_h_g=ghg, trace_h_sigma=htrace, b_noise=_ratio(htrace, ghg), drift=self.drift,
+            b_simple_se=self.b_simple_se,
         )
 
 

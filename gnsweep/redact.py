@@ -29,10 +29,14 @@ _URI_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@
 # A secret passed as a query parameter: ?token=...&api_key=...
 _QUERY_SECRET = re.compile(r"(?P<name>[?&;][^=&;#\s]*(?:token|key|secret|passw(?:or)?d)"
                            r"[^=&;#\s]*=)(?P<value>[^&;#\s]+)", re.IGNORECASE)
-# name=value or name: value in free text (an error message, a Hydra override echoed back).
+# name=value, name:value or name: "value" in free text (an error message, a Hydra override
+# echoed back, JSON). After ": " only a quoted value is one: "task.password: not an option"
+# is a message about the setting, not its value. An unquoted value runs to a space, a quote
+# or a closing bracket (a comma may be part of a password).
 _TEXT_SECRET = re.compile(r"(?P<name>\b(?:[\w.-]*[._-])?"
                           r"(?:token|key|secret|passw(?:or)?d|credentials?)"
-                          r"[\"']?\s*[=:]\s*[\"']?)(?P<value>[^\s\"',;)}\]]+)", re.IGNORECASE)
+                          r"[\"']?(?:\s*=\s*[\"']?|:[\"']?|:\s+[\"']))"
+                          r"(?P<value>[^\s\"')}\]]+)", re.IGNORECASE)
 
 
 def is_secret_name(name: str) -> bool:
@@ -55,8 +59,17 @@ def text(value: str) -> str:
     """`value` with credentials in URIs, query strings and `name=value` pairs masked."""
     out = _URI_USERINFO.sub(_uri, value)
     out = _QUERY_SECRET.sub(lambda m: f"{m['name']}{MASK}", out)
-    return _TEXT_SECRET.sub(
+    out = _TEXT_SECRET.sub(
         lambda m: m[0] if m["value"] == MASK else f"{m['name']}{MASK}", out)
+    # The real values this launch handed its workers, wherever they appear (a task's error
+    # that quotes one without its name).
+    for secret in sorted(_known_values(), key=len, reverse=True):
+        out = out.replace(secret, MASK)
+    return out
+
+
+def _known_values() -> set[str]:
+    return {str(v) for v in exported().values() if len(str(v)) >= 4 and str(v) != MASK}
 
 
 def value(name: str, item: Any) -> Any:

@@ -15,7 +15,6 @@ from typing import Any
 from gnsweep import redact, store
 from gnsweep.config import Config, ConfigError
 from gnsweep.store import FINISHED, RunState, StoreError
-from gnsweep.targets import relative_target
 
 __all__ = [
     "FINISHED",
@@ -35,6 +34,7 @@ __all__ = [
     "read_state",
     "run_config",
     "run_record",
+    "verify_folder",
     "write_run",
 ]
 
@@ -131,11 +131,11 @@ def expand_grid(config: Config) -> list[RunSpec]:
 def run_config(config: Config, spec: RunSpec) -> Config:
     """What one run trains with, derived from the sweep's config and its grid point alone: the
     sweep's config, except that a branch run stops at its branch point's own targets (the
-    fractions `branch.targets` of the loss there, `gnsweep.targets.relative_target`)."""
+    fractions `branch.targets` of the loss there, `Direction.relative_target`)."""
     if not spec.at_examples:
         return config
     point = config.branch.point(spec.at_examples)
-    targets = [relative_target(point["at_loss"], f, config.task.higher_is_better)
+    targets = [config.task.direction.relative_target(point["at_loss"], f)
                for f in config.branch.targets]
     return replace(config, sweep=replace(config.sweep, targets=targets))
 
@@ -206,9 +206,17 @@ def check_record(data: Any, path: Path, run_id: str, expected: dict[str, Any]) -
         raise StoreError(f"{path}: not a run file of gnsweep (no \"run\" entry); remove "
                          f"{path.parent} and relaunch to write it again")
     spec = parse_spec(data["run"], path)
-    if data.get("run_id") != run_id or spec.run_id != run_id:
-        raise StoreError(f"{path}: describes run {spec.run_id!r} but lies in folder {run_id!r}; "
-                         f"remove {path.parent} and relaunch to write it again")
+    named = data.get("run_id")
+    if not isinstance(named, str) or not store.RUN_ID.fullmatch(named) or ".." in named:
+        raise StoreError(f"{path}: its run_id {str(named)[:80]!r} is not a valid run id (one "
+                         "folder name such as b00008_lr0.1_s0; a path would escape the run's "
+                         f"folder); remove {path.parent} and relaunch to write it again")
+    if named != run_id:
+        raise StoreError(f"{path}: names run {named!r} but lies in folder {run_id!r}; remove "
+                         f"{path.parent} and relaunch to write it again")
+    if spec.run_id != run_id:
+        raise StoreError(f"{path}: its grid point makes run {spec.run_id!r}, not {run_id!r} "
+                         f"(its folder); remove {path.parent} and relaunch to write it again")
     differences = _record_differences(expected, data.get("config"))
     if differences:
         raise StoreError(
@@ -222,17 +230,54 @@ def check_records(sweep_dir: Path, config: Config, run_ids: list[str]) -> None:
     """Check every run file of the folder, and those of `run_ids` that exist, against the
     sweep's `config` (`check_record`); StoreError names the first that disagrees."""
     expected = expected_record_config(config)
+    accepted: set[str] = set()
     for run_id in sorted(set(store.run_ids(sweep_dir)) | set(run_ids)):
         path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
         if not (path.exists() or path.is_symlink()):
             continue
+        _checked(store.read_json(path), path, run_id, expected, accepted)
+
+
+def verify_folder(sweep_dir: Path) -> tuple[Config, dict[str, RunSpec]]:
+    """What every command that reads a sweep folder calls before it builds anything from it:
+    the folder is a sweep, its config.yaml reads, and every run file is checked against
+    config.yaml (`check_record`, and its config must be one this version accepts). A run file
+    holding only a grid point (no config: written by another tool for the analysis) is
+    type-checked; it names no code. Returns (the sweep's config, each run's grid point by
+    id); StoreError or ConfigError (exit 2) naming the first file that disagrees."""
+    store.require_sweep(sweep_dir)
+    config = Config.load(sweep_dir)
+    expected = expected_record_config(config)
+    specs = {}
+    accepted: set[str] = set()  # the runs of one launch share their config: typed once
+    for run_id in store.run_ids(sweep_dir):
+        path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
         data = store.read_json(path)
-        check_record(data, path, run_id, expected)
-        try:  # a setting only the run file has, or of the wrong type, that the sweep lacks
-            Config.from_dict(data["config"])
-        except ConfigError as err:
-            raise StoreError(f"{path}: {err}; remove {path.parent} and relaunch to write it "
-                             "again") from None
+        if isinstance(data, dict) and "config" not in data and "run_id" not in data:
+            specs[run_id] = parse_spec(data.get("run"), path)
+            continue
+        specs[run_id] = _checked(data, path, run_id, expected, accepted)
+    return config, specs
+
+
+def _checked(data: Any, path: Path, run_id: str, expected: dict[str, Any],
+             accepted: set[str] | None = None) -> RunSpec:
+    """`check_record`, and the record's config typed (`Config.from_dict`) unless one equal to
+    it is in `accepted` (which it then joins)."""
+    import json
+
+    spec = check_record(data, path, run_id, expected)
+    key = json.dumps(data["config"], sort_keys=True, default=str)
+    if accepted is not None and key in accepted:
+        return spec
+    try:  # a setting only the run file has, or of the wrong type, that the sweep lacks
+        Config.from_dict(data["config"])
+    except ConfigError as err:
+        raise StoreError(f"{path}: {err}; remove {path.parent} and relaunch to write it "
+                         "again") from None
+    if accepted is not None:
+        accepted.add(key)
+    return spec
 
 
 def expected_record_config(config: Config) -> dict[str, Any]:
@@ -274,7 +319,7 @@ def read_state(run_path: Path) -> dict[str, Any]:
     that the answer never changes in silence."""
     status = store.read_status(run_path)
     if status["state"] in FINISHED:
-        problem = store.metrics_problem(run_path)
+        problem = store.metrics_problem(run_path, status)
         if problem is not None:
             return {**status, "state": RunState.PENDING.value,
                     "lost": f"recorded {status['state']} but {store.METRICS} is {problem}",

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gnsweep.lr_law import eps_opt
 from gnsweep.noise import NoiseEstimate
 
 
@@ -59,8 +60,8 @@ class ConstantBatch:
 
 
 def eps_of_batch(batch_size: float, eps_max: float, b_noise: float) -> float:
-    """The learning rate at batch size B, eq. 2.7: eps_max / (1 + B_noise/B) (SGD)."""
-    return eps_max / (1.0 + b_noise / batch_size)
+    """The learning rate at batch size B, eq. 2.7 (`lr_law.eps_opt`, SGD)."""
+    return float(eps_opt(batch_size, eps_max, b_noise))
 
 
 class AdaptiveBatch:

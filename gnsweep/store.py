@@ -24,27 +24,45 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gnsweep.errors import StoreError
+from gnsweep.tables import COMPARE_SCHEMA, OPTIONAL_RESULTS, RESULT_SCHEMAS, RESULT_TABLES  # noqa: F401
 
-if TYPE_CHECKING:
-    from gnsweep.analysis.results import Results
-
+# Every file name of a sweep folder, once (docs/storage.md draws the layout):
+#   <sweep>/config.yaml, plan.json, .claims.lock, <table>.parquet, fits.json, slurm/jobs.json
+#   <sweep>/runs/<run_id>/config.json, status.json, metrics.parquet, metrics.parts/,
+#                         attempts.jsonl, claim.json, checkpoints/
 RUNS = "runs"
 SWEEP_CONFIG = "config.yaml"
 RUN_CONFIG = "config.json"
 STATUS = "status.json"
 METRICS = "metrics.parquet"
 METRIC_PARTS = "metrics.parts"
+HISTORY = "attempts.jsonl"
+"""Append-only log of a run's attempts (start, end, stopped, died), one JSON object a line."""
+CLAIM = "claim.json"
+"""A run folder's claim: which worker trains it (`executors.claims`)."""
+CLAIMS_LOCK = ".claims.lock"
+"""The sweep folder's lock around taking and breaking claims."""
+CHECKPOINTS = "checkpoints"
+"""A run folder's checkpoints (`training.checkpoint`)."""
+PLAN = "plan.json"
+"""`gnsweep plan`'s record of its rounds."""
+SLURM = "slurm"
+"""The sweep folder's Slurm job files (`executors.slurm`)."""
+JOBS = "jobs.json"
+"""In SLURM: run id -> the Slurm job id it was last submitted to."""
+FITS = "fits.parquet"
+"""The analysis' fits table: a folder with one is an analysed sweep."""
 
 class RunState(StrEnum):
     """A run's state in its status.json (a str: files and tables hold the plain value)."""
@@ -80,6 +98,7 @@ METRICS_SCHEMA = pa.schema([
     ("trace_h_sigma", pa.float64()),  # EMA of tr(H Sigma)
     ("b_noise", pa.float64()),        # EMA(tr H Sigma) / EMA(G^T H G)
     ("drift", pa.float64()),          # |G|^2 now / one EMA window ago (NaN: not resolvable)
+    ("b_simple_se", pa.float64()),    # standard error of b_simple (delta method over the window)
     ("probe_g2", pa.float64()),       # frozen-parameter probe: |G|^2 (NaN between probes)
     ("probe_trace_sigma", pa.float64()),    # probe: tr(Sigma)
     ("probe_g_h_g", pa.float64()),          # probe: G^T H G
@@ -237,21 +256,72 @@ def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
         raise StoreError(f"{path}: unreadable parquet ({str(err).splitlines()[0]})") from None
 
 
-def metrics_problem(run_path: Path) -> str | None:
+def metrics_problem(run_path: Path, status: dict[str, Any] | None = None) -> str | None:
     """Why a run's metrics cannot be analysed ("missing", "unreadable: ..."), None when they
-    can: its parquet footer and schema read (cheap: no data pages)."""
+    can: its parquet footer and schema read (cheap: no data pages). With the run's `status`
+    (finished), also when its rows disagree with what the run recorded as it ended: the row
+    count (`rows`), the last row's examples (`examples`) and its step (within `log_every` of
+    `steps`), a table rewritten or cut short that would change the answer in silence."""
     path = run_path / METRICS
     try:
         if path.is_symlink():
             return "a symbolic link"
-        schema = pq.read_schema(path)
+        meta = pq.read_metadata(path)
+        schema = meta.schema.to_arrow_schema()
     except FileNotFoundError:
         return "missing"
     except (pa.ArrowException, OSError, ValueError) as err:
         return f"unreadable ({(str(err).strip().splitlines() or [type(err).__name__])[0]})"
     if "step" not in schema.names or "loss" not in schema.names:
         return "unreadable (no step and loss columns)"
-    return None
+    if status is None or status.get("state") not in FINISHED:
+        return None
+    return _rows_disagree(run_path, meta, status)
+
+
+def _rows_disagree(run_path: Path, meta: Any, status: dict[str, Any]) -> str | None:
+    def last() -> dict[str, Any]:
+        return read_table(run_path / METRICS, columns=["step", "examples"]).slice(
+            meta.num_rows - 1).to_pylist()[0]
+
+    try:
+        return rows_disagree(status, meta.num_rows, last, lambda: log_every(run_path))
+    except StoreError:
+        return "unreadable (its step and examples columns)"
+
+
+def rows_disagree(status: dict[str, Any], num_rows: int, last: Callable[[], dict[str, Any]],
+                  every: Callable[[], int]) -> str | None:
+    """How a finished run's rows (`num_rows`, `last()`: its last row's step and examples)
+    disagree with its status.json, None if they do not."""
+    rows, steps, examples = status.get("rows"), status.get("steps"), status.get("examples")
+    if isinstance(rows, int) and num_rows != rows:
+        return f"cut short or rewritten: {num_rows} rows where the run logged {rows} ({STATUS})"
+    # A status written before rows and examples were recorded: a done run logged its last
+    # step (at the target) or one of the last `every()` (its log_every; at its budget).
+    by_step = status.get("state") == RunState.DONE and isinstance(steps, int)
+    if num_rows == 0 or not (isinstance(examples, int) or by_step):
+        return None
+    row = last()
+    if isinstance(examples, int):
+        if row.get("examples") == examples:
+            return None
+        return (f"cut short or rewritten: its last row at {row.get('examples')} examples where "
+                f"the run's last logged row was at {examples} ({STATUS})")
+    step = row.get("step")
+    if isinstance(step, int) and isinstance(steps, int) and steps - every() < step <= steps:
+        return None
+    return (f"cut short or rewritten: its last row at step {step} where the run ended at step "
+            f"{steps} ({STATUS})")
+
+
+def log_every(run_path: Path) -> int:
+    """The run's `sweep.log_every` from its config.json (1 when it does not say)."""
+    try:
+        value = read_json(run_path / RUN_CONFIG)["config"]["sweep"]["log_every"]
+    except (StoreError, KeyError, TypeError):
+        return 1
+    return value if isinstance(value, int) and value >= 1 else 1
 
 
 OPTIONAL_METRICS = ("metric", "batch_size", "grad_norm", "skipped_steps", "epoch")
@@ -422,6 +492,37 @@ def run_dir(sweep_dir: Path, run_id: str) -> Path:
     return path
 
 
+def sweep_of(run_path: Path) -> Path:
+    """The sweep folder a run folder (`run_dir`) sits in."""
+    return run_path.parent.parent
+
+
+def result_file(table: str) -> str:
+    """The file a results table is written to: `<table>.parquet`."""
+    return f"{table}.parquet"
+
+
+WRITTEN_INTO = (CLAIMS_LOCK, ".notices", "queue", SLURM, "figures", "tensorboard", "mlflow",
+                "wandb")
+"""Sweep-level names gnsweep writes into or locks: a link there is refused before a launch."""
+RUN_WRITTEN_INTO = (HISTORY, CHECKPOINTS, METRIC_PARTS, CLAIM, STATUS, METRICS)
+"""Names of a run folder gnsweep appends to or writes into."""
+
+
+def check_links(sweep_dir: Path) -> None:
+    """StoreError (exit 2, nothing claimed, nothing run) naming the first file or folder of the
+    sweep gnsweep writes into that is a symbolic link: writes are refused there anyway (they
+    are never followed), but refused up front the run is not half-started, claimed or failed."""
+    names = [sweep_dir / name for name in WRITTEN_INTO]
+    for run_id in run_ids(sweep_dir):
+        names += [sweep_dir / RUNS / run_id / name for name in RUN_WRITTEN_INTO]
+    for path in names:
+        if path.is_symlink():
+            raise StoreError(f"{path}: a symbolic link; gnsweep writes only files inside the "
+                             "sweep folder and never follows one: remove the link (or replace "
+                             "it by a copy of what it points to)")
+
+
 def run_ids(sweep_dir: Path) -> list[str]:
     """The runs of a sweep folder (those with a config.json); StoreError names a run folder
     that is a link or a name that is not a run id."""
@@ -454,133 +555,22 @@ def write_status(path: Path, state: str, **fields: Any) -> dict[str, Any]:
 
 # ---- the results of `gnsweep analyze` -----------------------------------------------------
 
-# Column types of the analysis's tables (docs/analysis.md says what each column means). A
-# table written from elsewhere (`gnsweep analyze --table`) may hold a subset of the columns.
-RESULT_SCHEMAS: dict[str, pa.Schema] = {
-    "steps": pa.schema([
-        ("run_id", pa.large_string()), ("batch_size", pa.int64()), ("learning_rate", pa.float64()),
-        ("seed", pa.int64()), ("target", pa.float64()), ("state", pa.large_string()),
-        ("reached", pa.bool_()), ("steps", pa.float64()), ("examples", pa.float64()),
-        ("b_simple_at_target", pa.float64()), ("b_simple_mean", pa.float64()),
-        ("outcome", pa.large_string()), ("b_noise_at_target", pa.float64()),
-        ("b_noise_mean", pa.float64()), ("min_loss", pa.float64()), ("last_step", pa.float64()),
-        ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
-        ("drift_share", pa.float64()), ("lr_share", pa.float64()),
-    ]),
-    "front": pa.schema([
-        ("target", pa.float64()), ("batch_size", pa.int64()), ("learning_rate", pa.float64()),
-        ("steps", pa.float64()), ("examples", pa.float64()), ("n_lr_reached", pa.int64()),
-        ("lr_on_edge", pa.bool_()), ("b_simple_at_target", pa.float64()),
-        ("b_simple_mean", pa.float64()), ("on_front", pa.bool_()), ("n_lr", pa.int64()),
-        ("lr_edge", pa.large_string()), ("lr_opt", pa.float64()), ("n_seeds", pa.int64()),
-        ("b_noise_at_target", pa.float64()), ("b_noise_mean", pa.float64()),
-        ("steps_fit", pa.float64()), ("resid_log", pa.float64()),
-        ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
-        ("drift_share", pa.float64()), ("budget_share", pa.float64()), ("lr_share", pa.float64()),
-        ("late", pa.bool_()), ("in_fit", pa.bool_()), ("left_out", pa.large_string()),
-    ]),
-    "fits": pa.schema([
-        ("target", pa.float64()), ("n_batch_sizes", pa.int64()), ("s_min", pa.float64()),
-        ("s_min_se", pa.float64()), ("e_min", pa.float64()), ("e_min_se", pa.float64()),
-        ("b_crit", pa.float64()), ("b_crit_se", pa.float64()), ("rmse_log", pa.float64()),
-        ("b_simple_at_target", pa.float64()), ("b_simple_mean", pa.float64()),
-        ("ratio", pa.float64()), ("refused", pa.large_string()), ("dof", pa.int64()),
-        ("max_abs_resid_log", pa.float64()), ("n_bootstrap", pa.int64()),
-        ("s_min_lo", pa.float64()), ("s_min_hi", pa.float64()), ("e_min_lo", pa.float64()),
-        ("e_min_hi", pa.float64()), ("b_crit_lo", pa.float64()), ("b_crit_hi", pa.float64()),
-        ("b_simple_at_target_se", pa.float64()), ("b_simple_mean_se", pa.float64()),
-        ("ratio_se", pa.float64()), ("ratio_at_target", pa.float64()),
-        ("ratio_at_target_se", pa.float64()), ("b_noise_at_target", pa.float64()),
-        ("b_noise_at_target_se", pa.float64()), ("b_noise_mean", pa.float64()),
-        ("b_noise_mean_se", pa.float64()), ("ratio_noise", pa.float64()),
-        ("ratio_noise_se", pa.float64()), ("lr_model", pa.large_string()),
-        ("eps_max", pa.float64()), ("eps_max_se", pa.float64()), ("b_noise_lr", pa.float64()),
-        ("b_noise_lr_se", pa.float64()), ("lr_alpha", pa.float64()), ("lr_alpha_se", pa.float64()),
-        ("lr_refused", pa.large_string()), ("quality", pa.large_string()),
-        ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
-        ("drift_share", pa.float64()), ("b_crit_window_lo", pa.float64()),
-        ("b_crit_window_hi", pa.float64()), ("b_crit_window_spread", pa.float64()),
-        ("bcrit_status", pa.large_string()), ("bcrit_reason", pa.large_string()),
-        ("b_crit_bound", pa.float64()), ("n_left_out", pa.int64()),
-        ("censored", pa.large_string()), ("lr_status", pa.large_string()),
-    ]),
-    "lr_fits": pa.schema([
-        ("target", pa.float64()), ("model", pa.large_string()), ("n_points", pa.int64()),
-        ("eps_max", pa.float64()), ("eps_max_se", pa.float64()), ("b_noise", pa.float64()),
-        ("b_noise_se", pa.float64()), ("alpha", pa.float64()), ("alpha_se", pa.float64()),
-        ("rmse_log", pa.float64()), ("refused", pa.large_string()),
-        ("status", pa.large_string()), ("b_noise_bound", pa.float64()),
-    ]),
-    "loss_scaling": pa.schema([
-        ("n_targets", pa.int64()), ("b_star", pa.float64()), ("b_star_se", pa.float64()),
-        ("alpha_b", pa.float64()), ("alpha_b_se", pa.float64()), ("rmse_log", pa.float64()),
-        ("refused", pa.large_string()),
-    ]),
-    "adaptive": pa.schema([
-        ("run_id", pa.large_string()), ("exchange_rate", pa.float64()), ("eps_max", pa.float64()),
-        ("seed", pa.int64()), ("target", pa.float64()), ("state", pa.large_string()),
-        ("reached", pa.bool_()), ("steps", pa.float64()), ("examples", pa.float64()),
-        ("mean_batch", pa.float64()), ("noise_source", pa.large_string()),
-        ("b_noise_mean", pa.float64()), ("gamma", pa.float64()), ("s_min", pa.float64()),
-        ("e_min", pa.float64()), ("e_fixed", pa.float64()), ("e_predicted", pa.float64()),
-        ("gain_predicted", pa.float64()), ("gain_measured", pa.float64()),
-        ("front_product", pa.float64()),
-    ]),
-    "along": pa.schema([
-        ("at_examples", pa.int64()), ("at_step", pa.int64()), ("at_loss", pa.float64()),
-        ("target", pa.float64()), ("target_value", pa.float64()), ("n_runs", pa.int64()),
-        ("n_batch_sizes", pa.int64()), ("s_min", pa.float64()), ("s_min_se", pa.float64()),
-        ("e_min", pa.float64()), ("e_min_se", pa.float64()), ("b_crit", pa.float64()),
-        ("b_crit_se", pa.float64()), ("rmse_log", pa.float64()), ("b_simple", pa.float64()),
-        ("b_noise", pa.float64()), ("ratio", pa.float64()), ("ratio_se", pa.float64()),
-        ("ratio_noise", pa.float64()), ("ratio_noise_se", pa.float64()),
-        ("b_simple_mean", pa.float64()), ("b_noise_mean", pa.float64()),
-        ("quality", pa.large_string()), ("refused", pa.large_string()),
-        ("bcrit_status", pa.large_string()), ("bcrit_reason", pa.large_string()),
-        ("b_crit_bound", pa.float64()),
-    ]),
-    "along_schedule": pa.schema([
-        ("run_id", pa.large_string()), ("seed", pa.int64()), ("target", pa.float64()),
-        ("state", pa.large_string()), ("reached", pa.bool_()), ("steps", pa.float64()),
-        ("examples", pa.float64()), ("mean_batch", pa.float64()), ("best_batch", pa.float64()),
-        ("best_lr", pa.float64()), ("best_steps", pa.float64()),
-        ("best_examples", pa.float64()), ("steps_ratio", pa.float64()),
-        ("examples_ratio", pa.float64()), ("front_steps", pa.float64()),
-        ("front_ratio", pa.float64()),
-    ]),
-    "along_base": pa.schema([
-        ("step", pa.float64()), ("examples", pa.float64()), ("loss", pa.float64()),
-        ("b_simple", pa.float64()), ("b_noise", pa.float64()),
-    ]),
-}
-OPTIONAL_RESULTS = ("adaptive", "along", "along_schedule", "along_base")
-"""Results tables written only when not empty (a sweep with adaptive runs, a branch sweep)."""
-COMPARE_SCHEMA = pa.schema([
-    ("task", pa.large_string()), ("sweep", pa.large_string()), ("sweep_dir", pa.large_string()),
-    ("metric", pa.large_string()), ("higher_is_better", pa.bool_()), ("unit", pa.large_string()),
-    ("target", pa.float64()), ("n_batch_sizes", pa.int64()), ("b_crit", pa.float64()),
-    ("b_crit_se", pa.float64()), ("b_simple_mean", pa.float64()),
-    ("b_simple_mean_se", pa.float64()), ("b_simple_at_target", pa.float64()),
-    ("b_simple_at_target_se", pa.float64()), ("b_noise_mean", pa.float64()),
-    ("b_noise_mean_se", pa.float64()), ("ratio", pa.float64()), ("ratio_se", pa.float64()),
-    ("ratio_noise", pa.float64()), ("refused", pa.large_string()),
-    ("quality", pa.large_string()),
-])
-"""compare.parquet, written by `gnsweep compare` (docs/compare.md)."""
+# The tables' columns and types live in `gnsweep.tables` (no analysis import from here).
 COMPARE = "compare.parquet"
-RESULT_TABLES = tuple(RESULT_SCHEMAS)
-"""Results fields written as <name>.parquet; fits.json holds the rest (warnings, meta)."""
 FITS_JSON = "fits.json"
+REPORT = "report.html"
+"""`gnsweep report`'s one-page HTML, in the sweep folder."""
 
 
-def write_results(out_dir: Path, results: Results) -> None:
-    """Every table of the results, each atomically; then fits.json."""
+def write_results(out_dir: Path, results: Any) -> None:
+    """Every table of the results (a `gnsweep.analysis.results.Results`), each atomically;
+    then fits.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in RESULT_TABLES:
         frame = getattr(results, name)
         if name in OPTIONAL_RESULTS and not len(frame):
             continue  # e.g. a sweep without adaptive runs gets no adaptive.parquet
-        write_frame(out_dir / f"{name}.parquet", frame,
+        write_frame(out_dir / result_file(name), frame,
                     schema=_schema_of(frame, RESULT_SCHEMAS[name]))
     write_json(out_dir / FITS_JSON, results.to_json())
 
@@ -591,25 +581,27 @@ def _schema_of(frame: Any, schema: pa.Schema) -> pa.Schema:
     return pa.schema([schema.field(f.name) if f.name in schema.names else f for f in inferred])
 
 
-def read_results(sweep_dir: Path) -> Results:
-    """The results an analysis wrote into a sweep folder. Tables that an older version did not
-    write (lr_fits, loss_scaling) read as empty; steps, front and fits must exist."""
-    from gnsweep.analysis.results import Results
+def read_result_tables(sweep_dir: Path) -> dict[str, Any]:
+    """The tables and fits.json an analysis wrote into a sweep folder, as plain data: each table
+    present by name (a DataFrame; steps, front and fits must exist, the others are left out
+    where an older version did not write them), `warnings` and `meta` from fits.json.
+    `gnsweep.analysis.results.read_results` makes them one `Results`."""
 
     def frame(name: str) -> Any:
-        path = sweep_dir / f"{name}.parquet"
+        path = sweep_dir / result_file(name)
         try:
             return read_table(path).to_pandas()
         except StoreError as err:
             raise StoreError(f"{err}; run the `gnsweep analyze` that wrote it again (it "
                              "rewrites the table)") from None
 
-    results = Results(steps=frame("steps"), front=frame("front"), fits=frame("fits"))
+    out: dict[str, Any] = {name: frame(name) for name in ("steps", "front", "fits")}
     for name in ("lr_fits", "loss_scaling", *OPTIONAL_RESULTS):
-        if (sweep_dir / f"{name}.parquet").exists():
-            setattr(results, name, frame(name))
+        if (sweep_dir / result_file(name)).exists():
+            out[name] = frame(name)
+    out["warnings"], out["meta"] = [], {}
     if (sweep_dir / FITS_JSON).exists():
         saved = read_json(sweep_dir / FITS_JSON)
-        results.warnings = [str(w) for w in saved.get("warnings", [])]
-        results.meta = dict(saved.get("meta") or {})
-    return results
+        out["warnings"] = [str(w) for w in saved.get("warnings", [])]
+        out["meta"] = dict(saved.get("meta") or {})
+    return out

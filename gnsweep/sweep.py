@@ -25,12 +25,10 @@ from gnsweep.runs import (
 
 # RunSpec, expand_grid, parse_run_record: from gnsweep.runs
 __all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "prepare_folder",
-           "remaining", "resolve_adaptive_lr", "run_specs", "sweep_status"]
+           "remaining", "resolve_adaptive_lr", "run_specs"]
 
 
 GRID_KEYS = ("batch_sizes", "learning_rates", "seeds", "exchange_rates")
-UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
-"""States whose rows so far `gnsweep status` shows (step, examples, smoothed loss)."""
 
 
 def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
@@ -80,14 +78,15 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
     # An along run (docs/along.md) takes the same rule, eq. 2.7 with the fit's B_noise.
     if sweep.schedule not in ("adaptive", "along") or (sweep.eps_max > 0 and not need_noise):
         return config
-    path = sweep_dir / "fits.parquet"
+    path = sweep_dir / store.FITS
     if not path.is_file():
         raise ConfigError(f"sweep.schedule={sweep.schedule} needs eps_max (and the B_noise of "
                           f"eq. 2.7), and {path} does not exist: set sweep.eps_max=... and "
                           f"sweep.adaptive_lr_noise=..., or launch and analyse the fixed-batch "
                           f"grid first (gnsweep analyze {sweep_dir})")
     fits = store.read_table(path, columns=["target", "eps_max", "b_noise_lr"]).to_pylist()
-    order = sorted(fits, key=lambda row: row["target"], reverse=config.task.higher_is_better)
+    # The hardest target first: its fit speaks for the whole run.
+    order = config.task.direction.in_training_order(fits, key=lambda row: row["target"])[::-1]
     found = [row for row in order
              if all(row[k] is not None and math.isfinite(row[k]) and row[k] > 0
                     for k in ("eps_max", "b_noise_lr"))]
@@ -107,13 +106,19 @@ def prepare_folder(sweep_dir: Path, config: Config, specs: list[RunSpec] | None 
     write its config.yaml (the grid: the union of the old and new grids)."""
     from omegaconf import OmegaConf
 
-    merged = _check_relaunch(sweep_dir, config)
-    # Before anything is written: a run file that disagrees with the sweep (of this grid or
-    # another run of the folder) refuses the whole launch (exit 2, nothing run).
-    check_records(sweep_dir, config, [s.run_id for s in specs or []])
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    store.subdir(sweep_dir, store.RUNS)
-    store.write_text(sweep_dir / store.SWEEP_CONFIG, OmegaConf.to_yaml(redact.config(merged)))
+    if not sweep_dir.is_dir():
+        _check_relaunch(sweep_dir, config)  # a new folder: nothing of it exists before this
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+    # Read, merge and write config.yaml under the folder's lock: two launchers with different
+    # grids at once leave the union of both (each reads what the other wrote).
+    with store.exclusive(sweep_dir / store.CLAIMS_LOCK):
+        merged = _check_relaunch(sweep_dir, config)
+        # Before anything is written: a run file that disagrees with the sweep (of this grid
+        # or another run of the folder) refuses the whole launch (exit 2, nothing run).
+        check_records(sweep_dir, config, [s.run_id for s in specs or []])
+        store.subdir(sweep_dir, store.RUNS)
+        store.write_text(sweep_dir / store.SWEEP_CONFIG,
+                         OmegaConf.to_yaml(redact.config(merged)))
 
 
 def prepare(sweep_dir: Path, config: Config) -> list[RunSpec]:
@@ -170,6 +175,9 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
     os.environ[LAUNCH_ENV] = uuid.uuid4().hex
     # The real values of the secrets masked on disk, for this launch's workers only.
     redact.export(config.to_dict())
+    # Nothing gnsweep writes into may be a link: refused here (exit 2), before a run is
+    # claimed, rather than half-way through one.
+    store.check_links(sweep_dir)
     specs = [read_run(sweep_dir, r)[1] for r in run_ids]  # each checked against config.yaml
     # Runs another launcher holds stay in: every executor waits for them (and runs them should
     # their owner die), but none starts them while their owner lives.
@@ -197,45 +205,3 @@ def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
     specs = prepare(sweep_dir, config)
     return run_specs(config, sweep_dir, [spec.run_id for spec in specs],
                      show_progress=show_progress, wait=wait)
-
-
-def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row a run: id, state, attempts, Slurm job, owner, why it ended, how often Slurm
-    requeued it (`requeues`), where its last attempt trained (`gpus`: the CUDA_VISIBLE_DEVICES
-    it was given, `device`; None before its first), and where it stands on disk (`step`,
-    `examples`, `loss_smooth` of its last row written; None before its first).
-
-    A `running` run whose owner is gone shows as `died` (a relaunch runs it again); a pending
-    run waiting in a Slurm queue shows as `queued`.
-    """
-    from gnsweep.executors import claims, requeues
-    from gnsweep.executors.slurm import job_ids, queue_states
-
-    store.require_sweep(sweep_dir)
-    submitted = job_ids(sweep_dir)
-    queued = queue_states(list(submitted.values()))
-    rows = []
-    for run_id in store.run_ids(sweep_dir):
-        path = store.run_dir(sweep_dir, run_id)
-        status = read_state(path)
-        state, job = status["state"], status.get("slurm_job_id") or submitted.get(run_id)
-        if status.get("lost"):
-            state = "rerun"  # recorded finished, but its metrics are gone: a launch reruns it
-        claim = claims.read_claim(path)
-        owner = ""
-        if state == "running":
-            if claim is None or claims.is_stale(claim):
-                state = "died"
-            else:
-                owner, job = f"{claim['host']}:{claim['pid']}", claim.get("slurm_job_id") or job
-        elif state == "pending" and job and (queued.get(job) or queued.get(job.split("_")[0])):
-            state = "queued"
-        info = status.get("lost") or status.get("error") or status.get("reason") or ""
-        # Where an unfinished run stands (a finished run's whole file is not read for it).
-        last = store.last_metrics_row(path) if state in UNFINISHED_SHOWN else None
-        rows.append({"run_id": run_id, "state": state, "attempts": int(status.get("attempts", 0)),
-                     "slurm_job_id": job or "", "owner": owner, "info": str(info),
-                     "requeues": requeues(path),
-                     "gpus": status.get("gpus"), "device": status.get("device"),
-                     **{k: (last or {}).get(k) for k in ("step", "examples", "loss_smooth")}})
-    return rows

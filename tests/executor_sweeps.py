@@ -5,7 +5,7 @@ import signal
 from pathlib import Path
 
 from gnsweep import store
-from gnsweep.analysis.report import analyze_sweep
+from gnsweep.commands.analyze import analyze_sweep
 from gnsweep.config import compose
 from gnsweep.sweep import launch
 

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from gnsweep.plots import SweepTables
+from gnsweep.analysis.results import Results
 
 BATCHES = [8, 16, 32, 64, 128, 256]
 LRS = [0.1, 0.3, 1.0, 3.0]
@@ -52,7 +52,7 @@ def outcome(batch: int, lr: float, target: float) -> str:
     return "reached"
 
 
-def make_tables(targets: list[float] = TARGETS, b_noise: bool = False) -> SweepTables:
+def make_tables(targets: list[float] = TARGETS, b_noise: bool = False) -> Results:
     runs, steps, front, fits, metrics = [], [], [], [], []
     for batch in BATCHES:
         for lr in LRS:
@@ -97,7 +97,7 @@ def make_tables(targets: list[float] = TARGETS, b_noise: bool = False) -> SweepT
     # B_crit = 50 / L^(1/2): the power law with B_* = 50, alpha_B = 2.
     law = {"n_targets": len(targets), "b_star": 50.0, "b_star_se": 0.0, "alpha_b": 2.0,
            "alpha_b_se": 0.0, "rmse_log": 0.0, "refused": ""}
-    return SweepTables(runs=pd.DataFrame(runs), metrics=pd.concat(metrics, ignore_index=True),
+    return Results(runs=pd.DataFrame(runs), metrics=pd.concat(metrics, ignore_index=True),
                        steps=pd.DataFrame(steps), front=pd.DataFrame(front),
                        fits=pd.DataFrame(fits), loss_scaling=pd.DataFrame([law]),
                        warnings=["target 1: best learning rate on the edge of the grid"])

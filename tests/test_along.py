@@ -23,9 +23,10 @@ from gnsweep.analysis.along import (
     branch_point,
 )
 from gnsweep.analysis.pipeline import AnalysisError
+from gnsweep.analysis.results import read_results
 from gnsweep.analysis.steps import curves_from_frames
 from gnsweep.linreg_exact import Problem, local_truth, simulate_sgd
-from gnsweep.targets import relative_target
+from gnsweep.targets import RISING, relative_target
 from gnsweep.tasks import make_task
 
 BATCHES = [4, 8, 16, 32, 64, 128, 256]
@@ -97,9 +98,9 @@ def branched():
 
 def test_relative_targets_and_their_mirror():
     assert relative_target(2.0, 0.9) == pytest.approx(1.8)
-    assert relative_target(100.0, 0.9, higher_is_better=True) == pytest.approx(110.0)
+    assert relative_target(100.0, 0.9, RISING) == pytest.approx(110.0)
     # A negative return still rises by the same share of its size.
-    assert relative_target(-50.0, 0.8, higher_is_better=True) == pytest.approx(-40.0)
+    assert relative_target(-50.0, 0.8, RISING) == pytest.approx(-40.0)
     with pytest.raises(ValueError):
         relative_target(1.0, 1.2)
 
@@ -169,7 +170,7 @@ def test_along_table_round_trips_through_the_store(branched, tmp_path):
     _, _, points, curves = branched
     result = analyze_along(curves, points[:1], [0.6], loss="eval")
     store.write_results(tmp_path, result)
-    back = store.read_results(tmp_path)
+    back = read_results(tmp_path)
     assert list(back.along.columns) == ALONG_COLUMNS
     assert back.along["at_examples"].dtype == np.int64
     assert back.along["b_crit"].iloc[0] == pytest.approx(result.along["b_crit"].iloc[0])
@@ -178,8 +179,8 @@ def test_along_table_round_trips_through_the_store(branched, tmp_path):
 def test_figure_and_report_section(branched):
     """The along-training figure: log-log, one error-bar series per target that has a fit,
     the base run's noise scale as a line; the report section lists every (point, target)."""
-    from gnsweep import plots
-    from gnsweep.html_report import along_section
+    from gnsweep.report import figures as plots
+    from gnsweep.report.html import along_section
 
     _, _, points, curves = branched
     result = analyze_along(curves, points, FRACTIONS, loss="eval")

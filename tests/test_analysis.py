@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 
 from gnsweep import store
 from gnsweep.analysis.front import best_per_batch
-from gnsweep.analysis.report import analyze_sweep, analyze_tables
+from gnsweep.analysis.pipeline import analyze_tables
 from gnsweep.analysis.steps import curves_from_frames, resmooth, steps_to_target
 from gnsweep.cli import app
+from gnsweep.commands.analyze import analyze_sweep
 from gnsweep.noise import Ema
 
 runner = CliRunner()
@@ -376,7 +377,7 @@ def test_b_noise_flows_to_the_fits_when_measured():
     assert rows.iloc[0]["b_noise_at_target"] == 20.0 and rows.iloc[0]["b_noise_mean"] == 20.0
     steps = pd.concat([rows.assign(batch_size=b, steps=100 + 6400 / b, run_id=f"r{b}")
                        for b in (8, 32, 128, 512)])
-    from gnsweep.analysis.report import analyze_steps
+    from gnsweep.analysis.pipeline import analyze_steps
 
     fit = analyze_steps(steps, [0.5]).fits.iloc[0]
     assert fit["b_crit"] == pytest.approx(64.0, rel=1e-6)
@@ -401,8 +402,9 @@ def test_analysis_never_imports_torch(tmp_path):
     example = Path(__file__).parents[1] / "docs" / "examples" / "steps.csv"
     code = ("import sys\nfrom pathlib import Path\n"
             "from gnsweep.analysis.external import analyze_table\n"
-            "from gnsweep.analysis import baseline, load, report\n"
-            f"report.write_outputs(Path({str(tmp_path)!r}), analyze_table(Path({str(example)!r}),"
+            "from gnsweep.analysis import baseline, load\n"
+            "from gnsweep.commands import analyze\n"
+            f"analyze.write_outputs(Path({str(tmp_path)!r}), analyze_table(Path({str(example)!r}),"
             " bootstrap=10))\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

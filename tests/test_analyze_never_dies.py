@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from gnsweep import store
 from gnsweep.analysis.along import BranchPoint, analyze_along
 from gnsweep.analysis.bounds import FIT, STATUSES, SUPPORT_FACTOR
-from gnsweep.analysis.console import format_fits
 from gnsweep.analysis.lr import ALPHA_RANGE
 from gnsweep.analysis.pipeline import Analysis, AnalysisError, analyze_steps, analyze_tables
 from gnsweep.analysis.steps import curves_from_frames
+from gnsweep.report.console import format_fits
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -10,8 +10,9 @@ import pandas as pd
 
 from gnsweep.analysis.along import ALONG_COLUMNS
 from gnsweep.analysis.pipeline import analyze_steps
-from gnsweep.html_report import answers, fit_table
-from gnsweep.plots import bcrit_along_training, bcrit_vs_loss
+from gnsweep.report.answers import answers
+from gnsweep.report.figures import bcrit_along_training, bcrit_vs_loss
+from gnsweep.report.html import fit_table
 
 
 def mixed_fits() -> tuple[pd.DataFrame, pd.DataFrame]:

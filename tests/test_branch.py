@@ -200,8 +200,8 @@ def test_branch_runs_find_the_exact_local_b_crit_on_linreg(tmp_path):
     from branch_base import make_base_run
 
     from gnsweep import store
-    from gnsweep.analysis.report import analyze_sweep
     from gnsweep.branching import prepare_branch
+    from gnsweep.commands.analyze import analyze_sweep
     from gnsweep.linreg_exact import local_truth
     from gnsweep.runs import read_run
     from gnsweep.tasks import make_task

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gnsweep import store
+from gnsweep.analysis.results import read_results
 from gnsweep.cli import app
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
 from gnsweep.runs import RunSpec
@@ -163,7 +164,7 @@ def test_a_tiny_cartpole_sweep_from_launch_to_compare(tmp_path):
     for command in (["analyze"], ["plot"], ["report"]):
         result = runner.invoke(app, [*command, str(sweep)])
         assert result.exit_code == 0, result.output
-    steps = store.read_results(sweep).steps
+    steps = read_results(sweep).steps
     assert steps["reached"].any()
     html = (sweep / "report.html").read_text()
     assert "At return 40" in html and "target return" in html and "At loss" not in html

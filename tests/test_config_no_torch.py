@@ -63,9 +63,9 @@ def test_config_load_names_a_missing_or_broken_file(tmp_path):
 
 def test_pure_modules_import_neither_torch_nor_matplotlib():
     result = _run("""
-        import gnsweep.analysis.pipeline, gnsweep.analysis.report, gnsweep.analysis.results
-        import gnsweep.analysis.console, gnsweep.analysis.views
-        import gnsweep.config, gnsweep.html_report, gnsweep.noise, gnsweep.runs, gnsweep.store
+        import gnsweep.analysis.pipeline, gnsweep.commands.analyze, gnsweep.analysis.results
+        import gnsweep.report.console, gnsweep.report.views, gnsweep.report.answers
+        import gnsweep.config, gnsweep.report.html, gnsweep.noise, gnsweep.runs, gnsweep.store
         import gnsweep.tasks
         print(sorted(m for m in ("torch", "matplotlib") if m in sys.modules))
         """)

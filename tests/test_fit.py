@@ -159,7 +159,7 @@ def test_loss_scaling_recovers_the_power_law():
 
 
 def test_a_b_crit_beyond_the_batch_sizes_is_flagged():
-    from gnsweep.analysis.report import fit_quality
+    from gnsweep.analysis.pipeline import fit_quality
 
     assert fit_quality(64.0, 4.0, pd.Series(BATCHES)) == ""
     assert "above the largest batch size" in fit_quality(5000.0, 100.0, pd.Series([8, 16, 32]))

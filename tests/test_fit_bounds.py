@@ -201,8 +201,8 @@ def test_the_lr_fit_keeps_a_law_it_can_place():
 
 def test_analyze_table_of_targets_a_hair_apart_answers_with_bounds(tmp_path):
     # `gnsweep analyze --table` on this table died with OverflowError at B* = exp(coef[0]).
-    from gnsweep.analysis.console import format_fits
     from gnsweep.analysis.external import analyze_table
+    from gnsweep.report.console import format_fits
 
     path = tmp_path / "steps.csv"
     table = perfectly_scaling({0.0095: 3000.0, 0.009: 9000.0})

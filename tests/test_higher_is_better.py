@@ -20,8 +20,10 @@ from typer.testing import CliRunner
 
 from gnsweep import store, tasks
 from gnsweep.analysis.pipeline import analyze_tables
+from gnsweep.analysis.results import read_results
 from gnsweep.analysis.steps import steps_to_target
 from gnsweep.cli import app
+from gnsweep.targets import FALLING, RISING
 
 A, C = 2.0, 400.0
 B_CRIT = C / A
@@ -69,7 +71,7 @@ def _check_fits(fits: pd.DataFrame) -> None:
 
 def test_rising_metric_recovers_the_hyperbola():
     runs, metrics = _tables()
-    analysis = analyze_tables(runs, metrics, TARGETS, loss="metric", higher_is_better=True)
+    analysis = analyze_tables(runs, metrics, TARGETS, loss="metric", direction=RISING)
     _check_fits(analysis.fits)
     steps = analysis.steps
     best = steps[(steps["learning_rate"] == 1.0) & (steps["batch_size"] == 64)]
@@ -131,7 +133,7 @@ def test_analyze_and_compare_a_higher_is_better_sweep(uphill_sweep, tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["analyze", str(uphill_sweep)])
     assert result.exit_code == 0, result.output
-    _check_fits(store.read_results(uphill_sweep).fits)
+    _check_fits(read_results(uphill_sweep).fits)
     out = tmp_path / "compare"
     result = runner.invoke(app, ["compare", str(uphill_sweep), "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -208,7 +210,7 @@ def test_best_run_is_picked_at_the_hardest_target_in_its_direction():
     smallest: the same front picks opposite runs."""
     import pandas as pd
 
-    from gnsweep.analysis.views import best_runs
+    from gnsweep.report.views import best_runs
     from gnsweep.targets import hardest, in_training_order, reached
 
     runs = pd.DataFrame({"run_id": ["a", "b"], "batch_size": [8, 8],
@@ -216,8 +218,8 @@ def test_best_run_is_picked_at_the_hardest_target_in_its_direction():
     metrics = pd.DataFrame({"run_id": ["a", "b"], "step": [1, 1], "loss_smooth": [1.0, 1.0]})
     front = pd.DataFrame({"batch_size": [8, 8], "target": [100.0, 200.0],
                           "learning_rate": [0.1, 0.3]})
-    assert best_runs(runs, metrics, front, higher_is_better=True)["run_id"].tolist() == ["b"]
-    assert best_runs(runs, metrics, front, higher_is_better=False)["run_id"].tolist() == ["a"]
+    assert best_runs(runs, metrics, front, RISING)["run_id"].tolist() == ["b"]
+    assert best_runs(runs, metrics, front, FALLING)["run_id"].tolist() == ["a"]
     assert hardest([100.0, 200.0], True) == 200.0 and hardest([0.3, 0.1], False) == 0.1
     assert in_training_order([0.1, 0.3], False) == [0.3, 0.1]
     assert reached(201.0, 200.0, True) and not reached(0.2, 0.1, False)

@@ -9,8 +9,8 @@ import torch
 from typer.testing import CliRunner
 
 from gnsweep import store
-from gnsweep.analysis.report import analyze_sweep
 from gnsweep.cli import app
+from gnsweep.commands.analyze import analyze_sweep
 from gnsweep.config import compose
 from gnsweep.executors import execute_run
 from gnsweep.sweep import prepare

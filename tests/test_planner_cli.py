@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from gnsweep import store
 from gnsweep.cli import app
+from gnsweep.commands.plan import PLAN_FILE
 from gnsweep.config import compose
-from gnsweep.planner.orchestrate import PLAN_FILE
 
 runner = CliRunner()
 TINY = ["sweep=tiny", "--workers", "2"]

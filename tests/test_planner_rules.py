@@ -21,6 +21,7 @@ from gnsweep.planner.rules import (
     next_round,
     snap,
 )
+from gnsweep.targets import RISING
 
 BATCHES = [8, 16, 32, 64, 128, 256, 512, 1024]
 RATES = [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4]
@@ -236,7 +237,7 @@ def test_a_rising_metric_is_planned_as_its_mirrored_loss():
     for _ in range(100):
         loss = decide(outcomes, BATCHES, RATES, TARGETS, MAX_STEPS)
         rising = decide([mirrored(r) for r in outcomes], BATCHES, RATES, list(reversed(mirror)),
-                        MAX_STEPS, higher_is_better=True)
+                        MAX_STEPS, direction=RISING)
         assert [(p.batch_size, p.learning_rate, p.max_steps) for p in rising.proposals] == \
             [(p.batch_size, p.learning_rate, p.max_steps) for p in loss.proposals]
         assert rising.b_noise == {-t: v for t, v in loss.b_noise.items()}

@@ -18,8 +18,8 @@ import pytest
 from matplotlib.collections import PathCollection
 from sweep_tables import BATCHES, TARGETS, b_crit, best_lr, e_min, make_tables, s_min
 
-from gnsweep import plots
-from gnsweep.figures import save
+from gnsweep.commands.plot import save
+from gnsweep.report import figures as plots
 
 # name -> (x label words, y label words, x scale, y scale) of the first data axes.
 EXPECTED = {
@@ -230,7 +230,7 @@ def test_plotting_reads_no_files(monkeypatch):
 
 
 def test_plots_and_report_never_import_torch():
-    code = ("import sys, gnsweep.plots, gnsweep.html_report, gnsweep.figures; "
+    code = ("import sys, gnsweep.report.figures, gnsweep.report.html, gnsweep.commands.plot; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

@@ -72,7 +72,7 @@ def test_the_recipe_example_sweeps_analyzes_plots_and_reports(tmp_path):
         assert (metrics["grad_norm"] > 0).all() and metrics["eval_loss"].notna().any()
         assert (metrics["skipped_steps"] == 0).all()  # bf16 skips no step
     # The task's unit reaches the report (titled by the task) and `gnsweep compare`.
-    from gnsweep.comparison import load_sweep_fits
+    from gnsweep.commands.compare import load_sweep_fits
 
     compared = load_sweep_fits(sweep)
     assert (compared.task, compared.unit) == ("tinygpt.make_task", "tokens")

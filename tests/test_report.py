@@ -19,12 +19,13 @@ import pytest
 from sweep_tables import make_tables
 from typer.testing import CliRunner
 
-from gnsweep import plots
 from gnsweep.analysis.fit import predict_steps
 from gnsweep.cli import app
 from gnsweep.config import Config
-from gnsweep.figures import png_bytes
-from gnsweep.html_report import answers, collect_warnings, render, rounded
+from gnsweep.report import figures as plots
+from gnsweep.report.answers import answers, rounded
+from gnsweep.report.figures import png_bytes
+from gnsweep.report.html import collect_warnings, render
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -112,6 +112,7 @@ def test_linked_run_folders_and_files_are_refused(tmp_path):
         log_event(path.parent, "start", attempt=1)
     history.unlink()  # the advice, followed
     log_event(path.parent, "start", attempt=1)
+    (sweep / ".claims.lock").unlink()  # a launch takes it to write config.yaml
     (sweep / ".claims.lock").symlink_to(victim)
     with pytest.raises(store.StoreError, match="symbolic link"), store.exclusive(
             sweep / ".claims.lock"):
@@ -200,7 +201,7 @@ def test_the_html_report_masks_credentials_of_an_older_config():
     import pandas as pd
 
     from gnsweep.analysis.results import Results
-    from gnsweep.html_report import render
+    from gnsweep.report.html import render
 
     text = f"logger:\n  kind: mlflow\n  tracking_uri: https://bob:{SECRET}@mlflow.example/\n"
     empty = {name: pd.DataFrame(columns=list(store.RESULT_SCHEMAS[name].names))

@@ -93,6 +93,11 @@ def test_a_launcher_stopped_by_a_signal_takes_its_workers_down(tmp_path, signum)
     assert proc.returncode == 128 + signum, err
     assert "relaunch the same command" in err and "Traceback" not in err
     _wait_for(lambda: claims._pid_start(worker) is None, timeout=30)  # the worker is gone
+    # The worker did not stop (blocked) and was killed: its run went back to pending all the
+    # same, as the launcher says, and `gnsweep status` agrees.
+    assert "went back to pending" in err
+    assert store.read_status(run_path)["state"] == "pending"
+    assert not (run_path / claims.CLAIM).exists()
     # Its claim is free or stale: the next launch takes the run over.
     claim = claims.read_claim(run_path)
     assert claim is None or claims.is_stale(claim)

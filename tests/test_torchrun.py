@@ -44,6 +44,21 @@ def test_a_tiny_sweep_through_torchrun_matches_the_local_one(tmp_path):
     assert_same_fits_up_to_noise(local, ddp)
 
 
+def test_torchrun_leaves_no_scratch_files_outside_the_sweep_folder(tmp_path, monkeypatch):
+    from gnsweep.config import compose
+    from gnsweep.sweep import launch
+
+    scratch, sweep = tmp_path / "tmp", tmp_path / "sweep"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # where torchrun's agent would write
+    summary = launch(compose(["sweep=tiny", "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.3]",
+                              "sweep.max_steps=5", "executor=torchrun",
+                              "executor.nproc_per_node=2"]), sweep, show_progress=False)
+    assert len(summary.done) == 1
+    assert list(scratch.iterdir()) == []  # no torchelastic_*/.../attempt_0/{0,1}
+    assert list((sweep / "queue").iterdir()) == []  # its own scratch folder removed too
+
+
 def test_batch_sizes_that_do_not_split_over_the_workers_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="multiples of 2"):
         run_sweep(tmp_path, "executor=torchrun", "sweep.batch_sizes=[8,33]")

@@ -26,11 +26,10 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.steps import Curves, noise_rows, steps_to_target
+from gnsweep.tables import columns
+from gnsweep.targets import FALLING, Direction
 
-ADAPTIVE_COLUMNS = ["run_id", "exchange_rate", "eps_max", "seed", "target", "state", "reached",
-                    "steps", "examples", "mean_batch", "noise_source", "b_noise_mean", "gamma",
-                    "s_min", "e_min", "e_fixed", "e_predicted", "gain_predicted",
-                    "gain_measured", "front_product"]
+ADAPTIVE_COLUMNS = columns("adaptive")
 
 
 def gamma_of_path(b_noise: np.ndarray, weights: np.ndarray) -> float:
@@ -93,13 +92,13 @@ def subset(curves: Curves, keep: np.ndarray) -> Curves:
 
 def analyze_adaptive(curves: Curves, fits: pd.DataFrame, targets: list[float], *,
                      loss: str = "smoothed", ema_examples: float | None = None,
-                     higher_is_better: bool = False) -> pd.DataFrame:
+                     direction: Direction = FALLING) -> pd.DataFrame:
     """One row per (adaptive run, target): ADAPTIVE_COLUMNS (module docstring, docs/adaptive.md).
 
     `curves` holds adaptive runs only (`split_adaptive`), their `batch_size` the mean examples
     per step; `fits` the fixed-batch fits (target, s_min, e_min, refused)."""
     steps = steps_to_target(curves, None, targets, loss=loss, ema_examples=ema_examples,
-                            higher_is_better=higher_is_better)
+                            direction=direction)
     fitted = fits[fits["refused"].astype(str) == ""].set_index("target") if len(fits) else None
     step, examples = curves.columns["step"], curves.columns["examples"]
     noise, simple = noise_rows(curves, "noise"), noise_rows(curves, "simple")
@@ -146,7 +145,7 @@ def analyze_adaptive(curves: Curves, fits: pd.DataFrame, targets: list[float], *
     frame["reached"] = frame["reached"].astype(bool)
     frame["seed"] = frame["seed"].astype(int)
     return frame.sort_values(["target", "exchange_rate", "seed"],
-                             ascending=[higher_is_better, True, True]).reset_index(drop=True)
+                             ascending=[direction.ascending, True, True]).reset_index(drop=True)
 
 
 def format_adaptive(table: pd.DataFrame) -> str:

@@ -32,16 +32,13 @@ from gnsweep.analysis.pipeline import AnalysisError, analyze_steps, ratio_with_e
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.smoothing import SMOOTHING_FRACTION
 from gnsweep.analysis.steps import Curves, loss_curve, noise_rows, steps_to_target
-from gnsweep.targets import relative_target
+from gnsweep.tables import columns
+from gnsweep.targets import FALLING, Direction
 
 GROUP = "at_examples"
 """The runs-table column naming a branch run's point (examples the base run had seen), and the
 column the per-point tables are grouped by (`analysis.groups`)."""
-ALONG_COLUMNS = ["at_examples", "at_step", "at_loss", "target", "target_value", "n_runs",
-                 "n_batch_sizes", "s_min", "s_min_se", "e_min", "e_min_se", "b_crit",
-                 "b_crit_se", "rmse_log", "b_simple", "b_noise", "ratio", "ratio_se",
-                 "ratio_noise", "ratio_noise_se", "b_simple_mean", "b_noise_mean", "quality",
-                 "refused", "bcrit_status", "bcrit_reason", "b_crit_bound"]
+ALONG_COLUMNS = columns("along")
 """along.parquet: one row per (branch point, target). `target` is the fraction of `branch.targets`,
 `target_value` the loss (or metric) it stands for at that point; `b_simple`, `b_noise` the base
 run's noise scales at the point; `ratio` = b_crit / b_simple, `ratio_noise` = b_crit / b_noise;
@@ -49,7 +46,7 @@ run's noise scales at the point; `ratio` = b_crit / b_simple, `ratio_noise` = b_
 (median over the best runs, as in fits.parquet); `bcrit_status` (fit, lower_bound, upper_bound,
 refused), `bcrit_reason` and `b_crit_bound` as in fits.parquet: a local B_crit outside what the
 point's batch sizes support is a bound or refused, with NaN in `b_crit`."""
-BASE_COLUMNS = ["step", "examples", "loss", "b_simple", "b_noise"]
+BASE_COLUMNS = columns("along_base")
 """along_base.parquet: the base run's smoothed loss and noise scales per logged row (for the
 figure: the noise scale the local B_crit is compared with, over the whole run)."""
 
@@ -113,7 +110,7 @@ def _span(x: np.ndarray) -> str:
 
 def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[float], *,
                   loss: str = "smoothed", ema_examples: float | None = None,
-                  bootstrap: int = 0, optimizer: str = "sgd", higher_is_better: bool = False,
+                  bootstrap: int = 0, optimizer: str = "sgd", direction: Direction = FALLING,
                   source: str = "branch") -> Results:
     """One analysis per branch point (runs whose `at_examples` column names it) to its relative
     targets, put together grouped by `at_examples` (`analysis.groups`), with `along`: one row
@@ -133,12 +130,12 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
     warnings: list[str] = []
     for point in sorted(points, key=lambda p: p.at_examples):
         sub = subset(curves, at == point.at_examples)
-        values = [relative_target(point.at_loss, f, higher_is_better) for f in fractions]
+        values = [direction.relative_target(point.at_loss, f) for f in fractions]
         fits = pd.DataFrame()
         why = f"no branch runs from {point.at_examples} examples" if not len(sub.runs) else ""
         if not why:
             steps = steps_to_target(sub, None, values, loss=loss, ema_examples=ema_examples,
-                                    higher_is_better=higher_is_better)
+                                    direction=direction)
             started = _reached_at_start(steps, sub, loss)
             if started.any():
                 warnings.append(
@@ -152,7 +149,7 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
                     steps[steps["target"].isin(reached)].reset_index(drop=True), reached,
                     bootstrap=bootstrap, optimizer=optimizer,
                     meta={"source": source, "loss": loss, "ema_examples": ema_examples,
-                          "higher_is_better": higher_is_better,
+                          **direction.to_meta(),
                           "smoothing": SMOOTHING_FRACTION if loss == "smoothed"
                           and not ema_examples else None})
                 parts[str(point.at_examples)] = part
@@ -242,9 +239,7 @@ def format_along(along: pd.DataFrame, unit: str = "examples") -> str:
     return "\n".join(lines)
 
 
-SCHEDULE_COLUMNS = ["run_id", "seed", "target", "state", "reached", "steps", "examples",
-                    "mean_batch", "best_batch", "best_lr", "best_steps", "best_examples",
-                    "steps_ratio", "examples_ratio", "front_steps", "front_ratio"]
+SCHEDULE_COLUMNS = columns("along_schedule")
 """along_schedule.parquet: one row per (along run, target): its steps and examples to the target
 against the fixed batch size that reached it in the fewest steps at its best learning rate
 (front.parquet); `steps_ratio` = steps / best_steps (below 1: fewer steps, the 2025 paper's
@@ -267,12 +262,12 @@ def split_along(curves: Curves) -> tuple[Curves, Curves | None]:
 def compare_schedule(curves: Curves, front: pd.DataFrame, targets: list[float], *,
                      fits: pd.DataFrame | None = None, loss: str = "smoothed",
                      ema_examples: float | None = None,
-                     higher_is_better: bool = False) -> pd.DataFrame:
+                     direction: Direction = FALLING) -> pd.DataFrame:
     """SCHEDULE_COLUMNS for the along runs in `curves` (`split_along`) against the fixed-batch
     front: for each target, steps and examples (interpolated at the fractional step, as the
     examples column counts them) beside the fastest fixed batch size's."""
     steps = steps_to_target(curves, None, targets, loss=loss, ema_examples=ema_examples,
-                            higher_is_better=higher_is_better)
+                            direction=direction)
     step, examples = curves.columns["step"], curves.columns["examples"]
     position = {run_id: i for i, run_id in enumerate(curves.runs["run_id"])}
     rows = []

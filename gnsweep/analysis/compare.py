@@ -1,6 +1,6 @@
 """The paper's headline comparison across sweeps: B_crit (eq. 2.12) against the noise scale
 B_simple measured in the same runs, one row per sweep x target. Pure: the sweeps' fits come in
-as tables (`gnsweep.comparison` reads them from the sweep folders), one table goes out.
+as tables (`gnsweep.commands.compare` reads them from the sweep folders), one table goes out.
 
 The paper's claim (section 3, fig. 4): across domains whose B_crit differs by orders of
 magnitude, B_crit is about B_simple averaged over training up to the target (the S_min-weighted
@@ -15,12 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-COMPARE_COLUMNS = [
-    "task", "sweep", "sweep_dir", "metric", "higher_is_better", "unit", "target",
-    "n_batch_sizes", "b_crit", "b_crit_se", "b_simple_mean", "b_simple_mean_se",
-    "b_simple_at_target", "b_simple_at_target_se", "b_noise_mean", "b_noise_mean_se",
-    "ratio", "ratio_se", "ratio_noise", "refused", "quality",
-]
+from gnsweep.tables import columns
+from gnsweep.targets import KEY as DIRECTION_KEY
+from gnsweep.targets import Direction
+
+COMPARE_COLUMNS = columns("compare")
 """compare.parquet's columns (docs/compare.md says what each means)."""
 
 _FROM_FITS = ["n_batch_sizes", "b_crit", "b_crit_se", "b_simple_mean", "b_simple_mean_se",
@@ -38,7 +37,8 @@ class SweepFits:
     sweep_dir: str
     metric: str
     """What the targets are values of: "loss", or the task's own metric ("return")."""
-    higher_is_better: bool
+    direction: Direction | bool
+    """Which way the targets are reached (a declared flag is read as `Direction.of` it)."""
     unit: str
     """What B counts: examples, tokens, environment steps."""
     fits: pd.DataFrame
@@ -56,7 +56,8 @@ def compare_rows(sweeps: list[SweepFits]) -> pd.DataFrame:
         for i in range(len(fits)):
             fit = fits.iloc[i]
             row: dict = {"task": sweep.task, "sweep": sweep.sweep, "sweep_dir": sweep.sweep_dir,
-                         "metric": sweep.metric, "higher_is_better": sweep.higher_is_better,
+                         "metric": sweep.metric,
+                         DIRECTION_KEY: Direction.of(sweep.direction).rises,
                          "unit": sweep.unit, "target": float(fit["target"])}
             for name in _FROM_FITS:
                 text = name in ("refused", "quality")
@@ -68,7 +69,7 @@ def compare_rows(sweeps: list[SweepFits]) -> pd.DataFrame:
             rows.append(row)
     out = pd.DataFrame(rows, columns=COMPARE_COLUMNS)
     out["n_batch_sizes"] = out["n_batch_sizes"].fillna(0).astype(np.int64)
-    out["higher_is_better"] = out["higher_is_better"].astype(bool)
+    out[DIRECTION_KEY] = out[DIRECTION_KEY].astype(bool)
     return out
 
 
@@ -93,23 +94,3 @@ def log_error_bars(values: np.ndarray, errors: np.ndarray) -> np.ndarray:
     v = np.asarray(values, float)
     e = np.nan_to_num(np.asarray(errors, float), nan=0.0)
     return np.vstack([np.minimum(e, 0.9 * v), e])
-
-
-def format_compare(table: pd.DataFrame) -> str:
-    """The comparison as a plain-text table for the console."""
-    def pm(value: float, se: float) -> str:
-        if not np.isfinite(value):
-            return "-"
-        return f"{value:.4g} ± {se:.2g}" if np.isfinite(se) else f"{value:.4g}"
-
-    head = (f"{'task':<10}{'sweep':<14}{'target':>10}  {'B_crit':<20}{'B_simple (mean)':<20}"
-            f"{'ratio':<16}unit")
-    lines = [head]
-    for row in table.itertuples(index=False):
-        ratio = pm(row.ratio, row.ratio_se)
-        note = f"  (no fit: {row.refused})" if row.refused else ""
-        lines.append(f"{row.task:<10}{row.sweep[:13]:<14}{row.target:>10.4g}  "
-                     f"{pm(row.b_crit, row.b_crit_se):<20}"
-                     f"{pm(row.b_simple_mean, row.b_simple_mean_se):<20}{ratio:<16}"
-                     f"{row.unit}{note}")
-    return "\n".join(lines)

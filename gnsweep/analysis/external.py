@@ -14,9 +14,11 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.groups import combine
-from gnsweep.analysis.pipeline import Analysis, AnalysisError, analyze_steps, analyze_tables
+from gnsweep.analysis.pipeline import AnalysisError, analyze_steps, analyze_tables
+from gnsweep.analysis.results import Results
 from gnsweep.analysis.steps import STEPS_COLUMNS, curves_from_frames
 from gnsweep.errors import shown as show_value
+from gnsweep.tables import BEST_VALUE
 
 STEPS_REQUIRED = ("batch_size", "target", "steps")
 CURVES_REQUIRED = ("run_id", "batch_size", "learning_rate", "step", "loss")
@@ -117,7 +119,7 @@ def steps_from_table(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
         "examples": steps * batch, "b_simple_at_target": optional["b_simple"],
         "b_simple_mean": optional["b_simple_mean"], "outcome": "reached",
         "b_noise_at_target": optional["b_noise"], "b_noise_mean": optional["b_noise_mean"],
-        "min_loss": np.nan, "last_step": np.nan, "b_simple_true_mean": np.nan,
+        BEST_VALUE: np.nan, "last_step": np.nan, "b_simple_true_mean": np.nan,
         "b_noise_true_mean": np.nan, "drift_share": np.nan, "lr_share": np.nan})
     return out[STEPS_COLUMNS]
 
@@ -155,7 +157,7 @@ def curves_from_table(path: Path, frame: pd.DataFrame, loss: str):
 
 def analyze_table(path: Path, targets: list[float] | None = None, loss: str = "smoothed",
                   ema_examples: float | None = None, bootstrap: int = 0,
-                  optimizer: str = "sgd", group_by: str | None = None) -> Analysis:
+                  optimizer: str = "sgd", group_by: str | None = None) -> Results:
     """Analyze a table of external measurements; writes nothing.
 
     `group_by` names a column (workload, model...): one analysis per value, put back together
@@ -194,7 +196,7 @@ def analyze_table(path: Path, targets: list[float] | None = None, loss: str = "s
 
 
 def _analyze_frame(path: Path, frame: pd.DataFrame, targets: list[float] | None, loss: str,
-                   ema_examples: float | None, bootstrap: int, optimizer: str) -> Analysis:
+                   ema_examples: float | None, bootstrap: int, optimizer: str) -> Results:
     shape = table_shape(path, frame)
     if shape == "steps":
         steps = steps_from_table(path, frame)

@@ -7,13 +7,12 @@ import math
 import numpy as np
 import pandas as pd
 
-BEST_COLUMNS = ["target", "batch_size", "learning_rate", "steps", "examples", "n_lr_reached",
-                "lr_on_edge", "b_simple_at_target", "b_simple_mean"]
-EXTRA_COLUMNS = ["n_lr", "lr_edge", "lr_opt", "n_seeds", "b_noise_at_target", "b_noise_mean",
-                 "b_simple_true_mean", "b_noise_true_mean", "drift_share", "budget_share",
-                 "lr_share", "late"]
-FRONT_COLUMNS = [*BEST_COLUMNS, "on_front", *EXTRA_COLUMNS, "steps_fit", "resid_log", "in_fit",
-                 "left_out"]
+from gnsweep.tables import columns
+
+FRONT_COLUMNS = columns("front")
+BEST_COLUMNS = FRONT_COLUMNS[:FRONT_COLUMNS.index("on_front")]
+"""The best learning rate's row per (target, batch size), before the front is marked."""
+EXTRA_COLUMNS = FRONT_COLUMNS[len(BEST_COLUMNS) + 1:FRONT_COLUMNS.index("steps_fit")]
 LATE_BUDGET_SHARE = 0.85
 """A point reached after this share of its run's logged steps is late: the centred smoother's
 window is cut at a run's end, and a budget's last stretch is where a schedule decays. A run that

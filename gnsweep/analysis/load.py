@@ -11,8 +11,7 @@ import pyarrow.parquet as pq
 
 from gnsweep import store
 from gnsweep.analysis.steps import CURVE_COLUMNS, Curves
-from gnsweep.config import Config
-from gnsweep.runs import check_record, expected_record_config, parse_spec
+from gnsweep.runs import verify_folder
 
 METRIC_COLUMNS = ["step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise"]
 OPTIONAL_COLUMNS = [c for c in CURVE_COLUMNS if c not in METRIC_COLUMNS]
@@ -21,32 +20,33 @@ ANALYSIS_COLUMNS = frozenset(METRIC_COLUMNS + OPTIONAL_COLUMNS)
 
 
 def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[pa.Table | None]]:
-    store.require_sweep(sweep_dir)
-    expected = expected_record_config(Config.load(sweep_dir))
+    # Every run file checked against config.yaml first: a run of another task or recipe would
+    # change the answer (refused, named).
+    _, specs = verify_folder(sweep_dir)
     runs, tables = [], []
-    for run_id in store.run_ids(sweep_dir):
+    for run_id, spec in specs.items():
         path = store.run_dir(sweep_dir, run_id)
-        record = store.read_json(path / store.RUN_CONFIG)
-        state = store.read_status(path)["state"]
-        if isinstance(record, dict) and "config" in record:
-            # A run of another task or recipe would change the answer: refused, named.
-            spec = check_record(record, path / store.RUN_CONFIG, run_id, expected)
-        else:  # a bare grid point (a table written by other tools): every field type-checked
-            spec = parse_spec(record.get("run") if isinstance(record, dict) else None,
-                              path / store.RUN_CONFIG)
+        status = store.read_status(path)
+        state = status["state"]
         row = {"run_id": run_id, "batch_size": spec.batch_size,
                "learning_rate": spec.learning_rate, "seed": spec.seed, "state": state,
                "exchange_rate": spec.exchange_rate, "at_examples": spec.at_examples,
                "along": spec.along, "problem": ""}
         table = None
         if state in store.FINISHED:
-            # A finished run without readable metrics is named, never dropped in silence.
-            if not (path / store.METRICS).exists():
+            # A finished run without readable metrics, or whose rows disagree with what it
+            # recorded, is named, never dropped or analysed in silence.
+            if not (path / store.METRICS).exists() or (path / store.METRICS).is_symlink():
                 row.update(state="corrupt", problem=f"recorded {state}, but its "
                            f"{store.METRICS} is missing")
             else:
                 try:
                     table = _read_metrics(path / store.METRICS)
+                    problem = _disagrees(path, table, status)
+                    if problem is not None:
+                        row.update(state="corrupt", problem=f"recorded {state}, but its "
+                                   f"{store.METRICS} is {problem}")
+                        table = None
                 except store.StoreError as err:
                     if not skip_corrupt:
                         raise store.StoreError(
@@ -65,6 +65,15 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
     frame = pd.DataFrame(runs)
     frame["batch_size"] = batch_in_examples(frame["batch_size"].to_numpy(), tables)
     return frame, tables
+
+
+def _disagrees(path: Path, table: pa.Table, status: dict) -> str | None:
+    """How a finished run's rows disagree with its status.json (`store.rows_disagree`)."""
+    def last() -> dict:
+        return {name: table.column(name)[-1].as_py() for name in ("step", "examples")}
+
+    return store.rows_disagree(status, table.num_rows, last,
+                               lambda: store.log_every(path))
 
 
 def batch_in_examples(samples: np.ndarray, tables: list[pa.Table | None]) -> np.ndarray:

@@ -15,8 +15,9 @@ import math
 import numpy as np
 import pandas as pd
 
-LOSS_SCALING_COLUMNS = ["n_targets", "b_star", "b_star_se", "alpha_b", "alpha_b_se", "rmse_log",
-                        "refused"]
+from gnsweep.tables import columns
+
+LOSS_SCALING_COLUMNS = columns("loss_scaling")
 
 
 def fit_loss_scaling(fits: pd.DataFrame) -> pd.DataFrame:

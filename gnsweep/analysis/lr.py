@@ -20,11 +20,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from gnsweep import lr_law
 from gnsweep.analysis.bounds import FIT, REFUSED, judge_scale
 from gnsweep.analysis.fit import FitRefused, least_squares_fit
+from gnsweep.tables import columns
 
-LR_FIT_COLUMNS = ["target", "model", "n_points", "eps_max", "eps_max_se", "b_noise", "b_noise_se",
-                  "alpha", "alpha_se", "rmse_log", "refused", "status", "b_noise_bound"]
+LR_FIT_COLUMNS = columns("lr_fits")
 MODELS = ("sgd", "power")
 RUNAWAY = 1000.0
 """A fitted B_noise more than this factor outside the measured batch sizes is a fit running
@@ -56,8 +57,8 @@ class LrFit:
 
 def eps_opt(batch_size: np.ndarray, eps_max: float, b_noise: float, alpha: float = 1.0
             ) -> np.ndarray:
-    """eps_opt(B) = eps_max / (1 + (B_noise/B)^alpha) (SGD, section 2, for alpha = 1)."""
-    return eps_max / (1.0 + (b_noise / np.asarray(batch_size, float)) ** alpha)
+    """eps_opt(B) = eps_max / (1 + (B_noise/B)^alpha) (`lr_law.eps_opt`), one per batch size."""
+    return np.asarray(lr_law.eps_opt(np.asarray(batch_size, float), eps_max, b_noise, alpha))
 
 
 def fit_lr(batch_size: np.ndarray, lr: np.ndarray, model: str = "sgd") -> LrFit:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gnsweep import store
 from gnsweep.analysis.bounds import FIT, REFUSED
 from gnsweep.analysis.fit import FitRefused, fit_hyperbola, predict_steps
 from gnsweep.analysis.front import (
@@ -25,51 +26,39 @@ from gnsweep.analysis.results import Results
 from gnsweep.analysis.smoothing import SMOOTHING_FRACTION
 from gnsweep.analysis.steps import Curves, curves_from_frames, steps_to_target
 from gnsweep.errors import StoreError
-from gnsweep.targets import in_training_order, rising
+from gnsweep.tables import BEST_VALUE, columns
+from gnsweep.targets import FALLING, Direction
 
-FIT_COLUMNS = ["target", "n_batch_sizes", "s_min", "s_min_se", "e_min", "e_min_se", "b_crit",
-               "b_crit_se", "rmse_log", "b_simple_at_target", "b_simple_mean", "ratio",
-               "refused"]
-FIT_EXTRA_COLUMNS = [
-    "dof", "max_abs_resid_log", "n_bootstrap", "s_min_lo", "s_min_hi", "e_min_lo", "e_min_hi",
-    "b_crit_lo", "b_crit_hi", "b_simple_at_target_se", "b_simple_mean_se", "ratio_se",
-    "ratio_at_target", "ratio_at_target_se", "b_noise_at_target", "b_noise_at_target_se",
-    "b_noise_mean", "b_noise_mean_se", "ratio_noise", "ratio_noise_se", "lr_model", "eps_max",
-    "eps_max_se", "b_noise_lr", "b_noise_lr_se", "lr_alpha", "lr_alpha_se", "lr_refused",
-    "quality", "b_simple_true_mean", "b_noise_true_mean", "drift_share", "b_crit_window_lo",
-    "b_crit_window_hi", "b_crit_window_spread", "bcrit_status", "bcrit_reason", "b_crit_bound",
-    "n_left_out", "censored", "lr_status"]
+ALL_FIT_COLUMNS = columns("fits")
+FIT_COLUMNS = ALL_FIT_COLUMNS[:ALL_FIT_COLUMNS.index("dof")]
+"""The fit's own columns; FIT_EXTRA_COLUMNS its errors, bounds and the quantities beside it."""
+FIT_EXTRA_COLUMNS = ALL_FIT_COLUMNS[len(FIT_COLUMNS):]
 WINDOW_SPREAD_WARNING = 0.2
 """Warn when B_crit moves more than this (relative) between half and double smoothing windows."""
 DRIFT_SHARE_WARNING = 0.25
 """Warn when the drift flag is up on more than this share of the best runs' steps to a target."""
-ALL_FIT_COLUMNS = FIT_COLUMNS + FIT_EXTRA_COLUMNS
-OUTPUT_FILES = ("steps.parquet", "front.parquet", "fits.parquet", "lr_fits.parquet",
-                "loss_scaling.parquet", "fits.json")
+OUTPUT_FILES = (*(store.result_file(name) for name in
+                  ("steps", "front", "fits", "lr_fits", "loss_scaling")), store.FITS_JSON)
 
 
 class AnalysisError(StoreError):
     """The data cannot support an analysis (no run reached a target, bad table); names why."""
 
 
-Analysis = Results
-"""The analysis's name for the one results type (`gnsweep.analysis.results.Results`)."""
-
-
 def analyze_tables(runs: pd.DataFrame | None, metrics: pd.DataFrame | Curves, targets: list[float],
                    loss: str = "smoothed", *, ema_examples: float | None = None,
                    bootstrap: int = 0, optimizer: str = "sgd", source: str = "sweep",
-                   higher_is_better: bool = False) -> Analysis:
+                   direction: Direction | bool = FALLING) -> Results:
     """Steps-to-target from curves, then everything `analyze_steps` does; with the centred
     smoother, B_crit again at half and double its window (`window_robustness`).
 
-    `higher_is_better`: the targets are values of a metric that rises to them (a return).
+    `direction`: which way the targets are reached (`RISING` for a metric such as a return).
     """
     curves = metrics if isinstance(metrics, Curves) else curves_from_frames(runs, metrics)
     steps = steps_to_target(curves, None, targets, loss=loss, ema_examples=ema_examples,
-                            higher_is_better=higher_is_better)
+                            direction=direction)
     meta = {"source": source, "loss": loss, "ema_examples": ema_examples,
-            "higher_is_better": higher_is_better,
+            **Direction.of(direction).to_meta(),
             "smoothing": SMOOTHING_FRACTION if loss == "smoothed" and not ema_examples else None}
     result = analyze_steps(steps, targets, bootstrap=bootstrap, optimizer=optimizer, meta=meta)
     if meta["smoothing"] is not None and np.isfinite(curves.columns["loss"]).any():
@@ -77,7 +66,7 @@ def analyze_tables(runs: pd.DataFrame | None, metrics: pd.DataFrame | Curves, ta
     return result
 
 
-def window_robustness(curves: Curves, targets: list[float], result: Analysis) -> None:
+def window_robustness(curves: Curves, targets: list[float], result: Results) -> None:
     """B_crit refitted with the loss smoothed over half and double the default window:
     `b_crit_window_lo`/`_hi` (at half / double) and `b_crit_window_spread` (max - min of the
     three over the default), with a warning where the spread exceeds 20%."""
@@ -111,7 +100,7 @@ def window_robustness(curves: Curves, targets: list[float], result: Analysis) ->
 
 
 def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int = 0,
-                  optimizer: str = "sgd", meta: dict[str, Any] | None = None) -> Analysis:
+                  optimizer: str = "sgd", meta: dict[str, Any] | None = None) -> Results:
     """Best learning rates, fronts, the fits of eq. 2.11, eps_opt(B) and B_crit(L)."""
     meta = {"source": "table", **(meta or {}), "bootstrap": bootstrap, "optimizer": optimizer,
             "n_runs": int(steps["run_id"].nunique()) if "run_id" in steps else len(steps)}
@@ -120,7 +109,7 @@ def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int =
         raise AnalysisError(f"{where}: nothing to analyze (no runs or no targets)")
     for target in targets:
         if not steps.loc[steps["target"] == target, "reached"].any():
-            closest = _closest(steps, bool(meta.get("higher_is_better")))
+            closest = _closest(steps, Direction.from_meta(meta))
             raise AnalysisError(f"{where}: target {target:g}: no run reached it{closest}; "
                                 "train longer or choose reachable targets (--targets)")
     best = best_per_batch(steps)
@@ -134,23 +123,21 @@ def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int =
                                     lr_fits[(lr_fits["target"] == t)
                                             & (lr_fits["model"] == lr_model)],
                                     censored[censored["target"] == t])
-                         for t in in_training_order(targets, rising(meta))],
+                         for t in Direction.from_meta(meta).in_training_order(targets)],
                         columns=ALL_FIT_COLUMNS)
     for name in ("n_batch_sizes", "dof", "n_bootstrap", "n_left_out"):
         fits[name] = fits[name].astype(int)
     _add_residuals(front, fits)
-    return Analysis(steps, front, fits, warnings, lr_fits, fit_loss_scaling(fits), meta)
+    return Results(steps, front, fits, warnings, lr_fits, fit_loss_scaling(fits), meta)
 
 
-def _closest(steps: pd.DataFrame, higher_is_better: bool = False) -> str:
-    # min_loss holds each run's best value: the lowest loss, or the highest rising metric.
-    if "min_loss" not in steps or not np.isfinite(steps["min_loss"]).any():
+def _closest(steps: pd.DataFrame, direction: Direction = FALLING) -> str:
+    # The steps' BEST_VALUE column holds each run's best value in the target's direction.
+    if BEST_VALUE not in steps or not np.isfinite(steps[BEST_VALUE]).any():
         return ""
-    if higher_is_better:
-        row = steps.loc[steps["min_loss"].idxmax()]
-        return f" (highest value {row['min_loss']:.4g}, run {row['run_id']})"
-    row = steps.loc[steps["min_loss"].idxmin()]
-    return f" (lowest loss {row['min_loss']:.4g}, run {row['run_id']})"
+    values = steps[BEST_VALUE].astype(float)
+    row = steps.loc[(direction.as_loss(values)).idxmin()]
+    return f" ({direction.best_label()} {row[BEST_VALUE]:.4g}, run {row['run_id']})"
 
 
 def _grid_warnings(best: pd.DataFrame) -> list[str]:

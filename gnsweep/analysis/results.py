@@ -1,20 +1,25 @@
 """The one results type of an analysis: the tables `gnsweep analyze` derives from a sweep
 (steps, front, fits, lr_fits, loss_scaling), its warnings and provenance, and, for figures and
-the report, the runs and metrics they came from. Pure: `gnsweep.store` reads and writes it.
+the report, the runs and metrics they came from. Pure but for `read_results`, which makes one
+from the tables `gnsweep.store` reads; the tables' columns are `gnsweep.tables`'.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from gnsweep.analysis.adaptive import ADAPTIVE_COLUMNS
-from gnsweep.analysis.loss_scaling import LOSS_SCALING_COLUMNS
-from gnsweep.analysis.lr import LR_FIT_COLUMNS
+from gnsweep import store
+from gnsweep.tables import columns
+
+ADAPTIVE_COLUMNS = columns("adaptive")
+LOSS_SCALING_COLUMNS = columns("loss_scaling")
+LR_FIT_COLUMNS = columns("lr_fits")
 
 
 @dataclass
@@ -86,3 +91,10 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.bool_):
         return bool(value)
     return value
+
+
+def read_results(sweep_dir: Path) -> Results:
+    """The results an analysis wrote into a sweep folder (`store.read_result_tables`). Tables
+    that an older version did not write (lr_fits, loss_scaling) read as empty; steps, front and
+    fits must exist."""
+    return Results(**store.read_result_tables(sweep_dir))

@@ -27,6 +27,8 @@ from gnsweep.analysis.smoothing import (
     interpolate_log_steps,
     pooled_probes,
 )
+from gnsweep.tables import BEST_VALUE, columns
+from gnsweep.targets import FALLING, Direction
 
 LOSS_COLUMNS = {"smoothed": "loss_smooth", "raw": "loss", "eval": "eval_loss",
                 "metric": "metric"}
@@ -36,10 +38,7 @@ CURVE_COLUMNS = ("step", "examples", "loss", "loss_smooth", "eval_loss", "b_simp
                  "b_simple_true", "b_noise_true", "metric", "lr")
 RUN_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "state"]
 
-STEPS_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "target", "state", "reached",
-                 "steps", "examples", "b_simple_at_target", "b_simple_mean", "outcome",
-                 "b_noise_at_target", "b_noise_mean", "min_loss", "last_step",
-                 "b_simple_true_mean", "b_noise_true_mean", "drift_share", "lr_share"]
+STEPS_COLUMNS = columns("steps")
 DRIFT_LIMIT = 2.0
 """A step's drift flag: |G|^2 changed more than this factor inside the noise-scale window."""
 
@@ -173,8 +172,8 @@ def noise_rows(curves: Curves, scale: str) -> np.ndarray:
 
 def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, targets: list[float],
                     loss: str = "smoothed", ema_examples: float | None = None,
-                    smoothing: float = SMOOTHING_FRACTION, higher_is_better: bool = False
-                    ) -> pd.DataFrame:
+                    smoothing: float = SMOOTHING_FRACTION,
+                    direction: Direction | bool = FALLING) -> pd.DataFrame:
     """One row per (run, target): whether and when the run reached the target.
 
     `metrics` is a long table (run_id, step, the loss column, b_simple, ...) with `runs`
@@ -192,8 +191,9 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     `drift_share`: the share of rows up to the target whose drift flag says |G|^2 changed more
     than 2x inside the noise-scale window.
 
-    `higher_is_better` (a task's metric such as a return): a target is reached when the value
-    rises to it, and `min_loss` holds the best (largest) value reached.
+    `direction` (`RISING` for a task's metric such as a return): a target is reached when the
+    value rises to it, and the `min_loss` column (`BEST_VALUE`) holds the best (largest) value
+    reached.
 
     `lr_share`: the learning rate logged at the target over the run's largest logged one (NaN
     where no learning rate is logged, or when the target came before the peak, in a warmup): how
@@ -201,11 +201,11 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     """
     curves = metrics if isinstance(metrics, Curves) else curves_from_frames(runs, metrics)
     x, values = loss_curve(curves, loss, ema_examples, smoothing)
-    # A metric that rises to its targets: negate values and targets, so every comparison
-    # below is the loss's (NaN, a metric not measured yet, reaches nothing either way).
-    sign = -1.0 if higher_is_better else 1.0
-    if higher_is_better:
-        values = sign * values
+    # Every comparison below is the loss's: the direction turns a rising metric's values and
+    # targets lower-is-better (NaN, a metric not measured yet, reaches nothing either way).
+    direction = Direction.of(direction)
+    sign = direction.sign
+    values = direction.as_loss(values)
     n_runs = len(curves.runs)
     starts, ends = curves.offsets[:-1], curves.offsets[1:]
     has_rows = ends > starts
@@ -214,16 +214,14 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     usable = has_rows & (state != "diverged")
     step = curves.columns["step"]
 
-    min_loss = np.full(n_runs, np.nan)
+    best_value = np.full(n_runs, np.nan)
     last_step = np.full(n_runs, np.nan)
     if has_rows.any():
         # Never better than any value the run logged: a local-linear window at a blow-up (a
         # NaN loss after a steep rise) can dip below every logged loss, even below zero.
-        logged = _logged(curves, loss)
-        if higher_is_better:
-            logged = sign * logged
+        logged = direction.as_loss(_logged(curves, loss))
         with np.errstate(invalid="ignore"):
-            min_loss[has_rows] = sign * np.fmax(np.fmin.reduceat(values, starts[has_rows]),
+            best_value[has_rows] = sign * np.fmax(np.fmin.reduceat(values, starts[has_rows]),
                                                 np.fmin.reduceat(logged, starts[has_rows]))
         last_step[has_rows] = step[ends[has_rows] - 1]
     lr = curves.columns["lr"]
@@ -260,7 +258,7 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
         part["b_simple_at_target"], part["b_simple_mean"] = simple.at(at, reached)
         part["outcome"] = outcome
         part["b_noise_at_target"], part["b_noise_mean"] = noise.at(at, reached)
-        part["min_loss"] = min_loss
+        part[BEST_VALUE] = best_value
         part["last_step"] = last_step
         part["b_simple_true_mean"] = simple_true.at(at, reached)[1]
         part["b_noise_true_mean"] = noise_true.at(at, reached)[1]

@@ -28,8 +28,8 @@ import pyarrow.parquet as pq
 
 from gnsweep import store
 from gnsweep.analysis.load import METRIC_COLUMNS
-from gnsweep.analysis.report import analyze_sweep
 from gnsweep.analysis.steps import CURVE_COLUMNS
+from gnsweep.commands.analyze import analyze_sweep
 
 TARGETS = (1.0, 0.5, 0.25)
 

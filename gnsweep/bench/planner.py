@@ -26,9 +26,9 @@ GOAL_B_CRIT = 0.25
 
 def main(argv: list[str]) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from gnsweep.analysis.report import analyze_sweep
+    from gnsweep.commands.analyze import analyze_sweep
+    from gnsweep.commands.plan import examples_processed, plan
     from gnsweep.config import compose
-    from gnsweep.planner.orchestrate import examples_processed, plan
     from gnsweep.sweep import launch
 
     parser = argparse.ArgumentParser(prog="gnsweep bench planner")

@@ -30,7 +30,7 @@ from gnsweep.tracking import METRICS, RunLogger, make_logger
 runnable = needs_running
 """Whether a run still needs running (the retry rule lives in `gnsweep.runs.needs_running`)."""
 
-HISTORY = "attempts.jsonl"
+HISTORY = store.HISTORY
 """Append-only log of a run's attempts (start, end, stopped, died), one JSON object a line."""
 PREEMPTED = 75
 """Exit code of a worker stopped by Slurm's warning ahead of a time limit or preemption
@@ -166,13 +166,18 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
     watchdog = None
     if writer:
         assert claim is not None, "rank 0 trains only runs it has claimed"
-        attempts = int(store.read_status(path).get("attempts", 0)) + 1
-        where = placed()  # host, GPUs, device: "where did this run train?"
-        # Logged before the status says running: whoever sees `running` finds the start.
-        log_event(path, "start", attempt=attempts, **where)
-        store.write_status(path, RunState.RUNNING, attempts=attempts, host=socket.gethostname(),
-                           pid=os.getpid(), slurm_job_id=claims.slurm_job_id(),
-                           started=time.time(), traceback=None, **where)
+        try:
+            attempts = int(store.read_status(path).get("attempts", 0)) + 1
+            where = placed()  # host, GPUs, device: "where did this run train?"
+            # Logged before the status says running: whoever sees `running` finds the start.
+            log_event(path, "start", attempt=attempts, **where)
+            store.write_status(path, RunState.RUNNING, attempts=attempts,
+                               host=socket.gethostname(), pid=os.getpid(),
+                               slurm_job_id=claims.slurm_job_id(), started=time.time(),
+                               traceback=None, **where)
+        except BaseException:
+            claim.release()  # refused before it started (a link, a full disk): not held
+            raise
         watchdog = start_watchdog(path, attempts, claim)
         claims.heartbeat().add(claim, alive=watchdog.alive)
     try:
@@ -183,6 +188,25 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
         if writer and claim is not None:
             claims.heartbeat().discard(claim)
             claim.release()
+
+
+def stopped_by_launcher(sweep_dir: Path, run_id: str) -> None:
+    """Record a run whose worker its launcher stopped, killed when it did not stop in time (a
+    task blocked in a system call): back to pending with its claim released, as a worker that
+    stops cleanly leaves it, so that the launcher's "went back to pending" and `gnsweep status`
+    agree. Nothing is done while a live owner holds the run."""
+    path = store.run_dir(sweep_dir, run_id)
+    claim, _ = claims.try_claim(path)  # breaks the claim of the worker, which is gone
+    if claim is None:
+        return
+    try:
+        status = store.read_status(path)
+        if status["state"] == RunState.RUNNING:
+            attempts = int(status.get("attempts", 1))
+            store.write_status(path, RunState.PENDING, attempts=attempts - 1)
+            log_event(path, "stopped", attempt=attempts, killed=True)
+    finally:
+        claim.release()
 
 
 def placed() -> dict[str, Any]:
@@ -209,7 +233,7 @@ def start_watchdog(run_path: Path, attempt: int, claim: claims.Claim) -> Watchdo
     """The stall watchdog of a run this process (rank 0) trains: on a stall it records the
     attempt failed (reason "stalled", retried like any failure), releases the claim, and ends
     the process (`gnsweep.executors.watchdog`)."""
-    limit = stall_seconds(run_path.parent.parent)
+    limit = stall_seconds(store.sweep_of(run_path))
 
     def on_stall(idle: float) -> None:
         error = (f"stalled: no step logged for {idle:.0f} s (sweep.stall_seconds={limit:g}); "
@@ -229,7 +253,7 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
     from gnsweep.training import train
 
     try:
-        config, spec = read_run(path.parent.parent, path.name)
+        config, spec = read_run(store.sweep_of(path), path.name)
 
         def on_row(row: dict[str, float]) -> None:
             if watchdog is not None:
@@ -269,8 +293,11 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
         status = store.write_status(path, result.state, steps=result.steps, reason=result.reason,
                                     final_loss=result.final_loss,
                                     train_seconds=result.train_seconds,
+                                    rows=result.rows, examples=result.examples,
                                     **({"noise_method": result.noise_method}
-                                       if result.noise_method else {}))
+                                       if result.noise_method else {}),
+                                    **({"noise_measured": result.noise_measured}
+                                       if result.noise_measured else {}))
         log_event(path, "end", attempt=attempts, state=result.state)
     return status
 

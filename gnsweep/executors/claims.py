@@ -30,8 +30,8 @@ from typing import Any
 
 from gnsweep import store
 
-CLAIM = "claim.json"
-LOCK = ".claims.lock"
+CLAIM = store.CLAIM
+LOCK = store.CLAIMS_LOCK
 HEARTBEAT_S = 15.0
 """How often an owner touches its claims."""
 STALE_AFTER_S = float(os.environ.get("GNSWEEP_STALE_AFTER", "120"))
@@ -115,7 +115,7 @@ class Claim:
 
 
 def _sweep_lock(run_path: Path) -> contextlib.AbstractContextManager[None]:
-    return store.exclusive(run_path.parent.parent / LOCK)
+    return store.exclusive(store.sweep_of(run_path) / LOCK)
 
 
 def try_claim(run_path: Path, stale_after: float = STALE_AFTER_S,
@@ -126,7 +126,7 @@ def try_claim(run_path: Path, stale_after: float = STALE_AFTER_S,
     claim is the broken claim (so that the caller can record that its previous owner died).
     """
     run_path.parent.mkdir(parents=True, exist_ok=True)
-    store.inside(run_path.parent.parent, run_path)  # never a linked run folder
+    store.inside(store.sweep_of(run_path), run_path)  # never a linked run folder
     run_path.mkdir(exist_ok=True)
     info = {**owner(), **extra}
     broken = None

@@ -17,6 +17,7 @@ retried; a worker whose launcher died (kill -9) stops its run cleanly and exits.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -32,7 +33,12 @@ from typing import Any
 from gnsweep import allocator, redact, store
 from gnsweep.config import ExecutorConfig
 from gnsweep.errors import StopRequested
-from gnsweep.executors import LAUNCH_ENV, Outcome, warm_up
+from gnsweep.executors import (
+    LAUNCH_ENV,
+    Outcome,
+    stopped_by_launcher,
+    warm_up,
+)
 from gnsweep.executors.base import Summary
 from gnsweep.executors.gpus import GpuPlan, launcher_gpus, plan
 from gnsweep.notices import once_per_launch
@@ -145,7 +151,9 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
             progress.advance(outcome.state)
 
     if ctx.get_start_method() == "fork" and run_ids:
-        warm_up(sweep_dir, run_ids[0])  # forked workers inherit it
+        # Forked workers inherit it. It builds the task the launcher's pre-check has built
+        # already, under its bound (`check_task`, sweep.stall_seconds).
+        warm_up(sweep_dir, run_ids[0])
     pool = [start_worker(slot) for slot in range(min(workers, len(pending)))]
     try:
         while pending or later or any(w.run_id for w in pool):
@@ -174,6 +182,10 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
             finish(run_id, outcome)
     except BaseException:  # Ctrl-C, or a bug here: no worker outlives the launcher's loop
         _stop(pool)
+        for worker in pool:  # those killed could not record their run's stop themselves
+            if worker.run_id is not None:
+                with contextlib.suppress(Exception):  # never in place of the signal's exit
+                    stopped_by_launcher(sweep_dir, worker.run_id)
         raise
     for worker in pool:
         worker.inbox.put(None)

@@ -28,8 +28,8 @@ from gnsweep.executors.base import Summary, Watcher, run_rounds
 from gnsweep.executors.torchrun import worker_command, write_runs_file
 from gnsweep.progress import SweepProgress
 
-FOLDER = "slurm"
-JOBS = "jobs.json"
+FOLDER = store.SLURM
+JOBS = store.JOBS
 POLL_S = 2.0
 RDZV_PORT = 29400
 

@@ -13,6 +13,7 @@ GPUs, not the first ones of the machine that every job would otherwise share.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -101,12 +102,17 @@ class TorchrunBackend:
                                  max_retries=self.max_retries,
                                  threads=self.executor.threads_per_worker, stop_with=os.getpid(),
                                  max_restarts=self.executor.max_restarts)
-        env = {**os.environ, "OMP_NUM_THREADS": str(self.executor.threads_per_worker)}
+        # torchrun's agent keeps its scratch files (torchelastic_*/<run>/attempt_0/<rank>) in
+        # the temporary folder: this round's own, inside the sweep folder, removed when the
+        # round ends (nothing of a sweep is left outside its folder).
+        scratch = store.subdir(self.sweep_dir, f"{QUEUE}/{runs_file.stem}.tmp")
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.executor.threads_per_worker),
+               "TMPDIR": str(scratch.resolve())}
         # Own sessions: Ctrl-C reaches the launcher alone, which stops the jobs in order.
         # Their output goes to a log beside the runs file (it would garble the progress bar).
         logs = [runs_file.with_suffix(f".{i}.log") for i in range(min(self.jobs, len(run_ids)))]
         return _LocalJobs([_start(command, {**env, **self.gpus.env(i)}, log)
-                           for i, log in enumerate(logs)], logs, runs_file)
+                           for i, log in enumerate(logs)], logs, runs_file, scratch)
 
 
 @dataclass
@@ -116,6 +122,8 @@ class _LocalJobs:
     jobs: list[subprocess.Popen]
     logs: list[Path]
     runs_file: Path
+    scratch: Path | None = None
+    """The jobs' temporary folder (TMPDIR), removed when the round ends."""
 
     def done(self) -> bool:
         return all(job.poll() is not None for job in self.jobs)
@@ -128,9 +136,25 @@ class _LocalJobs:
             else:
                 log.unlink(missing_ok=True)
         self.runs_file.unlink(missing_ok=True)
+        self._remove_scratch()
 
     def stop(self) -> None:
+        from gnsweep.executors import stopped_by_launcher
+
         stop_jobs(self.jobs)
+        # A job killed when it did not stop in time (its task blocked) could not record its
+        # run's stop: the launcher does, so that its "went back to pending" holds.
+        with contextlib.suppress(OSError):
+            for run_id in self.runs_file.read_text().split():
+                with contextlib.suppress(Exception):  # never in place of the signal's exit
+                    stopped_by_launcher(self.runs_file.parent.parent, run_id)  # <sweep>/queue/
+        self._remove_scratch()
+
+    def _remove_scratch(self) -> None:
+        import shutil
+
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:

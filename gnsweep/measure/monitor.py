@@ -60,6 +60,7 @@ from gnsweep.measure.hessian import hessian_norms
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.per_example import PerExample
 from gnsweep.noise import (
+    MeasureSchedule,
     NoiseEstimate,
     NoiseScaleEma,
     NormPair,
@@ -69,6 +70,16 @@ from gnsweep.noise import (
 )
 
 METHODS = ("per_example", "microbatch", "ddp", "fsdp")
+NORM_LAYERS = "norm_layers"
+"""`method="norm_layers"`: per-example norms of the LayerNorm / RMSNorm parameters only (Gray et
+al. 2024): B_simple of that block of the gradient, a few reductions per layer; the other
+layers carry no hooks. docs/noise.md says where it tracks the whole model's B_simple."""
+NORM_LAYER_TYPES = (nn.LayerNorm, nn.RMSNorm)
+OFF = "none"
+"""`method="none"`: nothing is measured (no hooks; `step()` counts steps and returns None): the
+training the cost of a measurement is compared with."""
+FALLBACK_METHOD = "per_example"
+"""What a monitor measures with when the batch cannot be cut into micro-batches."""
 
 MICROBATCH_FROM = 192
 """`timed_auto`: from this batch on, a model with convolutions is measured with micro-batches
@@ -119,7 +130,12 @@ class NoiseScaleMonitor:
     ratios cover the same span however rarely B_noise is measured. Where |G|^2 changed more than
     2x inside the window the estimate leans to the window's start: `estimate.drift` says so.
 
-    `every`: measure every n steps (hooks idle in between). `hessian_every` > 0 measures
+    `every`: measure every n steps (hooks idle in between), or `"auto"`: the steps needed to
+    keep B_simple's standard error within 4% of a measurement on every step
+    (`gnsweep.noise.MeasureSchedule`), at least one in 16; each measurement weighs the steps
+    it stands for, so the window averages over training progress however many steps were
+    measured. `method="none"`: no
+    measurement at all (the baseline; `step()` returns None). `hessian_every` > 0 measures
     B_noise every n steps when `step(batch=...)` is given the step's batch, with
     `hessian_microbatches` gradients per measurement (see `hessian_norms`). The loss for those
     passes is either `loss_fn(outputs, targets)` with `batch=(inputs, targets)`, or
@@ -143,17 +159,20 @@ class NoiseScaleMonitor:
     clock, so that a run trained twice, or resumed, gives the same numbers.
     """
 
-    def __init__(self, model: nn.Module, method: str = "auto", *, every: int = 1,
+    def __init__(self, model: nn.Module, method: str = "auto", *, every: int | str = 1,
                  ema_steps: float = 0.0, ema_examples: float | None = None,
                  loss_fn: LossFn | None = None, hessian_every: int = 0,
                  hessian_microbatches: int = 2, task_loss: TaskLoss | None = None,
                  ema_fraction: float | None = None,
                  parameters: Iterable[nn.Parameter] | None = None,
                  all_reduced_grads: bool = False, timed_auto: bool = False) -> None:
-        if method not in (*METHODS, "auto"):
-            raise ValueError(f"method={method!r}: choose one of auto, {', '.join(METHODS)}")
-        if every < 1 or hessian_every < 0 or hessian_microbatches < 2:
-            raise ValueError("need every >= 1, hessian_every >= 0 and hessian_microbatches >= 2")
+        if method not in (*METHODS, "auto", NORM_LAYERS, OFF):
+            raise ValueError(f"method={method!r}: choose one of auto, {', '.join(METHODS)}, "
+                             f"{NORM_LAYERS}, {OFF}")
+        if (every != "auto" and not (isinstance(every, int) and every >= 1)) or \
+                hessian_every < 0 or hessian_microbatches < 2:
+            raise ValueError("need every >= 1 (or 'auto'), hessian_every >= 0 and "
+                             "hessian_microbatches >= 2")
         if hessian_every and loss_fn is None and task_loss is None:
             raise ValueError("hessian_every > 0 needs loss_fn(outputs, targets) or "
                              "task_loss(model, batch) for B_noise")
@@ -166,6 +185,9 @@ class NoiseScaleMonitor:
         self.ema = NoiseScaleEma(ema_steps=window["ema_steps"], ema_fraction=window["ema_fraction"],
                                  ema_examples=window["ema_examples"])
         self.steps = 0
+        self.schedule = MeasureSchedule(every)
+        """Which steps are measured, and how many were."""
+        self._step_examples = 0
         self.estimate: NoiseEstimate | None = None
         self._busy = False
         self._warned: set[str] = set()
@@ -187,6 +209,24 @@ class NoiseScaleMonitor:
         self._all_reduced = all_reduced_grads
         self._rank: RankGrads | None = None
         self._fsdp: FsdpGrads | None = None
+        self._timing: list[float] | None = None
+        self._started: float | None = None
+        self._hessian_seconds = 0.0
+        self.choice: dict[str, Any] | None = None
+        self._sources: dict[str, tuple[PerExample | None, Increments | None]] = {}
+        self._asked = method
+        if method == OFF:  # nothing measured, nothing hooked
+            self.method, self.hessian_every = OFF, 0
+            return
+        if method == NORM_LAYERS:
+            measured = {id(p) for p in self.params}
+            self.params = [p for m in self.module.modules() if isinstance(m, NORM_LAYER_TYPES)
+                           for p in m.parameters(recurse=False) if id(p) in measured]
+            if not self.params:
+                raise ValueError("method='norm_layers' measures the LayerNorm/RMSNorm "
+                                 "parameters, and this model has no trainable ones: use "
+                                 "method='per_example' (or auto)")
+            method = "per_example"
         # auto: the method right for this model and launch; a method wrong for it is refused.
         requested = method
         method = choose_method(model, method, distributed=self._distributed(model))
@@ -201,14 +241,9 @@ class NoiseScaleMonitor:
         self.method = method
         self._handles.append(
             model.register_forward_pre_hook(self._count_examples, with_kwargs=True))
-        # auto between per-example norms and micro-batches, chosen at the first measured step.
-        self._timing: list[float] | None = None
-        self._started: float | None = None
-        self._hessian_seconds = 0.0
-        self.choice: dict[str, Any] | None = None
-        """How `timed_auto` chose: {"method", "reason", "batch", "step_seconds": the fastest
-        measured step after the choice} (None before it has, or without `timed_auto`)."""
-        self._sources: dict[str, tuple[PerExample | None, Increments | None]] = {}
+        # auto between per-example norms and micro-batches, chosen at the first measured step
+        # (`choice`: {"method", "reason", "batch", "step_seconds": the fastest measured step
+        # after the choice}; None before it has, or without `timed_auto`).
         if method == "microbatch":
             self._increments = Increments(self.params)
         elif method == "per_example":
@@ -270,7 +305,12 @@ class NoiseScaleMonitor:
     @property
     def measuring(self) -> bool:
         """Whether the current step (the one before the next `step()`) is measured."""
-        return self.steps % self.every == 0
+        return self.schedule.next and self.method != OFF
+
+    @property
+    def measures(self) -> str:
+        """What is measured: `norm_layers` or `none` where asked for, else the method."""
+        return self._asked if self._asked in (NORM_LAYERS, OFF) else self.method
 
     @property
     def needs_microbatches(self) -> bool:
@@ -279,6 +319,35 @@ class NoiseScaleMonitor:
         one process."""
         return self._increments is not None or (self._fsdp is not None
                                                   and self._fsdp.world == 1)
+
+    def microbatches(self, wanted: int, samples: int) -> int:
+        """The micro-batches this step's backward must come in for the measurement: `wanted`
+        (noise.microbatches, at most one per sample) on a measured step that needs them, else
+        one (the batch whole)."""
+        return min(wanted, samples) if self.measuring and self.needs_microbatches else 1
+
+    def unsplittable(self) -> str | None:
+        """The run's first batch cannot be cut along dim 0: this monitor's fallback. With
+        `timed_auto` it keeps per-example norms (micro-batches are no candidate) and needs
+        nothing more; with method microbatch it says so once and returns the method to rebuild
+        it with (`FALLBACK_METHOD`: per-example norms need no split, except for layers they
+        do not cover; a batch of one sample they leave unmeasured, NaN); otherwise None."""
+        if self.timed:
+            self.keep(FALLBACK_METHOD)
+            return None
+        if self.method != "microbatch":
+            return None
+        self.warn_once("nosplit", "noise scale: this task's batch cannot be split along dim 0 "
+                       "(no tensor, tensors of different lengths, or one sample): measuring "
+                       "with per-example norms instead of micro-batches")
+        return FALLBACK_METHOD
+
+    def resumed_method(self, saved: dict[str, Any]) -> str | None:
+        """The method to rebuild this monitor with before `load_state_dict(saved)`: the saved
+        run fell back at its first step (`unsplittable`), so does this one; None: as built."""
+        if saved["method"] != self.method and not self.timed:
+            return FALLBACK_METHOD
+        return None
 
     @property
     def b_simple(self) -> float:
@@ -323,8 +392,13 @@ class NoiseScaleMonitor:
         measuring = self.measuring
         steps_examples = self._examples
         self.steps += 1
-        self._since_examples += self._examples if examples is None else examples
+        self._step_examples = self._examples if examples is None else examples
+        self._since_examples += self._step_examples
         self._since_steps += 1
+        if self.method == OFF:
+            self._examples = 0
+            self.schedule.advance(False, self.ema, self._since_examples, self._step_examples)
+            return None
         hessian = bool(self.hessian_every and (self.steps - 1) % self.hessian_every == 0)
         try:
             if measuring or hessian:
@@ -345,6 +419,7 @@ class NoiseScaleMonitor:
             seconds = _now(self.params[0].device) - self._started - self._hessian_seconds
             self._timed(seconds)
         self._started, self._hessian_seconds = None, 0.0
+        self.schedule.advance(measuring, self.ema, self._since_examples, self._step_examples)
         if self.timed and self.choice is None and measuring and self._per_example is not None:
             self._choose(steps_examples)
         return self.estimate
@@ -418,7 +493,7 @@ class NoiseScaleMonitor:
                 "timing": None if self._timing is None else list(self._timing),
                 "choice": self.choice,
                 "estimate": estimate_state(self.estimate), "hessian_every": self.hessian_every,
-                "ema": self.ema.state_dict(),
+                "ema": self.ema.state_dict(), "schedule": self.schedule.state_dict(),
                 "since_examples": self._since_examples, "since_steps": self._since_steps,
                 "warned": sorted(self._warned),
                 "ddp_pending": self._ddp.pending_state() if self._ddp is not None else None}
@@ -435,6 +510,11 @@ class NoiseScaleMonitor:
         self.steps, self.estimate = int(state["steps"]), load_estimate(state["estimate"])
         self.hessian_every = int(state["hessian_every"])
         self.ema.load_state_dict(state["ema"])
+        if "schedule" in state:
+            self.schedule.load_state_dict(state["schedule"])
+        elif isinstance(self.schedule.every, int):  # a state saved before schedules were kept
+            self.schedule.steps = self.steps
+            self.schedule.next = self.steps % self.schedule.every == 0
         self._since_examples, self._since_steps = state["since_examples"], state["since_steps"]
         self._warned = set(state["warned"])
         if self._ddp is not None:
@@ -595,8 +675,12 @@ class NoiseScaleMonitor:
                            "skipped (a batch of one example?)")
         elif parts:
             blocks: list[tuple[float, float, float, float]] = list(parts)
+            # The share of training this measurement stands for, in this step's worth (1
+            # when every step is measured): the window averages over training progress.
+            step = self._step_examples
+            weight = self._since_examples / step if 0 < step < self._since_examples else 1.0
             self.estimate = self.ema.update_parts(blocks, examples=self._since_examples,
-                                                  steps=self._since_steps)
+                                                  steps=self._since_steps, weight=weight)
             self._since_examples, self._since_steps = 0, 0
         if hess is not None and all(map(math.isfinite, hess)):
             estimate = self.ema.update_hessian(*hess)

@@ -53,7 +53,8 @@ import numpy as np
 from gnsweep.analysis.bounds import FIT, REFUSED, bound_text
 from gnsweep.analysis.fit import FitRefused, fit_hyperbola
 from gnsweep.errors import ConfigError
-from gnsweep.targets import in_training_order
+from gnsweep.lr_law import eps_max_from, eps_opt
+from gnsweep.targets import FALLING, Direction
 
 SPREAD = 8.0
 """Batch sizes from B_pred / SPREAD to B_pred x SPREAD (rule 2)."""
@@ -120,16 +121,6 @@ def neighbours(value: float, grid: list[float]) -> tuple[float | None, float | N
     i = ordered.index(value)
     return (ordered[i - 1] if i > 0 else None,
             ordered[i + 1] if i + 1 < len(ordered) else None)
-
-
-def eps_opt(batch_size: float, eps_max: float, b_noise: float) -> float:
-    """The optimal SGD learning rate at batch size B, eq. 2.7: eps_max / (1 + B_noise/B)."""
-    return eps_max / (1.0 + b_noise / batch_size)
-
-
-def eps_max_from(learning_rate: float, batch_size: float, b_noise: float) -> float:
-    """eps_max for which `learning_rate` is optimal at `batch_size` (eq. 2.7 inverted)."""
-    return learning_rate * (1.0 + b_noise / batch_size)
 
 
 def next_pilot(pilots: list[RunOutcome], learning_rates: list[float]) -> float | None:
@@ -354,11 +345,11 @@ class Decision:
 
 def decide(outcomes: list[RunOutcome], batch_grid: list[int], lr_grid: list[float],
            targets: list[float], max_steps: int, cap_factor: float = CAP_FACTOR,
-           higher_is_better: bool = False) -> Decision:
+           direction: Direction = FALLING) -> Decision:
     """The next runs from the finished ones: a function of the outcomes alone, so a resumed plan
-    re-derives the same decisions. Rules 1-6 of this module's docstring. `higher_is_better`:
-    the targets are reached by rising to them (a return), not by falling (a loss)."""
-    targets = in_training_order(targets, higher_is_better)
+    re-derives the same decisions. Rules 1-6 of this module's docstring. `direction`:
+    which way the targets are reached (`RISING` for a return, `FALLING` for a loss)."""
+    targets = direction.in_training_order(targets)
     by_batch: dict[int, list[RunOutcome]] = {}
     on_grid = [r for r in outcomes if r.batch_size in batch_grid and r.learning_rate in lr_grid]
     for run in sorted(on_grid, key=lambda r: (r.batch_size, r.learning_rate)):

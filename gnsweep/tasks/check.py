@@ -18,15 +18,28 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from gnsweep.errors import ConfigError
+from gnsweep.stall import bounded
 from gnsweep.tasks import CUSTOM, TARGET, Task, examples_of, make_task
-from gnsweep.training.data import as_dataset
+from gnsweep.tasks.datasets import as_dataset
 
 
-def check_task(name: str, options: dict[str, Any], seed: int = 0) -> str | None:
+def check_task(name: str, options: dict[str, Any], seed: int = 0,
+               stall_seconds: float = 0.0) -> str | None:
     """Build the task, draw a batch of 2 and back-propagate its loss once; ConfigError if any
-    part of the protocol (docs/tasks.md) fails. Returns the unit the task object declares
-    (its `unit` attribute: what its batch sizes count, e.g. "tokens"), or None."""
-    label = f"task {options.get(TARGET)}" if name == CUSTOM else f"task {name}"
+    part of the protocol (docs/tasks.md) fails, `stall.Stalled` (a ConfigError) if the task's
+    code has not answered after `stall_seconds` (`sweep.stall_seconds`; 0: no bound). Returns
+    the unit the task object declares (its `unit` attribute: what its batch sizes count, e.g.
+    "tokens"), or None."""
+    label = _label(name, options)
+    return bounded(stall_seconds, f"{label}: the pre-launch check (build, a batch of 2, its "
+                   "loss and gradient)", lambda: _check_task(label, name, options, seed))
+
+
+def _label(name: str, options: dict[str, Any]) -> str:
+    return f"task {options.get(TARGET)}" if name == CUSTOM else f"task {name}"
+
+
+def _check_task(label: str, name: str, options: dict[str, Any], seed: int) -> str | None:
     task: Task = _call(label, "building it", lambda: make_task(name, options, seed))
     for method in ("model", "loss"):
         if not callable(getattr(task, method, None)):

@@ -29,7 +29,7 @@ def pieces(monitor: NoiseScaleMonitor, microbatch_size: int, wanted: int, sample
     and measures: `wanted` (noise.microbatches) of them, each of at least one sample."""
     if microbatch_size and samples > microbatch_size:
         return math.ceil(samples / microbatch_size)
-    return min(wanted, samples) if monitor.measuring and monitor.needs_microbatches else 1
+    return monitor.microbatches(wanted, samples)
 
 
 def backward(trained: torch.nn.Module, task: Task, batch: Any, k: int,
@@ -95,5 +95,6 @@ def in_task_units(estimate: NoiseEstimate | None, per_sample: float) -> NoiseEst
                    trace_sigma_step=estimate.trace_sigma_step * per_sample,
                    trace_sigma=estimate.trace_sigma * per_sample,
                    b_simple=estimate.b_simple * per_sample,
+                   b_simple_se=estimate.b_simple_se * per_sample,
                    trace_h_sigma=estimate.trace_h_sigma * per_sample,
                    b_noise=estimate.b_noise * per_sample)

@@ -35,7 +35,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     on the CPU. The one place a branch reads a checkpoint file."""
     if not path.is_file():
         raise StoreError(f"{path}: missing (the branch point's checkpoint)")
-    state = verify(path)
+    state = verify(path, run_id=path.parent.parent.name)  # the run whose folder holds it
     if not {"model", "optimizer", "progress"} <= set(state):
         raise StoreError(f"{path}: not a run's saved state (no model, optimizer and progress)")
     return state

@@ -40,7 +40,9 @@ from gnsweep import store
 from gnsweep.errors import StoreError
 from gnsweep.training.state import TrainState
 
-FOLDER = "checkpoints"
+FOLDER = store.CHECKPOINTS
+IDENTITY = "identity"
+"""The key of a checkpoint's content naming its run, fingerprint, step and examples."""
 FORMAT = 1
 """The layout of a checkpoint; another one is refused."""
 ROWS_EVERY_S = 30.0
@@ -183,12 +185,14 @@ class Checkpointer:
                                                                        state.examples))
         ckpt = Checkpoint(self.folder / f"{state.step:012d}.pt", state.step, state.examples,
                           len(state.rows["step"]), keep, taken_for)
+        # Who the checkpoint belongs to, inside it too: a .pt copied over another run's (its
+        # sidecar's size and checksum forged to match) still names its own run.
+        identity = {"run_id": self.folder.parent.name, "fingerprint": fingerprint(state),
+                    "step": ckpt.step, "examples": ckpt.examples}
         buffer = io.BytesIO()
-        torch.save(content, buffer)
+        torch.save({**content, IDENTITY: identity}, buffer)
         data = buffer.getbuffer()
-        sidecar = {"format": FORMAT, "run_id": self.folder.parent.name,
-                   "fingerprint": fingerprint(state), "step": ckpt.step,
-                   "examples": ckpt.examples, "rows": ckpt.rows, "keep": keep,
+        sidecar = {"format": FORMAT, **identity, "rows": ckpt.rows, "keep": keep,
                    "taken_for": list(taken_for), "size": len(data),
                    "sha256": hashlib.sha256(data).hexdigest(), "time": time.time()}
         try:
@@ -320,10 +324,33 @@ def verify(path: Path, fingerprint_: str | None = None, run_id: str | None = Non
     if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
         raise StoreError(f"checkpoint {path.name} does not match its checksum: corrupt")
     try:
-        content = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        content = dict(torch.load(io.BytesIO(data), weights_only=True, map_location="cpu"))
     except Exception as err:  # a file that passed its checksum but torch cannot read
         raise StoreError(f"checkpoint {path.name}: unreadable ({type(err).__name__})") from None
-    return dict(content)
+    _check_identity(path, content, meta)
+    return content
+
+
+def _check_identity(path: Path, content: dict[str, Any], meta: dict[str, Any]) -> None:
+    """The checkpoint's content names the run, fingerprint, step and examples its sidecar does
+    (and the run's state stands at that step): a .pt copied over another's, its sidecar's
+    size and checksum forged to match, is refused. A checkpoint written before the content
+    named itself is held to its progress alone."""
+    identity = content.pop(IDENTITY, None)
+    progress = content.get("progress")
+    if not isinstance(progress, dict) or (identity is not None and not isinstance(identity,
+                                                                                 dict)):
+        raise StoreError(f"checkpoint {path.name}: not a checkpoint of gnsweep: refused")
+    checks = [(key, progress.get(key), meta.get(key)) for key in ("step", "examples")]
+    if identity is not None:
+        checks += [(key, identity.get(key), meta.get(key))
+                   for key in ("run_id", "fingerprint", "step", "examples")]
+    for key, found, wanted in checks:
+        if found != wanted:
+            found, wanted = (str(v)[:12] if key == "fingerprint" else repr(v)
+                             for v in (found, wanted))
+            raise StoreError(f"checkpoint {path.name}: its content names {key} {found} where "
+                             f"its sidecar says {wanted}: copied from elsewhere, refused")
 
 
 def load_into(state: TrainState, path: Path, fingerprint_: str | None = None) -> None:

@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from gnsweep.measure.common import to_device
 from gnsweep.tasks import Task, examples_of
+from gnsweep.tasks.datasets import as_dataset
 
 __all__ = ["DataSource", "DatasetSource", "as_dataset", "make_data", "mean_loss", "to_device"]
 
@@ -176,25 +177,6 @@ def make_data(task: Task, seed: int, world: int, rank: int, device: torch.device
         return DataSource(task, seed, world, rank, device)
     return DatasetSource(as_dataset(build(), "dataset()"), seed, world, rank, device,
                          workers=workers, collate=getattr(task, "collate", None))
-
-
-def as_dataset(dataset: Any, what: str) -> Dataset:
-    """`dataset` if it is a map-style Dataset with a length of at least one; else ValueError
-    saying what it is."""
-    if isinstance(dataset, IterableDataset) or not isinstance(dataset, Dataset):
-        kind = ("an IterableDataset" if isinstance(dataset, IterableDataset)
-                else f"a {type(dataset).__name__}")
-        raise ValueError(f"{what} returned {kind}, not a map-style torch.utils.data.Dataset "
-                         "(__getitem__(index) and __len__); for endless data write sample() "
-                         "instead")
-    try:
-        length = len(dataset)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(f"{what} returned a Dataset without __len__; gnsweep draws its indices "
-                         "without replacement and needs its length") from None
-    if length < 1:
-        raise ValueError(f"{what} returned an empty Dataset")
-    return dataset
 
 
 @torch.no_grad()

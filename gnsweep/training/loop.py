@@ -65,6 +65,14 @@ class RunResult:
     noise_method: dict[str, Any] | None = None
     """noise.method=auto's choice and the measured step time of each candidate, in seconds
     (`NoiseScaleMonitor.choice`); None where nothing was chosen by cost."""
+    rows: int | None = None
+    """Metrics rows the run logged (its metrics.parquet's row count)."""
+    examples: int | None = None
+    """Examples at its last logged row. The run's status records both: a table cut short or
+    rewritten disagrees with them (`store.metrics_problem`)."""
+    noise_measured: dict[str, Any] | None = None
+    """What was measured (`measured_share`): the method (`none`: measurement off), noise.every,
+    steps and measured steps, and their share."""
 
 
 def train(config: Config, spec: RunSpec, out_dir: Path | None,
@@ -222,8 +230,22 @@ def run(state: TrainState, out_dir: Path | None = None,
         store.end_metrics(out_dir, state.rows)
     if checkpoints is not None:
         checkpoints.finish()
+    logged = state.rows["step"]
     return RunResult(outcome, state.step, reason, state.loss, time.perf_counter() - start,
-                     state.monitor.choice)
+                     state.monitor.choice, rows=len(logged),
+                     examples=int(state.rows["examples"][-1]) if len(logged) else None,
+                     noise_measured=measured_share(state))
+
+
+def measured_share(state: TrainState) -> dict[str, Any]:
+    """The run's measurement for its status.json: `method` (`none` where measurement was off,
+    so that an absent B_simple is said, never silent), `every` (an int or auto), `steps`,
+    `measured` (steps whose norms were measured) and `share` (measured / steps)."""
+    schedule = state.monitor.schedule
+    share = schedule.share
+    return {"method": state.monitor.measures, "every": schedule.every,
+            "steps": schedule.steps, "measured": schedule.measured,
+            "share": None if math.isnan(share) else round(share, 4)}
 
 
 def make_checkpointer(config: Config, run_dir: Path | None) -> Checkpointer:

@@ -111,9 +111,9 @@ class TrainState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state_dict()` of a run built alike (same config and spec)."""
-        if state["monitor"]["method"] != self.monitor.method and not self.monitor.timed:
-            # The saved run fell back from micro-batches at its first step: so does this one.
-            self.monitor = _per_example_instead(self)
+        method = self.monitor.resumed_method(state["monitor"])
+        if method is not None:  # the saved run fell back at its first step: so does this one
+            self.monitor = _rebuilt_monitor(self, method)
         for name in PARTS:
             getattr(self, name).load_state_dict(state[name])
         torch.set_rng_state(state["rng"]["cpu"])
@@ -197,7 +197,7 @@ def make_monitor(model: torch.nn.Module, trained: torch.nn.Module, task: Task, c
     # loop splits the batch when the monitor asks: `pieces`).
     method = method or noise.method
     if isinstance(trained, torch.nn.parallel.DistributedDataParallel) and \
-            method not in ("ddp", "auto"):
+            method not in ("ddp", "auto", "none"):
         raise ValueError(f"noise.method={method} under torchrun: use ddp (or auto), which "
                          "reads each worker's gradient before the all-reduce")
     # The Hessian passes run the task's own loss on the unwrapped model (`task_loss`).
@@ -210,26 +210,18 @@ def make_monitor(model: torch.nn.Module, trained: torch.nn.Module, task: Task, c
 
 
 def fall_back_if_unsplittable(state: TrainState, batch: Any) -> None:
-    """noise.method=microbatch on a batch that cannot be cut along dim 0: per-example norms
-    instead, said once (they need no split, except for layers they do not cover; a batch of one
-    sample, cartpole's one environment, they leave unmeasured, NaN)."""
+    """A first batch that cannot be cut along dim 0: the monitor says its fallback
+    (`NoiseScaleMonitor.unsplittable`); a new method means a monitor built again with it."""
     if split_batch(batch, 2) is not None:
         return
-    if state.monitor.timed:  # auto: micro-batches are no candidate
-        state.monitor.keep("per_example")
-        return
-    if state.monitor.method != "microbatch":
-        return
-    state.monitor.warn_once("nosplit", "noise scale: this task's batch cannot be split along "
-                            "dim 0 (no tensor, tensors of different lengths, or one sample): "
-                            "measuring with per-example norms instead of micro-batches")
-    state.monitor = _per_example_instead(state)
+    method = state.monitor.unsplittable()
+    if method is not None:
+        state.monitor = _rebuilt_monitor(state, method)
 
 
-def _per_example_instead(state: TrainState) -> NoiseScaleMonitor:
+def _rebuilt_monitor(state: TrainState, method: str) -> NoiseScaleMonitor:
     state.monitor.close()
-    return make_monitor(state.model, state.trained, state.task, state.config,
-                        method="per_example")
+    return make_monitor(state.model, state.trained, state.task, state.config, method=method)
 
 
 def _noise_parameters(task: Task, model: torch.nn.Module) -> list[torch.nn.Parameter] | None:

@@ -1,16 +1,17 @@
-"""Reading a sweep's tables for the figures and writing the figures: the I/O around plots.py.
+"""`gnsweep plot`: read a sweep's tables, draw its figures (`gnsweep.report.figures`), write
+them atomically.
 
-    <sweep>/figures/<name>.png, <name>.pdf   one pair per figure of gnsweep.plots.FIGURES
+    <sweep>/figures/<name>.png, <name>.pdf   one pair per figure of gnsweep.report.figures.FIGURES
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
 from gnsweep import store
-from gnsweep.analysis.results import Results
+from gnsweep.analysis.results import Results, read_results
+from gnsweep.commands import Echo
 
 FORMATS = ("png", "pdf")
 
@@ -19,15 +20,15 @@ def load_tables(sweep_dir: Path, analyze: bool = True) -> Results:
     """The results of an analyzed sweep with its runs and metrics; runs `gnsweep analyze`
     first when they are missing."""
     from gnsweep.analysis.load import load_sweep
-    from gnsweep.analysis.report import analyze_sweep
+    from gnsweep.commands.analyze import analyze_sweep
 
     if not store.is_sweep(sweep_dir) and (sweep_dir / "fits.parquet").is_file():
-        return store.read_results(sweep_dir)  # `analyze --table` output: no runs, no curves
+        return read_results(sweep_dir)  # `analyze --table` output: no runs, no curves
     store.require_sweep(sweep_dir)
     if analyze and not all((sweep_dir / name).exists() for name in (
             "steps.parquet", "front.parquet", "fits.parquet")):
         analyze_sweep(sweep_dir)
-    results = store.read_results(sweep_dir)
+    results = read_results(sweep_dir)
     runs, metrics = load_sweep(sweep_dir, skip_corrupt=True)
     # Adaptive runs are drawn from the adaptive table (along runs, sweep.schedule=along, are in
     # along_schedule); the curves figures show grid runs.
@@ -54,13 +55,6 @@ def save(fig, stem: str, out_dir: Path, formats: tuple[str, ...] = FORMATS) -> l
     return paths
 
 
-def png_bytes(fig) -> bytes:
-    """The figure as PNG bytes, for embedding in the report."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()
-
-
 @dataclass
 class Written:
     paths: list[Path]
@@ -72,8 +66,8 @@ class Written:
 def write_figures(sweep_dir: Path, formats: tuple[str, ...] = FORMATS) -> Written:
     """Draw every figure the sweep supports into <sweep>/figures/ (into figures/<group>/ for
     each group of an `analyze --group-by` output; skipped and notes then name the group)."""
-    from gnsweep import plots
     from gnsweep.analysis.groups import split
+    from gnsweep.report import figures as plots
 
     tables = load_tables(sweep_dir)
     paths: list[Path] = []
@@ -102,3 +96,15 @@ def folder_name(group: str) -> str:
     import re
 
     return re.sub(r"[^\w.=+-]+", "_", group).strip("._") or "_"
+
+
+def run(sweep_dir: Path, svg: bool, echo: Echo) -> None:
+    """`gnsweep plot DIR [--svg]`: the figures written, one path a line; skipped figures and
+    notes on stderr."""
+    written = write_figures(sweep_dir, formats=("png", "svg" if svg else "pdf"))
+    for name, reason in written.skipped.items():
+        echo(f"skipped {name}: {reason}", err=True)
+    for note in written.notes:
+        echo(f"note: {note}", err=True)
+    for path in written.paths:
+        echo(str(path))

@@ -8,8 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gnsweep.analysis.bounds import bound_text
-from gnsweep.targets import hardest
+from gnsweep.targets import FALLING, Direction
 
 
 def finite(frame: pd.DataFrame, column: str) -> pd.Series:
@@ -48,24 +47,21 @@ def placed(fits: pd.DataFrame, front: pd.DataFrame | None,
            what: str = "loss") -> tuple[pd.DataFrame, list[str]]:
     """The fitted targets whose B_crit lies within a factor 2 of the measured batch sizes, and
     one line for each of the others (the fit bounds B_crit there but cannot place it)."""
-    bounds = [f"{what} {row.target:g}: B_crit {bound_text(row.bcrit_status, row.b_crit_bound)}"
-              " (a bound: the sweep cannot place it)"
-              for row in bounded(fits).itertuples(index=False)]
     if front is None or front.empty or fits.empty:
-        return fits, bounds
+        return fits, []
     b_lo, b_hi = float(front["batch_size"].min()), float(front["batch_size"].max())
     inside = (fits["b_crit"] <= 2 * b_hi) & (fits["b_crit"] >= b_lo / 2)
     off = [f"{what} {row.target:g}: B_crit {'beyond' if row.b_crit > b_hi else 'below'} "
            f"{b_hi if row.b_crit > b_hi else b_lo:g}, not shown"
            for row in fits[~inside].itertuples(index=False)]
-    return fits[inside], off + bounds
+    return fits[inside], off
 
 
 def best_runs(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
-              higher_is_better: bool = False) -> pd.DataFrame:
+              direction: Direction | bool = FALLING) -> pd.DataFrame:
     """The best-tuned run of each batch size: the learning rate that reached the hardest target
     it reached in fewest steps (from `front`; the hardest in the targets' direction,
-    `gnsweep.targets.hardest`: the smallest loss, the largest return); a batch size that
+    `Direction.hardest`: the smallest loss, the largest return); a batch size that
     reached none falls back to its run with the lowest final smoothed loss. Diverged runs are
     never chosen.
     Columns: batch_size, learning_rate, run_id, reached (whether any target was reached)."""
@@ -79,7 +75,7 @@ def best_runs(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
         best = front[front["batch_size"] == batch] if len(front) else front
         reached = len(best) > 0
         if reached:
-            target = hardest(best["target"].astype(float), higher_is_better)
+            target = Direction.of(direction).hardest(best["target"].astype(float))
             lr = float(best[best["target"] == target]["learning_rate"].iloc[0])
             chosen = group[np.isclose(group["learning_rate"], lr)]
             if chosen.empty:

@@ -3,7 +3,7 @@
 One style for every figure: Okabe-Ito colours for targets (colour-blind safe), viridis for the
 ordered batch sizes, sizes and fonts meant for a paper column (3.4 in) or a page (7 in).
 `draw_all` draws every figure a sweep can support and says in one line why it skipped the rest;
-`gnsweep.figures` writes them to files.
+`png_bytes` turns one into bytes for the report; `gnsweep.commands.plot` writes them to files.
 
 Tables (docs/analysis.md lists their columns): `runs` and `metrics` from
 `gnsweep.analysis.load.load_sweep`, `steps`, `front` and `fits` from `gnsweep analyze`.
@@ -11,6 +11,7 @@ Tables (docs/analysis.md lists their columns): `runs` and `metrics` from
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from matplotlib.ticker import FixedFormatter, FixedLocator, LogFormatter, NullFo
 
 from gnsweep.analysis.fit import predict_steps
 from gnsweep.analysis.results import Results
-from gnsweep.analysis.views import (
+from gnsweep.report.views import (
     best_runs,
     bounded,
     finite,
@@ -39,8 +40,8 @@ from gnsweep.analysis.views import (
     placed,
     quantity,
 )
-from gnsweep.analysis.views import unit as unit_of
-from gnsweep.targets import rising
+from gnsweep.report.views import unit as unit_of
+from gnsweep.targets import FALLING, Direction
 
 # Okabe & Ito (2008): distinguishable with every common colour-vision deficiency.
 COLORS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442"]
@@ -61,10 +62,6 @@ STYLE: dict[Any, Any] = {
 
 class Skip(Exception):
     """The sweep cannot support this figure; the message says why in one line."""
-
-
-SweepTables = Results
-"""The figures' name for the one results type (`gnsweep.analysis.results.Results`)."""
 
 
 def _batch_colors(batch_sizes: list[int]) -> dict[int, tuple]:
@@ -351,13 +348,13 @@ def _positive(values: pd.Series) -> np.ndarray:
 
 def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
                         what: str = "loss", unit: str = "examples",
-                        higher_is_better: bool = False) -> Figure:
+                        direction: Direction = FALLING) -> Figure:
     """B_simple = EMA(tr Sigma)/EMA(|G|^2) (eq. A.2) and B_noise (eq. 2.8, where measured) of
     the best-tuned run per batch size, against optimizer steps and against the training loss.
     Non-positive early estimates (noise before the EMAs settle) are not drawn on the log axis."""
     if metrics.empty or not np.isfinite(_positive(metrics["b_simple"])).any():
         raise Skip("no run logged a positive B_simple")
-    chosen = best_runs(runs, metrics, front, higher_is_better)
+    chosen = best_runs(runs, metrics, front, direction)
     if chosen.empty:
         raise Skip("every run diverged or has no metrics")
     has_noise = "b_noise" in metrics and np.isfinite(_positive(metrics["b_noise"])).any()
@@ -599,13 +596,13 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
 
 def loss_curves(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
                 targets: list[float] | None = None, what: str = "loss",
-                unit: str = "examples", higher_is_better: bool = False) -> Figure:
+                unit: str = "examples", direction: Direction = FALLING) -> Figure:
     """Smoothed training loss of the best-tuned run per batch size, against optimizer steps and
     against examples, log-log, with the targets as horizontal lines: larger batches need fewer
     steps but more examples (the two sides of eq. 2.11)."""
     if metrics.empty:
         raise Skip("no run has metrics")
-    chosen = best_runs(runs, metrics, front, higher_is_better)
+    chosen = best_runs(runs, metrics, front, direction)
     if chosen.empty:
         raise Skip("every run diverged or has no metrics")
     colors = _batch_colors(list(chosen["batch_size"]))
@@ -648,18 +645,18 @@ class FigureSpec:
     name: str
     """File stem, e.g. pareto_fronts."""
     caption: str
-    draw: Callable[[SweepTables], Figure]
+    draw: Callable[[Results], Figure]
 
 
-def _what(tables: SweepTables) -> str:
+def _what(tables: Results) -> str:
     return quantity(tables.meta)
 
 
-def _unit(tables: SweepTables) -> str:
+def _unit(tables: Results) -> str:
     return unit_of(tables.meta)
 
 
-def _targets(tables: SweepTables) -> list[float]:
+def _targets(tables: Results) -> list[float]:
     return sorted(float(t) for t in tables.fits["target"]) if len(tables.fits) else []
 
 
@@ -673,7 +670,7 @@ FIGURES = [
     FigureSpec("noise_over_training", "The measured noise scale of the best-tuned run per "
                "batch size, over steps and against the loss: it grows as the loss falls.",
                lambda t: noise_over_training(t.runs, t.metrics, t.front, _what(t), _unit(t),
-                                                 rising(t.meta))),
+                                                 Direction.from_meta(t.meta))),
     FigureSpec("steps_grid", "Steps to reach each target over the batch size x learning rate "
                "grid; boxed cells are the best learning rate per batch size.",
                lambda t: steps_grid(t.steps, t.front, _what(t), _unit(t))),
@@ -686,11 +683,11 @@ FIGURES = [
     FigureSpec("loss_curves", "Training loss of the best-tuned run per batch size against "
                "steps and examples; dashed lines are the targets.",
                lambda t: loss_curves(t.runs, t.metrics, t.front, _targets(t), _what(t),
-                                     _unit(t), rising(t.meta))),
+                                     _unit(t), Direction.from_meta(t.meta))),
 ]
 
 
-def draw_all(tables: SweepTables) -> dict[str, Figure | str]:
+def draw_all(tables: Results) -> dict[str, Figure | str]:
     """Every figure of FIGURES: a Figure, or the one-line reason it was skipped."""
     out: dict[str, Figure | str] = {}
     for spec in FIGURES:
@@ -762,7 +759,7 @@ ALONG_FIGURE = FigureSpec(
     lambda t: bcrit_along_training(t.along, t.along_base, _unit(t)))
 
 
-def draw_along(tables: SweepTables) -> dict[str, Figure | str]:
+def draw_along(tables: Results) -> dict[str, Figure | str]:
     """The along-training figure of a branch sweep ({} for any other sweep)."""
     if not len(tables.along):
         return {}
@@ -772,7 +769,7 @@ def draw_along(tables: SweepTables) -> dict[str, Figure | str]:
         return {ALONG_FIGURE.name: str(reason)}
 
 
-def notes(tables: SweepTables) -> list[str]:
+def notes(tables: Results) -> list[str]:
     """One line for each thing the figures leave out although the figure is drawn."""
     out = []
     if "b_noise" not in tables.metrics or not np.isfinite(
@@ -795,3 +792,10 @@ def notes(tables: SweepTables) -> list[str]:
 def axes_of(fig: Figure) -> list[Axes]:
     """The figure's data axes (colorbars left out)."""
     return [ax for ax in fig.axes if ax.get_label() != "<colorbar>" and ax.get_visible()]
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG bytes, for embedding in the report."""
+    buffer = io.BytesIO()
+    fig.canvas.print_figure(buffer, format="png")  # what savefig does, into memory
+    return buffer.getvalue()

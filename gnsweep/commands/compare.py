@@ -1,5 +1,5 @@
 """`gnsweep compare`: the I/O around the pure comparison (`gnsweep.analysis.compare`) and its
-figures (`gnsweep.compare_plots`).
+figures (`gnsweep.report.compare_figures`).
 
     <out>/compare.parquet                    one row per sweep x target (store.COMPARE_SCHEMA)
     <out>/bcrit_vs_noise_scale.png, .pdf     the paper's headline figure
@@ -15,6 +15,7 @@ import pandas as pd
 
 from gnsweep import store
 from gnsweep.analysis.compare import SweepFits, compare_rows
+from gnsweep.commands import Echo
 from gnsweep.errors import ConfigError, StoreError
 
 FORMATS = ("png", "pdf")
@@ -25,7 +26,7 @@ def load_sweep_fits(sweep_dir: Path) -> SweepFits:
 
     StoreError in one line for a folder that is not a sweep or not analysed yet.
     """
-    from gnsweep.config import Config
+    from gnsweep.runs import verify_folder
 
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
@@ -37,11 +38,11 @@ def load_sweep_fits(sweep_dir: Path) -> SweepFits:
     if not (sweep_dir / "fits.parquet").is_file():
         raise StoreError(f"{sweep_dir}: not an analysed sweep (no fits.parquet); run "
                          f"`gnsweep analyze {sweep_dir}` first")
-    config = Config.load(sweep_dir)
+    config, _ = verify_folder(sweep_dir)  # its run files checked, as every reader does
     fits = store.read_table(sweep_dir / "fits.parquet").to_pandas()
     task = config.task
     return SweepFits(task=task.label, sweep=sweep_dir.name, sweep_dir=str(sweep_dir),
-                     metric=task.metric, higher_is_better=task.higher_is_better,
+                     metric=task.metric, direction=task.direction,
                      unit=task.unit, fits=fits)
 
 
@@ -58,8 +59,8 @@ def compare_sweeps(sweep_dirs: list[Path], out_dir: Path,
                    formats: tuple[str, ...] = FORMATS) -> Compared:
     """Read every sweep (all of them first: a bad folder stops before anything is written),
     then write compare.parquet and the figures into `out_dir`."""
-    from gnsweep import compare_plots
-    from gnsweep.figures import save
+    from gnsweep.commands.plot import save
+    from gnsweep.report import compare_figures as compare_plots
 
     if not sweep_dirs:
         raise ConfigError("give at least one analysed sweep folder")
@@ -84,3 +85,15 @@ def compare_sweeps(sweep_dirs: list[Path], out_dir: Path,
 def read_compare(out_dir: Path) -> pd.DataFrame:
     """compare.parquet of a `gnsweep compare` folder."""
     return store.read_table(Path(out_dir) / store.COMPARE).to_pandas()
+
+
+def run(sweep_dirs: list[Path], out: Path, svg: bool, echo: Echo) -> None:
+    """`gnsweep compare DIR... --out OUT [--svg]`: the table, then the files written."""
+    from gnsweep.report.console import format_compare
+
+    result = compare_sweeps(sweep_dirs, out, formats=("png", "svg" if svg else "pdf"))
+    echo(format_compare(result.table))
+    for name, reason in result.skipped.items():
+        echo(f"skipped {name}: {reason}", err=True)
+    for path in result.paths:
+        echo(str(path))

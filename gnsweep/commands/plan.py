@@ -1,6 +1,7 @@
-"""`gnsweep plan`: read the finished runs, ask `rules.decide` for the next round, record it in
-D/plan.json (atomically, before any of its runs starts), write the runs' records and hand them to
-the executors exactly as `gnsweep launch` does; repeat until nothing is left to decide.
+"""`gnsweep plan`: check the task as a launch does (`preflight`), read the finished runs, ask
+`rules.decide` for the next round, record it in D/plan.json (atomically, before any of its runs
+starts), write the runs' records and hand them to the executors exactly as `gnsweep launch`
+does; repeat until nothing is left to decide.
 
 A re-run resumes: recorded rounds are run to the end first (their finished runs are skipped),
 then decisions are derived again from the finished runs, which give the same answer.
@@ -15,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
+from gnsweep.commands import Echo
 from gnsweep.config import Config
 from gnsweep.planner.rules import SPREAD, Decision, Proposal, RunOutcome, decide
 from gnsweep.runs import RunSpec, read_run, write_run
-from gnsweep.targets import in_training_order
 
-PLAN_FILE = "plan.json"
+PLAN_FILE = store.PLAN
 """The plan's record in the sweep folder: every round decided, its runs and why."""
 
 
@@ -58,7 +59,7 @@ def plan(config: Config, sweep_dir: Path, *, show_progress: bool = True,
             decision = decide(read_outcomes(sweep_dir, config), config.sweep.batch_sizes,
                               config.sweep.learning_rates, config.sweep.targets,
                               config.sweep.max_steps,
-                              higher_is_better=config.task.higher_is_better)
+                              direction=config.task.direction)
             if decision.pilot is not None and not announced:
                 announced = True
                 for line in explain(decision, config):
@@ -107,7 +108,7 @@ def read_outcomes(sweep_dir: Path, config: Config) -> list[RunOutcome]:
     seed = config.sweep.seeds[0]
     curves = load_curves(sweep_dir)
     steps = steps_to_target(curves, None, config.sweep.targets, loss=config.analysis.loss,
-                            higher_is_better=config.task.higher_is_better)
+                            direction=config.task.direction)
     out = []
     for run in curves.runs.itertuples(index=False):
         if run.state not in ("done", "diverged", "failed") or run.seed != seed:
@@ -138,7 +139,7 @@ def explain(decision: Decision, config: Config) -> list[str]:
     """What the plan decided from the pilot and why, in a few lines."""
     assert decision.pilot is not None
     b_pilot, lr_pilot = decision.pilot
-    order = in_training_order(decision.b_noise, config.task.higher_is_better)
+    order = config.task.direction.in_training_order(decision.b_noise)
     noise = ", ".join(f"{decision.b_noise[t]:.4g} ({config.task.metric} {t:g})" for t in order)
     grid = sorted(config.sweep.batch_sizes)
     finite = [v for v in decision.b_noise.values() if math.isfinite(v) and v > 0]
@@ -170,3 +171,21 @@ def _decision_record(decision: Decision) -> dict[str, Any]:
 
 __all__ = ["PLAN_FILE", "PlanSummary", "Proposal", "examples_processed", "explain", "plan",
            "read_outcomes"]
+
+
+def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | None,
+        quiet: bool, echo: Echo) -> None:
+    """`gnsweep plan`: the config and its checks as for `gnsweep launch`, then the plan's rounds;
+    ends with what it ran and pruned."""
+    from gnsweep.commands.preflight import compose_config, preflight
+
+    # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
+    config = preflight(compose_config(overrides, workers))
+    sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
+    summary = plan(config, sweep_dir, show_progress=not quiet, echo=echo)
+    ids = sorted(set(summary.run_ids))
+    echo(f"plan {sweep_dir}: {len(ids)} of {summary.grid_size} grid runs in "
+         f"{summary.rounds} round(s) ({summary.grid_size - len(ids)} pruned: never run; "
+         f"{len(set(summary.capped))} with a smaller step budget); "
+         f"{examples_processed(sweep_dir, ids):,} examples processed")
+    echo(f"next: gnsweep analyze {sweep_dir}")

@@ -1,4 +1,5 @@
-"""The analysis as printed by `gnsweep analyze`: one line per target with standard errors."""
+"""The analysis as printed by `gnsweep analyze` (one line per target with standard errors) and the
+comparison as printed by `gnsweep compare`."""
 
 from __future__ import annotations
 
@@ -77,3 +78,23 @@ def _pm(value: float, error: float, spec: str = ".4g") -> str:
     if not np.isfinite(error):
         return format(value, spec)
     return f"{format(value, spec)} ± {error:.2g}"
+
+
+def format_compare(table: pd.DataFrame) -> str:
+    """The comparison (`gnsweep compare`'s table) as plain text for the console."""
+    def pm(value: float, se: float) -> str:
+        if not np.isfinite(value):
+            return "-"
+        return f"{value:.4g} ± {se:.2g}" if np.isfinite(se) else f"{value:.4g}"
+
+    head = (f"{'task':<10}{'sweep':<14}{'target':>10}  {'B_crit':<20}{'B_simple (mean)':<20}"
+            f"{'ratio':<16}unit")
+    lines = [head]
+    for row in table.itertuples(index=False):
+        ratio = pm(row.ratio, row.ratio_se)
+        note = f"  (no fit: {row.refused})" if row.refused else ""
+        lines.append(f"{row.task:<10}{row.sweep[:13]:<14}{row.target:>10.4g}  "
+                     f"{pm(row.b_crit, row.b_crit_se):<20}"
+                     f"{pm(row.b_simple_mean, row.b_simple_mean_se):<20}{ratio:<16}"
+                     f"{row.unit}{note}")
+    return "\n".join(lines)

@@ -17,7 +17,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 from gnsweep.analysis.compare import log_error_bars, placeable
-from gnsweep.plots import COLORS, COLUMN, STYLE, Skip
+from gnsweep.report.figures import COLORS, COLUMN, STYLE, Skip
+from gnsweep.targets import KEY as DIRECTION_KEY
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 BAND = 3.0
@@ -96,7 +97,7 @@ def noise_scale_vs_target(table: pd.DataFrame) -> Figure:
             if (x > 0).all() and x.max() > 10 * x.min():  # log only over a decade or more
                 ax.set_xscale("log")
                 ax.xaxis.set_minor_formatter(NullFormatter())
-            if not bool(rows["higher_is_better"].iloc[0]):
+            if not bool(rows[DIRECTION_KEY].iloc[0]):
                 ax.invert_xaxis()
             ax.set_xlabel(f"{rows['metric'].iloc[0]} reached")
             ax.set_ylabel(f"$B_{{simple}}$ ({rows['unit'].iloc[0]})")

@@ -1,8 +1,7 @@
-"""A sweep folder in, its results out: `analyze_sweep` reads the runs and the sweep's config,
-runs the pure pipeline (`gnsweep.analysis.pipeline`) and writes the tables through the store.
-Nothing is written until the whole analysis has succeeded.
-
-The pipeline's and the console's names are re-exported here, where the first version kept them.
+"""`gnsweep analyze`: a sweep folder (or a table of measurements) in, its results out.
+`analyze_sweep` reads the runs and the sweep's config, runs the pure pipeline
+(`gnsweep.analysis.pipeline`) and writes the tables through the store. Nothing is written until
+the whole analysis has succeeded.
 """
 
 from __future__ import annotations
@@ -14,32 +13,14 @@ from typing import TYPE_CHECKING
 from gnsweep import store
 from gnsweep.analysis.adaptive import analyze_adaptive, split_adaptive
 from gnsweep.analysis.along import compare_schedule, split_along
-from gnsweep.analysis.console import format_fits
-from gnsweep.analysis.pipeline import (
-    ALL_FIT_COLUMNS,
-    FIT_COLUMNS,
-    FIT_EXTRA_COLUMNS,
-    OUTPUT_FILES,
-    Analysis,
-    AnalysisError,
-    analyze_steps,
-    analyze_tables,
-    fit_quality,
-    fit_target,
-    median_with_error,
-    ratio_with_error,
-)
+from gnsweep.analysis.pipeline import AnalysisError, analyze_tables
 from gnsweep.analysis.recipe import recipe_warnings
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.steps import Curves
+from gnsweep.commands import Echo
 
 if TYPE_CHECKING:
     from gnsweep.config import Config
-
-__all__ = ["ALL_FIT_COLUMNS", "FIT_COLUMNS", "FIT_EXTRA_COLUMNS", "OUTPUT_FILES", "Analysis",
-           "AnalysisError", "Results", "analyze_steps", "analyze_sweep", "analyze_tables",
-           "fit_quality", "fit_target", "format_fits", "median_with_error", "ratio_with_error",
-           "write_outputs"]
 
 
 def write_outputs(out_dir: Path, analysis: Results) -> None:
@@ -50,7 +31,7 @@ def write_outputs(out_dir: Path, analysis: Results) -> None:
 def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool = False, *,
                   bootstrap: int | None = None, ema_examples: float | None = None,
                   targets: list[float] | None = None, out_dir: Path | None = None,
-                  write: bool = True) -> Analysis:
+                  write: bool = True) -> Results:
     """Load a sweep, analyze it, write its tables into the sweep folder (or `out_dir`).
 
     `loss` and `bootstrap` default to the sweep's `analysis` config (else smoothed and 0),
@@ -90,16 +71,16 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
         bootstrap = config.analysis.bootstrap
     analysis = analyze_tables(None, fixed, targets, loss=loss, ema_examples=ema_examples,
                               bootstrap=bootstrap, optimizer=config.train.optimizer,
-                              source=str(sweep_dir), higher_is_better=task.higher_is_better)
+                              source=str(sweep_dir), direction=task.direction)
     if adaptive is not None:
         analysis.adaptive = analyze_adaptive(adaptive, analysis.fits, targets, loss=loss,
                                              ema_examples=ema_examples,
-                                             higher_is_better=task.higher_is_better)
+                                             direction=task.direction)
     if along is not None:
         analysis.along_schedule = compare_schedule(along, analysis.front, targets,
                                                    fits=analysis.fits, loss=loss,
                                                    ema_examples=ema_examples,
-                                                   higher_is_better=task.higher_is_better)
+                                                   direction=task.direction)
     # Where the learning-rate schedule, not the batch size, decides the answer.
     analysis.warnings += recipe_warnings(config, analysis.fits, analysis.front)
     # What the targets are values of, for figures and the report ("loss", "return"), and B's unit.
@@ -124,7 +105,7 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
 
 def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
                          loss: str | None = None, ema_examples: float | None = None,
-                         bootstrap: int | None = None) -> Analysis:
+                         bootstrap: int | None = None) -> Results:
     """A branch sweep (`gnsweep branch`): one analysis per branch point to its relative targets,
     grouped by `at_examples`, with the local B_crit table (`analysis.along`) and the base run's
     noise scale over training where its folder is still there (for the figure)."""
@@ -141,7 +122,7 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
     analysis = analyze_along(curves, points, branch.targets, loss=loss, ema_examples=ema_examples,
                              bootstrap=config.analysis.bootstrap if bootstrap is None
                              else bootstrap, optimizer=config.train.optimizer,
-                             higher_is_better=task.higher_is_better, source=str(sweep_dir))
+                             direction=task.direction, source=str(sweep_dir))
     base = Path(branch.base)
     try:
         analysis.along_base = base_curve(load_run_curves(base), loss)
@@ -152,3 +133,77 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
     for run in unfinished.itertuples(index=False):
         analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
     return analysis
+
+
+def parse_targets(text: str | None) -> list[float] | None:
+    """`--targets 0.5,0.2` (or `[0.5, 0.2]`) as numbers; ConfigError for anything else."""
+    from gnsweep.config import ConfigError
+
+    if not text:
+        return None
+    try:
+        values = [float(part) for part in text.replace(" ", "").strip("[]").split(",") if part]
+    except ValueError:
+        raise ConfigError(f"--targets: {text!r} is not a comma-separated list of numbers"
+                          ) from None
+    if not values or any(not (v > 0 and v < float("inf")) for v in values):
+        raise ConfigError(f"--targets: {text!r}: give positive finite losses, e.g. 0.5,0.2")
+    return values
+
+
+def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets: str | None,
+        loss: str | None, ema_examples: float | None, bootstrap: int | None, optimizer: str,
+        group_by: str | None, as_json: bool, skip_corrupt: bool, echo: Echo) -> None:
+    """`gnsweep analyze`: check the options, analyze a sweep folder or a --table file, write the
+    tables, print the fits (on stderr with --json, which prints fits.json's content instead)."""
+    import json
+
+    from gnsweep.analysis.external import analyze_table
+    from gnsweep.config import LOSS_KINDS, OPTIMIZERS, ConfigError
+    from gnsweep.report.console import format_fits
+
+    if (sweep_dir is None) == (table is None):
+        raise ConfigError("give a sweep folder or --table FILE (one of them)")
+    if loss is not None and loss not in LOSS_KINDS:
+        raise ConfigError(f"--loss: {loss!r} is not one of {', '.join(LOSS_KINDS)}")
+    if ema_examples is not None and (loss or "smoothed") != "smoothed":
+        raise ConfigError("--ema-examples re-smooths the training loss; it needs --loss smoothed")
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"--optimizer: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+    target_list = parse_targets(targets)
+    if group_by is not None and table is None:
+        raise ConfigError("--group-by groups the rows of a --table FILE; a sweep folder is one "
+                          "workload")
+    if table is not None:
+        if out is None:
+            raise ConfigError("--table needs --out DIR for the tables")
+        result = analyze_table(table, target_list, loss=loss or "smoothed",
+                               ema_examples=ema_examples, bootstrap=bootstrap or 0,
+                               optimizer=optimizer, group_by=group_by)
+        write_outputs(out, result)
+    else:
+        assert sweep_dir is not None
+        result = analyze_sweep(sweep_dir, loss=loss, skip_corrupt=skip_corrupt,
+                               ema_examples=ema_examples, bootstrap=bootstrap,
+                               targets=target_list, out_dir=out)
+        out = out or sweep_dir
+    echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by")), err=as_json)
+    if len(result.along_schedule):  # runs following a measured B_crit (sweep.schedule=along)
+        from gnsweep.analysis.along import format_schedule
+
+        echo(format_schedule(result.along_schedule), err=as_json)
+    if len(result.along):  # a branch sweep (`gnsweep branch`): the local B_crit per point
+        from gnsweep.analysis.along import format_along
+
+        echo(format_along(result.along, result.meta.get("unit", "examples")), err=as_json)
+    if len(result.adaptive):
+        from gnsweep.analysis.adaptive import format_adaptive
+
+        echo(format_adaptive(result.adaptive), err=as_json)
+    for warning in result.warnings:
+        echo(f"warning: {warning}", err=True)
+    echo(f"tables: {out}/steps.parquet, front.parquet, fits.parquet, lr_fits.parquet, "
+         "loss_scaling.parquet, fits.json" + (", along.parquet" if len(result.along) else ""),
+         err=as_json)
+    if as_json:
+        echo(json.dumps(result.to_json(), indent=2, sort_keys=True))

@@ -1,0 +1,68 @@
+"""`gnsweep launch`: compose the config, resolve the schedules that read other folders, expand
+the grid, check the task (`preflight`), then run what has not finished (`gnsweep.sweep.launch`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gnsweep.commands import Echo
+from gnsweep.commands.preflight import compose_config, preflight
+
+
+def grid_line(config: Any, specs: list[Any], sweep_dir: Path) -> str:
+    """`sweep NAME: task T, N runs (batch sizes ... x learning rates ... x seeds ...) -> DIR`."""
+    sweep = config.sweep
+
+    def listed(values: list[Any]) -> str:
+        return ",".join(f"{v:g}" for v in values)
+
+    grid = (f"batch sizes {listed(sweep.batch_sizes)} x learning rates "
+            f"{listed(sweep.learning_rates)} x seeds {listed(sweep.seeds)}")
+    if sweep.schedule == "adaptive":
+        grid += f", adaptive at exchange rates {listed(sweep.exchange_rates)}"
+    return (f"sweep {sweep.name}: task {config.task.label}, {len(specs)} runs ({grid}; "
+            f"targets {listed(sweep.targets)}) -> {sweep_dir}")
+
+
+def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | None,
+        dry_run: bool, quiet: bool, detach: bool, echo: Echo) -> int:
+    """Run (or resume) the sweep; returns the exit code: 0 every run ended done or diverged,
+    1 a run failed (named on stderr)."""
+    from gnsweep.sweep import expand_grid, resolve_adaptive_lr
+    from gnsweep.sweep import launch as run_sweep
+
+    config = compose_config(overrides, workers)
+    sweep_dir = sweep_dir or Path("runs") / config.sweep.name
+    config = resolve_adaptive_lr(config, sweep_dir)  # adaptive runs: eq. 2.7 from the folder's fit
+    if config.sweep.schedule == "along":  # the measured B_crit curve of a branch sweep
+        from gnsweep.branching import resolve_along
+
+        config = resolve_along(config, sweep_dir)
+    specs = expand_grid(config)
+    if dry_run:
+        echo(grid_line(config, specs, sweep_dir))
+        echo(f"{'run_id':<28}{'batch_size':>16}{'learning_rate':>16}{'seed':>6}")
+        for spec in specs:
+            # An adaptive run's batch size follows the noise scale, its rate is eps_max (eq. 2.7).
+            batch, lr = ((f"adaptive r={spec.exchange_rate:g}", f"eps_max {spec.learning_rate:g}")
+                         if spec.adaptive else ("along B_crit", f"eps_max {spec.learning_rate:g}")
+                         if spec.along else (str(spec.batch_size), f"{spec.learning_rate:g}"))
+            echo(f"{spec.run_id:<28}{batch:>16}{lr:>16}{spec.seed:>6}")
+        return 0
+    # Before the sweep folder is written: a task that cannot train is refused here (exit 2).
+    config = preflight(config)
+    echo(grid_line(config, specs, sweep_dir))  # the grid that runs, before it runs
+    summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)
+    if detach and config.executor.kind == "slurm":
+        jobs = ", ".join(summary.submitted) or "none (nothing left to run)"
+        echo(f"sweep {sweep_dir}: submitted Slurm jobs {jobs}")
+        echo(f"follow: gnsweep status {sweep_dir}")
+        return 0
+    echo(f"sweep {sweep_dir}: {summary.describe()}")
+    if summary.failed:
+        echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
+             f"{', '.join(summary.failed)}", err=True)
+    if summary.done or summary.diverged or not summary.failed:  # not when every run failed
+        echo(f"next: gnsweep analyze {sweep_dir}")
+    return 1 if summary.failed else 0

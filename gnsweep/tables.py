@@ -1,0 +1,139 @@
+"""The typed columns of every results table: what `gnsweep analyze` and `gnsweep compare` write
+(docs/analysis.md and docs/compare.md say what each column means). The one place a table's
+columns are listed: `gnsweep.store` writes with these types, and the analysis builds its frames
+from `columns(name)`. Pure; pyarrow only.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from gnsweep.targets import KEY as DIRECTION_KEY
+
+BEST_VALUE = "min_loss"
+"""The steps table's column holding each run's best value in the targets' direction: the lowest
+loss, or the highest value of a rising metric. Its name on disk stays `min_loss`, the one older
+sweep folders and users' scripts read."""
+
+# Column types of the analysis's tables (docs/analysis.md says what each column means). A
+# table written from elsewhere (`gnsweep analyze --table`) may hold a subset of the columns.
+RESULT_SCHEMAS: dict[str, pa.Schema] = {
+    "steps": pa.schema([
+        ("run_id", pa.large_string()), ("batch_size", pa.int64()), ("learning_rate", pa.float64()),
+        ("seed", pa.int64()), ("target", pa.float64()), ("state", pa.large_string()),
+        ("reached", pa.bool_()), ("steps", pa.float64()), ("examples", pa.float64()),
+        ("b_simple_at_target", pa.float64()), ("b_simple_mean", pa.float64()),
+        ("outcome", pa.large_string()), ("b_noise_at_target", pa.float64()),
+        ("b_noise_mean", pa.float64()), (BEST_VALUE, pa.float64()), ("last_step", pa.float64()),
+        ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
+        ("drift_share", pa.float64()), ("lr_share", pa.float64()),
+    ]),
+    "front": pa.schema([
+        ("target", pa.float64()), ("batch_size", pa.int64()), ("learning_rate", pa.float64()),
+        ("steps", pa.float64()), ("examples", pa.float64()), ("n_lr_reached", pa.int64()),
+        ("lr_on_edge", pa.bool_()), ("b_simple_at_target", pa.float64()),
+        ("b_simple_mean", pa.float64()), ("on_front", pa.bool_()), ("n_lr", pa.int64()),
+        ("lr_edge", pa.large_string()), ("lr_opt", pa.float64()), ("n_seeds", pa.int64()),
+        ("b_noise_at_target", pa.float64()), ("b_noise_mean", pa.float64()),
+        ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
+        ("drift_share", pa.float64()), ("budget_share", pa.float64()), ("lr_share", pa.float64()),
+        ("late", pa.bool_()), ("steps_fit", pa.float64()), ("resid_log", pa.float64()),
+        ("in_fit", pa.bool_()), ("left_out", pa.large_string()),
+    ]),
+    "fits": pa.schema([
+        ("target", pa.float64()), ("n_batch_sizes", pa.int64()), ("s_min", pa.float64()),
+        ("s_min_se", pa.float64()), ("e_min", pa.float64()), ("e_min_se", pa.float64()),
+        ("b_crit", pa.float64()), ("b_crit_se", pa.float64()), ("rmse_log", pa.float64()),
+        ("b_simple_at_target", pa.float64()), ("b_simple_mean", pa.float64()),
+        ("ratio", pa.float64()), ("refused", pa.large_string()), ("dof", pa.int64()),
+        ("max_abs_resid_log", pa.float64()), ("n_bootstrap", pa.int64()),
+        ("s_min_lo", pa.float64()), ("s_min_hi", pa.float64()), ("e_min_lo", pa.float64()),
+        ("e_min_hi", pa.float64()), ("b_crit_lo", pa.float64()), ("b_crit_hi", pa.float64()),
+        ("b_simple_at_target_se", pa.float64()), ("b_simple_mean_se", pa.float64()),
+        ("ratio_se", pa.float64()), ("ratio_at_target", pa.float64()),
+        ("ratio_at_target_se", pa.float64()), ("b_noise_at_target", pa.float64()),
+        ("b_noise_at_target_se", pa.float64()), ("b_noise_mean", pa.float64()),
+        ("b_noise_mean_se", pa.float64()), ("ratio_noise", pa.float64()),
+        ("ratio_noise_se", pa.float64()), ("lr_model", pa.large_string()),
+        ("eps_max", pa.float64()), ("eps_max_se", pa.float64()), ("b_noise_lr", pa.float64()),
+        ("b_noise_lr_se", pa.float64()), ("lr_alpha", pa.float64()), ("lr_alpha_se", pa.float64()),
+        ("lr_refused", pa.large_string()), ("quality", pa.large_string()),
+        ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
+        ("drift_share", pa.float64()), ("b_crit_window_lo", pa.float64()),
+        ("b_crit_window_hi", pa.float64()), ("b_crit_window_spread", pa.float64()),
+        ("bcrit_status", pa.large_string()), ("bcrit_reason", pa.large_string()),
+        ("b_crit_bound", pa.float64()), ("n_left_out", pa.int64()),
+        ("censored", pa.large_string()), ("lr_status", pa.large_string()),
+    ]),
+    "lr_fits": pa.schema([
+        ("target", pa.float64()), ("model", pa.large_string()), ("n_points", pa.int64()),
+        ("eps_max", pa.float64()), ("eps_max_se", pa.float64()), ("b_noise", pa.float64()),
+        ("b_noise_se", pa.float64()), ("alpha", pa.float64()), ("alpha_se", pa.float64()),
+        ("rmse_log", pa.float64()), ("refused", pa.large_string()),
+        ("status", pa.large_string()), ("b_noise_bound", pa.float64()),
+    ]),
+    "loss_scaling": pa.schema([
+        ("n_targets", pa.int64()), ("b_star", pa.float64()), ("b_star_se", pa.float64()),
+        ("alpha_b", pa.float64()), ("alpha_b_se", pa.float64()), ("rmse_log", pa.float64()),
+        ("refused", pa.large_string()),
+    ]),
+    "adaptive": pa.schema([
+        ("run_id", pa.large_string()), ("exchange_rate", pa.float64()), ("eps_max", pa.float64()),
+        ("seed", pa.int64()), ("target", pa.float64()), ("state", pa.large_string()),
+        ("reached", pa.bool_()), ("steps", pa.float64()), ("examples", pa.float64()),
+        ("mean_batch", pa.float64()), ("noise_source", pa.large_string()),
+        ("b_noise_mean", pa.float64()), ("gamma", pa.float64()), ("s_min", pa.float64()),
+        ("e_min", pa.float64()), ("e_fixed", pa.float64()), ("e_predicted", pa.float64()),
+        ("gain_predicted", pa.float64()), ("gain_measured", pa.float64()),
+        ("front_product", pa.float64()),
+    ]),
+    "along": pa.schema([
+        ("at_examples", pa.int64()), ("at_step", pa.int64()), ("at_loss", pa.float64()),
+        ("target", pa.float64()), ("target_value", pa.float64()), ("n_runs", pa.int64()),
+        ("n_batch_sizes", pa.int64()), ("s_min", pa.float64()), ("s_min_se", pa.float64()),
+        ("e_min", pa.float64()), ("e_min_se", pa.float64()), ("b_crit", pa.float64()),
+        ("b_crit_se", pa.float64()), ("rmse_log", pa.float64()), ("b_simple", pa.float64()),
+        ("b_noise", pa.float64()), ("ratio", pa.float64()), ("ratio_se", pa.float64()),
+        ("ratio_noise", pa.float64()), ("ratio_noise_se", pa.float64()),
+        ("b_simple_mean", pa.float64()), ("b_noise_mean", pa.float64()),
+        ("quality", pa.large_string()), ("refused", pa.large_string()),
+        ("bcrit_status", pa.large_string()), ("bcrit_reason", pa.large_string()),
+        ("b_crit_bound", pa.float64()),
+    ]),
+    "along_schedule": pa.schema([
+        ("run_id", pa.large_string()), ("seed", pa.int64()), ("target", pa.float64()),
+        ("state", pa.large_string()), ("reached", pa.bool_()), ("steps", pa.float64()),
+        ("examples", pa.float64()), ("mean_batch", pa.float64()), ("best_batch", pa.float64()),
+        ("best_lr", pa.float64()), ("best_steps", pa.float64()),
+        ("best_examples", pa.float64()), ("steps_ratio", pa.float64()),
+        ("examples_ratio", pa.float64()), ("front_steps", pa.float64()),
+        ("front_ratio", pa.float64()),
+    ]),
+    "along_base": pa.schema([
+        ("step", pa.float64()), ("examples", pa.float64()), ("loss", pa.float64()),
+        ("b_simple", pa.float64()), ("b_noise", pa.float64()),
+    ]),
+}
+OPTIONAL_RESULTS = ("adaptive", "along", "along_schedule", "along_base")
+"""Results tables written only when not empty (a sweep with adaptive runs, a branch sweep)."""
+COMPARE_SCHEMA = pa.schema([
+    ("task", pa.large_string()), ("sweep", pa.large_string()), ("sweep_dir", pa.large_string()),
+    ("metric", pa.large_string()), (DIRECTION_KEY, pa.bool_()), ("unit", pa.large_string()),
+    ("target", pa.float64()), ("n_batch_sizes", pa.int64()), ("b_crit", pa.float64()),
+    ("b_crit_se", pa.float64()), ("b_simple_mean", pa.float64()),
+    ("b_simple_mean_se", pa.float64()), ("b_simple_at_target", pa.float64()),
+    ("b_simple_at_target_se", pa.float64()), ("b_noise_mean", pa.float64()),
+    ("b_noise_mean_se", pa.float64()), ("ratio", pa.float64()), ("ratio_se", pa.float64()),
+    ("ratio_noise", pa.float64()), ("refused", pa.large_string()),
+    ("quality", pa.large_string()),
+])
+"""compare.parquet, written by `gnsweep compare` (docs/compare.md)."""
+RESULT_TABLES = tuple(RESULT_SCHEMAS)
+"""Results fields written as <name>.parquet; fits.json holds the rest (warnings, meta)."""
+
+
+def columns(table: str) -> list[str]:
+    """The columns of a results table (`RESULT_SCHEMAS`), or "compare" (`COMPARE_SCHEMA`), in
+    their order."""
+    schema = COMPARE_SCHEMA if table == "compare" else RESULT_SCHEMAS[table]
+    return list(schema.names)

@@ -1,0 +1,135 @@
+"""One fact in one place, read from the code: a target's direction, eq. 2.7, the sweep folder's
+file names, the results tables' columns; and the arrows between floors that must not exist
+(store -> analysis, the launch pre-flight -> training, lr_schedule -> torch)."""
+
+from __future__ import annotations
+
+import ast
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gnsweep import lr_law, store, tables
+from gnsweep.targets import FALLING, RISING, Direction
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gnsweep"
+
+
+def _sources() -> dict[str, str]:
+    return {str(p.relative_to(PACKAGE)): p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(path: Path) -> set[str]:
+    """Every gnsweep module a file imports, at its top or inside a function."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m.startswith("gnsweep")}
+
+
+def test_the_direction_flag_is_named_in_few_files():
+    named = [name for name, text in _sources().items() if "higher_is_better" in text]
+    # targets.py (the key), config.py (maps the task's flag to a Direction once), the task
+    # registry and cartpole (the declared flag of the task protocol).
+    assert len(named) <= 6, named
+
+
+def test_store_imports_no_analysis_module():
+    assert not {m for m in _imports(PACKAGE / "store.py") if m.startswith("gnsweep.analysis")}
+
+
+def test_the_launch_preflight_imports_no_training_module():
+    assert not {m for m in _imports(PACKAGE / "tasks" / "check.py")
+                if m.startswith("gnsweep.training")}
+
+
+def test_lr_schedule_imports_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import gnsweep.training.lr_schedule\n"
+            "assert 'gnsweep.training.loop' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=PACKAGE.parent, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("user", ["planner/rules.py", "schedule.py", "analysis/lr.py"])
+def test_eq_2_7_has_one_home(user):
+    imported = _imports(PACKAGE / user)
+    assert "gnsweep.lr_law.eps_opt" in imported or "gnsweep.lr_law" in imported \
+        or "gnsweep.lr_law" in {m.rsplit(".", 1)[0] for m in imported}, imported
+    # ... and writes no law of its own (a def named like the law, outside lr_law.py).
+    tree = ast.parse((PACKAGE / user).read_text())
+    assert not [n.name for n in ast.walk(tree)
+                if isinstance(n, ast.FunctionDef) and n.name in ("eps_max_from",)]
+
+
+def test_eq_2_7_closed_form():
+    # At B = B_noise the optimal rate is half of eps_max; at B >> B_noise it tends to eps_max.
+    assert lr_law.eps_opt(100.0, 0.8, 100.0) == pytest.approx(0.4)
+    assert lr_law.eps_opt(1e9, 0.8, 100.0) == pytest.approx(0.8, rel=1e-6)
+    assert lr_law.eps_max_from(lr_law.eps_opt(37.0, 0.5, 90.0), 37.0, 90.0) == pytest.approx(0.5)
+    from gnsweep.analysis.lr import eps_opt as fitted
+    from gnsweep.schedule import eps_of_batch
+    assert eps_of_batch(50.0, 1.0, 150.0) == pytest.approx(0.25)
+    assert fitted([50.0, 150.0], 1.0, 150.0).tolist() == pytest.approx([0.25, 0.5])
+
+
+def test_sweep_folder_file_names_live_in_store():
+    names = ['"attempts.jsonl"', '"claim.json"', '".claims.lock"', '"jobs.json"', '"plan.json"',
+             '"status.json"', '"metrics.parquet"']
+    elsewhere = {(path, name) for path, text in _sources().items() if path != "store.py"
+                 for name in names if name in text}
+    assert not elsewhere
+    walked = [path for path, text in _sources().items() if "parent.parent" in text
+              and path.split("/")[0] in ("executors", "planner")]
+    assert not walked
+
+
+def test_results_columns_are_typed_once():
+    from gnsweep.analysis import adaptive, along, compare, front, lr, pipeline, steps
+    assert store.RESULT_SCHEMAS is tables.RESULT_SCHEMAS
+    assert store.COMPARE_SCHEMA is tables.COMPARE_SCHEMA
+    assert tables.columns("steps") == steps.STEPS_COLUMNS
+    assert tables.columns("front") == front.FRONT_COLUMNS
+    assert tables.columns("fits") == pipeline.ALL_FIT_COLUMNS
+    assert tables.columns("lr_fits") == lr.LR_FIT_COLUMNS
+    assert tables.columns("adaptive") == adaptive.ADAPTIVE_COLUMNS
+    assert tables.columns("along") == along.ALONG_COLUMNS
+    assert tables.columns("compare") == compare.COMPARE_COLUMNS
+
+
+def test_the_loop_asks_the_monitor():
+    for path in ("training/state.py", "training/backward.py"):
+        tree = ast.parse((PACKAGE / path).read_text())
+        reached = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                   and isinstance(n.value, ast.Attribute) and n.value.attr == "monitor"
+                   and n.attr in ("timed", "keep", "method", "warn_once", "needs_microbatches")}
+        reached |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                    and isinstance(n.value, ast.Name) and n.value.id == "monitor"
+                    and n.attr in ("measuring", "needs_microbatches")}
+        assert not reached, (path, reached)
+
+
+def test_direction_closed_forms():
+    assert FALLING.reached(0.3, 0.3) and not FALLING.reached(0.31, 0.3)
+    assert RISING.reached(200.0, 200.0) and not RISING.reached(199.0, 200.0)
+    assert FALLING.better(0.1, 0.2) and RISING.better(0.2, 0.1)
+    assert not FALLING.better(0.2, 0.2) and not RISING.better(0.2, 0.2)
+    assert FALLING.best([0.5, math.nan, 0.2]) == 0.2 and RISING.best([5.0, math.nan, 9.0]) == 9.0
+    assert math.isnan(RISING.best([math.nan]))
+    assert FALLING.hardest([0.5, 0.1, 0.3]) == 0.1 and RISING.hardest([100, 400, 200]) == 400
+    assert FALLING.in_training_order([0.1, 0.5, 0.3]) == [0.5, 0.3, 0.1]
+    assert RISING.in_training_order([400, 100, 200]) == [100, 200, 400]
+    assert FALLING.as_loss(2.0) == 2.0 and RISING.as_loss(2.0) == -2.0
+    # A branch point at loss 2.0 and fraction 0.9: 1.8; a return of -50 rises to -40 at 0.8.
+    assert FALLING.relative_target(2.0, 0.9) == pytest.approx(1.8)
+    assert RISING.relative_target(-50.0, 0.8) == pytest.approx(-40.0)
+    assert Direction.of(True) is RISING and Direction.of(RISING) is RISING
+    assert Direction.from_meta(RISING.to_meta()) == RISING and Direction.from_meta({}) == FALLING
