@@ -19,7 +19,8 @@ from gnsweep import store
 from gnsweep.analysis.along import BranchPoint, analyze_along
 from gnsweep.analysis.bounds import FIT, STATUSES, SUPPORT_FACTOR
 from gnsweep.analysis.lr import ALPHA_RANGE
-from gnsweep.analysis.pipeline import Analysis, AnalysisError, analyze_steps, analyze_tables
+from gnsweep.analysis.pipeline import AnalysisError, analyze_steps, analyze_tables
+from gnsweep.analysis.results import Results
 from gnsweep.analysis.steps import curves_from_frames
 from gnsweep.report.console import format_fits
 
@@ -64,7 +65,7 @@ def steps_tables(draw) -> tuple[pd.DataFrame, list[float]]:
     return pd.DataFrame(rows), targets
 
 
-def check(result: Analysis) -> None:
+def check(result: Results) -> None:
     """No absurd number: every fitted scale inside its grid's support, every other one NaN with
     its reason; the console, fits.json and the parquet tables all written without error."""
     for fit in result.fits.to_dict(orient="records"):
