@@ -6,7 +6,8 @@ pre-launch check (no launch id in the environment yet) is left alone.
 way a user names theirs (`task=custom task._target_=blocking_task.make_custom`);
 `make_unreachable` is a task whose data server cannot be reached, and says where;
 `make_first_loss_blocks` is one whose loss blocks on its first call in the launcher's
-pre-launch check (no launch id yet) until `RELEASE` is set."""
+pre-launch check (no launch id yet) until `RELEASE` is set; `make_build_blocks` one whose
+building blocks in a launch's worker (a minute: for good, as far as a test sees)."""
 
 import os
 import threading
@@ -14,8 +15,8 @@ import time
 
 from gnsweep.tasks.digits import Digits, Options
 
-__all__ = ["RELEASE", "Options", "make", "make_custom", "make_first_loss_blocks",
-           "make_unreachable"]
+__all__ = ["RELEASE", "Options", "make", "make_build_blocks", "make_custom",
+           "make_first_loss_blocks", "make_unreachable"]
 
 RELEASE = threading.Event()
 """Set by a test to let a blocked pre-launch check go on (its thread is then not left behind)."""
@@ -52,3 +53,9 @@ class FirstLossBlocks(Digits):
 
 def make_first_loss_blocks(seed: int = 0) -> FirstLossBlocks:
     return FirstLossBlocks(Options(hidden=8), seed)
+
+
+def make_build_blocks(seed: int = 0) -> Digits:
+    if os.environ.get("GNSWEEP_LAUNCH"):
+        time.sleep(60)
+    return Digits(Options(hidden=8), seed)

@@ -57,6 +57,22 @@ def test_a_stalled_run_is_stopped_recorded_and_retried(tmp_path, monkeypatch):
     assert not (path / claims.CLAIM).exists()
 
 
+def test_a_task_that_blocks_as_a_worker_builds_it_ends_the_worker(tmp_path, monkeypatch):
+    # executor=torchrun with one process a run: the worker process without torchrun, which
+    # builds the task once before its first run (no run, hence no watchdog, yet).
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    config = compose([*ONE_RUN, "sweep.max_retries=0", "sweep.stall_seconds=2",
+                      "executor=torchrun", "executor.nproc_per_node=1", "task=custom",
+                      "task._target_=blocking_task.make_build_blocks"])
+    summary = launch(config, tmp_path, show_progress=False)  # returns: no job hangs
+    (run_id,) = store.run_ids(tmp_path)
+    assert summary.failed == [run_id]
+    logs = "".join(p.read_text() for p in (tmp_path / "queue").glob("*.log"))
+    assert "building it in a worker before its first run: no answer after 2 s" in logs
+    assert store.read_status(store.run_dir(tmp_path, run_id))["state"] == "pending"
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_launcher_stopped_by_a_signal_takes_its_workers_down(tmp_path, signum):
     sweep = tmp_path / "sweep"

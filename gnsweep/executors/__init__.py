@@ -302,23 +302,39 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
     return status
 
 
-def warm_up(sweep_dir: Path, run_id: str) -> None:
+def warm_up(sweep_dir: Path, run_id: str, stall_s: float = 0.0) -> None:
     """Import the training code and the task's data libraries once, before the first run.
 
     The first optimizer a process builds imports torch._dynamo (over a second here): build one.
-    Only a speed-up: a run whose config cannot be read fails when it runs, not here.
+    Only a speed-up: a run whose config cannot be read fails when it runs, not here. Building
+    the task runs the task's own code, before any run (and its stall watchdog) has started:
+    bounded by `stall_s` (`gnsweep.stall.bounded`; 0: no bound), whose `Stalled` is the one
+    error raised here.
     """
-    with contextlib.suppress(Exception):  # the run itself reports the error
-        _warm_up(sweep_dir, run_id)
+    from gnsweep.stall import Stalled, bounded
+
+    with contextlib.suppress(Exception):
+        _warm_imports()
+    try:
+        bounded(stall_s, f"task of run {run_id}: building it in a worker before its first run",
+                lambda: _warm_task(sweep_dir, run_id))
+    except Stalled:
+        raise
+    except Exception:  # the run itself reports the error
+        pass
 
 
-def _warm_up(sweep_dir: Path, run_id: str) -> None:
+def _warm_imports() -> None:
     import torch
 
-    from gnsweep.tasks import make_task
     from gnsweep.training import train  # noqa: F401
 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
+def _warm_task(sweep_dir: Path, run_id: str) -> None:
+    from gnsweep.tasks import make_task
+
     config, spec = read_run(sweep_dir, run_id)
     make_task(config.task.name, config.task.options, spec.seed)
 

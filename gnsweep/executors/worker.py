@@ -28,8 +28,18 @@ import torch.distributed as dist
 from gnsweep import allocator
 from gnsweep.distributed import close_process_group
 from gnsweep.errors import StopRequested
-from gnsweep.executors import LAUNCH_ENV, PREEMPTED, process_logger, run_taken, take_run, warm_up
+from gnsweep.executors import (
+    LAUNCH_ENV,
+    PREEMPTED,
+    process_logger,
+    run_taken,
+    stall_seconds,
+    take_run,
+    warm_up,
+)
+from gnsweep.executors.watchdog import STALLED_EXIT
 from gnsweep.notices import once_per_launch
+from gnsweep.stall import Stalled
 
 
 def init_process_group() -> bool:
@@ -131,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     run_ids = [line.strip() for line in args.runs_file.read_text().splitlines() if line.strip()]
     init_process_group()
     if run_ids:
-        warm_up(args.sweep_dir, run_ids[0])  # before claiming: a claimed run starts at once
+        try:  # before claiming: a claimed run starts at once
+            warm_up(args.sweep_dir, run_ids[0], stall_seconds(args.sweep_dir))
+        except Stalled as err:  # the task blocks: end, rather than hang the job
+            print(f"gnsweep: {err}", file=sys.stderr, flush=True)
+            close_process_group(False)
+            return STALLED_EXIT
     stopped = clean = False
     try:
         serve(args.sweep_dir, run_ids, args.max_retries, should_stop)
