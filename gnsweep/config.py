@@ -7,8 +7,10 @@ torchrun or Slurm load a run's `config.json` without Hydra.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -162,8 +164,11 @@ class SweepConfig:
     max_examples: int = 0
     """Example budget of one run (0: none)."""
     loss_ema_examples: float = 128.0
-    """Time constant of the smoothed training loss, in examples: per-step decay exp(-B/this), so
-    every batch size averages over the same number of examples (same noise, same lag in E)."""
+    """Time constant of the smoothed training loss, in examples (the task's unit): per-step
+    decay exp(-B/this), so every batch size averages over the same number of examples (same
+    noise, same lag in E). Left at this default it means 128 samples: `gnsweep launch`
+    converts it to the task's unit (128 x tokens a sequence for a language model,
+    `in_task_units`); a value given is taken in the task's unit as before."""
     divergence_factor: float = 3.0
     """A run diverges when its loss is NaN/inf or its smoothed loss exceeds this x its first
     loss (a loss task only: a task with its own metric, cartpole's return, diverges only on a
@@ -838,7 +843,57 @@ def compose(overrides: list[str] | None = None) -> Config:
     assert isinstance(data, dict)
     config = Config.from_dict({str(k): v for k, v in data.items()})
     _check_custom_grid(config, sweep_file, overrides)
-    return config
+    return _named_after_task(config, sweep_file, overrides)
+
+
+LOSS_EMA_SAMPLES = 128.0
+"""The default time constant of the run's smoothed loss (`sweep.loss_ema_examples`), in samples
+(the batch's first dimension): a task counting `p` examples a sample (tokens a sequence) gets
+`p` times as many examples (`in_task_units`)."""
+
+
+def in_task_units(config: Config, per_sample: float, overrides: list[str]) -> Config:
+    """The config with the default loss EMA (`LOSS_EMA_SAMPLES` samples, where
+    `sweep.loss_ema_examples` is neither overridden nor changed by a sweep file) converted to
+    the task's unit at `per_sample` examples a sample, so that it means the same training for
+    a task in tokens as for one in examples (128 tokens would be half a step at 16 sequences
+    of 16 tokens). A value given is the user's, in the task's unit, and kept."""
+    named = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    sweep = config.sweep
+    if per_sample == 1 or "sweep.loss_ema_examples" in named \
+            or sweep.loss_ema_examples != LOSS_EMA_SAMPLES:
+        return config
+    ema = float(f"{LOSS_EMA_SAMPLES * per_sample:.6g}")
+    return dataclasses.replace(config, sweep=dataclasses.replace(sweep, loss_ema_examples=ema))
+
+
+def budget_lines(config: Config, per_sample: float) -> list[str]:
+    """A line where `sweep.max_steps` ends some batch sizes' runs before `sweep.max_examples`
+    would (their budget in examples is then smaller than the larger batches'), naming them;
+    none without `max_examples`. `per_sample`: examples a sample (tokens a sequence)."""
+    sweep = config.sweep
+    if not sweep.max_examples:
+        return []
+    short = [b for b in sweep.batch_sizes if sweep.max_steps * b * per_sample < sweep.max_examples]
+    if not short:
+        return []
+    listed = ",".join(str(b) for b in short)
+    return [f"note: sweep.max_steps={sweep.max_steps} ends runs at batch sizes {listed} before "
+            f"sweep.max_examples={sweep.max_examples:,} (at batch size {short[-1]}, "
+            f"{sweep.max_steps:,} steps train {round(sweep.max_steps * short[-1] * per_sample):,}"
+            " examples); raise sweep.max_steps to give them the same budget in examples"]
+
+
+def _named_after_task(config: Config, sweep_file: str, overrides: list[str]) -> Config:
+    """A custom task on the default sweep file, its name not given: the sweep is named after
+    the task (its `_target_`, e.g. `mytask.make_task`), so that its default folder is
+    runs/<that>, not the digits sweep's."""
+    named = {o.lstrip("+").split("=", 1)[0] for o in overrides}
+    if config.task.name != tasks.CUSTOM or sweep_file != SweepConfig.name \
+            or "sweep.name" in named or config.sweep.name != SweepConfig.name:
+        return config
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", config.task.label).strip("._") or tasks.CUSTOM
+    return dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, name=name))
 
 
 GRID_FIELDS = ("batch_sizes", "learning_rates", "targets")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
 
@@ -238,6 +238,13 @@ class NoiseEstimate:
     """Standard error of `b_simple` from the spread of the single estimates of tr(Sigma) and
     |G|^2 in the window (`NoiseScaleEma.b_simple_se`); NaN until the window holds more than
     one measurement."""
+    g2_precond: float = math.nan
+    """EMA of G^T P G, P the optimizer's diagonal preconditioner (eq. A.2 in the P-norm)."""
+    trace_sigma_precond: float = math.nan
+    """EMA of tr(P Sigma)."""
+    b_simple_precond: float = math.nan
+    """EMA(tr(P Sigma)) / EMA(G^T P G): B_simple of the preconditioned step `P g` (eq. 2.9 in
+    the coordinates where that step is a plain gradient step); B_simple itself under SGD."""
 
 
 def estimate_state(estimate: NoiseEstimate | None) -> dict[str, float] | None:
@@ -526,6 +533,14 @@ class NoiseScaleEma:
             g_h_g=ghg, trace_h_sigma=htrace, b_noise=_ratio(htrace, ghg), drift=self.drift,
             b_simple_se=self.b_simple_se,
         )
+
+
+def with_precond(estimate: NoiseEstimate, precond: NoiseEstimate | None) -> NoiseEstimate:
+    """`estimate` with the preconditioned EMAs of `precond` (a `NoiseScaleEma` fed P-norms)."""
+    if precond is None:
+        return estimate
+    return replace(estimate, g2_precond=precond.g2, trace_sigma_precond=precond.trace_sigma,
+                   b_simple_precond=precond.b_simple)
 
 
 def _ratio(numerator: float, denominator: float) -> float:

@@ -34,9 +34,16 @@ __all__ = [
     "read_state",
     "run_config",
     "run_record",
+    "unmeasured_line",
+    "unmeasured_share",
     "verify_folder",
     "write_run",
 ]
+
+UNMEASURED_SHARE = 0.1
+"""A run whose B_simple is NaN on more than this share of its logged steps is named by the
+launch's summary, `gnsweep status` and the report (`unmeasured_line`): a noise scale missing
+on most of a run must never pass in silence."""
 
 # Settings a relaunch may change: where and how runs execute, the grid (runs are added), the
 # analysis and where runs are logged. Anything else changes what a run trains, and mixing them
@@ -356,3 +363,26 @@ def fresh_retries(sweep_dir: Path, run_ids: list[str]) -> None:
         if status["state"] == RunState.FAILED:
             store.write_status(path, RunState.FAILED, error=status.get("error"),
                                retry_base=int(status.get("attempts", 0)))
+
+
+def unmeasured_share(b_simple: list[float]) -> float | None:
+    """The share of a run's logged steps whose B_simple is NaN (or infinite), None without any
+    step logged."""
+    if not b_simple:
+        return None
+    missing = sum(1 for v in b_simple if v is None or not math.isfinite(v))
+    return missing / len(b_simple)
+
+
+def unmeasured_line(shares: dict[str, float | None]) -> str | None:
+    """One line naming the runs (id -> `unmeasured_share`) whose B_simple is NaN on more than
+    `UNMEASURED_SHARE` of their steps, or None when there is none."""
+    missing = {r: s for r, s in shares.items() if s is not None and s > UNMEASURED_SHARE}
+    if not missing:
+        return None
+    listed = ", ".join(f"{r} ({s:.0%})" for r, s in sorted(missing.items())[:6])
+    more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+    return (f"WARNING: B_simple is NaN on more than {UNMEASURED_SHARE:.0%} of the steps of "
+            f"{len(missing)} run(s): {listed}{more}; the noise scale was not measured there "
+            "(status.json: noise_method and b_simple_nan_share; the run's log says why; "
+            "docs/noise.md)")

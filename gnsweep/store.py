@@ -99,6 +99,9 @@ METRICS_SCHEMA = pa.schema([
     ("b_noise", pa.float64()),        # EMA(tr H Sigma) / EMA(G^T H G)
     ("drift", pa.float64()),          # |G|^2 now / one EMA window ago (NaN: not resolvable)
     ("b_simple_se", pa.float64()),    # standard error of b_simple (delta method over the window)
+    ("g2_precond", pa.float64()),     # EMA of G^T P G (P: the optimizer's preconditioner)
+    ("trace_sigma_precond", pa.float64()),  # EMA of tr(P Sigma)
+    ("b_simple_precond", pa.float64()),     # EMA(tr P Sigma) / EMA(G^T P G); b_simple under SGD
     ("probe_g2", pa.float64()),       # frozen-parameter probe: |G|^2 (NaN between probes)
     ("probe_trace_sigma", pa.float64()),    # probe: tr(Sigma)
     ("probe_g_h_g", pa.float64()),          # probe: G^T H G
@@ -596,7 +599,7 @@ def read_result_tables(sweep_dir: Path) -> dict[str, Any]:
                              "rewrites the table)") from None
 
     out: dict[str, Any] = {name: frame(name) for name in ("steps", "front", "fits")}
-    for name in ("lr_fits", "loss_scaling", *OPTIONAL_RESULTS):
+    for name in ("lr_fits", "loss_scaling", "temperature", *OPTIONAL_RESULTS):
         if (sweep_dir / result_file(name)).exists():
             out[name] = frame(name)
     out["warnings"], out["meta"] = [], {}

@@ -20,12 +20,13 @@ from gnsweep.runs import (
     fresh_retries,
     parse_run_record,
     read_state,
+    unmeasured_line,
     write_run,
 )
 
 # RunSpec, expand_grid, parse_run_record: from gnsweep.runs
 __all__ = ["RunSpec", "expand_grid", "launch", "parse_run_record", "prepare", "prepare_folder",
-           "remaining", "resolve_adaptive_lr", "run_specs"]
+           "remaining", "resolve_adaptive_lr", "run_specs", "unmeasured_runs"]
 
 
 GRID_KEYS = ("batch_sizes", "learning_rates", "seeds", "exchange_rates")
@@ -205,3 +206,15 @@ def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
     specs = prepare(sweep_dir, config)
     return run_specs(config, sweep_dir, [spec.run_id for spec in specs],
                      show_progress=show_progress, wait=wait)
+
+
+def unmeasured_runs(sweep_dir: Path, run_ids: list[str] | None = None) -> str | None:
+    """`runs.unmeasured_line` for the folder's finished runs (or `run_ids` of them): the runs
+    whose B_simple is NaN on more than `runs.UNMEASURED_SHARE` of their steps, from their
+    status.json; None when there is none."""
+    shares = {}
+    for run_id in run_ids if run_ids is not None else store.run_ids(sweep_dir):
+        status = read_state(store.run_dir(sweep_dir, run_id))
+        if status["state"] in FINISHED:
+            shares[run_id] = status.get("b_simple_nan_share")
+    return unmeasured_line(shares)

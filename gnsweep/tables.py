@@ -26,7 +26,8 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("outcome", pa.large_string()), ("b_noise_at_target", pa.float64()),
         ("b_noise_mean", pa.float64()), (BEST_VALUE, pa.float64()), ("last_step", pa.float64()),
         ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
-        ("drift_share", pa.float64()), ("lr_share", pa.float64()),
+        ("drift_share", pa.float64()), ("b_simple_precond_at_target", pa.float64()),
+        ("b_simple_precond_mean", pa.float64()), ("lr_share", pa.float64()),
     ]),
     "front": pa.schema([
         ("target", pa.float64()), ("batch_size", pa.int64()), ("learning_rate", pa.float64()),
@@ -36,9 +37,10 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("lr_edge", pa.large_string()), ("lr_opt", pa.float64()), ("n_seeds", pa.int64()),
         ("b_noise_at_target", pa.float64()), ("b_noise_mean", pa.float64()),
         ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
-        ("drift_share", pa.float64()), ("budget_share", pa.float64()), ("lr_share", pa.float64()),
-        ("late", pa.bool_()), ("steps_fit", pa.float64()), ("resid_log", pa.float64()),
-        ("in_fit", pa.bool_()), ("left_out", pa.large_string()),
+        ("drift_share", pa.float64()), ("b_simple_precond_at_target", pa.float64()),
+        ("b_simple_precond_mean", pa.float64()), ("budget_share", pa.float64()),
+        ("lr_share", pa.float64()), ("late", pa.bool_()), ("steps_fit", pa.float64()),
+        ("resid_log", pa.float64()), ("in_fit", pa.bool_()), ("left_out", pa.large_string()),
     ]),
     "fits": pa.schema([
         ("target", pa.float64()), ("n_batch_sizes", pa.int64()), ("s_min", pa.float64()),
@@ -61,6 +63,10 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
         ("drift_share", pa.float64()), ("b_crit_window_lo", pa.float64()),
         ("b_crit_window_hi", pa.float64()), ("b_crit_window_spread", pa.float64()),
+        ("b_simple_precond_at_target", pa.float64()),
+        ("b_simple_precond_at_target_se", pa.float64()), ("b_simple_precond_mean", pa.float64()),
+        ("b_simple_precond_mean_se", pa.float64()), ("ratio_precond", pa.float64()),
+        ("ratio_precond_se", pa.float64()),
         ("bcrit_status", pa.large_string()), ("bcrit_reason", pa.large_string()),
         ("b_crit_bound", pa.float64()), ("n_left_out", pa.int64()),
         ("censored", pa.large_string()), ("lr_status", pa.large_string()),
@@ -69,7 +75,8 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("target", pa.float64()), ("model", pa.large_string()), ("n_points", pa.int64()),
         ("eps_max", pa.float64()), ("eps_max_se", pa.float64()), ("b_noise", pa.float64()),
         ("b_noise_se", pa.float64()), ("alpha", pa.float64()), ("alpha_se", pa.float64()),
-        ("rmse_log", pa.float64()), ("refused", pa.large_string()),
+        ("rmse_log", pa.float64()), ("refused", pa.large_string()), ("aic", pa.float64()),
+        ("form", pa.large_string()),
         ("status", pa.large_string()), ("b_noise_bound", pa.float64()),
     ]),
     "loss_scaling": pa.schema([
@@ -97,6 +104,8 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("ratio_noise", pa.float64()), ("ratio_noise_se", pa.float64()),
         ("b_simple_mean", pa.float64()), ("b_noise_mean", pa.float64()),
         ("quality", pa.large_string()), ("refused", pa.large_string()),
+        ("b_simple_precond", pa.float64()), ("ratio_precond", pa.float64()),
+        ("ratio_precond_se", pa.float64()), ("b_simple_precond_mean", pa.float64()),
         ("bcrit_status", pa.large_string()), ("bcrit_reason", pa.large_string()),
         ("b_crit_bound", pa.float64()),
     ]),
@@ -112,6 +121,13 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
     "along_base": pa.schema([
         ("step", pa.float64()), ("examples", pa.float64()), ("loss", pa.float64()),
         ("b_simple", pa.float64()), ("b_noise", pa.float64()),
+        ("b_simple_precond", pa.float64()),
+    ]),
+    "temperature": pa.schema([
+        ("target", pa.float64()), ("exponent", pa.float64()), ("exponent_se", pa.float64()),
+        ("n_runs", pa.int64()), ("n_temperatures", pa.int64()), ("rmse_log", pa.float64()),
+        ("refused", pa.large_string()), ("exponent_precond", pa.float64()),
+        ("exponent_precond_se", pa.float64()), ("n_runs_precond", pa.int64()),
     ]),
 }
 OPTIONAL_RESULTS = ("adaptive", "along", "along_schedule", "along_base")
@@ -125,7 +141,8 @@ COMPARE_SCHEMA = pa.schema([
     ("b_simple_at_target_se", pa.float64()), ("b_noise_mean", pa.float64()),
     ("b_noise_mean_se", pa.float64()), ("ratio", pa.float64()), ("ratio_se", pa.float64()),
     ("ratio_noise", pa.float64()), ("refused", pa.large_string()),
-    ("quality", pa.large_string()),
+    ("quality", pa.large_string()), ("b_simple_precond_mean", pa.float64()),
+    ("ratio_precond", pa.float64()), ("ratio_precond_se", pa.float64()),
 ])
 """compare.parquet, written by `gnsweep compare` (docs/compare.md)."""
 RESULT_TABLES = tuple(RESULT_SCHEMAS)

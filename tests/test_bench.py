@@ -16,6 +16,7 @@ from gnsweep.bench import SUBJECTS
 
 QUICKEST = {
     "noise": ["--rounds", "1", "--steps", "2", "--batch-sizes", "32", "--no-ddp"],
+    "sweep_cost": ["--rounds", "1", "--steps", "3", "--models", "mlp,gpt2"],
     "probe": ["--rounds", "1"],
     "analysis": ["--runs", "6", "--steps", "60", "--repeat", "1"],
     "executors": ["--workers", "1", "--skip-torchrun", "--set", "sweep=tiny",
@@ -65,6 +66,19 @@ def test_noise_bench_runs() -> None:
     assert rows["cnn_batchnorm"]["auto_cost"] == rows["cnn_batchnorm"]["microbatch_vs_unsplit"]
     assert [rows[n]["conv"] for n in ("mlp", "cnn", "cnn_batchnorm", "gpt2")] == [
         False, True, True, False]
+
+
+def test_sweep_cost_bench_runs() -> None:
+    result = _run("sweep_cost", QUICKEST["sweep_cost"])
+    rows = {r["model"]: r for r in result["rows"]}
+    assert list(rows) == ["mlp", "gpt2"]
+    for row in rows.values():
+        assert _positive(row["none_s"])
+        for key in ("default", "every_step", "per_example", "microbatch"):
+            assert _positive(row[key]), (row["model"], key)
+        assert row["default_share"] == 1.0  # 3 steps: the window holds too few to skip any
+    # The MLP has no norm layers: norm_layers is refused there, timed on GPT-2.
+    assert math.isnan(rows["mlp"]["norm_layers"]) and _positive(rows["gpt2"]["norm_layers"])
 
 
 def test_noise_goals_name_the_rows_that_miss() -> None:

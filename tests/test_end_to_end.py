@@ -41,6 +41,7 @@ def test_analyze_writes_tables_and_prints_the_fit(sweep_dir):
     result = runner.invoke(app, ["analyze", str(sweep_dir)])
     assert result.exit_code == 0, result.output
     assert "B_crit" in result.output
+    assert "noise scale measured on" in result.output  # and on what share of the steps
     steps = pq.read_table(sweep_dir / "steps.parquet").to_pandas()
     fits = pq.read_table(sweep_dir / "fits.parquet").to_pandas()
     targets = sorted(fits["target"])

@@ -145,3 +145,72 @@ def test_lightning_bf16_mixed_matches_the_truth():
     trainer.fit(module, _data(task, BATCHES, BATCH))
     assert callback.unavailable is None
     assert float(trainer.callback_metrics["b_simple"]) == pytest.approx(truth.b_simple, rel=0.06)
+
+
+class AdamModule(LinRegModule):
+    def __init__(self, task: linreg.LinReg, lr: float, optimizer: str) -> None:
+        super().__init__(task, lr)
+        self.optimizer_name = optimizer
+
+    def configure_optimizers(self):
+        if self.optimizer_name == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+        return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+@pytest.mark.parametrize("optimizer,accumulate", [("sgd", 1), ("adamw", 2)])
+def test_lightning_logs_b_simple_precond(optimizer, accumulate):
+    """SGD with momentum: b_simple_precond is b_simple; AdamW: its own, finite, positive."""
+    task = linreg.make(linreg.Options(dim=16, condition=100.0), seed=0)
+    callback = NoiseScaleCallback(ema_fraction=0.2)
+    trainer = _trainer(callback, accumulate_grad_batches=accumulate)
+    trainer.fit(AdamModule(task, 0.01, optimizer), _data(task, 40, 32 // accumulate))
+    simple = float(trainer.callback_metrics["b_simple"])
+    precond = float(trainer.callback_metrics["b_simple_precond"])
+    assert math.isfinite(simple) and precond > 0
+    if optimizer == "sgd":
+        assert precond == pytest.approx(simple, rel=1e-6)
+    else:
+        assert precond != pytest.approx(simple, rel=0.05)
+
+
+class MarkovGptModule(pl.LightningModule):
+    """tests/lm_task.py's nanoGPT-style model (positions wpe(torch.arange(T)))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import lm_task
+
+        self.task = lm_task.make(0)
+        self.gpt = self.task.model()
+
+    def training_step(self, batch, batch_idx):
+        return self.task.loss(self.gpt, batch[0])
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+def _lm_data(batch: int) -> DataLoader:
+    import lm_task
+
+    tokens = lm_task.make(0).sample(64, torch.Generator().manual_seed(0))
+    return DataLoader(TensorDataset(tokens), batch_size=batch, shuffle=False)
+
+
+def test_lightning_broadcast_positions_need_accumulation():
+    """auto switches to micro-batches at the first step: with one micro-batch a step the
+    callback says it needs accumulate_grad_batches >= 2; with two it measures, and
+    examples=16 (tokens a sequence) logs B_simple 16x the value in sequences."""
+    one = NoiseScaleCallback()
+    _trainer(one, accumulate_grad_batches=1).fit(MarkovGptModule(), _lm_data(8))
+    assert "accumulate_grad_batches >= 2" in one.unavailable
+    values = {}
+    for examples in (None, 16):
+        callback = NoiseScaleCallback(examples=examples)
+        trainer = _trainer(callback, accumulate_grad_batches=2)
+        trainer.fit(MarkovGptModule(), _lm_data(4))
+        assert callback.unavailable is None
+        values[examples] = float(trainer.callback_metrics["b_simple"])
+    assert math.isfinite(values[None]) and values[None] != 0
+    assert values[16] == pytest.approx(16 * values[None], rel=1e-5)

@@ -90,6 +90,11 @@ def test_transformers_tiny_gpt2_logs_to_history_and_tensorboard(tmp_path):
     trainer.train()
     logged = [entry["b_simple"] for entry in trainer.state.log_history if "b_simple" in entry]
     assert len(logged) == 3 and all(math.isfinite(v) for v in logged)
+    # The Trainer's AdamW: B_simple in its preconditioner, from the two micro-batches (on
+    # random tokens |G|^2 is near zero: either may be negative here, never NaN).
+    precond = [entry["b_simple_precond"] for entry in trainer.state.log_history
+               if "b_simple" in entry]
+    assert all(math.isfinite(v) for v in precond) and precond != logged
     events = EventAccumulator(str(next((tmp_path / "out").rglob("events.out.tfevents.*")).parent))
     events.Reload()
     assert {"train/b_simple", "train/g2", "train/trace_sigma"} <= set(events.Tags()["scalars"])
@@ -189,3 +194,61 @@ def test_transformers_under_torchrun_matches_one_process(tmp_path):
     assert two["b_simple"] == pytest.approx(one["b_simple"], rel=0.15)
     assert two["b_simple"] == pytest.approx(two["truth"], rel=0.08)
     assert one["b_simple"] == pytest.approx(one["truth"], rel=0.08)
+
+
+class MarkovGpt(nn.Module):
+    """tests/lm_task.py's nanoGPT-style model (positions wpe(torch.arange(T))) as the Trainer
+    takes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import lm_task
+
+        self.task = lm_task.make(0)
+        self.gpt = self.task.model()
+
+    def forward(self, input_ids, labels=None):
+        return {"loss": self.task.loss(self.gpt, input_ids)}
+
+
+def _lm_rows(n: int) -> list[dict]:
+    import lm_task
+
+    tokens = lm_task.make(0).sample(n, torch.Generator().manual_seed(0))
+    return [{"input_ids": tokens[i]} for i in range(n)]
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_transformers_broadcast_positions_need_accumulation(tmp_path, accumulate):
+    """auto switches to micro-batches at the first step; with one micro-batch a step the
+    callback says it needs gradient_accumulation_steps >= 2, with two it measures."""
+    args = _args(tmp_path, learning_rate=1e-3, per_device_train_batch_size=8 // accumulate,
+                 gradient_accumulation_steps=accumulate, logging_steps=2)
+    callback = NoiseScaleCallback()
+    trainer = transformers.Trainer(model=MarkovGpt(), args=args, train_dataset=_lm_rows(64),
+                                   callbacks=[callback])
+    trainer.train()
+    logged = [entry["b_simple"] for entry in trainer.state.log_history if "b_simple" in entry]
+    if accumulate == 1:
+        assert "gradient_accumulation_steps >= 2" in callback.unavailable
+        assert all(math.isnan(v) for v in logged)
+    else:
+        assert callback.unavailable is None
+        assert logged and all(math.isfinite(v) for v in logged)
+
+
+def test_transformers_examples_give_b_in_tokens(tmp_path):
+    """examples= a function of the inputs (16 predicted tokens a sequence): B_simple 16x the
+    value in sequences, from the same training (an int: the Lightning test)."""
+    logged = {}
+    for name, examples in (("sequences", None),
+                           ("function", lambda inputs: inputs["input_ids"][:, 1:].numel())):
+        args = _args(tmp_path / name, learning_rate=1e-3, per_device_train_batch_size=4,
+                     gradient_accumulation_steps=2, logging_steps=4)
+        callback = NoiseScaleCallback(examples=examples)
+        trainer = transformers.Trainer(model=MarkovGpt(), args=args,
+                                       train_dataset=_lm_rows(64), callbacks=[callback])
+        trainer.train()
+        logged[name] = [e["b_simple"] for e in trainer.state.log_history if "b_simple" in e]
+    assert logged["sequences"] and all(math.isfinite(v) for v in logged["sequences"])
+    assert logged["function"] == pytest.approx([16 * v for v in logged["sequences"]], rel=1e-5)

@@ -30,6 +30,7 @@ EXPECTED = {
     "best_lr": ("batch size", "learning rate", "log", "log"),
     "bcrit_vs_loss": ("target loss", "B_crit", "log", "log"),
     "loss_curves": ("step", "loss", "log", "log"),
+    "noise_scale_vs_temperature": ("temperature", "B_simple", "log", "log"),
 }
 
 

@@ -102,8 +102,8 @@ def test_launch_exits_1_naming_the_run_whose_user_code_raised(tmp_path):
     assert "b00008_lr0.1_s0" in result.stderr
     # The first line names the grid it runs; with every run failed, nothing to analyze.
     assert result.stdout.splitlines()[0] == (
-        f"sweep digits: task protocol_tasks.raises_later, 1 runs (batch sizes 8 x learning "
-        f"rates 0.1 x seeds 0; targets 0.01) -> {tmp_path / 's'}")
+        "sweep protocol_tasks.raises_later: task protocol_tasks.raises_later, 1 runs (batch "
+        f"sizes 8 x learning rates 0.1 x seeds 0; targets 0.01) -> {tmp_path / 's'}")
     assert "next: gnsweep analyze" not in result.stdout
     status = store.read_status(tmp_path / "s" / "runs" / "b00008_lr0.1_s0")
     assert status["state"] == "failed"
@@ -371,13 +371,16 @@ def test_b_noise_of_a_model_with_fused_attention_is_measured(caplog):
 
     task = chars.make(chars.Options(context=8, width=16, heads=2, depth=1, eval_windows=0), 0)
     model = task.model()
-    monitor = NoiseScaleMonitor(model, "per_example", task_loss=task.loss, hessian_every=1)
+    # Micro-batches: chars' positions (arange(T), no batch dimension) have no per-example norms.
+    monitor = NoiseScaleMonitor(model, "microbatch", task_loss=task.loss, hessian_every=1)
     generator = torch.Generator().manual_seed(0)
     with caplog.at_level("WARNING", logger="gnsweep.measure"):
         for _ in range(3):
             batch = task.sample(8, generator)
             model.zero_grad(set_to_none=True)
-            task.loss(model, batch).backward()
+            for part in batch.chunk(2):
+                (task.loss(model, part) / 2).backward()
+                monitor.accumulate()
             estimate = monitor.step(batch=batch)
     monitor.close()
     assert not any("double backward" in r.getMessage() for r in caplog.records)

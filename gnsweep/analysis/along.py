@@ -43,9 +43,11 @@ ALONG_COLUMNS = columns("along")
 `target_value` the loss (or metric) it stands for at that point; `b_simple`, `b_noise` the base
 run's noise scales at the point; `ratio` = b_crit / b_simple, `ratio_noise` = b_crit / b_noise;
 `b_simple_mean`, `b_noise_mean` the branch runs' own S_min-weighted means up to the target
-(median over the best runs, as in fits.parquet); `bcrit_status` (fit, lower_bound, upper_bound,
-refused), `bcrit_reason` and `b_crit_bound` as in fits.parquet: a local B_crit outside what the
-point's batch sizes support is a bound or refused, with NaN in `b_crit`."""
+(median over the best runs, as in fits.parquet); `b_simple_precond`, `ratio_precond`,
+`b_simple_precond_mean` the same for B_simple in the optimizer's preconditioner (docs/noise.md);
+`bcrit_status` (fit, lower_bound, upper_bound, refused), `bcrit_reason` and `b_crit_bound` as in
+fits.parquet: a local B_crit outside what the point's batch sizes support is a bound or refused,
+with NaN in `b_crit`."""
 BASE_COLUMNS = columns("along_base")
 """along_base.parquet: the base run's smoothed loss and noise scales per logged row (for the
 figure: the noise scale the local B_crit is compared with, over the whole run)."""
@@ -65,6 +67,8 @@ class BranchPoint:
     """The base run's B_simple at the point (eq. 2.9), NaN where not measured."""
     b_noise: float = math.nan
     """The base run's B_noise at the point (eq. 2.8), NaN where not measured."""
+    b_simple_precond: float = math.nan
+    """The base run's B_simple in its optimizer's preconditioner, NaN where not measured."""
 
 
 def base_curve(base: Curves, loss: str = "smoothed") -> pd.DataFrame:
@@ -82,7 +86,8 @@ def base_curve(base: Curves, loss: str = "smoothed") -> pd.DataFrame:
     per_step = np.divide(examples, step, out=np.full(len(step), np.nan), where=step > 0)
     return pd.DataFrame({"step": x, "examples": per_step * x, "loss": values,
                          "b_simple": noise_rows(base, "simple"),
-                         "b_noise": noise_rows(base, "noise")})
+                         "b_noise": noise_rows(base, "noise"),
+                         "b_simple_precond": base.columns["b_simple_precond"]})
 
 
 def branch_point(base: pd.DataFrame, at_step: int, at_examples: int) -> BranchPoint:
@@ -101,7 +106,9 @@ def branch_point(base: pd.DataFrame, at_step: int, at_examples: int) -> BranchPo
     before = np.flatnonzero(x <= at_step)
     row = base.iloc[int(before[-1])] if len(before) else base.iloc[0]
     return BranchPoint(int(at_examples), int(at_step), at_loss, float(row["b_simple"]),
-                       float(row["b_noise"]))
+                       float(row["b_noise"]),
+                       float(row["b_simple_precond"]) if "b_simple_precond" in row
+                       else math.nan)
 
 
 def _span(x: np.ndarray) -> str:
@@ -198,7 +205,8 @@ def _row(point: BranchPoint, fraction: float, value: float, fits: pd.DataFrame, 
     row.update(at_examples=point.at_examples, at_step=point.at_step, at_loss=point.at_loss,
                target=fraction, target_value=value, n_runs=n_runs, n_batch_sizes=0,
                b_simple=point.b_simple, b_noise=point.b_noise, quality="", refused=why,
-               bcrit_status="refused", bcrit_reason=why)
+               b_simple_precond=point.b_simple_precond, bcrit_status="refused",
+               bcrit_reason=why)
     match = fits[fits["target"] == value] if len(fits) else fits
     if not len(match):
         row["refused"] = row["bcrit_reason"] = (
@@ -214,6 +222,9 @@ def _row(point: BranchPoint, fraction: float, value: float, fits: pd.DataFrame, 
                                                      point.b_simple, 0.0)
     row["ratio_noise"], row["ratio_noise_se"] = ratio_with_error(
         fit["b_crit"], fit["b_crit_se"], point.b_noise, 0.0)
+    row["ratio_precond"], row["ratio_precond_se"] = ratio_with_error(
+        fit["b_crit"], fit["b_crit_se"], point.b_simple_precond, 0.0)
+    row["b_simple_precond_mean"] = fit.get("b_simple_precond_mean", math.nan)
     return row
 
 

@@ -45,7 +45,8 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
     """
     steps = steps.copy()
     for name in ("b_noise_at_target", "b_noise_mean", "b_simple_true_mean", "b_noise_true_mean",
-                 "drift_share", "lr_share", "last_step"):
+                 "drift_share", "b_simple_precond_at_target", "b_simple_precond_mean", "lr_share",
+                 "last_step"):
         if name not in steps:
             steps[name] = np.nan
     if "seed" not in steps:
@@ -65,6 +66,8 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
                     b_simple_true_mean=("b_simple_true_mean", "mean"),
                     b_noise_true_mean=("b_noise_true_mean", "mean"),
                     drift_share=("drift_share", "mean"),
+                    b_simple_precond_at_target=("b_simple_precond_at_target", "mean"),
+                    b_simple_precond_mean=("b_simple_precond_mean", "mean"),
                     lr_share=("lr_share", "mean"), budget_step=("budget_step", "mean")))
     tried = grouped.groupby(["target", "batch_size"])["learning_rate"]
     grouped["n_lr"] = tried.transform("size")

@@ -34,7 +34,8 @@ def combine(parts: dict[str, Results], column: str) -> Results:
             "n_runs": sum(int(p.meta.get("n_runs", 0)) for p in parts.values())}
     warnings = [f"{column} {value}: {w}" for value, part in parts.items() for w in part.warnings]
     return Results(stacked("steps"), stacked("front"), stacked("fits"), warnings=warnings,
-                   lr_fits=stacked("lr_fits"), loss_scaling=stacked("loss_scaling"), meta=meta)
+                   lr_fits=stacked("lr_fits"), loss_scaling=stacked("loss_scaling"), meta=meta,
+                   temperature=stacked("temperature"))
 
 
 def split(results: Results) -> dict[str, Results]:
@@ -56,6 +57,7 @@ def split(results: Results) -> dict[str, Results]:
             part(results.steps), part(results.front), part(results.fits),
             warnings=[w.removeprefix(prefix) for w in results.warnings if w.startswith(prefix)],
             lr_fits=part(results.lr_fits), loss_scaling=part(results.loss_scaling),
+            temperature=part(results.temperature),
             meta={**results.meta, "group": value}, runs=part(results.runs),
             metrics=part(results.metrics))
     return out

@@ -31,7 +31,7 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
         row = {"run_id": run_id, "batch_size": spec.batch_size,
                "learning_rate": spec.learning_rate, "seed": spec.seed, "state": state,
                "exchange_rate": spec.exchange_rate, "at_examples": spec.at_examples,
-               "along": spec.along, "problem": ""}
+               "along": spec.along, "problem": "", "samples": spec.batch_size}
         table = None
         if state in store.FINISHED:
             # A finished run without readable metrics, or whose rows disagree with what it
@@ -217,7 +217,8 @@ def load_run_curves(run_dir: Path) -> Curves:
                           "batch_size": int(spec.get("batch_size", 0)),
                           "learning_rate": float(spec.get("learning_rate", 0.0)),
                           "seed": int(spec.get("seed", 0)),
-                          "state": str(store.read_status(run_dir)["state"])}])
+                          "state": str(store.read_status(run_dir)["state"]),
+                          "samples": int(spec.get("batch_size", 0))}])
     runs["batch_size"] = batch_in_examples(runs["batch_size"].to_numpy(), [table])
     columns = {name: table.column(name).to_numpy().astype(float, copy=False)
                for name in CURVE_COLUMNS}

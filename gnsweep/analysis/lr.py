@@ -6,6 +6,12 @@ saturating power law `eps_opt(B) = eps_max / (1 + (B_noise/B)^alpha)` (alpha = 1
 Both are fitted on log lr (relative errors) to the refined best learning rate of every batch size
 whose best learning rate is not on an edge of the grid: an edge is a bound, not a measurement.
 
+Adam's best learning rate may instead peak and fall (Li et al. 2024, "Surge Phenomenon in
+Optimal Learning Rate and Batch Size Scaling"): `eps_opt(B) = eps_max / (1/2 (sqrt(B_noise/B) +
+sqrt(B/B_noise)))`, largest at B = B_noise (model "surge"). The forms are compared by AICc on
+the log residuals (`aic`), and each target's `form` names the one with the lowest among those
+fitted (a refused fit takes no part).
+
 A fit is an answer only inside its physical range (`analysis.bounds`): B_noise inside the
 support of the batch sizes fitted with an error below its value, and for the power law alpha in
 ALPHA_RANGE with an error below its value; otherwise a bound at the grid's edge, or refused, with
@@ -26,7 +32,7 @@ from gnsweep.analysis.fit import FitRefused, least_squares_fit
 from gnsweep.tables import columns
 
 LR_FIT_COLUMNS = columns("lr_fits")
-MODELS = ("sgd", "power")
+MODELS = ("sgd", "power", "surge")
 RUNAWAY = 1000.0
 """A fitted B_noise more than this factor outside the measured batch sizes is a fit running
 off along its flat valley, not a value."""
@@ -47,6 +53,8 @@ class LrFit:
     alpha: float
     alpha_se: float
     rmse_log: float
+    aic: float = math.nan
+    """AICc of the fit on log lr (`aicc`): the lower, the better the form."""
     status: str = FIT
     """`analysis.bounds.STATUSES`: whether B_noise (and alpha) stand, bound or are refused."""
     reason: str = ""
@@ -61,18 +69,41 @@ def eps_opt(batch_size: np.ndarray, eps_max: float, b_noise: float, alpha: float
     return np.asarray(lr_law.eps_opt(np.asarray(batch_size, float), eps_max, b_noise, alpha))
 
 
+def eps_opt_surge(batch_size: np.ndarray, eps_max: float, b_noise: float) -> np.ndarray:
+    """eps_opt(B) = eps_max / (1/2 (sqrt(B_noise/B) + sqrt(B/B_noise))) (Li et al. 2024): the
+    best learning rate peaks at B = B_noise and falls after it."""
+    b = np.asarray(batch_size, float)
+    return eps_max / (0.5 * (np.sqrt(b_noise / b) + np.sqrt(b / b_noise)))
+
+
+def aicc(residuals: np.ndarray, n_params: int) -> float:
+    """Akaike's criterion with the small-sample correction, from least-squares residuals
+    (Gaussian errors of log lr): n log(RSS/n) + 2k + 2k(k+1)/(n-k-1); NaN for n <= k + 1."""
+    n = len(residuals)
+    rss = float(residuals @ residuals)
+    if n <= n_params + 1:
+        return math.nan
+    rss = max(rss, 1e-300)  # a perfect fit: the criterion's floor, not -inf
+    return n * math.log(rss / n) + 2 * n_params + 2 * n_params * (n_params + 1) / (
+        n - n_params - 1)
+
+
 def fit_lr(batch_size: np.ndarray, lr: np.ndarray, model: str = "sgd") -> LrFit:
-    """Fit eps_opt(B) to best learning rates; sgd needs >= 3 batch sizes, power >= 4."""
+    """Fit eps_opt(B) to best learning rates; sgd and surge need >= 3 batch sizes, power
+    >= 4."""
     b = np.asarray(batch_size, float)
     y = np.asarray(lr, float)
     ok = np.isfinite(b) & np.isfinite(y) & (b > 0) & (y > 0)
     b, log_y = b[ok], np.log(y[ok])
-    n_params = 2 if model == "sgd" else 3
+    n_params = 3 if model == "power" else 2
     if len(np.unique(b)) < n_params + 1:
         raise FitRefused(f"{len(np.unique(b))} batch size(s) with a best learning rate inside "
                          f"the grid; the {model} model needs at least {n_params + 1}")
 
     def residuals(theta: np.ndarray) -> np.ndarray:
+        if model == "surge":  # log(1/2 (e^(u/2) + e^(-u/2))) = log cosh(u/2), u = log(Bn/B)
+            u = 0.5 * (theta[1] - np.log(b))
+            return log_y - (theta[0] - (np.logaddexp(u, -u) - math.log(2.0)))
         alpha = theta[2] if n_params == 3 else 1.0
         return log_y - (theta[0] - np.logaddexp(0.0, alpha * (theta[1] - np.log(b))))
 
@@ -112,12 +143,12 @@ def fit_lr(batch_size: np.ndarray, lr: np.ndarray, model: str = "sgd") -> LrFit:
                                        "points do not place it")
     return LrFit(model=model, n_points=len(b), eps_max=eps_max, eps_max_se=eps_max * se[0],
                  b_noise=b_noise, b_noise_se=b_noise * se[1], alpha=alpha, alpha_se=alpha_se,
-                 rmse_log=float(np.sqrt(np.mean(res**2))), status=status, reason=reason,
-                 b_noise_bound=verdict.bound)
+                 rmse_log=float(np.sqrt(np.mean(res**2))), aic=aicc(res, n_params),
+                 status=status, reason=reason, b_noise_bound=verdict.bound)
 
 
 def fit_lr_table(front: pd.DataFrame, targets: list[float]) -> pd.DataFrame:
-    """Both models at every target, from the front's `lr_opt` off the grid's edges."""
+    """Every model at every target, from the front's `lr_opt` off the grid's edges."""
     rows = []
     for target in targets:
         points = front[(front["target"] == target) & ~front["lr_on_edge"].astype(bool)]
@@ -130,12 +161,22 @@ def fit_lr_table(front: pd.DataFrame, targets: list[float]) -> pd.DataFrame:
             except FitRefused as err:
                 row["refused"] = str(err)
             else:
-                fields = asdict(fit)
+                # A bound or a refusal keeps only how well the law ran through the points; its
+                # parameters stay NaN and it takes no part in choosing the form.
                 row.update(n_points=fit.n_points, status=fit.status, refused=fit.reason,
-                           b_noise_bound=fit.b_noise_bound)
-                # A bound or a refusal keeps only how well the law ran through the points.
-                row["rmse_log"] = fit.rmse_log
+                           b_noise_bound=fit.b_noise_bound, rmse_log=fit.rmse_log)
                 if fit.status == FIT:
-                    row.update({k: v for k, v in fields.items() if k in row and k != "refused"})
+                    row.update({k: v for k, v in asdict(fit).items()
+                                if k in row and k != "refused"})
             rows.append(row)
+        _choose_form(rows[-len(MODELS):])
     return pd.DataFrame(rows, columns=LR_FIT_COLUMNS)
+
+
+def _choose_form(rows: list[dict]) -> None:
+    """Every row of one target gets `form`: the fitted model with the lowest AICc, or "" when
+    none was fitted (each refused, or too few points for the criterion)."""
+    fitted = [r for r in rows if not r["refused"] and np.isfinite(r["aic"])]
+    form = min(fitted, key=lambda r: r["aic"])["model"] if fitted else ""
+    for row in rows:
+        row["form"] = form

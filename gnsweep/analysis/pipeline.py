@@ -25,6 +25,7 @@ from gnsweep.analysis.lr import fit_lr_table
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.smoothing import SMOOTHING_FRACTION
 from gnsweep.analysis.steps import Curves, curves_from_frames, steps_to_target
+from gnsweep.analysis.temperature import fit_temperature
 from gnsweep.errors import StoreError
 from gnsweep.tables import BEST_VALUE, columns
 from gnsweep.targets import FALLING, Direction
@@ -37,8 +38,9 @@ WINDOW_SPREAD_WARNING = 0.2
 """Warn when B_crit moves more than this (relative) between half and double smoothing windows."""
 DRIFT_SHARE_WARNING = 0.25
 """Warn when the drift flag is up on more than this share of the best runs' steps to a target."""
-OUTPUT_FILES = (*(store.result_file(name) for name in
-                  ("steps", "front", "fits", "lr_fits", "loss_scaling")), store.FITS_JSON)
+OUTPUT_FILES = (*(store.result_file(name) for name in ("steps", "front", "fits", "lr_fits",
+                                                       "loss_scaling", "temperature")),
+                store.FITS_JSON)
 
 
 class AnalysisError(StoreError):
@@ -128,7 +130,9 @@ def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int =
     for name in ("n_batch_sizes", "dof", "n_bootstrap", "n_left_out"):
         fits[name] = fits[name].astype(int)
     _add_residuals(front, fits)
-    return Results(steps, front, fits, warnings, lr_fits, fit_loss_scaling(fits), meta)
+    result = Results(steps, front, fits, warnings, lr_fits, fit_loss_scaling(fits), meta)
+    result.temperature = fit_temperature(steps)
+    return result
 
 
 def _closest(steps: pd.DataFrame, direction: Direction = FALLING) -> str:
@@ -173,6 +177,9 @@ def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap
     # Noise scales of the best-tuned runs: the median over batch sizes, robust to one bad run.
     for name in ("b_simple_at_target", "b_simple_mean", "b_noise_at_target", "b_noise_mean"):
         row[name], row[f"{name}_se"] = median_with_error(best[name])
+    for name in ("b_simple_precond_at_target", "b_simple_precond_mean"):
+        if name in best:  # B_simple in the optimizer's preconditioner, where logged
+            row[name], row[f"{name}_se"] = median_with_error(best[name])
     for name in ("b_simple_true_mean", "b_noise_true_mean", "drift_share"):
         if name in best:
             row[name] = median_with_error(best[name])[0]
@@ -218,7 +225,8 @@ def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap
     if row["quality"]:
         warnings.append(f"target {target:g}: B_crit {fit.b_crit:.4g}: {row['quality']}")
     for out, denominator in (("ratio", "b_simple_mean"), ("ratio_at_target", "b_simple_at_target"),
-                             ("ratio_noise", "b_noise_mean")):
+                             ("ratio_noise", "b_noise_mean"),
+                             ("ratio_precond", "b_simple_precond_mean")):
         row[out], row[f"{out}_se"] = ratio_with_error(
             fit.b_crit, fit.b_crit_se, row[denominator], row[f"{denominator}_se"])
     return row

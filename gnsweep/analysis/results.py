@@ -20,6 +20,7 @@ from gnsweep.tables import columns
 ADAPTIVE_COLUMNS = columns("adaptive")
 LOSS_SCALING_COLUMNS = columns("loss_scaling")
 LR_FIT_COLUMNS = columns("lr_fits")
+TEMPERATURE_COLUMNS = columns("temperature")
 
 
 @dataclass
@@ -56,6 +57,10 @@ class Results:
     along_base: pd.DataFrame = field(default_factory=pd.DataFrame)
     """A branch sweep's base run: smoothed loss and noise scales per row (along_base.parquet,
     `analysis.along.BASE_COLUMNS`); empty for any other sweep."""
+    temperature: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=TEMPERATURE_COLUMNS))
+    """B_simple against the temperature eps/B, one row per target (temperature.parquet,
+    `analysis.temperature`, appendix C)."""
 
     @property
     def bcrit_law(self) -> dict | None:

@@ -15,7 +15,8 @@ within `x +- half_width(x)` (a box kernel), evaluated at `x`:
 `half_width(x) = max(fraction * x, min_half_width)`: a window that is a fixed share of the
 run so far follows training (the same span in log x everywhere, so curvature bias is alike for
 short and long runs), and `min_half_width` keeps a few points in it early on (give it in
-examples / B steps so that every batch size averages the same number of examples).
+samples / samples-per-step steps so that every batch size averages the same number of samples,
+and a task counting tokens the same training as one counting examples).
 
 Pure numpy: prefix sums make a whole curve O(n).
 """
@@ -32,7 +33,13 @@ SMOOTHING_FRACTION = 0.2
 CHUNK_ROWS = 16_384
 """Rows per vectorised pass of `centred_fit_runs` (whole runs): arrays that stay in cache."""
 MIN_WINDOW_EXAMPLES = 64.0
-"""The smallest half-width, in examples (divided by B for steps): a few points early on."""
+"""The smallest half-width, in samples: rows of the batch's first dimension (a language model's
+sequences), divided by the samples a step for steps. Counted in samples, not in the task's unit,
+so it means the same training for a task in tokens as for one in examples (64 tokens would be a
+quarter step at 16 sequences of 16 tokens); for a task whose unit is its samples they agree."""
+MIN_REACH_ROWS = 3
+"""A target counts as reached at a run's third logged row at the earliest (after >= 2 updates
+when every step is logged): never inside the first step, never from one noisy row."""
 
 
 def centred_fit(x: np.ndarray, y: np.ndarray, fraction: float, min_half_width: float = 0.0
@@ -251,11 +258,13 @@ def pooled_probes(probe_steps: np.ndarray, numerator: np.ndarray, denominator: n
 def settled_at_or_below(x: np.ndarray, y: np.ndarray, target: float, fraction: float,
                         min_half_width: float = 0.0) -> bool:
     """Whether the centred smooth of y(x) (`centred_fit`) is at or below `target` at a point
-    whose whole window lies inside the data: later points cannot move that value, so the
-    analysis will read the target as reached whatever comes after."""
+    whose whole window lies inside the data, `MIN_REACH_ROWS` rows in at the earliest: later
+    points cannot move that value, so the analysis will read the target as reached whatever
+    comes after."""
     x = np.asarray(x, float)
     if len(x) == 0:
         return False
     smooth = centred_fit(x, y, fraction, min_half_width)
     whole = x + np.maximum(fraction * np.abs(x), min_half_width) <= x[-1]
+    whole[:MIN_REACH_ROWS - 1] = False
     return bool(np.any(whole & (smooth <= target)))

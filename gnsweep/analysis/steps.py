@@ -3,9 +3,10 @@
 Every loss refers to the parameters after the same number of updates: the training loss logged
 at step s was computed before update s (after s - 1 updates), the eval loss after it (s). The
 default "smoothed" loss is a centred local-linear smooth of the raw training loss
-(`analysis.smoothing.centred_fit`, half-width max(fraction x steps, MIN_WINDOW_EXAMPLES / B)):
-no lag, unlike the training loop's causal EMA (`loss_smooth`, used only where no raw loss is
-logged or with `ema_examples`).
+(`analysis.smoothing.centred_fit`, half-width max(fraction x steps, MIN_WINDOW_EXAMPLES / samples
+a step)): no lag, unlike the training loop's causal EMA (`loss_smooth`, used only where no raw
+loss is logged or with `ema_examples`). A target is read as reached at a run's
+`MIN_REACH_ROWS`-th row at the earliest: never inside its first step or from one noisy row.
 
 Works on `Curves`: every run's logged rows concatenated into flat numpy arrays with offsets, so a
 sweep of 1,000 runs x 2,000 steps is a handful of vectorized passes, not a Python loop per row.
@@ -21,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.smoothing import (
+    MIN_REACH_ROWS,
     MIN_WINDOW_EXAMPLES,
     SMOOTHING_FRACTION,
     RunSmoother,
@@ -35,7 +37,8 @@ LOSS_COLUMNS = {"smoothed": "loss_smooth", "raw": "loss", "eval": "eval_loss",
 """Which logged column decides a target; "metric" is a task's own (cartpole's return)."""
 CURVE_COLUMNS = ("step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise",
                  "drift", "probe_g2", "probe_trace_sigma", "probe_g_h_g", "probe_trace_h_sigma",
-                 "b_simple_true", "b_noise_true", "metric", "lr")
+                 "b_simple_true", "b_noise_true", "metric", "b_simple_precond",
+                 "lr")
 RUN_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "state"]
 
 STEPS_COLUMNS = columns("steps")
@@ -106,17 +109,29 @@ def resmooth(curves: Curves, ema_examples: float) -> np.ndarray:
 
 
 def centred_loss(curves: Curves, fraction: float = SMOOTHING_FRACTION,
-                  min_examples: float = MIN_WINDOW_EXAMPLES, column: str = "loss") -> np.ndarray:
+                  min_samples: float = MIN_WINDOW_EXAMPLES, column: str = "loss") -> np.ndarray:
     """A loss column of every run smoothed by a centred local-linear window (no lag):
-    half-width max(fraction * x, min_examples / B) at x updates (`smoothing.centred_fit`)."""
+    half-width max(fraction * x, min_samples / samples a step) at x updates
+    (`smoothing.centred_fit`, `samples_per_step`)."""
     loss = curves.columns[column]
-    batch = curves.runs["batch_size"].to_numpy(float)
+    batch = samples_per_step(curves.runs)
     key = f"smoother:{column}"
     smoother = curves.derived.get(key)
     if not isinstance(smoother, RunSmoother):  # built once, reused at every window
         x = curves.columns["step"] if column == "eval_loss" else _updates(curves)
         smoother = curves.derived[key] = RunSmoother(x, loss, curves.offsets)
-    return smoother.fit(fraction, min_examples / batch)
+    return smoother.fit(fraction, min_samples / batch)
+
+
+def samples_per_step(runs: pd.DataFrame) -> np.ndarray:
+    """Each run's samples a step (the batch's first dimension: a language model's sequences):
+    the `samples` column where the runs table has it and it is known (> 0), else its batch
+    size (a table written elsewhere, an adaptive run: its unit taken for samples)."""
+    batch = runs["batch_size"].to_numpy(float)
+    if "samples" not in runs:
+        return batch
+    samples = pd.to_numeric(runs["samples"], errors="coerce").to_numpy(float)
+    return np.where(np.isfinite(samples) & (samples > 0), samples, batch)
 
 
 def loss_curve(curves: Curves, loss: str, ema_examples: float | None = None,
@@ -234,11 +249,16 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
                 j = int(np.nanargmax(part))
                 peak_lr[i], peak_at[i] = part[j], starts[i] + j
     simple, noise, simple_true, noise_true, flag_sum = _noise_sums(curves)
+    precond = _precond_sums(curves)
+    # No target is reached in a run's first rows: their values reach nothing.
+    early = values.copy()
+    first_rows = (np.arange(len(values)) - np.repeat(starts, curves.lengths)) < MIN_REACH_ROWS - 1
+    early[first_rows] = np.nan
 
     base = curves.runs[RUN_COLUMNS[:4]].reset_index(drop=True)
     parts = []
     for target in sorted(targets, reverse=True):
-        first = (_first_at_or_below(values, curves.offsets, sign * target) if usable.any()
+        first = (_first_at_or_below(early, curves.offsets, sign * target) if usable.any()
                  else ends)
         reached = usable & (first < ends)
         at = np.where(reached, first, 0)
@@ -265,6 +285,8 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
         with np.errstate(invalid="ignore", divide="ignore"):
             share = (flag_sum[at + 1] - flag_sum[starts]) / (at + 1 - starts)
         part["drift_share"] = np.where(reached, share, np.nan)
+        part["b_simple_precond_at_target"], part["b_simple_precond_mean"] = precond.at(at,
+                                                                                      reached)
         with np.errstate(invalid="ignore", divide="ignore"):
             lr_share = lr[at] / peak_lr if len(lr) else np.full(n_runs, np.nan)
         # Only a decay counts: a target met during a warmup, before the peak, is not late.
@@ -340,6 +362,20 @@ def _noise_sums(curves: Curves) -> tuple[_RunningMeans, _RunningMeans, _RunningM
     return out
 
 
+def _precond_sums(curves: Curves) -> _RunningMeans:
+    """Running means of B_simple_P (the optimizer's preconditioned B_simple), like B_simple's
+    (`_noise_sums`): from the training loop's EMA column, computed once per `Curves`."""
+    cached = curves.derived.get("precond_sums")
+    if cached is not None:
+        return cast(_RunningMeans, cached)
+    batch = curves.runs["batch_size"].to_numpy(float)
+    run_of_row = np.repeat(np.arange(len(curves.runs)), curves.lengths)
+    out = _RunningMeans(curves.columns["b_simple_precond"], curves.columns["step"],
+                        curves.offsets[:-1], run_of_row, batch)
+    curves.derived["precond_sums"] = out
+    return out
+
+
 def _filled(curves: Curves, column: str) -> np.ndarray:
     """A column logged at some rows only (a costly exact truth), interpolated to every row of
     its run linearly in log steps (`smoothing.interpolate_log_steps`); unchanged where dense
@@ -361,12 +397,13 @@ def _filled(curves: Curves, column: str) -> np.ndarray:
 def _interpolated(x: np.ndarray, values: np.ndarray, at: np.ndarray, starts: np.ndarray,
                   target: float) -> np.ndarray:
     """x where the loss crosses `target` between row at-1 (above) and row at (at or below),
-    linear as `smoothing.first_reach`; x[at] at a run's first row or after a NaN."""
+    linear as `smoothing.first_reach`; x[at] at a run's first row, after a NaN or where row at-1
+    is at or below it too (a run's first rows, which reach nothing, `MIN_REACH_ROWS`)."""
     if not len(x):
         return np.full(len(at), np.nan)
     prev = np.maximum(at - 1, 0)
     v0, v1 = values[prev], values[at]
-    ok = (at > starts) & np.isfinite(v0) & (v0 > v1)
+    ok = (at > starts) & np.isfinite(v0) & (v0 > v1) & (v0 > target)
     with np.errstate(invalid="ignore", divide="ignore"):
         frac = np.where(ok, (v0 - target) / (v0 - v1), 1.0)
     return np.where(ok, x[prev] + frac * (x[at] - x[prev]), x[at])

@@ -17,7 +17,9 @@ ratio is reported:
 - meets: whether the row meets the goals (`GOALS`): auto_cost <= 1.3 below batch 128 and <= 1.2
   from it, per_example <= 1.3 on models with convolutions; the rows that miss are named.
 
-Flags: `--quick` (fewer rounds), `--no-ddp`, `--models`, `--batch-sizes`, `--round-seconds`.
+Flags: `--quick` (fewer rounds), `--no-ddp`, `--models`, `--batch-sizes`, `--round-seconds`,
+`--device cuda` (one GPU; timings wait for the GPU's queue) and `--precision bf16` (the losses
+under bf16 autocast, as `train.precision=bf16`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,30 @@ GOALS = {"auto_small": 1.3, "auto_large": 1.2, "per_example_conv": 1.3}
 """What `meets` checks: auto_cost <= auto_small below batch LARGE_FROM and <= auto_large from it;
 per_example <= per_example_conv on models with convolutions (where it is right for them)."""
 LARGE_FROM = 128
+PLACE: dict[str, Any] = {"device": torch.device("cpu"), "bf16": False}
+"""Where the single-process variants run (`--device`, `--precision`)."""
+
+
+def _on(value: Any) -> Any:
+    """A model or a batch (tensors, tuples of them) on the bench's device."""
+    device = PLACE["device"]
+    if isinstance(value, (nn.Module, torch.Tensor)):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_on(v) for v in value)
+    return value
+
+
+def _loss(subject: Subject, model: nn.Module, batch: Any) -> torch.Tensor:
+    if not PLACE["bf16"]:
+        return subject.loss(model, batch)
+    with torch.autocast(PLACE["device"].type, dtype=torch.bfloat16):
+        return subject.loss(model, batch)
+
+
+def _sync() -> None:
+    if PLACE["device"].type == "cuda":
+        torch.cuda.synchronize()
 
 
 @dataclass(frozen=True)
@@ -135,7 +161,7 @@ def _stepper(subject: Subject, model: nn.Module, batch: Any, k: int,
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         for piece in pieces:
-            (subject.loss(model, piece) * (_size(piece) / n)).backward()
+            (_loss(subject, model, piece) * (_size(piece) / n)).backward()
             if monitor is not None:
                 monitor.accumulate()
         if monitor is not None:
@@ -149,9 +175,9 @@ def _variants(subject: Subject, batch_size: int) -> dict[str, Callable[[], objec
     """Every timed variant; a method that would measure this model wrong (per-example norms of
     a BatchNorm model), or a Hessian measurement the model's ops cannot differentiate twice,
     is left out, and its column is NaN."""
-    batch = subject.data(batch_size)
+    batch = _on(subject.data(batch_size))
     torch.manual_seed(0)
-    hessian_model = subject.make()
+    hessian_model = _on(subject.make())
     out: dict[str, Callable[[], object]] = {}
 
     def hessian_call() -> object:
@@ -165,7 +191,7 @@ def _variants(subject: Subject, batch_size: int) -> dict[str, Callable[[], objec
         pass
     for variant in ("plain", "plain_split", "per_example", "microbatch"):
         torch.manual_seed(0)
-        model = subject.make()
+        model = _on(subject.make())
         monitor = None
         if variant in ("per_example", "microbatch"):
             try:
@@ -181,14 +207,14 @@ def _auto_method(subject: Subject, batch_size: int) -> str:
     """The method `noise.method=auto` keeps for this model and batch on one process (the
     training loop's monitor, `timed_auto`): per-example norms' choice is made after the first
     measured step."""
-    batch = subject.data(batch_size)
+    batch = _on(subject.data(batch_size))
     torch.manual_seed(0)
-    model = subject.make()
+    model = _on(subject.make())
     monitor = NoiseScaleMonitor(model, "auto", timed_auto=True)
     try:  # one measured step as the training loop takes it (split where the monitor says)
         pieces = _split(batch, MICROBATCHES) if monitor.needs_microbatches else [batch]
         for piece in pieces:
-            (subject.loss(model, piece) * (_size(piece) / _size(batch))).backward()
+            (_loss(subject, model, piece) * (_size(piece) / _size(batch))).backward()
             monitor.accumulate()
         monitor.step()
     finally:
@@ -206,8 +232,10 @@ def _time_side_by_side(steppers: Mapping[str, Callable[[], object]], rounds: int
     warm: dict[str, float] = {}
     for key, fn in steppers.items():  # warm-up, and the time of one call
         for _ in range(3):
+            _sync()
             start = time.perf_counter()
             fn()
+            _sync()
             warm[key] = time.perf_counter() - start
     slowest = max(t for k, t in warm.items() if k != "hessian_call")
     steps = min(steps, max(MIN_CALLS, math.ceil(round_seconds / slowest))) \
@@ -218,9 +246,11 @@ def _time_side_by_side(steppers: Mapping[str, Callable[[], object]], rounds: int
     for _ in range(rounds):
         for key, fn in steppers.items():
             calls = max(1, steps // 10) if key == "hessian_call" else steps
+            _sync()
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
+            _sync()
             times[key].append((time.perf_counter() - start) / calls)
     return {k: min(v) for k, v in times.items()}
 
@@ -342,7 +372,13 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--round-seconds", type=float, default=ROUND_SECONDS,
                         help="Cut a variant's calls per round to about this long (at least "
                         f"{MIN_CALLS}; default {ROUND_SECONDS}; 0: every --steps).")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="Where the single-process variants run (DDP stays on gloo/CPU).")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no GPU")
+    PLACE.update(device=torch.device(args.device), bf16=args.precision == "bf16")
     unknown = set(args.models) - set(MODELS)
     if unknown:
         parser.error(f"unknown models {sorted(unknown)}; choose from {list(MODELS)}")

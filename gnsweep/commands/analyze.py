@@ -98,6 +98,8 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
         analysis.warnings.append(
             f"{int(running.sum())} runs still running: the targets they have passed are used, "
             "the others wait for them (analyze again when they end)")
+    if config.noise.method != "none":  # measurement off: B_simple absent by design
+        analysis.warnings += unmeasured_warnings(curves)
     if write:
         write_outputs(out_dir or sweep_dir, analysis)
     return analysis
@@ -132,6 +134,8 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
     for run in unfinished.itertuples(index=False):
         analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
+    if config.noise.method != "none":  # measurement off: B_simple absent by design
+        analysis.warnings += unmeasured_warnings(curves)
     return analysis
 
 
@@ -200,10 +204,38 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
         from gnsweep.analysis.adaptive import format_adaptive
 
         echo(format_adaptive(result.adaptive), err=as_json)
+    if sweep_dir is not None:  # what share of the steps the noise scale was measured on
+        from gnsweep.commands.status import sweep_measurement_note
+
+        note = sweep_measurement_note(sweep_dir)
+        if note:
+            echo(note, err=as_json)
     for warning in result.warnings:
         echo(f"warning: {warning}", err=True)
     echo(f"tables: {out}/steps.parquet, front.parquet, fits.parquet, lr_fits.parquet, "
-         "loss_scaling.parquet, fits.json" + (", along.parquet" if len(result.along) else ""),
+         "loss_scaling.parquet, temperature.parquet, fits.json"
+         + (", along.parquet" if len(result.along) else ""),
          err=as_json)
     if as_json:
         echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+
+
+def unmeasured_warnings(curves: Curves) -> list[str]:
+    """The line naming finished runs whose logged B_simple is NaN on more than
+    `runs.UNMEASURED_SHARE` of their rows (`runs.unmeasured_line`), as a warning; none where
+    every run was measured, or where none was (a sweep that measures no noise scale)."""
+    from gnsweep.runs import unmeasured_line, unmeasured_share
+
+    b_simple = curves.columns["b_simple"]
+    finished = curves.runs["state"].isin(store.FINISHED).to_numpy()
+    shares = {}
+    for i, run_id in enumerate(curves.runs["run_id"].astype(str)):
+        lo, hi = curves.offsets[i], curves.offsets[i + 1]
+        if finished[i] and hi > lo:
+            shares[run_id] = unmeasured_share(b_simple[lo:hi].tolist())
+    if shares and all(s == 1.0 for s in shares.values()) and len(shares) > 1:
+        # B_simple on no step of any run: a sweep measuring nothing says so once.
+        return ["B_simple was not measured in any run (NaN on every step): the report has no "
+                "noise scale to compare B_crit with"]
+    line = unmeasured_line(shares)
+    return [line.removeprefix("WARNING: ")] if line else []

@@ -25,6 +25,7 @@ def run(base_run_dir: Path, at: str, sweep_dir: Path, overrides: list[str] | Non
         workers: int | None, quiet: bool, echo: Echo) -> int:
     """`gnsweep branch`; returns the exit code (1 when a run failed, named on stderr)."""
     from gnsweep.branching import parse_points
+    from gnsweep.sweep import unmeasured_runs
 
     overrides = list(overrides or [])
     if workers is not None:
@@ -35,6 +36,10 @@ def run(base_run_dir: Path, at: str, sweep_dir: Path, overrides: list[str] | Non
     if summary.failed:
         echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
              f"{', '.join(summary.failed)}", err=True)
+    unmeasured = unmeasured_runs(sweep_dir)
+    if unmeasured:
+        echo(unmeasured, err=True)
+    if summary.failed:
         return 1
     echo(f"next: gnsweep analyze {sweep_dir}")
     return 0

@@ -25,11 +25,26 @@ def grid_line(config: Any, specs: list[Any], sweep_dir: Path) -> str:
             f"targets {listed(sweep.targets)}) -> {sweep_dir}")
 
 
+def run_states(sweep_dir: Path, specs: list[Any]) -> dict[str, str]:
+    """Each run's state in the sweep folder as a launch would act on it (done, diverged,
+    failed, running, pending: a run not written yet, or recorded finished with its metrics
+    lost)."""
+    from gnsweep import store
+    from gnsweep.runs import read_state
+
+    out = {}
+    for spec in specs:
+        path = sweep_dir / store.RUNS / spec.run_id
+        out[spec.run_id] = str(read_state(path)["state"]) if path.is_dir() else "pending"
+    return out
+
+
 def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | None,
         dry_run: bool, quiet: bool, detach: bool, echo: Echo) -> int:
     """Run (or resume) the sweep; returns the exit code: 0 every run ended done or diverged,
     1 a run failed (named on stderr)."""
-    from gnsweep.sweep import expand_grid, resolve_adaptive_lr
+    from gnsweep.config import budget_lines
+    from gnsweep.sweep import expand_grid, resolve_adaptive_lr, unmeasured_runs
     from gnsweep.sweep import launch as run_sweep
 
     config = compose_config(overrides, workers)
@@ -41,18 +56,28 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
         config = resolve_along(config, sweep_dir)
     specs = expand_grid(config)
     if dry_run:
+        from collections import Counter
+
         echo(grid_line(config, specs, sweep_dir))
-        echo(f"{'run_id':<28}{'batch_size':>16}{'learning_rate':>16}{'seed':>6}")
+        echo(f"{'run_id':<28}{'batch_size':>16}{'learning_rate':>16}{'seed':>6}  state")
+        states = run_states(sweep_dir, specs)
         for spec in specs:
             # An adaptive run's batch size follows the noise scale, its rate is eps_max (eq. 2.7).
             batch, lr = ((f"adaptive r={spec.exchange_rate:g}", f"eps_max {spec.learning_rate:g}")
                          if spec.adaptive else ("along B_crit", f"eps_max {spec.learning_rate:g}")
                          if spec.along else (str(spec.batch_size), f"{spec.learning_rate:g}"))
-            echo(f"{spec.run_id:<28}{batch:>16}{lr:>16}{spec.seed:>6}")
+            echo(f"{spec.run_id:<28}{batch:>16}{lr:>16}{spec.seed:>6}  {states[spec.run_id]}")
+        counts = Counter(states.values())
+        echo(f"{len(specs)} runs: " + ", ".join(f"{n} {state}" for state, n in
+                                              sorted(counts.items()))
+             + " (a launch runs every run not done or diverged)")
         return 0
     # Before the sweep folder is written: a task that cannot train is refused here (exit 2).
-    config = preflight(config)
+    # Windows given in samples are converted to the task's unit (tokens).
+    config, per_sample = preflight(config, overrides)
     echo(grid_line(config, specs, sweep_dir))  # the grid that runs, before it runs
+    for line in budget_lines(config, per_sample):
+        echo(line)
     summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)
     if detach and config.executor.kind == "slurm":
         jobs = ", ".join(summary.submitted) or "none (nothing left to run)"
@@ -63,6 +88,10 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
     if summary.failed:
         echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
              f"{', '.join(summary.failed)}", err=True)
+    # A noise scale missing on most of a run is said loudly (the runs still count: exit 0).
+    unmeasured = unmeasured_runs(sweep_dir, [spec.run_id for spec in specs])
+    if unmeasured:
+        echo(unmeasured, err=True)
     if summary.done or summary.diverged or not summary.failed:  # not when every run failed
         echo(f"next: gnsweep analyze {sweep_dir}")
     return 1 if summary.failed else 0

@@ -25,7 +25,11 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
     from gnsweep.report.html import render
 
     tables = load_tables(sweep_dir)
+    measured = None
     if store.is_sweep(sweep_dir):
+        from gnsweep.commands.status import sweep_measurement_note
+
+        measured = sweep_measurement_note(sweep_dir)
         loaded = Config.load(sweep_dir)
         config: Config | None = loaded
         config_text = (sweep_dir / store.SWEEP_CONFIG).read_text()
@@ -48,6 +52,8 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
 
                 plt.close(result)
         notes = plots.notes(part)
+        if measured and not group:
+            notes.append(measured)
         all_notes += [f"{group}: {n}" if group else n for n in notes]
         sections[group] = (part, figures, notes)
     along: dict[str, bytes | str] = {}

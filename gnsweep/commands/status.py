@@ -8,7 +8,7 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.commands import Echo
-from gnsweep.runs import read_state, verify_folder
+from gnsweep.runs import read_state, unmeasured_line, verify_folder
 
 UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
 """States whose rows so far `gnsweep status` shows (step, examples, smoothed loss)."""
@@ -55,6 +55,7 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
                      "requeues": requeues(path),
                      "gpus": status.get("gpus"), "device": status.get("device"),
                      "noise": status.get("noise_measured"),
+                     "b_simple_nan_share": status.get("b_simple_nan_share"),
                      **{k: (last or {}).get(k) for k in ("step", "examples", "loss_smooth")}})
     return rows
 
@@ -77,6 +78,14 @@ def measurement_note(rows: list[dict[str, Any]]) -> str | None:
         parts.append(f"noise scale measured on {measured / steps:.0%} of {steps} steps "
                      f"(noise.every={', '.join(everys)})")
     return "; ".join(parts) if parts else None
+
+
+def sweep_measurement_note(sweep_dir: Path) -> str | None:
+    """`measurement_note` from the runs' status.json files alone (what `analyze` and `report`
+    say beside their figures)."""
+    rows = [{"noise": store.read_status(store.run_dir(sweep_dir, run_id)).get("noise_measured")}
+            for run_id in store.run_ids(sweep_dir)]
+    return measurement_note(rows)
 
 
 def progress_of(row: dict[str, Any]) -> str:
@@ -112,3 +121,7 @@ def run(sweep_dir: Path, all_runs: bool, echo: Echo) -> None:
     note = measurement_note(rows)
     if note:
         echo(note)
+    unmeasured = unmeasured_line({r["run_id"]: r["b_simple_nan_share"] for r in rows
+                                  if r["state"] in ("done", "diverged")})
+    if unmeasured:
+        echo(unmeasured)

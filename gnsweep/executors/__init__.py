@@ -294,11 +294,13 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
                                     final_loss=result.final_loss,
                                     train_seconds=result.train_seconds,
                                     rows=result.rows, examples=result.examples,
-                                    **({"noise_method": result.noise_method}
-                                       if result.noise_method else {}),
+                                    noise_method=result.noise_method,
+                                    b_simple_nan_share=result.b_simple_nan_share,
                                     **({"noise_measured": result.noise_measured}
                                        if result.noise_measured else {}))
-        log_event(path, "end", attempt=attempts, state=result.state)
+        log_event(path, "end", attempt=attempts, state=result.state,
+                  noise_method=(result.noise_method or {}).get("method"),
+                  b_simple_nan_share=result.b_simple_nan_share)
     return status
 
 

@@ -112,7 +112,8 @@ class TorchrunBackend:
         # Their output goes to a log beside the runs file (it would garble the progress bar).
         logs = [runs_file.with_suffix(f".{i}.log") for i in range(min(self.jobs, len(run_ids)))]
         return _LocalJobs([_start(command, {**env, **self.gpus.env(i)}, log)
-                           for i, log in enumerate(logs)], logs, runs_file, scratch)
+                           for i, log in enumerate(logs)], logs, runs_file, self.sweep_dir,
+                          scratch)
 
 
 @dataclass
@@ -122,6 +123,7 @@ class _LocalJobs:
     jobs: list[subprocess.Popen]
     logs: list[Path]
     runs_file: Path
+    sweep_dir: Path
     scratch: Path | None = None
     """The jobs' temporary folder (TMPDIR), removed when the round ends."""
 
@@ -147,7 +149,7 @@ class _LocalJobs:
         with contextlib.suppress(OSError):
             for run_id in self.runs_file.read_text().split():
                 with contextlib.suppress(Exception):  # never in place of the signal's exit
-                    stopped_by_launcher(self.runs_file.parent.parent, run_id)  # <sweep>/queue/
+                    stopped_by_launcher(self.sweep_dir, run_id)
         self._remove_scratch()
 
     def _remove_scratch(self) -> None:

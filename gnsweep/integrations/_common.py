@@ -1,5 +1,6 @@
 """What the framework callbacks share: finding a batch's size, the module the monitor watches,
-and the logged metric names (a public contract: `b_simple`, `g2`, `trace_sigma`, `b_noise`)."""
+and the logged metric names (a public contract: `b_simple`, `g2`, `trace_sigma`, `b_noise`,
+`b_simple_precond`)."""
 
 from __future__ import annotations
 
@@ -76,7 +77,23 @@ def metrics(estimate: NoiseEstimate | None, *, with_b_noise: bool) -> dict[str, 
            "trace_sigma": float(estimate.trace_sigma)}
     if with_b_noise and math.isfinite(estimate.b_noise):
         out["b_noise"] = float(estimate.b_noise)
+    if math.isfinite(estimate.b_simple_precond):
+        # B_simple in the optimizer's preconditioner (docs/noise.md), once measured.
+        out["b_simple_precond"] = float(estimate.b_simple_precond)
     return out
+
+
+def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
+    """The torch optimizer inside a framework's wrapper (accelerate's `AcceleratedOptimizer`,
+    Lightning's `LightningOptimizer`), whose state holds the preconditioner; None if none."""
+    for _ in range(4):
+        if isinstance(optimizer, torch.optim.Optimizer) and not hasattr(optimizer, "optimizer"):
+            return optimizer
+        inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
+        if inner is None:
+            return optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
+        optimizer = inner
+    return None
 
 
 def cannot_measure(monitor: NoiseScaleMonitor, accumulation: int, setting: str) -> str | None:
@@ -89,6 +106,53 @@ def cannot_measure(monitor: NoiseScaleMonitor, accumulation: int, setting: str) 
                 "gnsweep.FsdpNoiseScale in the training loop (docs/integrations.md)")
     if monitor.needs_microbatches and accumulation < 2:
         return (f"method {monitor.method} needs the micro-batches of gradient accumulation for "
-                "some of this model's parameters (layers without per-example norms, or batch "
+                "some of this model's parameters (layers without per-example norms, inputs "
+                "without the batch dimension such as positions wpe(torch.arange(T)), or batch "
                 f"statistics); set {setting} >= 2")
     return None
+
+
+def measure_step(monitor: NoiseScaleMonitor, accumulation: int, setting: str,
+                 **step: Any) -> tuple[NoiseEstimate | None, str | None]:
+    """`monitor.step(**step)`, and why measuring must stop, or None: method auto switches to
+    micro-batches at its first measured step where per-example norms cannot attribute a
+    layer's gradient (`NoiseScaleMonitor.unattributed`), which needs `setting` >= 2; an
+    explicit per_example is refused there (ValueError)."""
+    try:
+        estimate = monitor.step(**step)
+    except ValueError as err:
+        return None, str(err)
+    return estimate, cannot_measure(monitor, accumulation, setting)
+
+
+class Units:
+    """The examples of each step in the user's unit (`examples=` of the callbacks): None counts
+    samples (the batch's first dimension); an int, that many examples a sample (tokens per
+    sequence); a function, the examples of the batch it is given. `take()` gives the
+    factor from samples to that unit over the step's micro-batches (`take`)."""
+
+    def __init__(self, examples: int | Callable[[Any], int] | None) -> None:
+        if examples is not None and not callable(examples) and not (
+                isinstance(examples, int) and examples >= 1):
+            raise ValueError(f"examples={examples!r}: give an int >= 1 (examples a sample, "
+                             "e.g. tokens per sequence) or a function of the batch")
+        self.examples = examples
+        self.samples = self.units = 0
+
+    def add(self, batch: Any) -> None:
+        first = first_tensor(batch)
+        samples = int(first.shape[0]) if first is not None else 0
+        self.samples += samples
+        if callable(self.examples):
+            self.units += int(self.examples(batch))
+        else:
+            self.units += samples * (self.examples or 1)
+
+    def take(self) -> tuple[int | None, float]:
+        """The examples of the batches added since the last call in the user's unit (None
+        where that is samples, the monitor's own count) and the factor from samples to it
+        (1 with none)."""
+        factor = self.units / self.samples if self.samples and self.units else 1.0
+        units = None if self.examples is None or not self.units else self.units
+        self.samples = self.units = 0
+        return units, factor

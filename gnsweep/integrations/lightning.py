@@ -22,6 +22,7 @@ every attached logger.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -29,7 +30,15 @@ from torch import nn
 from torch.optim import Optimizer
 
 from gnsweep import NoiseScaleMonitor
-from gnsweep.integrations._common import Watched, cannot_measure, metrics
+from gnsweep.integrations._common import (
+    Units,
+    Watched,
+    cannot_measure,
+    measure_step,
+    metrics,
+    torch_optimizer,
+)
+from gnsweep.training.backward import in_task_units
 
 __all__ = ["NoiseScaleCallback"]
 log = logging.getLogger("gnsweep.integrations")
@@ -47,14 +56,27 @@ class NoiseScaleCallback(pl.Callback):
     (`hessian_every > 0`) needs `loss_fn(outputs, targets)`, batches `(inputs, targets)` and a
     `forward(inputs)` returning the outputs `loss_fn` takes; it runs on one process only.
     `prog_bar`: also show `b_simple` in the progress bar.
+
+    `examples`: what B counts. None (default): samples (the batch's first dimension); an
+    int: examples a sample, e.g. `examples=512` for tokens of 512-token sequences; a function
+    of the batch Lightning hands the step, e.g. `lambda batch: batch["input_ids"].numel()`.
+    B_simple, B_noise and tr(Sigma) are then logged in that unit, and `ema_examples` counts it.
+
+    Where per-example norms cannot attribute a layer's gradient to examples (positions
+    `wpe(torch.arange(T))`, an input without the batch dimension), method auto measures with
+    micro-batches from the first step on: that needs `accumulate_grad_batches >= 2` (said
+    once, and b_simple NaN, without it); an explicit `method="per_example"` stops measuring
+    there, said once.
     """
 
     def __init__(self, *, method: str | None = None, every: int = 1,
                  ema_fraction: float | None = None, ema_steps: float = 0.0,
                  ema_examples: float | None = None, hessian_every: int = 0,
                  loss_fn: Any = None, hessian_microbatches: int = 2,
-                 prog_bar: bool = False) -> None:
+                 prog_bar: bool = False,
+                 examples: int | Callable[[Any], int] | None = None) -> None:
         super().__init__()
+        self.units = Units(examples)
         self.method, self.every = method, every
         self.ema_fraction, self.ema_steps, self.ema_examples = ema_fraction, ema_steps, \
             ema_examples
@@ -92,6 +114,10 @@ class NoiseScaleCallback(pl.Callback):
                                 "accumulate_grad_batches")
         if reason is not None:
             self._cannot(reason)
+            return
+        inner = torch_optimizer(trainer.optimizers[0]) if trainer.optimizers else None
+        if inner is not None:  # B_simple_P from the micro-batches of gradient accumulation
+            self.monitor.precondition(inner)
 
     def _cannot(self, reason: str) -> None:
         """Say once, loudly, why nothing is measured; b_simple is logged as NaN."""
@@ -108,6 +134,7 @@ class NoiseScaleCallback(pl.Callback):
             return
         if self._watched is not None:
             self._watched.count(batch)
+        self.units.add(batch)
         self._batch = batch
 
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -126,7 +153,13 @@ class NoiseScaleCallback(pl.Callback):
             scaler = getattr(trainer.precision_plugin, "scaler", None)
             scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() \
                 else 1.0
-            estimate = self.monitor.step(batch=batch, loss_scale=scale, grads_unscaled=True)
+            units, per_sample = self.units.take()
+            estimate, reason = measure_step(
+                self.monitor, trainer.accumulate_grad_batches, "accumulate_grad_batches",
+                batch=batch, loss_scale=scale, grads_unscaled=True, examples=units)
+            estimate = in_task_units(estimate, per_sample)
+            if reason is not None:
+                self._cannot(reason)
         for name, value in metrics(estimate, with_b_noise=self.hessian_every > 0).items():
             pl_module.log(name, value, on_step=True, on_epoch=False,
                           prog_bar=self.prog_bar and name == "b_simple")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,7 +37,16 @@ from torch.autograd.graph import register_multi_grad_hook
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from gnsweep import NoiseScaleMonitor
-from gnsweep.integrations._common import Watched, cannot_measure, first_tensor, metrics
+from gnsweep.integrations._common import (
+    Units,
+    Watched,
+    cannot_measure,
+    first_tensor,
+    measure_step,
+    metrics,
+    torch_optimizer,
+)
+from gnsweep.training.backward import in_task_units
 
 __all__ = ["NoiseScaleCallback"]
 log = logging.getLogger("gnsweep.integrations")
@@ -53,12 +63,27 @@ class NoiseScaleCallback(TrainerCallback):
     the examples seen, as in gnsweep's sweeps). B_noise (`hessian_every > 0`, one process)
     re-runs the model on the step's last micro-batch and takes the loss the model returns
     (`outputs.loss`: the batch must carry its labels).
+
+    `examples`: what B counts. None (default): sequences (the inputs' first dimension); an
+    int: examples a sequence, e.g. `examples=512` for tokens of 512-token sequences; a
+    function of the model's inputs (the keyword arguments the Trainer passes, `input_ids`,
+    `attention_mask`, ...), e.g. `lambda inputs: int(inputs["attention_mask"].sum())`.
+    B_simple, B_noise and tr(Sigma) are then logged in that unit, and `ema_examples` counts it.
+
+    Where per-example norms cannot attribute a layer's gradient to examples (positions
+    `wpe(torch.arange(T))`, an input without the batch dimension), method auto measures with
+    micro-batches from the first step on: that needs `gradient_accumulation_steps >= 2` (said
+    once, and b_simple NaN, without it); an explicit `method="per_example"` stops measuring
+    there, said once.
     """
 
     def __init__(self, *, method: str = "auto", every: int = 1,
                  ema_fraction: float | None = None, ema_steps: float = 0.0,
                  ema_examples: float | None = None, hessian_every: int = 0,
-                 hessian_microbatches: int = 2) -> None:
+                 hessian_microbatches: int = 2,
+                 examples: int | Callable[[Any], int] | None = None) -> None:
+        self.units = Units(examples)
+        self._accumulation = 1
         self.method, self.every = method, every
         self.ema_fraction, self.ema_steps, self.ema_examples = ema_fraction, ema_steps, \
             ema_examples
@@ -109,11 +134,14 @@ class NoiseScaleCallback(TrainerCallback):
         except ValueError as err:
             self._cannot(str(err))
             return
-        reason = cannot_measure(self.monitor, args.gradient_accumulation_steps,
-                                "gradient_accumulation_steps")
+        self._accumulation = args.gradient_accumulation_steps
+        reason = cannot_measure(self.monitor, self._accumulation, "gradient_accumulation_steps")
         if reason is not None:
             self._cannot(reason)
             return
+        inner = torch_optimizer(optimizer)
+        if inner is not None:  # B_simple_P from the micro-batches of gradient accumulation
+            self.monitor.precondition(inner)
         params = self.monitor.params
         self._handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
                          register_multi_grad_hook(params, self._in_backward, mode="any")]
@@ -154,6 +182,7 @@ class NoiseScaleCallback(TrainerCallback):
                 or not torch.is_grad_enabled():
             return
         self._watched.count((args, kwargs))
+        self.units.add(kwargs if kwargs or not args else args[0])
         if self.hessian_every:
             keys = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.dim() > 0]
             rest = {k: v for k, v in kwargs.items() if k not in keys}
@@ -177,11 +206,16 @@ class NoiseScaleCallback(TrainerCallback):
         # The Trainer marks the step's last micro-batch (it clips and steps right after).
         if GradientState().sync_gradients:
             self._stepping = True
+            units, per_sample = self.units.take()
             try:
-                self.estimate = self.monitor.step(batch=self._hessian_batch(),
-                                                  loss_scale=self._loss_scale())
+                estimate, reason = measure_step(
+                    self.monitor, self._accumulation, "gradient_accumulation_steps",
+                    batch=self._hessian_batch(), loss_scale=self._loss_scale(), examples=units)
             finally:
                 self._stepping = False
+            self.estimate = in_task_units(estimate, per_sample)
+            if reason is not None:
+                self._cannot(reason)
 
     def _loss_scale(self) -> float:
         scaler = self._scaler

@@ -18,11 +18,15 @@ class Increments:
 
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = params
+        self.weight: torch.Tensor | None = None
+        """A diagonal weight over the flattened parameters (the optimizer's preconditioner P):
+        when set, `weighted()` gives the same pair in the P-norm `|v|_P^2 = sum P v^2`."""
         self.reset()
 
     def reset(self) -> None:
         self.previous: torch.Tensor | None = None
         self.sq: list[torch.Tensor] = []
+        self.sq_weighted: list[torch.Tensor] = []
         self.counts: list[int] = []
         self._seen = 0
 
@@ -32,6 +36,8 @@ class Increments:
                           .float() for p in self.params]).detach()
         increment = flat if self.previous is None else flat - self.previous
         self.sq.append(torch.dot(increment, increment))
+        if self.weight is not None:
+            self.sq_weighted.append(torch.dot(self.weight * increment, increment))
         self.previous = flat
         self.counts.append(examples_so_far - self._seen)
         self._seen = examples_so_far
@@ -44,13 +50,26 @@ class Increments:
                     "method='microbatch' needs >= 2 micro-batches per measured step, each "
                     "followed by monitor.accumulate(); a batch of one example cannot be split")
             return None
-        big = sum(self.counts)
         if min(self.counts) < 1:
             raise ValueError("monitor.accumulate() was called without a forward pass of the "
                              "model since the last call: no examples to attribute")
         assert self.previous is not None
         # After the last accumulate() the flat vector is the batch-mean gradient: |G_big|^2.
         values = torch.stack([*self.sq, torch.dot(self.previous, self.previous)]).tolist()
+        return self._pair(values)
+
+    def weighted(self) -> NormPair | None:
+        """The pair of `measure` in the P-norm of `weight` (eq. A.2 with `|v|_P^2`), or None
+        when no weight was set for every micro-batch of this step."""
+        k = len(self.counts)
+        if self.weight is None or k < 2 or len(self.sq_weighted) != k or min(self.counts) < 1:
+            return None
+        assert self.previous is not None
+        big = torch.dot(self.weight * self.previous, self.previous)
+        return self._pair(torch.stack([*self.sq_weighted, big]).tolist())
+
+    def _pair(self, values: list[float]) -> NormPair:
+        k, big = len(self.counts), sum(self.counts)
         # .grad holds the batch mean: micro-batch j's own gradient is (B / n_j) x its increment;
         # E|g_j|^2 = |G|^2 + tr(Sigma)/n_j, so the mean over j has b_small = 1 / mean(1/n_j).
         sq_small = sum((big / n) ** 2 * s for n, s in zip(self.counts, values, strict=False)) / k

@@ -59,6 +59,7 @@ from gnsweep.measure.fsdp import FsdpGrads
 from gnsweep.measure.hessian import hessian_norms
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.per_example import PerExample
+from gnsweep.measure.precond import IDENTITY, kind, preconditioner
 from gnsweep.noise import (
     MeasureSchedule,
     NoiseEstimate,
@@ -67,6 +68,7 @@ from gnsweep.noise import (
     ema_window,
     estimate_state,
     load_estimate,
+    with_precond,
 )
 
 METHODS = ("per_example", "microbatch", "ddp", "fsdp")
@@ -157,6 +159,11 @@ class NoiseScaleMonitor:
     gradient trained on is the batch mean either way (as the micro-batches' weighted sum: equal
     up to rounding). The choice is a function of the model and the first batch, never of a
     clock, so that a run trained twice, or resumed, gives the same numbers.
+
+    A layer whose gradient per-example norms cannot attribute to examples (its input has no
+    batch dimension: positions `wpe(torch.arange(T))`, `unattributed`) leaves the first
+    measured step unmeasured; `method="auto"` then measures with micro-batches (said once,
+    `choice` says why), an explicit `"per_example"` raises a ValueError.
     """
 
     def __init__(self, model: nn.Module, method: str = "auto", *, every: int | str = 1,
@@ -165,7 +172,8 @@ class NoiseScaleMonitor:
                  hessian_microbatches: int = 2, task_loss: TaskLoss | None = None,
                  ema_fraction: float | None = None,
                  parameters: Iterable[nn.Parameter] | None = None,
-                 all_reduced_grads: bool = False, timed_auto: bool = False) -> None:
+                 all_reduced_grads: bool = False, timed_auto: bool = False,
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
         if method not in (*METHODS, "auto", NORM_LAYERS, OFF):
             raise ValueError(f"method={method!r}: choose one of auto, {', '.join(METHODS)}, "
                              f"{NORM_LAYERS}, {OFF}")
@@ -184,6 +192,14 @@ class NoiseScaleMonitor:
         window = ema_window(ema_fraction, ema_steps, ema_examples)
         self.ema = NoiseScaleEma(ema_steps=window["ema_steps"], ema_fraction=window["ema_fraction"],
                                  ema_examples=window["ema_examples"])
+        # B_simple_P: the same estimator in the optimizer's preconditioner P (`precondition`).
+        self.ema_precond = NoiseScaleEma(ema_steps=window["ema_steps"],
+                                         ema_fraction=window["ema_fraction"],
+                                         ema_examples=window["ema_examples"])
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._precond_kind: str | None = None
+        self._precond_increments: Increments | None = None
+        self._precond_since = (0.0, 0.0)  # examples and steps since its last measurement
         self.steps = 0
         self.schedule = MeasureSchedule(every)
         """Which steps are measured, and how many were."""
@@ -214,7 +230,8 @@ class NoiseScaleMonitor:
         self._hessian_seconds = 0.0
         self.choice: dict[str, Any] | None = None
         self._sources: dict[str, tuple[PerExample | None, Increments | None]] = {}
-        self._asked = method
+        self._asked = self.requested = method
+        self._switched = False  # auto moved to micro-batches for unattributable layers
         if method == OFF:  # nothing measured, nothing hooked
             self.method, self.hessian_every = OFF, 0
             return
@@ -257,6 +274,43 @@ class NoiseScaleMonitor:
                 # first measured step (`_choose`).
                 self._sources = {"per_example": (self._per_example, self._increments),
                                  "microbatch": (None, Increments(self.params))}
+        if optimizer is not None:
+            self.precondition(optimizer)
+
+    def precondition(self, optimizer: torch.optim.Optimizer) -> None:
+        """Measure B_simple_P (`b_simple_precond`) in `optimizer`'s diagonal preconditioner
+        (`gnsweep.measure.precond`) beside B_simple. SGD: P = I, the same pairs as B_simple.
+        Adam-like: P does not factor through per-example norms' Gram form, so the P-norm pair
+        comes from micro-batches (eq. A.2 with b_small = B / k): the method's own where it
+        splits, else the loop splits measured steps (`wants_microbatches`) and the pair is
+        read from the increments of `.grad`. Not measured (NaN, said once) under DDP and FSDP,
+        or for an optimizer without a known diagonal P."""
+        self.optimizer = optimizer
+        self._precond_kind = kind(optimizer)
+        if self._precond_kind is None:
+            self.warn_once("precond", f"noise scale: {type(optimizer).__name__} has no known "
+                           "diagonal preconditioner; b_simple_precond is not measured (NaN)")
+        elif self._precond_kind != IDENTITY and self.method in ("ddp", "fsdp"):
+            self.warn_once("precond", f"noise scale: b_simple_precond is not measured under "
+                           f"method {self.method} yet (NaN); micro-batches measure it")
+            self._precond_kind = None
+        elif self._precond_kind != IDENTITY:
+            self._precond_increments = Increments(self.params)
+
+    @property
+    def wants_microbatches(self) -> bool:
+        """The preconditioned pair needs this step in micro-batches (`accumulate()` after
+        each): an adaptive optimizer and a method that does not split anyway."""
+        return self._precond_increments is not None and self.method != "microbatch"
+
+    def _precond_source(self) -> Increments | None:
+        """The micro-batch increments the P-norm pair is read from: the method's own when they
+        cover every measured parameter (method microbatch), else the monitor's."""
+        if self._precond_increments is None:
+            return None
+        if self.method == "microbatch" and self._increments is not None:
+            return self._increments
+        return self._precond_increments
 
     def _setup_ddp(self, model: nn.Module) -> str:
         import torch.distributed as dist
@@ -324,7 +378,8 @@ class NoiseScaleMonitor:
         """The micro-batches this step's backward must come in for the measurement: `wanted`
         (noise.microbatches, at most one per sample) on a measured step that needs them, else
         one (the batch whole)."""
-        return min(wanted, samples) if self.measuring and self.needs_microbatches else 1
+        split = self.needs_microbatches or self.wants_microbatches
+        return min(wanted, samples) if self.measuring and split else 1
 
     def unsplittable(self) -> str | None:
         """The run's first batch cannot be cut along dim 0: this monitor's fallback. With
@@ -346,8 +401,17 @@ class NoiseScaleMonitor:
         """The method to rebuild this monitor with before `load_state_dict(saved)`: the saved
         run fell back at its first step (`unsplittable`), so does this one; None: as built."""
         if saved["method"] != self.method and not self.timed:
+            if self.requested == "auto" and saved.get("choice") is not None:
+                return None  # auto's own switch (`_unattributable`): load_state_dict redoes it
             return FALLBACK_METHOD
         return None
+
+    @property
+    def unattributed(self) -> dict[str, str]:
+        """Layers whose gradient per-example norms cannot attribute to examples, met so far on
+        measured steps (name -> what was seen; `PerExample.unattributed`): an input without
+        the batch dimension. Empty when none, or when per-example norms are not in use."""
+        return dict(self._per_example.unattributed) if self._per_example is not None else {}
 
     @property
     def b_simple(self) -> float:
@@ -359,10 +423,18 @@ class NoiseScaleMonitor:
 
     def accumulate(self) -> None:
         """Record the micro-batch just back-propagated (call after each micro-batch's backward)."""
+        source = self._precond_source()
+        if source is not None and self.measuring and not self._busy and not source.counts:
+            # P as the optimizer holds it before this step's update, for the whole step.
+            assert self.optimizer is not None
+            source.weight = preconditioner(self.optimizer, self.params)
         if self._increments is not None and self.measuring and not self._busy:
             self._increments.accumulate(self._examples)
         if self._fsdp is not None and self.measuring:
             self._fsdp.accumulate(self._examples)
+        if source is not None and source is not self._increments and self.measuring \
+                and not self._busy:
+            source.accumulate(self._examples)
 
     @torch.no_grad()
     def step(self, batch: Batch | None = None, *, examples: int | None = None,
@@ -395,6 +467,8 @@ class NoiseScaleMonitor:
         self._step_examples = self._examples if examples is None else examples
         self._since_examples += self._step_examples
         self._since_steps += 1
+        self._precond_since = (self._precond_since[0] + self._step_examples,
+                               self._precond_since[1] + 1)
         if self.method == OFF:
             self._examples = 0
             self.schedule.advance(False, self.ema, self._since_examples, self._step_examples)
@@ -415,14 +489,55 @@ class NoiseScaleMonitor:
                 self._rank.reset()
             if self._fsdp is not None:
                 self._fsdp.reset()
+            if self._precond_increments is not None:
+                self._precond_increments.reset()
         if self._timing is not None and measuring and self._started is not None:
             seconds = _now(self.params[0].device) - self._started - self._hessian_seconds
             self._timed(seconds)
         self._started, self._hessian_seconds = None, 0.0
         self.schedule.advance(measuring, self.ema, self._since_examples, self._step_examples)
-        if self.timed and self.choice is None and measuring and self._per_example is not None:
+        if measuring and self._per_example is not None and self._per_example.unattributed:
+            self._unattributable(steps_examples)
+        elif self.timed and self.choice is None and measuring and self._per_example is not None:
             self._choose(steps_examples)
         return self.estimate
+
+    def _unattributable(self, batch: int) -> None:
+        """Per-example norms met a layer whose gradient they cannot attribute to examples
+        (`PerExample.unattributed`: an input without the batch dimension). `auto` measures
+        with micro-batches from the next step on, said once; an explicit `per_example` is
+        refused, a ValueError saying why."""
+        assert self._per_example is not None
+        layers = ", ".join(f"{name} ({seen})"
+                           for name, seen in self._per_example.unattributed.items())
+        reason = (f"per-example norms cannot attribute the gradient of {layers} to examples: "
+                  "its input has no batch dimension (positions such as wpe(torch.arange(T)) "
+                  "broadcast over the batch), so its gradient arrives summed over the batch")
+        if self.requested != "auto":
+            raise ValueError(f"noise scale: method={self.requested!r}: {reason}; use "
+                             "method='auto' or 'microbatch'")
+        choice = {"method": "microbatch", "reason": reason, "batch": batch,
+                  "step_seconds": None}
+        if self.timed:
+            self._commit(choice)
+            self._timing = []  # said once timed (`_timed`)
+            return
+        self._switch_to_microbatches(choice)
+        say_once("auto unattributed", f"noise scale: method auto measures with micro-batches "
+                 f"from the next step on ({reason}); micro-batches need gradient accumulation: "
+                 ">= 2 micro-batches a step, monitor.accumulate() after each "
+                 "(gradient_accumulation_steps >= 2 with Hugging Face's Trainer, "
+                 "accumulate_grad_batches >= 2 with Lightning)", per_launch=True)
+
+    def _switch_to_microbatches(self, choice: dict[str, Any]) -> None:
+        """Without `timed_auto`: drop the per-example hooks, measure with micro-batches."""
+        assert self._per_example is not None
+        for handle in self._per_example.handles:
+            handle.remove()
+        self._handles = [h for h in self._handles if h not in self._per_example.handles]
+        self._per_example, self._increments = None, Increments(self.params)
+        self.method, self._switched = "microbatch", True
+        self.choice = dict(choice)
 
     @property
     def timed(self) -> bool:
@@ -494,6 +609,8 @@ class NoiseScaleMonitor:
                 "choice": self.choice,
                 "estimate": estimate_state(self.estimate), "hessian_every": self.hessian_every,
                 "ema": self.ema.state_dict(), "schedule": self.schedule.state_dict(),
+                "ema_precond": self.ema_precond.state_dict(),
+                "precond_since": list(self._precond_since),
                 "since_examples": self._since_examples, "since_steps": self._since_steps,
                 "warned": sorted(self._warned),
                 "ddp_pending": self._ddp.pending_state() if self._ddp is not None else None}
@@ -504,12 +621,18 @@ class NoiseScaleMonitor:
             self._commit(state["choice"])
             timing = state.get("timing")
             self._timing = None if timing is None else list(timing)
+        elif state.get("choice") is not None and state["method"] == "microbatch" \
+                and self.method == "per_example" and self.requested == "auto":
+            self._switch_to_microbatches(state["choice"])  # switched before the save
         if state["method"] != self.method:
             raise ValueError(f"monitor state of method {state['method']}, this monitor "
                              f"measures with {self.method}")
         self.steps, self.estimate = int(state["steps"]), load_estimate(state["estimate"])
         self.hessian_every = int(state["hessian_every"])
         self.ema.load_state_dict(state["ema"])
+        if "ema_precond" in state:  # absent from a monitor saved before B_simple_P
+            self.ema_precond.load_state_dict(state["ema_precond"])
+            self._precond_since = tuple(state["precond_since"])  # type: ignore[assignment]
         if "schedule" in state:
             self.schedule.load_state_dict(state["schedule"])
         elif isinstance(self.schedule.every, int):  # a state saved before schedules were kept
@@ -607,9 +730,16 @@ class NoiseScaleMonitor:
                 complete = False  # a step it had to skip (a layer used twice): no estimate
         if self._increments is not None and plain:
             # Micro-batch increments and their sum were both read during backward: scaled.
-            part = self._increments.measure(self.method == "microbatch")
+            part = self._increments.measure(self.method == "microbatch" and not self._switched)
             if part is not None:
                 parts.append(_unscale(part, small_scale, small_scale))
+            elif self._switched:
+                self.warn_once("switched", "noise scale: method auto needs micro-batches for "
+                               "this model and this step had one: B_simple is not measured "
+                               "(NaN) until >= 2 micro-batches a step are back-propagated, "
+                               "monitor.accumulate() after each (gradient_accumulation_steps "
+                               ">= 2 with Hugging Face's Trainer, accumulate_grad_batches >= 2 "
+                               "with Lightning)")
             elif self.method == "per_example":
                 complete = False
                 self.warn_once("fallback", "noise scale: layers without per-example norms "
@@ -618,7 +748,18 @@ class NoiseScaleMonitor:
                                "not measured (NaN), never measured on part of the model")
         if not complete:
             parts = []
-        self._fold(parts, hess)
+        precond: list[NormPair] | None = None
+        if self._precond_kind == IDENTITY:
+            precond = parts  # P = I: the very pairs of B_simple
+        elif plain:  # whether or not B_simple's own pair was complete this step
+            source = self._precond_source()
+            pair = source.weighted() if source is not None else None
+            if pair is None and source is not None and len(source.counts) < 2:
+                self.warn_once("precond1", "noise scale: b_simple_precond needs >= 2 "
+                               "micro-batches a measured step, each followed by "
+                               "monitor.accumulate() (gradient accumulation); NaN without")
+            precond = [_unscale(pair, small_scale, small_scale)] if pair is not None else None
+        self._fold(parts, hess, precond)
 
     def _say_ghost_batches(self) -> None:
         layers = [m for m in self._batch_stats if m.training]
@@ -663,7 +804,8 @@ class NoiseScaleMonitor:
             if self._timing is not None:  # not part of either method's cost
                 self._hessian_seconds += _now(self.params[0].device) - started
 
-    def _fold(self, parts: list[NormPair], hess: NormPair | None) -> None:
+    def _fold(self, parts: list[NormPair], hess: NormPair | None,
+              precond: list[NormPair] | None = None) -> None:
         finite = all(map(math.isfinite, (x for p in parts for x in p)))
         valid = [p for p in parts if 0 < p.b_small < p.b_big] if finite else []
         if not finite:
@@ -686,6 +828,22 @@ class NoiseScaleMonitor:
             estimate = self.ema.update_hessian(*hess)
             if estimate is not None:
                 self.estimate = estimate
+        self._fold_precond(precond)
+
+    def _fold_precond(self, precond: list[NormPair] | None) -> None:
+        """Fold the P-norm pairs into B_simple_P's EMAs, on the clock of B_simple's (the
+        examples and steps since B_simple_P's last measurement), and put them on the estimate."""
+        examples, steps = self._precond_since
+        ok = bool(precond) and all(math.isfinite(x) and (i < 2 or x > 0)
+                                   for p in precond or [] for i, x in enumerate(p))
+        if ok and precond is not None and all(p.b_small < p.b_big for p in precond):
+            self.ema_precond.update_parts(list(precond), examples=examples, steps=steps)
+            self._precond_since = (0.0, 0.0)
+        if self.ema_precond.seen_steps > 0:
+            # B_simple_P stands on its own pairs: shown even where B_simple's were not complete.
+            base = self.estimate if self.estimate is not None else NoiseEstimate(
+                *([math.nan] * 9))
+            self.estimate = with_precond(base, self.ema_precond.estimate())
 
 
 

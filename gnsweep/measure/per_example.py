@@ -45,7 +45,16 @@ class PerExample:
         self.positions = 0
         """The most positions per example of a sequence layer captured so far (tokens)."""
         self.handles: list[Any] = []
+        self.unattributed: dict[str, str] = {}
+        """Layers whose output did not carry the batch's examples along dim 0 (name -> what
+        was seen): an input without the batch dimension, such as positions
+        `wpe(torch.arange(T))` of shape (T, C) broadcast over the batch, whose gradient arrives
+        summed over the examples. Per-example norms cannot attribute their gradients; a step
+        with one is not measured (`invalid`), and `NoiseScaleMonitor` switches to
+        micro-batches."""
         self._last_forward: dict[int, int] = {}
+        self._positions: dict[int, bool] = {}
+        self._names = {id(m): name or type(m).__name__ for name, m in model.named_modules()}
         wanted = {id(p) for p in measured}
         owners = Counter(id(p) for m in model.modules()
                          for p in m.parameters(recurse=False))
@@ -98,15 +107,14 @@ class PerExample:
         if self.batch > 1 and output.shape[0] != self.batch:
             fitted = along_batch(module, a, output, self.batch)
             if fitted is None:
-                # Examples are not along dim 0 here (a sequence-first layout): per-example
-                # norms would be wrong, so the step is not measured.
-                self.invalid = True
-                self.gate.warn_once(f"dim0{id(module)}", f"noise scale: {type(module).__name__}"
-                                    f"'s output does not have the {self.batch} examples of the "
-                                    "batch in its first dimension; per-example norms skip such "
-                                    "steps (B_simple NaN): use method='microbatch'")
-                return None
+                # Examples are not along dim 0 here (an input without the batch dimension,
+                # broadcast over it, or a sequence-first layout): per-example norms would be
+                # wrong, so the step is not measured.
+                return self._unattributed(module, a, output)
             a, output = fitted
+        elif self.batch > 1 and self._positions_only(module, a):
+            # (T,) positions whose count happens to equal the batch's: still not examples.
+            return self._unattributed(module, a, output)
         if self._last_forward.get(id(module)) == self.forward_id:
             # Used twice in one forward: per-use norms would miss the cross terms.
             self.invalid = True
@@ -132,6 +140,22 @@ class PerExample:
             self.positions = max(self.positions, positions)
         output.register_hook(lambda grad: self._backward(module, saved, grad))
         return output
+
+    def _positions_only(self, module: nn.Module, a: torch.Tensor) -> bool:
+        """`positions_only`, decided once per layer (a device sync on a GPU)."""
+        if not isinstance(module, nn.Embedding) or a.dim() != 1:
+            return False
+        known = self._positions.get(id(module))
+        if known is None:
+            known = self._positions[id(module)] = positions_only(module, a)
+        return known
+
+    def _unattributed(self, module: nn.Module, a: torch.Tensor, output: torch.Tensor) -> None:
+        self.invalid = True
+        name = self._names.get(id(module), type(module).__name__)
+        self.unattributed.setdefault(name, f"{type(module).__name__} on input "
+                                     f"{tuple(a.shape)} -> {tuple(output.shape)}")
+        return None
 
     def _stash(self, module: nn.Module, a: torch.Tensor, output: torch.Tensor) -> None:
         """A linear layer with one example per row: example i's gradient is `d_i a_i^T` (and
@@ -192,6 +216,17 @@ class PerExample:
         sq_big = math.fsum(v * v for v in values[:len(norms)])
         total = math.fsum(values[len(norms):])
         return NormPair(total * examples, sq_big, 1.0, float(examples))
+
+
+def positions_only(module: nn.Module, a: torch.Tensor) -> bool:
+    """Whether an embedding looks up consecutive indices with no batch dimension: positions
+    `torch.arange(T)` (nanoGPT's `wpe`), shared by every example. Shapes alone cannot tell them
+    from one index per example where T equals the batch size; a batch of labels that happen to
+    be consecutive is taken for positions too, which only costs micro-batches (right for any
+    model)."""
+    if not isinstance(module, nn.Embedding) or a.dim() != 1 or a.numel() < 2:
+        return False
+    return bool((a[1:] - a[:-1] == 1).all())
 
 
 def _row_sq(x: torch.Tensor) -> torch.Tensor:

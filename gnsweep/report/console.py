@@ -22,8 +22,10 @@ def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None,
                 scaling = loss_scaling[loss_scaling[group_by].astype(str) == value]
             blocks.append(f"{group_by} {value}:\n" + format_fits(rows, scaling))
         return "\n".join(blocks)
+    precond = "ratio_precond" in fits and bool(np.isfinite(fits["ratio_precond"]).any())
     header = (f"{'target':>8} {'#B':>3} {'S_min':>16} {'E_min':>18} {'B_crit':>16} "
-              f"{'B_simple':>16} {'B_crit/B_simple':>15} {'B_noise(lr)':>16}")
+              f"{'B_simple':>16} {'B_crit/B_simple':>15} {'B_noise(lr)':>16}"
+              + (f" {'B_crit/B_simple_P':>17}" if precond else ""))
     lines = [header]
     footnote = False
     for row in fits.itertuples(index=False):
@@ -51,7 +53,9 @@ def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None,
         lines.append(
             f"{row.target:>8g} {row.n_batch_sizes:>3} {_pm(row.s_min, row.s_min_se):>16} "
             f"{_pm(row.e_min, row.e_min_se):>18} {b_crit:>16} {b_simple:>16} {ratio:>15} "
-            f"{_pm(row.b_noise_lr, row.b_noise_lr_se):>16}")
+            f"{_pm(row.b_noise_lr, row.b_noise_lr_se):>16}"
+            + (f" {_pm(row.ratio_precond, row.ratio_precond_se, '.2f'):>17}" if precond
+               else ""))
         if row.n_bootstrap:
             lines.append(f"{'':>12} 95% bootstrap ({row.n_bootstrap}): B_crit "
                          f"[{row.b_crit_lo:.4g}, {row.b_crit_hi:.4g}], S_min "
@@ -89,9 +93,14 @@ def format_compare(table: pd.DataFrame) -> str:
 
     head = (f"{'task':<10}{'sweep':<14}{'target':>10}  {'B_crit':<20}{'B_simple (mean)':<20}"
             f"{'ratio':<16}unit")
+    precond = "ratio_precond" in table and bool(np.isfinite(table["ratio_precond"]).any())
+    if precond:  # B_crit / B_simple_P where an adaptive optimizer's was logged
+        head = head.replace("unit", f"{'ratio (P)':<16}unit")
     lines = [head]
     for row in table.itertuples(index=False):
         ratio = pm(row.ratio, row.ratio_se)
+        if precond:
+            ratio = f"{ratio:<16}{pm(row.ratio_precond, row.ratio_precond_se)}"
         note = f"  (no fit: {row.refused})" if row.refused else ""
         lines.append(f"{row.task:<10}{row.sweep[:13]:<14}{row.target:>10.4g}  "
                      f"{pm(row.b_crit, row.b_crit_se):<20}"

@@ -265,7 +265,7 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None,
         values = [ok["b_crit"].to_numpy(float), ok["b_simple_mean"].to_numpy(float)]
         has_noise = "b_noise_mean" in ok and finite(ok, "b_noise_mean").any()
         colors = _target_colors(fits["target"])
-        has_lr = False
+        has_lr = has_precond = False
         for row in ok.itertuples(index=False):
             color = colors[float(row.target)]
             yerr = _yerr(row.b_crit, getattr(row, "b_crit_se", np.nan))
@@ -289,6 +289,12 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None,
                 ax.errorbar([row.b_noise_mean], [row.b_crit], yerr=yerr, fmt="s", mfc="white",
                             color=color, capsize=2, ms=4, elinewidth=0.8)
                 values.append(np.array([row.b_noise_mean]))
+            b_p = _number(row._asdict(), "b_simple_precond_mean")
+            if np.isfinite(b_p) and b_p > 0:  # B_simple in the optimizer's preconditioner
+                ax.errorbar([b_p], [row.b_crit], yerr=yerr, fmt="^", mfc="white", color=color,
+                            capsize=2, ms=4, elinewidth=0.8)
+                values.append(np.array([b_p]))
+                has_precond = True
         flat = np.concatenate(values)
         flat = flat[np.isfinite(flat) & (flat > 0)]
         lo, hi = flat.min() / 2.5, flat.max() * 2.5
@@ -310,6 +316,8 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None,
             kinds.append(("s", "white", "B_noise (eq. 2.8)"))
         if has_lr:
             kinds.append(("D", "white", "B_noise implied by the best lr"))
+        if has_precond:
+            kinds.append(("^", "white", "B_simple_P (optimizer's preconditioner)"))
         for marker, face, label in kinds:
             handles.append(plt.Line2D([], [], marker=marker, ls="", mfc=face, color="grey",
                                       ms=4))
@@ -684,7 +692,52 @@ FIGURES = [
                "steps and examples; dashed lines are the targets.",
                lambda t: loss_curves(t.runs, t.metrics, t.front, _targets(t), _what(t),
                                      _unit(t), Direction.from_meta(t.meta))),
+    FigureSpec("noise_scale_vs_temperature", "B_simple when each run reaches a target against "
+               "the temperature eps/B (appendix C: slope -1 in equilibrium), with the fitted "
+               "exponent of temperature.parquet.",
+               lambda t: noise_vs_temperature(t.steps, t.temperature, _what(t), _unit(t))),
 ]
+
+
+def noise_vs_temperature(steps: pd.DataFrame, temperature: pd.DataFrame, what: str = "loss",
+                         unit: str = "examples") -> Figure:
+    """B_simple at the moment each run reaches a target against the temperature T = eps/B
+    (appendix C), every run that reached it, with the fitted power law of temperature.parquet
+    per target and the paper's slope -1 for reference."""
+    if steps.empty or "b_simple_at_target" not in steps:
+        raise Skip("no steps table with B_simple at the targets")
+    runs = steps[steps["reached"].astype(bool)]
+    runs = runs[np.isfinite(runs["b_simple_at_target"]) & (runs["b_simple_at_target"] > 0)
+                & np.isfinite(runs["learning_rate"])]
+    if runs.empty:
+        raise Skip("no run reached a target with a measured, positive B_simple")
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(COLUMN, 3.4))
+        colors = _target_colors(steps["target"])
+        slopes = temperature.set_index("target") if len(temperature) else pd.DataFrame()
+        for target, group in runs.groupby("target"):
+            t = (group["learning_rate"] / group["batch_size"]).to_numpy(float)
+            b = group["b_simple_at_target"].to_numpy(float)
+            color = colors[float(target)]
+            label = f"{what} {target:g}"
+            if float(target) in slopes.index and np.isfinite(slopes.loc[target, "exponent"]):
+                row = slopes.loc[target]
+                label += f": slope {row['exponent']:.2f} ± {row['exponent_se']:.2f}"
+                grid = np.geomspace(t.min(), t.max(), 20)
+                level = np.exp(np.mean(np.log(b) - row["exponent"] * np.log(t)))
+                ax.plot(grid, level * grid ** row["exponent"], color=color, lw=0.9)
+            ax.plot(t, b, "o", color=color, ms=3.5, label=label)
+        t_all = (runs["learning_rate"] / runs["batch_size"]).to_numpy(float)
+        b_all = runs["b_simple_at_target"].to_numpy(float)
+        mid_t, mid_b = np.exp(np.mean(np.log(t_all))), np.exp(np.mean(np.log(b_all)))
+        grid = np.geomspace(t_all.min(), t_all.max(), 20)
+        ax.plot(grid, mid_b * mid_t / grid, "k--", lw=0.8, label="slope -1 (appendix C)")
+        _loglog(ax)
+        ax.set_xlabel(f"temperature T = learning rate / B (per {unit[:-1] or unit})")
+        ax.set_ylabel(f"B_simple at the target ({unit})")
+        ax.set_title("Noise scale against temperature")
+        ax.legend(fontsize="small")
+        return fig
 
 
 def draw_all(tables: Results) -> dict[str, Figure | str]:

@@ -114,6 +114,7 @@ def _has(fits: pd.DataFrame, column: str) -> bool:
 def fit_table(fits: pd.DataFrame, what: str = "loss", unit: str = "examples") -> str:
     has_noise = _has(fits, "b_noise_mean")
     has_window = _has(fits, "b_crit_window_spread")
+    has_precond = _has(fits, "ratio_precond")  # an adaptive optimizer's B_simple_P logged
     true = [c for c in ("b_simple_true_mean", "b_noise_true_mean") if _has(fits, c)]
     head = [f"target {what}", "batch sizes", "S_min (steps)", f"E_min ({unit})",
             f"B_crit ({unit})", "B_crit 95% interval",
@@ -122,7 +123,9 @@ def fit_table(fits: pd.DataFrame, what: str = "loss", unit: str = "examples") ->
             *(["B_simple exact (same runs)"] if "b_simple_true_mean" in true else []),
             "B_simple at target", *(["B_noise"] if has_noise else []),
             *(["B_noise exact (same runs)"] if "b_noise_true_mean" in true else []),
-            "B_crit / B_simple", "rms log residual", "note"]
+            "B_crit / B_simple",
+            *(["B_simple_P (preconditioned)", "B_crit / B_simple_P"] if has_precond else []),
+            "rms log residual", "note"]
     rows = []
     for row in fits.sort_values("target", ascending=False).itertuples(index=False):
         lo, hi = interval_of(row)
@@ -137,12 +140,35 @@ def fit_table(fits: pd.DataFrame, what: str = "loss", unit: str = "examples") ->
                  *([_num(row.b_noise_mean)] if has_noise else []),
                  *([_num(row.b_noise_true_mean)] if "b_noise_true_mean" in true else []),
                  _num(row.ratio, ".2f"),
+                 *([_num(row.b_simple_precond_mean), _num(row.ratio_precond, ".2f")]
+                   if has_precond else []),
                  _num(row.rmse_log), str(row.refused or "")]
         rows.append("<tr>" + "".join(
             f"<td{' class=text' if i == len(cells) - 1 else ''}>{esc(c)}</td>"
             for i, c in enumerate(cells)) + "</tr>")
     header = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
     return f"<table>{header}{''.join(rows)}</table>"
+
+
+def lr_form_lines(lr_fits: pd.DataFrame) -> list[str]:
+    """Which law the best learning rates follow per target (`form` of lr_fits.parquet: the
+    lowest AICc of eq. 2.7, its saturating power law, and Li et al.'s surge), where one was
+    fitted."""
+    if "form" not in lr_fits or not (lr_fits["form"].astype(str) != "").any():
+        return []
+    names = {"sgd": "eq. 2.7, eps_max/(1 + B_noise/B)",
+             "power": "saturating, eps_max/(1 + (B_noise/B)^alpha)",
+             "surge": "surge (Li et al. 2024): peaks at B_noise, falls after"}
+    items = []
+    for target, rows in lr_fits.groupby("target", sort=False):
+        form = str(rows["form"].iloc[0])
+        if form:
+            chosen = rows[rows["model"] == form].iloc[0]
+            items.append(f"target {target:g}: {names.get(form, form)}, B_noise "
+                         f"{_num(chosen['b_noise'])} (lowest AICc of "
+                         f"{int((rows['refused'] == '').sum())} fitted forms)")
+    return ["<h3>Best learning rate against batch size: the form that fits</h3>",
+            _list(items, "note")]
 
 
 def adaptive_section(table: pd.DataFrame, unit: str = "examples") -> list[str]:
@@ -290,6 +316,7 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
         "<p class=meta>Standard errors from the least-squares Jacobian on log S; "
         "B_crit = E_min/S_min (eq. 2.12), its error by the delta method.</p>",
         fit_table(tables.fits, quantity(tables.meta), unit),
+        *lr_form_lines(tables.lr_fits),
         *adaptive_section(tables.adaptive, unit),
         "<h2>Figures</h2><div class=figures>",
     ]

@@ -10,8 +10,9 @@ loop's examples column (and B_crit) is in tokens. The last `holdout` fraction of
 for `eval_loss` (fixed windows, the same for every run).
 
 The model is a pre-norm GPT built only from `nn.Embedding`, `nn.Linear` and `nn.LayerNorm`
-(attention through `F.scaled_dot_product_attention`), the layers whose per-example gradient norms
-gnsweep measures, so the per-example noise method covers every parameter.
+(attention through `F.scaled_dot_product_attention`). Its positions are looked up once for the
+whole batch (`position(torch.arange(T))`, broadcast over it), so per-example norms cannot
+attribute their gradient: `noise.method=auto` measures it with micro-batches (docs/noise.md).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -21,25 +21,40 @@ from gnsweep.errors import ConfigError
 from gnsweep.stall import bounded
 from gnsweep.tasks import CUSTOM, TARGET, Task, examples_of, make_task
 from gnsweep.tasks.datasets import as_dataset
+from gnsweep.tasks.protocol import first_dim
+
+
+class TaskCheck(NamedTuple):
+    """What the check learnt about the task."""
+
+    unit: str | None
+    """The unit the task object declares (its `unit` attribute: what its batch sizes count,
+    e.g. "tokens"), or None."""
+    per_sample: float
+    """Examples a sample: `examples(batch)` over the batch's first dimension (a language
+    model's tokens a sequence; 1 for a task counting its samples)."""
 
 
 def check_task(name: str, options: dict[str, Any], seed: int = 0,
-               stall_seconds: float = 0.0) -> str | None:
+               stall_seconds: float = 0.0, *, noise_method: str = "auto") -> TaskCheck:
     """Build the task, draw a batch of 2 and back-propagate its loss once; ConfigError if any
     part of the protocol (docs/tasks.md) fails, `stall.Stalled` (a ConfigError) if the task's
     code has not answered after `stall_seconds` (`sweep.stall_seconds`; 0: no bound). Returns
-    the unit the task object declares (its `unit` attribute: what its batch sizes count, e.g.
-    "tokens"), or None."""
+    its unit and examples a sample. `noise_method="per_example"` (asked for explicitly):
+    refused where per-example norms cannot measure this model (a layer whose input has no
+    batch dimension, batch statistics), as a run would fail on its first step."""
     label = _label(name, options)
     return bounded(stall_seconds, f"{label}: the pre-launch check (build, a batch of 2, its "
-                   "loss and gradient)", lambda: _check_task(label, name, options, seed))
+                   "loss and gradient)",
+                   lambda: _check_task(label, name, options, seed, noise_method))
 
 
 def _label(name: str, options: dict[str, Any]) -> str:
     return f"task {options.get(TARGET)}" if name == CUSTOM else f"task {name}"
 
 
-def _check_task(label: str, name: str, options: dict[str, Any], seed: int) -> str | None:
+def _check_task(label: str, name: str, options: dict[str, Any], seed: int,
+                noise_method: str) -> TaskCheck:
     task: Task = _call(label, "building it", lambda: make_task(name, options, seed))
     for method in ("model", "loss"):
         if not callable(getattr(task, method, None)):
@@ -78,11 +93,14 @@ def _check_task(label: str, name: str, options: dict[str, Any], seed: int) -> st
         raise ConfigError(f"{label}: examples(batch) is {count} for a batch of 2; must be >= 1")
     if hasattr(task, "noise_parameters"):
         _check_noise_parameters(label, task, model, params)
+    if noise_method == "per_example":
+        _check_per_example(label, task, model, batch)
     unit = getattr(task, "unit", None)
     if unit is not None and (not isinstance(unit, str) or not unit.strip()):
         raise ConfigError(f"{label}: its unit is {unit!r}; give a word naming what a batch "
                           "size counts, e.g. unit = \"tokens\"")
-    return unit
+    samples = first_dim(batch)
+    return TaskCheck(unit, count / samples if samples else 1.0)
 
 
 def _first_batch(label: str, task: Any, seed: int) -> Any:
@@ -123,6 +141,32 @@ def _check_noise_parameters(label: str, task: Any, model: nn.Module,
                           f"{len(chosen)} items that are not trainable parameters of the model "
                           "it is given; return parameters of that model (e.g. "
                           "model.actor.parameters())")
+
+
+def _check_per_example(label: str, task: Any, model: nn.Module, batch: Any) -> None:
+    """noise.method=per_example can measure this model: one more backward of the batch of 2
+    under a per-example monitor, whose hooks see every layer's input."""
+    from gnsweep.measure import NoiseScaleMonitor
+
+    parameters = list(task.noise_parameters(model)) if hasattr(task, "noise_parameters") \
+        else None
+    try:
+        monitor = NoiseScaleMonitor(model, "per_example", parameters=parameters)
+    except ValueError as err:
+        raise ConfigError(f"{label}: noise.method=per_example: {err}") from None
+    try:
+        model.zero_grad(set_to_none=True)
+        task.loss(model, batch).backward()
+        unattributed = monitor.unattributed
+    finally:
+        monitor.close()
+        model.zero_grad(set_to_none=True)
+    if unattributed:
+        layers = ", ".join(f"{name} ({seen})" for name, seen in unattributed.items())
+        raise ConfigError(f"{label}: noise.method=per_example cannot attribute the gradient of "
+                          f"{layers} to examples (an input without the batch dimension, such "
+                          "as positions wpe(torch.arange(T)) broadcast over the batch); use "
+                          "noise.method=auto (micro-batches for such a model) or microbatch")
 
 
 def _call(label: str, what: str, function: Callable[[], Any]) -> Any:

@@ -109,6 +109,21 @@ class LinReg:
         return Truth(loss=0.5 * s2, g2=g2, trace_sigma=s2 * float(h.sum()) + g2 - 2 * c * c,
                      g_h_g=ghg, trace_h_sigma=s2 * float((h * h).sum()) + ghg - 2 * c * c)
 
+    def precond_truth(self, model: nn.Module, p: torch.Tensor) -> tuple[float, float]:
+        """`(G^T P G, tr(P Sigma))` at the model's parameters for a diagonal preconditioner P
+        (`p`: its diagonal over (weight, bias), the optimizer's order). From Sigma above:
+        `tr(P Sigma) = s2 sum(p h) + G^T P G - 2 c^2 p_b`; B_simple_P is their ratio."""
+        linear = model.module if hasattr(model, "module") else model
+        assert isinstance(linear, nn.Linear) and linear.bias is not None
+        dw = linear.weight.detach().cpu().double().reshape(-1) - self.w_star
+        c = float(linear.bias.detach().double())
+        lam = self.variances
+        h = torch.cat([lam, lam.new_ones(1)])
+        grad = torch.cat([lam * dw, dw.new_tensor([c])])
+        p = p.detach().cpu().double().reshape(-1)
+        s2 = float(dw @ (lam * dw)) + c * c + self.options.noise ** 2
+        gpg = float(grad @ (p * grad))
+        return gpg, s2 * float((p * h).sum()) + gpg - 2 * c * c * float(p[-1])
 
     def exact_problem(self) -> Any:
         """This task from its initial parameters as a `gnsweep.linreg_exact.Problem` (the exact

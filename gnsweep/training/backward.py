@@ -25,8 +25,9 @@ def pieces(monitor: NoiseScaleMonitor, microbatch_size: int, wanted: int, sample
     `microbatch_size` > 0 bounds the memory: ceil(samples / microbatch_size) pieces of at most
     that many samples (gradient accumulation), and the monitor's micro-batch estimate reuses
     them where it needs micro-batches (at no extra pass). Otherwise micro-batches only where
-    the monitor needs them (method microbatch, or per_example with layers it cannot handle)
-    and measures: `wanted` (noise.microbatches) of them, each of at least one sample."""
+    the monitor needs them (method microbatch, or per_example with layers it cannot handle,
+    or the preconditioned pair of an adaptive optimizer: `wants_microbatches`) and measures:
+    `wanted` (noise.microbatches) of them, each of at least one sample."""
     if microbatch_size and samples > microbatch_size:
         return math.ceil(samples / microbatch_size)
     return monitor.microbatches(wanted, samples)
@@ -96,5 +97,7 @@ def in_task_units(estimate: NoiseEstimate | None, per_sample: float) -> NoiseEst
                    trace_sigma=estimate.trace_sigma * per_sample,
                    b_simple=estimate.b_simple * per_sample,
                    b_simple_se=estimate.b_simple_se * per_sample,
+                   trace_sigma_precond=estimate.trace_sigma_precond * per_sample,
+                   b_simple_precond=estimate.b_simple_precond * per_sample,
                    trace_h_sigma=estimate.trace_h_sigma * per_sample,
                    b_noise=estimate.b_noise * per_sample)

@@ -35,7 +35,7 @@ from gnsweep.config import Config
 from gnsweep.errors import StopRequested
 from gnsweep.measure.probe import overrun_steps
 from gnsweep.noise import NoiseEstimate
-from gnsweep.runs import RunSpec
+from gnsweep.runs import RunSpec, unmeasured_share
 from gnsweep.schedule import Progress
 from gnsweep.tasks import Task, examples_of
 from gnsweep.tasks.protocol import first_dim
@@ -63,8 +63,11 @@ class RunResult:
     final_loss: float
     train_seconds: float
     noise_method: dict[str, Any] | None = None
-    """noise.method=auto's choice and the measured step time of each candidate, in seconds
-    (`NoiseScaleMonitor.choice`); None where nothing was chosen by cost."""
+    """The method the noise scale was measured with: {"method", "reason", ...}; for
+    noise.method=auto its choice and the measured step time, in seconds
+    (`NoiseScaleMonitor.choice`)."""
+    b_simple_nan_share: float | None = None
+    """The share of the run's logged steps whose B_simple is NaN (`runs.unmeasured_share`)."""
     rows: int | None = None
     """Metrics rows the run logged (its metrics.parquet's row count)."""
     examples: int | None = None
@@ -190,7 +193,7 @@ def run(state: TrainState, out_dir: Path | None = None,
             if state.stop_at is None and config.task.reached(metric if metric_task else smooth,
                                                              hardest):
                 state.stop_at = state.step + (0 if metric_task else overrun_steps(
-                    state.step, n_examples, SMOOTHING_FRACTION, MIN_WINDOW_EXAMPLES))
+                    state.step, size, SMOOTHING_FRACTION, MIN_WINDOW_EXAMPLES))
             done = state.stop_at is not None and state.step >= state.stop_at
             # Log.
             if state.step % sweep.log_every == 0 or done:
@@ -198,8 +201,7 @@ def run(state: TrainState, out_dir: Path | None = None,
                 if on_row is not None:
                     on_row(row)
             # Stop.
-            if done and not metric_task and not _analysis_reached(state.rows, hardest,
-                                                                  n_examples):
+            if done and not metric_task and not _analysis_reached(state.rows, hardest, size):
                 # The causal EMA crossed, but the analysis's centred reading of the logged
                 # losses has not (near a loss floor they differ): train on and look again.
                 state.stop_at, done = None, False
@@ -230,9 +232,14 @@ def run(state: TrainState, out_dir: Path | None = None,
         store.end_metrics(out_dir, state.rows)
     if checkpoints is not None:
         checkpoints.finish()
+    monitor = state.monitor
+    method = monitor.choice or {"method": monitor.method,
+                                "reason": f"noise.method={config.noise.method}"}
     logged = state.rows["step"]
+    # Measurement off (noise.method=none): B_simple absent by design, not missing.
+    missing = None if monitor.method == "none" else unmeasured_share(list(state.rows["b_simple"]))
     return RunResult(outcome, state.step, reason, state.loss, time.perf_counter() - start,
-                     state.monitor.choice, rows=len(logged),
+                     method, missing, rows=len(logged),
                      examples=int(state.rows["examples"][-1]) if len(logged) else None,
                      noise_measured=measured_share(state))
 
@@ -297,13 +304,14 @@ def _skipped(state: TrainState) -> None:
                        f"{state.step + 1})")
 
 
-def _analysis_reached(rows: dict[str, list], target: float, batch_examples: int) -> bool:
+def _analysis_reached(rows: dict[str, list], target: float, samples: int) -> bool:
     """Whether `gnsweep analyze` will read the hardest loss target as reached from the rows
     logged so far: the centred smooth of the training loss (at step - 1 updates, as
-    analysis.steps reads it) at or below it where its window is already whole."""
+    analysis.steps reads it) at or below it where its window is already whole (its smallest
+    half-width in samples, `samples` a step)."""
     x = np.asarray(rows["step"], float) - 1.0
     return settled_at_or_below(x, np.asarray(rows["loss"], float), target, SMOOTHING_FRACTION,
-                               MIN_WINDOW_EXAMPLES / batch_examples)
+                               MIN_WINDOW_EXAMPLES / samples)
 
 
 def _agree(loss: float, metric: float, stop: bool, save: bool,

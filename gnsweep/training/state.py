@@ -127,6 +127,10 @@ class TrainState:
         self.grad_norm = float(progress["grad_norm"])
         self.stop_at, self.elapsed = progress["stop_at"], float(progress["elapsed"])
         self.rows = {name: list(values) for name, values in state["rows"].items()}
+        # A checkpoint written before a column existed: NaN on its rows (e.g. b_simple_precond).
+        n = len(self.rows.get("step", []))
+        for column in store.METRICS_SCHEMA.names:
+            self.rows.setdefault(column, [math.nan] * n)
 
 
 def build_run(config: Config, spec: RunSpec) -> TrainState:
@@ -146,7 +150,7 @@ def build_run(config: Config, spec: RunSpec) -> TrainState:
                                lr=spec.learning_rate, train=config.train)
     lr_schedule = LrSchedule.of(config)
     precision = Precision(config.train.precision, device)
-    monitor = make_monitor(model, trained, task, config)
+    monitor = make_monitor(model, trained, task, config, optimizer=optimizer)
     schedule = _make_schedule(config, spec, world)
     probes = RunProbes(config.noise, task, spec.seed)  # frozen-parameter probes, exact truth
     data = make_data(task, spec.seed, world, rank, device, config.train.loader_workers)
@@ -187,9 +191,10 @@ def resolve_method(method: str) -> str:
 
 
 def make_monitor(model: torch.nn.Module, trained: torch.nn.Module, task: Task, config: Config,
-                 method: str | None = None) -> NoiseScaleMonitor:
+                 method: str | None = None,
+                 optimizer: torch.optim.Optimizer | None = None) -> NoiseScaleMonitor:
     """The noise-scale monitor of `config.noise` on the trained module (`method`: instead of
-    `config.noise.method`)."""
+    `config.noise.method`); with `optimizer`, B_simple_P in its preconditioner too."""
     noise = config.noise
     # auto is resolved by the monitor from the model and the launch (`choose_method`): the DDP
     # hook under torchrun, micro-batches for a model with batch statistics, else the cheaper
@@ -206,7 +211,7 @@ def make_monitor(model: torch.nn.Module, trained: torch.nn.Module, task: Task, c
                              task_loss=task.loss, hessian_every=noise.hessian_every,
                              ema_fraction=noise.ema_fraction,
                              parameters=_noise_parameters(task, model),
-                             timed_auto=method == "auto")
+                             timed_auto=method == "auto", optimizer=optimizer)
 
 
 def fall_back_if_unsplittable(state: TrainState, batch: Any) -> None:
@@ -221,7 +226,8 @@ def fall_back_if_unsplittable(state: TrainState, batch: Any) -> None:
 
 def _rebuilt_monitor(state: TrainState, method: str) -> NoiseScaleMonitor:
     state.monitor.close()
-    return make_monitor(state.model, state.trained, state.task, state.config, method=method)
+    return make_monitor(state.model, state.trained, state.task, state.config, method=method,
+                        optimizer=state.optimizer)
 
 
 def _noise_parameters(task: Task, model: torch.nn.Module) -> list[torch.nn.Parameter] | None:

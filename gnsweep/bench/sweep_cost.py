@@ -1,0 +1,192 @@
+"""What measuring costs the user's sweep: the training wall time of a run with the noise scale
+measured over the same run with measurement off (`noise.method=none`).
+
+`python -m gnsweep.bench sweep_cost` (or `gnsweep bench sweep_cost`). Each model trains short
+runs through gnsweep's own loop (`gnsweep.training.run`: the batch drawn, split where the
+measurement needs it, the monitor's step, the optimizer's), one run per variant and round, the
+variants interleaved round by round; each variant's fastest round is kept (other load on the
+machine only ever adds time) and divided by the fastest run with measurement off:
+
+- default: the settings a sweep runs with (`noise.method=auto`, `noise.every=auto`); its share
+  of steps measured (`default_share`) and its B_simple's relative standard error at the end
+  (`default_rel_se`) beside it;
+- every_step: `noise.method=auto` with `noise.every=1` (what the checks compare B_simple with);
+- per_example, microbatch, norm_layers: each method on every step (NaN where it is refused for
+  the model: norm_layers without LayerNorm/RMSNorm layers).
+
+Models: the digits MLP (`task=digits`, batch 128), the character LM (`task=chars`) at 8 and 64
+windows (512 and 4,096 tokens a step), the bench's CNN (`bench.noise`, 16x16 images, batch
+128) and GPT-2 (`bench.architectures.gpt2`, 2 layers, width 24, 12 tokens, batch 128).
+
+Flags: `--models` (default mlp, cnn, gpt2, lm512: about 2 minutes on one loaded CPU core;
+lm4096 takes as long again), `--steps` (a run's steps; default 40), `--rounds` (default 3),
+`--more` (every model, 200 steps, 5 rounds), `--device` (cpu or cuda), `--precision` (fp32 or bf16),
+`--json PATH`. The per-step ratios are `gnsweep bench noise`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "none": {"method": "none"},
+    "default": {},
+    "every_step": {"every": 1},
+    "per_example": {"method": "per_example", "every": 1},
+    "microbatch": {"method": "microbatch", "every": 1},
+    "norm_layers": {"method": "norm_layers", "every": 1},
+}
+"""noise.* settings of each variant over the defaults (`none` is the baseline)."""
+MODELS: dict[str, tuple[str, dict[str, Any], int, float, str]] = {
+    # name: (task, task options, batch size, learning rate, optimizer)
+    "mlp": ("digits", {}, 128, 0.1, "sgd"),
+    "cnn": ("custom", {"_target_": "gnsweep.bench.sweep_cost.cnn_task"}, 128, 0.05, "sgd"),
+    "gpt2": ("custom", {"_target_": "gnsweep.bench.sweep_cost.gpt2_task"}, 128, 0.01, "adam"),
+    "lm512": ("chars", {"eval_windows": 0}, 8, 0.004, "adam"),
+    "lm4096": ("chars", {"eval_windows": 0}, 64, 0.004, "adam"),
+}
+STEPS, ROUNDS = 40, 3
+DEFAULT_MODELS = ("mlp", "cnn", "gpt2", "lm512")
+
+
+class _BenchTask:
+    """A bench model as a task: fresh batches from a generator, its own loss."""
+
+    def __init__(self, make: Callable[[], nn.Module], sample: Callable[[int, torch.Generator],
+                 Any], loss: Callable[[nn.Module, Any], torch.Tensor], seed: int) -> None:
+        self._make, self._sample, self.loss, self.seed = make, sample, loss, seed
+
+    def model(self) -> nn.Module:
+        torch.manual_seed(self.seed)
+        return self._make()
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Any:
+        return self._sample(batch_size, generator)
+
+
+def cnn_task(seed: int) -> _BenchTask:
+    """`bench.noise`'s CNN (conv 1->16, conv 16->32 stride 2, linear) on random 16x16 images
+    with random labels."""
+    from gnsweep.bench.noise import _classification, _cnn
+
+    def sample(batch: int, generator: torch.Generator) -> Any:
+        return (torch.randn(batch, 1, 16, 16, generator=generator),
+                torch.randint(10, (batch,), generator=generator))
+
+    return _BenchTask(_cnn, sample, _classification, seed)
+
+
+def gpt2_task(seed: int) -> _BenchTask:
+    """`bench.architectures.gpt2` (transformers' GPT-2, 2 layers, width 24, 12 tokens) on its
+    Markov-chain tokens."""
+    from gnsweep.bench.architectures import gpt2
+
+    arch = gpt2(seed)
+    return _BenchTask(lambda: gpt2(seed).model, arch.sample, arch.loss, seed)
+
+
+def _config(model: str, noise: dict[str, Any], steps: int, precision: str) -> Any:
+    from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
+
+    task, options, batch, lr, optimizer = MODELS[model]
+    return Config(task=TaskConfig(name=task, options=dict(options)),
+                  sweep=SweepConfig(batch_sizes=[batch], learning_rates=[lr], targets=[1e-9],
+                                    max_steps=steps, eval_every=0, log_every=steps),
+                  noise=NoiseConfig(**noise),
+                  train=TrainConfig(optimizer=optimizer, precision=precision))
+
+
+def _one_run(model: str, noise: dict[str, Any], steps: int, precision: str
+             ) -> tuple[float, float, float]:
+    """(seconds of the run's training loop, share of steps measured, B_simple's relative
+    standard error at its end)."""
+    from gnsweep.runs import RunSpec
+    from gnsweep.training import build_run, run
+
+    _, _, batch, lr, _ = MODELS[model]
+    state = build_run(_config(model, noise, steps, precision),
+                      RunSpec(batch_size=batch, learning_rate=lr))
+    start = time.perf_counter()
+    run(state)
+    seconds = time.perf_counter() - start
+    estimate = state.estimate
+    rel = math.nan if estimate is None or not estimate.b_simple else \
+        estimate.b_simple_se / abs(estimate.b_simple)
+    return seconds, state.monitor.schedule.share, rel
+
+
+def measure(model: str, steps: int, rounds: int, precision: str = "fp32") -> dict[str, Any]:
+    """One model's row: each variant's fastest run over the fastest run with measurement
+    off, the variants interleaved round by round."""
+    variants = dict(VARIANTS)
+    best: dict[str, float] = {}
+    shares: dict[str, float] = {}
+    errors: dict[str, float] = {}
+    for name in list(variants):  # a refused method (no norm layers) is left out: NaN
+        try:
+            _one_run(model, variants[name], 2, precision)  # warm-up, and the refusal
+        except ValueError:
+            del variants[name]
+    for _ in range(rounds):
+        for name, noise in variants.items():
+            seconds, share, rel = _one_run(model, noise, steps, precision)
+            best[name] = min(best.get(name, math.inf), seconds)
+            shares[name], errors[name] = share, rel
+    base = best["none"]
+    row: dict[str, Any] = {"model": model, "steps": steps, "none_s": round(base, 4)}
+    for name in VARIANTS:
+        if name != "none":
+            row[name] = round(best[name] / base, 3) if name in best else math.nan
+    row["default_share"] = round(shares["default"], 3)
+    row["default_rel_se"] = round(errors["default"], 3)
+    return row
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="gnsweep bench sweep_cost", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--more", action="store_true", help="200 steps a run, 5 rounds")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--json", type=Path, default=None)
+    args, _ = parser.parse_known_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        raise SystemExit(f"bench sweep_cost: unknown model {unknown[0]!r}; choose from "
+                         f"{', '.join(MODELS)}")
+    steps, rounds = (200, 5) if args.more else (args.steps, args.rounds)
+    if args.more and args.models == ",".join(DEFAULT_MODELS):
+        models = list(MODELS)
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+        import os
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # build_run places runs on a visible GPU
+    elif not torch.cuda.is_available():
+        raise SystemExit("bench sweep_cost: --device cuda, but torch sees no GPU")
+    rows = [measure(m, steps, rounds, args.precision) for m in models]
+    columns = ["model", "steps", "none_s", *[v for v in VARIANTS if v != "none"],
+               "default_share", "default_rel_se"]
+    print(f"sweep_cost: a run's training time / the same run with noise.method=none "
+          f"({args.device}, {args.precision}, fastest of {rounds} interleaved rounds)")
+    print("  ".join(f"{c:>14}" for c in columns))
+    for row in rows:
+        print("  ".join(f"{row[c]:>14}" for c in columns))
+    out = {"subject": "sweep_cost", "device": args.device, "precision": args.precision,
+           "rounds": rounds, "rows": rows}
+    print(json.dumps(out))
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=1))
+    return out
