@@ -19,7 +19,7 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.analysis.along import branch_point
-from gnsweep.config import BranchConfig, Config, ConfigError, compose
+from gnsweep.config import Config, ConfigError, compose
 from gnsweep.runs import RunSpec, read_run, verify_folder, write_run
 from gnsweep.stall import bounded
 
@@ -78,19 +78,32 @@ def branch_checkpoint(run_dir: Path, at: int, kept: dict[int, Path],
     return best, kept[best]
 
 
-def branch_config(base: Config, overrides: list[str]) -> Config:
+def branch_config(base: Config, overrides: list[str], *, has_eval: bool = False) -> Config:
     """The branch sweep's config: the overrides composed as for `gnsweep launch`, with the base
     run's task and optimizer settings (FIXED_BY_BASE). Overrides of those may repeat the base
-    run's settings; one that differs from them is refused."""
-    from gnsweep.sweep import config_differences
+    run's settings; one that differs from them is refused. A custom task gives its batch sizes
+    and learning rates (its targets are `branch.targets`, or automatic: no sweep.targets).
 
-    config = compose(overrides)
+    Read on the eval loss where the task has one (`has_eval`) and `analysis.loss` is not set:
+    a branch run's targets lie a few per cent below its point, and a noisy training loss
+    cannot tell them apart."""
+    from gnsweep.sweep import config_differences
+    from gnsweep.tasks import CUSTOM
+
+    config = compose(overrides, grid=("batch_sizes", "learning_rates"),
+                     custom=base.task.name == CUSTOM)
     keys = [(o, o.lstrip("+~").split("=", 1)[0]) for o in overrides]
+    if has_eval and base.task.metric == "loss" and "analysis.loss" not in {k for _, k in keys}:
+        config = dataclasses.replace(config, analysis=dataclasses.replace(config.analysis,
+                                                                         loss="eval"))
     touched = [o for o, key in keys
                if any(key == f or key.startswith(f"{f}.") for f in FIXED_BY_BASE)]
     if touched:
+        # Only what the overrides touch: the task not named keeps the default's, not the base's.
+        task_touched = any(k == "task" or k.startswith("task.") for _, k in keys)
+
         def fixed(c: Config) -> dict:
-            return {"task": c.to_dict()["task"],
+            return {**({"task": c.to_dict()["task"]} if task_touched else {}),
                     "train": {k: getattr(c.train, k) for k in OPTIMIZER_KEYS}}
 
         differ = config_differences(fixed(base), fixed(config))
@@ -167,16 +180,8 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
     from gnsweep.sweep import prepare_folder
     from gnsweep.training.branch import read_checkpoint
 
-    if not (base_run / store.RUN_CONFIG).is_file() or base_run.parent.name != store.RUNS:
-        raise ConfigError(f"{base_run}: not a run folder of a sweep (no {store.RUN_CONFIG} in "
-                          f"<sweep>/{store.RUNS}/<run id>); give a run of a sweep, e.g. "
-                          "runs/digits/runs/b00032_lr0.1_s0")
-    # The base run's record is checked against its sweep's config.yaml, as every reader does,
-    # before its task is built: a run file never names code of its own.
-    base_sweep = store.sweep_of(base_run)
-    verify_folder(base_sweep)
-    base, base_spec = read_run(base_sweep, base_run.name)
-    config = branch_config(base, overrides)
+    base, base_spec = read_base(base_run)
+    config = branch_config(base, overrides, has_eval=has_eval_loss(base, base_spec))
     metric_task = config.task.metric != "loss"
     loss = "metric" if metric_task else config.analysis.loss
     kept, asked = kept_checkpoints(base_run)
@@ -201,18 +206,60 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
         points.append({"at_examples": examples, "at_step": step, "at_loss": at_loss,
                        "b_simple": b_simple, "b_noise": b_noise,
                        "checkpoint": str(path.resolve())})
-    branch = BranchConfig(targets=config.branch.targets, probe_batches=config.branch.probe_batches,
-                          base=str(base_run.resolve()), points=points)
+    branch = dataclasses.replace(config.branch, base=str(base_run.resolve()), points=points)
     config = dataclasses.replace(config, branch=branch)
     prepare_folder(sweep_dir, config)
     specs = []
-    # Each point's runs stop at its own hardest target, the fractions of its loss: derived
-    # from the sweep's config and the run's point when the run is built (`runs.run_config`).
+    # Each point's runs train one window (automatic targets) or stop at its own hardest
+    # target: derived from the sweep's config and the run's point when the run is built
+    # (`runs.run_config`).
     for point in branch.points:
         for spec in _grid(config, point["at_examples"]):
             write_run(sweep_dir, config, spec)
             specs.append(spec)
     return config, specs
+
+
+def read_base(base_run: Path) -> tuple[Config, RunSpec]:
+    """The base run's config and grid point (ConfigError: not a run folder of a sweep). Its
+    record is checked against its sweep's config.yaml, as every reader does, before its task is
+    built: a run file never names code of its own."""
+    if not (base_run / store.RUN_CONFIG).is_file() or base_run.parent.name != store.RUNS:
+        raise ConfigError(f"{base_run}: not a run folder of a sweep (no {store.RUN_CONFIG} in "
+                          f"<sweep>/{store.RUNS}/<run id>); give a run of a sweep, e.g. "
+                          "runs/digits/runs/b00032_lr0.1_s0")
+    base_sweep = store.sweep_of(base_run)
+    verify_folder(base_sweep)
+    return read_run(base_sweep, base_run.name)
+
+
+def has_eval_loss(base: Config, base_spec: RunSpec) -> bool:
+    """Whether the base run's task has a held-out loss (`eval_loss`)."""
+    from gnsweep.tasks import make_task
+
+    return hasattr(make_task(base.task.name, base.task.options, base_spec.seed), "eval_loss")
+
+
+def plan_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[str]
+                ) -> tuple[Config, list[tuple[RunSpec, str]]]:
+    """What `gnsweep branch` would run, writing nothing and training nothing: the branch
+    sweep's config (its points resolved to the base run's checkpoints, the loss there not yet
+    measured) and each run's grid point with its state in `sweep_dir` (pending where it has no
+    record yet)."""
+    from gnsweep.runs import read_state
+
+    base, base_spec = read_base(base_run)
+    config = branch_config(base, overrides, has_eval=has_eval_loss(base, base_spec))
+    kept, asked = kept_checkpoints(base_run)
+    chosen = sorted({branch_checkpoint(base_run, n, kept, asked) for n in at})
+    planned = []
+    for examples, _path in chosen:
+        for spec in _grid(config, examples):
+            run_path = sweep_dir / store.RUNS / spec.run_id
+            state = (str(read_state(run_path)["state"])
+                     if (run_path / store.STATUS).is_file() else "pending")
+            planned.append((spec, state))
+    return config, planned
 
 
 def _grid(config: Config, at_examples: int) -> list[RunSpec]:

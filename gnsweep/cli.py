@@ -167,6 +167,9 @@ def branch(
     workers: Annotated[int | None, typer.Option(
         "--workers", min=1, help="Worker processes (default: one a GPU, else a core).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="List the branch runs, done and pending, and exit: nothing is "
+                          "written or trained.")] = False,
 ) -> None:
     """Measure the critical batch size along a run: a batch size x learning rate grid started
     from the base run's checkpoints, to targets relative to the loss at each (docs/along.md).
@@ -180,7 +183,7 @@ def branch(
     from gnsweep.commands.branch import run
 
     code = run(base_run_dir, at, sweep_dir, overrides, workers=workers, quiet=quiet,
-               echo=typer.echo)
+               echo=typer.echo, dry_run=dry_run)
     if code:
         raise typer.Exit(code)
 

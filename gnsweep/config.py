@@ -177,6 +177,11 @@ class SweepConfig:
     """Write a metrics row every this many steps."""
     eval_every: int = 0
     """Evaluate on the held-out split every this many steps (0: never)."""
+    eval_per_octave: int = 0
+    """Also evaluate this many times per doubling of the steps: every step for the first 2N
+    steps, every 2nd up to 4N, every 4th up to 8N ... (0: off). Dense where a run has just
+    started: a branch run's targets lie a few steps from its start at large batch sizes and
+    hundreds at small ones, and the same relative resolution serves both."""
     max_retries: int = 2
     """How often a run that raised is retried before it counts as failed."""
     stall_seconds: float = 1800.0
@@ -231,7 +236,7 @@ class SweepConfig:
         self.divergence_factor = _number("sweep.divergence_factor", self.divergence_factor)
         if self.divergence_factor <= 1:
             raise ConfigError(f"sweep.divergence_factor: {self.divergence_factor} must be > 1")
-        for name in ("log_every", "eval_every", "max_retries"):
+        for name in ("log_every", "eval_every", "eval_per_octave", "max_retries"):
             value = _integer(f"sweep.{name}", getattr(self, name))
             if value < (1 if name == "log_every" else 0):
                 raise ConfigError(f"sweep.{name}: {value} is not allowed")
@@ -664,9 +669,23 @@ class BranchConfig:
     `targets` is the user's setting; `base` and `points` are written by `gnsweep branch` and
     name what a branch sweep's runs start from (a run's `at_examples` picks its point)."""
 
-    targets: list[float] = field(default_factory=lambda: [0.97, 0.94, 0.9])
+    targets: list[float] = field(default_factory=list)
     """Targets relative to each branch point: fractions of the loss there (0.9: ten per cent
-    below it); for a metric that rises, the mirror L + (1 - f)|L|."""
+    below it); for a metric that rises, the mirror L + (1 - f)|L|. Empty (the default): every
+    run trains one window (`window`, `window_steps`) and the analysis chooses each point's
+    targets from the losses its runs reached (`analysis.along.auto_targets`)."""
+    window: int = 0
+    """Examples (in the task's unit) each branch run trains from its point when the targets are
+    automatic, and the window of the tolerance rule (`tolerance`); 0: `window_steps` steps of
+    the grid's largest batch size (the same examples for every batch size)."""
+    window_steps: int = 16
+    """With `window=0`: the window in steps of the grid's largest batch size (a batch half as
+    large trains twice the steps)."""
+    tolerance: float = 0.5
+    """The second definition of the local B_crit (Merrill et al. 2025): the largest batch size
+    whose loss decrease over the window is at least (1 - tolerance) x the best smaller batch
+    size's. 0.5 puts it where eq. 2.11 puts B_crit while the loss falls linearly in examples
+    over the window (a batch of B_crit needs twice the examples: half the progress)."""
     probe_batches: int = 16
     """Fresh batches on which `gnsweep branch` measures the loss at each branch point (at the
     grid's largest batch size, parameters fixed)."""
@@ -678,7 +697,21 @@ class BranchConfig:
     start from). Written by `gnsweep branch`."""
 
     def __post_init__(self) -> None:
-        self.targets = _positive_list("branch.targets", self.targets, _number)
+        if isinstance(self.targets, (list, tuple)) and not self.targets:
+            self.targets = []  # automatic: chosen from what the branch runs reach
+        else:
+            self.targets = _positive_list("branch.targets", self.targets, _number)
+        for name in ("window", "window_steps"):
+            value = _integer(f"branch.{name}", getattr(self, name))
+            least = 1 if name == "window_steps" else 0
+            if value < least:
+                raise ConfigError(f"branch.{name}: {value} is not allowed; must be >= {least}")
+            setattr(self, name, value)
+        self.tolerance = _number("branch.tolerance", self.tolerance)
+        if not 0 < self.tolerance < 1:
+            raise ConfigError(f"branch.tolerance: {self.tolerance:g} is not a fraction in (0, 1); "
+                              "give the share of the best smaller batch's loss decrease a larger "
+                              "batch may lose, e.g. 0.5")
         bad = [t for t in self.targets if not 0 < t < 1]
         if bad:
             raise ConfigError(f"branch.targets: {bad[0]:g} is not a fraction in (0, 1); give "
@@ -698,6 +731,12 @@ class BranchConfig:
                            "at_step": int(point["at_step"]), "at_loss": float(point["at_loss"]),
                            "checkpoint": str(point["checkpoint"])})
         self.points = sorted(points, key=lambda p: p["at_examples"])
+
+    @property
+    def automatic(self) -> bool:
+        """Whether the targets are chosen by the analysis (no `branch.targets`): branch runs then
+        train one window each and stop at no target."""
+        return not self.targets
 
     def point(self, at_examples: int) -> dict[str, Any]:
         """The branch point a run starts from, by the examples the base run had seen there."""
@@ -813,8 +852,13 @@ def conf_dir() -> Path:
     raise ConfigError("cannot find conf/config.yaml; set GNSWEEP_CONF to your conf folder")
 
 
-def compose(overrides: list[str] | None = None) -> Config:
-    """Compose conf/ with Hydra overrides (e.g. `task=digits sweep.batch_sizes=[8,64]`)."""
+def compose(overrides: list[str] | None = None, *, grid: tuple[str, ...] | None = None,
+            custom: bool | None = None) -> Config:
+    """Compose conf/ with Hydra overrides (e.g. `task=digits sweep.batch_sizes=[8,64]`).
+
+    A custom task must give its own `grid` (GRID_FIELDS by default; a branch sweep, whose
+    targets are relative, needs no sweep.targets); `custom` says whether the task is custom when
+    the overrides do not (a branch sweep trains its base run's task)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -842,7 +886,8 @@ def compose(overrides: list[str] | None = None) -> Config:
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
     config = Config.from_dict({str(k): v for k, v in data.items()})
-    _check_custom_grid(config, sweep_file, overrides)
+    _check_custom_grid(config, sweep_file, overrides, GRID_FIELDS if grid is None else grid,
+                       config.task.name == tasks.CUSTOM if custom is None else custom)
     return _named_after_task(config, sweep_file, overrides)
 
 
@@ -900,24 +945,24 @@ GRID_FIELDS = ("batch_sizes", "learning_rates", "targets")
 """What a grid is made of: a custom task has to give each (or a sweep file that does)."""
 
 
-def _check_custom_grid(config: Config, sweep_file: str, overrides: list[str]) -> None:
+def _check_custom_grid(config: Config, sweep_file: str, overrides: list[str],
+                       grid: tuple[str, ...], custom: bool) -> None:
     """A custom task with the default sweep file's grid would silently run the digits grid
     (its batch sizes, its learning rates, its loss targets): ConfigError asking for a grid.
 
     A grid field counts as given when an override names it or its value is not the default
     (a `+experiment=` bundle may set it)."""
-    if config.task.name != tasks.CUSTOM or sweep_file != SweepConfig.name:
+    if not custom or sweep_file != SweepConfig.name:
         return
     defaults = SweepConfig()
     named = {o.lstrip("+").split("=", 1)[0] for o in overrides}
-    missing = [f"sweep.{name}" for name in GRID_FIELDS
+    missing = [f"sweep.{name}" for name in grid
                if f"sweep.{name}" not in named
                and getattr(config.sweep, name) == getattr(defaults, name)]
     if missing:
         raise ConfigError(f"task=custom needs a grid of its own ({', '.join(missing)} would be "
                           f"the {SweepConfig.name} task's): add sweep=NAME (a file of conf/sweep, "
-                          "e.g. sweep=tiny) or sweep.batch_sizes=[...] "
-                          "sweep.learning_rates=[...] sweep.targets=[...]")
+                          "e.g. sweep=tiny) or " + " ".join(f"{m}=[...]" for m in missing))
 
 
 def _store_defaults() -> None:

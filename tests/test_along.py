@@ -21,6 +21,8 @@ from gnsweep.analysis.along import (
     analyze_along,
     base_curve,
     branch_point,
+    tolerance_b_crit,
+    window_efficiencies,
 )
 from gnsweep.analysis.pipeline import AnalysisError
 from gnsweep.analysis.results import read_results
@@ -150,6 +152,67 @@ def test_local_b_crit_matches_the_exact_dynamics_from_each_point(branched, loss)
             assert 0.5 < row.b_crit / t.b_noise_mean < 2.0, (point, row.target)
         good += ok
     assert good >= 3
+
+
+def test_default_targets_and_the_tolerance_rule_match_the_exact_local_b_crit(branched):
+    """Without branch.targets each point's targets come from what its runs reached (fractions
+    of the loss there that several batch sizes reach), and each point has the tolerance rule's
+    local B_crit beside eq. 2.11's: on the eval loss, every automatic target fitted within 25%
+    of the exact local B_crit (eq. 2.11 on the exact S(B) from the point's own parameters, to
+    the same values), and the tolerance rule (0.5, the window every batch size covered)
+    within 25% of the exact one at the middle target."""
+    problem, deltas, points, curves = branched
+    along = analyze_along(curves, points, None, loss="eval").along
+    assert list(along.columns) == ALONG_COLUMNS
+    for point in points:
+        rows = along[along["at_examples"] == point.at_examples]
+        assert len(rows) == 3 and (rows["target_source"] == "auto").all()
+        assert (rows["refused"] == "").all() and (rows["n_batch_sizes"] >= 3).all()
+        # Targets below the point, easiest first, named as fractions of the loss there.
+        assert np.all(np.diff(rows["target_value"]) < 0)
+        assert rows["target"].to_numpy() == pytest.approx(rows["target_value"] / point.at_loss)
+        truth = local_truth(problem, deltas[point.at_step], BATCHES,
+                            list(rows["target_value"]), max_steps=3000)
+        exact = np.array([t.b_crit_fit for t in truth.per_target])
+        assert np.all(np.abs(rows["b_crit"].to_numpy() / exact - 1) < 0.25), (point, exact)
+        tol = rows.iloc[0]
+        assert tol["tol_refused"] == "" and tol["b_crit_tol_lo"] <= tol["b_crit_tol"] \
+            <= tol["b_crit_tol_hi"]
+        assert abs(tol["b_crit_tol"] / exact[1] - 1) < 0.25, (point, exact)
+
+
+def _hyperbola_curves(b_crit: float, batches: list[float], window: float
+                      ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Loss curves of eq. 2.11 exactly: batch B after E examples stands where a batch far
+    below B_crit stands after E / (1 + B/B_crit); the loss falls steeply (exponentially in
+    those examples, 20 e-folds over the window), far from linear."""
+    seen = np.linspace(0.0, window, 400)
+    return [(seen, 1.0 + 3.0 * np.exp(-20.0 * seen / (1 + b / b_crit) / window))
+            for b in batches]
+
+
+@pytest.mark.parametrize("b_crit", [10.0, 37.0, 300.0])
+def test_the_tolerance_rule_finds_b_crit_on_exact_hyperbola_curves(b_crit):
+    """On curves that follow eq. 2.11 exactly, the best smaller batch (the smallest, b0) needs
+    (1 + b0/B_crit) / (1 + B/B_crit) of the window to reach batch B's loss, whatever the loss's
+    shape: tolerance 0.5 crosses at B = B_crit + 2 b0 (within the interpolation in log B)."""
+    batches = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0]
+    eff = window_efficiencies(np.array(batches), _hyperbola_curves(b_crit, batches, 1e4), 1e4)
+    expected = [(1 + 1 / b_crit) / (1 + b / b_crit) for b in batches]
+    assert eff[1:] == pytest.approx(expected[1:], rel=0.03)
+    value, lo, hi, why = tolerance_b_crit(np.array(batches), eff, 0.5)
+    assert why == "" and lo < b_crit + 2 <= hi
+    assert value == pytest.approx(b_crit + 2, rel=0.15)
+
+
+def test_the_tolerance_rule_bounds_and_refuses_with_its_reason():
+    batches = [8.0, 16.0, 32.0, 64.0]
+    eff = window_efficiencies(np.array(batches), _hyperbola_curves(1e6, batches, 1e4), 1e4)
+    value, lo, hi, why = tolerance_b_crit(np.array(batches), eff, 0.5)
+    assert math.isnan(value) and lo == 64 and hi == math.inf
+    assert why == "all batch sizes within tolerance: above 64"
+    value, *_, why = tolerance_b_crit(np.array([8.0]), np.array([1.0]), 0.5)
+    assert math.isnan(value) and "at least 2" in why
 
 
 def test_unreachable_targets_are_marked_not_fitted(branched):

@@ -8,10 +8,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from gnsweep.analysis.along import ALONG_COLUMNS
 from gnsweep.analysis.pipeline import analyze_steps
 from gnsweep.report.answers import answers
-from gnsweep.report.figures import bcrit_along_training, bcrit_vs_loss
+from gnsweep.report.figures import bcrit_vs_loss
 from gnsweep.report.html import fit_table
 
 
@@ -41,17 +40,6 @@ def test_bounds_are_arrows_at_the_grid_edge_not_decades_of_axis():
     # The bounds are drawn: an arrow (annotation) per bounded target.
     assert sum(1 for child in fig.axes[0].get_children()
                if type(child).__name__ == "Annotation") == 2
-
-
-def test_the_along_figure_draws_bounds_when_no_point_has_a_fit():
-    along = pd.DataFrame([dict.fromkeys(ALONG_COLUMNS, math.nan) for _ in range(2)])
-    along = along.assign(at_examples=[1000, 4000], at_step=[10, 40], target=0.97, n_runs=9,
-                         n_batch_sizes=3, quality="", bcrit_status="lower_bound",
-                         b_crit_bound=1024.0, refused="B_crit above 1024: ...",
-                         bcrit_reason="B_crit above 1024: ...")
-    fig = bcrit_along_training(along)
-    low, high = fig.axes[0].get_ylim()
-    assert low > 10 and high < 1e5
 
 
 def test_the_report_says_a_bound_in_words_and_in_its_table():

@@ -236,3 +236,76 @@ def test_branch_runs_find_the_exact_local_b_crit_on_linreg(tmp_path):
         assert 0.5 < row.b_crit / truth.b_noise_mean < 2.0, point
         good += abs(row.b_crit / truth.b_crit_fit - 1) < 0.25
     assert good >= 3
+
+
+def test_branch_dry_run_lists_done_and_pending_runs_and_writes_nothing(base_run, tmp_path):
+    """`gnsweep branch --dry-run` names each branch run with its point and state, trains and
+    writes nothing; after one run has finished, the same dry run says it is done."""
+    from typer.testing import CliRunner
+
+    from gnsweep import store
+    from gnsweep.branching import prepare_branch
+    from gnsweep.cli import app
+    from gnsweep.runs import read_run
+
+    out = tmp_path / "branch"
+    grid = ["sweep.batch_sizes=[4,16]", "sweep.learning_rates=[0.3]"]
+    args = ["branch", str(base_run), "--at", "200,700", "--sweep-dir", str(out), *LINREG,
+            *grid, "--dry-run"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "4 runs (0 done, 4 to run); automatic targets" in result.output
+    assert result.output.count("pending") == 4 and "at160_b00004_lr0.3_s0" in result.output
+    assert not out.exists()
+
+    _, specs = prepare_branch(base_run, [200, 700], out, [*LINREG, *grid])
+    first = specs[0]
+    config, spec = read_run(out, first.run_id)
+    folder = store.run_dir(out, first.run_id)
+    store.write_status(folder, train(config, spec, folder).state)
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert "(1 done, 3 to run)" in again.output
+    assert f"{first.run_id}" in again.output and again.output.count("pending") == 3
+
+
+def test_automatic_branch_runs_train_one_window_of_examples(base_run, tmp_path):
+    """Without branch.targets a branch run stops at no target: each trains window_steps steps
+    of the largest batch size's examples (a batch 4x smaller: 4x the steps), evaluating about
+    32 times; with branch.targets a run still stops at its point's hardest one."""
+    from gnsweep.branching import prepare_branch
+    from gnsweep.runs import read_run
+
+    out = tmp_path / "branch"
+    config, specs = prepare_branch(base_run, [700], out, [
+        *LINREG[2:], "sweep.batch_sizes=[4,16]", "sweep.learning_rates=[0.3]",
+        "branch.window_steps=8"])
+    assert config.analysis.loss == "eval" and config.branch.automatic
+    budgets = {}
+    for spec in specs:
+        run_cfg, spec = read_run(out, spec.run_id)
+        trained = run_config(run_cfg, spec)
+        result = train(run_cfg, spec, tmp_path / spec.run_id)
+        budgets[spec.batch_size] = (trained.sweep.max_steps, result.reason, result.steps)
+    assert budgets == {4: (32, "max_steps", 32), 16: (8, "max_steps", 8)}
+
+
+def test_a_custom_task_branches_without_sweep_targets(tmp_path):
+    """A custom task's branch sweep names its batch sizes and learning rates; its targets are
+    relative (branch.targets or automatic), so no sweep.targets is asked for."""
+    from branch_base import make_base_run
+
+    from gnsweep.branching import branch_config
+
+    task = ["task=custom", "task._target_=protocol_tasks.make", "sweep.batch_sizes=[8]",
+            "sweep.learning_rates=[0.05]", "sweep.targets=[0.01]", "sweep.max_steps=20"]
+    base = make_base_run(tmp_path / "base", task, [80])
+    base_config, _ = parse_run_record(__import__("json").loads(
+        (base / "config.json").read_text()))
+    config = branch_config(base_config, ["task=custom", "task._target_=protocol_tasks.make",
+                                         "sweep.batch_sizes=[4,16]",
+                                         "sweep.learning_rates=[0.05]"])
+    assert config.sweep.batch_sizes == [4, 16] and config.branch.automatic
+    with pytest.raises(ConfigError, match=r"sweep\.learning_rates") as err:
+        branch_config(base_config, ["sweep.batch_sizes=[4,16]"])
+    assert "sweep.targets" not in str(err.value)

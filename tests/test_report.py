@@ -81,14 +81,15 @@ def test_refused_and_extrapolated_targets_say_so():
     assert text[0] == ("At loss 1: no answer yet; only 2 batch size(s) reached the target; "
                        "the fit needs 3.")
     assert "about 300 (250 to 360)" in text[1]
-    assert "outside the measured batch sizes (8 to 256): it is extrapolated" in text[1]
+    assert ("outside the batch sizes that reached this target (8 to 256): it is extrapolated, "
+            "the sweep only bounds it") in text[1]
     # 1000 * exp(-+1.96 * 0.1) = 822 to 1217.
     assert text[2].startswith("At loss 0.25 the largest useful batch size is beyond the largest "
-                              "one measured (256): the fit puts it near 1,000 (95% interval 820 "
-                              "to 1,200), an extrapolation. Add larger batch sizes")
+                              "one that reached it (256): the fit puts it near 1,000 (95% "
+                              "interval 820 to 1,200), an extrapolation. Add larger batch sizes")
     tables.fits.loc[2, ["b_crit", "b_crit_se"]] = [2.0, 1e6]  # far below, and no error bar
     text = answers(tables.fits, tables.front)
-    assert "is below the smallest one measured (8)" in text[2]
+    assert "is below the smallest one that reached it (8)" in text[2]
     assert "(95% interval 0 to infinity)" in text[2]
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -44,10 +45,28 @@ ALONG_COLUMNS = columns("along")
 run's noise scales at the point; `ratio` = b_crit / b_simple, `ratio_noise` = b_crit / b_noise;
 `b_simple_mean`, `b_noise_mean` the branch runs' own S_min-weighted means up to the target
 (median over the best runs, as in fits.parquet); `b_simple_precond`, `ratio_precond`,
-`b_simple_precond_mean` the same for B_simple in the optimizer's preconditioner (docs/noise.md);
+`b_simple_precond_mean` the same for B_simple in the optimizer's preconditioner (docs/noise.md).
+`target_source` says where the target came
+from: "set" (`branch.targets`) or "auto" (`auto_targets`: from the losses the point's runs
+reached; `target` is then the fraction of the loss at the point it stands for).
+
+The second definition (Merrill et al. 2025, `tolerance_b_crit`), the same on every row of a
+point: `window` the examples every batch size trained from the point, `b_crit_tol` the largest
+batch size whose loss after that window the best smaller batch size reached within (1 -
+`tolerance`) x the window's examples (interpolated in log B between `b_crit_tol_lo`, the last
+within tolerance, and
+`b_crit_tol_hi`, the first outside); `tol_refused` says why it is NaN or a bound ("all batch
+sizes within tolerance: above 512" keeps `b_crit_tol_lo` = 512).
+
 `bcrit_status` (fit, lower_bound, upper_bound, refused), `bcrit_reason` and `b_crit_bound` as in
-fits.parquet: a local B_crit outside what the point's batch sizes support is a bound or refused,
-with NaN in `b_crit`."""
+fits.parquet: a local B_crit of eq. 2.11 outside what the point's batch sizes support is a bound
+or refused, with NaN in `b_crit`."""
+AUTO_QUANTILES = (0.3, 0.5, 0.7)
+"""Automatic targets: these shares of the loss decrease that most batch sizes achieve over the
+window (`auto_targets`), from the most local (0.3) to the hardest one half the batch sizes,
+and at least 3, still reach."""
+AUTO_MIN_BATCH_SIZES = 3
+"""An automatic target is one that at least this many batch sizes (or all, when fewer) reach."""
 BASE_COLUMNS = columns("along_base")
 """along_base.parquet: the base run's smoothed loss and noise scales per logged row (for the
 figure: the noise scale the local B_crit is compared with, over the whole run)."""
@@ -115,13 +134,19 @@ def _span(x: np.ndarray) -> str:
     return f"{x.min():g}..{x.max():g}" if len(x) else "nothing"
 
 
-def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[float], *,
+def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[float] | None, *,
                   loss: str = "smoothed", ema_examples: float | None = None,
                   bootstrap: int = 0, optimizer: str = "sgd", direction: Direction = FALLING,
-                  source: str = "branch") -> Results:
+                  source: str = "branch", window: float = 0.0,
+                  tolerance: float = 0.5) -> Results:
     """One analysis per branch point (runs whose `at_examples` column names it) to its relative
     targets, put together grouped by `at_examples` (`analysis.groups`), with `along`: one row
-    per (point, fraction), ALONG_COLUMNS.
+    per (point, target), ALONG_COLUMNS.
+
+    `fractions` empty or None: each point's targets are chosen from the losses its runs reached
+    (`auto_targets`). Beside the fit of eq. 2.11 every row carries the point's local B_crit by
+    tolerance (`tolerance_b_crit`) over `window` examples (0: the examples every batch size
+    covered, `common_window`).
 
     A target that no run of its point reached, or a point without runs, keeps its row with
     `refused` saying why and NaN estimates: marked, never dropped, and never fitted on a subset
@@ -130,16 +155,36 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
     if GROUP not in curves.runs:
         raise AnalysisError(f"{source}: the runs name no branch point (no {GROUP} column); "
                             "a branch sweep is written by `gnsweep branch`")
-    fractions = sorted((float(f) for f in fractions), reverse=True)
+    automatic = not fractions
+    fractions = sorted((float(f) for f in fractions or []), reverse=True)
     at = curves.runs[GROUP].to_numpy(np.int64)
     parts: dict[str, Results] = {}
     rows: list[dict] = []
     warnings: list[str] = []
     for point in sorted(points, key=lambda p: p.at_examples):
         sub = subset(curves, at == point.at_examples)
-        values = [direction.relative_target(point.at_loss, f) for f in fractions]
-        fits = pd.DataFrame()
         why = f"no branch runs from {point.at_examples} examples" if not len(sub.runs) else ""
+        tol = _tolerance_columns(sub, point, loss, ema_examples, direction, window,
+                                 tolerance) if not why else _no_tolerance(why, tolerance)
+        if automatic:
+            values = [] if why else auto_targets(sub, point.at_loss, loss, ema_examples,
+                                                 direction)
+            if not values and not why:
+                why = (f"no batch size moved the {loss} loss past the point's "
+                       f"{point.at_loss:.4g} on {AUTO_MIN_BATCH_SIZES} or more of its runs' "
+                       "batch sizes: train longer (branch.window_steps) or check the "
+                       "learning rates")
+            point_fractions = [fraction_of(point.at_loss, v, direction) for v in values]
+        else:
+            values = [direction.relative_target(point.at_loss, f) for f in fractions]
+            point_fractions = fractions
+        fits = pd.DataFrame()
+        if why and not values:
+            row = _row(point, math.nan, math.nan, fits, len(sub.runs), why)
+            row.update(tol, target_source="auto" if automatic else "set")
+            warnings.append(f"branch point {point.at_examples} examples: {why}")
+            rows.append(row)
+            continue
         if not why:
             steps = steps_to_target(sub, None, values, loss=loss, ema_examples=ema_examples,
                                     direction=direction)
@@ -161,8 +206,9 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
                           and not ema_examples else None})
                 parts[str(point.at_examples)] = part
                 fits = part.fits
-        for fraction, value in zip(fractions, values, strict=True):
+        for fraction, value in zip(point_fractions, values, strict=True):
             row = _row(point, fraction, value, fits, len(sub.runs), why)
+            row.update(tol, target_source="auto" if automatic else "set")
             fitted = len(fits) and (fits["target"] == value).any()
             if row["refused"] and not fitted:  # a refused fit has warned in its part already
                 warnings.append(f"branch point {point.at_examples} examples, target "
@@ -172,12 +218,195 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
         result = combine(parts, GROUP)
     else:
         raise AnalysisError(f"{source}: no branch point has a run that reached a target "
-                            f"({len(points)} point(s), targets {fractions}); train longer or "
+                            f"({len(points)} point(s), targets "
+                            f"{fractions or 'automatic'}); train longer or "
                             "choose fractions closer to 1 (branch.targets)")
     result.warnings = warnings + result.warnings
-    result.meta.update(source=source, branch_targets=fractions)
+    result.meta.update(source=source, branch_targets=fractions or "auto",
+                       branch_tolerance=tolerance)
     result.along = pd.DataFrame(rows, columns=ALONG_COLUMNS)
     return result
+
+
+def fraction_of(at_loss: float, value: float, direction: Direction = FALLING) -> float:
+    """The fraction of `branch.targets` a target value stands for at a point of loss `at_loss`
+    (the inverse of `Direction.relative_target`)."""
+    if direction.rises:
+        return 1.0 - (value - at_loss) / abs(at_loss) if at_loss else math.nan
+    return value / at_loss if at_loss else math.nan
+
+
+def run_windows(curves: Curves, loss: str, ema_examples: float | None = None
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per run, (examples, loss) of its logged rows read as the analysis reads them
+    (`steps.loss_curve`): the examples at the number of updates behind each value, and the
+    value, finite rows only."""
+    x, values = loss_curve(curves, loss, ema_examples)
+    step, examples = curves.columns["step"], curves.columns["examples"]
+    out = []
+    for i in range(len(curves.runs)):
+        lo, hi = curves.offsets[i], curves.offsets[i + 1]
+        seen = np.interp(x[lo:hi], np.concatenate([[0.0], step[lo:hi]]),
+                         np.concatenate([[0.0], examples[lo:hi]]))
+        ok = np.isfinite(seen) & np.isfinite(values[lo:hi])
+        out.append((seen[ok], values[lo:hi][ok]))
+    return out
+
+
+def auto_targets(curves: Curves, at_loss: float, loss: str, ema_examples: float | None = None,
+                 direction: Direction = FALLING) -> list[float]:
+    """Targets chosen from what a point's branch runs reached, easiest first: AUTO_QUANTILES
+    of the loss decrease below the point that the k-th best batch size achieves (each batch
+    size at its best learning rate, k = max(3, half the batch sizes), or all when fewer), so
+    that at least k batch sizes reach every target. Fixed fractions of a loss are reached in
+    under a step by some batch sizes and never by others; these are reached by several.
+    [] when fewer than k batch sizes got below the point."""
+    sign = direction.sign
+    best: dict[float, float] = {}
+    for (_seen, values), batch in zip(run_windows(curves, loss, ema_examples),
+                                     curves.runs["batch_size"].to_numpy(float), strict=True):
+        # Past the first row: the first reading is the smoother's, not a step's (as the
+        # reached-at-start rule, `_reached_at_start`).
+        if len(values) > 1:
+            lowest = float(np.min(sign * values[1:]))
+            best[batch] = min(best.get(batch, math.inf), lowest)
+    drops = sorted((sign * at_loss - v for v in best.values()), reverse=True)
+    k = min(len(drops), max(AUTO_MIN_BATCH_SIZES, math.ceil(len(drops) / 2)))
+    if k < min(AUTO_MIN_BATCH_SIZES, len(drops)) or not drops or drops[k - 1] <= 0:
+        return []
+    drop = drops[k - 1]
+    return [at_loss - sign * q * drop for q in AUTO_QUANTILES]
+
+
+def common_window(curves: Curves, loss: str, ema_examples: float | None = None) -> float:
+    """The examples every batch size covered from the point: over batch sizes, the least of
+    the most examples any of its runs that did not diverge logged (a run stopped at its target
+    covers less than one trained to its budget). 0 when no run logged a row."""
+    covered: dict[float, float] = {}
+    states = curves.runs["state"].astype(str).to_numpy()
+    for (seen, _), batch, state in zip(run_windows(curves, loss, ema_examples),
+                                       curves.runs["batch_size"].to_numpy(float), states,
+                                       strict=True):
+        if state != "diverged" and len(seen):
+            covered[batch] = max(covered.get(batch, 0.0), float(seen[-1]))
+    return min(covered.values()) if covered else 0.0
+
+
+def tolerance_b_crit(batch_sizes: np.ndarray, efficiencies: np.ndarray, tolerance: float
+                     ) -> tuple[float, float, float, str]:
+    """The local critical batch size by tolerance (Merrill et al. 2025): scanning up from the
+    smallest batch size, the largest whose efficiency stays at least 1 - tolerance; (value,
+    last within, first outside, reason). `efficiencies[i]`: the share of the window's examples
+    the best smaller batch size needed to reach batch size i's loss after the window
+    (`window_efficiencies`; 1 for the smallest, and for a batch that beat every smaller one).
+    The value is the crossing interpolated in log B between the last within and the first
+    outside; NaN with a reason where there is none (every batch size within tolerance: a bound
+    above the largest).
+
+    Why this reading of "within a tolerance of the best smaller batch's loss": a loss gap means
+    little by itself (it depends on the loss's scale and on how fast it falls there); the
+    examples the smaller batch needed to close it are the token efficiency the definition is
+    about. With eq. 2.11 a batch B needs E_min (1 + B/B_crit) examples for what E_min buys at a
+    batch far below B_crit, so its efficiency is 1 / (1 + B/B_crit) and tolerance 0.5 puts the
+    crossing at B_crit itself, however the loss falls over the window."""
+    order = np.argsort(batch_sizes)
+    b = np.asarray(batch_sizes, float)[order]
+    r = np.asarray(efficiencies, float)[order]
+    ok = np.isfinite(r)
+    b, r = b[ok], r[ok]
+    if len(b) < 2:
+        return math.nan, math.nan, math.nan, (
+            f"{len(b)} batch size(s) with a loss at the window's end; the tolerance rule "
+            "compares at least 2")
+    floor = 1.0 - tolerance
+    for i in range(1, len(b)):
+        if r[i] < floor:
+            lo, hi = min(r[i - 1], 1.0), r[i]
+            share = (lo - floor) / (lo - hi) if lo > hi else 0.0
+            share = min(max(share, 0.0), 1.0)
+            value = float(np.exp(np.log(b[i - 1]) + share * (np.log(b[i]) - np.log(b[i - 1]))))
+            return value, float(b[i - 1]), float(b[i]), ""
+    return math.nan, float(b[-1]), math.inf, (
+        f"all batch sizes within tolerance: above {b[-1]:g}")
+
+
+def window_efficiencies(batch_sizes: np.ndarray, curves: list[tuple[np.ndarray, np.ndarray]],
+                        window: float) -> np.ndarray:
+    """Per batch size (sorted ascending, one curve each: its best learning rate's (examples,
+    loss), lower is better), the share of `window` examples the best smaller batch size (the
+    lowest loss at the window among the smaller ones) needed to first reach this batch size's
+    loss at the window: 1 for the smallest and wherever it did not get that low (this batch
+    beat it), NaN where this batch size has no loss at the window."""
+    at_window = np.array([_value_at(seen, values, window) for seen, values in curves])
+    out = np.full(len(curves), np.nan)
+    for i in range(len(curves)):
+        if not np.isfinite(at_window[i]):
+            continue
+        smaller = [j for j in range(i) if np.isfinite(at_window[j])]
+        if not smaller:
+            out[i] = 1.0
+            continue
+        seen, values = curves[min(smaller, key=lambda j: at_window[j])]
+        below = np.flatnonzero(values <= at_window[i])
+        if not len(below):
+            out[i] = 1.0
+            continue
+        k = int(below[0])
+        if k == 0:
+            out[i] = seen[0] / window
+            continue
+        # Interpolated between the rows on either side of the first crossing.
+        v0, v1 = values[k - 1], values[k]
+        share = (v0 - at_window[i]) / (v0 - v1) if v0 > v1 else 1.0
+        out[i] = min((seen[k - 1] + share * (seen[k] - seen[k - 1])) / window, 1.0)
+    _ = batch_sizes
+    return out
+
+
+def _value_at(seen: np.ndarray, values: np.ndarray, window: float) -> float:
+    """A run's value at `window` examples; NaN when its rows stop short of it by more than
+    1/16 (diverged, failed, or stopped at a target before it)."""
+    if not len(seen) or seen[-1] < window * (1 - 1 / 16):
+        return math.nan
+    return float(np.interp(min(window, seen[-1]), seen, values))
+
+
+def _tolerance_columns(curves: Curves, point: BranchPoint, loss: str,
+                       ema_examples: float | None, direction: Direction, window: float,
+                       tolerance: float) -> dict:
+    """The tolerance rule's columns of one point: per batch size its best learning rate's run
+    at `window` examples (0: `common_window`), through `window_efficiencies` and
+    `tolerance_b_crit`."""
+    window = float(window) or common_window(curves, loss, ema_examples)
+    out = _no_tolerance("", tolerance)
+    out["window"] = window
+    if not window > 0:
+        out["tol_refused"] = "no run logged a loss after its point"
+        return out
+    sign = direction.sign
+    best: dict[float, tuple[float, tuple[np.ndarray, np.ndarray]]] = {}
+    for (seen, values), batch in zip(run_windows(curves, loss, ema_examples),
+                                     curves.runs["batch_size"].to_numpy(float), strict=True):
+        at = _value_at(seen, sign * values, window)
+        if np.isfinite(at) and (batch not in best or at < best[batch][0]):
+            best[batch] = (at, (seen, sign * values))
+    if not best:
+        out["tol_refused"] = f"no run covered the window of {window:,.4g} examples"
+        return out
+    sizes = np.array(sorted(best))
+    if best[sizes[0]][0] >= sign * point.at_loss and all(
+            v[0] >= sign * point.at_loss for v in best.values()):
+        out["tol_refused"] = "no batch size lowered the loss over the window"
+        return out
+    efficiencies = window_efficiencies(sizes, [best[b][1] for b in sizes], window)
+    value, lo, hi, why = tolerance_b_crit(sizes, efficiencies, tolerance)
+    out.update(b_crit_tol=value, b_crit_tol_lo=lo, b_crit_tol_hi=hi, tol_refused=why)
+    return out
+
+
+def _no_tolerance(why: str, tolerance: float) -> dict:
+    return {"window": math.nan, "b_crit_tol": math.nan, "b_crit_tol_lo": math.nan,
+            "b_crit_tol_hi": math.nan, "tolerance": tolerance, "tol_refused": why}
 
 
 def _reached_at_start(steps: pd.DataFrame, curves: Curves, loss: str) -> np.ndarray:
@@ -228,25 +457,57 @@ def _row(point: BranchPoint, fraction: float, value: float, fits: pd.DataFrame, 
     return row
 
 
+def tolerance_answer(row: Any, unit: str = "examples") -> str:
+    """The tolerance rule's answer at one point, in words: the value with its bracket, the
+    bound, or the refusal."""
+    def g(value: float) -> str:
+        return f"{value:,.4g}"
+
+    if np.isfinite(row.b_crit_tol):
+        return (f"{g(row.b_crit_tol)}{' ' + unit if unit else ''} (between "
+                f"{g(row.b_crit_tol_lo)} and "
+                f"{g(row.b_crit_tol_hi)})")
+    return f"none: {row.tol_refused}" if row.tol_refused else "none"
+
+
+def point_name(row: Any, unit: str = "examples") -> str:
+    """A branch point as the answers name it: examples (in the task's unit) and the base
+    run's step there."""
+    return f"{int(row.at_examples):,} {unit} (step {int(row.at_step):,})"
+
+
 def format_along(along: pd.DataFrame, unit: str = "examples") -> str:
-    """The local B_crit table as `gnsweep analyze` prints it: one line per (point, target)."""
-    lines = [f"critical batch size along training ({unit}):",
-             f"{'at':>12} {'loss there':>11} {'target':>7} {'#B':>3} {'S_min':>14} "
-             f"{'local B_crit':>16} {'base B_simple':>14} {'base B_noise':>13}  note"]
-    for row in along.itertuples(index=False):
-        def pm(value: float, se: float) -> str:
-            if not np.isfinite(value):
-                return "-"
-            return f"{value:.4g} ± {se:.2g}" if np.isfinite(se) else f"{value:.4g}"
+    """The local B_crit table as `gnsweep analyze` prints it: per branch point a line naming it
+    with the tolerance rule's answer, then one line per target (the fit of eq. 2.11)."""
+    lines = [f"critical batch size along training ({unit}):"]
 
-        def num(value: float) -> str:
-            return f"{value:.4g}" if np.isfinite(value) else "-"
+    def pm(value: float, se: float) -> str:
+        if not np.isfinite(value):
+            return "-"
+        return f"{value:.4g} ± {se:.2g}" if np.isfinite(se) else f"{value:.4g}"
 
-        b_crit = bound_text(row.bcrit_status, row.b_crit_bound) or pm(row.b_crit, row.b_crit_se)
-        lines.append(f"{row.at_examples:>12,} {row.at_loss:>11.4g} {row.target:>7g} "
-                     f"{row.n_batch_sizes:>3} {pm(row.s_min, row.s_min_se):>14} "
-                     f"{b_crit:>16} {num(row.b_simple):>14} "
-                     f"{num(row.b_noise):>13}  {row.refused or row.quality}")
+    def num(value: float) -> str:
+        return f"{value:.4g}" if np.isfinite(value) else "-"
+
+    for _, rows in along.groupby("at_examples", sort=True):
+        first = next(rows.itertuples(index=False))
+        window = (f"window {first.window:,.0f} {unit}, tolerance {first.tolerance:g}"
+                  if np.isfinite(first.window) else f"tolerance {first.tolerance:g}")
+        lines.append(f"at {point_name(first, unit)}, loss there {first.at_loss:.4g}: by "
+                     f"tolerance ({window}): {tolerance_answer(first, unit)}")
+        lines.append(f"{'target':>10} {'value':>9} {'#B':>3} {'S_min':>14} "
+                     f"{'B_crit (2.11)':>16} {'base B_simple':>14} {'base B_noise':>13}  note")
+        for row in rows.itertuples(index=False):
+            if not np.isfinite(row.target):
+                lines.append(f"{'-':>10} {'-':>9}  {row.refused}")
+                continue
+            b_crit = bound_text(row.bcrit_status, row.b_crit_bound) or pm(row.b_crit,
+                                                                          row.b_crit_se)
+            lines.append(f"{row.target:>10.4g} {row.target_value:>9.4g} {row.n_batch_sizes:>3} "
+                         f"{pm(row.s_min, row.s_min_se):>14} "
+                         f"{b_crit:>16} "
+                         f"{num(row.b_simple):>14} "
+                         f"{num(row.b_noise):>13}  {row.refused or row.quality}")
     return "\n".join(lines)
 
 

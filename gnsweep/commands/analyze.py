@@ -124,7 +124,8 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
     analysis = analyze_along(curves, points, branch.targets, loss=loss, ema_examples=ema_examples,
                              bootstrap=config.analysis.bootstrap if bootstrap is None
                              else bootstrap, optimizer=config.train.optimizer,
-                             direction=task.direction, source=str(sweep_dir))
+                             direction=task.direction, source=str(sweep_dir),
+                             window=float(branch.window), tolerance=branch.tolerance)
     base = Path(branch.base)
     try:
         analysis.along_base = base_curve(load_run_curves(base), loss)

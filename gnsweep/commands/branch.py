@@ -4,9 +4,13 @@ checkpoints, the loss at each point, the grid) and run what has not finished (do
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gnsweep.commands import Echo
+
+if TYPE_CHECKING:
+    from gnsweep.config import Config
+    from gnsweep.runs import RunSpec
 
 
 def branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[str], *,
@@ -22,14 +26,19 @@ def branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[str],
 
 
 def run(base_run_dir: Path, at: str, sweep_dir: Path, overrides: list[str] | None, *,
-        workers: int | None, quiet: bool, echo: Echo) -> int:
-    """`gnsweep branch`; returns the exit code (1 when a run failed, named on stderr)."""
-    from gnsweep.branching import parse_points
+        workers: int | None, quiet: bool, echo: Echo, dry_run: bool = False) -> int:
+    """`gnsweep branch`; returns the exit code (1 when a run failed, named on stderr). With
+    `dry_run` it lists the branch runs, done and pending, and writes nothing."""
+    from gnsweep.branching import parse_points, plan_branch
     from gnsweep.sweep import unmeasured_runs
 
     overrides = list(overrides or [])
     if workers is not None:
         overrides.append(f"executor.workers={workers}")
+    if dry_run:
+        config, planned = plan_branch(base_run_dir, parse_points(at), sweep_dir, overrides)
+        echo(describe_plan(config, planned, sweep_dir))
+        return 0
     summary = branch(base_run_dir, parse_points(at), sweep_dir, overrides,
                      show_progress=not quiet)
     echo(f"branch sweep {sweep_dir}: {summary.describe()}")
@@ -43,3 +52,24 @@ def run(base_run_dir: Path, at: str, sweep_dir: Path, overrides: list[str] | Non
         return 1
     echo(f"next: gnsweep analyze {sweep_dir}")
     return 0
+
+
+def describe_plan(config: Config, planned: list[tuple[RunSpec, str]], sweep_dir: Path) -> str:
+    """`gnsweep branch --dry-run`'s lines: the grid, the targets and each run's state."""
+    branch = config.branch
+    done = sum(state in ("done", "diverged") for _, state in planned)
+    if branch.automatic:
+        window = (f"{branch.window:,} examples ({config.task.unit})" if branch.window
+                  else f"{branch.window_steps} steps of the largest batch size")
+        targets = f"automatic targets, one window of {window} a run"
+    else:
+        targets = f"targets {', '.join(f'{f:g}' for f in branch.targets)} x the loss there"
+    lines = [f"branch sweep -> {sweep_dir}: {len(planned)} runs ({done} done, "
+             f"{len(planned) - done} to run); {targets}; read on the "
+             f"{config.analysis.loss} loss",
+             f"{'run_id':<34}{f'from ({config.task.unit})':>16}{'batch_size':>12}"
+             f"{'learning_rate':>15}{'seed':>6}  state"]
+    for spec, state in planned:
+        lines.append(f"{spec.run_id:<34}{spec.at_examples:>16,}{spec.batch_size:>12}"
+                     f"{spec.learning_rate:>15g}{spec.seed:>6}  {state}")
+    return "\n".join(lines)

@@ -30,6 +30,7 @@ from matplotlib.ticker import FixedFormatter, FixedLocator, LogFormatter, NullFo
 
 from gnsweep.analysis.fit import predict_steps
 from gnsweep.analysis.results import Results
+from gnsweep.report.answers import TREND_WORDS, along_trend_caption, bcrit_trend_caption, trend
 from gnsweep.report.views import (
     best_runs,
     bounded,
@@ -654,6 +655,15 @@ class FigureSpec:
     """File stem, e.g. pareto_fronts."""
     caption: str
     draw: Callable[[Results], Figure]
+    trend: Callable[[Results], str] | None = None
+    """What the drawn data do (computed, `report.answers`), appended to the caption: a caption
+    never claims a trend its figure does not show."""
+
+    def caption_for(self, tables: Results) -> str:
+        """The caption, with the trend computed from `tables` where the figure has one."""
+        if self.trend is None:
+            return self.caption
+        return f"{self.caption} {self.trend(tables)}"
 
 
 def _what(tables: Results) -> str:
@@ -662,6 +672,26 @@ def _what(tables: Results) -> str:
 
 def _unit(tables: Results) -> str:
     return unit_of(tables.meta)
+
+
+def _over_targets(tables: Results, column: str) -> str:
+    """The trend of a fits column over the targets, in training order (`answers.trend`)."""
+    fits = tables.fits
+    if not len(fits) or column not in fits:
+        return TREND_WORDS[""]
+    rises = Direction.from_meta(tables.meta).rises
+    ordered = fits.sort_values("target", ascending=rises)[column].to_numpy(float)
+    return TREND_WORDS[trend(np.arange(1, len(ordered) + 1, dtype=float), ordered)]
+
+
+def _lr_trend(tables: Results) -> str:
+    """How the best learning rate moves with the batch size: the median over targets of each
+    batch size's best rate (front.parquet)."""
+    front = tables.front
+    if not len(front):
+        return TREND_WORDS[""]
+    best = front.groupby("batch_size")["learning_rate"].median()
+    return TREND_WORDS[trend(best.index.to_numpy(float), best.to_numpy(float))]
 
 
 def _targets(tables: Results) -> list[float]:
@@ -676,18 +706,22 @@ FIGURES = [
                "during training; on the dashed line the noise scale predicts B_crit exactly.",
                lambda t: bcrit_vs_bsimple(t.fits, t.front, _what(t), _unit(t))),
     FigureSpec("noise_over_training", "The measured noise scale of the best-tuned run per "
-               "batch size, over steps and against the loss: it grows as the loss falls.",
+               "batch size, over steps and against the loss.",
                lambda t: noise_over_training(t.runs, t.metrics, t.front, _what(t), _unit(t),
-                                                 Direction.from_meta(t.meta))),
+                                                 Direction.from_meta(t.meta)),
+               lambda t: "Its S_min-weighted mean up to each target "
+                         f"{_over_targets(t, 'b_simple_mean')} from target to target."),
     FigureSpec("steps_grid", "Steps to reach each target over the batch size x learning rate "
                "grid; boxed cells are the best learning rate per batch size.",
                lambda t: steps_grid(t.steps, t.front, _what(t), _unit(t))),
-    FigureSpec("best_lr", "The best learning rate against batch size; it grows with B, then "
-               "levels off near B_noise (eq. 2.7).",
-               lambda t: best_lr_vs_batch(t.front, t.steps, t.fits, _what(t), _unit(t))),
-    FigureSpec("bcrit_vs_loss", "B_crit against the target loss: the critical batch size "
-               "grows as training goes on.",
-               lambda t: bcrit_vs_loss(t.fits, t.bcrit_law, t.front, _what(t), _unit(t))),
+    FigureSpec("best_lr", "The best learning rate against batch size (eq. 2.7 has it grow with "
+               "B, then level off near B_noise).",
+               lambda t: best_lr_vs_batch(t.front, t.steps, t.fits, _what(t), _unit(t)),
+               lambda t: f"Here it {_lr_trend(t)} with B."),
+    FigureSpec("bcrit_vs_loss", "B_crit against the target loss.",
+               lambda t: bcrit_vs_loss(t.fits, t.bcrit_law, t.front, _what(t), _unit(t)),
+               lambda t: "As training goes on the critical batch size "
+                         f"{bcrit_trend_caption(t.fits, t.front, Direction.from_meta(t.meta))}."),
     FigureSpec("loss_curves", "Training loss of the best-tuned run per batch size against "
                "steps and examples; dashed lines are the targets.",
                lambda t: loss_curves(t.runs, t.metrics, t.front, _targets(t), _what(t),
@@ -762,29 +796,35 @@ def bcrit_along_training(along: pd.DataFrame, base: pd.DataFrame | None = None,
     theory puts at the local critical batch size."""
     ok = along[np.isfinite(along["b_crit"].astype(float)) & (along["b_crit"].astype(float) > 0)
                & (along["at_examples"].astype(float) > 0)] if len(along) else along
-    bounds = bounded(along) if len(along) else along
-    bounds = bounds[bounds["at_examples"].astype(float) > 0] if len(bounds) else bounds
-    if not len(ok) and not len(bounds):
-        raise Skip("no branch point has a fit of eq. 2.11 (along.parquet: see `refused`)")
+    points = along.groupby("at_examples", sort=True).first().reset_index() \
+        if len(along) and "b_crit_tol" in along else pd.DataFrame()
+    tol = points[np.isfinite(points["b_crit_tol"].astype(float))] if len(points) else points
+    bounded = points[~np.isfinite(points["b_crit_tol"].astype(float))
+                     & np.isfinite(points["b_crit_tol_lo"].astype(float))
+                     & ~np.isfinite(points["b_crit_tol_hi"].astype(float))] \
+        if len(points) else points
+    if not len(ok) and not len(tol) and not len(bounded):
+        raise Skip("no branch point has a local B_crit, by eq. 2.11 or by tolerance "
+                   "(along.parquet: see `refused`, `tol_refused`)")
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(COLUMN * 1.3, 2.9))
-        colors = _target_colors(along["target"])
-        offsets = np.linspace(-0.04, 0.04, max(len(colors), 1))  # side by side, in log x
-        for i, (target, color) in enumerate(colors.items()):
-            edge = bounds[bounds["target"].astype(float) == target] if len(bounds) else bounds
-            if len(edge):
-                _bound_arrows(ax, edge["at_examples"].to_numpy(float) * 10 ** offsets[i], edge,
-                              color, f"B_crit only bounded (arrow), target {target:g} x loss")
-            rows = ok[ok["target"].astype(float) == target]
-            if not len(rows):
-                continue
+        series = _along_series(ok)
+        offsets = np.linspace(-0.04, 0.04, max(len(series), 1))  # side by side, in log x
+        for i, (label, rows) in enumerate(series):
             x = rows["at_examples"].to_numpy(float) * 10 ** offsets[i]
             se = rows["b_crit_se"].to_numpy(float)
             b = rows["b_crit"].to_numpy(float)
             low = np.where(np.isfinite(se), np.minimum(se, 0.95 * b), 0.0)
             high = np.where(np.isfinite(se), se, 0.0)
-            ax.errorbar(x, b, yerr=[low, high], fmt="o-", color=color, capsize=2, ms=3.5,
-                        elinewidth=0.8, lw=0.8, label=f"local B_crit, target {target:g} x loss")
+            ax.errorbar(x, b, yerr=[low, high], fmt="o-", color=COLORS[i % len(COLORS)],
+                        capsize=2, ms=3.5, elinewidth=0.8, lw=0.8, label=label)
+        if len(tol):
+            ax.plot(tol["at_examples"].to_numpy(float), tol["b_crit_tol"].to_numpy(float),
+                    "s:", color="0.1", ms=4, lw=0.9, label="local B_crit by tolerance")
+        if len(bounded):  # every batch size within tolerance: above the largest
+            ax.plot(bounded["at_examples"].to_numpy(float),
+                    bounded["b_crit_tol_lo"].to_numpy(float), "^", color="0.1", ms=5,
+                    ls="none", label="by tolerance: above the largest batch")
         if base is not None and len(base):
             for column, style, label in (("b_simple", "-", "base run B_simple"),
                                          ("b_noise", "--", "base run B_noise")):
@@ -803,13 +843,36 @@ def bcrit_along_training(along: pd.DataFrame, base: pd.DataFrame | None = None,
         return fig
 
 
+def _along_series(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The fitted rows of along.parquet as series: one per target fraction (`branch.targets`),
+    or, for targets chosen from the runs (a different fraction at every point), one per rank
+    at its point (easiest first)."""
+    if not len(rows):
+        return []
+    auto = rows["target_source"].astype(str) == "auto" if "target_source" in rows \
+        else pd.Series(False, index=rows.index)
+    out: list[tuple[str, pd.DataFrame]] = []
+    fixed = rows[~auto]
+    for target in sorted({float(t) for t in fixed["target"]}, reverse=True):
+        out.append((f"local B_crit, target {target:g} x loss",
+                    fixed[fixed["target"].astype(float) == target]))
+    chosen = rows[auto]
+    if len(chosen):
+        rank = chosen.groupby("at_examples")["target"].rank(ascending=False, method="first")
+        for r in sorted(set(rank.astype(int))):
+            out.append((f"local B_crit, automatic target {r}", chosen[rank == r]))
+    return out
+
+
 ALONG_FIGURE = FigureSpec(
     "bcrit_along_training", "Local B_crit of short runs branched from the base run's "
-    "checkpoints (error bars: standard errors of the fit of eq. 2.11) against the examples the "
-    "base run had seen, with the base run's own noise scale over training; an arrow from a "
-    "batch size: B_crit only bounded there (above the point's largest batch size, or below "
-    "its smallest).",
-    lambda t: bcrit_along_training(t.along, t.along_base, _unit(t)))
+    "checkpoints (error bars: standard errors of the fit of eq. 2.11; squares: the tolerance "
+    "rule, triangles its bounds) against the examples the base run had seen, with the base "
+    "run's own noise scale over training.",
+    lambda t: bcrit_along_training(t.along, t.along_base, _unit(t)),
+    lambda t: "From point to point the local B_crit of eq. 2.11 (median over each point's "
+              f"targets) {along_trend_caption(t.along)}; by tolerance it "
+              f"{along_trend_caption(t.along, 'b_crit_tol')}.")
 
 
 def draw_along(tables: Results) -> dict[str, Figure | str]:

@@ -17,10 +17,11 @@ import numpy as np
 import pandas as pd
 
 from gnsweep import redact
+from gnsweep.analysis.along import tolerance_answer
 from gnsweep.analysis.bounds import bound_text
 from gnsweep.analysis.results import Results
 from gnsweep.config import Config
-from gnsweep.report.answers import answers, interval_of
+from gnsweep.report.answers import along_answers, answers, interval_of
 from gnsweep.report.views import quantity
 from gnsweep.report.views import unit as unit_of
 from gnsweep.targets import Direction
@@ -198,33 +199,41 @@ def adaptive_section(table: pd.DataFrame, unit: str = "examples") -> list[str]:
 
 
 def along_section(table: pd.DataFrame, figures: dict[str, bytes | str] | None = None,
-                  what: str = "loss", unit: str = "examples") -> list[str]:
-    """A branch sweep's local B_crit per branch point and target, beside the base run's noise
-    scale there, and the along-training figure; nothing for any other sweep."""
+                  what: str = "loss", unit: str = "examples",
+                  caption: str = "") -> list[str]:
+    """A branch sweep's answer per branch point (`answers.along_answers`: each named by its
+    point), its local B_crit per point and target beside the base run's noise scale there and
+    the tolerance rule's, and the along-training figure; nothing for any other sweep."""
     if table is None or not len(table):
         return []
-    head = ["branch point (examples)", "steps", f"{what} there", "target", f"target {what}",
+    head = [f"branch point ({unit})", "steps", f"{what} there", "target", f"target {what}",
             "batch sizes", "S_min (steps)", f"E_min ({unit})", f"local B_crit ({unit})",
-            "base B_simple", "base B_noise", "B_crit / B_simple", "note"]
+            f"by tolerance ({unit})", "base B_simple", "base B_noise", "B_crit / B_simple",
+            "note"]
     rows = []
     for row in table.sort_values(["at_examples", "target"], ascending=[True, False]
                                  ).itertuples(index=False):
         note = str(row.refused or row.quality or "")
+        tolerance = tolerance_answer(row, "").strip() if hasattr(row, "b_crit_tol") else ""
         cells = [f"{row.at_examples:,}", f"{row.at_step:,}", _num(row.at_loss, ".4g"),
-                 f"{row.target:g}", _num(row.target_value, ".4g"), str(row.n_batch_sizes),
-                 _pm(row.s_min, row.s_min_se), _pm(row.e_min, row.e_min_se),
-                 _bcrit_cell(row), _num(row.b_simple), _num(row.b_noise),
-                 _num(row.ratio, ".2f"), note]
+                 _num(row.target, ".4g"), _num(row.target_value, ".4g"),
+                 str(row.n_batch_sizes), _pm(row.s_min, row.s_min_se),
+                 _pm(row.e_min, row.e_min_se), _bcrit_cell(row), tolerance,
+                 _num(row.b_simple), _num(row.b_noise), _num(row.ratio, ".2f"), note]
         rows.append("<tr>" + "".join(
-            f"<td{' class=text' if i == len(cells) - 1 else ''}>{esc(c)}</td>"
+            f"<td{' class=text' if i in (9, len(cells) - 1) else ''}>{esc(c)}</td>"
             for i, c in enumerate(cells)) + "</tr>")
     header = "<tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
     parts = ["<h2>Critical batch size along training (branch sweep)</h2>",
+             *(f"<p class=answer>{esc(a)}</p>" for a in along_answers(table, unit, what)),
              "<p class=meta>Short runs branched from the base run's checkpoints, each branch "
-             "point a sweep of its own to targets relative to its smoothed "
-             f"{esc(what)} (target = fraction of it); local B_crit = E_min/S_min of eq. "
-             "2.11-2.12 with its standard error, beside the base run's B_simple (eq. 2.9) and "
-             "B_noise (eq. 2.8) at the point (docs/along.md).</p>",
+             f"point a sweep of its own to targets relative to its {esc(what)} (target = "
+             "fraction of it; chosen from what the runs reached unless branch.targets sets "
+             "them); local B_crit = E_min/S_min of eq. 2.11-2.12 with its standard error, and "
+             "by tolerance (Merrill et al. 2025: the largest batch size whose loss after the "
+             "window the best smaller one reached within the tolerance's share of the "
+             "window), beside the base run's B_simple (eq. 2.9) and B_noise (eq. 2.8) at the "
+             "point (docs/along.md).</p>",
              f"<table>{header}{''.join(rows)}</table>"]
     for name, item in (figures or {}).items():
         if isinstance(item, str):
@@ -233,15 +242,27 @@ def along_section(table: pd.DataFrame, figures: dict[str, bytes | str] | None = 
         data = base64.b64encode(item).decode("ascii")
         parts.append(f"<figure id={esc(name)}><img alt='{esc(name)}' "
                      f"src='data:image/png;base64,{data}'><figcaption><b>{esc(name)}</b>"
-                     "</figcaption></figure>")
+                     f"{': ' + esc(caption) if caption else ''}</figcaption></figure>")
     return parts
 
 
 def grid_summary(config: Config, runs: pd.DataFrame) -> str:
+    """The grid as run. Batch sizes in the task's unit, as every other number of the report
+    (the analysis's runs table counts them so), with the samples per step the config names
+    beside them where the unit differs (an LM's windows)."""
     sweep = config.sweep
+    unit = config.task.unit
+    batches = ", ".join(map(str, sweep.batch_sizes))
+    counted = sorted({int(b) for b in runs["batch_size"]}) if len(runs) and \
+        "batch_size" in runs else []
+    if counted and counted != sorted(sweep.batch_sizes):
+        batches = (f"{', '.join(f'{b:,}' for b in counted)} {unit} "
+                   f"({batches} samples per step)")
+    elif unit != "examples":
+        batches = f"{batches} {unit}"
     items = [("task", config.task.label),
              ("training", config.train.summary()),
-             ("batch sizes", ", ".join(map(str, sweep.batch_sizes))),
+             ("batch sizes", batches),
              ("learning rates", ", ".join(f"{x:g}" for x in sweep.learning_rates)),
              ("seeds", ", ".join(map(str, sweep.seeds))),
              ("target " + ("losses" if config.task.metric == "loss" else
@@ -275,8 +296,13 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config | No
         "<p class=meta>Critical batch size from a batch size x learning rate sweep "
         "(McCandlish et al. 2018, eq. 2.11-2.12). Written by <code>gnsweep report</code>.</p>",
     ]
+    along_caption = ""
+    if len(tables.along):
+        from gnsweep.report.figures import ALONG_FIGURE
+
+        along_caption = ALONG_FIGURE.caption_for(tables)
     parts += along_section(tables.along, along_figures, quantity(tables.meta),
-                           unit_of(tables.meta))
+                           unit_of(tables.meta), along_caption)
     if groups:
         column = tables.meta.get("group_by", "group")
         for name, (part, part_figures, part_notes) in groups.items():
@@ -302,7 +328,7 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
     """Answer, warnings, fits and figures of one analysis."""
     from gnsweep.report.figures import FIGURES  # captions; matplotlib only once a report is drawn
 
-    captions = {spec.name: spec.caption for spec in FIGURES}
+    captions = {spec.name: spec.caption_for(tables) for spec in FIGURES}
     warnings = collect_warnings(tables)
     unit = unit_of(tables.meta)
     parts = [

@@ -127,7 +127,9 @@ def run(state: TrainState, out_dir: Path | None = None,
     sweep, world = config.sweep, state.world
     # A metric task's targets are values of task.metric(model), reached in its direction.
     metric_task = config.task.metric != "loss"
-    hardest = config.task.hardest(sweep.targets)
+    # A branch run with automatic targets trains its window and stops at no target.
+    hardest = None if config.branch.points and config.branch.automatic \
+        else config.task.hardest(sweep.targets)
     params = [p for p in state.model.parameters() if p.requires_grad]
     start = time.perf_counter() - state.elapsed
     outcome, reason = "done", "max_steps"
@@ -190,8 +192,8 @@ def run(state: TrainState, out_dir: Path | None = None,
             smooth = state.watch.update(loss, n_examples, state.step)
             # Past the hardest target, train on until the analysis's centred window is whole
             # (a metric is read as logged, no window: stop at once). NaN reaches nothing.
-            if state.stop_at is None and config.task.reached(metric if metric_task else smooth,
-                                                             hardest):
+            if state.stop_at is None and hardest is not None and config.task.reached(
+                    metric if metric_task else smooth, hardest):
                 state.stop_at = state.step + (0 if metric_task else overrun_steps(
                     state.step, size, SMOOTHING_FRACTION, MIN_WINDOW_EXAMPLES))
             done = state.stop_at is not None and state.step >= state.stop_at
@@ -201,7 +203,8 @@ def run(state: TrainState, out_dir: Path | None = None,
                 if on_row is not None:
                     on_row(row)
             # Stop.
-            if done and not metric_task and not _analysis_reached(state.rows, hardest, size):
+            if done and hardest is not None and not metric_task and not _analysis_reached(
+                    state.rows, hardest, size):
                 # The causal EMA crossed, but the analysis's centred reading of the logged
                 # losses has not (near a loss floor they differ): train on and look again.
                 state.stop_at, done = None, False
@@ -265,13 +268,24 @@ def make_checkpointer(config: Config, run_dir: Path | None) -> Checkpointer:
                         every_seconds=settings.checkpoint_seconds, keep_at=keep_at)
 
 
+def eval_due(step: int, every: int, per_octave: int) -> bool:
+    """Whether step `step` evaluates: every `every` steps, and `per_octave` times per doubling
+    of the steps (`sweep.eval_per_octave`: steps 1..2 per_octave, then every 2nd ...)."""
+    if every and step % every == 0:
+        return True
+    if per_octave and step >= 1:
+        spacing = max(1, (1 << (step.bit_length() - 1)) // per_octave)
+        return step % spacing == 0
+    return False
+
+
 def _log(state: TrainState, smooth: float, size: int, lr: float,
          start: float) -> dict[str, float]:
     """Append this step's row to `state.rows` (evaluating where `sweep.eval_every` says) and
     return it; `wall_time` is the seconds since `start`."""
     sweep, model = state.config.sweep, state.model
     eval_loss = math.nan
-    if sweep.eval_every and state.step % sweep.eval_every == 0:
+    if eval_due(state.step, sweep.eval_every, sweep.eval_per_octave):
         exact = state.probes.exact_loss(model)
         eval_loss = exact if exact is not None else _eval_loss(model, state)
     state.elapsed = time.perf_counter() - start
