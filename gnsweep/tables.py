@@ -27,7 +27,7 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("b_noise_mean", pa.float64()), (BEST_VALUE, pa.float64()), ("last_step", pa.float64()),
         ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
         ("drift_share", pa.float64()), ("b_simple_precond_at_target", pa.float64()),
-        ("b_simple_precond_mean", pa.float64()),
+        ("b_simple_precond_mean", pa.float64()), ("lr_share", pa.float64()),
     ]),
     "front": pa.schema([
         ("target", pa.float64()), ("batch_size", pa.int64()), ("learning_rate", pa.float64()),
@@ -38,8 +38,9 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("b_noise_at_target", pa.float64()), ("b_noise_mean", pa.float64()),
         ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
         ("drift_share", pa.float64()), ("b_simple_precond_at_target", pa.float64()),
-        ("b_simple_precond_mean", pa.float64()), ("steps_fit", pa.float64()),
-        ("resid_log", pa.float64()),
+        ("b_simple_precond_mean", pa.float64()), ("budget_share", pa.float64()),
+        ("lr_share", pa.float64()), ("late", pa.bool_()), ("steps_fit", pa.float64()),
+        ("resid_log", pa.float64()), ("in_fit", pa.bool_()), ("left_out", pa.large_string()),
     ]),
     "fits": pa.schema([
         ("target", pa.float64()), ("n_batch_sizes", pa.int64()), ("s_min", pa.float64()),
@@ -66,6 +67,9 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("b_simple_precond_at_target_se", pa.float64()), ("b_simple_precond_mean", pa.float64()),
         ("b_simple_precond_mean_se", pa.float64()), ("ratio_precond", pa.float64()),
         ("ratio_precond_se", pa.float64()),
+        ("bcrit_status", pa.large_string()), ("bcrit_reason", pa.large_string()),
+        ("b_crit_bound", pa.float64()), ("n_left_out", pa.int64()),
+        ("censored", pa.large_string()), ("lr_status", pa.large_string()),
     ]),
     "lr_fits": pa.schema([
         ("target", pa.float64()), ("model", pa.large_string()), ("n_points", pa.int64()),
@@ -73,6 +77,7 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("b_noise_se", pa.float64()), ("alpha", pa.float64()), ("alpha_se", pa.float64()),
         ("rmse_log", pa.float64()), ("refused", pa.large_string()), ("aic", pa.float64()),
         ("form", pa.large_string()),
+        ("status", pa.large_string()), ("b_noise_bound", pa.float64()),
     ]),
     "loss_scaling": pa.schema([
         ("n_targets", pa.int64()), ("b_star", pa.float64()), ("b_star_se", pa.float64()),
@@ -105,6 +110,8 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("b_crit_tol", pa.float64()), ("b_crit_tol_lo", pa.float64()),
         ("b_crit_tol_hi", pa.float64()), ("tolerance", pa.float64()),
         ("tol_refused", pa.large_string()),
+        ("bcrit_status", pa.large_string()), ("bcrit_reason", pa.large_string()),
+        ("b_crit_bound", pa.float64()),
     ]),
     "along_schedule": pa.schema([
         ("run_id", pa.large_string()), ("seed", pa.int64()), ("target", pa.float64()),

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.adaptive import subset
+from gnsweep.analysis.bounds import bound_text
 from gnsweep.analysis.groups import combine
 from gnsweep.analysis.pipeline import AnalysisError, analyze_steps, ratio_with_error
 from gnsweep.analysis.results import Results
@@ -55,7 +56,11 @@ batch size whose loss after that window the best smaller batch size reached with
 `tolerance`) x the window's examples (interpolated in log B between `b_crit_tol_lo`, the last
 within tolerance, and
 `b_crit_tol_hi`, the first outside); `tol_refused` says why it is NaN or a bound ("all batch
-sizes within tolerance: above 512" keeps `b_crit_tol_lo` = 512)."""
+sizes within tolerance: above 512" keeps `b_crit_tol_lo` = 512).
+
+`bcrit_status` (fit, lower_bound, upper_bound, refused), `bcrit_reason` and `b_crit_bound` as in
+fits.parquet: a local B_crit of eq. 2.11 outside what the point's batch sizes support is a bound
+or refused, with NaN in `b_crit`."""
 AUTO_QUANTILES = (0.3, 0.5, 0.7)
 """Automatic targets: these shares of the loss decrease that most batch sizes achieve over the
 window (`auto_targets`), from the most local (0.3) to the hardest one half the batch sizes,
@@ -429,14 +434,17 @@ def _row(point: BranchPoint, fraction: float, value: float, fits: pd.DataFrame, 
     row.update(at_examples=point.at_examples, at_step=point.at_step, at_loss=point.at_loss,
                target=fraction, target_value=value, n_runs=n_runs, n_batch_sizes=0,
                b_simple=point.b_simple, b_noise=point.b_noise, quality="", refused=why,
-               b_simple_precond=point.b_simple_precond)
+               b_simple_precond=point.b_simple_precond, bcrit_status="refused",
+               bcrit_reason=why)
     match = fits[fits["target"] == value] if len(fits) else fits
     if not len(match):
-        row["refused"] = why or "no run reached it (below the loss floor, or too few steps?)"
+        row["refused"] = row["bcrit_reason"] = (
+            why or "no run reached it (below the loss floor, or too few steps?)")
         return row
     fit = match.iloc[0]
     for name in ("n_batch_sizes", "s_min", "s_min_se", "e_min", "e_min_se", "b_crit",
-                 "b_crit_se", "rmse_log", "b_simple_mean", "b_noise_mean", "quality", "refused"):
+                 "b_crit_se", "rmse_log", "b_simple_mean", "b_noise_mean", "quality", "refused",
+                 "bcrit_status", "bcrit_reason", "b_crit_bound"):
         row[name] = fit[name]
     row["n_batch_sizes"] = int(row["n_batch_sizes"])
     row["ratio"], row["ratio_se"] = ratio_with_error(fit["b_crit"], fit["b_crit_se"],
@@ -493,9 +501,12 @@ def format_along(along: pd.DataFrame, unit: str = "examples") -> str:
             if not np.isfinite(row.target):
                 lines.append(f"{'-':>10} {'-':>9}  {row.refused}")
                 continue
+            b_crit = bound_text(row.bcrit_status, row.b_crit_bound) or pm(row.b_crit,
+                                                                          row.b_crit_se)
             lines.append(f"{row.target:>10.4g} {row.target_value:>9.4g} {row.n_batch_sizes:>3} "
                          f"{pm(row.s_min, row.s_min_se):>14} "
-                         f"{pm(row.b_crit, row.b_crit_se):>16} {num(row.b_simple):>14} "
+                         f"{b_crit:>16} "
+                         f"{num(row.b_simple):>14} "
                          f"{num(row.b_noise):>13}  {row.refused or row.quality}")
     return "\n".join(lines)
 

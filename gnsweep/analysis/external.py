@@ -119,9 +119,9 @@ def steps_from_table(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
         "examples": steps * batch, "b_simple_at_target": optional["b_simple"],
         "b_simple_mean": optional["b_simple_mean"], "outcome": "reached",
         "b_noise_at_target": optional["b_noise"], "b_noise_mean": optional["b_noise_mean"],
-        BEST_VALUE: np.nan, "last_step": steps, "b_simple_true_mean": np.nan,
+        BEST_VALUE: np.nan, "last_step": np.nan, "b_simple_true_mean": np.nan,
         "b_noise_true_mean": np.nan, "drift_share": np.nan,
-        "b_simple_precond_at_target": np.nan, "b_simple_precond_mean": np.nan})
+        "b_simple_precond_at_target": np.nan, "b_simple_precond_mean": np.nan, "lr_share": np.nan})
     return out[STEPS_COLUMNS]
 
 

@@ -5,6 +5,11 @@ nonlinear least squares, so errors are relative: a 10% miss at S = 20 weighs as 
 miss at S = 2000 (a fit on S itself would be ruled by the small batches' large step counts).
 Parameters are log S_min and log E_min, which keeps both positive; standard errors come from the
 Jacobian at the optimum, and B_crit = E_min/S_min (eq. 2.12) gets its error by the delta method.
+
+Every fit carries its verdict (`analysis.bounds`): B_crit is an answer only inside the support of
+the batch sizes fitted, with an error below its value and S_min, E_min below the fewest steps and
+examples measured (the hyperbola's asymptotes); otherwise a bound at the grid's edge or refused,
+with the reason. The raw numbers stay in the dataclass for diagnosis; tables show the verdict.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from scipy.optimize import least_squares
+
+from gnsweep.analysis.bounds import LOWER_BOUND, UPPER_BOUND, Verdict, judge_scale, refused
 
 
 class FitRefused(ValueError):
@@ -41,6 +48,12 @@ class HyperbolaFit:
     b_crit_lo: float = math.nan
     b_crit_hi: float = math.nan
     """95% bootstrap intervals (NaN without a bootstrap)."""
+    status: str = "fit"
+    """`analysis.bounds.STATUSES`: fit, lower_bound, upper_bound or refused."""
+    reason: str = ""
+    """Why B_crit is a bound or refused ("" for a fit); never quotes a runaway value."""
+    b_crit_bound: float = math.nan
+    """The grid edge B_crit is above (lower_bound) or below (upper_bound); NaN otherwise."""
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -55,6 +68,28 @@ def least_squares_fit(residuals, start: np.ndarray, n_points: int
     sigma2 = float(result.fun @ result.fun) / dof if dof > 0 else math.nan
     cov = np.linalg.inv(result.jac.T @ result.jac) * sigma2
     return result.x, cov, result.fun
+
+
+ASYMPTOTE_SLACK = 1.5
+"""S_min above this many times the fewest steps measured (or E_min above the fewest examples) is
+non-physical: S >= S_min and E >= E_min at every batch size (eq. 2.11)."""
+
+
+def judge_hyperbola(s_min: float, e_min: float, b_crit: float, b_crit_se: float,
+                    batch_size: np.ndarray, steps: np.ndarray, unit: str = "") -> Verdict:
+    """The verdict on a fit of eq. 2.11 to (batch_size, steps) (`analysis.bounds.judge_scale`,
+    after S_min and E_min are checked against the asymptotes they must lie below)."""
+    b, s = np.asarray(batch_size, float), np.asarray(steps, float)
+    if not all(math.isfinite(x) and x > 0 for x in (s_min, e_min)):
+        verdict = judge_scale("B_crit", b_crit, b_crit_se, float(b.min()), float(b.max()), unit)
+        # A runaway to a bound drives S_min (or E_min) to 0 or inf: the bound is still the answer.
+        return verdict if verdict.status in (LOWER_BOUND, UPPER_BOUND) else refused(
+            "the fit's S_min or E_min is not a positive finite number: non-physical")
+    if s_min > ASYMPTOTE_SLACK * s.min() or e_min > ASYMPTOTE_SLACK * (b * s).min():
+        return refused("the fit puts S_min or E_min above the fewest steps or examples measured "
+                       "(they are the hyperbola's asymptotes): non-physical; the points do not "
+                       "follow eq. 2.11")
+    return judge_scale("B_crit", b_crit, b_crit_se, float(b.min()), float(b.max()), unit)
 
 
 def predict_steps(batch_size: np.ndarray, s_min: float, e_min: float) -> np.ndarray:
@@ -84,26 +119,37 @@ def fit_hyperbola(batch_size: np.ndarray, steps: np.ndarray, bootstrap: int = 0,
                  if len(at_start) else "")
         raise FitRefused(f"only {len(np.unique(b))} batch size(s) reached the target after "
                          f"training{start}; the fit needs at least 3")
-    theta, jac, res = _solve(b, np.log(s))
+    try:
+        theta, jac, res = _solve(b, np.log(s))
+    except (ValueError, np.linalg.LinAlgError) as err:
+        raise FitRefused(f"the fit did not converge ({err})") from None
     dof = len(b) - 2
     sigma2 = float(res @ res) / dof if dof > 0 else math.nan
     try:
         cov = np.linalg.inv(jac.T @ jac) * sigma2
     except np.linalg.LinAlgError:
         cov = np.full((2, 2), math.nan)
-    s_min, e_min = math.exp(theta[0]), math.exp(theta[1])
+    # A fit running off along a flat valley can leave log S_min or log E_min beyond exp's range.
+    s_min, e_min, b_crit = (_exp(x) for x in (theta[0], theta[1], theta[1] - theta[0]))
     var_log_bcrit = cov[0, 0] + cov[1, 1] - 2 * cov[0, 1]
+    b_crit_se = b_crit * math.sqrt(max(var_log_bcrit, 0)) if dof > 0 else math.nan
+    verdict = judge_hyperbola(s_min, e_min, b_crit, b_crit_se, b, s)
     fit = HyperbolaFit(
         s_min=s_min, s_min_se=s_min * math.sqrt(max(cov[0, 0], 0)) if dof > 0 else math.nan,
         e_min=e_min, e_min_se=e_min * math.sqrt(max(cov[1, 1], 0)) if dof > 0 else math.nan,
-        b_crit=e_min / s_min,
-        b_crit_se=(e_min / s_min) * math.sqrt(max(var_log_bcrit, 0)) if dof > 0 else math.nan,
+        b_crit=b_crit, b_crit_se=b_crit_se,
         n_points=len(b), rmse_log=float(np.sqrt(np.mean(res**2))), dof=dof,
-        max_abs_resid_log=float(np.abs(res).max()),
+        max_abs_resid_log=float(np.abs(res).max()), status=verdict.status,
+        reason=verdict.reason, b_crit_bound=verdict.bound,
     )
-    if bootstrap > 0:
+    if bootstrap > 0 and verdict.fitted:
         fit = _bootstrap(fit, b, np.log(s) - res, res, bootstrap, seed)
     return fit
+
+
+def _exp(x: float) -> float:
+    """exp(x), inf beyond float range (math.exp raises OverflowError), NaN for NaN."""
+    return math.exp(x) if x < 700 else (math.inf if x == x else math.nan)
 
 
 def _solve(b: np.ndarray, log_s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -13,6 +13,26 @@ FRONT_COLUMNS = columns("front")
 BEST_COLUMNS = FRONT_COLUMNS[:FRONT_COLUMNS.index("on_front")]
 """The best learning rate's row per (target, batch size), before the front is marked."""
 EXTRA_COLUMNS = FRONT_COLUMNS[len(BEST_COLUMNS) + 1:FRONT_COLUMNS.index("steps_fit")]
+LATE_BUDGET_SHARE = 0.85
+"""A point reached after this share of its run's logged steps is late: the centred smoother's
+window is cut at a run's end, and a budget's last stretch is where a schedule decays. A run that
+stops at its hardest target trains on for the window's half-width (0.2 x its steps), so its
+hardest target sits at 1/1.2 = 0.83 of its steps: not late."""
+LATE_LR_SHARE = 0.1
+"""A point reached with its learning rate below this share of the run's peak is late: a decayed
+schedule anneals the loss down faster than the batch size alone would, and only at the batch
+sizes whose budget ran out, so the tradeoff it shows is the schedule's."""
+MIN_FIT_POINTS = 3
+"""Points the fit of eq. 2.11 needs; late points are left out only while this many remain."""
+FRONT_TOLERANCE = 0.1
+"""A point is off the front for the fit when another needs this share fewer steps *and* fewer
+examples. Strict Pareto dominance would drop genuine points by noise alone: where S ~ 1/B the
+examples are flat and a few per cent of noise makes half the points dominated, and on the S_min
+plateau the steps are."""
+OFF_FRONT = (f"off the front: another batch size reached it in {FRONT_TOLERANCE:.0%} fewer "
+             "steps with fewer examples")
+LATE = (f"reached late (after {LATE_BUDGET_SHARE:.0%} of its steps, or with its learning rate "
+        f"below {LATE_LR_SHARE:.0%} of its peak)")
 
 
 def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
@@ -25,11 +45,16 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
     """
     steps = steps.copy()
     for name in ("b_noise_at_target", "b_noise_mean", "b_simple_true_mean", "b_noise_true_mean",
-                 "drift_share", "b_simple_precond_at_target", "b_simple_precond_mean"):
+                 "drift_share", "b_simple_precond_at_target", "b_simple_precond_mean", "lr_share",
+                 "last_step"):
         if name not in steps:
             steps[name] = np.nan
     if "seed" not in steps:
         steps["seed"] = 0
+    # A run still training has no budget yet: its last step says nothing about lateness.
+    running = (steps["state"].astype(str).eq("running") if "state" in steps
+               else pd.Series(False, index=steps.index))
+    steps["budget_step"] = steps["last_step"].astype(float).where(~running)
     keys = ["target", "batch_size", "learning_rate"]
     grouped = (steps.groupby(keys, as_index=False, dropna=False)
                .agg(steps=("steps", "mean"), all_reached=("reached", "all"),
@@ -42,7 +67,8 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
                     b_noise_true_mean=("b_noise_true_mean", "mean"),
                     drift_share=("drift_share", "mean"),
                     b_simple_precond_at_target=("b_simple_precond_at_target", "mean"),
-                    b_simple_precond_mean=("b_simple_precond_mean", "mean")))
+                    b_simple_precond_mean=("b_simple_precond_mean", "mean"),
+                    lr_share=("lr_share", "mean"), budget_step=("budget_step", "mean")))
     tried = grouped.groupby(["target", "batch_size"])["learning_rate"]
     grouped["n_lr"] = tried.transform("size")
     grouped["lr_min"] = tried.transform("min")
@@ -59,6 +85,10 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
     best["lr_on_edge"] = (low | high).astype(bool)
     best["lr_edge"] = np.where(low, "low", np.where(high, "high", ""))
     best["examples"] = best["steps"] * best["batch_size"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        best["budget_share"] = best["steps"] / best["budget_step"].where(best["budget_step"] > 0)
+    best["late"] = ((best["budget_share"] > LATE_BUDGET_SHARE)
+                    | (best["lr_share"] < LATE_LR_SHARE)).astype(bool)
     # Each (target, batch size)'s learning rates in order, once (not a filter per row).
     ordered = grouped.sort_values(["target", "batch_size", "learning_rate"], kind="stable")
     curves = {key: (part["learning_rate"].to_numpy(float), part["steps"].to_numpy(float),
@@ -135,4 +165,58 @@ def pareto_front(best: pd.DataFrame) -> pd.DataFrame:
     for name in ("steps_fit", "resid_log"):
         if name not in front:
             front[name] = np.nan
+    if "late" not in front:
+        front["late"] = False
+    front["late"] = front["late"].fillna(False).astype(bool)
+    front["in_fit"], front["left_out"] = fit_points(front)
     return front[[c for c in FRONT_COLUMNS if c in front]]
+
+
+def dominated_beyond_noise(examples: np.ndarray, steps: np.ndarray,
+                           tolerance: float = FRONT_TOLERANCE) -> np.ndarray:
+    """True where another point needs `tolerance` fewer steps and fewer examples (relative)."""
+    examples, steps = np.asarray(examples, float), np.asarray(steps, float)
+    shrink = 1.0 / (1.0 + tolerance)
+    with np.errstate(invalid="ignore"):
+        better = ((examples[None, :] <= shrink * examples[:, None])
+                  & (steps[None, :] <= shrink * steps[:, None]))
+    return np.asarray(better.any(axis=1), bool)
+
+
+def fit_points(front: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Which best points enter the fit of eq. 2.11 (`in_fit`), and why each other one does not
+    (`left_out`): only points on the front (within FRONT_TOLERANCE), and of those the late ones
+    (`late`) only while fewer than MIN_FIT_POINTS would remain without them (then they stay, and
+    the fit says so)."""
+    in_fit = np.ones(len(front), bool)
+    for _, rows in front.groupby("target", sort=False).indices.items():
+        in_fit[rows] = ~dominated_beyond_noise(front["examples"].to_numpy(float)[rows],
+                                               front["steps"].to_numpy(float)[rows])
+    left_out = np.where(in_fit, "", OFF_FRONT).astype(object)
+    late = front["late"].to_numpy(bool)
+    for _, rows in front.groupby("target", sort=False).indices.items():
+        timely = in_fit[rows] & ~late[rows]
+        if timely.sum() >= MIN_FIT_POINTS:
+            drop = rows[in_fit[rows] & late[rows]]
+            in_fit[drop] = False
+            left_out[drop] = LATE
+    return in_fit, left_out
+
+
+def censored_points(steps: pd.DataFrame) -> pd.DataFrame:
+    """The batch sizes at each target that no learning rate reached although every run of them
+    finished: the target lies beyond their budget, S > the steps they ran (a bound, not a point).
+    Columns target, batch_size, budget (the most steps any of them ran)."""
+    if not len(steps) or not {"outcome", "last_step", "reached"} <= set(steps):
+        return pd.DataFrame(columns=["target", "batch_size", "budget"])
+    outcome = steps["outcome"].astype(str)
+    # Only a run that trained to its end without reaching the target bounds S; one still
+    # training, never started or diverged says nothing about the steps it would need.
+    finished = ~outcome.isin(("running", "pending", "no_metrics"))
+    budget = steps["last_step"].astype(float).where(outcome.eq("not_reached"))
+    grouped = (steps.assign(finished=finished, budget=budget)
+               .groupby(["target", "batch_size"], as_index=False)
+               .agg(any_reached=("reached", "any"), all_finished=("finished", "all"),
+                    budget=("budget", "max")))
+    keep = ~grouped["any_reached"] & grouped["all_finished"] & (grouped["budget"] > 0)
+    return grouped.loc[keep, ["target", "batch_size", "budget"]].reset_index(drop=True)

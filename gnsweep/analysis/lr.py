@@ -11,6 +11,11 @@ Optimal Learning Rate and Batch Size Scaling"): `eps_opt(B) = eps_max / (1/2 (sq
 sqrt(B/B_noise)))`, largest at B = B_noise (model "surge"). The forms are compared by AICc on
 the log residuals (`aic`), and each target's `form` names the one with the lowest among those
 fitted (a refused fit takes no part).
+
+A fit is an answer only inside its physical range (`analysis.bounds`): B_noise inside the
+support of the batch sizes fitted with an error below its value, and for the power law alpha in
+ALPHA_RANGE with an error below its value; otherwise a bound at the grid's edge, or refused, with
+the reason (`status`, `refused`) and NaN parameters.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from gnsweep import lr_law
+from gnsweep.analysis.bounds import FIT, REFUSED, judge_scale
 from gnsweep.analysis.fit import FitRefused, least_squares_fit
 from gnsweep.tables import columns
 
@@ -30,6 +36,10 @@ MODELS = ("sgd", "power", "surge")
 RUNAWAY = 1000.0
 """A fitted B_noise more than this factor outside the measured batch sizes is a fit running
 off along its flat valley, not a value."""
+ALPHA_RANGE = (0.2, 2.0)
+"""Plausible exponents of the power law: Adam-like optimizers grow like B^alpha with alpha
+between 0.5 and 1 (DESIGN.md), SGD's law is alpha = 1; far outside, the fit is bending a
+law with no bend in the points (an alpha of -17 is not an optimizer)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,12 @@ class LrFit:
     rmse_log: float
     aic: float = math.nan
     """AICc of the fit on log lr (`aicc`): the lower, the better the form."""
+    status: str = FIT
+    """`analysis.bounds.STATUSES`: whether B_noise (and alpha) stand, bound or are refused."""
+    reason: str = ""
+    """Why not a fit ("" for one); the parameters are still the raw optimum, for diagnosis."""
+    b_noise_bound: float = math.nan
+    """The grid edge B_noise is above (lower_bound) or below (upper_bound)."""
 
 
 def eps_opt(batch_size: np.ndarray, eps_max: float, b_noise: float, alpha: float = 1.0
@@ -113,27 +129,45 @@ def fit_lr(batch_size: np.ndarray, lr: np.ndarray, model: str = "sgd") -> LrFit:
                          "measured batch sizes): the best rates show no bend inside them")
     se = np.sqrt(np.clip(np.diag(cov), 0, None))
     eps_max, b_noise = math.exp(theta[0]), math.exp(theta[1])
+    alpha = float(theta[2]) if n_params == 3 else 1.0
+    alpha_se = float(se[2]) if n_params == 3 else 0.0
+    verdict = judge_scale("B_noise(lr)", b_noise, b_noise * se[1], float(b.min()), float(b.max()))
+    reason, status = verdict.reason, verdict.status
+    if status in (FIT, REFUSED) and n_params == 3:
+        if not ALPHA_RANGE[0] <= alpha <= ALPHA_RANGE[1]:
+            status, reason = REFUSED, (
+                f"alpha {alpha:.2g} is outside its plausible range {ALPHA_RANGE[0]:g}.."
+                f"{ALPHA_RANGE[1]:g}: the best learning rates show no saturating growth")
+        elif not alpha_se < alpha:
+            status, reason = REFUSED, ("alpha's standard error is larger than its value: the "
+                                       "points do not place it")
     return LrFit(model=model, n_points=len(b), eps_max=eps_max, eps_max_se=eps_max * se[0],
-                 b_noise=b_noise, b_noise_se=b_noise * se[1],
-                 alpha=float(theta[2]) if n_params == 3 else 1.0,
-                 alpha_se=float(se[2]) if n_params == 3 else 0.0,
-                 rmse_log=float(np.sqrt(np.mean(res**2))), aic=aicc(res, n_params))
+                 b_noise=b_noise, b_noise_se=b_noise * se[1], alpha=alpha, alpha_se=alpha_se,
+                 rmse_log=float(np.sqrt(np.mean(res**2))), aic=aicc(res, n_params),
+                 status=status, reason=reason, b_noise_bound=verdict.bound)
 
 
 def fit_lr_table(front: pd.DataFrame, targets: list[float]) -> pd.DataFrame:
-    """Both models at every target, from the front's `lr_opt` off the grid's edges."""
+    """Every model at every target, from the front's `lr_opt` off the grid's edges."""
     rows = []
     for target in targets:
         points = front[(front["target"] == target) & ~front["lr_on_edge"].astype(bool)]
         for model in MODELS:
             row: dict = dict.fromkeys(LR_FIT_COLUMNS, math.nan)
-            row.update(target=target, model=model, n_points=len(points), refused="")
+            row.update(target=target, model=model, n_points=len(points), refused="",
+                       status=REFUSED)
             try:
                 fit = fit_lr(points["batch_size"].to_numpy(), points["lr_opt"].to_numpy(), model)
             except FitRefused as err:
                 row["refused"] = str(err)
             else:
-                row.update(asdict(fit))
+                # A bound or a refusal keeps only how well the law ran through the points; its
+                # parameters stay NaN and it takes no part in choosing the form.
+                row.update(n_points=fit.n_points, status=fit.status, refused=fit.reason,
+                           b_noise_bound=fit.b_noise_bound, rmse_log=fit.rmse_log)
+                if fit.status == FIT:
+                    row.update({k: v for k, v in asdict(fit).items()
+                                if k in row and k != "refused"})
             rows.append(row)
         _choose_form(rows[-len(MODELS):])
     return pd.DataFrame(rows, columns=LR_FIT_COLUMNS)

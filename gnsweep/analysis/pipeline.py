@@ -11,8 +11,15 @@ import numpy as np
 import pandas as pd
 
 from gnsweep import store
+from gnsweep.analysis.bounds import FIT, REFUSED
 from gnsweep.analysis.fit import FitRefused, fit_hyperbola, predict_steps
-from gnsweep.analysis.front import best_per_batch, best_steps_per_batch, pareto_front
+from gnsweep.analysis.front import (
+    LATE_BUDGET_SHARE,
+    best_per_batch,
+    best_steps_per_batch,
+    censored_points,
+    pareto_front,
+)
 from gnsweep.analysis.loss_scaling import fit_loss_scaling
 from gnsweep.analysis.lr import fit_lr_table
 from gnsweep.analysis.results import Results
@@ -73,10 +80,13 @@ def window_robustness(curves: Curves, targets: list[float], result: Results) -> 
                                                     smoothing=fraction))
         found[name] = {}
         for target in targets:
-            rows = best[best["target"] == target]
+            # The batch sizes of the default window's fit: the same points, another window.
+            used = result.front.loc[(result.front["target"] == target)
+                                    & result.front["in_fit"].astype(bool), "batch_size"]
+            rows = best[(best["target"] == target) & best["batch_size"].isin(used)]
             try:
                 fit = fit_hyperbola(rows["batch_size"].to_numpy(), rows["steps"].to_numpy())
-                found[name][target] = fit.b_crit
+                found[name][target] = fit.b_crit if fit.status == FIT else math.nan
             except FitRefused:
                 found[name][target] = math.nan
         fits[name] = fits["target"].map(found[name]).astype(float)
@@ -110,14 +120,15 @@ def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int =
     lr_fits = fit_lr_table(front, targets)
     # Adam-like optimizers saturate (power law); SGD, with or without momentum, is linear in B.
     lr_model = "power" if optimizer in ("adam", "adamw") else "sgd"
-    fits = pd.DataFrame([fit_target(t, best[best["target"] == t], warnings, bootstrap,
+    censored = censored_points(steps)
+    fits = pd.DataFrame([fit_target(t, front[front["target"] == t], warnings, bootstrap,
                                     lr_fits[(lr_fits["target"] == t)
-                                            & (lr_fits["model"] == lr_model)])
+                                            & (lr_fits["model"] == lr_model)],
+                                    censored[censored["target"] == t])
                          for t in Direction.from_meta(meta).in_training_order(targets)],
                         columns=ALL_FIT_COLUMNS)
-    fits["n_batch_sizes"] = fits["n_batch_sizes"].astype(int)
-    fits["dof"] = fits["dof"].astype(int)
-    fits["n_bootstrap"] = fits["n_bootstrap"].astype(int)
+    for name in ("n_batch_sizes", "dof", "n_bootstrap", "n_left_out"):
+        fits[name] = fits[name].astype(int)
     _add_residuals(front, fits)
     result = Results(steps, front, fits, warnings, lr_fits, fit_loss_scaling(fits), meta)
     result.temperature = fit_temperature(steps)
@@ -148,11 +159,21 @@ def _grid_warnings(best: pd.DataFrame) -> list[str]:
 
 
 def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap: int = 0,
-               lr_fit: pd.DataFrame | None = None) -> dict:
-    """The fit of eq. 2.11 at one target, with the noise scales of the best-tuned runs beside."""
+               lr_fit: pd.DataFrame | None = None, censored: pd.DataFrame | None = None) -> dict:
+    """The fit of eq. 2.11 at one target, with the noise scales of the best-tuned runs beside.
+
+    `best`: the target's best point per batch size (front.parquet rows); those with `in_fit`
+    enter the fit (all of them without that column). `censored`: batch sizes that did not reach
+    the target within `budget` steps (`front.censored_points`); a fit that says they should have
+    is flagged in `censored` and `quality`. A B_crit outside the grid's support, or one the
+    points do not place, is a bound or refused (`bcrit_status`, `bcrit_reason`, and `refused`
+    holds the reason too): B_crit and its error are then NaN, never the runaway value.
+    """
     row: dict = dict.fromkeys(ALL_FIT_COLUMNS, math.nan)
-    row.update(target=target, n_batch_sizes=len(best), refused="", dof=0, n_bootstrap=0,
-               lr_model="", lr_refused="", quality="")
+    used = best[best["in_fit"].astype(bool)] if "in_fit" in best else best
+    row.update(target=target, n_batch_sizes=len(used), refused="", dof=0, n_bootstrap=0,
+               lr_model="", lr_refused="", quality="", bcrit_status=REFUSED, bcrit_reason="",
+               n_left_out=len(best) - len(used), censored="", lr_status="")
     # Noise scales of the best-tuned runs: the median over batch sizes, robust to one bad run.
     for name in ("b_simple_at_target", "b_simple_mean", "b_noise_at_target", "b_noise_mean"):
         row[name], row[f"{name}_se"] = median_with_error(best[name])
@@ -171,17 +192,36 @@ def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap
         lr = lr_fit.iloc[0]
         row.update(lr_model=lr["model"], eps_max=lr["eps_max"], eps_max_se=lr["eps_max_se"],
                    b_noise_lr=lr["b_noise"], b_noise_lr_se=lr["b_noise_se"],
-                   lr_alpha=lr["alpha"], lr_alpha_se=lr["alpha_se"], lr_refused=lr["refused"])
+                   lr_alpha=lr["alpha"], lr_alpha_se=lr["alpha_se"], lr_refused=lr["refused"],
+                   lr_status=lr.get("status", ""))
     try:
-        fit = fit_hyperbola(best["batch_size"].to_numpy(), best["steps"].to_numpy(),
+        fit = fit_hyperbola(used["batch_size"].to_numpy(), used["steps"].to_numpy(),
                             bootstrap=bootstrap)
     except FitRefused as err:
-        row["refused"] = str(err)
-        warnings.append(f"target {target:g}: no fit: {err}")
+        why = str(err)
+        if row["n_left_out"]:
+            why += (f" ({row['n_left_out']} more left out of the fit: off the front or reached "
+                    "late, see front.parquet's left_out)")
+        row.update(refused=why, bcrit_reason=why)
+        warnings.append(f"target {target:g}: no fit: {why}")
+        return row
+    notes = _fit_notes(fit.s_min, fit.e_min, used, censored, row)
+    if fit.status != FIT:
+        row.update(refused=fit.reason, bcrit_status=fit.status, bcrit_reason=fit.reason,
+                   b_crit_bound=fit.b_crit_bound, n_batch_sizes=fit.n_points, dof=fit.dof,
+                   rmse_log=fit.rmse_log, max_abs_resid_log=fit.max_abs_resid_log,
+                   quality="; ".join(notes))
+        # A bound keeps the asymptote the points do determine: E_min when every batch size is
+        # below the bend (E = B S is flat there), S_min when every one is above it.
+        keep = {"lower_bound": ("e_min", "e_min_se"), "upper_bound": ("s_min", "s_min_se")}
+        for name in keep.get(fit.status, ()):
+            row[name] = getattr(fit, name)
+        warnings.append(f"target {target:g}: {fit.reason}")
         return row
     row.update({k: v for k, v in fit.as_dict().items() if k in row})
-    row["n_batch_sizes"] = fit.n_points
-    row["quality"] = fit_quality(fit.b_crit, fit.b_crit_se, best["batch_size"])
+    row.update(n_batch_sizes=fit.n_points, bcrit_status=FIT, bcrit_reason="")
+    quality = fit_quality(fit.b_crit, fit.b_crit_se, used["batch_size"])
+    row["quality"] = "; ".join(([quality] if quality else []) + notes)
     if row["quality"]:
         warnings.append(f"target {target:g}: B_crit {fit.b_crit:.4g}: {row['quality']}")
     for out, denominator in (("ratio", "b_simple_mean"), ("ratio_at_target", "b_simple_at_target"),
@@ -190,6 +230,32 @@ def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap
         row[out], row[f"{out}_se"] = ratio_with_error(
             fit.b_crit, fit.b_crit_se, row[denominator], row[f"{denominator}_se"])
     return row
+
+
+def _fit_notes(s_min: float, e_min: float, used: pd.DataFrame, censored: pd.DataFrame | None,
+               row: dict) -> list[str]:
+    """What a fit should be read with: late points it had to keep, and batch sizes that did not
+    reach the target in a budget the fitted hyperbola says was enough (fills `row["censored"]`).
+    """
+    notes = []
+    n_late = int(used["late"].astype(bool).sum()) if "late" in used else 0
+    if n_late:
+        notes.append(f"uses {n_late} point(s) reached late (too few others to leave them out)")
+    if censored is None or not len(censored):
+        return notes
+    listed, short = [], []
+    for point in censored.itertuples(index=False):
+        listed.append(f"{point.batch_size:g} (> {point.budget:g} steps)")
+        predicted = float(predict_steps(np.array([point.batch_size]), s_min, e_min)[0])
+        # Reached before the late stretch of that budget by the fit's own law, yet not at all.
+        if math.isfinite(predicted) and predicted < LATE_BUDGET_SHARE * point.budget:
+            short.append(f"{point.batch_size:g} did not reach it in {point.budget:g} steps, where "
+                         f"the fit predicts {predicted:.3g}")
+    row["censored"] = "not reached: " + ", ".join(listed)
+    if short:
+        notes.append("; ".join(short) + " (the fit overstates how fast those batch sizes get "
+                     "there)")
+    return notes
 
 
 def fit_quality(b_crit: float, b_crit_se: float, batch_sizes: pd.Series) -> str:

@@ -37,7 +37,8 @@ LOSS_COLUMNS = {"smoothed": "loss_smooth", "raw": "loss", "eval": "eval_loss",
 """Which logged column decides a target; "metric" is a task's own (cartpole's return)."""
 CURVE_COLUMNS = ("step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise",
                  "drift", "probe_g2", "probe_trace_sigma", "probe_g_h_g", "probe_trace_h_sigma",
-                 "b_simple_true", "b_noise_true", "metric", "b_simple_precond")
+                 "b_simple_true", "b_noise_true", "metric", "b_simple_precond",
+                 "lr")
 RUN_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "state"]
 
 STEPS_COLUMNS = columns("steps")
@@ -208,6 +209,10 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     `direction` (`RISING` for a task's metric such as a return): a target is reached when the
     value rises to it, and the `min_loss` column (`BEST_VALUE`) holds the best (largest) value
     reached.
+
+    `lr_share`: the learning rate logged at the target over the run's largest logged one (NaN
+    where no learning rate is logged, or when the target came before the peak, in a warmup): how
+    far its schedule had decayed when it got there.
     """
     curves = metrics if isinstance(metrics, Curves) else curves_from_frames(runs, metrics)
     x, values = loss_curve(curves, loss, ema_examples, smoothing)
@@ -234,6 +239,15 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
             best_value[has_rows] = sign * np.fmax(np.fmin.reduceat(values, starts[has_rows]),
                                                 np.fmin.reduceat(logged, starts[has_rows]))
         last_step[has_rows] = step[ends[has_rows] - 1]
+    lr = curves.columns["lr"]
+    peak_lr = np.full(n_runs, np.nan)
+    peak_at = ends.copy()  # the row of each run's peak learning rate
+    if has_rows.any() and np.isfinite(lr).any():
+        for i in np.flatnonzero(has_rows).tolist():
+            part = lr[starts[i]:ends[i]]
+            if np.isfinite(part).any():
+                j = int(np.nanargmax(part))
+                peak_lr[i], peak_at[i] = part[j], starts[i] + j
     simple, noise, simple_true, noise_true, flag_sum = _noise_sums(curves)
     precond = _precond_sums(curves)
 
@@ -271,6 +285,10 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
         part["drift_share"] = np.where(reached, share, np.nan)
         part["b_simple_precond_at_target"], part["b_simple_precond_mean"] = precond.at(at,
                                                                                       reached)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            lr_share = lr[at] / peak_lr if len(lr) else np.full(n_runs, np.nan)
+        # Only a decay counts: a target met during a warmup, before the peak, is not late.
+        part["lr_share"] = np.where(reached & (peak_lr > 0) & (at >= peak_at), lr_share, np.nan)
         parts.append(part)
     if not parts:
         return pd.DataFrame(columns=STEPS_COLUMNS)

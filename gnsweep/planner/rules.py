@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gnsweep.analysis.bounds import FIT, REFUSED, bound_text
 from gnsweep.analysis.fit import FitRefused, fit_hyperbola
 from gnsweep.errors import ConfigError
 from gnsweep.lr_law import eps_max_from, eps_opt
@@ -271,10 +272,14 @@ def widen(by_batch: dict[int, list[RunOutcome]], batch_sizes: list[int], grid: l
         except FitRefused:
             continue
         b_crit = fit.b_crit
-        if not math.isfinite(b_crit):
+        # A refused fit says nothing about where B_crit is; a bound says which way to go (its
+        # runaway value is never printed: `analysis.bounds`).
+        if not math.isfinite(b_crit) or fit.status == REFUSED:
             continue
         low, high = min(batch_sizes), max(batch_sizes)
-        why = f"the fit's B_crit {b_crit:.4g} at target {target:g} needs batch sizes from " \
+        value = f"{b_crit:.4g}" if fit.status == FIT else bound_text(fit.status,
+                                                                     fit.b_crit_bound)
+        why = f"the fit's B_crit {value} at target {target:g} needs batch sizes from " \
               f"B_crit/{edge:g} to {edge:g} B_crit"
         if high < edge * b_crit:
             for b in sorted(g for g in grid if g > high):

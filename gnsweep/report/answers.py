@@ -161,6 +161,17 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
     rises = what != "loss" if direction is None else Direction.of(direction).rises
     suffix = "" if unit == "examples" else f" {unit}"
     for row in fits.sort_values("target", ascending=rises).itertuples(index=False):
+        b_crit = float(row.b_crit)
+        status = str(getattr(row, "bcrit_status", ""))
+        if status in ("lower_bound", "upper_bound"):
+            edge = f"{float(row.b_crit_bound):g}" + ("" if unit == "examples" else f" {unit}")
+            side = ("above the largest batch size measured" if status == "lower_bound"
+                    else "below the smallest batch size measured")
+            more = "larger" if status == "lower_bound" else "smaller"
+            out.append(f"At {what} {row.target:g} the sweep only bounds the largest useful "
+                       f"batch size: it is {side} ({edge}), and the fit cannot place it. Add "
+                       f"{more} batch sizes to measure it.")
+            continue
         judged = verdict(row, front)
         if judged.kind == "refused":
             out.append(f"At {what} {row.target:g}: no answer yet; {judged.reason}.")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gnsweep.analysis.bounds import bound_text
+
 
 def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None,
                 group_by: str | None = None) -> str:
@@ -27,6 +29,16 @@ def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None,
     lines = [header]
     footnote = False
     for row in fits.itertuples(index=False):
+        bound = bound_text(str(getattr(row, "bcrit_status", "")),
+                           float(getattr(row, "b_crit_bound", np.nan)))
+        if bound:  # what the points do fix, and B_crit as the bound it is
+            lines.append(
+                f"{row.target:>8g} {row.n_batch_sizes:>3} {_pm(row.s_min, row.s_min_se):>16} "
+                f"{_pm(row.e_min, row.e_min_se):>18} {bound:>16} "
+                f"{_pm(row.b_simple_mean, row.b_simple_mean_se):>16} {'-':>15} "
+                f"{_pm(row.b_noise_lr, row.b_noise_lr_se):>16}")
+            lines.append(f"{'':>12} {row.refused}")
+            continue
         if row.refused:
             lines.append(f"{row.target:>8g} {row.n_batch_sizes:>3} no fit: {row.refused}")
             continue

@@ -33,6 +33,7 @@ from gnsweep.analysis.results import Results
 from gnsweep.report.answers import TREND_WORDS, along_trend_caption, bcrit_trend_caption, trend
 from gnsweep.report.views import (
     best_runs,
+    bounded,
     finite,
     fitted,
     grid_cells,
@@ -116,6 +117,20 @@ def _number(record: dict | pd.Series | None, key: str) -> float:
         return np.nan
 
 
+def _bound_arrows(ax: Axes, x: np.ndarray, rows: pd.DataFrame, color: str,
+                  label: str | None = None) -> None:
+    """B_crit bounds drawn as bounds: an arrow from the grid edge the way B_crit lies (up for
+    "above 8192", down for "below 128"), never a point at a value the fit ran off to."""
+    for xi, row in zip(x, rows.itertuples(index=False), strict=True):
+        up = row.bcrit_status == "lower_bound"
+        ax.annotate("", xy=(xi, row.b_crit_bound * (2.0 if up else 0.5)),
+                    xytext=(xi, row.b_crit_bound),
+                    arrowprops={"arrowstyle": "-|>", "color": color, "lw": 0.9})
+        ax.plot([xi], [row.b_crit_bound], marker="_", ms=8, mew=1.2, color=color, ls="",
+                label=label)
+        label = None
+
+
 def _off_note(ax: Axes, off: list[str]) -> None:
     if off:
         ax.text(0.99, 0.01, "\n".join(off), transform=ax.transAxes, ha="right", va="bottom",
@@ -155,6 +170,11 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame,
             on = group["on_front"].astype(bool) if "on_front" in group else group["steps"] > 0
             fit = fitted(fits[np.isclose(fits["target"], target)])
             label = f"{what} {target:g}"
+            bound = bounded(fits[np.isclose(fits["target"], target)])
+            if len(bound):
+                row = bound.iloc[0]
+                label += f": B_crit {'>' if row['bcrit_status'] == 'lower_bound' else '<'} " \
+                         f"{row['b_crit_bound']:g}"
             ax.plot(group["examples"], group["steps"], ":", color=color, lw=0.6, alpha=0.7)
             for row in group.itertuples(index=False):
                 ax.annotate(f"{row.batch_size}", (row.examples, row.steps), fontsize=5,
@@ -545,7 +565,8 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
     """B_crit (eq. 2.12) with its standard error against the target loss, log-log, with the
     power law B_crit(L) = B_* / L^(1/alpha_B) (Kaplan et al. 2020) where a fit is given."""
     ok, off = placed(fitted(fits), front, what)
-    if len(ok) < 2:
+    bounds = bounded(fits)
+    if len(ok) + len(bounds) < 2:
         raise Skip(f"{len(ok)} target(s) with a fit of eq. 2.11 that places B_crit; a trend "
                    "needs at least 2" + (f" ({'; '.join(off)})" if off else ""))
     with plt.rc_context(STYLE):
@@ -556,9 +577,11 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
             color = colors[float(row.target)]
             ax.errorbar([row.target], [row.b_crit], yerr=_yerr(row.b_crit, row.b_crit_se),
                         fmt="o", color=color, capsize=2, ms=4, elinewidth=0.8)
+        for target, rows in bounds.groupby("target", sort=False):
+            _bound_arrows(ax, rows["target"].to_numpy(float), rows, colors[float(target)])
         title = f"Critical batch size vs target {what}"
         b_star, alpha = _number(law, "b_star"), _number(law, "alpha_b")
-        if np.isfinite([b_star, alpha]).all() and alpha > 0 and b_star > 0:
+        if np.isfinite([b_star, alpha]).all() and alpha > 0 and b_star > 0 and len(ok):
             losses = np.geomspace(ok["target"].min() / 1.5, ok["target"].max() * 1.5, 100)
             ax.plot(losses, b_star / losses ** (1 / alpha), "k--", lw=0.9,
                     label=f"B_* / L^(1/α_B): B_* = {b_star:.3g}, α_B = {alpha:.2g}")
@@ -566,7 +589,7 @@ def bcrit_vs_loss(fits: pd.DataFrame, law: dict | None = None,
         else:
             title += " (no power-law fit)"
         _loglog(ax)
-        _plain_ticks(ax.xaxis, ok["target"])
+        _plain_ticks(ax.xaxis, pd.concat([ok["target"], bounds["target"]]))
         if what == "loss":
             ax.invert_xaxis()
             ax.set_xlabel("target loss L (nats; lower is further into training)")

@@ -11,12 +11,14 @@ import base64
 import html
 import math
 import struct
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from gnsweep import redact
 from gnsweep.analysis.along import tolerance_answer
+from gnsweep.analysis.bounds import bound_text
 from gnsweep.analysis.results import Results
 from gnsweep.config import Config
 from gnsweep.report.answers import along_answers, answers, interval_of
@@ -95,6 +97,13 @@ def _pm(value: float, se: float) -> str:
     return f"{value:.4g} ± {se:.2g}" if math.isfinite(se) else f"{value:.4g}"
 
 
+def _bcrit_cell(row: Any) -> str:
+    """B_crit with its error, or the bound it is ("> 8192"), never a runaway value."""
+    bound = bound_text(str(getattr(row, "bcrit_status", "")),
+                       float(getattr(row, "b_crit_bound", math.nan)))
+    return bound or _pm(row.b_crit, row.b_crit_se)
+
+
 def _num(value: float, fmt: str = ".3g") -> str:
     return format(value, fmt) if isinstance(value, int | float) and math.isfinite(value) else ""
 
@@ -122,7 +131,7 @@ def fit_table(fits: pd.DataFrame, what: str = "loss", unit: str = "examples") ->
     for row in fits.sort_values("target", ascending=False).itertuples(index=False):
         lo, hi = interval_of(row)
         cells = [f"{row.target:g}", f"{row.n_batch_sizes}", _pm(row.s_min, row.s_min_se),
-                 _pm(row.e_min, row.e_min_se), _pm(row.b_crit, row.b_crit_se),
+                 _pm(row.e_min, row.e_min_se), _bcrit_cell(row),
                  f"{lo:.3g} to {hi:.3g}" if math.isfinite(lo) else "",
                  *([f"{_num(row.b_crit_window_lo)} / {_num(row.b_crit_window_hi)} "
                     f"({_num(100 * row.b_crit_window_spread, '.0f')}%)"] if has_window else []),
@@ -209,7 +218,7 @@ def along_section(table: pd.DataFrame, figures: dict[str, bytes | str] | None = 
         cells = [f"{row.at_examples:,}", f"{row.at_step:,}", _num(row.at_loss, ".4g"),
                  _num(row.target, ".4g"), _num(row.target_value, ".4g"),
                  str(row.n_batch_sizes), _pm(row.s_min, row.s_min_se),
-                 _pm(row.e_min, row.e_min_se), _pm(row.b_crit, row.b_crit_se), tolerance,
+                 _pm(row.e_min, row.e_min_se), _bcrit_cell(row), tolerance,
                  _num(row.b_simple), _num(row.b_noise), _num(row.ratio, ".2f"), note]
         rows.append("<tr>" + "".join(
             f"<td{' class=text' if i in (9, len(cells) - 1) else ''}>{esc(c)}</td>"

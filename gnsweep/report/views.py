@@ -22,6 +22,15 @@ def fitted(fits: pd.DataFrame) -> pd.DataFrame:
     return fits[finite(fits, "b_crit") & finite(fits, "s_min") & finite(fits, "e_min")]
 
 
+def bounded(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose B_crit is only a bound (`bcrit_status` lower_bound or upper_bound, with
+    the grid edge in `b_crit_bound`): drawn as arrows at that edge, never as a value."""
+    if "bcrit_status" not in table or "b_crit_bound" not in table:
+        return table.iloc[0:0]
+    status = table["bcrit_status"].astype(str)
+    return table[status.isin(("lower_bound", "upper_bound")) & finite(table, "b_crit_bound")]
+
+
 def quantity(meta: dict) -> str:
     """What the targets are values of, from an analysis' meta: "loss", or the task's own
     metric ("return": cartpole's, higher is better)."""
