@@ -25,9 +25,9 @@ def test_a_default_branch_sweep_on_a_token_lm_answers_at_each_point(tmp_path):
     tolerance (or its bound, with the reason), in tokens, named by its point; no B_crit outside
     [0.1 x smallest, 10 x largest batch] without a reason."""
     from branch_base import make_base_run
-    from gnsweep.analysis.report import analyze_sweep
 
     from gnsweep.branching import prepare_branch
+    from gnsweep.commands.analyze import analyze_sweep
     from gnsweep.runs import read_run
     from gnsweep.training import train
 

@@ -99,13 +99,20 @@ class Verdict:
             self.low <= self.value <= self.high)
 
 
+def _text(value: Any) -> str:
+    """A text cell as a string: a missing cell (None, or NaN in a column pandas filled) is ""."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value)
+
+
 def verdict(row: Any, front: pd.DataFrame | None = None) -> Verdict:
     """The verdict on one fits row: refused (no positive finite B_crit, or `refused` says why),
     a bound (`bcrit_status` lower_bound / upper_bound, its edge in `b_crit_bound`), else a fit,
     with the batch sizes that reached its target in `front` (finite steps, not left out of the
     fit) as its support: the same range the analysis's `quality` judges it against."""
-    status = str(getattr(row, "bcrit_status", "") or "")
-    reason = str(getattr(row, "refused", "") or getattr(row, "bcrit_reason", "") or "")
+    status = _text(getattr(row, "bcrit_status", ""))
+    reason = _text(getattr(row, "refused", "")) or _text(getattr(row, "bcrit_reason", ""))
     if status in BOUND_STATUSES:
         return Verdict("bound", side=BOUND_STATUSES[status],
                        bound=float(getattr(row, "b_crit_bound", math.nan)), reason=reason)
