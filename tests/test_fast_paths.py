@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from gnsweep.analysis.load import _read_metrics
 from gnsweep.analysis.smoothing import RunSmoother, centred_fit, first_reach
-from gnsweep.analysis.steps import Curves, steps_to_target
+from gnsweep.analysis.steps import CURVE_COLUMNS, MIN_REACH_UPDATES, Curves, steps_to_target
 
 
 def test_every_run_at_once_equals_run_by_run() -> None:
@@ -64,16 +64,14 @@ def test_first_crossings_of_all_runs_equal_first_reach_run_by_run() -> None:
         loss = np.exp(-step / rng.uniform(5, 40, len(step))) + rng.normal(0, 0.05, len(step))
         runs = pd.DataFrame({"run_id": [f"r{i}" for i in range(len(lengths))],
                              "batch_size": 8, "learning_rate": 0.1, "seed": 0, "state": "done"})
-        columns = {name: np.full(len(step), np.nan) for name in (
-            "examples", "loss_smooth", "eval_loss", "b_simple", "b_noise", "drift", "probe_g2",
-            "probe_trace_sigma", "probe_g_h_g", "probe_trace_h_sigma", "b_simple_true",
-            "b_noise_true", "metric")}
+        columns = {name: np.full(len(step), np.nan) for name in CURVE_COLUMNS}
         columns.update(step=step, loss=loss)
         targets = [0.8, 0.5, 0.2]
         steps = steps_to_target(Curves(runs, offsets, columns), None, targets, loss="raw")
         for target in targets:
             found = steps[steps["target"] == target]["steps"].to_numpy()
-            expected = [first_reach(step[a:b] - 1.0, loss[a:b], target)
+            # Never inside the first step: a crossing counts at least one update.
+            expected = [max(first_reach(step[a:b] - 1.0, loss[a:b], target), MIN_REACH_UPDATES)
                         for a, b in itertools.pairwise(offsets)]
             assert np.array_equal(found, expected, equal_nan=True), target
 
