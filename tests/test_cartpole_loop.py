@@ -173,4 +173,10 @@ def test_a_tiny_cartpole_sweep_from_launch_to_compare(tmp_path):
     assert result.exit_code == 0, result.output
     table = store.read_table(out / store.COMPARE).to_pandas()
     assert set(table["unit"]) == {"environment steps"} and set(table["metric"]) == {"return"}
-    assert (out / "bcrit_vs_noise_scale.png").is_file()
+    # At 300 steps the larger batches here need more steps as well as more examples (off the
+    # front), so B_crit may be refused: then the headline figure is skipped with that reason.
+    fitted = np.isfinite(table["b_crit"].astype(float)).any()
+    assert (out / "bcrit_vs_noise_scale.png").is_file() == fitted
+    assert fitted or "skipped bcrit_vs_noise_scale: no target with both a fitted B_crit" \
+        in result.output
+    assert (out / "noise_scale_vs_target.png").is_file()
