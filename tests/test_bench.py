@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,10 +30,14 @@ QUICKEST = {
 
 @pytest.fixture(autouse=True)
 def _threads() -> Iterator[None]:
-    """The benches pin torch to one thread; the rest of the session keeps its own setting."""
+    """The benches pin torch to one thread and hide GPUs; the rest of the session keeps its own
+    setting and environment (a bench that leaked CUDA_VISIBLE_DEVICES='' once failed the GPU
+    sharing tests that ran after it in the same worker)."""
     threads = torch.get_num_threads()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     yield
     torch.set_num_threads(threads)
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == visible, "a bench left its environment"
 
 
 def _run(subject: str, options: list[str]) -> Any:

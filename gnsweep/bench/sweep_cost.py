@@ -27,10 +27,12 @@ lm4096 takes as long again), `--steps` (a run's steps; default 40), `--rounds` (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +153,22 @@ def measure(model: str, steps: int, rounds: int, precision: str = "fp32") -> dic
     return row
 
 
+@contextlib.contextmanager
+def _gpus_hidden(hide: bool) -> Iterator[None]:
+    """For a CPU bench: `build_run` places a run on a visible GPU, so none is visible while the
+    runs train; the caller's CUDA_VISIBLE_DEVICES is put back after (a test session goes on)."""
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hide:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
 def main(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="gnsweep bench sweep_cost", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -172,11 +190,10 @@ def main(argv: list[str]) -> dict[str, Any]:
         models = list(MODELS)
     if args.device == "cpu":
         torch.set_num_threads(1)
-        import os
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # build_run places runs on a visible GPU
     elif not torch.cuda.is_available():
         raise SystemExit("bench sweep_cost: --device cuda, but torch sees no GPU")
-    rows = [measure(m, steps, rounds, args.precision) for m in models]
+    with _gpus_hidden(args.device == "cpu"):
+        rows = [measure(m, steps, rounds, args.precision) for m in models]
     columns = ["model", "steps", "none_s", *[v for v in VARIANTS if v != "none"],
                "default_share", "default_rel_se"]
     print(f"sweep_cost: a run's training time / the same run with noise.method=none "
