@@ -129,3 +129,24 @@ def test_compare_rows_keeps_refused_targets_and_missing_columns():
 def test_log_error_bars_stop_above_zero():
     bars = log_error_bars(np.array([10.0, 10.0, 10.0]), np.array([2.0, 50.0, math.nan]))
     np.testing.assert_allclose(bars, [[2.0, 9.0, 0.0], [2.0, 50.0, 0.0]])
+
+
+def test_the_headline_figure_shows_an_adaptive_optimizers_b_simple_p_beside_b_simple():
+    from gnsweep.report.compare_figures import bcrit_vs_noise_scale
+
+    sgd = SweepFits("digits", "a", "/x/a", "loss", False, "examples", _fits([
+        {"target": 0.3, "b_crit": 100.0, "b_simple_mean": 50.0, "n_batch_sizes": 5}]))
+    adam = SweepFits("chars", "b", "/x/b", "loss", False, "tokens", _fits([
+        {"target": 2.0, "b_crit": 900.0, "b_simple_mean": 200.0,
+         "b_simple_precond_mean": 700.0, "n_batch_sizes": 5}]))
+    fig = bcrit_vs_noise_scale(compare_rows([sgd, adam]))
+    ax = fig.axes[0]
+    hollow = [line for line in ax.get_lines()
+              if line.get_markerfacecolor() == "white" and len(line.get_xdata())]
+    # One hollow point, at chars' B_simple_P on its B_crit; none for the SGD sweep.
+    assert [(list(line.get_xdata()), list(line.get_ydata())) for line in hollow] == [
+        ([700.0], [900.0])]
+    assert any("B_{simple,P}" in t.get_text() for t in ax.get_legend().get_texts())
+    lo, hi = ax.get_xlim()
+    assert lo < 50.0 and hi > 900.0
+    fig.clf()

@@ -35,17 +35,29 @@ def _units(table: pd.DataFrame) -> str:
     return ", ".join(units[:-1]) + (" or " if len(units) > 1 else "") + units[-1]
 
 
+def _precond(shown: pd.DataFrame) -> np.ndarray:
+    """B_simple_P (mean up to the target) per row where an adaptive optimizer logged a positive
+    one, else NaN."""
+    if "b_simple_precond_mean" not in shown:
+        return np.full(len(shown), np.nan)
+    values = pd.to_numeric(shown["b_simple_precond_mean"], errors="coerce").to_numpy(float)
+    return np.where(values > 0, values, np.nan)
+
+
 def bcrit_vs_noise_scale(table: pd.DataFrame) -> Figure:
-    """B_crit (eq. 2.12) against B_simple averaged over training up to the target."""
+    """B_crit (eq. 2.12) against B_simple averaged over training up to the target; an adaptive
+    optimizer's B_simple_P beside it, hollow, where one was logged."""
     import matplotlib.pyplot as plt
 
-    shown = placeable(table)
+    shown = placeable(table).reset_index(drop=True)
     if shown.empty:
         raise Skip("no target with both a fitted B_crit and a measured B_simple")
     style = _style(list(dict.fromkeys(table["task"])))
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(COLUMN * 1.15, COLUMN * 1.1))
-        values = np.concatenate([shown["b_simple_mean"], shown["b_crit"]]).astype(float)
+        precond = _precond(shown)
+        values = np.concatenate([shown["b_simple_mean"], shown["b_crit"],
+                                 precond[np.isfinite(precond)]]).astype(float)
         lo, hi = values.min() / 3 / BAND, values.max() * 3 * BAND
         line = np.array([lo, hi])
         ax.fill_between(line, line / BAND, line * BAND, color="0.85", lw=0,
@@ -58,6 +70,15 @@ def bcrit_vs_noise_scale(table: pd.DataFrame) -> Figure:
                         yerr=log_error_bars(y, rows["b_crit_se"].to_numpy(float)),
                         fmt=marker, color=color, ms=4, lw=0.7, capsize=1.5,
                         label=f"{task} ({rows['unit'].iloc[0]})")
+            # An adaptive optimizer's B_simple_P, hollow, joined to the same target's B_simple.
+            x_p = precond[shown.index.get_indexer(rows.index)]
+            has_p = np.isfinite(x_p)
+            for x0, x1, y0 in zip(x[has_p], x_p[has_p], y[has_p], strict=True):
+                ax.plot([x0, x1], [y0, y0], color=color, lw=0.5, ls=":")
+            ax.plot(x_p[has_p], y[has_p], marker, color=color, mfc="white", ms=4, lw=0)
+        if np.isfinite(precond).any():
+            ax.plot([], [], "o", color="0.3", mfc="white", ms=4, lw=0,
+                    label="hollow: $B_{simple,P}$ (optimizer's preconditioner)")
         ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), aspect="equal")
         units = _units(shown)
         ax.set_xlabel(f"$B_{{simple}}$, mean up to the target\n({units})")

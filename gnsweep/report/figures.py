@@ -72,6 +72,18 @@ def _batch_colors(batch_sizes: list[int]) -> dict[int, tuple]:
     return {b: cmap(0.88 * i / n) for i, b in enumerate(sorted(batch_sizes))}
 
 
+def _best_tuned(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
+                direction: Direction) -> tuple[pd.DataFrame, dict[int, tuple],
+                                               dict[str, pd.DataFrame]]:
+    """The best-tuned run per batch size (`best_runs`), a color per batch size, and each run's
+    metrics by run id: what the curve figures draw."""
+    chosen = best_runs(runs, metrics, front, direction)
+    if chosen.empty:
+        raise Skip("every run diverged or has no metrics")
+    return (chosen, _batch_colors(list(chosen["batch_size"])),
+            dict(tuple(metrics.groupby("run_id", sort=False))))
+
+
 def _target_colors(targets) -> dict[float, str]:
     """One colour per target loss in every figure, in training order (highest loss first)."""
     ordered = sorted({float(t) for t in targets}, reverse=True)
@@ -363,12 +375,8 @@ def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.Dat
     Non-positive early estimates (noise before the EMAs settle) are not drawn on the log axis."""
     if metrics.empty or not np.isfinite(_positive(metrics["b_simple"])).any():
         raise Skip("no run logged a positive B_simple")
-    chosen = best_runs(runs, metrics, front, direction)
-    if chosen.empty:
-        raise Skip("every run diverged or has no metrics")
+    chosen, colors, by_run = _best_tuned(runs, metrics, front, direction)
     has_noise = "b_noise" in metrics and np.isfinite(_positive(metrics["b_noise"])).any()
-    colors = _batch_colors(list(chosen["batch_size"]))
-    by_run = dict(tuple(metrics.groupby("run_id", sort=False)))
     with plt.rc_context(STYLE):
         fig, (ax_step, ax_loss) = plt.subplots(1, 2, figsize=(PAGE, 2.8), sharey=True)
         for row in chosen.itertuples(index=False):
@@ -611,11 +619,7 @@ def loss_curves(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
     steps but more examples (the two sides of eq. 2.11)."""
     if metrics.empty:
         raise Skip("no run has metrics")
-    chosen = best_runs(runs, metrics, front, direction)
-    if chosen.empty:
-        raise Skip("every run diverged or has no metrics")
-    colors = _batch_colors(list(chosen["batch_size"]))
-    by_run = dict(tuple(metrics.groupby("run_id", sort=False)))
+    chosen, colors, by_run = _best_tuned(runs, metrics, front, direction)
     with plt.rc_context(STYLE):
         fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(PAGE, 2.8), sharey=True)
         for row in chosen.itertuples(index=False):
