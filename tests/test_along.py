@@ -259,3 +259,26 @@ def test_figure_and_report_section(branched):
     html = "\n".join(along_section(result.along, {"bcrit_along_training": b"png?"}))
     assert html.count("<tr>") == 1 + len(result.along)
     assert plots.draw_along(type(result)(result.steps, result.front, result.fits)) == {}
+
+
+def test_the_figure_draws_eq_2_11_bounds_as_arrows_at_the_grid_edge(branched):
+    """A point whose fit only bounds B_crit ("above 64") is an arrow up from 64 at that point,
+    in its target's colour, never a point at the value the fit ran off to."""
+    from matplotlib.text import Annotation
+
+    from gnsweep.report import figures as plots
+
+    _, _, points, curves = branched
+    result = analyze_along(curves, points, FRACTIONS, loss="eval")
+    along = result.along.copy()
+    edge = along.index[0]
+    along.loc[edge, ["b_crit", "b_crit_se", "b_crit_tol"]] = np.nan
+    along.loc[edge, ["bcrit_status", "b_crit_bound"]] = ["lower_bound", 64.0]
+    result.along = along
+    ax = plots.axes_of(plots.draw_along(result)["bcrit_along_training"])[0]
+    arrows = [a for a in ax.texts if isinstance(a, Annotation)]
+    assert len(arrows) == 1
+    (x_tip, y_tip), (x_tail, y_tail) = arrows[0].xy, arrows[0].xyann
+    assert y_tail == 64.0 and y_tip > y_tail  # from the largest batch, upwards
+    assert x_tip == pytest.approx(along.loc[edge, "at_examples"], rel=0.2)
+    assert len(ax.containers) == len(FRACTIONS)  # the target's other points keep their bars

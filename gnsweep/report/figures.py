@@ -28,6 +28,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedFormatter, FixedLocator, LogFormatter, NullFormatter
 
+from gnsweep.analysis.bounds import LOWER_BOUND, UPPER_BOUND
 from gnsweep.analysis.fit import predict_steps
 from gnsweep.analysis.results import Results
 from gnsweep.report.answers import TREND_WORDS, along_trend_caption, bcrit_trend_caption, trend
@@ -134,7 +135,7 @@ def _bound_arrows(ax: Axes, x: np.ndarray, rows: pd.DataFrame, color: str,
     """B_crit bounds drawn as bounds: an arrow from the grid edge the way B_crit lies (up for
     "above 8192", down for "below 128"), never a point at a value the fit ran off to."""
     for xi, row in zip(x, rows.itertuples(index=False), strict=True):
-        up = row.bcrit_status == "lower_bound"
+        up = row.bcrit_status == LOWER_BOUND
         ax.annotate("", xy=(xi, row.b_crit_bound * (2.0 if up else 0.5)),
                     xytext=(xi, row.b_crit_bound),
                     arrowprops={"arrowstyle": "-|>", "color": color, "lw": 0.9})
@@ -185,7 +186,7 @@ def pareto_fronts(front: pd.DataFrame, fits: pd.DataFrame,
             bound = bounded(fits[np.isclose(fits["target"], target)])
             if len(bound):
                 row = bound.iloc[0]
-                label += f": B_crit {'>' if row['bcrit_status'] == 'lower_bound' else '<'} " \
+                label += f": B_crit {'>' if row['bcrit_status'] == LOWER_BOUND else '<'} " \
                          f"{row['b_crit_bound']:g}"
             ax.plot(group["examples"], group["steps"], ":", color=color, lw=0.6, alpha=0.7)
             for row in group.itertuples(index=False):
@@ -800,6 +801,10 @@ def bcrit_along_training(along: pd.DataFrame, base: pd.DataFrame | None = None,
     theory puts at the local critical batch size."""
     ok = along[np.isfinite(along["b_crit"].astype(float)) & (along["b_crit"].astype(float) > 0)
                & (along["at_examples"].astype(float) > 0)] if len(along) else along
+    eq_bounds = along[along["bcrit_status"].isin([LOWER_BOUND, UPPER_BOUND])
+                      & (along["b_crit_bound"].astype(float) > 0)
+                      & (along["at_examples"].astype(float) > 0)] \
+        if len(along) and "bcrit_status" in along else along.iloc[:0]
     points = along.groupby("at_examples", sort=True).first().reset_index() \
         if len(along) and "b_crit_tol" in along else pd.DataFrame()
     tol = points[np.isfinite(points["b_crit_tol"].astype(float))] if len(points) else points
@@ -807,14 +812,24 @@ def bcrit_along_training(along: pd.DataFrame, base: pd.DataFrame | None = None,
                      & np.isfinite(points["b_crit_tol_lo"].astype(float))
                      & ~np.isfinite(points["b_crit_tol_hi"].astype(float))] \
         if len(points) else points
-    if not len(ok) and not len(tol) and not len(bounded):
+    if not len(ok) and not len(eq_bounds) and not len(tol) and not len(bounded):
         raise Skip("no branch point has a local B_crit, by eq. 2.11 or by tolerance "
                    "(along.parquet: see `refused`, `tol_refused`)")
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(COLUMN * 1.3, 2.9))
-        series = _along_series(ok)
+        # A target's bounds ("above the largest batch") share its series' colour, as arrows.
+        series = _along_series(pd.concat([ok, eq_bounds]) if len(eq_bounds) else ok)
         offsets = np.linspace(-0.04, 0.04, max(len(series), 1))  # side by side, in log x
-        for i, (label, rows) in enumerate(series):
+        for i, (label, both) in enumerate(series):
+            fitted = both.index.isin(ok.index)
+            edge = both[~fitted]
+            if len(edge):
+                _bound_arrows(ax, edge["at_examples"].to_numpy(float) * 10 ** offsets[i], edge,
+                              COLORS[i % len(COLORS)],
+                              None if fitted.any() else f"{label}: bound only")
+            rows = both[fitted]
+            if not len(rows):
+                continue
             x = rows["at_examples"].to_numpy(float) * 10 ** offsets[i]
             se = rows["b_crit_se"].to_numpy(float)
             b = rows["b_crit"].to_numpy(float)
@@ -871,8 +886,8 @@ def _along_series(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 ALONG_FIGURE = FigureSpec(
     "bcrit_along_training", "Local B_crit of short runs branched from the base run's "
     "checkpoints (error bars: standard errors of the fit of eq. 2.11; squares: the tolerance "
-    "rule, triangles its bounds) against the examples the base run had seen, with the base "
-    "run's own noise scale over training.",
+    "rule, triangles its bounds; arrows: eq. 2.11's bounds beyond the grid) against the "
+    "examples the base run had seen, with the base run's own noise scale over training.",
     lambda t: bcrit_along_training(t.along, t.along_base, _unit(t)),
     lambda t: "From point to point the local B_crit of eq. 2.11 (median over each point's "
               f"targets) {along_trend_caption(t.along)}; by tolerance it "
