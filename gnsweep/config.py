@@ -403,26 +403,28 @@ class TrainConfig:
         self.keep_checkpoints = _choice("train.keep_checkpoints", self.keep_checkpoints,
                                         KEEP_CHECKPOINTS)
 
-    def summary(self) -> str:
+    def summary(self, unit: str = "examples") -> str:
         """The recipe in words, what differs from plain fp32 training at a constant rate
         (e.g. "adamw, weight decay 0.1, warmup 2e+04 examples, cosine decay to 0.1x, clip 1,
-        bf16, micro-batches of 64")."""
+        bf16, micro-batches of 64"), with the warmup and decay in the task's `unit` (what
+        they count)."""
         parts = [self.optimizer + (f" (momentum {self.momentum:g})" if self.momentum else "")]
         if self.weight_decay:
             parts.append(f"weight decay {self.weight_decay:g}")
         if self.warmup_steps or self.warmup_examples:
             parts.append(f"warmup {self.warmup_steps or self.warmup_examples:g} "
-                         + ("steps" if self.warmup_steps else "examples"))
+                         + ("steps" if self.warmup_steps else unit))
         if self.decay != "constant":
             parts.append(f"{self.decay} decay to {self.min_lr_ratio:g}x"
-                         + (f" over {self.decay_examples:g} examples" if self.decay_examples
+                         + (f" over {self.decay_examples:g} {unit}" if self.decay_examples
                             else " over the run's budget"))
         if self.grad_clip:
             parts.append(f"clip {self.grad_clip:g}")
         if self.precision != "fp32":
             parts.append(self.precision)
         if self.microbatch_size:
-            parts.append(f"micro-batches of {self.microbatch_size}")
+            parts.append(f"micro-batches of {self.microbatch_size}"
+                         + (" samples" if unit != "examples" else ""))
         return ", ".join(parts)
 
     @property

@@ -278,7 +278,7 @@ def test_the_figure_draws_eq_2_11_bounds_as_arrows_at_the_grid_edge(branched):
     ax = plots.axes_of(plots.draw_along(result)["bcrit_along_training"])[0]
     arrows = [a for a in ax.texts if isinstance(a, Annotation)]
     assert len(arrows) == 1
-    (x_tip, y_tip), (x_tail, y_tail) = arrows[0].xy, arrows[0].xyann
+    (x_tip, y_tip), (_x_tail, y_tail) = arrows[0].xy, arrows[0].xyann
     assert y_tail == 64.0 and y_tip > y_tail  # from the largest batch, upwards
     assert x_tip == pytest.approx(along.loc[edge, "at_examples"], rel=0.2)
     assert len(ax.containers) == len(FRACTIONS)  # the target's other points keep their bars

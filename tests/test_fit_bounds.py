@@ -226,3 +226,34 @@ def test_lr_share_reads_the_decay_not_the_warmup():
     out = steps_to_target(metrics, runs, [9.5, 1.5], loss="raw").set_index("target")
     assert math.isnan(out.loc[9.5, "lr_share"])  # reached in the warmup: not a decay
     assert out.loc[1.5, "lr_share"] < 0.1  # 95 of 100 steps into the cosine
+
+
+def test_a_b_star_known_to_a_factor_is_printed_as_one():
+    """Targets close together (3.7..3.5) leave B* = B_crit at L = 1 an extrapolation whose
+    log-scale error is large: printed as a factor, never as "7e+07 +- 2.2e+08"."""
+    from gnsweep.analysis.loss_scaling import fit_loss_scaling
+    from gnsweep.report.console import format_fits
+
+    rng = np.random.default_rng(0)
+    targets = np.array([3.7, 3.6, 3.5])
+    b_crit = 5000.0 * (targets / 3.6) ** -7.0 * np.exp(rng.normal(0, 0.08, 3))
+    from gnsweep.tables import columns
+
+    fits = pd.DataFrame({name: [math.nan] * 3 for name in columns("fits")})
+    fits = fits.assign(target=targets, b_crit=b_crit, b_crit_se=0.1 * b_crit, refused="",
+                       quality="", bcrit_status="fit", n_batch_sizes=6)
+    scaling = fit_loss_scaling(fits)
+    row = scaling.iloc[0]
+    assert row["refused"] == "" and row["b_star_se"] > row["b_star"]
+    line = next(x for x in format_fits(fits, scaling).splitlines() if x.startswith("B_crit(L)"))
+    assert "x/÷" in line and "extrapolated to L = 1" in line and "±" not in line.split(",")[0]
+
+
+def test_the_recipe_summary_counts_warmup_and_decay_in_the_tasks_unit():
+    from gnsweep.config import TrainConfig
+
+    recipe = TrainConfig(optimizer="adamw", warmup_examples=4096, decay="cosine",
+                         decay_examples=60000, microbatch_size=8)
+    assert recipe.summary("tokens") == ("adamw, warmup 4096 tokens, cosine decay to 0x over "
+                                        "60000 tokens, micro-batches of 8 samples")
+    assert "warmup 4096 examples" in recipe.summary()

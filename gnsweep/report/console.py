@@ -3,6 +3,8 @@ comparison as printed by `gnsweep compare`."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -69,11 +71,20 @@ def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None,
             if len(fits) > 1:  # with one target there is no law to fit: nothing to say
                 lines.append(f"B_crit(L): no fit: {scaling['refused']}")
         else:
-            b_star = _pm(scaling["b_star"], scaling["b_star_se"])
+            b_star = _b_star(float(scaling["b_star"]), float(scaling["b_star_se"]))
             alpha_b = _pm(scaling["alpha_b"], scaling["alpha_b_se"], ".3g")
             lines.append(f"B_crit(L) = B*/L^(1/alpha_B): B* {b_star}, alpha_B {alpha_b} "
                          f"({int(scaling['n_targets'])} targets)")
     return "\n".join(lines)
+
+
+def _b_star(value: float, error: float) -> str:
+    """B*, the line's value at L = 1, lies far outside the targets where they are far from 1:
+    its error is a factor (the line's log-scale error), written so once it exceeds the value
+    ("7e+07 x/÷ 22"), never as a +- reaching below zero."""
+    if np.isfinite(value) and np.isfinite(error) and value > 0 and error > value:
+        return f"{value:.2g} x/÷ {math.exp(error / value):.2g} (extrapolated to L = 1)"
+    return _pm(value, error)
 
 
 def _pm(value: float, error: float, spec: str = ".4g") -> str:

@@ -261,7 +261,7 @@ def grid_summary(config: Config, runs: pd.DataFrame) -> str:
     elif unit != "examples":
         batches = f"{batches} {unit}"
     items = [("task", config.task.label),
-             ("training", config.train.summary()),
+             ("training", config.train.summary(unit)),
              ("batch sizes", batches),
              ("learning rates", ", ".join(f"{x:g}" for x in sweep.learning_rates)),
              ("seeds", ", ".join(map(str, sweep.seeds))),
