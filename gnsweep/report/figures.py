@@ -93,10 +93,22 @@ def _target_colors(targets) -> dict[float, str]:
 
 class _PlainLogFormatter(LogFormatter):
     """LogFormatter's choice of which ticks to label, written plainly: 300 and 0.6, not 3x10^2
-    and 6e-01."""
+    and 6e-01; from 10,000 up with a k or M (300k, 1.2M), so that labels of tokens counted in
+    the hundreds of thousands do not run into each other."""
 
     def __call__(self, x: float, pos: int | None = None) -> str:
-        return f"{x:g}" if super().__call__(x, pos) else ""
+        return plain_number(x) if super().__call__(x, pos) else ""
+
+
+def plain_number(x: float) -> str:
+    """A tick label: 300, 0.6, 40k, 1.2M."""
+    if abs(x) >= 1e9:
+        return f"{x / 1e9:g}G"
+    if abs(x) >= 1e6:
+        return f"{x / 1e6:g}M"
+    if abs(x) >= 1e4:
+        return f"{x / 1e3:g}k"
+    return f"{x:g}"
 
 
 def _plain_log_axis(axis) -> None:
@@ -325,13 +337,13 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None,
         handles = [plt.Line2D([], [], marker="o", ls="", color=colors[float(t)], ms=4)
                    for t in ok["target"]]
         labels = [f"{what} {t:g}" for t in ok["target"]]
-        kinds = [("o", "grey", "B_simple (S_min-weighted mean)")]
+        kinds = [("o", "grey", "B_simple (S_min-weighted)")]
         if has_noise:
             kinds.append(("s", "white", "B_noise (eq. 2.8)"))
         if has_lr:
-            kinds.append(("D", "white", "B_noise implied by the best lr"))
+            kinds.append(("D", "white", "B_noise from the best lr"))
         if has_precond:
-            kinds.append(("^", "white", "B_simple_P (optimizer's preconditioner)"))
+            kinds.append(("^", "white", "B_simple_P (preconditioned)"))
         for marker, face, label in kinds:
             handles.append(plt.Line2D([], [], marker=marker, ls="", mfc=face, color="grey",
                                       ms=4))
