@@ -257,3 +257,30 @@ def test_the_recipe_summary_counts_warmup_and_decay_in_the_tasks_unit():
     assert recipe.summary("tokens") == ("adamw, warmup 4096 tokens, cosine decay to 0x over "
                                         "60000 tokens, micro-batches of 8 samples")
     assert "warmup 4096 examples" in recipe.summary()
+
+
+def test_batch_sizes_that_ran_out_of_steps_hold_the_curve_up_where_points_do_not():
+    """Exact hyperbola S_min 100, E_min 1e5 (B_crit 1000), points at 64..512 with 5% noise and
+    the largest one lucky: alone they cannot see the bend and B_crit runs off beyond the grid.
+    Batch sizes 2048 and 4096 that did not reach the target in exactly the steps the truth needs
+    there bound the curve from below, and the fit finds the bend."""
+    from gnsweep.analysis.fit import fit_hyperbola, predict_steps
+
+    s_min, e_min = 100.0, 1e5
+    b = np.array([64.0, 128.0, 256.0, 512.0])
+    steps = (s_min + e_min / b) * np.exp(np.random.default_rng(3).normal(0, 0.05, len(b)))
+    steps[-1] *= 0.85
+    alone = fit_hyperbola(b, steps)
+    assert alone.status == LOWER_BOUND
+    ran_out = np.array([2048.0, 4096.0])
+    bounded = fit_hyperbola(b, steps, at_least=(ran_out, s_min + e_min / ran_out))
+    assert bounded.status == "fit"
+    assert abs(bounded.b_crit - 1000.0) < 0.1 * 1000.0
+    assert abs(bounded.b_crit - 1000.0) < bounded.b_crit_se
+    # The curve now passes (nearly) above the bounds; before it passed far below them.
+    truth = s_min + e_min / ran_out
+    assert (predict_steps(ran_out, alone.s_min, alone.e_min) < 0.75 * truth).all()
+    assert (predict_steps(ran_out, bounded.s_min, bounded.e_min) > 0.95 * truth).all()
+    # A bound the curve already clears changes nothing.
+    clear = fit_hyperbola(b, steps, at_least=(np.array([64.0]), np.array([10.0])))
+    assert (clear.s_min, clear.e_min) == pytest.approx((alone.s_min, alone.e_min), rel=1e-6)

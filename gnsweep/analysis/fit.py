@@ -22,6 +22,10 @@ from scipy.optimize import least_squares
 
 from gnsweep.analysis.bounds import LOWER_BOUND, UPPER_BOUND, Verdict, judge_scale, refused
 
+Bounds = tuple[np.ndarray, np.ndarray]
+"""Batch sizes and the log steps the curve must reach at least there (`fit_hyperbola`)."""
+NO_BOUNDS: Bounds = (np.empty(0), np.empty(0))
+
 
 class FitRefused(ValueError):
     """The points cannot support a fit; the message says why."""
@@ -98,8 +102,14 @@ def predict_steps(batch_size: np.ndarray, s_min: float, e_min: float) -> np.ndar
 
 
 def fit_hyperbola(batch_size: np.ndarray, steps: np.ndarray, bootstrap: int = 0,
-                  seed: int = 0) -> HyperbolaFit:
+                  seed: int = 0, at_least: tuple[np.ndarray, np.ndarray] | None = None
+                  ) -> HyperbolaFit:
     """Fit S = S_min + E_min/B (eq. 2.11) on log S; needs >= 3 batch sizes.
+
+    `at_least`: (batch sizes, steps) that the curve must reach at least there: batch sizes that
+    did not reach the target in that many steps. Each is a one-sided residual, log steps -
+    log S(B) where the curve passes below it and 0 where it passes above (a censored point in
+    a Tobit-like least squares): a bound informs the fit without pretending to be a point.
 
     Standard errors: covariance sigma^2 (J^T J)^-1 of (log S_min, log E_min) with
     sigma^2 = RSS/(n-2), mapped to S_min and E_min by the delta method; log B_crit =
@@ -108,6 +118,9 @@ def fit_hyperbola(batch_size: np.ndarray, steps: np.ndarray, bootstrap: int = 0,
     """
     b = np.asarray(batch_size, float)
     s = np.asarray(steps, float)
+    bound_b, bound_s = (np.asarray(x, float) for x in (at_least or NO_BOUNDS))
+    usable = np.isfinite(bound_b) & np.isfinite(bound_s) & (bound_b > 0) & (bound_s > 0)
+    bounds: Bounds = (bound_b[usable], np.log(bound_s[usable]))
     ok = np.isfinite(b) & np.isfinite(s) & (b > 0) & (s > 0)
     # Reached before the first update (S = 0: the initial loss already meets the target): a
     # point of the front, but one that says nothing about the tradeoff; named, not dropped.
@@ -120,11 +133,13 @@ def fit_hyperbola(batch_size: np.ndarray, steps: np.ndarray, bootstrap: int = 0,
         raise FitRefused(f"only {len(np.unique(b))} batch size(s) reached the target after "
                          f"training{start}; the fit needs at least 3")
     try:
-        theta, jac, res = _solve(b, np.log(s))
+        theta, jac, res = _solve(b, np.log(s), bounds)
     except (ValueError, np.linalg.LinAlgError) as err:
         raise FitRefused(f"the fit did not converge ({err})") from None
     dof = len(b) - 2
+    # Active bounds add misfit (sigma^2), not points (dof); the points' residuals describe them.
     sigma2 = float(res @ res) / dof if dof > 0 else math.nan
+    res = res[:len(b)]
     try:
         cov = np.linalg.inv(jac.T @ jac) * sigma2
     except np.linalg.LinAlgError:
@@ -143,7 +158,7 @@ def fit_hyperbola(batch_size: np.ndarray, steps: np.ndarray, bootstrap: int = 0,
         reason=verdict.reason, b_crit_bound=verdict.bound,
     )
     if bootstrap > 0 and verdict.fitted:
-        fit = _bootstrap(fit, b, np.log(s) - res, res, bootstrap, seed)
+        fit = _bootstrap(fit, b, np.log(s) - res, res, bootstrap, seed, bounds)
     return fit
 
 
@@ -152,11 +167,18 @@ def _exp(x: float) -> float:
     return math.exp(x) if x < 700 else (math.inf if x == x else math.nan)
 
 
-def _solve(b: np.ndarray, log_s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Least squares in (log S_min, log E_min); returns the optimum, Jacobian and residuals."""
+def _solve(b: np.ndarray, log_s: np.ndarray, bounds: Bounds = NO_BOUNDS
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Least squares in (log S_min, log E_min); returns the optimum, Jacobian and residuals (the
+    points' first, then the bounds' one-sided ones)."""
+    bound_b, bound_log_s = bounds
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        return log_s - np.log(np.exp(theta[0]) + np.exp(theta[1]) / b)
+        fitted = log_s - np.log(np.exp(theta[0]) + np.exp(theta[1]) / b)
+        if not len(bound_b):
+            return fitted
+        short = bound_log_s - np.log(np.exp(theta[0]) + np.exp(theta[1]) / bound_b)
+        return np.concatenate([fitted, np.maximum(short, 0.0)])
 
     s = np.exp(log_s)
     # Start from the asymptotes: S_min below the fewest steps, E_min below the fewest examples.
@@ -166,7 +188,7 @@ def _solve(b: np.ndarray, log_s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
 
 
 def _bootstrap(fit: HyperbolaFit, b: np.ndarray, fitted_log_s: np.ndarray, res: np.ndarray,
-               n: int, seed: int) -> HyperbolaFit:
+               n: int, seed: int, bounds: Bounds = NO_BOUNDS) -> HyperbolaFit:
     """Residual bootstrap: refit fitted + resampled residuals (scaled to unbiased variance).
 
     Resampling residuals, not points, keeps every batch size in every resample: with 3 to 10
@@ -179,7 +201,8 @@ def _bootstrap(fit: HyperbolaFit, b: np.ndarray, fitted_log_s: np.ndarray, res: 
     scaled = (res - res.mean()) * math.sqrt(len(b) / dof)
     draws = np.empty((n, 2))
     for i in range(n):
-        theta, _, _ = _solve(b, fitted_log_s + rng.choice(scaled, len(b), replace=True))
+        theta, _, _ = _solve(b, fitted_log_s + rng.choice(scaled, len(b), replace=True),
+                             bounds)
         draws[i] = theta
     s_min, e_min = np.exp(draws[:, 0]), np.exp(draws[:, 1])
     b_crit = e_min / s_min

@@ -164,8 +164,10 @@ def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap
 
     `best`: the target's best point per batch size (front.parquet rows); those with `in_fit`
     enter the fit (all of them without that column). `censored`: batch sizes that did not reach
-    the target within `budget` steps (`front.censored_points`); a fit that says they should have
-    is flagged in `censored` and `quality`. A B_crit outside the grid's support, or one the
+    the target within `budget` steps (`front.censored_points`); they enter the fit as bounds
+    (the curve must need at least the early part of that budget there: `LATE_BUDGET_SHARE`,
+    as for late points), are listed in `censored`, and a fit that still says they should have
+    got there is flagged in `quality`. A B_crit outside the grid's support, or one the
     points do not place, is a bound or refused (`bcrit_status`, `bcrit_reason`, and `refused`
     holds the reason too): B_crit and its error are then NaN, never the runaway value.
     """
@@ -195,8 +197,11 @@ def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap
                    lr_alpha=lr["alpha"], lr_alpha_se=lr["alpha_se"], lr_refused=lr["refused"],
                    lr_status=lr.get("status", ""))
     try:
+        at_least = None if censored is None or not len(censored) else (
+            censored["batch_size"].to_numpy(float),
+            LATE_BUDGET_SHARE * censored["budget"].to_numpy(float))
         fit = fit_hyperbola(used["batch_size"].to_numpy(), used["steps"].to_numpy(),
-                            bootstrap=bootstrap)
+                            bootstrap=bootstrap, at_least=at_least)
     except FitRefused as err:
         why = str(err)
         if row["n_left_out"]:
