@@ -284,3 +284,20 @@ def test_batch_sizes_that_ran_out_of_steps_hold_the_curve_up_where_points_do_not
     # A bound the curve already clears changes nothing.
     clear = fit_hyperbola(b, steps, at_least=(np.array([64.0]), np.array([10.0])))
     assert (clear.s_min, clear.e_min) == pytest.approx((alone.s_min, alone.e_min), rel=1e-6)
+
+
+def test_two_noisy_targets_fix_no_law():
+    """Two targets a loss of 0.06 apart with B_crit 2380 +- 1100 and 3392 +- 870 (a nanoGPT
+    branch point): the line through them is exact but its slope, carried from their errors,
+    is -23 +- 34; no B* (3.6e+16 before) reaches the console."""
+    fits = pd.DataFrame({"target": [3.76066, 3.70293], "b_crit": [2380.0, 3392.0],
+                         "b_crit_se": [1100.0, 870.0], "refused": "", "bcrit_status": "fit"})
+    law = fit_loss_scaling(fits).iloc[0]
+    assert "slope's standard error is larger than the slope" in law["refused"]
+    assert math.isnan(law["b_star"])
+    # The same two targets with 2% errors: the slope stands, with an error from theirs.
+    fits["b_crit_se"] = 0.02 * fits["b_crit"]
+    law = fit_loss_scaling(fits).iloc[0]
+    slope_se = math.hypot(0.02, 0.02) / math.log(3.76066 / 3.70293)
+    assert law["refused"] == "" and law["alpha_b_se"] == pytest.approx(
+        slope_se * law["alpha_b"] ** 2, rel=1e-6)

@@ -4,8 +4,10 @@ A straight line in (log L, log B_crit): log B_crit = log B* - (1/alpha_B) log L,
 1/se(log B_crit)^2 where every target's fit has an error, unweighted otherwise.
 
 Only fitted B_crits enter (a bound or a refusal has `refused` set and a NaN B_crit); a line
-whose B* or alpha_B is not a finite number, or has a standard error larger than itself, is
-refused with the reason: extrapolated to L = 1 a noisy slope gives any B* (3e+209 was seen).
+whose B* or alpha_B is not a finite number, or whose slope has a standard error larger than
+itself, is refused with the reason: extrapolated to L = 1 a noisy slope gives any B* (3e+209 was
+seen). B* itself is an extrapolation wherever the targets lie far from L = 1, so its error is
+large even for a well-determined slope; it is printed as a factor then.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def fit_loss_scaling(fits: pd.DataFrame) -> pd.DataFrame:
         row["refused"] = "all targets are equal"
         return pd.DataFrame([row], columns=LOSS_SCALING_COLUMNS)
     rel = (ok["b_crit_se"] / ok["b_crit"]).to_numpy(float)
-    w = 1.0 / rel**2 if np.all(np.isfinite(rel) & (rel > 0)) else np.ones(len(x))
+    weighted = bool(np.all(np.isfinite(rel) & (rel > 0)))
+    w = 1.0 / rel**2 if weighted else np.ones(len(x))
     design = np.column_stack([np.ones_like(x), x])
     normal = design.T @ (design * w[:, None])
     if not np.all(np.isfinite(normal)) or np.linalg.cond(normal) > 1e12:
@@ -58,7 +61,10 @@ def fit_loss_scaling(fits: pd.DataFrame) -> pd.DataFrame:
     if dof > 0:
         # Scale by the reduced chi^2: the targets' errors are estimates, not known variances.
         cov = cov * float(w @ res**2) / dof
-    se = np.sqrt(np.clip(np.diag(cov), 0, None)) if dof > 0 else np.full(2, math.nan)
+    # Two targets fix the line exactly: its error is then the targets' own B_crit errors carried
+    # through (unknown without them), so that two noisy B_crit never give a line to trust.
+    se = np.sqrt(np.clip(np.diag(cov), 0, None)) if dof > 0 or weighted \
+        else np.full(2, math.nan)
     slope = float(coef[1])
     row["rmse_log"] = float(np.sqrt(np.mean(res**2)))
     why = _unphysical(float(coef[0]), se[0], slope, se[1])
