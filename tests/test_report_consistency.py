@@ -117,6 +117,22 @@ def test_along_answers_name_their_branch_point():
     assert "At 131,072 tokens (step 256)" in html and "branch point (tokens)" in html
 
 
+def test_along_answers_give_bounds_at_the_grid_edge():
+    """Every batch size within tolerance: the tolerance rule only bounds the local B_crit, at
+    the largest batch size as it is (4,096, not "4,100"); so does an eq. 2.11 bound."""
+    along = _along()
+    along["bcrit_status"] = "fit"
+    first = along["at_examples"] == 32_768
+    along.loc[first, ["b_crit_tol", "b_crit_tol_hi"]] = math.nan
+    along.loc[first, "b_crit_tol_lo"] = 4096.0
+    along.loc[first, "tol_refused"] = "all batch sizes within tolerance: above 4096"
+    along.loc[0, ["b_crit", "b_crit_se", "bcrit_status", "b_crit_bound"]] = [
+        math.nan, math.nan, "upper_bound", 256.0]
+    text = along_answers(along, "tokens")[0]
+    assert "by tolerance the local B_crit is above 4,096 tokens (every batch size stayed" in text
+    assert "below 256 tokens at loss 2.45" in text
+
+
 def test_the_along_caption_follows_the_points():
     """Falling from the first point to the second: the caption says so (a fixed caption said
     the critical batch size grows as training goes on)."""

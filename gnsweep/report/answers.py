@@ -185,7 +185,7 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
             continue
         if judged.kind == "bound":
             out.append(f"At {what} {row.target:g} the sweep only bounds the largest useful "
-                       f"batch size: {judged.side} {rounded(judged.bound)}{suffix} "
+                       f"batch size: {judged.side} {judged.bound:,.0f}{suffix} "
                        f"({judged.reason}).")
             continue
         b_crit = judged.value
@@ -289,6 +289,10 @@ def along_answers(along: pd.DataFrame, unit: str = "examples", what: str = "loss
             parts = [f"by tolerance the local B_crit is about {rounded(tol)}{suffix} (between "
                      f"{float(first['b_crit_tol_lo']):g} and {float(first['b_crit_tol_hi']):g}, "
                      f"over a window of {rounded(float(first['window']))} {unit})"]
+        elif math.isfinite(lo := float(first.get("b_crit_tol_lo", math.nan))) \
+                and not math.isfinite(float(first.get("b_crit_tol_hi", math.nan))):
+            parts = [f"by tolerance the local B_crit is above {lo:,.0f}{suffix} (every "
+                     "batch size stayed within tolerance; add larger ones)"]
         elif "window" in first and why:
             parts = [f"by tolerance: {why}"]
         else:
@@ -304,7 +308,7 @@ def along_answers(along: pd.DataFrame, unit: str = "examples", what: str = "loss
                 caveat = " (the sweep only bounds it)" if "only bounds" in quality else ""
                 fitted.append(f"{rounded(judged.value)}{suffix} at {label}{caveat}")
             elif judged.kind == "bound":
-                fitted.append(f"{judged.side} {rounded(judged.bound)}{suffix} at {label}")
+                fitted.append(f"{judged.side} {judged.bound:,.0f}{suffix} at {label}")
         if fitted:
             parts.append("eq. 2.11 gives " + ", ".join(fitted))
         else:
