@@ -148,9 +148,10 @@ def _bound_arrows(ax: Axes, x: np.ndarray, rows: pd.DataFrame, color: str,
     "above 8192", down for "below 128"), never a point at a value the fit ran off to."""
     for xi, row in zip(x, rows.itertuples(index=False), strict=True):
         up = row.bcrit_status == LOWER_BOUND
-        ax.annotate("", xy=(xi, row.b_crit_bound * (2.0 if up else 0.5)),
-                    xytext=(xi, row.b_crit_bound),
+        tip = row.b_crit_bound * (2.0 if up else 0.5)
+        ax.annotate("", xy=(xi, tip), xytext=(xi, row.b_crit_bound),
                     arrowprops={"arrowstyle": "-|>", "color": color, "lw": 0.9})
+        ax.plot([xi], [tip], ls="", marker="")  # annotations do not widen the axes: the tip does
         ax.plot([xi], [row.b_crit_bound], marker="_", ms=8, mew=1.2, color=color, ls="",
                 label=label)
         label = None
