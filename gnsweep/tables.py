@@ -147,6 +147,7 @@ COMPARE_SCHEMA = pa.schema([
     ("ratio_noise", pa.float64()), ("refused", pa.large_string()),
     ("quality", pa.large_string()), ("b_simple_precond_mean", pa.float64()),
     ("ratio_precond", pa.float64()), ("ratio_precond_se", pa.float64()),
+    ("bcrit_status", pa.large_string()), ("b_crit_bound", pa.float64()),
 ])
 """compare.parquet, written by `gnsweep compare` (docs/compare.md)."""
 RESULT_TABLES = tuple(RESULT_SCHEMAS)

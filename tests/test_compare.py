@@ -150,3 +150,23 @@ def test_the_headline_figure_shows_an_adaptive_optimizers_b_simple_p_beside_b_si
     lo, hi = ax.get_xlim()
     assert lo < 50.0 and hi > 900.0
     fig.clf()
+
+
+def test_the_printed_comparison_shows_bounds_as_bounds_in_aligned_columns():
+    from gnsweep.report.console import format_compare
+
+    lm = SweepFits("nanolm.make_task", "lm", "/x/lm", "loss", False, "tokens", _fits([
+        {"target": 3.7, "b_crit": 4298.0, "b_crit_se": 330.0, "b_simple_mean": 5145.0,
+         "ratio": 0.84, "refused": "", "bcrit_status": "fit", "n_batch_sizes": 7},
+        {"target": 3.5, "b_crit": math.nan, "refused": "B_crit above 8192: add larger ones",
+         "bcrit_status": "lower_bound", "b_crit_bound": 8192.0, "n_batch_sizes": 5},
+        {"target": 3.3, "b_crit": math.nan, "refused": "only 2 batch size(s) reached",
+         "bcrit_status": "refused", "n_batch_sizes": 2}]))
+    table = compare_rows([lm])
+    assert table["bcrit_status"].tolist() == ["fit", "lower_bound", "refused"]
+    lines = format_compare(table).splitlines()
+    assert "> 8192" in lines[2] and "no fit" not in lines[2]
+    assert "(no fit: only 2 batch size(s) reached)" in lines[3]
+    # Every column starts where its header does, however long the task's name.
+    start = lines[0].index("B_crit")
+    assert lines[1][start:].startswith("4298") and lines[2][start:].startswith("> 8192")

@@ -25,7 +25,7 @@ COMPARE_COLUMNS = columns("compare")
 _FROM_FITS = ["n_batch_sizes", "b_crit", "b_crit_se", "b_simple_mean", "b_simple_mean_se",
               "b_simple_at_target", "b_simple_at_target_se", "b_noise_mean", "b_noise_mean_se",
               "ratio", "ratio_se", "ratio_noise", "refused", "quality", "b_simple_precond_mean",
-              "ratio_precond", "ratio_precond_se"]
+              "ratio_precond", "ratio_precond_se", "bcrit_status", "b_crit_bound"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def compare_rows(sweeps: list[SweepFits]) -> pd.DataFrame:
                          DIRECTION_KEY: Direction.of(sweep.direction).rises,
                          "unit": sweep.unit, "target": float(fit["target"])}
             for name in _FROM_FITS:
-                text = name in ("refused", "quality")
+                text = name in ("refused", "quality", "bcrit_status")
                 value = fit.get(name, "" if text else math.nan)
                 if text:
                     row[name] = "" if value is None or value != value else str(value)

@@ -96,25 +96,35 @@ def _pm(value: float, error: float, spec: str = ".4g") -> str:
 
 
 def format_compare(table: pd.DataFrame) -> str:
-    """The comparison (`gnsweep compare`'s table) as plain text for the console."""
+    """The comparison (`gnsweep compare`'s table) as plain text for the console: a B_crit that
+    the sweep only bounds as the bound ("> 4096"), and why any other target has no fit."""
     def pm(value: float, se: float) -> str:
         if not np.isfinite(value):
             return "-"
         return f"{value:.4g} ± {se:.2g}" if np.isfinite(se) else f"{value:.4g}"
 
-    head = (f"{'task':<10}{'sweep':<14}{'target':>10}  {'B_crit':<20}{'B_simple (mean)':<20}"
-            f"{'ratio':<16}unit")
     precond = "ratio_precond" in table and bool(np.isfinite(table["ratio_precond"]).any())
-    if precond:  # B_crit / B_simple_P where an adaptive optimizer's was logged
-        head = head.replace("unit", f"{'ratio (P)':<16}unit")
-    lines = [head]
+    head = ["task", "sweep", "target", "B_crit", "B_simple (mean)", "ratio",
+            *(["ratio (P)"] if precond else []), "unit"]
+    rows, notes = [], []
     for row in table.itertuples(index=False):
-        ratio = pm(row.ratio, row.ratio_se)
-        if precond:
-            ratio = f"{ratio:<16}{pm(row.ratio_precond, row.ratio_precond_se)}"
-        note = f"  (no fit: {row.refused})" if row.refused else ""
-        lines.append(f"{row.task:<10}{row.sweep[:13]:<14}{row.target:>10.4g}  "
-                     f"{pm(row.b_crit, row.b_crit_se):<20}"
-                     f"{pm(row.b_simple_mean, row.b_simple_mean_se):<20}{ratio:<16}"
-                     f"{row.unit}{note}")
-    return "\n".join(lines)
+        bound = bound_text(str(getattr(row, "bcrit_status", "") or ""),
+                           float(getattr(row, "b_crit_bound", math.nan)))
+        cells = [str(row.task), str(row.sweep), f"{row.target:.4g}",
+                 bound or pm(row.b_crit, row.b_crit_se),
+                 pm(row.b_simple_mean, row.b_simple_mean_se), pm(row.ratio, row.ratio_se)]
+        if precond:  # B_crit / B_simple_P where an adaptive optimizer's was logged
+            cells.append(pm(row.ratio_precond, row.ratio_precond_se))
+        rows.append([*cells, str(row.unit)])
+        notes.append("" if bound or not row.refused else f"no fit: {row.refused}")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    right = {2}  # the target, a number
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    out = [line(head)]
+    for cells, note in zip(rows, notes, strict=True):
+        out.append(line(cells) + (f"  ({note})" if note else ""))
+    return "\n".join(out)
