@@ -122,6 +122,9 @@ SlurmctldHost=$NODE(127.0.0.1)
 # Daemons run as root: no ownership dance for spool dirs in containers.
 SlurmUser=root
 AuthType=auth/munge
+# A requeued job waits cred_expire + 1 s before it may start again (default 120 s): 20 s is
+# ample for a job step's credential on one node, and a requeue no longer idles two minutes.
+AuthInfo=cred_expire=20
 StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
 SlurmctldPidFile=/run/slurmctld.pid

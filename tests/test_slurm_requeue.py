@@ -21,7 +21,8 @@ GNSWEEP = str(Path(sys.executable).parent / "gnsweep")
 STEPS, LOG_EVERY, PAUSE = 4_000, 20, 0.01
 """40 s of training at least (each step's loss waits PAUSE seconds), on any machine: more than
 a one-minute job trains (about 30 s, between its start-up and its warning a quarter of the limit
-ahead), less than two jobs do (each requeue waits about two minutes in Slurm's queue)."""
+ahead), so the job is requeued at least once (a requeued job waits cred_expire + 1 = 21 s in
+`make slurm-up`'s Slurm before it starts again)."""
 
 
 @pytest.fixture(scope="module", autouse=True)
