@@ -14,6 +14,9 @@ from typing import Any
 
 import pytest
 
+# Its tests share one module-scoped torchrun job: on one xdist worker it runs once, not twice.
+pytestmark = pytest.mark.xdist_group("fsdp")
+
 
 @pytest.fixture(scope="module")
 def fsdp_run() -> dict[str, Any]:

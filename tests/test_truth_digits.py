@@ -19,6 +19,9 @@ import torch
 from gnsweep.measure import measure_noise_scale
 from gnsweep.tasks import make_task
 
+# Its tests share one module-scoped sweep: on one xdist worker it is trained once, not twice.
+pytestmark = pytest.mark.xdist_group("truth_digits")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -23,6 +23,9 @@ from gnsweep.config import Config
 from gnsweep.linreg_exact import exact_truth
 from gnsweep.tasks import make_task
 
+# Its tests share one module-scoped sweep: on one xdist worker it is trained once, not twice.
+pytestmark = pytest.mark.xdist_group("truth_end_to_end")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
