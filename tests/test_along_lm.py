@@ -67,6 +67,6 @@ def test_a_default_branch_sweep_on_a_token_lm_answers_at_each_point(tmp_path):
 
 
 def _console(along) -> str:
-    from gnsweep.analysis.along import format_along
+    from gnsweep.report.console import format_along
 
     return format_along(along, "tokens")

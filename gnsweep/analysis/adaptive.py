@@ -146,25 +146,3 @@ def analyze_adaptive(curves: Curves, fits: pd.DataFrame, targets: list[float], *
     frame["seed"] = frame["seed"].astype(int)
     return frame.sort_values(["target", "exchange_rate", "seed"],
                              ascending=[direction.ascending, True, True]).reset_index(drop=True)
-
-
-def format_adaptive(table: pd.DataFrame) -> str:
-    """The console lines: one per adaptive run and target."""
-    if table is None or not len(table):
-        return ""
-    lines = ["adaptive batch size (appendix D): gain = E_fixed / E at equal S"]
-    for row in table.itertuples(index=False):
-        head = f"{row.target:>8g} {row.run_id}"
-        if not row.reached:
-            lines.append(f"{head}: not reached ({row.state})")
-            continue
-        lines.append(
-            f"{head}: S {row.steps:.4g}, E {row.examples:.4g} (mean B {row.mean_batch:.3g}), "
-            f"gamma {row.gamma:.3f} ({row.noise_source}), gain predicted "
-            f"{_num(row.gain_predicted)}, measured {_num(row.gain_measured)} "
-            f"(front product {_num(row.front_product)} vs gamma)")
-    return "\n".join(lines)
-
-
-def _num(value: float) -> str:
-    return f"{value:.3g}" if np.isfinite(value) else "-"

@@ -27,7 +27,6 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.adaptive import subset
-from gnsweep.analysis.bounds import bound_text
 from gnsweep.analysis.groups import combine
 from gnsweep.analysis.pipeline import AnalysisError, analyze_steps, ratio_with_error
 from gnsweep.analysis.results import Results
@@ -476,41 +475,6 @@ def point_name(row: Any, unit: str = "examples") -> str:
     return f"{int(row.at_examples):,} {unit} (step {int(row.at_step):,})"
 
 
-def format_along(along: pd.DataFrame, unit: str = "examples") -> str:
-    """The local B_crit table as `gnsweep analyze` prints it: per branch point a line naming it
-    with the tolerance rule's answer, then one line per target (the fit of eq. 2.11)."""
-    lines = [f"critical batch size along training ({unit}):"]
-
-    def pm(value: float, se: float) -> str:
-        if not np.isfinite(value):
-            return "-"
-        return f"{value:.4g} ± {se:.2g}" if np.isfinite(se) else f"{value:.4g}"
-
-    def num(value: float) -> str:
-        return f"{value:.4g}" if np.isfinite(value) else "-"
-
-    for _, rows in along.groupby("at_examples", sort=True):
-        first = next(rows.itertuples(index=False))
-        window = (f"window {first.window:,.0f} {unit}, tolerance {first.tolerance:g}"
-                  if np.isfinite(first.window) else f"tolerance {first.tolerance:g}")
-        lines.append(f"at {point_name(first, unit)}, loss there {first.at_loss:.4g}: by "
-                     f"tolerance ({window}): {tolerance_answer(first, unit)}")
-        lines.append(f"{'target':>10} {'value':>9} {'#B':>3} {'S_min':>14} "
-                     f"{'B_crit (2.11)':>16} {'base B_simple':>14} {'base B_noise':>13}  note")
-        for row in rows.itertuples(index=False):
-            if not np.isfinite(row.target):
-                lines.append(f"{'-':>10} {'-':>9}  {row.refused}")
-                continue
-            b_crit = bound_text(row.bcrit_status, row.b_crit_bound) or pm(row.b_crit,
-                                                                          row.b_crit_se)
-            lines.append(f"{row.target:>10.4g} {row.target_value:>9.4g} {row.n_batch_sizes:>3} "
-                         f"{pm(row.s_min, row.s_min_se):>14} "
-                         f"{b_crit:>16} "
-                         f"{num(row.b_simple):>14} "
-                         f"{num(row.b_noise):>13}  {row.refused or row.quality}")
-    return "\n".join(lines)
-
-
 SCHEDULE_COLUMNS = columns("along_schedule")
 """along_schedule.parquet: one row per (along run, target): its steps and examples to the target
 against the fixed batch size that reached it in the fewest steps at its best learning rate
@@ -574,20 +538,3 @@ def compare_schedule(curves: Curves, front: pd.DataFrame, targets: list[float], 
     frame = pd.DataFrame(rows, columns=SCHEDULE_COLUMNS)
     frame["reached"] = frame["reached"].astype(bool)
     return frame
-
-
-def format_schedule(table: pd.DataFrame) -> str:
-    """The console lines of the along runs: steps and examples against the fastest fixed B."""
-    lines = ["batch size following the measured B_crit (sweep.schedule=along) against the "
-             "fastest fixed batch size:"]
-    for row in table.itertuples(index=False):
-        head = f"{row.target:>8g} {row.run_id}"
-        if not row.reached:
-            lines.append(f"{head}: not reached ({row.state})")
-            continue
-        lines.append(f"{head}: S {row.steps:.4g}, E {row.examples:.4g} (mean B "
-                     f"{row.mean_batch:.3g}); fixed B {row.best_batch:g} at lr {row.best_lr:g}: "
-                     f"S {row.best_steps:.4g}, E {row.best_examples:.4g}; steps x"
-                     f"{row.steps_ratio:.3g}, examples x{row.examples_ratio:.3g}; fixed-batch "
-                     f"front at its examples: S {row.front_steps:.4g} (x{row.front_ratio:.3g})")
-    return "\n".join(lines)

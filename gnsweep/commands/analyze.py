@@ -194,15 +194,15 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
         out = out or sweep_dir
     echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by")), err=as_json)
     if len(result.along_schedule):  # runs following a measured B_crit (sweep.schedule=along)
-        from gnsweep.analysis.along import format_schedule
+        from gnsweep.report.console import format_schedule
 
         echo(format_schedule(result.along_schedule), err=as_json)
     if len(result.along):  # a branch sweep (`gnsweep branch`): the local B_crit per point
-        from gnsweep.analysis.along import format_along
+        from gnsweep.report.console import format_along
 
         echo(format_along(result.along, result.meta.get("unit", "examples")), err=as_json)
     if len(result.adaptive):
-        from gnsweep.analysis.adaptive import format_adaptive
+        from gnsweep.report.console import format_adaptive
 
         echo(format_adaptive(result.adaptive), err=as_json)
     if sweep_dir is not None:  # what share of the steps the noise scale was measured on
