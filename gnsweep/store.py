@@ -59,6 +59,8 @@ PLAN = "plan.json"
 """`gnsweep plan`'s record of its rounds."""
 SLURM = "slurm"
 """The sweep folder's Slurm job files (`executors.slurm`)."""
+FIGURES = "figures"
+"""`gnsweep plot`'s PNG and PDF files (a grouped sweep's in one subfolder a group)."""
 JOBS = "jobs.json"
 """In SLURM: run id -> the Slurm job id it was last submitted to."""
 FITS = "fits.parquet"
@@ -505,7 +507,7 @@ def result_file(table: str) -> str:
     return f"{table}.parquet"
 
 
-WRITTEN_INTO = (CLAIMS_LOCK, ".notices", "queue", SLURM, "figures", "tensorboard", "mlflow",
+WRITTEN_INTO = (CLAIMS_LOCK, ".notices", "queue", SLURM, FIGURES, "tensorboard", "mlflow",
                 "wandb")
 """Sweep-level names gnsweep writes into or locks: a link there is refused before a launch."""
 RUN_WRITTEN_INTO = (HISTORY, CHECKPOINTS, METRIC_PARTS, CLAIM, STATUS, METRICS)

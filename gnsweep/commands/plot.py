@@ -75,7 +75,8 @@ def write_figures(sweep_dir: Path, formats: tuple[str, ...] = FORMATS) -> Writte
     notes: list[str] = []
     for group, part in split(tables).items():
         # A real folder inside the sweep folder: a `figures` link must not send writes elsewhere.
-        out = store.subdir(sweep_dir, f"figures/{folder_name(group)}" if group else "figures")
+        out = store.subdir(sweep_dir, f"{store.FIGURES}/{folder_name(group)}" if group
+                           else store.FIGURES)
         for name, result in plots.draw_all(part).items():
             if isinstance(result, str):
                 skipped[f"{group}/{name}" if group else name] = result
@@ -87,7 +88,7 @@ def write_figures(sweep_dir: Path, formats: tuple[str, ...] = FORMATS) -> Writte
         if isinstance(result, str):
             skipped[name] = result
         else:
-            paths += save(result, name, sweep_dir / "figures", formats)
+            paths += save(result, name, sweep_dir / store.FIGURES, formats)
     return Written(paths, skipped, notes)
 
 
