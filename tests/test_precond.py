@@ -156,3 +156,86 @@ def test_a_tiny_lm_trained_with_adamw_logs_b_simple_precond() -> None:
     assert len(good) >= 0.9 * len(rows)
     assert all(math.isfinite(b) for _, b, _ in rows)
     assert sum(b != p for _, b, p in rows) >= 0.9 * len(rows)
+
+
+def _ddp_adam_worker(rank: int, world: int, store: str, out: str) -> None:
+    """Two DDP workers trained with AdamW beside a single-process replica trained on both
+    halves: each step's P-norm pair the DDP hook folds into B_simple_P's EMAs must be the one
+    computed by hand, the mean over workers of |g_r|_P^2 and |mean_r g_r|_P^2 with P read from
+    the replica's AdamW before its update (the same state: DDP's gradients are the mean)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gnsweep.distributed import close_process_group
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        task = LinReg(Options(dim=8, condition=30.0), seed=0)
+        ddp, replica = DDP(task.model()), task.model()
+        params = list(replica.parameters())
+        opt = torch.optim.AdamW(ddp.parameters(), lr=0.02, weight_decay=0.1)
+        ref_opt = torch.optim.AdamW(params, lr=0.02, weight_decay=0.1)
+        monitor = NoiseScaleMonitor(ddp, "ddp", optimizer=opt)
+        assert not monitor.wants_microbatches
+        folded: list[list[float]] = []
+        fold = monitor._fold_precond
+
+        def record(precond):  # the pairs the DDP path hands to B_simple_P's EMAs
+            folded.extend([*pair] for pair in precond or [])
+            fold(precond)
+
+        monitor._fold_precond = record  # type: ignore[method-assign]
+        by_hand = []
+        for step in range(8):
+            halves = [task.sample(16, torch.Generator().manual_seed(10 * step + r))
+                      for r in range(world)]
+            grads = [torch.autograd.grad(task.loss(replica, half), params) for half in halves]
+            weight = preconditioner(ref_opt, params)
+            if weight is not None:  # none before the first update
+                flat = [torch.cat([g.reshape(-1) for g in gs]) for gs in grads]
+                mean = sum(flat) / world
+                by_hand.append([sum(float(torch.dot(weight, g * g)) for g in flat) / world,
+                                float(torch.dot(weight, mean * mean)), 16.0, 32.0])
+            opt.zero_grad()
+            task.loss(ddp, halves[rank]).backward()
+            monitor.step()
+            opt.step()
+            ref_opt.zero_grad()
+            for gs in grads:
+                for p, g in zip(params, gs, strict=True):
+                    p.grad = g / world if p.grad is None else p.grad + g / world
+            ref_opt.step()
+        monitor.close()
+        assert monitor.estimate is not None
+        if rank == 0:
+            Path(out).write_text(json.dumps({
+                "folded": folded, "by_hand": by_hand,
+                "b_simple_precond": monitor.estimate.b_simple_precond,
+                "b_simple": monitor.estimate.b_simple,
+                "same_params": all(torch.allclose(a, b, atol=1e-6) for a, b in zip(
+                    ddp.module.parameters(), params, strict=True))}))
+    finally:
+        close_process_group(clean=sys.exc_info()[0] is None)
+
+
+@pytest.mark.distributed
+def test_adam_precond_under_ddp_folds_each_workers_p_norms(tmp_path) -> None:
+    import json
+
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "result.json"
+    mp.spawn(_ddp_adam_worker, args=(2, str(tmp_path / "store"), str(out)), nprocs=2)
+    result = json.loads(out.read_text())
+    assert result["same_params"]
+    # Step 0 has no P yet; steps 1-7 each fold their pair (one step late, the last at close).
+    assert len(result["by_hand"]) == 7 and len(result["folded"]) == 7
+    for folded, by_hand in zip(result["folded"], result["by_hand"], strict=True):
+        assert folded == pytest.approx(by_hand, rel=1e-5)
+    b_p, b = result["b_simple_precond"], result["b_simple"]
+    assert math.isfinite(b_p) and b_p > 0 and abs(b_p / b - 1) > 0.05  # P reweights: not B

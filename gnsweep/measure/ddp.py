@@ -6,6 +6,7 @@ they cannot ride (a low-precision bucket, or no next step)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -17,6 +18,11 @@ from gnsweep.noise import NormPair
 CARRIER_DTYPES = (torch.float32, torch.float64)
 """Bucket dtypes the measured numbers ride in: a bf16 or fp16 bucket would round a squared norm
 to 3 significant digits."""
+
+
+Collected = tuple[list[NormPair], NormPair | None, list[NormPair] | None]
+"""A DDP measurement summed over the workers: B_simple's parts, the Hessian norms (B_noise), and
+the parts in the optimizer's P-norm (B_simple_P; None where not taken)."""
 
 
 class DdpHook:
@@ -52,6 +58,12 @@ class DdpHook:
         """A pack summed over the workers in bucket 0's all-reduce (not yet read)."""
         self.can_carry = False
         """Bucket 0 holds fp32 or fp64 gradients (set by the hook; the same on every rank)."""
+        self.weigh: Callable[[], dict[int, torch.Tensor] | None] | None = None
+        """The optimizer's diagonal preconditioner P per parameter id, read once a measured
+        step before its update (None: B_simple_P is not measured through this hook); the
+        worker's P-norm |g|_P^2 = sum P g^2 is then summed beside |g|^2."""
+        self.weights: dict[int, torch.Tensor] | None = None
+        self.local_p: torch.Tensor | None = None
         try:
             # A lambda: DDP rejects hooks whose (postponed, string) annotations it cannot match.
             cast(Any, model).register_comm_hook(None, lambda state, bucket: self._hook(state,
@@ -78,7 +90,7 @@ class DdpHook:
         return hook
 
     def reset(self) -> None:
-        self.local_sq = None
+        self.local_sq = self.local_p = self.weights = None
 
     def _hook(self, state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         import torch.distributed as dist
@@ -93,6 +105,8 @@ class DdpHook:
                     if id(p) in self.measured:
                         local = local + sq(grad.float())
             self.local_sq = local if self.local_sq is None else self.local_sq + local
+            if self.weigh is not None:
+                self._weigh_bucket(bucket)
         buffer.div_(self.world)
         if bucket.index() == 0:
             self.can_carry = buffer.dtype in CARRIER_DTYPES
@@ -100,6 +114,22 @@ class DdpHook:
                 return self._carry(buffer, self.outgoing)
         future = dist.all_reduce(buffer, group=self.group, async_op=True).get_future()
         return future.then(lambda fut: fut.value()[0])
+
+    def _weigh_bucket(self, bucket: Any) -> None:
+        """Add this worker's P-norm of the bucket's measured gradients to `local_p` (P read at
+        the step's first bucket: the optimizer's state before this step's update)."""
+        assert self.weigh is not None
+        if self.weights is None:
+            self.weights = self.weigh() or {}
+        if not self.weights:
+            return
+        local = bucket.buffer().new_zeros((), dtype=torch.float32)
+        for p, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
+            weight = self.weights.get(id(p))
+            if weight is not None and (self.measured is None or id(p) in self.measured):
+                g = grad.float().reshape(-1)
+                local = local + torch.dot(weight, g * g)
+        self.local_p = local if self.local_p is None else self.local_p + local
 
     def _carry(self, buffer: torch.Tensor, pack: torch.Tensor
                ) -> torch.futures.Future[torch.Tensor]:
@@ -120,11 +150,12 @@ class DdpHook:
         return future.then(split)
 
     def measure(self, hess: NormPair | None, examples: int, params: list[nn.Parameter],
-                unscale: float = 1.0) -> tuple[list[NormPair], NormPair | None]:
-        """Pack this step's numbers (worker norms, example counts, Hessian norms) to be summed
-        over the workers in the next backward (or by an all-reduce of their own started now,
-        where bucket 0 cannot carry them) and return the previous pack's result.
-        `unscale` multiplies this step's squared gradient norms (1 / the loss scale^2)."""
+                unscale: float = 1.0) -> Collected:
+        """Pack this step's numbers (worker norms, example counts, Hessian norms, and the
+        P-norms where `weigh` is set) to be summed over the workers in the next backward (or by
+        an all-reduce of their own started now, where bucket 0 cannot carry them) and return
+        the previous pack's result. `unscale` multiplies this step's squared gradient norms
+        (1 / the loss scale^2)."""
         import torch.distributed as dist
 
         done = self.collect()
@@ -134,13 +165,31 @@ class DdpHook:
                    h_small, h_big, hb_small, hb_big, float(hess is not None)]
         # |G_big|^2 is the same on every worker (after the all-reduce): it rides along.
         big = grad_sq_norm(params).to(local.device).reshape(1)
+        weighted = self._weighted_pair(params, local.device)
         pack = torch.cat([local.double().reshape(1) * unscale, big * unscale,
-                          torch.tensor(scalars, dtype=torch.float64, device=local.device)])
+                          torch.tensor(scalars, dtype=torch.float64, device=local.device),
+                          weighted * torch.tensor([unscale, unscale, 1.0], dtype=torch.float64,
+                                                  device=local.device)])
         if self.can_carry:
             self.outgoing = pack
         else:
             self.pending = (dist.all_reduce(pack, group=self.group, async_op=True), pack)
         return done
+
+    def _weighted_pair(self, params: list[nn.Parameter], device: torch.device) -> torch.Tensor:
+        """(this worker's |g|_P^2, |G_big|_P^2, 1) for the pack, or zeros when this step's
+        P-norms were not taken (no `weigh`, or no P yet: before an adaptive optimizer's first
+        update)."""
+        if self.local_p is None or not self.weights:
+            return torch.zeros(3, dtype=torch.float64, device=device)
+        big = params[0].new_zeros((), dtype=torch.float64)
+        for p in params:
+            weight = self.weights.get(id(p))
+            if weight is not None and p.grad is not None:
+                g = p.grad.detach().double().reshape(-1)
+                big = big + torch.dot(weight.double(), g * g)
+        return torch.stack([self.local_p.double().reshape(()).to(device), big.to(device),
+                            torch.ones((), dtype=torch.float64, device=device)])
 
     def _summed(self) -> torch.Tensor | None:
         """The last pack summed over the workers, or None: read from bucket 0's all-reduce,
@@ -175,18 +224,22 @@ class DdpHook:
         self.pending = None if values is None else (
             _Done(), torch.tensor(values, dtype=torch.float64, device=device))
 
-    def collect(self) -> tuple[list[NormPair], NormPair | None]:
-        """The last pack's (parts, Hessian norms), summed over the workers; nothing when no
-        pack is pending."""
+    def collect(self) -> Collected:
+        """The last pack's (parts, Hessian norms, P-norm parts), summed over the workers;
+        nothing when no pack is pending. A pack saved in a checkpoint before P-norms rode
+        along (9 numbers) has none."""
         summed = self._summed()
         if summed is None:
-            return [], None
+            return [], None, None
         w = float(self.world)
-        sq_small, sq_big, examples, have, *hessian, have_hessian = (
-            v / w for v in summed.tolist())
+        values = [v / w for v in summed.tolist()]
+        sq_small, sq_big, examples, have, *hessian, have_hessian = values[:9]
         parts = [NormPair(sq_small, sq_big, examples, examples * w)] if have == 1 else []
+        p_small, p_big, have_p = values[9:12] if len(values) >= 12 else (0.0, 0.0, 0.0)
+        weighted = [NormPair(p_small, p_big, examples, examples * w)] \
+            if have == 1 and have_p == 1 else None
         # Every worker measured the same batch pair: their H-norms are averaged.
-        return parts, (NormPair(*hessian) if have_hessian == 1 else None)
+        return parts, (NormPair(*hessian) if have_hessian == 1 else None), weighted
 
 
 class RankGrads:

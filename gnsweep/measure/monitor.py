@@ -283,19 +283,33 @@ class NoiseScaleMonitor:
         Adam-like: P does not factor through per-example norms' Gram form, so the P-norm pair
         comes from micro-batches (eq. A.2 with b_small = B / k): the method's own where it
         splits, else the loop splits measured steps (`wants_microbatches`) and the pair is
-        read from the increments of `.grad`. Not measured (NaN, said once) under DDP and FSDP,
-        or for an optimizer without a known diagonal P."""
+        read from the increments of `.grad`. Under DDP each worker's gradient is weighted by
+        P in the communication hook (b_small = the worker's batch), as B_simple's is squared.
+        Not measured (NaN, said once) under FSDP, or for an optimizer without a known diagonal
+        P."""
         self.optimizer = optimizer
         self._precond_kind = kind(optimizer)
         if self._precond_kind is None:
             self.warn_once("precond", f"noise scale: {type(optimizer).__name__} has no known "
                            "diagonal preconditioner; b_simple_precond is not measured (NaN)")
-        elif self._precond_kind != IDENTITY and self.method in ("ddp", "fsdp"):
-            self.warn_once("precond", f"noise scale: b_simple_precond is not measured under "
-                           f"method {self.method} yet (NaN); micro-batches measure it")
+        elif self._precond_kind != IDENTITY and self.method == "fsdp":
+            self.warn_once("precond", "noise scale: b_simple_precond is not measured under "
+                           "method fsdp yet (NaN); micro-batches or ddp measure it")
             self._precond_kind = None
+        elif self._precond_kind != IDENTITY and self._ddp is not None:
+            self._ddp.weigh = self._weights_by_parameter
         elif self._precond_kind != IDENTITY:
             self._precond_increments = Increments(self.params)
+
+    def _weights_by_parameter(self) -> dict[int, torch.Tensor] | None:
+        """P as the optimizer holds it now, one flat fp32 tensor per measured parameter (by
+        id); None before an adaptive optimizer's first update."""
+        assert self.optimizer is not None
+        flat = preconditioner(self.optimizer, self.params)
+        if flat is None:
+            return None
+        return {id(p): part for p, part in
+                zip(self.params, flat.split([p.numel() for p in self.params]), strict=True)}
 
     @property
     def wants_microbatches(self) -> bool:
@@ -594,7 +608,8 @@ class NoiseScaleMonitor:
             handle.remove()
         self._handles = []
         if self._ddp is not None and self._ddp.owner is self:
-            self._fold(*self._ddp.collect())  # the last measurement's all-reduce
+            parts, hess, weighted = self._ddp.collect()  # the last measurement's all-reduce
+            self._fold(parts, hess, self._ddp_precond(parts, weighted))
             self._ddp.owner = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -715,7 +730,8 @@ class NoiseScaleMonitor:
                 raise ValueError("step(grads_unscaled=True) with the DDP communication hook: "
                                  "call step() before unscaling the gradients")
             # This step's norms are unscaled inside, before their all-reduce.
-            parts, hess = self._ddp.measure(hess, self._examples, self.params, 1 / small_scale)
+            parts, hess, weighted = self._ddp.measure(hess, self._examples, self.params,
+                                                       1 / small_scale)
         elif plain and self._fsdp is not None:
             part = self._fsdp.measure(self._examples, required=True)
             parts = [_unscale(part, small_scale, big_scale)] if part is not None else []
@@ -749,7 +765,9 @@ class NoiseScaleMonitor:
         if not complete:
             parts = []
         precond: list[NormPair] | None = None
-        if self._precond_kind == IDENTITY:
+        if self._ddp is not None:
+            precond = self._ddp_precond(parts, weighted)
+        elif self._precond_kind == IDENTITY:
             precond = parts  # P = I: the very pairs of B_simple
         elif plain:  # whether or not B_simple's own pair was complete this step
             source = self._precond_source()
@@ -760,6 +778,14 @@ class NoiseScaleMonitor:
                                "monitor.accumulate() (gradient accumulation); NaN without")
             precond = [_unscale(pair, small_scale, small_scale)] if pair is not None else None
         self._fold(parts, hess, precond)
+
+    def _ddp_precond(self, parts: list[NormPair], weighted: list[NormPair] | None
+                     ) -> list[NormPair] | None:
+        """B_simple_P's pairs of a DDP measurement: B_simple's own for SGD (P = I), the hook's
+        P-norm pairs for an adaptive optimizer, none where it is not measured."""
+        if self._precond_kind == IDENTITY:
+            return parts
+        return weighted if self._precond_kind is not None else None
 
     def _say_ghost_batches(self) -> None:
         layers = [m for m in self._batch_stats if m.training]
