@@ -239,3 +239,20 @@ def test_adam_precond_under_ddp_folds_each_workers_p_norms(tmp_path) -> None:
         assert folded == pytest.approx(by_hand, rel=1e-5)
     b_p, b = result["b_simple_precond"], result["b_simple"]
     assert math.isfinite(b_p) and b_p > 0 and abs(b_p / b - 1) > 0.05  # P reweights: not B
+
+
+def test_a_ddp_pack_saved_before_p_norms_rode_along_still_resumes() -> None:
+    """A checkpoint holds the last DDP measurement's pack, summed over 2 workers, until the
+    resumed run folds it in; one written before the P-norms were appended (9 numbers) gives its
+    B_simple pair and no B_simple_P pair, one written after (12) gives both."""
+    from gnsweep.measure.ddp import DdpHook
+    from gnsweep.noise import NormPair
+
+    hook = DdpHook.__new__(DdpHook)  # the pack's arithmetic only: no process group needed
+    hook.world, hook.carried, hook.outgoing, hook.pending = 2, None, None, None
+    old = [2 * 5.0, 2 * 3.0, 2 * 16.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    hook.load_pending(old, torch.device("cpu"))
+    assert hook.collect() == ([NormPair(5.0, 3.0, 16.0, 32.0)], None, None)
+    hook.load_pending([*old, 2 * 7.0, 2 * 4.0, 2.0], torch.device("cpu"))
+    assert hook.collect() == ([NormPair(5.0, 3.0, 16.0, 32.0)], None,
+                              [NormPair(7.0, 4.0, 16.0, 32.0)])
