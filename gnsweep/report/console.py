@@ -5,6 +5,8 @@ and the comparison as printed by `gnsweep compare`."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -100,11 +102,6 @@ def _pm(value: float, error: float, spec: str = ".4g") -> str:
 def format_compare(table: pd.DataFrame) -> str:
     """The comparison (`gnsweep compare`'s table) as plain text for the console: a B_crit that
     the sweep only bounds as the bound ("> 4096"), and why any other target has no fit."""
-    def pm(value: float, se: float) -> str:
-        if not np.isfinite(value):
-            return "-"
-        return f"{value:.4g} ± {se:.2g}" if np.isfinite(se) else f"{value:.4g}"
-
     precond = "ratio_precond" in table and bool(np.isfinite(table["ratio_precond"]).any())
     head = ["task", "sweep", "target", "B_crit", "B_simple (mean)", "ratio",
             *(["ratio (P)"] if precond else []), "unit"]
@@ -113,10 +110,10 @@ def format_compare(table: pd.DataFrame) -> str:
         bound = bound_text(str(getattr(row, "bcrit_status", "") or ""),
                            float(getattr(row, "b_crit_bound", math.nan)))
         cells = [str(row.task), str(row.sweep), f"{row.target:.4g}",
-                 bound or pm(row.b_crit, row.b_crit_se),
-                 pm(row.b_simple_mean, row.b_simple_mean_se), pm(row.ratio, row.ratio_se)]
+                 bound or _pm(row.b_crit, row.b_crit_se),
+                 _pm(row.b_simple_mean, row.b_simple_mean_se), _pm(row.ratio, row.ratio_se)]
         if precond:  # B_crit / B_simple_P where an adaptive optimizer's was logged
-            cells.append(pm(row.ratio_precond, row.ratio_precond_se))
+            cells.append(_pm(row.ratio_precond, row.ratio_precond_se))
         rows.append([*cells, str(row.unit)])
         notes.append("" if bound or not row.refused else f"no fit: {row.refused}")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -137,11 +134,6 @@ def format_along(along: pd.DataFrame, unit: str = "examples") -> str:
     with the tolerance rule's answer, then one line per target (the fit of eq. 2.11)."""
     lines = [f"critical batch size along training ({unit}):"]
 
-    def pm(value: float, se: float) -> str:
-        if not np.isfinite(value):
-            return "-"
-        return f"{value:.4g} ± {se:.2g}" if np.isfinite(se) else f"{value:.4g}"
-
     def num(value: float) -> str:
         return f"{value:.4g}" if np.isfinite(value) else "-"
 
@@ -157,10 +149,10 @@ def format_along(along: pd.DataFrame, unit: str = "examples") -> str:
             if not np.isfinite(row.target):
                 lines.append(f"{'-':>10} {'-':>9}  {row.refused}")
                 continue
-            b_crit = bound_text(row.bcrit_status, row.b_crit_bound) or pm(row.b_crit,
+            b_crit = bound_text(row.bcrit_status, row.b_crit_bound) or _pm(row.b_crit,
                                                                           row.b_crit_se)
             lines.append(f"{row.target:>10.4g} {row.target_value:>9.4g} {row.n_batch_sizes:>3} "
-                         f"{pm(row.s_min, row.s_min_se):>14} "
+                         f"{_pm(row.s_min, row.s_min_se):>14} "
                          f"{b_crit:>16} "
                          f"{num(row.b_simple):>14} "
                          f"{num(row.b_noise):>13}  {row.refused or row.quality}")
@@ -169,36 +161,36 @@ def format_along(along: pd.DataFrame, unit: str = "examples") -> str:
 
 def format_schedule(table: pd.DataFrame) -> str:
     """The console lines of the along runs: steps and examples against the fastest fixed B."""
-    lines = ["batch size following the measured B_crit (sweep.schedule=along) against the "
-             "fastest fixed batch size:"]
-    for row in table.itertuples(index=False):
-        head = f"{row.target:>8g} {row.run_id}"
-        if not row.reached:
-            lines.append(f"{head}: not reached ({row.state})")
-            continue
-        lines.append(f"{head}: S {row.steps:.4g}, E {row.examples:.4g} (mean B "
-                     f"{row.mean_batch:.3g}); fixed B {row.best_batch:g} at lr {row.best_lr:g}: "
-                     f"S {row.best_steps:.4g}, E {row.best_examples:.4g}; steps x"
-                     f"{row.steps_ratio:.3g}, examples x{row.examples_ratio:.3g}; fixed-batch "
-                     f"front at its examples: S {row.front_steps:.4g} (x{row.front_ratio:.3g})")
-    return "\n".join(lines)
+    return _per_run("batch size following the measured B_crit (sweep.schedule=along) against "
+                    "the fastest fixed batch size:", table, lambda row: (
+                        f"S {row.steps:.4g}, E {row.examples:.4g} (mean B "
+                        f"{row.mean_batch:.3g}); fixed B {row.best_batch:g} at lr "
+                        f"{row.best_lr:g}: S {row.best_steps:.4g}, E {row.best_examples:.4g}; "
+                        f"steps x{row.steps_ratio:.3g}, examples x{row.examples_ratio:.3g}; "
+                        f"fixed-batch front at its examples: S {row.front_steps:.4g} "
+                        f"(x{row.front_ratio:.3g})"))
 
 
 def format_adaptive(table: pd.DataFrame) -> str:
     """The console lines: one per adaptive run and target."""
     if table is None or not len(table):
         return ""
-    lines = ["adaptive batch size (appendix D): gain = E_fixed / E at equal S"]
+    return _per_run("adaptive batch size (appendix D): gain = E_fixed / E at equal S", table,
+                    lambda row: (
+                        f"S {row.steps:.4g}, E {row.examples:.4g} (mean B "
+                        f"{row.mean_batch:.3g}), gamma {row.gamma:.3f} ({row.noise_source}), "
+                        f"gain predicted {_num(row.gain_predicted)}, measured "
+                        f"{_num(row.gain_measured)} (front product {_num(row.front_product)} "
+                        "vs gamma)"))
+
+
+def _per_run(title: str, table: pd.DataFrame, reached: Callable[[Any], str]) -> str:
+    """A title, then a line per run and target: what `reached` says of it, or why not."""
+    lines = [title]
     for row in table.itertuples(index=False):
         head = f"{row.target:>8g} {row.run_id}"
-        if not row.reached:
-            lines.append(f"{head}: not reached ({row.state})")
-            continue
-        lines.append(
-            f"{head}: S {row.steps:.4g}, E {row.examples:.4g} (mean B {row.mean_batch:.3g}), "
-            f"gamma {row.gamma:.3f} ({row.noise_source}), gain predicted "
-            f"{_num(row.gain_predicted)}, measured {_num(row.gain_measured)} "
-            f"(front product {_num(row.front_product)} vs gamma)")
+        lines.append(f"{head}: {reached(row)}" if row.reached
+                     else f"{head}: not reached ({row.state})")
     return "\n".join(lines)
 
 
