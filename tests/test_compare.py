@@ -170,3 +170,20 @@ def test_the_printed_comparison_shows_bounds_as_bounds_in_aligned_columns():
     # Every column starts where its header does, however long the task's name.
     start = lines[0].index("B_crit")
     assert lines[1][start:].startswith("4298") and lines[2][start:].startswith("> 8192")
+
+
+def test_sgds_b_simple_p_is_b_simple_and_is_not_shown_twice():
+    """With SGD P is the identity: b_simple_precond_mean is b_simple_mean to the bit. The
+    tables keep the column; the figure and the printed table do not repeat it."""
+    from gnsweep.report.compare_figures import bcrit_vs_noise_scale
+    from gnsweep.report.console import format_compare
+
+    sgd = SweepFits("digits", "a", "/x/a", "loss", False, "examples", _fits([
+        {"target": t, "b_crit": 100.0 * (i + 1), "b_simple_mean": 60.0 * (i + 1),
+         "b_simple_precond_mean": 60.0 * (i + 1), "ratio": 1.67, "ratio_precond": 1.67,
+         "n_batch_sizes": 5} for i, t in enumerate((0.3, 0.1))]))
+    table = compare_rows([sgd])
+    assert (table["b_simple_precond_mean"] == table["b_simple_mean"]).all()
+    ax = bcrit_vs_noise_scale(table).axes[0]
+    assert not [line for line in ax.get_lines() if line.get_markerfacecolor() == "white"]
+    assert "ratio (P)" not in format_compare(table)

@@ -18,6 +18,7 @@ from matplotlib.ticker import NullFormatter
 
 from gnsweep.analysis.compare import log_error_bars, placeable
 from gnsweep.report.figures import COLORS, COLUMN, STYLE, Skip
+from gnsweep.report.views import preconditioned
 from gnsweep.targets import KEY as DIRECTION_KEY
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
@@ -37,8 +38,8 @@ def _units(table: pd.DataFrame) -> str:
 
 def _precond(shown: pd.DataFrame) -> np.ndarray:
     """B_simple_P (mean up to the target) per row where an adaptive optimizer logged a positive
-    one, else NaN."""
-    if "b_simple_precond_mean" not in shown:
+    one, else NaN (SGD's equals B_simple: not drawn twice)."""
+    if not preconditioned(shown):  # none logged, or SGD's, which is B_simple itself
         return np.full(len(shown), np.nan)
     values = pd.to_numeric(shown["b_simple_precond_mean"], errors="coerce").to_numpy(float)
     return np.where(values > 0, values, np.nan)
@@ -73,9 +74,10 @@ def bcrit_vs_noise_scale(table: pd.DataFrame) -> Figure:
             # An adaptive optimizer's B_simple_P, hollow, joined to the same target's B_simple.
             x_p = precond[shown.index.get_indexer(rows.index)]
             has_p = np.isfinite(x_p)
-            for x0, x1, y0 in zip(x[has_p], x_p[has_p], y[has_p], strict=True):
-                ax.plot([x0, x1], [y0, y0], color=color, lw=0.5, ls=":")
-            ax.plot(x_p[has_p], y[has_p], marker, color=color, mfc="white", ms=4, lw=0)
+            if has_p.any():
+                for x0, x1, y0 in zip(x[has_p], x_p[has_p], y[has_p], strict=True):
+                    ax.plot([x0, x1], [y0, y0], color=color, lw=0.5, ls=":")
+                ax.plot(x_p[has_p], y[has_p], marker, color=color, mfc="white", ms=4, lw=0)
         if np.isfinite(precond).any():
             ax.plot([], [], "o", color="0.3", mfc="white", ms=4, lw=0,
                     label="hollow: $B_{simple,P}$ (optimizer's preconditioner)")

@@ -13,6 +13,7 @@ import pandas as pd
 
 from gnsweep.analysis.along import point_name, tolerance_answer
 from gnsweep.analysis.bounds import bound_text
+from gnsweep.report.views import preconditioned
 
 
 def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None,
@@ -28,7 +29,7 @@ def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None,
                 scaling = loss_scaling[loss_scaling[group_by].astype(str) == value]
             blocks.append(f"{group_by} {value}:\n" + format_fits(rows, scaling))
         return "\n".join(blocks)
-    precond = "ratio_precond" in fits and bool(np.isfinite(fits["ratio_precond"]).any())
+    precond = preconditioned(fits)  # an adaptive optimizer's B_simple_P, not SGD's copy
     header = (f"{'target':>8} {'#B':>3} {'S_min':>16} {'E_min':>18} {'B_crit':>16} "
               f"{'B_simple':>16} {'B_crit/B_simple':>15} {'B_noise(lr)':>16}"
               + (f" {'B_crit/B_simple_P':>17}" if precond else ""))
@@ -102,7 +103,7 @@ def _pm(value: float, error: float, spec: str = ".4g") -> str:
 def format_compare(table: pd.DataFrame) -> str:
     """The comparison (`gnsweep compare`'s table) as plain text for the console: a B_crit that
     the sweep only bounds as the bound ("> 4096"), and why any other target has no fit."""
-    precond = "ratio_precond" in table and bool(np.isfinite(table["ratio_precond"]).any())
+    precond = preconditioned(table)
     head = ["task", "sweep", "target", "B_crit", "B_simple (mean)", "ratio",
             *(["ratio (P)"] if precond else []), "unit"]
     rows, notes = [], []

@@ -40,6 +40,7 @@ from gnsweep.report.views import (
     grid_cells,
     lr_fit_curve,
     placed,
+    preconditioned,
     quantity,
 )
 from gnsweep.report.views import unit as unit_of
@@ -292,7 +293,8 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None,
         values = [ok["b_crit"].to_numpy(float), ok["b_simple_mean"].to_numpy(float)]
         has_noise = "b_noise_mean" in ok and finite(ok, "b_noise_mean").any()
         colors = _target_colors(fits["target"])
-        has_lr = has_precond = False
+        has_lr = False
+        has_precond = preconditioned(ok)  # SGD's B_simple_P is B_simple: not drawn twice
         for row in ok.itertuples(index=False):
             color = colors[float(row.target)]
             yerr = _yerr(row.b_crit, getattr(row, "b_crit_se", np.nan))
@@ -317,11 +319,10 @@ def bcrit_vs_bsimple(fits: pd.DataFrame, front: pd.DataFrame | None = None,
                             color=color, capsize=2, ms=4, elinewidth=0.8)
                 values.append(np.array([row.b_noise_mean]))
             b_p = _number(row._asdict(), "b_simple_precond_mean")
-            if np.isfinite(b_p) and b_p > 0:  # B_simple in the optimizer's preconditioner
+            if has_precond and np.isfinite(b_p) and b_p > 0:  # in the optimizer's P
                 ax.errorbar([b_p], [row.b_crit], yerr=yerr, fmt="^", mfc="white", color=color,
                             capsize=2, ms=4, elinewidth=0.8)
                 values.append(np.array([b_p]))
-                has_precond = True
         flat = np.concatenate(values)
         flat = flat[np.isfinite(flat) & (flat > 0)]
         lo, hi = flat.min() / 2.5, flat.max() * 2.5

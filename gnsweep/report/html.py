@@ -22,7 +22,7 @@ from gnsweep.analysis.bounds import bound_text
 from gnsweep.analysis.results import Results
 from gnsweep.config import Config
 from gnsweep.report.answers import along_answers, answers, interval_of
-from gnsweep.report.views import quantity
+from gnsweep.report.views import preconditioned, quantity
 from gnsweep.report.views import unit as unit_of
 from gnsweep.targets import Direction
 
@@ -115,7 +115,7 @@ def _has(fits: pd.DataFrame, column: str) -> bool:
 def fit_table(fits: pd.DataFrame, what: str = "loss", unit: str = "examples") -> str:
     has_noise = _has(fits, "b_noise_mean")
     has_window = _has(fits, "b_crit_window_spread")
-    has_precond = _has(fits, "ratio_precond")  # an adaptive optimizer's B_simple_P logged
+    has_precond = preconditioned(fits)  # an adaptive optimizer's B_simple_P, not SGD's copy
     true = [c for c in ("b_simple_true_mean", "b_noise_true_mean") if _has(fits, c)]
     head = [f"target {what}", "batch sizes", "S_min (steps)", f"E_min ({unit})",
             f"B_crit ({unit})", "B_crit 95% interval",

@@ -31,6 +31,20 @@ def bounded(table: pd.DataFrame) -> pd.DataFrame:
     return table[status.isin(("lower_bound", "upper_bound")) & finite(table, "b_crit_bound")]
 
 
+def preconditioned(table: pd.DataFrame, of: str = "b_simple_precond_mean",
+                   plain: str = "b_simple_mean") -> bool:
+    """Whether `table` holds a B_simple_P worth showing beside B_simple: logged somewhere, and
+    not B_simple itself (SGD's P is the identity, so its B_simple_P is B_simple to the bit and
+    would only repeat it)."""
+    if of not in table or plain not in table:
+        return False
+    p = pd.to_numeric(table[of], errors="coerce").to_numpy(float)
+    b = pd.to_numeric(table[plain], errors="coerce").to_numpy(float)
+    shown = np.isfinite(p)
+    return bool(shown.any()) and not bool(np.allclose(p[shown], b[shown], rtol=1e-9,
+                                                      atol=0.0, equal_nan=False))
+
+
 def quantity(meta: dict) -> str:
     """What the targets are values of, from an analysis' meta: "loss", or the task's own
     metric ("return": cartpole's, higher is better)."""
