@@ -277,3 +277,12 @@ def test_axes_count_b_in_the_tasks_unit():
         assert sum("(tokens)" in label for label in labels) >= 7
     finally:
         plt.close("all")
+
+
+def test_log_axis_labels_of_large_counts_are_short():
+    """Token counts in the hundreds of thousands labelled 300000400000600000 side by side."""
+    from gnsweep.report.figures import plain_number
+
+    assert [plain_number(x) for x in (0.6, 300.0, 8192.0, 40_000.0, 300_000.0, 1_200_000.0,
+                                      3e9)] == ["0.6", "300", "8192", "40k", "300k", "1.2M",
+                                                "3G"]
