@@ -148,6 +148,7 @@ COMPARE_SCHEMA = pa.schema([
     ("quality", pa.large_string()), ("b_simple_precond_mean", pa.float64()),
     ("ratio_precond", pa.float64()), ("ratio_precond_se", pa.float64()),
     ("bcrit_status", pa.large_string()), ("b_crit_bound", pa.float64()),
+    ("at_examples", pa.float64()),
 ])
 """compare.parquet, written by `gnsweep compare` (docs/compare.md)."""
 RESULT_TABLES = tuple(RESULT_SCHEMAS)

@@ -157,7 +157,8 @@ def test_the_printed_comparison_shows_bounds_as_bounds_in_aligned_columns():
 
     lm = SweepFits("nanolm.make_task", "lm", "/x/lm", "loss", False, "tokens", _fits([
         {"target": 3.7, "b_crit": 4298.0, "b_crit_se": 330.0, "b_simple_mean": 5145.0,
-         "ratio": 0.84, "refused": "", "bcrit_status": "fit", "n_batch_sizes": 7},
+         "ratio": 0.84, "refused": "", "bcrit_status": "fit", "n_batch_sizes": 7,
+         "at_examples": 16384},
         {"target": 3.5, "b_crit": math.nan, "refused": "B_crit above 8192: add larger ones",
          "bcrit_status": "lower_bound", "b_crit_bound": 8192.0, "n_batch_sizes": 5},
         {"target": 3.3, "b_crit": math.nan, "refused": "only 2 batch size(s) reached",
@@ -166,6 +167,7 @@ def test_the_printed_comparison_shows_bounds_as_bounds_in_aligned_columns():
     assert table["bcrit_status"].tolist() == ["fit", "lower_bound", "refused"]
     lines = format_compare(table).splitlines()
     assert "> 8192" in lines[2] and "no fit" not in lines[2]
+    assert " lm @16,384 " in lines[1] and "@" not in lines[2]  # a branch sweep's point
     assert "(no fit: only 2 batch size(s) reached)" in lines[3]
     # Every column starts where its header does, however long the task's name.
     start = lines[0].index("B_crit")

@@ -25,7 +25,8 @@ COMPARE_COLUMNS = columns("compare")
 _FROM_FITS = ["n_batch_sizes", "b_crit", "b_crit_se", "b_simple_mean", "b_simple_mean_se",
               "b_simple_at_target", "b_simple_at_target_se", "b_noise_mean", "b_noise_mean_se",
               "ratio", "ratio_se", "ratio_noise", "refused", "quality", "b_simple_precond_mean",
-              "ratio_precond", "ratio_precond_se", "bcrit_status", "b_crit_bound"]
+              "ratio_precond", "ratio_precond_se", "bcrit_status", "b_crit_bound",
+              "at_examples"]
 
 
 @dataclass(frozen=True)

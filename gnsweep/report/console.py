@@ -110,7 +110,9 @@ def format_compare(table: pd.DataFrame) -> str:
     for row in table.itertuples(index=False):
         bound = bound_text(str(getattr(row, "bcrit_status", "") or ""),
                            float(getattr(row, "b_crit_bound", math.nan)))
-        cells = [str(row.task), str(row.sweep), f"{row.target:.4g}",
+        at = float(getattr(row, "at_examples", math.nan))  # a branch sweep's point
+        sweep = f"{row.sweep} @{at:,.0f}" if math.isfinite(at) else str(row.sweep)
+        cells = [str(row.task), sweep, f"{row.target:.4g}",
                  bound or _pm(row.b_crit, row.b_crit_se),
                  _pm(row.b_simple_mean, row.b_simple_mean_se), _pm(row.ratio, row.ratio_se)]
         if precond:  # B_crit / B_simple_P where an adaptive optimizer's was logged
