@@ -83,6 +83,7 @@ class DdpHook:
             model._gnsweep_comm_hook = hook  # type: ignore[assignment]
         hook.collect()  # a previous monitor's last all-reduce, if it was never closed
         hook.owner = owner
+        hook.weigh = None  # a previous owner's preconditioner is not this one's
         every = {id(p) for p in model.parameters() if p.requires_grad}
         ids = {id(p) for p in measured}
         hook.measured = None if ids == every else ids
