@@ -285,19 +285,22 @@ class NoiseScaleMonitor:
         splits, else the loop splits measured steps (`wants_microbatches`) and the pair is
         read from the increments of `.grad`. Under DDP each worker's gradient is weighted by
         P in the communication hook (b_small = the worker's batch), as B_simple's is squared.
-        Not measured (NaN, said once) under FSDP, or for an optimizer without a known diagonal
-        P."""
+        Not measured (NaN, said once) under FSDP, under a DDP the monitor cannot hook (the
+        Trainers', accelerate), or for an optimizer without a known diagonal P."""
         self.optimizer = optimizer
         self._precond_kind = kind(optimizer)
         if self._precond_kind is None:
             self.warn_once("precond", f"noise scale: {type(optimizer).__name__} has no known "
                            "diagonal preconditioner; b_simple_precond is not measured (NaN)")
-        elif self._precond_kind != IDENTITY and self.method == "fsdp":
-            self.warn_once("precond", "noise scale: b_simple_precond is not measured under "
-                           "method fsdp yet (NaN); micro-batches or ddp measure it")
-            self._precond_kind = None
         elif self._precond_kind != IDENTITY and self._ddp is not None:
             self._ddp.weigh = self._weights_by_parameter
+        elif self._precond_kind != IDENTITY and self.method in ("ddp", "fsdp"):
+            # FSDP shards, and a wrapper's DDP (the Trainers', accelerate) all-reduces inside
+            # the accumulated .grad: no increment there is one worker's micro-batch.
+            where = "FSDP" if self.method == "fsdp" else "a framework's own DDP"
+            self.warn_once("precond", f"noise scale: b_simple_precond is not measured under "
+                           f"{where} yet (NaN); micro-batches or gnsweep's DDP hook measure it")
+            self._precond_kind = None
         elif self._precond_kind != IDENTITY:
             self._precond_increments = Increments(self.params)
 
