@@ -158,11 +158,13 @@ def test_a_tiny_lm_trained_with_adamw_logs_b_simple_precond() -> None:
     assert sum(b != p for _, b, p in rows) >= 0.9 * len(rows)
 
 
-def _ddp_adam_worker(rank: int, world: int, store: str, out: str) -> None:
+def _ddp_adam_worker(rank: int, world: int, store: str, out: str, wrapper: bool) -> None:
     """Two DDP workers trained with AdamW beside a single-process replica trained on both
-    halves: each step's P-norm pair the DDP hook folds into B_simple_P's EMAs must be the one
+    halves: each step's P-norm pair the monitor folds into B_simple_P's EMAs must be the one
     computed by hand, the mean over workers of |g_r|_P^2 and |mean_r g_r|_P^2 with P read from
-    the replica's AdamW before its update (the same state: DDP's gradients are the mean)."""
+    the replica's AdamW before its update (the same state: DDP's gradients are the mean).
+    `wrapper`: the gradients are all-reduced behind the monitor's back, as a framework's DDP
+    does (the monitor reads each worker's from parameter hooks); else gnsweep's DDP hook."""
     import json
     import sys
     from pathlib import Path
@@ -176,11 +178,11 @@ def _ddp_adam_worker(rank: int, world: int, store: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         task = LinReg(Options(dim=8, condition=30.0), seed=0)
-        ddp, replica = DDP(task.model()), task.model()
+        ddp, replica = (task.model() if wrapper else DDP(task.model())), task.model()
         params = list(replica.parameters())
         opt = torch.optim.AdamW(ddp.parameters(), lr=0.02, weight_decay=0.1)
         ref_opt = torch.optim.AdamW(params, lr=0.02, weight_decay=0.1)
-        monitor = NoiseScaleMonitor(ddp, "ddp", optimizer=opt)
+        monitor = NoiseScaleMonitor(ddp, "ddp", optimizer=opt, all_reduced_grads=wrapper)
         assert not monitor.wants_microbatches
         folded: list[list[float]] = []
         fold = monitor._fold_precond
@@ -203,6 +205,10 @@ def _ddp_adam_worker(rank: int, world: int, store: str, out: str) -> None:
                                 float(torch.dot(weight, mean * mean)), 16.0, 32.0])
             opt.zero_grad()
             task.loss(ddp, halves[rank]).backward()
+            if wrapper:  # the framework's all-reduce of .grad
+                for p in ddp.parameters():
+                    dist.all_reduce(p.grad)
+                    p.grad /= world
             monitor.step()
             opt.step()
             ref_opt.zero_grad()
@@ -218,22 +224,24 @@ def _ddp_adam_worker(rank: int, world: int, store: str, out: str) -> None:
                 "b_simple_precond": monitor.estimate.b_simple_precond,
                 "b_simple": monitor.estimate.b_simple,
                 "same_params": all(torch.allclose(a, b, atol=1e-6) for a, b in zip(
-                    ddp.module.parameters(), params, strict=True))}))
+                    ddp.parameters(), params, strict=True))}))
     finally:
         close_process_group(clean=sys.exc_info()[0] is None)
 
 
 @pytest.mark.distributed
-def test_adam_precond_under_ddp_folds_each_workers_p_norms(tmp_path) -> None:
+@pytest.mark.parametrize("wrapper", [False, True], ids=["ddp_hook", "framework_ddp"])
+def test_adam_precond_under_ddp_folds_each_workers_p_norms(tmp_path, wrapper) -> None:
     import json
 
     import torch.multiprocessing as mp
 
     out = tmp_path / "result.json"
-    mp.spawn(_ddp_adam_worker, args=(2, str(tmp_path / "store"), str(out)), nprocs=2)
+    mp.spawn(_ddp_adam_worker, args=(2, str(tmp_path / "store"), str(out), wrapper), nprocs=2)
     result = json.loads(out.read_text())
     assert result["same_params"]
-    # Step 0 has no P yet; steps 1-7 each fold their pair (one step late, the last at close).
+    # Step 0 has no P yet; steps 1-7 each fold their pair (through the DDP hook one step late,
+    # the last at close).
     assert len(result["by_hand"]) == 7 and len(result["folded"]) == 7
     for folded, by_hand in zip(result["folded"], result["by_hand"], strict=True):
         assert folded == pytest.approx(by_hand, rel=1e-5)

@@ -251,16 +251,20 @@ class RankGrads:
     (they run without synchronisation), so `|.grad + grad|^2` is this rank's squared norm so far.
     After the step's last backward `.grad` is the global mean: |G_big|^2 (b_big = all ranks'
     examples). One scalar all-reduce per measured step, at `measure()`, which every rank must
-    reach at the same steps."""
+    reach at the same steps. With `weigh` set (an adaptive optimizer's P, as for `DdpHook`) the
+    same sums are also taken in the P-norm, in the same all-reduce."""
 
     def __init__(self, gate: Gate, params: list[nn.Parameter]) -> None:
         self.gate = gate
         self.params = params
+        self.weigh: Callable[[], dict[int, torch.Tensor] | None] | None = None
         self.handles = [p.register_hook(self._hook_for(i)) for i, p in enumerate(params)]
         self.reset()
 
     def reset(self) -> None:
         self.local: dict[int, torch.Tensor] = {}
+        self.local_p: dict[int, torch.Tensor] = {}
+        self.weights: dict[int, torch.Tensor] | None = None
 
     def _hook_for(self, i: int) -> Any:
         def hook(grad: torch.Tensor) -> None:
@@ -268,25 +272,46 @@ class RankGrads:
                 before = self.params[i].grad
                 total = grad.float() if before is None else before.float() + grad.float()
                 self.local[i] = sq(total)
+                if self.weigh is not None:
+                    if self.weights is None:  # P before this step's update, read once
+                        self.weights = self.weigh() or {}
+                    weight = self.weights.get(id(self.params[i]))
+                    if weight is not None:
+                        flat = total.reshape(-1)
+                        self.local_p[i] = torch.dot(weight, flat * flat)
         return hook
 
-    def measure(self, examples: int) -> NormPair | None:
+    def measure(self, examples: int) -> tuple[NormPair | None, NormPair | None]:
+        """(B_simple's pair, B_simple_P's pair or None) of this step, summed over the ranks."""
         import torch.distributed as dist
 
         device = self.params[0].device
-        local = torch.stack(list(self.local.values())).sum().double() if self.local \
-            else torch.zeros((), dtype=torch.float64, device=device)
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        local = torch.stack(list(self.local.values())).sum().double() if self.local else zero
+        weighted = bool(self.weights) and len(self.local_p) == len(self.local) > 0
+        local_p = torch.stack(list(self.local_p.values())).sum().double() if weighted else zero
         pack = torch.stack([local.to(device), torch.tensor(float(examples),
                                                            dtype=torch.float64, device=device),
                             torch.tensor(float(bool(self.local)), dtype=torch.float64,
-                                         device=device)])
+                                         device=device),
+                            local_p.to(device),
+                            torch.tensor(float(weighted), dtype=torch.float64, device=device)])
         dist.all_reduce(pack)
         world = dist.get_world_size()
-        sq_small, examples_all, have = pack.tolist()
+        sq_small, examples_all, have, p_small, have_p = pack.tolist()
         if have < world or examples_all <= examples_all / world:
-            return None
+            return None, None
         big = float(grad_sq_norm(self.params))
-        return NormPair(sq_small / world, big, examples_all / world, examples_all)
+        pair = NormPair(sq_small / world, big, examples_all / world, examples_all)
+        if have_p < world or not self.weights:
+            return pair, None
+        big_p = 0.0
+        for p in self.params:
+            weight = self.weights.get(id(p))
+            if weight is not None and p.grad is not None:
+                g = p.grad.detach().float().reshape(-1)
+                big_p += float(torch.dot(weight, g * g))
+        return pair, NormPair(p_small / world, big_p, examples_all / world, examples_all)
 
 
 class _Done:

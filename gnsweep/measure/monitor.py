@@ -284,9 +284,10 @@ class NoiseScaleMonitor:
         comes from micro-batches (eq. A.2 with b_small = B / k): the method's own where it
         splits, else the loop splits measured steps (`wants_microbatches`) and the pair is
         read from the increments of `.grad`. Under DDP each worker's gradient is weighted by
-        P in the communication hook (b_small = the worker's batch), as B_simple's is squared.
-        Not measured (NaN, said once) under FSDP, under a DDP the monitor cannot hook (the
-        Trainers', accelerate), or for an optimizer without a known diagonal P."""
+        P in the communication hook (b_small = the worker's batch), as B_simple's is squared,
+        or in the parameter hooks under a DDP the monitor cannot hook (the Trainers',
+        accelerate). Not measured (NaN, said once) under FSDP, or for an optimizer without a
+        known diagonal P."""
         self.optimizer = optimizer
         self._precond_kind = kind(optimizer)
         if self._precond_kind is None:
@@ -294,12 +295,11 @@ class NoiseScaleMonitor:
                            "diagonal preconditioner; b_simple_precond is not measured (NaN)")
         elif self._precond_kind != IDENTITY and self._ddp is not None:
             self._ddp.weigh = self._weights_by_parameter
-        elif self._precond_kind != IDENTITY and self.method in ("ddp", "fsdp"):
-            # FSDP shards, and a wrapper's DDP (the Trainers', accelerate) all-reduces inside
-            # the accumulated .grad: no increment there is one worker's micro-batch.
-            where = "FSDP" if self.method == "fsdp" else "a framework's own DDP"
-            self.warn_once("precond", f"noise scale: b_simple_precond is not measured under "
-                           f"{where} yet (NaN); micro-batches or gnsweep's DDP hook measure it")
+        elif self._precond_kind != IDENTITY and self._rank is not None:
+            self._rank.weigh = self._weights_by_parameter
+        elif self._precond_kind != IDENTITY and self.method == "fsdp":
+            self.warn_once("precond", "noise scale: b_simple_precond is not measured under "
+                           "FSDP yet (NaN); micro-batches or DDP measure it")
             self._precond_kind = None
         elif self._precond_kind != IDENTITY:
             self._precond_increments = Increments(self.params)
@@ -739,8 +739,10 @@ class NoiseScaleMonitor:
             part = self._fsdp.measure(self._examples, required=True)
             parts = [_unscale(part, small_scale, big_scale)] if part is not None else []
         elif plain and self._rank is not None:
-            part = self._rank.measure(self._examples)
+            part, rank_p = self._rank.measure(self._examples)
             parts = [_unscale(part, small_scale, big_scale)] if part is not None else []
+            weighted = [_unscale(rank_p, small_scale, big_scale)] if rank_p is not None \
+                else None
         elif plain and self._per_example is not None:
             part = self._per_example.measure(self._examples)
             if part is not None:
@@ -768,7 +770,7 @@ class NoiseScaleMonitor:
         if not complete:
             parts = []
         precond: list[NormPair] | None = None
-        if self._ddp is not None:
+        if self._ddp is not None or self._rank is not None:
             precond = self._ddp_precond(parts, weighted)
         elif self._precond_kind == IDENTITY:
             precond = parts  # P = I: the very pairs of B_simple
@@ -784,7 +786,7 @@ class NoiseScaleMonitor:
 
     def _ddp_precond(self, parts: list[NormPair], weighted: list[NormPair] | None
                      ) -> list[NormPair] | None:
-        """B_simple_P's pairs of a DDP measurement: B_simple's own for SGD (P = I), the hook's
+        """B_simple_P's pairs of a DDP measurement: B_simple's own for SGD (P = I), the hooks'
         P-norm pairs for an adaptive optimizer, none where it is not measured."""
         if self._precond_kind == IDENTITY:
             return parts
