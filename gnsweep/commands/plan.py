@@ -18,7 +18,7 @@ from typing import Any
 from gnsweep import store
 from gnsweep.commands import Echo
 from gnsweep.config import Config
-from gnsweep.planner.rules import SPREAD, Decision, Proposal, RunOutcome, decide
+from gnsweep.planner.rules import SPREAD, Decision, PlanError, Proposal, RunOutcome, decide
 from gnsweep.runs import RunSpec, read_run, write_run
 
 PLAN_FILE = store.PLAN
@@ -56,10 +56,20 @@ def plan(config: Config, sweep_dir: Path, *, show_progress: bool = True,
             entry = rounds[index]
             echo(f"round {index + 1} ({entry['phase']}, recorded): {len(entry['runs'])} run(s)")
         else:
-            decision = decide(read_outcomes(sweep_dir, config), config.sweep.batch_sizes,
+            outcomes = read_outcomes(sweep_dir, config)
+            decision = decide(outcomes, config.sweep.batch_sizes,
                               config.sweep.learning_rates, config.sweep.targets,
                               config.sweep.max_steps,
                               direction=config.task.direction)
+            proposed = {run["run_id"] for earlier in rounds for run in earlier["runs"]}
+            if decision.proposals and all(RunSpec(p.batch_size, p.learning_rate, seed).run_id
+                                          in proposed for p in decision.proposals):
+                # The rules are a function of the finished runs: a round of runs already run
+                # says their outcomes were not read, and would repeat forever.
+                again = ", ".join(f"b={p.batch_size} lr={p.learning_rate:g}"
+                                  for p in decision.proposals)
+                raise PlanError(f"the plan proposes again runs it has run ({again}); their "
+                                f"outcomes were not read: check `gnsweep status {sweep_dir}`")
             if decision.pilot is not None and not announced:
                 announced = True
                 for line in explain(decision, config):
@@ -114,11 +124,13 @@ def read_outcomes(sweep_dir: Path, config: Config) -> list[RunOutcome]:
         if run.state not in ("done", "diverged", "failed") or run.seed != seed:
             continue
         rows = steps[(steps["run_id"] == run.run_id) & steps["reached"]]
-        run_config, _ = read_run(sweep_dir, str(run.run_id))
+        # The grid point as the config names it: the analysis's runs table counts the batch in
+        # the task's unit (tokens), the grid in samples per step.
+        run_config, spec = read_run(sweep_dir, str(run.run_id))
         b_simple = {float(r.target): float(r.b_simple_mean) for r in rows.itertuples()
                     if math.isfinite(r.b_simple_mean)}
         ran = store.read_status(store.run_dir(sweep_dir, str(run.run_id))).get("steps")
-        out.append(RunOutcome(int(run.batch_size), float(run.learning_rate), str(run.state),
+        out.append(RunOutcome(int(spec.batch_size), float(spec.learning_rate), str(run.state),
                               run_config.sweep.max_steps,
                               {float(r.target): float(r.steps) for r in rows.itertuples()},
                               b_simple, int(ran) if ran is not None else None))
