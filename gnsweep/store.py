@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -143,12 +144,26 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
     that someone replaced by a link must not send writes wherever it points. An OSError names
     the file and says so."""
     try:
-        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+        # O_NONBLOCK: a named pipe put there must not hang the writer until someone reads it.
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                     mode)
     except OSError as err:
         if os.path.islink(path):
             raise StoreError(f"{path}: a symbolic link; gnsweep writes only files inside the "
                              "sweep folder: remove the link") from None
+        with contextlib.suppress(OSError):
+            found = os.lstat(path).st_mode
+            if not stat.S_ISREG(found):
+                raise StoreError(f"{path}: {_kind(found)} where a file belongs; gnsweep "
+                                 "writes only regular files: remove it") from None
         raise OSError(err.errno, err.strerror, str(path)) from None
+    found = os.fstat(fd).st_mode
+    if not stat.S_ISREG(found):
+        os.close(fd)
+        raise StoreError(f"{path}: {_kind(found)} where a file belongs; gnsweep writes only "
+                         "regular files: remove it")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def append_line(path: Path, line: str) -> None:
@@ -232,13 +247,159 @@ def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def read_json(path: Path) -> Any:
+def open_regular(path: Path) -> int:
+    """A read-only descriptor of the regular file at `path`, the one way gnsweep opens a file of
+    a folder it reads: never through a symbolic link (O_NOFOLLOW), never blocking on a named
+    pipe a writer never opens (O_NONBLOCK), and a FIFO, device, socket or folder found there
+    refused (fstat of what was opened, so nothing swapped in between is read). FileNotFoundError
+    when nothing is there; StoreError (one line, exit 2) naming anything else."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
-        return json.loads(path.read_text())
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        if os.path.islink(path):
+            raise StoreError(f"{path}: a symbolic link; gnsweep reads only files inside the "
+                             "sweep folder: replace it by a copy of what it points to") from None
+        if os.path.isdir(path):
+            raise StoreError(f"{path}: a folder where a file belongs; remove it") from None
+        raise StoreError(f"{path}: cannot open ({err.strerror or type(err).__name__})") \
+            from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise StoreError(f"{path}: {_kind(mode)} where a file belongs; gnsweep reads only "
+                         "regular files: remove it")
+    os.set_blocking(fd, True)  # a regular file never blocks; readers below may use any API
+    return fd
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def is_regular(path: Path) -> bool:
+    """Whether `path` is a regular file, not followed if it is a link (lstat: never opens)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def is_special(path: Path) -> bool:
+    """Whether something other than a regular file or a symbolic link is at `path` (a FIFO,
+    device, socket or folder): what readers refuse in one line rather than treat as lost."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISLNK(mode))
+
+
+def require_regular(path: Path) -> Path:
+    """`path`, checked (lstat, before a reader that takes a path opens it) to be a regular
+    file: FileNotFoundError when nothing is there, StoreError naming anything else."""
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise StoreError(f"{path}: {_kind(mode)} where a file belongs; gnsweep reads only "
+                         "regular files: remove it")
+    return path
+
+
+def read_bytes(path: Path) -> bytes:
+    """The bytes of the regular file at `path` (`open_regular`)."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
+
+
+def read_text(path: Path) -> str:
+    """The UTF-8 text of the regular file at `path`; StoreError names a file that is not
+    UTF-8 (a byte the writer never wrote), FileNotFoundError a missing one."""
+    data = read_bytes(path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise StoreError(f"{path}: not UTF-8 text (byte {data[err.start]:#04x} at offset "
+                         f"{err.start}); restore the file or remove it") from None
+
+
+MAX_DEPTH = 64
+"""The deepest nesting (objects and lists in each other) a JSON or YAML file of a sweep may
+have: gnsweep writes at most about 8; a deeper file is refused in one line, never parsed."""
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_depth(text: str) -> int:
+    """How deeply `text`'s JSON objects and lists nest (brackets inside strings not counted)."""
+    import numpy as np
+
+    stripped = _JSON_STRING.sub(b"", text.encode())
+    codes = np.frombuffer(stripped, dtype=np.uint8)
+    steps = (np.isin(codes, (ord("["), ord("{"))).astype(np.int64)
+             - np.isin(codes, (ord("]"), ord("}"))))
+    return int(np.cumsum(steps).max()) if len(steps) else 0
+
+
+def parse_json(text: str, where: Path | str) -> Any:
+    """`text` as JSON, refused (StoreError naming `where`) when it is not JSON or nests deeper
+    than MAX_DEPTH."""
+    depth = json_depth(text)
+    if depth > MAX_DEPTH:
+        raise StoreError(f"{where}: JSON nested {depth} deep, more than the {MAX_DEPTH} gnsweep "
+                         "accepts; restore the file gnsweep wrote or remove it")
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise StoreError(f"{where}: not valid JSON ({err})") from None
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file of the folder (`read_text`, `parse_json`); StoreError names a missing one."""
+    try:
+        text = read_text(path)
     except FileNotFoundError:
         raise StoreError(f"{path}: missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise StoreError(f"{path}: not valid JSON ({err})") from None
+    return parse_json(text, path)
+
+
+def load_yaml(text: str, where: Path | str) -> Any:
+    """YAML as plain data (safe types only), refusing anchors and aliases (`&a`, `*a`: a few
+    lines of them expand to billions of nodes for any code that walks the result) and nesting
+    deeper than MAX_DEPTH. StoreError names `where`."""
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                mark = event.start_mark
+                raise StoreError(f"{where}: line {mark.line + 1}: a YAML anchor or alias "
+                                 f"({'*' if isinstance(event, yaml.AliasEvent) else '&'}"
+                                 f"{event.anchor}); gnsweep reads no anchors or aliases: "
+                                 "write the values out")
+            self._depth = getattr(self, "_depth", 0) + 1
+            try:
+                if self._depth > MAX_DEPTH:
+                    raise StoreError(f"{where}: line {event.start_mark.line + 1}: nested "
+                                     f"deeper than {MAX_DEPTH}; gnsweep reads no such YAML")
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+    try:
+        return yaml.load(text, Loader=NoAliases)
+    except yaml.YAMLError as err:
+        raise StoreError(f"{where}: unreadable ({str(err).splitlines()[0]})") from None
+    except RecursionError:
+        raise StoreError(f"{where}: nested too deep") from None
 
 
 def write_table(path: Path, table: pa.Table) -> None:
@@ -252,13 +413,24 @@ def write_frame(path: Path, frame: Any, schema: pa.Schema | None = None) -> None
     write_table(path, table)
 
 
+@contextmanager
+def open_parquet(path: Path) -> Iterator[Any]:
+    """The regular file at `path` opened for pyarrow's readers (`open_regular`: never a FIFO,
+    device or link); FileNotFoundError when nothing is there."""
+    with os.fdopen(open_regular(path), "rb") as handle:
+        yield handle
+
+
 def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
     try:
-        return pq.read_table(path, columns=columns)
+        with open_parquet(path) as handle:
+            return pq.read_table(handle, columns=columns)
     except FileNotFoundError:
         raise StoreError(f"{path}: missing") from None
-    except (pa.ArrowInvalid, pa.ArrowKeyError, OSError) as err:
-        raise StoreError(f"{path}: unreadable parquet ({str(err).splitlines()[0]})") from None
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise StoreError(f"{path}: unreadable parquet "
+                         f"({(str(err).strip().splitlines() or [type(err).__name__])[0]})") \
+            from None
 
 
 def metrics_problem(run_path: Path, status: dict[str, Any] | None = None) -> str | None:
@@ -271,10 +443,15 @@ def metrics_problem(run_path: Path, status: dict[str, Any] | None = None) -> str
     try:
         if path.is_symlink():
             return "a symbolic link"
-        meta = pq.read_metadata(path)
+        with open_parquet(path) as handle:
+            meta = pq.read_metadata(handle)
         schema = meta.schema.to_arrow_schema()
     except FileNotFoundError:
         return "missing"
+    except StoreError as err:
+        if is_special(path):
+            raise  # a FIFO, device or folder put there: refused in one line, never rerun over
+        return f"unreadable ({str(err).removeprefix(f'{path}: ')})"
     except (pa.ArrowException, OSError, ValueError) as err:
         return f"unreadable ({(str(err).strip().splitlines() or [type(err).__name__])[0]})"
     if "step" not in schema.names or "loss" not in schema.names:
@@ -461,16 +638,15 @@ def read_sweep_config(sweep_dir: Path) -> dict[str, Any]:
     Only `Config.load` (the typed reader) and the relaunch check (which compares raw settings,
     also those of another version's schema) read it.
     """
-    import yaml
-
     path = sweep_dir / SWEEP_CONFIG
     try:
-        loaded = yaml.safe_load(path.read_text())
+        loaded = load_yaml(read_text(path), path)
     except FileNotFoundError:
         raise StoreError(f"{path}: missing; give the folder that `gnsweep launch` wrote") \
             from None
-    except (OSError, yaml.YAMLError) as err:
-        raise StoreError(f"{path}: unreadable ({str(err).splitlines()[0]})") from None
+    except OSError as err:
+        raise StoreError(f"{path}: unreadable ({err.strerror or type(err).__name__})") \
+            from None
     if not isinstance(loaded, dict):
         raise StoreError(f"{path}: not a sweep config (no mapping at the top)")
     return {str(k): v for k, v in loaded.items()}
@@ -540,14 +716,68 @@ def run_ids(sweep_dir: Path) -> list[str]:
     return names
 
 
-def read_status(path: Path) -> dict[str, Any]:
-    """A run folder's status; a run never started is pending."""
+def unreadable_runs(sweep_dir: Path) -> dict[str, str]:
+    """The folders of `runs/` that hold no readable run record (config.json missing, a folder,
+    a FIFO, ...): folder name -> why. `run_ids` lists only the others, so the readers that
+    show the sweep (status, analyze) name these, never leave them out in silence."""
+    root = sweep_dir / RUNS
+    out = {}
     try:
-        return dict(read_json(path / STATUS))
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return {}
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        record = Path(entry.path) / RUN_CONFIG
+        if record.is_file():
+            continue  # a run (`run_ids`): its readers check its record
+        try:
+            mode = os.lstat(record).st_mode
+        except FileNotFoundError:
+            out[entry.name] = f"no {RUN_CONFIG} (the run's record)"
+            continue
+        except OSError as err:
+            out[entry.name] = f"{RUN_CONFIG} unreadable ({err.strerror})"
+            continue
+        if not stat.S_ISREG(mode):
+            out[entry.name] = f"{RUN_CONFIG} is {_kind(mode)}, not a file"
+    return out
+
+
+def read_status(path: Path) -> dict[str, Any]:
+    """A run folder's status; a run never started is pending. StoreError (one line) names a
+    status.json that is not a JSON object with a known `state` and whole counts."""
+    file = path / STATUS
+    try:
+        data = read_json(file)
     except StoreError:
-        if (path / STATUS).exists():
+        if file.exists() or file.is_symlink():
             raise
         return {"state": "pending", "attempts": 0}
+    return checked_status(data, file)
+
+
+STATUS_COUNTS = ("attempts", "retry_base", "rows", "steps", "examples")
+"""The whole numbers of a status.json that gnsweep counts with (absent or null allowed)."""
+
+
+def checked_status(data: Any, where: Path) -> dict[str, Any]:
+    """A status.json's content, checked where the folder is read: an object, its `state` one
+    of STATES, its counts (STATUS_COUNTS) whole numbers >= 0. StoreError naming the field."""
+    fix = "restore the file gnsweep wrote, or remove it (the run then counts as pending)"
+    if not isinstance(data, dict):
+        raise StoreError(f"{where}: not a run status (a JSON object); {fix}")
+    if data.get("state") not in STATES:
+        raise StoreError(f"{where}: state {str(data.get('state'))[:40]!r} is not one of "
+                         f"{', '.join(STATES)}; {fix}")
+    for name in STATUS_COUNTS:
+        value = data.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 0):
+            raise StoreError(f"{where}: {name} {str(value)[:40]!r} is not a whole number "
+                             f">= 0; {fix}")
+    return dict(data)
 
 
 def write_status(path: Path, state: str, **fields: Any) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
             else:
                 try:
                     table = _read_metrics(path / store.METRICS)
-                    problem = _disagrees(path, table, status)
+                    problem = rows_problem(table) or _disagrees(path, table, status)
                     if problem is not None:
                         row.update(state="corrupt", problem=f"recorded {state}, but its "
                                    f"{store.METRICS} is {problem}")
@@ -65,6 +65,44 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
     frame = pd.DataFrame(runs)
     frame["batch_size"] = batch_in_examples(frame["batch_size"].to_numpy(), tables)
     return frame, tables
+
+
+def rows_problem(table: pa.Table) -> str | None:
+    """How a run's rows break what every analysis assumes, None when they do not: steps
+    positive and strictly increasing, one row per logged optimizer step. Steps rewritten
+    (repeated, negative, out of order) with the row count and the last row kept would move S,
+    E and B_crit with no word; such a run is named and left out."""
+    steps = table.column("step").to_numpy(zero_copy_only=False).astype(float)
+    if not len(steps):
+        return None
+    bad = ~np.isfinite(steps) | (steps <= 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        return (f"rewritten: step {_shown(steps[i])} at row {i + 1}; steps must be positive "
+                "and strictly increasing")
+    back = np.diff(steps) <= 0
+    if back.any():
+        i = int(np.argmax(back)) + 1
+        return (f"rewritten: step {_shown(steps[i])} after step {_shown(steps[i - 1])} at row "
+                f"{i + 1}; steps must be positive and strictly increasing")
+    return None
+
+
+def _shown(value: float) -> str:
+    return str(int(value)) if np.isfinite(value) and value == int(value) else str(value)
+
+
+def _numeric(table: pa.Table, path: Path) -> pa.Table:
+    """`table`, each column checked to hold numbers (integers or floats, as METRICS_SCHEMA
+    writes them); StoreError naming the file and the first column that does not (a step or
+    loss stored as text, say)."""
+    for field in table.schema:
+        kind = field.type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                or pa.types.is_null(kind)):
+            raise store.StoreError(f"{path}: unreadable (its {field.name} column holds {kind}, "
+                                   "not numbers)")
+    return table
 
 
 def _disagrees(path: Path, table: pa.Table, status: dict) -> str | None:
@@ -115,16 +153,16 @@ def _read_metrics(path: Path) -> pa.Table:
     read time on `gnsweep bench analysis`'s 2,000-row files, more on a busy machine).
     """
     try:
-        file = pq.ParquetFile(path)
+        file = pq.ParquetFile(store.require_regular(path))
         names = set(file.schema_arrow.names)
         if not names.issuperset(METRIC_COLUMNS):
             raise ValueError("core columns missing")
         empty = _all_nan(file)
         table = file.read(columns=[c for c in METRIC_COLUMNS + OPTIONAL_COLUMNS
                                    if c in names and c not in empty], use_threads=False)
-    except (pa.ArrowException, OSError, ValueError):
+    except (pa.ArrowException, OSError, ValueError, store.StoreError):
         table = store.read_table(path, columns=METRIC_COLUMNS)
-    return table
+    return _numeric(table, path)
 
 
 def _all_nan(file: pq.ParquetFile) -> set[str]:
@@ -162,9 +200,11 @@ def _live_metrics(path: Path) -> pa.Table | None:
     columns; None before its first part or when a part cannot be read yet."""
     try:
         table = store.read_metrics(path)
+        if table is None or not table.num_rows or rows_problem(_numeric(table, path)):
+            return None
     except store.StoreError:
-        return None
-    if table is None or not table.num_rows:
+        if store.is_special(path / store.METRICS):
+            raise  # a FIFO or device there: refused in one line, never waited on
         return None
     names = [c for c in METRIC_COLUMNS + OPTIONAL_COLUMNS if c in table.column_names]
     table = table.select(names)
@@ -212,6 +252,9 @@ def load_run_curves(run_dir: Path) -> Curves:
     table = _read_metrics(run_dir / store.METRICS) if done else _live_metrics(run_dir)
     if table is None:
         raise store.StoreError(f"{run_dir}: no metrics logged yet")
+    problem = rows_problem(table)
+    if problem is not None:
+        raise store.StoreError(f"{run_dir / store.METRICS}: {problem}")
     table = _with_every_column(table)
     runs = pd.DataFrame([{"run_id": str(record.get("run_id", run_dir.name)),
                           "batch_size": int(spec.get("batch_size", 0)),

@@ -42,6 +42,7 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     from gnsweep.config import Config, ConfigError
 
     curves = load_curves(sweep_dir, skip_corrupt=skip_corrupt)
+    nothing_yet(sweep_dir, curves)
     # Adaptive runs (appendix D) stay out of the fits of eq. 2.11; they are measured against them.
     fixed, adaptive = split_adaptive(curves)
     # Runs following a measured B_crit curve (sweep.schedule=along): measured against the fit.
@@ -95,14 +96,42 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
         else:
             analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
     if running.any():
+        finished = int(curves.runs["state"].isin(store.FINISHED).sum())
         analysis.warnings.append(
             f"{int(running.sum())} runs still running: the targets they have passed are used, "
-            "the others wait for them (analyze again when they end)")
+            "the others wait for them (analyze again when they end)"
+            + ("; no run has finished yet: a partial analysis of the rows logged so far"
+               if not finished else ""))
+    analysis.warnings += unreadable_warnings(sweep_dir)
     if config.noise.method != "none":  # measurement off: B_simple absent by design
         analysis.warnings += unmeasured_warnings(curves)
     if write:
         write_outputs(out_dir or sweep_dir, analysis)
     return analysis
+
+
+def nothing_yet(sweep_dir: Path, curves: Curves) -> None:
+    """AnalysisError (one line, exit 2) when no run has a row to analyse: none has finished
+    with its metrics, and none still training has logged a row yet (an analysis of nothing
+    would be a table of NaN, or a fit of no points). Says how many runs are in which state."""
+    runs = curves.runs
+    lengths = curves.offsets[1:] - curves.offsets[:-1]
+    if len(runs) and (lengths > 0).any():
+        return
+    counts = runs["state"].value_counts()
+    states = ", ".join(f"{n} {state}" for state, n in counts.items())
+    raise AnalysisError(
+        f"{sweep_dir}: no run has logged a row to analyse yet ({states}); analyze again once "
+        "a run has trained (a run still training is used up to where it stands; "
+        f"`gnsweep status {sweep_dir}` shows why runs failed)")
+
+
+def unreadable_warnings(sweep_dir: Path) -> list[str]:
+    """One warning a run folder that holds no readable run record (`store.unreadable_runs`):
+    never left out in silence."""
+    return [f"run folder {store.RUNS}/{run_id}: {why}: left out (its grid point is unknown); "
+            "relaunch the sweep (the same `gnsweep launch` command) to write it again"
+            for run_id, why in store.unreadable_runs(sweep_dir).items()]
 
 
 def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
@@ -135,6 +164,7 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
     for run in unfinished.itertuples(index=False):
         analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
+    analysis.warnings += unreadable_warnings(sweep_dir)
     if config.noise.method != "none":  # measurement off: B_simple absent by design
         analysis.warnings += unmeasured_warnings(curves)
     return analysis

@@ -12,7 +12,8 @@ from gnsweep.runs import read_state, unmeasured_line, verify_folder
 
 UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
 """States whose rows so far `gnsweep status` shows (step, examples, smoothed loss)."""
-ORDER = ("done", "diverged", "failed", "running", "queued", "pending", "died", "rerun")
+ORDER = ("done", "diverged", "failed", "running", "queued", "pending", "died", "rerun",
+         "unreadable")
 """The states in the summary line's order."""
 
 
@@ -57,6 +58,13 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
                      "noise": status.get("noise_measured"),
                      "b_simple_nan_share": status.get("b_simple_nan_share"),
                      **{k: (last or {}).get(k) for k in ("step", "examples", "loss_smooth")}})
+    for run_id, why in store.unreadable_runs(sweep_dir).items():
+        # A folder of runs/ without a readable record: shown, never left out of the count.
+        rows.append({"run_id": run_id, "state": "unreadable", "attempts": 0, "slurm_job_id": "",
+                     "owner": "", "info": f"{why}; a relaunch writes it again",
+                     "requeues": 0, "gpus": None, "device": None, "noise": None,
+                     "b_simple_nan_share": None, "step": None, "examples": None,
+                     "loss_smooth": None})
     return rows
 
 
@@ -93,8 +101,9 @@ def progress_of(row: dict[str, Any]) -> str:
     training on, requeues."""
     parts = []
     if row.get("step") is not None:
-        parts.append(f"step {row['step']}, {row['examples']} examples, loss "
-                     f"{row['loss_smooth']:.4g}")
+        loss = row.get("loss_smooth")
+        shown = f"{loss:.4g}" if isinstance(loss, int | float) else "?"
+        parts.append(f"step {row['step']}, {row['examples']} examples, loss {shown}")
     if row.get("gpus") and row["state"] == "running":
         parts.append(f"GPU {row['gpus']}")
     if row["requeues"]:

@@ -66,34 +66,40 @@ def log_event(run_path: Path, event: str, **fields: Any) -> None:
     store.append_line(run_path / HISTORY, line)  # never through a link
 
 
+def history_lines(run_path: Path) -> list[str]:
+    """The lines of a run's attempt log (none when it has none). A line that is not UTF-8 or
+    not JSON (a torn write, an edit) reads as text its readers skip; a FIFO or other special
+    file in its place is refused (StoreError, `store.read_bytes`), never opened to block."""
+    try:
+        data = store.read_bytes(run_path / HISTORY)
+    except FileNotFoundError:
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()
+
+
 def ended_by(run_path: Path) -> str | None:
     """The launch whose worker recorded the run's last end (None: unknown)."""
-    try:
-        lines = (run_path / HISTORY).read_text().splitlines()
-    except OSError:
-        return None
+    lines = history_lines(run_path)
     for line in reversed(lines):
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, AttributeError, RecursionError):
             event = json.loads(line)
             if event.get("event") == "end":
-                return event.get("launch")
+                launch = event.get("launch")
+                return launch if isinstance(launch, str) else None
     return None
 
 
 def requeues(run_path: Path) -> int:
     """How often Slurm requeued the run: attempts started by a Slurm job that had started it
     before (a requeued job keeps its id)."""
-    try:
-        lines = (run_path / HISTORY).read_text().splitlines()
-    except OSError:
-        return 0
+    lines = history_lines(run_path)
     seen: set[str] = set()
     count = 0
     for line in lines:
-        with contextlib.suppress(ValueError, AttributeError):
+        with contextlib.suppress(ValueError, AttributeError, RecursionError, TypeError):
             event = json.loads(line)
             job = event.get("slurm_job_id")
-            if event.get("event") != "start" or not job:
+            if event.get("event") != "start" or not isinstance(job, str) or not job:
                 continue
             count += job in seen
             seen.add(job)

@@ -68,11 +68,15 @@ def read_claim(run_path: Path) -> dict[str, Any] | None:
     """The claim on a run (with its file's age as `age_s`), or None when unclaimed."""
     path = run_path / CLAIM
     try:
-        data = json.loads(path.read_text())
+        data = store.parse_json(store.read_text(path), path)
+        if not isinstance(data, dict):
+            raise store.StoreError(f"{path}: not a JSON object")
         data["age_s"] = time.time() - path.stat().st_mtime
     except FileNotFoundError:
         return None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except store.StoreError:
+        if not store.is_regular(path) and not path.is_symlink():
+            raise  # a FIFO or device put there: refused in one line, never opened
         # Only a hand-edited file can be half-written (claims appear by link): treat as stale.
         return {"host": "?", "pid": -1, "token": None, "age_s": float("inf")}
     return dict(data)
