@@ -43,7 +43,7 @@ def parse_points(text: str) -> list[int]:
         except ValueError:
             raise ConfigError(f"--at: {part!r} is not a number of examples; give e.g. "
                               "--at 1000,4000,16000") from None
-        if not (value >= 1 and value == int(value)):
+        if not (math.isfinite(value) and value >= 1 and value == int(value)):
             raise ConfigError(f"--at: {part} is not a positive whole number of examples")
         points.append(int(value))
     if not points:

@@ -228,6 +228,8 @@ class SweepConfig:
             raise ConfigError("sweep.seeds: an empty list runs nothing; give at least one seed, "
                               "e.g. sweep.seeds=[0]")
         self.seeds = [_integer("sweep.seeds", s) for s in self.seeds]
+        if len(set(self.seeds)) != len(self.seeds):  # one run id, trained once: refused
+            raise ConfigError(f"sweep.seeds: {self.seeds} has repeated values")
         self.max_steps = _integer("sweep.max_steps", self.max_steps)
         if self.max_steps < 1:
             raise ConfigError(f"sweep.max_steps: {self.max_steps} is not allowed; must be >= 1")

@@ -26,8 +26,10 @@ __all__ = [
     "check_record",
     "check_records",
     "config_differences",
+    "distinct_ids",
     "expand_grid",
     "fresh_retries",
+    "ids_free",
     "max_attempts",
     "needs_running",
     "parse_run_record",
@@ -120,6 +122,7 @@ def expand_grid(config: Config) -> list[RunSpec]:
     sweep = config.sweep
     grid = sorted(RunSpec(b, lr, s) for b in sweep.batch_sizes for lr in sweep.learning_rates
                   for s in sweep.seeds)
+    distinct_ids(grid)
     if sweep.schedule == "along":
         if not (sweep.eps_max > 0 and sweep.adaptive_lr_noise > 0 and sweep.along_points):
             raise ConfigError("sweep.schedule=along needs its curve and learning-rate rule: "
@@ -135,6 +138,36 @@ def expand_grid(config: Config) -> list[RunSpec]:
                           "analyse the sweep's fixed-batch runs first (gnsweep analyze DIR)")
     return grid + [RunSpec(0, sweep.eps_max, s, r, sweep.adaptive_lr_noise)
                    for r in sweep.exchange_rates for s in sweep.seeds]
+
+
+def distinct_ids(specs: list[RunSpec]) -> list[RunSpec]:
+    """`specs`, checked to make one run id each: two grid points whose values differ only
+    below the id's 4 significant digits (learning rates 0.3 and 0.3000000000001) would share
+    one folder and one of them never train. ConfigError (exit 2) naming both."""
+    seen: dict[str, RunSpec] = {}
+    for spec in specs:
+        other = seen.setdefault(spec.run_id, spec)
+        if other != spec:
+            differ = [f"{f.name} {getattr(other, f.name)!r} and {getattr(spec, f.name)!r}"
+                      for f in fields(RunSpec) if getattr(other, f.name) != getattr(spec, f.name)]
+            raise ConfigError(f"grid points with {', '.join(differ)} make one run id "
+                              f"{spec.run_id!r} (ids keep 4 significant digits), so one would "
+                              "never train: give values that differ in their first 4 digits")
+    return specs
+
+
+def ids_free(sweep_dir: Path, specs: list[RunSpec]) -> None:
+    """Refuse (ConfigError, before the folder's config.yaml changes) a grid point whose run id
+    is taken in the folder by another grid point, one within the id's precision of it."""
+    for spec in specs:
+        path = sweep_dir / store.RUNS / spec.run_id / store.RUN_CONFIG
+        if not store.is_regular(path):
+            continue  # none yet, or refused with its reason where the record is read
+        data = store.read_json(path)
+        if isinstance(data, dict):
+            recorded = parse_spec(data.get("run"), path)
+            if recorded != spec:
+                distinct_ids([recorded, spec])
 
 
 def run_config(config: Config, spec: RunSpec) -> Config:
@@ -337,7 +370,10 @@ def write_run(sweep_dir: Path, config: Config, spec: RunSpec) -> None:
     an existing one is checked against the sweep (`check_record`)."""
     path = store.run_dir(sweep_dir, spec.run_id) / store.RUN_CONFIG
     if path.exists() or path.is_symlink():
-        check_record(store.read_json(path), path, spec.run_id, expected_record_config(config))
+        recorded = check_record(store.read_json(path), path, spec.run_id,
+                                expected_record_config(config))
+        if recorded != spec:  # a grid point within the id's precision of one already run
+            distinct_ids([recorded, spec])
     else:
         store.write_json(path, run_record(config, spec))
 

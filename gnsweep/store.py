@@ -36,7 +36,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gnsweep.errors import StoreError
-from gnsweep.tables import COMPARE_SCHEMA, OPTIONAL_RESULTS, RESULT_SCHEMAS, RESULT_TABLES  # noqa: F401
+from gnsweep.tables import (  # noqa: F401
+    COMPARE_SCHEMA,
+    OPTIONAL_RESULTS,
+    RESULT_KEYS,
+    RESULT_SCHEMAS,
+    RESULT_TABLES,
+)
 
 # Every file name of a sweep folder, once (docs/storage.md draws the layout):
 #   <sweep>/config.yaml, plan.json, .claims.lock, <table>.parquet, fits.json, slurm/jobs.json
@@ -797,17 +803,45 @@ REPORT = "report.html"
 """`gnsweep report`'s one-page HTML, in the sweep folder."""
 
 
+GENERATION = "generation"
+"""One analysis' id: in every results table's parquet metadata (b"gnsweep.generation") and in
+fits.json; `read_result_tables` refuses a set whose ids differ (two analyses mixed)."""
+_GENERATION_KEY = b"gnsweep." + GENERATION.encode()
+
+
 def write_results(out_dir: Path, results: Any) -> None:
-    """Every table of the results (a `gnsweep.analysis.results.Results`), each atomically;
-    then fits.json."""
+    """Every table of the results (a `gnsweep.analysis.results.Results`) and fits.json, as one
+    generation: each stamped with one new id, all written to temporary names first and renamed
+    into place only once every one is written (a full disk or a kill while writing leaves the
+    previous set whole), then the previous analysis' optional tables this one has not are
+    removed. A kill between the renames leaves a mix that `read_result_tables` refuses."""
+    import uuid
+
     out_dir.mkdir(parents=True, exist_ok=True)
+    generation = uuid.uuid4().hex
+    tables: dict[str, pa.Table] = {}
     for name in RESULT_TABLES:
         frame = getattr(results, name)
         if name in OPTIONAL_RESULTS and not len(frame):
             continue  # e.g. a sweep without adaptive runs gets no adaptive.parquet
-        write_frame(out_dir / result_file(name), frame,
-                    schema=_schema_of(frame, RESULT_SCHEMAS[name]))
-    write_json(out_dir / FITS_JSON, results.to_json())
+        table = pa.Table.from_pandas(frame, schema=_schema_of(frame, RESULT_SCHEMAS[name]),
+                                     preserve_index=False)
+        tables[name] = table.replace_schema_metadata(
+            {**(table.schema.metadata or {}), _GENERATION_KEY: generation.encode()})
+    saved = {**results.to_json(), GENERATION: generation}
+    with contextlib.ExitStack() as stack:
+        # Entered in order, renamed in reverse (fits.json, the mark of an analysed folder,
+        # first): every temporary file is whole before the first rename.
+        written = {name: stack.enter_context(atomic_path(out_dir / result_file(name)))
+                   for name in tables}
+        for name, table in tables.items():
+            pq.write_table(table, written[name])
+        with atomic_path(out_dir / FITS_JSON) as tmp:
+            tmp.write_text(json.dumps(saved, indent=2, sort_keys=True, default=str) + "\n",
+                           encoding="utf-8")
+    for name in OPTIONAL_RESULTS:
+        if name not in tables:
+            (out_dir / result_file(name)).unlink(missing_ok=True)
 
 
 def _schema_of(frame: Any, schema: pa.Schema) -> pa.Schema:
@@ -816,27 +850,98 @@ def _schema_of(frame: Any, schema: pa.Schema) -> pa.Schema:
     return pa.schema([schema.field(f.name) if f.name in schema.names else f for f in inferred])
 
 
+def _family(kind: pa.DataType) -> str:
+    if pa.types.is_boolean(kind):
+        return "booleans"
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return "numbers"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "text"
+    return "null" if pa.types.is_null(kind) else str(kind)
+
+
+def result_table_problem(name: str, table: pa.Table) -> str | None:
+    """How a results table read from a folder breaks its schema (`tables.RESULT_SCHEMAS`), None
+    when it does not: a key column missing (`tables.RESULT_KEYS`), a column holding another kind
+    of value than its schema says (text where numbers belong, say), a target or batch size that
+    is not a finite number."""
+    import numpy as np
+
+    schema = RESULT_SCHEMAS.get(name)
+    if schema is None:
+        return None
+    missing = [c for c in RESULT_KEYS.get(name, ()) if c not in table.column_names]
+    if missing:
+        return f"no {missing[0]} column"
+    for field in table.schema:
+        if field.name not in schema.names:
+            continue
+        want, have = _family(schema.field(field.name).type), _family(field.type)
+        if have not in (want, "null") and not (want == "numbers" and have == "booleans"):
+            return f"its {field.name} column holds {have}, not {want}"
+    for key in ("target", "batch_size"):
+        if key in table.column_names and table.num_rows:
+            values = table.column(key).to_numpy(zero_copy_only=False).astype(float)
+            if not np.isfinite(values).all():
+                return f"a {key} that is not a finite number"
+            if key == "batch_size" and (values <= 0).any():
+                return "a batch_size that is not positive"
+    return None
+
+
 def read_result_tables(sweep_dir: Path) -> dict[str, Any]:
     """The tables and fits.json an analysis wrote into a sweep folder, as plain data: each table
     present by name (a DataFrame; steps, front and fits must exist, the others are left out
     where an older version did not write them), `warnings` and `meta` from fits.json.
-    `gnsweep.analysis.results.read_results` makes them one `Results`."""
+    `gnsweep.analysis.results.read_results` makes them one `Results`. StoreError when the files
+    come from two analyses (their generation ids differ): never a mix read in silence."""
+    generations: dict[str, str | None] = {}
 
     def frame(name: str) -> Any:
         path = sweep_dir / result_file(name)
         try:
-            return read_table(path).to_pandas()
+            table = read_table(path)
+            generations[path.name] = (table.schema.metadata or {}).get(
+                _GENERATION_KEY, b"").decode(errors="replace") or None
         except StoreError as err:
             raise StoreError(f"{err}; run the `gnsweep analyze` that wrote it again (it "
                              "rewrites the table)") from None
+        problem = result_table_problem(name, table)
+        if problem:
+            raise StoreError(f"{path}: not a {name} table of gnsweep ({problem}); run "
+                             "`gnsweep analyze` again (it rewrites the table)")
+        try:
+            return table.to_pandas()
+        except (pa.ArrowException, ValueError, TypeError) as err:
+            raise StoreError(f"{path}: unreadable as a results table "
+                             f"({(str(err).strip().splitlines() or [type(err).__name__])[0]}); "
+                             "run `gnsweep analyze` again (it rewrites the table)") from None
 
     out: dict[str, Any] = {name: frame(name) for name in ("steps", "front", "fits")}
     for name in ("lr_fits", "loss_scaling", "temperature", *OPTIONAL_RESULTS):
-        if (sweep_dir / result_file(name)).exists():
+        if os.path.lexists(sweep_dir / result_file(name)):
             out[name] = frame(name)
     out["warnings"], out["meta"] = [], {}
-    if (sweep_dir / FITS_JSON).exists():
+    if os.path.lexists(sweep_dir / FITS_JSON):
         saved = read_json(sweep_dir / FITS_JSON)
-        out["warnings"] = [str(w) for w in saved.get("warnings", [])]
-        out["meta"] = dict(saved.get("meta") or {})
+        if not isinstance(saved, dict):
+            raise StoreError(f"{sweep_dir / FITS_JSON}: not an analysis' fits.json (a JSON "
+                             "object); run `gnsweep analyze` again (it rewrites it)")
+        warnings, meta = saved.get("warnings", []), saved.get("meta") or {}
+        if not isinstance(warnings, list) or not isinstance(meta, dict):
+            raise StoreError(f"{sweep_dir / FITS_JSON}: its warnings are not a list or its "
+                             "meta not an object; run `gnsweep analyze` again (it rewrites it)")
+        out["warnings"], out["meta"] = [str(w) for w in warnings], dict(meta)
+        generation = saved.get(GENERATION)
+        generations[FITS_JSON] = generation if isinstance(generation, str) else None
+    if len(set(generations.values())) > 1:
+        groups: dict[str | None, list[str]] = {}
+        for name, generation in generations.items():
+            groups.setdefault(generation, []).append(name)
+        parts = sorted(groups.values(), key=len, reverse=True)
+        raise StoreError(
+            f"{sweep_dir}: its results come from {len(parts)} different analyses ("
+            + "; ".join(", ".join(names) for names in parts)
+            + "): an analysis was cut short between its files; run `gnsweep analyze "
+            f"{sweep_dir}` again (it rewrites them all)")
     return out

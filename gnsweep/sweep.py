@@ -18,6 +18,7 @@ from gnsweep.runs import (
     config_differences,
     expand_grid,
     fresh_retries,
+    ids_free,
     parse_run_record,
     read_state,
     unmeasured_line,
@@ -130,6 +131,7 @@ def prepare(sweep_dir: Path, config: Config) -> list[RunSpec]:
     relaunch whose settings would train runs differently is refused (ConfigError).
     """
     specs = expand_grid(config)
+    ids_free(sweep_dir, specs)
     prepare_folder(sweep_dir, config, specs)
     for spec in specs:
         write_run(sweep_dir, config, spec)

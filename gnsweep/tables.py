@@ -160,3 +160,14 @@ def columns(table: str) -> list[str]:
     their order."""
     schema = COMPARE_SCHEMA if table == "compare" else RESULT_SCHEMAS[table]
     return list(schema.names)
+
+
+RESULT_KEYS: dict[str, tuple[str, ...]] = {
+    "steps": ("run_id", "batch_size", "learning_rate", "target", "reached", "steps",
+              "examples"),
+    "front": ("target", "batch_size"),
+    "fits": ("target",),
+}
+"""The columns a results table must have to be read at all (older versions wrote all of
+them); `store.read_result_tables` refuses a table without them, or whose `target` or
+`batch_size` is not a finite number in every row."""

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 from gnsweep.analysis.compare import log_error_bars, placeable
-from gnsweep.report.figures import COLORS, COLUMN, STYLE, Skip
+from gnsweep.report.figures import COLORS, COLUMN, STYLE, Skip, literal
 from gnsweep.report.views import preconditioned
 from gnsweep.targets import KEY as DIRECTION_KEY
 
@@ -32,7 +32,7 @@ def _style(tasks: list[str]) -> dict[str, tuple[str, str]]:
 
 
 def _units(table: pd.DataFrame) -> str:
-    units = list(dict.fromkeys(table["unit"].astype(str)))
+    units = [literal(u) for u in dict.fromkeys(table["unit"].astype(str))]
     return ", ".join(units[:-1]) + (" or " if len(units) > 1 else "") + units[-1]
 
 
@@ -70,7 +70,7 @@ def bcrit_vs_noise_scale(table: pd.DataFrame) -> Figure:
             ax.errorbar(x, y, xerr=log_error_bars(x, rows["b_simple_mean_se"].to_numpy(float)),
                         yerr=log_error_bars(y, rows["b_crit_se"].to_numpy(float)),
                         fmt=marker, color=color, ms=4, lw=0.7, capsize=1.5,
-                        label=f"{task} ({rows['unit'].iloc[0]})")
+                        label=literal(f"{task} ({rows['unit'].iloc[0]})"))
             # An adaptive optimizer's B_simple_P, hollow, joined to the same target's B_simple.
             x_p = precond[shown.index.get_indexer(rows.index)]
             has_p = np.isfinite(x_p)
@@ -123,7 +123,7 @@ def noise_scale_vs_target(table: pd.DataFrame) -> Figure:
             if not bool(rows[DIRECTION_KEY].iloc[0]):
                 ax.invert_xaxis()
             ax.set_xlabel(f"{rows['metric'].iloc[0]} reached")
-            ax.set_ylabel(f"$B_{{simple}}$ ({rows['unit'].iloc[0]})")
+            ax.set_ylabel(f"$B_{{simple}}$ ({literal(str(rows['unit'].iloc[0]))})")
             ax.set_title(str(task))
             ax.legend(fontsize=5)
         for ax in list(axes.flat)[len(tasks):]:

@@ -685,12 +685,18 @@ class FigureSpec:
         return f"{self.caption} {self.trend(tables)}"
 
 
+def literal(text: str) -> str:
+    """Text from a folder (a task's unit or metric name) as matplotlib draws it literally: a
+    `$` escaped, never read as the start of mathtext (`a$^$b` would stop the figure)."""
+    return text.replace("$", r"\$")
+
+
 def _what(tables: Results) -> str:
-    return quantity(tables.meta)
+    return literal(quantity(tables.meta))
 
 
 def _unit(tables: Results) -> str:
-    return unit_of(tables.meta)
+    return literal(unit_of(tables.meta))
 
 
 def _over_targets(tables: Results, column: str) -> str:
