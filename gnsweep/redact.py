@@ -62,9 +62,42 @@ def text(value: str) -> str:
     out = _TEXT_SECRET.sub(
         lambda m: m[0] if m["value"] == MASK else f"{m['name']}{MASK}", out)
     # The real values this launch handed its workers, wherever they appear (a task's error
-    # that quotes one without its name).
+    # that quotes one without its name), and any piece of one long enough to matter (an error
+    # that quotes the first characters of a token, or cuts it short with "...").
     for secret in sorted(_known_values(), key=len, reverse=True):
         out = out.replace(secret, MASK)
+        out = _mask_pieces(out, secret)
+    return out
+
+
+PIECE = 6
+"""The shortest piece of a secret masked on its own: a prefix of a secret (or, for a secret
+shorter than this, all of it), or any stretch of 2 x PIECE characters from inside it."""
+
+
+def _mask_pieces(out: str, secret: str) -> str:
+    """`out` with each stretch that is a prefix of `secret` at least PIECE long (all of a
+    shorter one), or a stretch of at least 2 x PIECE characters from inside it, masked."""
+    shortest = min(PIECE, len(secret))
+    starts: dict[str, list[int]] = {}
+    for j in range(len(secret) - shortest + 1):
+        starts.setdefault(secret[j:j + shortest], []).append(j)
+    pieces, i = [], 0
+    while i <= len(out) - shortest:
+        best = 0
+        for j in starts.get(out[i:i + shortest], ()):
+            n = shortest
+            while i + n < len(out) and j + n < len(secret) and out[i + n] == secret[j + n]:
+                n += 1
+            if j == 0 or n >= 2 * PIECE:
+                best = max(best, n)
+        if best:
+            pieces.append((i, i + best))
+            i += best
+        else:
+            i += 1
+    for begin, end in reversed(pieces):
+        out = out[:begin] + MASK + out[end:]
     return out
 
 

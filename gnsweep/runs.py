@@ -19,6 +19,7 @@ from gnsweep.store import FINISHED, RunState, StoreError
 __all__ = [
     "EVALS_PER_OCTAVE",
     "FINISHED",
+    "OUT_OF_SPACE",
     "RELAUNCH_MAY_CHANGE",
     "RunSpec",
     "RunState",
@@ -43,6 +44,10 @@ __all__ = [
     "verify_folder",
     "write_run",
 ]
+
+OUT_OF_SPACE = "out_of_space"
+"""The `reason` of a run that failed because the disk (or its quota) was full: the launch it
+failed in does not retry it (the next attempt would fail alike); a relaunch tries it again."""
 
 UNMEASURED_SHARE = 0.1
 """A run whose B_simple is NaN on more than this share of its logged steps is named by the
@@ -72,9 +77,21 @@ def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             out += config_differences(a, b, f"{name}.")
-        elif a != b:
+        elif not same_value(a, b):
             out.append(f"{name}: {a!r} -> {b!r}")
     return out
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two settings are the same value: equal, NaN and NaN (a NaN never equals itself,
+    so a folder whose config holds one would refuse its own files), lists alike item by item."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    return bool(a == b)
 
 
 @dataclass(frozen=True, order=True)
@@ -414,6 +431,8 @@ def needs_running(status: dict[str, Any], max_retries: int) -> bool:
         return False
     if state is RunState.FAILED:
         tries = int(status.get("attempts", 0)) - int(status.get("retry_base", 0))
+        if status.get("reason") == OUT_OF_SPACE:
+            return tries <= 0  # the disk was full: a retry now fails alike; a relaunch tries
         return tries <= max_retries
     return True
 

@@ -658,6 +658,19 @@ def read_sweep_config(sweep_dir: Path) -> dict[str, Any]:
     return {str(k): v for k, v in loaded.items()}
 
 
+def sweep_owning(path: Path) -> Path | None:
+    """The sweep folder that `path` (existing or not) is, or lies in the `runs/` folder of;
+    None when it belongs to no sweep. A command writing its own files (compare's --out) must
+    not write them there: a sweep's folder and runs hold only what its runs and analysis
+    wrote."""
+    target = Path(os.path.abspath(path))
+    for folder in (target, *target.parents):
+        if is_sweep(folder):
+            inner = target.relative_to(folder).parts
+            return folder if not inner or inner[0] == RUNS else None
+    return None
+
+
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 """What a run id may be (`RunSpec.run_id` writes `b00008_lr0.1_s0`, `r100_lr0.5_s0`): one plain
 folder name, never a path."""

@@ -8,6 +8,7 @@ figures (`gnsweep.report.compare_figures`).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,8 +70,14 @@ def compare_sweeps(sweep_dirs: list[Path], out_dir: Path,
         if Path(path).resolve() in seen:
             raise ConfigError(f"{path}: given twice")
         seen.add(Path(path).resolve())
-    table = compare_rows([load_sweep_fits(Path(p)) for p in sweep_dirs])
     out_dir = Path(out_dir)
+    owner = store.sweep_owning(out_dir)
+    if owner is not None:
+        where = ("a sweep folder" if owner == Path(os.path.abspath(out_dir))
+                 else f"inside the runs of sweep {owner}")
+        raise ConfigError(f"--out {out_dir}: {where}; a comparison gets a folder of its own: "
+                          "give another --out")
+    table = compare_rows([load_sweep_fits(Path(p)) for p in sweep_dirs])
     store.write_frame(out_dir / store.COMPARE, table, schema=store.COMPARE_SCHEMA)
     paths = [out_dir / store.COMPARE]
     skipped: dict[str, str] = {}

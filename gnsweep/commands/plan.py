@@ -10,6 +10,7 @@ then decisions are derived again from the finished runs, which give the same ans
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.commands import Echo
-from gnsweep.config import Config
+from gnsweep.config import Config, ConfigError
 from gnsweep.planner.rules import SPREAD, Decision, PlanError, Proposal, RunOutcome, decide
 from gnsweep.runs import RunSpec, read_run, write_run
 
@@ -42,9 +43,17 @@ def plan(config: Config, sweep_dir: Path, *, show_progress: bool = True,
     """Run the plan in `sweep_dir` (or resume it) until every chosen batch size is bracketed."""
     from gnsweep.sweep import prepare_folder, run_specs
 
-    prepare_folder(sweep_dir, config)
     path = sweep_dir / PLAN_FILE
-    record: dict[str, Any] = store.read_json(path) if path.exists() else {"rounds": []}
+    if (store.is_sweep(sweep_dir) and not os.path.lexists(path)
+            and (store.run_ids(sweep_dir) or store.unreadable_runs(sweep_dir))):
+        raise ConfigError(f"{sweep_dir}: a sweep folder that `gnsweep launch` wrote (runs but no "
+                          f"{PLAN_FILE}); a plan would add its runs to that grid: give the plan "
+                          "a folder of its own (--sweep-dir NEW) or an earlier plan's folder")
+    prepare_folder(sweep_dir, config)
+    record: Any = store.read_json(path) if os.path.lexists(path) else {"rounds": []}
+    if not isinstance(record, dict) or not isinstance(record.get("rounds"), list):
+        raise store.StoreError(f"{path}: not a plan's record (an object with a list of "
+                               "rounds); restore it, or give the plan a new --sweep-dir")
     rounds: list[dict[str, Any]] = record["rounds"]
     seed = config.sweep.seeds[0]
     grid_size = len(config.sweep.batch_sizes) * len(config.sweep.learning_rates)

@@ -9,13 +9,16 @@ only rank 0 claims, writes and logs; the other ranks train alongside it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,7 @@ from gnsweep import redact, store
 from gnsweep.errors import StopRequested
 from gnsweep.executors import claims
 from gnsweep.executors.watchdog import STALLED, Watchdog
-from gnsweep.runs import RunState, needs_running, read_run, read_state
+from gnsweep.runs import OUT_OF_SPACE, RunState, needs_running, read_run, read_state
 from gnsweep.tracking import METRICS, RunLogger, make_logger
 
 runnable = needs_running
@@ -253,6 +256,60 @@ def start_watchdog(run_path: Path, attempt: int, claim: claims.Claim) -> Watchdo
     return Watchdog(limit, on_stall)
 
 
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _failed(path: Path, attempts: int, writer: bool, err: BaseException,
+            error: str | None = None) -> dict[str, Any]:
+    """Record a run that raised `err` as failed, with its error (masked: an error may quote a
+    URI with its password) and traceback; an out-of-space error with reason OUT_OF_SPACE."""
+    error = redact.text(error or f"{type(err).__name__}: {err}")
+    no_space = isinstance(err, OSError) and err.errno in _NO_SPACE
+    extra = {"reason": OUT_OF_SPACE if no_space else None}
+    if no_space:
+        error += " (out of space: not retried in this launch; free space and relaunch)"
+    status: dict[str, Any] = {"state": RunState.FAILED, "error": error, **extra}
+    if writer:
+        status = store.write_status(path, RunState.FAILED, error=error, **extra,
+                                    traceback=redact.text(traceback.format_exc(limit=8)))
+        log_event(path, "end", attempt=attempts, state=RunState.FAILED.value, **extra)
+    return status
+
+
+_sigint_seen = False
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    global _sigint_seen
+    _sigint_seen = True
+    raise KeyboardInterrupt
+
+
+def interrupt_signalled() -> bool:
+    """Whether a SIGINT reached this process while a run trained (`watch_interrupts`): a
+    KeyboardInterrupt without one was raised by the task's own code."""
+    return _sigint_seen
+
+
+@contextlib.contextmanager
+def watch_interrupts() -> Iterator[None]:
+    """While a run trains in the main thread under Python's default SIGINT handler, note each
+    SIGINT before it interrupts as that handler does. Workers that ignore SIGINT or turn it
+    into a stop flag (local and torchrun workers) never get a KeyboardInterrupt from a signal:
+    there, as in any other thread, one can only come from the task's own code."""
+    global _sigint_seen
+    _sigint_seen = False
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _train_and_record(path: Path, attempts: int, writer: bool,
                       should_stop: Callable[[], bool] | None,
                       logger: RunLogger, watchdog: Watchdog | None = None) -> dict[str, Any]:
@@ -273,27 +330,27 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
         # The tracker shows the config as written to disk: secrets masked.
         logger.start(path.name, redact.config({**config.to_dict(), "run": asdict(spec)}))
         try:
-            result = train(config, spec, path if writer else None, should_stop=should_stop,
-                           on_row=on_row)
+            with watch_interrupts():
+                result = train(config, spec, path if writer else None, should_stop=should_stop,
+                               on_row=on_row)
             failed = False
         finally:
             if watchdog is not None:
                 watchdog.stop()  # from here on the run records its own end
             logger.close(failed=failed)
-    except (KeyboardInterrupt, StopRequested):
-        if writer:
-            store.write_status(path, RunState.PENDING, attempts=attempts - 1)
-            log_event(path, "stopped", attempt=attempts)
-        raise
+    except (KeyboardInterrupt, StopRequested) as err:
+        if isinstance(err, StopRequested) or interrupt_signalled():
+            if writer:
+                store.write_status(path, RunState.PENDING, attempts=attempts - 1)
+                log_event(path, "stopped", attempt=attempts)
+            raise
+        # No SIGINT reached this process: the task itself raised KeyboardInterrupt. A failure
+        # with its reason, its attempt counted, never a stop that leaves the run pending.
+        return _failed(path, attempts, writer, err,
+                       "KeyboardInterrupt raised inside the task (no interrupt signal reached "
+                       "the worker)")
     except Exception as err:
-        # Masked: an error may quote a URI with its password (a data server, a tracker).
-        error = redact.text(f"{type(err).__name__}: {err}")
-        status: dict[str, Any] = {"state": RunState.FAILED, "error": error}
-        if writer:
-            status = store.write_status(path, RunState.FAILED, error=error,
-                                        traceback=redact.text(traceback.format_exc(limit=8)))
-            log_event(path, "end", attempt=attempts, state=RunState.FAILED.value)
-        return status
+        return _failed(path, attempts, writer, err)
     status = {"state": result.state}
     if writer:
         status = store.write_status(path, result.state, steps=result.steps, reason=result.reason,

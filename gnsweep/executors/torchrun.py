@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -73,6 +74,7 @@ def run_torchrun(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, 
     if note and run_ids:
         print(note, file=sys.stderr)
     watcher = Watcher(sweep_dir, run_ids, max_retries, progress)
+    remove_stale_scratch(sweep_dir)
     run_rounds(TorchrunBackend(sweep_dir, executor, max_retries, jobs, gpu_plan), watcher,
                max_retries)
     return watcher.summary()
@@ -83,6 +85,44 @@ def launch(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *, max
     """The registry's entry (`gnsweep.executors.registry`)."""
     return run_torchrun(sweep_dir, run_ids, executor, max_retries=max_retries,
                         progress=progress)
+
+
+def scratch_name(stem: str) -> str:
+    """The name of a round's scratch folder in queue/: `<round>.<host>.<launcher pid>.tmp`, so
+    that a later launch knows whose it is (`remove_stale_scratch`)."""
+    return f"{stem}.{socket.gethostname()}.{os.getpid()}.tmp"
+
+
+def remove_stale_scratch(sweep_dir: Path) -> list[Path]:
+    """Remove the scratch folders of rounds whose launcher, on this host, is gone (killed
+    before its round could remove them); those of live launchers, and of other hosts sharing
+    the folder, stay. Returns what was removed."""
+    import shutil
+
+    folder = sweep_dir / QUEUE
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    import re
+
+    mine = re.compile(rf"[0-9a-f]+\.{re.escape(socket.gethostname())}\.(\d+)\.tmp")
+    removed = []
+    for path in folder.iterdir():
+        match = mine.fullmatch(path.name)
+        if match is None or path.is_symlink() or not path.is_dir() or _alive(int(match[1])):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 @dataclass
@@ -105,7 +145,7 @@ class TorchrunBackend:
         # torchrun's agent keeps its scratch files (torchelastic_*/<run>/attempt_0/<rank>) in
         # the temporary folder: this round's own, inside the sweep folder, removed when the
         # round ends (nothing of a sweep is left outside its folder).
-        scratch = store.subdir(self.sweep_dir, f"{QUEUE}/{runs_file.stem}.tmp")
+        scratch = store.subdir(self.sweep_dir, f"{QUEUE}/{scratch_name(runs_file.stem)}")
         env = {**os.environ, "OMP_NUM_THREADS": str(self.executor.threads_per_worker),
                "TMPDIR": str(scratch.resolve())}
         # Own sessions: Ctrl-C reaches the launcher alone, which stops the jobs in order.
