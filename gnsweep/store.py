@@ -268,8 +268,11 @@ def open_regular(path: Path) -> int:
         if os.path.islink(path):
             raise StoreError(f"{path}: a symbolic link; gnsweep reads only files inside the "
                              "sweep folder: replace it by a copy of what it points to") from None
-        if os.path.isdir(path):
-            raise StoreError(f"{path}: a folder where a file belongs; remove it") from None
+        with contextlib.suppress(OSError):
+            found = os.lstat(path).st_mode
+            if not stat.S_ISREG(found):  # a folder; a socket (ENXIO); a device it refused
+                raise StoreError(f"{path}: {_kind(found)} where a file belongs; gnsweep reads "
+                                 "only regular files: remove it") from None
         raise StoreError(f"{path}: cannot open ({err.strerror or type(err).__name__})") \
             from None
     mode = os.fstat(fd).st_mode
@@ -788,14 +791,15 @@ def checked_status(data: Any, where: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise StoreError(f"{where}: not a run status (a JSON object); {fix}")
     if data.get("state") not in STATES:
-        raise StoreError(f"{where}: state {str(data.get('state'))[:40]!r} is not one of "
+        raise StoreError(f"{where}: state {json.dumps(data.get('state'), default=str)[:40]} "
+                         "is not one of "
                          f"{', '.join(STATES)}; {fix}")
     for name in STATUS_COUNTS:
         value = data.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                   or value < 0):
-            raise StoreError(f"{where}: {name} {str(value)[:40]!r} is not a whole number "
-                             f">= 0; {fix}")
+            raise StoreError(f"{where}: {name} {json.dumps(value, default=str)[:40]} is not "
+                             f"a whole number >= 0; {fix}")
     return dict(data)
 
 

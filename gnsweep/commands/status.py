@@ -26,7 +26,7 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
     A `running` run whose owner is gone shows as `died` (a relaunch runs it again); a pending
     run waiting in a Slurm queue shows as `queued`.
     """
-    from gnsweep.executors import claims, requeues
+    from gnsweep.executors import claims, requeues, unrecorded_error
     from gnsweep.executors.slurm import job_ids, queue_states
 
     verify_folder(sweep_dir)  # run files checked against config.yaml, as every reader does
@@ -49,6 +49,8 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
         elif state == "pending" and job and (queued.get(job) or queued.get(job.split("_")[0])):
             state = "queued"
         info = status.get("lost") or status.get("error") or status.get("reason") or ""
+        if state == "died":  # its end may be in its attempt log where status.json had no room
+            info = unrecorded_error(path) or info
         # Where an unfinished run stands (a finished run's whole file is not read for it).
         last = store.last_metrics_row(path) if state in UNFINISHED_SHOWN else None
         rows.append({"run_id": run_id, "state": state, "attempts": int(status.get("attempts", 0)),

@@ -270,10 +270,43 @@ def _failed(path: Path, attempts: int, writer: bool, err: BaseException,
         error += " (out of space: not retried in this launch; free space and relaunch)"
     status: dict[str, Any] = {"state": RunState.FAILED, "error": error, **extra}
     if writer:
-        status = store.write_status(path, RunState.FAILED, error=error, **extra,
-                                    traceback=redact.text(traceback.format_exc(limit=8)))
+        with unrecorded_end(path, attempts):
+            status = store.write_status(path, RunState.FAILED, error=error, **extra,
+                                        traceback=redact.text(traceback.format_exc(limit=8)))
         log_event(path, "end", attempt=attempts, state=RunState.FAILED.value, **extra)
     return status
+
+
+UNRECORDED = "unrecorded"
+"""The attempt-log event of a run whose end could not be written to its status.json (a full
+disk): `gnsweep status` shows its error beside the run it then finds `died`."""
+
+
+@contextlib.contextmanager
+def unrecorded_end(path: Path, attempts: int) -> Iterator[None]:
+    """Around the write of a run's final status: when it fails (a full disk, a read-only
+    file system), one line to the run's attempt log says why (a short append often fits where
+    a new file does not), and the error goes on."""
+    try:
+        yield
+    except OSError as err:
+        with contextlib.suppress(OSError, store.StoreError):
+            log_event(path, UNRECORDED, attempt=attempts,
+                      error=redact.text(f"its end was not recorded: {err}"))
+        raise
+
+
+def unrecorded_error(run_path: Path) -> str | None:
+    """Why the last attempt's end is missing from the run's status.json (`unrecorded_end`),
+    None when nothing says so."""
+    for line in reversed(history_lines(run_path)):
+        with contextlib.suppress(ValueError, AttributeError, RecursionError):
+            event = json.loads(line)
+            if event.get("event") == "start":
+                return None
+            if event.get("event") == UNRECORDED:
+                return str(event.get("error") or "")
+    return None
 
 
 _sigint_seen = False
@@ -353,14 +386,13 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
         return _failed(path, attempts, writer, err)
     status = {"state": result.state}
     if writer:
-        status = store.write_status(path, result.state, steps=result.steps, reason=result.reason,
-                                    final_loss=result.final_loss,
-                                    train_seconds=result.train_seconds,
-                                    rows=result.rows, examples=result.examples,
-                                    noise_method=result.noise_method,
-                                    b_simple_nan_share=result.b_simple_nan_share,
-                                    **({"noise_measured": result.noise_measured}
-                                       if result.noise_measured else {}))
+        with unrecorded_end(path, attempts):
+            status = store.write_status(
+                path, result.state, steps=result.steps, reason=result.reason,
+                final_loss=result.final_loss, train_seconds=result.train_seconds,
+                rows=result.rows, examples=result.examples, noise_method=result.noise_method,
+                b_simple_nan_share=result.b_simple_nan_share,
+                **({"noise_measured": result.noise_measured} if result.noise_measured else {}))
         log_event(path, "end", attempt=attempts, state=result.state,
                   noise_method=(result.noise_method or {}).get("method"),
                   b_simple_nan_share=result.b_simple_nan_share)
