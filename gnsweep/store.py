@@ -710,6 +710,8 @@ WRITTEN_INTO = (CLAIMS_LOCK, ".notices", "queue", SLURM, FIGURES, "tensorboard",
 """Sweep-level names gnsweep writes into or locks: a link there is refused before a launch."""
 RUN_WRITTEN_INTO = (HISTORY, CHECKPOINTS, METRIC_PARTS, CLAIM, STATUS, METRICS)
 """Names of a run folder gnsweep appends to or writes into."""
+RUN_FILES = (HISTORY, CLAIM, STATUS, METRICS)
+"""Those of RUN_WRITTEN_INTO that are files: anything else there (a FIFO) is refused."""
 
 
 def check_links(sweep_dir: Path) -> None:
@@ -724,6 +726,9 @@ def check_links(sweep_dir: Path) -> None:
             raise StoreError(f"{path}: a symbolic link; gnsweep writes only files inside the "
                              "sweep folder and never follows one: remove the link (or replace "
                              "it by a copy of what it points to)")
+        if path.name in RUN_FILES and is_special(path):
+            raise StoreError(f"{path}: {_kind(os.lstat(path).st_mode)} where a file belongs; "
+                             "gnsweep reads and writes only regular files: remove it")
 
 
 def run_ids(sweep_dir: Path) -> list[str]:
