@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 RUN = "b00008_lr0.3_s0"
 GRID = ["sweep=tiny", "sweep.batch_sizes=[8,16]", "sweep.learning_rates=[0.3]",
-        "sweep.max_steps=20", "executor.workers=1"]
+        "sweep.max_steps=20", "sweep.targets=[0.9,0.8]", "executor.workers=1"]
 
 
 def _cli(*args: str):
@@ -237,3 +237,150 @@ def test_a_keyboard_interrupt_raised_inside_a_task_is_a_failure_with_counted_att
     events = [json.loads(line) for line in
               (store.run_dir(tmp_path, run_id) / store.HISTORY).read_text().splitlines()]
     assert [e["attempt"] for e in events if e["event"] == "start"] == [1, 2]
+
+
+# ---- every file of the folder, fuzzed: no command prints a traceback ----------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+RUN_FILES = (store.STATUS, store.RUN_CONFIG, store.HISTORY, store.METRICS)
+RESULT_FILES = ("fits.json", "steps.parquet", "front.parquet", "fits.parquet")
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                max_size=3),
+    max_leaves=8)
+
+
+def _json_content(original: bytes) -> st.SearchStrategy[bytes]:
+    """A JSON file fuzzed in type, shape, encoding and depth: raw bytes, any JSON value, a deep
+    nest, or the original object with one entry's value of another type."""
+    data = json.loads(original) if original.strip().startswith(b"{") else None
+    options = [st.binary(max_size=48),
+               json_values.map(lambda v: json.dumps(v).encode()),
+               st.integers(40, 3000).map(lambda n: b"[" * n + b"]" * n)]
+    if isinstance(data, dict) and data:
+        options.append(st.tuples(st.sampled_from(sorted(data)), json_values).map(
+            lambda kv: json.dumps({**data, kv[0]: kv[1]}).encode()))
+    return st.one_of(options)
+
+
+def _lines_content(original: bytes) -> st.SearchStrategy[bytes]:
+    line = st.one_of(json_values.map(lambda v: json.dumps(v).encode()), st.binary(max_size=24))
+    return st.lists(line, max_size=4).map(lambda lines: original + b"\n".join(lines) + b"\n")
+
+
+def _parquet_content(original: bytes) -> st.SearchStrategy[bytes]:
+    """A parquet file fuzzed: raw bytes, its rows cut or reordered, or one column replaced by
+    values of another type (text, nulls, NaN, negative integers, booleans)."""
+    import io
+
+    table = pq.read_table(io.BytesIO(original))
+    n = table.num_rows
+
+    def written(t: pa.Table) -> bytes:
+        out = io.BytesIO()
+        pq.write_table(t.replace_schema_metadata(table.schema.metadata), out)
+        return out.getvalue()
+
+    columns = {"text": pa.array(["x"] * n), "nulls": pa.nulls(n, pa.float64()),
+               "nan": pa.array([float("nan")] * n), "negative": pa.array([-1] * n),
+               "bools": pa.array([True] * n)}
+    replaced = st.tuples(st.sampled_from(table.column_names), st.sampled_from(sorted(columns)))
+    return st.one_of(
+        st.binary(max_size=48), st.just(original[: len(original) // 2]),
+        st.just(written(table.slice(0, 0))), st.just(written(table.take(list(range(n))[::-1]))),
+        replaced.map(lambda c: written(table.set_column(table.schema.get_field_index(c[0]),
+                                                        c[0], columns[c[1]]))))
+
+
+def _yaml_content(original: bytes) -> st.SearchStrategy[bytes]:
+    import yaml
+
+    data = yaml.safe_load(original)
+    section = st.sampled_from(sorted(k for k, v in data.items() if isinstance(v, dict)))
+    changed = st.tuples(section, st.text(max_size=6), json_values).map(
+        lambda c: yaml.safe_dump({**data, c[0]: {**data[c[0]], c[1] or "x": c[2]}}).encode())
+    bomb = b'a: &a ["x","x"]\nb: &b [*a,*a]\n' + original
+    return st.one_of(st.binary(max_size=48), changed, st.just(bomb),
+                     st.integers(40, 500).map(lambda n: b"a: " + b"[" * n + b"]" * n))
+
+
+def _content(trained: Path, relative: str) -> st.SearchStrategy[bytes | None]:
+    """What a file of the folder is replaced by (None: a FIFO in its place)."""
+    original = (trained / relative).read_bytes()
+    if relative.endswith(".parquet"):
+        made = _parquet_content(original)
+    elif relative.endswith(".yaml"):
+        made = _yaml_content(original)
+    elif relative.endswith(".jsonl"):
+        made = _lines_content(original)
+    else:
+        made = _json_content(original)
+    return st.one_of(made, st.just(None), st.just(b""))
+
+
+FUZZED = {  # command -> the files fuzzed for it and the examples it gets (a bounded budget)
+    "status": ([store.SWEEP_CONFIG, *(f"{store.RUNS}/{RUN}/{f}" for f in RUN_FILES)], 10),
+    "analyze": ([store.SWEEP_CONFIG, *(f"{store.RUNS}/{RUN}/{f}" for f in RUN_FILES)], 6),
+    "check": (["baseline.json"], 4),
+    "compare": (RESULT_FILES, 3),
+    "branch": ([store.SWEEP_CONFIG, *(f"{store.RUNS}/{RUN}/{f}" for f in RUN_FILES)], 4),
+    "plot": (RESULT_FILES, 1),
+    "report": (RESULT_FILES, 2),
+}
+
+
+def _args(command: str, sweep: Path, out: Path) -> list[str]:
+    if command == "check":
+        return ["check", str(sweep), "--baseline", str(sweep / "baseline.json")]
+    if command == "compare":
+        return ["compare", str(sweep), "--out", str(out)]
+    if command == "branch":
+        return ["branch", str(sweep / store.RUNS / RUN), "--at", "64", "--dry-run",
+                "--sweep-dir", str(out), "sweep=tiny", "sweep.batch_sizes=[8]"]
+    return [command, str(sweep)]
+
+
+@pytest.fixture(scope="module")
+def fuzz_base(trained, tmp_path_factory) -> Path:
+    """The trained sweep with a baseline of its own fits (what `check` compares with)."""
+    base = tmp_path_factory.mktemp("fuzz") / "sweep"
+    shutil.copytree(trained, base)
+    _clean(_cli("baseline", str(base), "--output", str(base / "baseline.json")))
+    return base
+
+
+@pytest.mark.parametrize("command", sorted(FUZZED))
+def test_no_content_of_a_folder_file_makes_a_command_print_a_traceback(fuzz_base, command,
+                                                                      tmp_path):
+    import tempfile
+
+    files, examples = FUZZED[command]
+
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(files).flatmap(
+        lambda f: st.tuples(st.just(f), _content(fuzz_base, f))))
+    def one(case: tuple[str, bytes | None]) -> None:
+        relative, content = case
+        with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+            sweep = Path(folder) / "sweep"
+            shutil.copytree(fuzz_base, sweep)
+            path = sweep / relative
+            path.unlink()
+            if content is None:
+                os.mkfifo(path)
+            else:
+                path.write_bytes(content)
+            result = _cli(*_args(command, sweep, Path(folder) / "out"))
+            assert result.exception is None or isinstance(result.exception, SystemExit), (
+                relative, content, result.exception)
+            allowed = (0, 1, 2) if command == "check" else (0, 2)
+            assert result.exit_code in allowed and "Traceback" not in result.output, (
+                relative, content, result.output)
+            if result.exit_code == 2:
+                assert len(result.stderr.strip().splitlines()) == 1, (relative, result.stderr)
+
+    one()

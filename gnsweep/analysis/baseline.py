@@ -74,9 +74,36 @@ def validate(baseline: Any) -> dict[str, Any]:
                             "`gnsweep baseline DIR -o FILE`")
     targets = baseline.get("targets")
     if not isinstance(targets, list) or not all(
-            isinstance(t, dict) and isinstance(t.get("target"), (int, float)) for t in targets):
+            isinstance(t, dict) and _finite(t.get("target")) for t in targets):
         raise BaselineError("'targets' must be a list of objects with a numeric 'target'")
+    for entry in targets:
+        for name in (*FIGURES, *(f"{f}_se" for f in FIGURES)):
+            value = entry.get(name)
+            if value is not None and not _number(value):
+                raise BaselineError(f"target {entry['target']}: {name} "
+                                    f"{str(value)[:40]!r} is not a number")
+    tolerance = baseline.get("tolerance", {})
+    if not isinstance(tolerance, dict) or not all(
+            _finite(tolerance.get(k, 0.0)) for k in ("rtol", "k_se")):
+        raise BaselineError("'tolerance' must be an object whose rtol and k_se are numbers")
+    if not isinstance(baseline.get("group_by") or "", str):
+        raise BaselineError("'group_by' must be the name of a column")
     return baseline
+
+
+def _number(value: Any) -> bool:
+    """A JSON number a float holds (not a bool, not an integer beyond a float's range)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def _finite(value: Any) -> bool:
+    return _number(value) and math.isfinite(float(value))
 
 
 def compare(baseline: dict[str, Any], fits: pd.DataFrame, rtol: float | None = None,
