@@ -872,6 +872,7 @@ def compose(overrides: list[str] | None = None, *, grid: tuple[str, ...] | None 
 
     overrides = list(overrides or [])
     _store_defaults()
+    _plain_yaml(conf_dir())
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
@@ -893,6 +894,20 @@ def compose(overrides: list[str] | None = None, *, grid: tuple[str, ...] | None 
     _check_custom_grid(config, sweep_file, overrides, GRID_FIELDS if grid is None else grid,
                        config.task.name == tasks.CUSTOM if custom is None else custom)
     return _named_after_task(config, sweep_file, overrides)
+
+
+def _plain_yaml(folder: Path) -> None:
+    """Refuse (StoreError naming file and line) a YAML file of the conf folder with an anchor or
+    alias or nested too deep (`store.load_yaml`), before Hydra expands it: a few lines of
+    aliases expand to billions of nodes. Only files with what may be one (`&name`, `*name`
+    after a space or bracket) are parsed here."""
+    import re
+
+    maybe = re.compile(r"(?:^|[\s\[{,])[&*][^\s,\[\]{}]", re.MULTILINE)
+    for path in sorted(folder.rglob("*.yaml")):
+        text = store.read_text(path)
+        if maybe.search(re.sub(r"(?:^|\s)#.*$", "", text, flags=re.MULTILINE)):  # no comments
+            store.load_yaml(text, path)
 
 
 LOSS_EMA_SAMPLES = 128.0

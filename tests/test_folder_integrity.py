@@ -378,3 +378,22 @@ def test_torchrun_scratch_of_a_killed_launcher_is_removed_by_the_next_launch(tmp
         (folder / "torchelastic_x").mkdir(parents=True)
     assert remove_stale_scratch(tmp_path) == [dead]
     assert not dead.exists() and live.exists() and other.exists()
+
+
+def test_a_yaml_alias_in_the_conf_folder_is_refused_before_hydra_expands_it(tmp_path,
+                                                                           monkeypatch):
+    import shutil
+
+    from gnsweep.config import conf_dir
+
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir(), conf)
+    bomb = ['# @package _global_', 'a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        bomb.append(f"{name}: &{name} [{','.join([f'*{prev}'] * 9)}]")
+    (conf / "experiment" / "bomb.yaml").write_text("\n".join(bomb) + "\n")
+    monkeypatch.setenv("GNSWEEP_CONF", str(conf))
+    with pytest.raises(StoreError, match=r"bomb.yaml: line 2: a YAML anchor or alias \(&a\)"):
+        compose(["sweep=tiny"])
+    line = _one_line(_cli("launch", "--dry-run", "sweep=tiny"))
+    assert "bomb.yaml" in line
