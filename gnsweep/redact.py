@@ -55,12 +55,19 @@ def _uri(match: re.Match[str]) -> str:
     return match[0]
 
 
-def text(value: str) -> str:
-    """`value` with credentials in URIs, query strings and `name=value` pairs masked."""
+def _by_pattern(value: str) -> str:
+    """`value` with the credentials its own form shows masked: URIs, query strings and
+    `name=value` pairs."""
     out = _URI_USERINFO.sub(_uri, value)
     out = _QUERY_SECRET.sub(lambda m: f"{m['name']}{MASK}", out)
-    out = _TEXT_SECRET.sub(
+    return _TEXT_SECRET.sub(
         lambda m: m[0] if m["value"] == MASK else f"{m['name']}{MASK}", out)
+
+
+def text(value: str) -> str:
+    """`value` with credentials in URIs, query strings and `name=value` pairs masked, and the
+    secrets this launch handed its workers (and pieces of them) wherever they appear."""
+    out = _by_pattern(value)
     # The real values this launch handed its workers, wherever they appear (a task's error
     # that quotes one without its name), and any piece of one long enough to matter (an error
     # that quotes the first characters of a token, or cuts it short with "...").
@@ -102,7 +109,26 @@ def _mask_pieces(out: str, secret: str) -> str:
 
 
 def _known_values() -> set[str]:
-    return {str(v) for v in exported().values() if len(str(v)) >= 4 and str(v) != MASK}
+    """The secret part of each value the launcher handed down: all of a setting whose name
+    says secret, the stretch its own masking hides of any other (a URI's password, not the
+    URI around it, whose pieces are no secret)."""
+    out = set()
+    for name, item in exported().items():
+        real = str(item)
+        shown = MASK if is_secret_name(str(name)) else _by_pattern(real)
+        if shown == real:
+            continue
+        start = 0
+        while start < min(len(real), len(shown)) and real[start] == shown[start]:
+            start += 1
+        end = 0
+        while (end < min(len(real), len(shown)) - start
+               and real[len(real) - 1 - end] == shown[len(shown) - 1 - end]):
+            end += 1
+        secret = real[start:len(real) - end]
+        if len(secret) >= 4 and secret != MASK:
+            out.add(secret)
+    return out
 
 
 def value(name: str, item: Any) -> Any:

@@ -805,7 +805,8 @@ def checked_status(data: Any, where: Path) -> dict[str, Any]:
                                   or value < 0):
             raise StoreError(f"{where}: {name} {json.dumps(value, default=str)[:40]} is not "
                              f"a whole number >= 0; {fix}")
-    return dict(data)
+    # A count written as null reads as absent (readers take their default, attempts 0).
+    return {k: v for k, v in data.items() if not (k in STATUS_COUNTS and v is None)}
 
 
 def write_status(path: Path, state: str, **fields: Any) -> dict[str, Any]:

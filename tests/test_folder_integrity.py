@@ -160,6 +160,12 @@ def test_a_status_json_of_another_shape_is_named_with_its_field(tmp_path, conten
         store.read_status(tmp_path)
 
 
+def test_a_count_written_as_null_reads_as_absent(tmp_path):
+    (tmp_path / store.STATUS).write_text('{"state": "failed", "attempts": null, "rows": null}')
+    assert store.read_status(tmp_path) == {"state": "failed"}
+    assert needs_running(store.read_status(tmp_path), max_retries=0)
+
+
 # ---- a run's rows -------------------------------------------------------------------------
 
 

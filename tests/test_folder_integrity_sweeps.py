@@ -139,13 +139,14 @@ def _set_column(path: Path, name: str, values) -> None:
 
 
 @pytest.mark.parametrize("rewrite", [
-    lambda s: [1] * (len(s) - 1) + [s[-1]],  # duplicated, row count and last row kept
-    lambda s: [-x for x in s[:-1]] + [s[-1]],  # negative
+    lambda s: pa.array([1] * (len(s) - 1) + [s[-1]]),  # duplicated, row count and last row kept
+    lambda s: pa.array([-x for x in s[:-1]] + [s[-1]]),  # negative
+    lambda s: pa.array([float("nan")] * len(s)),  # no step at all (statistics: all NaN)
 ])
 def test_steps_rewritten_with_the_last_row_kept_name_the_run_it_leaves_out(sweep, rewrite):
     path = sweep / store.RUNS / RUN / store.METRICS
     steps = pq.read_table(path, columns=["step"]).column("step").to_pylist()
-    _set_column(path, "step", pa.array(rewrite(steps), pa.int64()))
+    _set_column(path, "step", rewrite(steps))
     result = _cli("analyze", str(sweep), "--targets", "0.9")
     _clean(result)
     assert f"run {RUN} recorded done, but its metrics.parquet is rewritten" in result.stderr

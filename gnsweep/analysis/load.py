@@ -175,8 +175,10 @@ def _all_nan(file: pq.ParquetFile) -> set[str]:
     schema = file.schema_arrow
     # The analysis' float columns only, by position (a flat schema: arrow field i is parquet
     # column i), not all the file's.
+    # Never the step and examples a run's rows are checked by (a step column of NaN is named).
     wanted = {i: f.name for i, f in enumerate(schema)
-              if f.name in ANALYSIS_COLUMNS and pa.types.is_floating(f.type)}
+              if f.name in ANALYSIS_COLUMNS and pa.types.is_floating(f.type)
+              and f.name not in ("step", "examples")}
     empty = set(wanted.values())
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
