@@ -129,7 +129,9 @@ def test_a_plan_that_would_propose_finished_runs_again_stops_with_a_reason(tmp_p
 
     first = plan(*TINY, "--sweep-dir", str(tmp_path / "p"), "-q")
     assert first.exit_code == 0, first.output
-    (tmp_path / "p" / PLAN_FILE).unlink()  # decided again from the finished runs ...
+    # Its rounds forgotten (a folder without plan.json is a launch's, refused): decided again
+    # from the finished runs ...
+    store.write_json(tmp_path / "p" / PLAN_FILE, {"rounds": []})
     monkeypatch.setattr(plan_command, "read_outcomes",  # ... which are not read
                         lambda sweep_dir, config: [])
     again = plan(*TINY, "--sweep-dir", str(tmp_path / "p"), "-q")
