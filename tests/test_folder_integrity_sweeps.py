@@ -168,7 +168,7 @@ def test_metrics_columns_stored_as_text_are_named_in_one_line(sweep, column):
 
 
 @pytest.mark.parametrize("content,said", [
-    ('{"state": "done", "attempts": "x"}', 'attempts "x" is not a whole number'),
+    ('{"state": "done", "attempts": "x"}', "attempts is 'x', not a count"),
     ("[1, 2]", "not a run status"),
     ("[" * 5000 + "]" * 5000, "nested 5000 deep"),
 ])
@@ -220,7 +220,8 @@ def test_a_folder_with_a_nan_task_option_accepts_its_own_files(tmp_path, monkeyp
 def test_a_keyboard_interrupt_raised_inside_a_task_is_a_failure_with_counted_attempts(
         tmp_path, monkeypatch):
     from gnsweep import tasks
-    from gnsweep.config import TaskConfig, compose
+    from gnsweep.compose import compose
+    from gnsweep.config import TaskConfig
     from gnsweep.sweep import launch
 
     monkeypatch.syspath_prepend(str(HERE))

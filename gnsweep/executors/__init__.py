@@ -146,7 +146,7 @@ def take_run(sweep_dir: Path, run_id: str, max_retries: int) -> tuple[claims.Cla
     if claim is None:
         return None, "held"
     status = read_state(path)  # a finished run whose metrics are gone runs again
-    if status["state"] == RunState.RUNNING:
+    if status.state is RunState.RUNNING:
         who = f"{other['host']}:{other['pid']}" if other else "unknown"
         job = other.get("slurm_job_id") if other else None
         error = f"worker {who}{f' (Slurm job {job})' if job else ''} died while running it"
@@ -154,13 +154,13 @@ def take_run(sweep_dir: Path, run_id: str, max_retries: int) -> tuple[claims.Cla
         log_event(path, "died", owner=who)
     if not needs_running(status, max_retries):
         claim.release()
-        return None, str(status["state"])
+        return None, status.state.value
     return claim, "claimed"
 
 
 def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
               should_stop: Callable[[], bool] | None = None,
-              logger: RunLogger | None = None) -> dict[str, Any]:
+              logger: RunLogger | None = None) -> store.RunStatus:
     """Train a run this process (rank 0: `claim`) has taken; record how it ended on rank 0.
 
     A run that raises is recorded as failed with its error (the executor decides on a retry); a
@@ -176,7 +176,7 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
     if writer:
         assert claim is not None, "rank 0 trains only runs it has claimed"
         try:
-            attempts = int(store.read_status(path).get("attempts", 0)) + 1
+            attempts = store.read_status(path).attempts + 1
             where = placed()  # host, GPUs, device: "where did this run train?"
             # Logged before the status says running: whoever sees `running` finds the start.
             log_event(path, "start", attempt=attempts, **where)
@@ -210,10 +210,9 @@ def stopped_by_launcher(sweep_dir: Path, run_id: str) -> None:
         return
     try:
         status = store.read_status(path)
-        if status["state"] == RunState.RUNNING:
-            attempts = int(status.get("attempts", 1))
-            store.write_status(path, RunState.PENDING, attempts=attempts - 1)
-            log_event(path, "stopped", attempt=attempts, killed=True)
+        if status.state is RunState.RUNNING:
+            store.write_status(path, RunState.PENDING, attempts=max(status.attempts - 1, 0))
+            log_event(path, "stopped", attempt=status.attempts, killed=True)
     finally:
         claim.release()
 
@@ -260,7 +259,7 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _failed(path: Path, attempts: int, writer: bool, err: BaseException,
-            error: str | None = None) -> dict[str, Any]:
+            error: str | None = None) -> store.RunStatus:
     """Record a run that raised `err` as failed, with its error (masked: an error may quote a
     URI with its password) and traceback; an out-of-space error with reason OUT_OF_SPACE."""
     error = redact.text(error or f"{type(err).__name__}: {err}")
@@ -268,7 +267,7 @@ def _failed(path: Path, attempts: int, writer: bool, err: BaseException,
     extra = {"reason": OUT_OF_SPACE if no_space else None}
     if no_space:
         error += " (out of space: not retried in this launch; free space and relaunch)"
-    status: dict[str, Any] = {"state": RunState.FAILED, "error": error, **extra}
+    status = store.RunStatus(state=RunState.FAILED, error=error, reason=extra["reason"])
     if writer:
         with unrecorded_end(path, attempts):
             status = store.write_status(path, RunState.FAILED, error=error, **extra,
@@ -345,7 +344,7 @@ def watch_interrupts() -> Iterator[None]:
 
 def _train_and_record(path: Path, attempts: int, writer: bool,
                       should_stop: Callable[[], bool] | None,
-                      logger: RunLogger, watchdog: Watchdog | None = None) -> dict[str, Any]:
+                      logger: RunLogger, watchdog: Watchdog | None = None) -> store.RunStatus:
     from gnsweep.training import train
 
     try:
@@ -384,7 +383,7 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
                        "the worker)")
     except Exception as err:
         return _failed(path, attempts, writer, err)
-    status = {"state": result.state}
+    status = store.RunStatus(state=RunState(result.state))
     if writer:
         with unrecorded_end(path, attempts):
             status = store.write_status(
@@ -442,5 +441,4 @@ def execute_run(sweep_dir: Path, run_id: str, should_stop: Callable[[], bool] | 
     claim, why = take_run(sweep_dir, run_id, max_retries)
     if claim is None:
         return Outcome(why, ran=False)
-    return Outcome(str(run_taken(sweep_dir, run_id, claim, should_stop, logger)["state"]),
-                   ran=True)
+    return Outcome(run_taken(sweep_dir, run_id, claim, should_stop, logger).state.value, ran=True)
