@@ -402,3 +402,17 @@ def test_a_yaml_alias_in_the_conf_folder_is_refused_before_hydra_expands_it(tmp_
         compose(["sweep=tiny"])
     line = _one_line(_cli("launch", "--dry-run", "sweep=tiny"))
     assert "bomb.yaml" in line
+
+
+@pytest.mark.parametrize("record", [
+    [], {"rounds": [1]}, {"rounds": [{"phase": "pilot"}]},
+    {"rounds": [{"phase": "pilot", "runs": [{"batch_size": "8"}]}]}])
+def test_a_plan_record_of_another_shape_is_refused_in_one_line(tmp_path, record):
+    from gnsweep.commands.plan import plan
+
+    folder = tmp_path / "plan"
+    folder.mkdir()
+    (folder / store.PLAN).write_text(json.dumps(record))
+    with pytest.raises(StoreError, match="not a plan's record"):
+        plan(compose(["sweep=tiny"]), folder, show_progress=False, echo=lambda line: None)
+    assert not (folder / store.SWEEP_CONFIG).exists()  # refused before the folder changed

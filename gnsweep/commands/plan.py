@@ -49,11 +49,12 @@ def plan(config: Config, sweep_dir: Path, *, show_progress: bool = True,
         raise ConfigError(f"{sweep_dir}: a sweep folder that `gnsweep launch` wrote (runs but no "
                           f"{PLAN_FILE}); a plan would add its runs to that grid: give the plan "
                           "a folder of its own (--sweep-dir NEW) or an earlier plan's folder")
-    prepare_folder(sweep_dir, config)
     record: Any = store.read_json(path) if os.path.lexists(path) else {"rounds": []}
-    if not isinstance(record, dict) or not isinstance(record.get("rounds"), list):
+    if not _plan_record(record):
         raise store.StoreError(f"{path}: not a plan's record (an object with a list of "
-                               "rounds); restore it, or give the plan a new --sweep-dir")
+                               "rounds, each a phase and its runs); restore it, or give the plan "
+                               "a new --sweep-dir")
+    prepare_folder(sweep_dir, config)
     rounds: list[dict[str, Any]] = record["rounds"]
     seed = config.sweep.seeds[0]
     grid_size = len(config.sweep.batch_sizes) * len(config.sweep.learning_rates)
@@ -114,6 +115,27 @@ def plan(config: Config, sweep_dir: Path, *, show_progress: bool = True,
         summary.run_ids += ids
         summary.rounds += 1
     return summary
+
+
+def _plan_record(record: Any) -> bool:
+    """Whether plan.json holds what `plan` writes: {"rounds": [{"phase", "runs": [{batch_size,
+    learning_rate, seed, max_steps, run_id}...]}...]} with numbers where numbers belong."""
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) \
+            and math.isfinite(value)
+
+    if not isinstance(record, dict) or not isinstance(record.get("rounds"), list):
+        return False
+    for entry in record["rounds"]:
+        if not (isinstance(entry, dict) and isinstance(entry.get("phase"), str)
+                and isinstance(entry.get("runs"), list)):
+            return False
+        for run in entry["runs"]:
+            if not (isinstance(run, dict) and isinstance(run.get("run_id"), str)
+                    and all(number(run.get(k)) for k in (
+                        "batch_size", "learning_rate", "seed", "max_steps"))):
+                return False
+    return True
 
 
 def read_outcomes(sweep_dir: Path, config: Config) -> list[RunOutcome]:
