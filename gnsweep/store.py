@@ -710,6 +710,10 @@ def is_sweep(sweep_dir: Path) -> bool:
 def require_sweep(sweep_dir: Path) -> None:
     if not sweep_dir.is_dir():
         raise StoreError(f"{sweep_dir}: no such folder; run `gnsweep launch` first")
+    config = sweep_dir / SWEEP_CONFIG
+    if is_special(config):  # a FIFO, socket, device or folder where the config belongs
+        raise StoreError(f"{config}: {_kind(os.lstat(config).st_mode)} where a file belongs; "
+                         "gnsweep reads only regular files: put the sweep's config.yaml back")
     if not is_sweep(sweep_dir):
         raise StoreError(f"{sweep_dir}: not a sweep folder (no {SWEEP_CONFIG} and {RUNS}/); "
                          "give the folder that `gnsweep launch` wrote")

@@ -93,6 +93,14 @@ def test_a_fifo_in_a_run_folder_is_named_never_waited_on(sweep, name, command):
     assert str(path) in line and "named pipe (FIFO)" in line
 
 
+@pytest.mark.parametrize("command", ["status", "analyze", "report"])
+def test_a_fifo_in_place_of_the_sweeps_config_is_named(sweep, command):
+    (sweep / store.SWEEP_CONFIG).unlink()
+    os.mkfifo(sweep / store.SWEEP_CONFIG)
+    line = _one_line(_cli(command, str(sweep)))
+    assert f"{sweep / store.SWEEP_CONFIG}: a named pipe (FIFO)" in line
+
+
 @pytest.mark.parametrize("make", ["missing", "folder", "fifo"])
 def test_a_run_folder_without_a_readable_record_is_named_by_status_and_analyze(sweep, make):
     record = sweep / store.RUNS / RUN / store.RUN_CONFIG

@@ -6,6 +6,7 @@ them atomically.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,8 @@ def load_tables(sweep_dir: Path, analyze: bool = True) -> Results:
     from gnsweep.analysis.load import load_sweep
     from gnsweep.commands.analyze import analyze_sweep
 
-    if not store.is_sweep(sweep_dir) and (sweep_dir / "fits.parquet").is_file():
+    if (not store.is_sweep(sweep_dir) and not os.path.lexists(sweep_dir / store.SWEEP_CONFIG)
+            and (sweep_dir / "fits.parquet").is_file()):
         return read_results(sweep_dir)  # `analyze --table` output: no runs, no curves
     store.require_sweep(sweep_dir)
     if analyze and not all((sweep_dir / name).exists() for name in (

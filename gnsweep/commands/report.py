@@ -32,7 +32,7 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
         measured = sweep_measurement_note(sweep_dir)
         loaded = Config.load(sweep_dir)
         config: Config | None = loaded
-        config_text = (sweep_dir / store.SWEEP_CONFIG).read_text()
+        config_text = store.read_text(sweep_dir / store.SWEEP_CONFIG)
         name = loaded.task.label  # what was trained, not the sweep file's name ("tiny")
     else:
         config, name = None, sweep_dir.name
