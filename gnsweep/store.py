@@ -500,18 +500,16 @@ def write_frame(path: Path, frame: Any, schema: pa.Schema | None = None) -> None
     write_table(path, table)
 
 
-@contextmanager
-def open_parquet(path: Path) -> Iterator[Any]:
-    """The regular file at `path` opened for pyarrow's readers (`open_regular`: never a FIFO,
-    device or link); FileNotFoundError when nothing is there."""
-    with os.fdopen(open_regular(path), "rb") as handle:
-        yield handle
+def parquet_path(path: Path) -> str:
+    """`path` for pyarrow's own (native) readers, once `require_regular` has found a regular
+    file there (lstat: a FIFO, device, socket or link is refused, never opened; pyarrow then
+    opens the path itself, without a Python file object in its threads)."""
+    return str(require_regular(path))
 
 
 def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
     try:
-        with open_parquet(path) as handle:
-            return pq.read_table(handle, columns=columns)
+        return pq.read_table(parquet_path(path), columns=columns)
     except FileNotFoundError:
         raise StoreError(f"{path}: missing") from None
     except (pa.ArrowException, OSError, ValueError) as err:
@@ -530,8 +528,7 @@ def metrics_problem(run_path: Path, status: Mapping[str, Any] | None = None) -> 
     try:
         if path.is_symlink():
             return "a symbolic link"
-        with open_parquet(path) as handle:
-            meta = pq.read_metadata(handle)
+        meta = pq.read_metadata(parquet_path(path))
         schema = meta.schema.to_arrow_schema()
     except FileNotFoundError:
         return "missing"
