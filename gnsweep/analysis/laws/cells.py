@@ -12,7 +12,9 @@ examples (or tokens), its final loss compared across batch size B and learning r
   a relative `tolerance` of the best: loss <= best * (1 + tolerance).
 - An optimum on the grid's edge (the smallest or largest batch size, or the smallest or largest
   learning rate tried at its batch size) is only a bound: `edge` is set and the law fits leave
-  the cell out. A larger learning rate that diverged brackets the optimum from above.
+  the cell out. So is one whose near-optimal set reaches an edge: the loss is flat to the
+  edge within the tolerance and the best point inside is noise. A larger learning rate that
+  diverged brackets the optimum from above.
 - The fixed-budget critical batch size: the largest batch size whose best loss (over lr) stays
   within the tolerance of the cell's best, interpolated in log B between the last batch size
   inside and the first outside. Beyond a small-batch regime where only the ratio lr/B matters
@@ -31,6 +33,9 @@ import numpy as np
 
 QUADRATIC = "quadratic"
 GRID = "grid"
+LOCAL = 4.0
+"""The fixed-budget critical batch size's curve is fitted up to this many tolerances of
+excess loss."""
 MIN_QUADRATIC_POINTS = 6
 """A full quadratic in two variables has six coefficients."""
 
@@ -104,8 +109,8 @@ def cell_optimum(batch_size: np.ndarray, learning_rate: np.ndarray, loss: np.nda
     x, y = np.log(b), np.log(lr)
     best = int(np.argmin(np.where(finite, values, np.inf)))
     best_loss = float(values[best])
-    edge_reason = _edge(b, lr, best)
     near = finite & (values <= best_loss * (1 + tolerance))
+    edge_reason = _edge(b, lr, best) or _near_edge(b, lr, near)
     rng = np.random.default_rng(seed)
     model = _local_quadratic(x, y, values, finite, best, bootstrap, rng)
     if model is None:
@@ -143,6 +148,24 @@ def _edge(b: np.ndarray, lr: np.ndarray, best: int) -> str:
     elif lr[best] == tried.max():
         reasons.append(f"largest learning rate {lr[best]:g} tried at batch size {b[best]:g}")
     return "; ".join(reasons)
+
+
+def _near_edge(b: np.ndarray, lr: np.ndarray, near: np.ndarray) -> str:
+    """Why the grid does not bracket the near-optimal set ("" when it does): a configuration
+    within the tolerance at the smallest or largest batch size, or at the smallest or largest
+    learning rate tried at its batch size. The loss is then flat to the edge (plain SGD at a
+    fixed budget is as good at every batch size below its critical one), and the best point
+    inside is noise."""
+    for i in np.flatnonzero(near):
+        if b[i] in (b.min(), b.max()):
+            side = "smallest" if b[i] == b.min() else "largest"
+            return f"the near-optimal set reaches the {side} batch size {b[i]:g}"
+        tried = lr[b == b[i]]
+        if lr[i] in (tried.min(), tried.max()):
+            side = "smallest" if lr[i] == tried.min() else "largest"
+            return (f"the near-optimal set reaches the {side} learning rate {lr[i]:g} tried at "
+                    f"batch size {b[i]:g}")
+    return ""
 
 
 def _spacing(values: np.ndarray) -> float:
@@ -205,17 +228,23 @@ def _local_quadratic(x: np.ndarray, y: np.ndarray, values: np.ndarray, finite: n
     return origin + point * scale, model_loss, origin + draws * scale
 
 
-def _per_batch_best(y: np.ndarray, values: np.ndarray) -> float:
-    """The best loss over learning rates at one batch size: a parabola in log lr through the
-    best point and its two neighbours when it is inside, else the best measured."""
+def _per_batch_best(y: np.ndarray, values: np.ndarray, tolerance: float) -> float:
+    """The best loss over learning rates at one batch size: the minimum of a parabola in log lr
+    fitted by least squares to the best point and its neighbours (up to two on each side)
+    whose loss is within LOCAL x the tolerance of it (more points average the runs' noise; a
+    steep wall near divergence would bend the parabola below the valley), when at least three
+    are and the minimum lies among them; else the best measured."""
     order = np.argsort(y)
     y, values = y[order], values[order]
     i = int(np.argmin(values))
-    if 0 < i < len(y) - 1 and np.isfinite(values[i - 1:i + 2]).all():
-        a, b, c = np.polyfit(y[i - 1:i + 2], values[i - 1:i + 2], 2)
+    lo, hi = max(i - 2, 0), min(i + 3, len(y))
+    near = np.arange(lo, hi)
+    near = near[values[near] <= values[i] * (1 + LOCAL * tolerance)]
+    if len(near) >= 3 and near.min() < i < near.max():
+        a, b, c = np.polyfit(y[near], values[near], 2)
         if a > 0:
             vertex = -b / (2 * a)
-            if y[i - 1] <= vertex <= y[i + 1]:
+            if y[near.min()] <= vertex <= y[near.max()]:
                 return float(min(values[i], c - b * b / (4 * a)))
     return float(values[i])
 
@@ -223,18 +252,67 @@ def _per_batch_best(y: np.ndarray, values: np.ndarray) -> float:
 def _fixed_budget_bcrit(b: np.ndarray, y: np.ndarray, values: np.ndarray, finite: np.ndarray,
                         best_loss: float, tolerance: float) -> tuple[float, str]:
     """The largest batch size whose best loss is within `tolerance` of the cell's best (module
-    docstring), and its status."""
+    docstring), and its status.
+
+    Each batch size's best loss (over lr) is a noisy curve, flat below the critical batch size
+    and rising above it. The lowest of several noisy flat values lies below their level and
+    would move the crossing; so from the best batch size up the curve is fitted by a floor
+    and a power, L(B) = L0 + k B^p (least squares, every batch size up to the first beyond
+    LOCAL tolerances weighing in), and the
+    crossing is where L(B) rises `tolerance` above the fitted curve's value at its start.
+    Where that fit fails, the crossing is interpolated in log B between the batch sizes
+    around it.
+    """
     sizes = np.unique(b)
-    excess = np.array([
-        _per_batch_best(y[(b == s) & finite], values[(b == s) & finite]) / best_loss - 1
+    bests = np.array([
+        _per_batch_best(y[(b == s) & finite], values[(b == s) & finite], tolerance)
         if ((b == s) & finite).any() else math.inf for s in sizes])
-    start = int(np.argmin(excess))
-    for k in range(start + 1, len(sizes)):
-        if excess[k] > tolerance:
-            inside = excess[k - 1]
-            if not math.isfinite(excess[k]):
-                return float(sizes[k - 1]), "fit"
-            share = (tolerance - inside) / (excess[k] - inside)
-            log_b = math.log(sizes[k - 1]) + share * (math.log(sizes[k]) - math.log(sizes[k - 1]))
-            return math.exp(log_b), "fit"
-    return float(sizes[-1]), "lower_bound"
+    start = int(np.argmin(bests))
+    excess = bests / bests[start] - 1
+    if not (excess[start + 1:] > tolerance).any():
+        return float(sizes[-1]), "lower_bound"
+    k = start + 1 + int(np.argmax(excess[start + 1:] > tolerance))
+    # The curve's shape steepens far above the crossing: fit it up to the first batch size
+    # beyond LOCAL x the tolerance, where it describes the crossing.
+    beyond = np.flatnonzero(excess[start:] > LOCAL * tolerance)
+    end = start + (int(beyond[0]) + 1 if len(beyond) else len(sizes) - start)
+    fitted = _floor_power_crossing(sizes[start:end], bests[start:end], tolerance)
+    if fitted is not None and sizes[start] <= fitted <= sizes[-1]:
+        return fitted, "fit"
+    if not math.isfinite(excess[k]):
+        return float(sizes[k - 1]), "fit"
+    inside = excess[k - 1]
+    share = (tolerance - inside) / (excess[k] - inside)
+    log_b = math.log(sizes[k - 1]) + share * (math.log(sizes[k]) - math.log(sizes[k - 1]))
+    return math.exp(log_b), "fit"
+
+
+def _floor_power_crossing(sizes: np.ndarray, bests: np.ndarray, tolerance: float
+                          ) -> float | None:
+    """Where L0 + k B^p, fitted to (sizes, bests), rises `tolerance` above its value at the
+    first size; None when the fit has no such rise (fewer than four finite points, k <= 0)."""
+    from scipy.optimize import least_squares
+
+    ok = np.isfinite(bests)
+    x, v = np.log(sizes[ok] / sizes[0]), bests[ok]
+    if len(v) < 4:
+        return None
+    scale = float(v.min())
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        floor, log_k, p = theta
+        return (floor + np.exp(log_k + p * x) - v) / scale
+
+    start = np.array([v.min() * 0.999, math.log(max(v.max() - v.min(), 1e-12 * scale)) - 2.0,
+                      1.0])
+    try:
+        fit = least_squares(residuals, start, bounds=([-np.inf, -np.inf, 0.25], [np.inf, 50, 8]))
+    except ValueError:
+        return None
+    floor, log_k, p = fit.x
+    level = floor + math.exp(log_k)  # the curve at the first size (x = 0)
+    rise = (1 + tolerance) * level - floor
+    if not (fit.success and rise > 0 and math.isfinite(log_k)):
+        return None
+    crossing = (math.log(rise) - log_k) / p
+    return float(sizes[0] * math.exp(crossing)) if math.isfinite(crossing) else None
