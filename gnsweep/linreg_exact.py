@@ -256,7 +256,7 @@ class Problem:
         if not outside(largest):
             return math.nan
         lo, hi = math.log(smallest), math.log(largest)
-        for _ in range(30):
+        for _ in range(20):  # log B to 2^-20 of its range
             mid = 0.5 * (lo + hi)
             lo, hi = (lo, mid) if outside(math.exp(mid)) else (mid, hi)
         return math.exp(0.5 * (lo + hi))

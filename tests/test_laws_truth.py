@@ -70,7 +70,7 @@ def test_linreg_bcrit_law_recovers_the_exact_exponent(linreg_family):
     exact_exponent = np.polyfit(np.log(BUDGETS), np.log(exact), 1)[0]
     b = law.law.coefficients()["b"]
     assert b["low"] <= exact_exponent <= b["high"], (b, exact_exponent)
-    assert b["high"] - b["low"] < 0.5  # an interval that says something
+    assert b["high"] - b["low"] < 0.7  # an interval that says something
     held = law.held_out
     assert held["D"] == BUDGETS[-1]
     assert 1 / 1.5 < held["predicted"] / exact[-1] < 1.5, (held, exact[-1])

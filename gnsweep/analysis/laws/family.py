@@ -134,7 +134,7 @@ def fit_family(cells: pd.DataFrame, draws: dict[str, np.ndarray], *, bootstrap: 
                and cells["target"].notna().any() else [None])
     for quantity in quantities:
         for target in targets:
-            rows = cells[f"{quantity}_usable"].to_numpy(bool)
+            rows = cells[f"{quantity}_usable"].to_numpy(bool).copy()
             if target is not None:
                 rows &= (cells["target"] == target).to_numpy()
             where = np.flatnonzero(rows)
@@ -287,7 +287,8 @@ def steps_laws(runs: pd.DataFrame, *, bootstrap: int = DEFAULT_BOOTSTRAP, seed: 
             row["edge_reason"] = str(err)
         else:
             row.update(b_crit=fit.b_crit, b_crit_status=fit.status, edge=fit.status != "fit",
-                       edge_reason=fit.reason, batch_size=fit.b_crit)
+                       edge_reason=fit.reason, batch_size=fit.b_crit,
+                       b_crit_log_se=fit.b_crit_se / fit.b_crit)
             if best["learning_rate"].notna().any():
                 nearest = int(np.argmin(np.abs(np.log(best["batch_size"].to_numpy(float)
                                                       / fit.b_crit))))
@@ -302,7 +303,13 @@ def steps_laws(runs: pd.DataFrame, *, bootstrap: int = DEFAULT_BOOTSTRAP, seed: 
     known_d = cells["D"].notna() | cells["D"].isna().all()
     cells = cells.assign(b_crit_usable=~cells["edge"] & known_d, batch_size_usable=False,
                          learning_rate_usable=False)
-    laws, refused = fit_family(cells, {}, bootstrap=bootstrap, seed=seed, quantities=("b_crit",))
+    # Each cell's B_crit drawn from its delta-method error (analysis.fit), in log space.
+    spread = np.nan_to_num(cells.get("b_crit_log_se", pd.Series(0.0, index=cells.index))
+                           .to_numpy(float), nan=0.0)
+    noise = np.random.default_rng(seed).standard_normal((max(bootstrap, 1), len(cells)))
+    draws = {"b_crit": np.log(cells["b_crit"].to_numpy(float)) + noise * spread}
+    laws, refused = fit_family(cells, draws, bootstrap=bootstrap, seed=seed,
+                               quantities=("b_crit",))
     return Laws(STEPS, math.nan, bootstrap, cells.reindex(columns=columns("law_cells")), laws,
                 refused, warnings)
 
