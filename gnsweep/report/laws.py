@@ -76,6 +76,11 @@ def format_laws(data: dict[str, Any]) -> str:
                 lines.append(f"  {QUANTITY_NAMES[quantity]} = "
                              + _interval(prediction[quantity], prediction[f"{quantity}_low"],
                                          prediction[f"{quantity}_high"]))
+        refs = prediction.get("references") or {}
+        if refs:
+            lines.append(f"  for reference only, Step Law (AdamW language models, tokens) at "
+                         f"this N, D: B {_g(refs.get('step_law_batch_size'))}, lr "
+                         f"{_g(refs.get('step_law_learning_rate'))}")
         for note in prediction.get("notes", []):
             lines.append(f"  note: {note}")
     if data.get("references"):

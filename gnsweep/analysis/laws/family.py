@@ -37,14 +37,14 @@ DEFAULT_BOOTSTRAP = 200
 QUANTITIES = ("batch_size", "learning_rate", "b_crit")
 """B_opt, lr_opt and the critical batch size: the `quantity` of a law."""
 REFERENCES: list[dict[str, Any]] = [
-    {"source": "DeepSeek LLM (2024), eq. 1", "quantity": "batch_size",
-     "form": "0.2920 * C^0.3271", "unit": "tokens; C in FLOPs (non-embedding FLOPs/token x "
-     "tokens)"},
-    {"source": "DeepSeek LLM (2024), eq. 1", "quantity": "learning_rate",
+    {"source": "DeepSeek LLM (Bi et al. 2024), eq. 1", "quantity": "batch_size",
+     "form": "0.2920 * C^0.3271", "unit": "tokens; C = M D in FLOPs (M: non-embedding FLOPs "
+     "a token)"},
+    {"source": "DeepSeek LLM (Bi et al. 2024), eq. 1", "quantity": "learning_rate",
      "form": "0.3118 * C^-0.1250", "unit": "AdamW peak learning rate; C in FLOPs"},
     {"source": "Li et al. 2025 (Step Law)", "quantity": "learning_rate",
-     "form": "1.79 * N^-0.713 * D^0.307", "unit": "AdamW; N non-embedding parameters, "
-     "D tokens"},
+     "form": "1.79 * N^-0.713 * D^0.307", "unit": "AdamW peak learning rate; N parameters "
+     "without the vocabulary's, D tokens"},
     {"source": "Li et al. 2025 (Step Law)", "quantity": "batch_size",
      "form": "0.58 * D^0.571", "unit": "tokens; D tokens"},
 ]
@@ -337,4 +337,13 @@ def predict(result: Laws, n: float, d: float, runs_n: np.ndarray, runs_d: np.nda
         if law is not None and "N" not in law.law.variables and n != top_n:
             notes.append(f"{quantity}: one model size swept, N does not enter the law")
     out["notes"] = notes
+    # Step Law's laws at the same (N, D), for comparison only (AdamW language models, N
+    # without the vocabulary's parameters, D and B in tokens).
+    out["references"] = {"step_law_batch_size": STEP_LAW["batch_size"](n, d),
+                         "step_law_learning_rate": STEP_LAW["learning_rate"](n, d)}
     return out
+
+
+STEP_LAW = {"batch_size": lambda n, d: 0.58 * d ** 0.571,
+            "learning_rate": lambda n, d: 1.79 * n ** -0.713 * d ** 0.307}
+"""Li et al. 2025's fitted laws (their eq. for B(D) and eta(N, D)), as in REFERENCES."""

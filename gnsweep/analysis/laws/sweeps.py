@@ -2,9 +2,10 @@
 early stop, its final loss compared per (B, lr). Pure: frames in (`analysis.load.load_sweep`),
 rows out.
 
-The final loss of a run is its last eval loss where it logged one at its last row, else its
-last smoothed training loss (the logged causal EMA, whose lag is harmless at the end of a run
-at constant loss). A diverged run counts as an infinite loss: it brackets the optimum.
+The final loss of a run is its last eval loss where it evaluated within the last 2% of the
+budget (sweep.eval_every), else its last smoothed training loss (the logged causal EMA, whose
+lag is harmless at the end of a run at constant loss). A diverged run counts as an infinite
+loss: it brackets the optimum.
 """
 
 from __future__ import annotations
@@ -48,8 +49,13 @@ def final_losses(sweep: str, runs: pd.DataFrame, metrics: pd.DataFrame, max_exam
                 f"{sweep}: run {run.run_id} stopped at {float(last['examples']):,.0f} examples, "
                 f"before sweep.max_examples={max_examples:,.0f} (a target was reached): a "
                 "fixed-budget sweep trains every run to its budget; give targets no run reaches")
-        eval_loss = float(last.get("eval_loss", np.nan))
-        loss = eval_loss if math.isfinite(eval_loss) else float(last["loss_smooth"])
+        evaluated = rows_of[np.isfinite(rows_of["eval_loss"].to_numpy(float))] if (
+            "eval_loss" in rows_of) else rows_of.iloc[:0]
+        final_eval = (evaluated.sort_values("step").iloc[-1] if len(evaluated) else None)
+        if final_eval is not None and float(final_eval["examples"]) >= FINAL_SHARE * max_examples:
+            loss = float(final_eval["eval_loss"])
+        else:
+            loss = float(last["loss_smooth"])
         rows.append((run.batch_size, run.learning_rate, loss if math.isfinite(loss)
                      else math.inf))
     return pd.DataFrame(rows, columns=["batch_size", "learning_rate", "loss"])
