@@ -49,6 +49,7 @@ def test_fixed_budget_table_writes_the_contract(tmp_path):
                      "--bootstrap", "60", "--tolerance", "0.005", "--json")
     assert result.exit_code == 0, result.output
     assert (out / "laws.parquet").is_file() and (out / "laws_fits.png").is_file()
+    assert "data:image/png;base64" in (out / "laws.html").read_text()
     data = json.loads((out / "laws.json").read_text())
     assert {law["quantity"] for law in data["laws"]} == {"batch_size", "learning_rate", "b_crit"}
     for law in data["laws"]:

@@ -5,6 +5,7 @@ laws across scale (`gnsweep.analysis.laws`), write them, print them (`gnsweep.re
     <out>/law_cells.parquet   one row per (N, D) cell
     <out>/laws.json           the laws, cells, held-out check and prediction (docs/laws.md)
     <out>/laws_*.png, .pdf    each law with its band and points; each cell's loss landscape
+    <out>/laws.html           the report: laws, held-out check, prediction, figures embedded
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def write(result: Laws, runs: pd.DataFrame, out_dir: Path,
     """laws.parquet, law_cells.parquet, laws.json and the figures; (paths, skipped figures)."""
     from gnsweep.commands.plot import save
     from gnsweep.report.laws_figures import draw_all
+    from gnsweep.report.laws_html import render_laws
 
     out_dir = Path(out_dir)
     store.write_frame(out_dir / store.LAWS, laws_frame(result),
@@ -119,11 +121,16 @@ def write(result: Laws, runs: pd.DataFrame, out_dir: Path,
     store.write_json(out_dir / store.LAWS_JSON, laws_json(result))
     paths = [out_dir / store.LAWS, out_dir / store.LAW_CELLS, out_dir / store.LAWS_JSON]
     skipped: dict[str, str] = {}
+    embedded: dict[str, bytes | str] = {}
     for name, figure in draw_all(result, runs).items():
         if isinstance(figure, str):
-            skipped[name] = figure
+            skipped[name] = embedded[name] = figure
         else:
-            paths += save(figure, name, out_dir, formats)
+            saved = save(figure, name, out_dir, formats)
+            paths += saved
+            embedded[name] = saved[0].read_bytes() if saved[0].suffix == ".png" else ""
+    store.write_text(out_dir / store.LAWS_HTML, render_laws(laws_json(result), embedded))
+    paths.append(out_dir / store.LAWS_HTML)
     return paths, skipped
 
 
