@@ -353,43 +353,26 @@ def compare(
 
 @app.command()
 def laws(
+    out: Annotated[Path, typer.Option("--out", help="Folder for laws.json and the rest.")],
     sweep_dirs: Annotated[list[Path] | None, typer.Argument(
-        help="Fixed-budget sweep folders, one per model size N and budget D (or use "
-             "--table).")] = None,
-    out: Annotated[Path | None, typer.Option(
-        "--out", help="Folder for laws.parquet, laws.json and the figures.")] = None,
-    table: Annotated[Path | None, typer.Option(
-        "--table", help="CSV or parquet made elsewhere: fixed-budget rows N, D, batch_size, "
-                        "learning_rate, loss, or steps-to-target rows N, batch_size, steps "
-                        "(optional D, target, learning_rate).")] = None,
-    predict: Annotated[str | None, typer.Option(
-        "--predict", help="B and lr at a new scale, e.g. N=7e9,D=1.4e12.")] = None,
-    tolerance: Annotated[float, typer.Option(
-        "--tolerance", help="Near-optimal set: configurations within this relative loss of "
-                            "each cell's best.")] = 0.01,
-    bootstrap: Annotated[int, typer.Option(
-        "--bootstrap", min=0, help="Bootstrap draws for the 95% intervals.")] = 200,
-    as_json: Annotated[bool, typer.Option(
-        "--json", help="Print laws.json's content on stdout; the summary goes to stderr.")
-    ] = False,
-    svg: Annotated[bool, typer.Option("--svg", help="SVG instead of PDF beside each PNG.")
-                   ] = False,
+        help="Fixed-budget sweep folders, one per model size N and budget D.")] = None,
+    table: Annotated[Path | None, typer.Option("--table", help="CSV or parquet made elsewhere: "
+        "N, D, batch_size, learning_rate, loss; or N, batch_size, steps.")] = None,
+    predict: Annotated[str | None, typer.Option(help="A new scale: N=7e9,D=1.4e12.")] = None,
+    tolerance: Annotated[float, typer.Option(help="Near-optimal: within this relative loss."
+                                             )] = 0.01,
+    bootstrap: Annotated[int, typer.Option(min=0, help="Draws for 95% intervals.")] = 200,
+    as_json: Annotated[bool, typer.Option("--json", help="laws.json on stdout.")] = False,
 ) -> None:
-    """Batch size and learning rate laws across model size N and data D: each cell's optimum
-    (B_opt, lr_opt) with its near-optimal set, power laws c * N^a * D^b with bootstrap
-    intervals, each checked by predicting the largest scale left out (docs/laws.md).
+    """Batch size and learning rate laws across model size N and data D (docs/laws.md): each
+    cell's optimum, power laws c * N^a * D^b with 95% intervals, the largest cell held out.
 
-    Writes OUT/laws.parquet, OUT/law_cells.parquet, OUT/laws.json and the figures.
-    Example: gnsweep laws runs/w8-d4k runs/w8-d16k runs/w16-d4k ... --out runs/laws
-    --predict N=1e6,D=1e6
+    Example: gnsweep laws runs/d1k runs/d2k runs/d4k runs/d8k --out runs/laws --predict N=17,D=65536
     """
     from gnsweep.commands.laws import run
-    from gnsweep.errors import ConfigError
 
-    if out is None:
-        raise ConfigError("--out OUT is required: the folder for laws.parquet and laws.json")
     run(list(sweep_dirs or []), table=table, out=out, point=predict, tolerance=tolerance,
-        bootstrap=bootstrap, as_json=as_json, svg=svg, echo=typer.echo)
+        bootstrap=bootstrap, as_json=as_json, echo=typer.echo)
 
 
 @app.command()
