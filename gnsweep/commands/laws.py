@@ -52,12 +52,15 @@ def sweep_runs(sweep_dir: Path) -> pd.DataFrame:
     scale = read_scale(sweep_dir)
     runs, metrics = load_sweep(sweep_dir)
     rows = final_losses(str(sweep_dir), runs, metrics, float(config.sweep.max_examples))
+    # B in the task's unit, as D is (tokens for a language model: samples x tokens a sample).
+    rows["batch_size"] = rows["batch_size"] * scale["per_sample"]
     return rows.assign(N=float(scale["N"]), D=float(config.sweep.max_examples),
-                       sweep=sweep_dir.name)
+                       per_sample=scale["per_sample"], sweep=sweep_dir.name)
 
 
 def read_scale(sweep_dir: Path) -> dict[str, float]:
-    """The model size a launch recorded (store.SCALE), as {"N": ...}; one line when absent."""
+    """The model size a launch recorded (store.SCALE) and the task's examples a sample, as
+    {"N": ..., "per_sample": ...}; one line when absent."""
     path = sweep_dir / store.SCALE
     if not path.is_file():
         raise AnalysisError(f"{sweep_dir}: no {store.SCALE} (the model size counted at launch): "
@@ -67,7 +70,10 @@ def read_scale(sweep_dir: Path) -> dict[str, float]:
     value = data.get("params") if isinstance(data, dict) else None
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise AnalysisError(f"{path}: 'params' must be a positive number")
-    return {"N": float(value)}
+    per_sample = data.get("per_sample", 1.0)
+    if not isinstance(per_sample, (int, float)) or not per_sample > 0:
+        raise AnalysisError(f"{path}: 'per_sample' must be a positive number")
+    return {"N": float(value), "per_sample": float(per_sample)}
 
 
 def fit(sweep_dirs: list[Path], table: Path | None, *, tolerance: float, bootstrap: int,
@@ -103,6 +109,11 @@ def fit(sweep_dirs: list[Path], table: Path | None, *, tolerance: float, bootstr
     if where is not None:
         result.prediction = predict(result, *where, runs["N"].to_numpy(float),
                                     runs["D"].to_numpy(float))
+        per_sample = runs["per_sample"].unique() if "per_sample" in runs else []
+        if len(per_sample) == 1 and result.prediction.get("batch_size") is not None:
+            # B also in samples (sequences for a language model), as a launch takes it.
+            result.prediction["batch_size_samples"] = (result.prediction["batch_size"]
+                                                       / float(per_sample[0]))
     return result, runs
 
 

@@ -331,7 +331,8 @@ def predict(result: Laws, n: float, d: float, runs_n: np.ndarray, runs_d: np.nda
     out["extrapolation_N"] = n / top_n
     out["extrapolation_D"] = d / top_d
     out["extrapolation"] = max(out["extrapolation_N"], out["extrapolation_D"])
-    notes = []
+    notes = [f"{r['quantity']}: no law ({r['reason']}), so no prediction"
+             for r in result.refused if r["quantity"] in ("batch_size", "learning_rate")]
     for quantity in ("batch_size", "learning_rate", "b_crit"):
         law = result.law(quantity)
         if law is not None and "N" not in law.law.variables and n != top_n:
