@@ -17,8 +17,9 @@ PAPER_ARGS ?=
 # `make laws`: a family of fixed-budget linreg sweeps at four data budgets D, then the laws
 # across them (docs/laws.md) with the largest budget held out and predicted. Resumable.
 LAWS_DIR ?= runs/laws
-LAWS_BUDGETS ?= 2048 4096 8192 16384
-LAWS_PREDICT ?= N=17,D=131072
+LAWS_BUDGETS ?= 1024 2048 4096 8192
+LAWS_PREDICT ?= N=17,D=65536
+LAWS_TOLERANCE ?= 0.03
 
 .PHONY: install demo test test-fast lint bench paper laws slurm-up slurm-down clean
 
@@ -68,7 +69,7 @@ laws: $(STAMP)
 	    --sweep-dir $(LAWS_DIR)/d$$d -q || exit $$?; \
 	done
 	$(BIN)/gnsweep laws $(addprefix $(LAWS_DIR)/d,$(LAWS_BUDGETS)) --out $(LAWS_DIR)/laws \
-	  --predict $(LAWS_PREDICT)
+	  --predict $(LAWS_PREDICT) --tolerance $(LAWS_TOLERANCE)
 	@echo "Laws: $(LAWS_DIR)/laws/laws.json  Figures: $(LAWS_DIR)/laws/laws_fits.png"
 
 bench: $(DEV_STAMP)
