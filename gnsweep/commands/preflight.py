@@ -13,7 +13,7 @@ from gnsweep.config import Config
 
 def compose_config(overrides: list[str] | None, workers: int | None) -> Config:
     """The config of Hydra `overrides`, `--workers N` as `executor.workers=N`."""
-    from gnsweep.config import compose
+    from gnsweep.compose import compose
 
     overrides = list(overrides or [])
     if workers is not None:
@@ -28,7 +28,7 @@ def preflight(config: Config, overrides: list[str] | None = None
     the task's unit recorded and the default loss EMA in its unit (`config.in_task_units`:
     `overrides` say whether the user gave one), the task's examples a sample, and the sweep's
     scale (`scale_record`)."""
-    from gnsweep.config import in_task_units
+    from gnsweep.compose import in_task_units
     from gnsweep.tasks.check import check_task
 
     checked = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
