@@ -4,7 +4,8 @@ examples (or tokens), its final loss compared across batch size B and learning r
 - The optimum (B_opt, lr_opt) is the minimum of a quadratic model of the loss over
   (log B, log lr), fitted by least squares to the best grid point and its neighbours (one grid
   spacing around it, two when fewer than six points are there). When the model has no minimum
-  inside that neighbourhood the best grid point is the answer (`method` says which).
+  inside that neighbourhood the best grid point is the answer (`method` says which), and the
+  cell is not used as a point of a law (`edge`): its optimum is not located.
 - A residual bootstrap of that model (refit on fitted + resampled residuals) gives the 95%
   interval of B_opt and lr_opt; without residual degrees of freedom the draws come from the
   near-optimal set instead.
@@ -12,7 +13,8 @@ examples (or tokens), its final loss compared across batch size B and learning r
   a relative `tolerance` of the best: loss <= best * (1 + tolerance).
 - An optimum on the grid's edge (the smallest or largest batch size, or the smallest or largest
   learning rate tried at its batch size) is only a bound: `edge` is set and the law fits leave
-  the cell out. So is one whose near-optimal set reaches an edge: the loss is flat to the
+  the cell out. So is one whose near-optimal set reaches the grid's smallest or largest batch
+  size, or an end of the learning rates tried at the best batch size: the loss is flat to the
   edge within the tolerance and the best point inside is noise. A larger learning rate that
   diverged brackets the optimum from above.
 - The fixed-budget critical batch size: the largest batch size whose best loss (over lr) stays
@@ -110,10 +112,15 @@ def cell_optimum(batch_size: np.ndarray, learning_rate: np.ndarray, loss: np.nda
     best = int(np.argmin(np.where(finite, values, np.inf)))
     best_loss = float(values[best])
     near = finite & (values <= best_loss * (1 + tolerance))
-    edge_reason = _edge(b, lr, best) or _near_edge(b, lr, near)
+    edge_reason = _edge(b, lr, best) or _near_edge(b, lr, near, best)
     rng = np.random.default_rng(seed)
     model = _local_quadratic(x, y, values, finite, best, bootstrap, rng)
     if model is None:
+        # A grid point is a located optimum only when the smooth model agrees that there is
+        # a minimum there: in a flat or noisy valley the best point is noise.
+        edge_reason = edge_reason or ("the local quadratic model has no minimum near the best "
+                                      "point: the optimum is not located (a flat or noisy "
+                                      "valley)")
         method, opt, model_loss = GRID, np.array([x[best], y[best]]), best_loss
         pool = np.flatnonzero(near)
         draws = np.stack([x[pool], y[pool]], axis=1)[rng.integers(0, len(pool), max(bootstrap,
@@ -150,17 +157,19 @@ def _edge(b: np.ndarray, lr: np.ndarray, best: int) -> str:
     return "; ".join(reasons)
 
 
-def _near_edge(b: np.ndarray, lr: np.ndarray, near: np.ndarray) -> str:
+def _near_edge(b: np.ndarray, lr: np.ndarray, near: np.ndarray, best: int) -> str:
     """Why the grid does not bracket the near-optimal set ("" when it does): a configuration
-    within the tolerance at the smallest or largest batch size, or at the smallest or largest
-    learning rate tried at its batch size. The loss is then flat to the edge (plain SGD at a
-    fixed budget is as good at every batch size below its critical one), and the best point
-    inside is noise."""
+    within the tolerance at the grid's smallest or largest batch size, or at the smallest or
+    largest learning rate tried at the best configuration's batch size. The loss is then flat
+    to the edge (plain SGD at a fixed budget is as good at every batch size below its critical
+    one), and the best point inside is noise. Other batch sizes' learning-rate ranges are not
+    asked: a grid may try fewer rates far from the optimum."""
     for i in np.flatnonzero(near):
         if b[i] in (b.min(), b.max()):
             side = "smallest" if b[i] == b.min() else "largest"
             return f"the near-optimal set reaches the {side} batch size {b[i]:g}"
-        tried = lr[b == b[i]]
+    tried = lr[b == b[best]]
+    for i in np.flatnonzero(near & (b == b[best])):
         if lr[i] in (tried.min(), tried.max()):
             side = "smallest" if lr[i] == tried.min() else "largest"
             return (f"the near-optimal set reaches the {side} learning rate {lr[i]:g} tried at "

@@ -144,6 +144,11 @@ def fit_family(cells: pd.DataFrame, draws: dict[str, np.ndarray], *, bootstrap: 
             point_draws = draws.get(quantity)
             point_draws = None if point_draws is None else point_draws[:, where]
             variables = _variables(n, d)
+            if len(where) < 3:  # a point to fit through and one to judge it by, at least
+                refused.append({"quantity": quantity, "target": target,
+                                "reason": f"{_usable_line(cells, quantity, target)}; a law "
+                                          "needs at least 3"})
+                continue
             try:
                 law = fit_power_law(quantity, variables, n, d, y, point_draws,
                                     bootstrap=bootstrap, seed=seed)

@@ -62,7 +62,8 @@ class PowerLaw:
         """(value, low, high) at (N, D): the law and the 95% interval of its draws."""
         row = _row(self.variables, n, d)
         value = math.exp(float(row @ self.log_coef))
-        spread = np.exp(self.draws @ row)
+        with np.errstate(over="ignore"):  # a draw far out gives inf: the interval says so
+            spread = np.exp(self.draws @ row)
         low, high = np.percentile(spread, INTERVAL)
         return value, float(min(low, value)), float(max(high, value))
 
