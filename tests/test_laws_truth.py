@@ -112,3 +112,31 @@ def test_known_optima_laws_recover_their_exponents():
         assert held["predicted_low"] <= held["predicted"] <= held["predicted_high"]
     loss = result.held_out_loss
     assert loss is not None and loss["excess"] < 0.005
+
+
+def test_a_step_law_shaped_grid_recovers_step_laws_exponents():
+    """Optima at Step Law's B = 0.58 D^0.571, lr = 1.79 N^-0.713 D^0.307 (4 x 4 cells), a valley
+    steeper towards large learning rates, divergence beyond, learning rates 2^0.5 apart, 0.1%
+    noise and Step Law's 0.25% tolerance: every cell is located and the exponents recovered."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for n in (5e7, 1e8, 2e8, 4e8):
+        for d in (1e9, 2e9, 4e9, 8e9):
+            b_opt, lr_opt = 0.58 * d ** 0.571, 1.79 * n ** -0.713 * d ** 0.307
+            for b in 2.0 ** np.arange(14, 23):
+                for lr in lr_opt * 2.0 ** np.arange(-3.2, 3, 0.5):
+                    u, v = math.log(b / b_opt), math.log(lr / lr_opt)
+                    shape = 1 + 0.004 * u * u + 0.01 * v * v + 0.02 * max(v, 0) ** 3
+                    loss = (2 + (n / 1e8) ** -0.2) * shape * (1 + 1e-3 * rng.standard_normal())
+                    rows.append((n, d, b, lr, loss if v < 2.2 else math.nan))
+    runs = pd.DataFrame(rows, columns=["N", "D", "batch_size", "learning_rate", "loss"])
+    result = fixed_budget_laws(runs, tolerance=0.0025, bootstrap=200)
+    assert not result.cells["edge"].any()
+    truth = {"batch_size": {"a": 0.0, "b": 0.571}, "learning_rate": {"a": -0.713, "b": 0.307}}
+    for quantity, exponents in truth.items():
+        law = result.law(quantity)
+        assert law is not None
+        coefficients = law.law.coefficients()
+        for name, value in exponents.items():
+            assert coefficients[name]["low"] <= value <= coefficients[name]["high"]
+        assert abs(law.held_out["ratio"] - 1) < 0.2

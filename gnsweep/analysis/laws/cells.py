@@ -3,7 +3,8 @@ examples (or tokens), its final loss compared across batch size B and learning r
 
 - The optimum (B_opt, lr_opt) is the minimum of a quadratic model of the loss over
   (log B, log lr), fitted by least squares to the best grid point and its neighbours (one grid
-  spacing around it, two when fewer than six points are there). When the model has no minimum
+  spacing around it; two when fewer than six points are there or that model has no minimum
+  inside). When the model has no minimum
   inside that neighbourhood the best grid point is the answer (`method` says which), and the
   cell is not used as a point of a law (`edge`): its optimum is not located.
 - A residual bootstrap of that model (refit on fitted + resampled residuals) gives the 95%
@@ -203,18 +204,20 @@ def _local_quadratic(x: np.ndarray, y: np.ndarray, values: np.ndarray, finite: n
     neighbourhood has too few points or the model no minimum inside it."""
     sx, sy = _spacing(x), _spacing(y)
     u, v = (x - x[best]) / sx, (y - y[best]) / sy
+    # One grid spacing around the best point; two when one holds too few points or its model
+    # has no minimum inside (a valley steeper on one side than a quadratic).
     for box in (1.01, 2.01):
         chosen = finite & (np.abs(u) <= box) & (np.abs(v) <= box)
-        if chosen.sum() >= MIN_QUADRATIC_POINTS and len(np.unique(u[chosen])) >= 3 and len(
-                np.unique(v[chosen])) >= 3:
+        if chosen.sum() < MIN_QUADRATIC_POINTS or len(np.unique(u[chosen])) < 3 or len(
+                np.unique(v[chosen])) < 3:
+            continue
+        design = _design(u[chosen], v[chosen])
+        target = values[chosen]
+        coef, *_ = np.linalg.lstsq(design, target, rcond=None)
+        point = _stationary(coef, box)
+        if point is not None:
             break
     else:
-        return None
-    design = _design(u[chosen], v[chosen])
-    target = values[chosen]
-    coef, *_ = np.linalg.lstsq(design, target, rcond=None)
-    point = _stationary(coef, box)
-    if point is None:
         return None
     fitted = design @ coef
     residuals = target - fitted
