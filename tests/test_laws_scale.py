@@ -59,6 +59,10 @@ def test_launch_records_the_scale_and_a_sweep_without_a_budget_is_refused(tiny_s
     assert result.exit_code == 2, result.output
     line = result.output.strip().splitlines()[-1]
     assert line.startswith("gnsweep: error:") and "not a fixed-budget sweep" in line
+    (tiny_sweep / "scale.json").unlink()  # a sweep launched before sizes were recorded
+    result = CliRunner().invoke(app, ["laws", str(tiny_sweep), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "no scale.json" in result.output and "sweep.scale.params=" in result.output
 
 
 @pytest.mark.slow

@@ -65,7 +65,7 @@ def read_scale(sweep_dir: Path) -> dict[str, float]:
     if not path.is_file():
         raise AnalysisError(f"{sweep_dir}: no {store.SCALE} (the model size counted at launch): "
                             "relaunch the sweep with this gnsweep (finished runs are kept), or "
-                            "give sweep.scale_params=<parameters> at launch")
+                            "give sweep.scale.params=<parameters> at launch")
     data = store.read_json(path)
     value = data.get("params") if isinstance(data, dict) else None
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
