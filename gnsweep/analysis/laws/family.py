@@ -212,8 +212,8 @@ def fixed_budget_laws(runs: pd.DataFrame, *, tolerance: float = DEFAULT_TOLERANC
             warnings.append(f"cell N={n:g} D={d:g}: {err}; left out")
             continue
         if opt.edge:
-            warnings.append(f"cell N={n:g} D={d:g}: the optimum sits on the grid's edge "
-                            f"({opt.edge_reason}); left out of the B_opt and lr_opt laws")
+            warnings.append(f"cell N={n:g} D={d:g}: left out of the B_opt and lr_opt laws: "
+                            f"{opt.edge_reason}")
         rows.append(_cell_row(float(n), float(d), opt))
         optima.append(opt)
     if not rows:
