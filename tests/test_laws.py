@@ -151,3 +151,10 @@ def test_cell_optimum_inside_and_on_edges():
     diverged[lr > 0.7] = np.inf
     bracketed = cell_optimum(b, lr, diverged, tolerance=0.002, bootstrap=0)
     assert not bracketed.edge and bracketed.n_diverged == 7  # lr 0.8 at each batch size
+    # A neighbour near divergence (40x the loss) is another regime: left out of the local
+    # model, which would otherwise be bent far below every run's loss.
+    steep = bowl(6.0, 0.13)
+    steep[(lr == 0.2) & (b == 8)] *= 40
+    located = cell_optimum(b, lr, steep, tolerance=0.002, bootstrap=0)
+    assert not located.edge and located.loss >= 2.0 - 1e-9
+    assert located.batch_size == pytest.approx(6.0, rel=0.05)

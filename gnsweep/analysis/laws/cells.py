@@ -4,9 +4,11 @@ examples (or tokens), its final loss compared across batch size B and learning r
 - The optimum (B_opt, lr_opt) is the minimum of a quadratic model of the loss over
   (log B, log lr), fitted by least squares to the best grid point and its neighbours (one grid
   spacing around it; two when fewer than six points are there or that model has no minimum
-  inside). When the model has no minimum
-  inside that neighbourhood the best grid point is the answer (`method` says which), and the
-  cell is not used as a point of a law (`edge`): its optimum is not located.
+  inside), leaving out neighbours more than 25% above the best (another regime: near
+  divergence). When the model has no minimum inside that neighbourhood, or puts it further
+  below the best run than the neighbourhood rises above it, the best grid point is the answer
+  (`method` says which), and the cell is not used as a point of a law (`edge`): its optimum is
+  not located.
 - A residual bootstrap of that model (refit on fitted + resampled residuals) gives the 95%
   interval of B_opt and lr_opt; without residual degrees of freedom the draws come from the
   near-optimal set instead.
@@ -36,6 +38,8 @@ import numpy as np
 
 QUADRATIC = "quadratic"
 GRID = "grid"
+OFF_VALLEY = 0.25
+"""Neighbours more than this (relative) above the best loss are left out of the local model."""
 LOCAL = 4.0
 """The fixed-budget critical batch size's curve is fitted up to this many tolerances of
 excess loss."""
@@ -206,8 +210,11 @@ def _local_quadratic(x: np.ndarray, y: np.ndarray, values: np.ndarray, finite: n
     u, v = (x - x[best]) / sx, (y - y[best]) / sy
     # One grid spacing around the best point; two when one holds too few points or its model
     # has no minimum inside (a valley steeper on one side than a quadratic).
+    # A neighbour far above the best (near divergence, or off the valley) is another regime:
+    # a quadratic through it would misplace the minimum.
+    valley = finite & (values <= values[best] * (1 + OFF_VALLEY))
     for box in (1.01, 2.01):
-        chosen = finite & (np.abs(u) <= box) & (np.abs(v) <= box)
+        chosen = valley & (np.abs(u) <= box) & (np.abs(v) <= box)
         if chosen.sum() < MIN_QUADRATIC_POINTS or len(np.unique(u[chosen])) < 3 or len(
                 np.unique(v[chosen])) < 3:
             continue
@@ -215,7 +222,11 @@ def _local_quadratic(x: np.ndarray, y: np.ndarray, values: np.ndarray, finite: n
         target = values[chosen]
         coef, *_ = np.linalg.lstsq(design, target, rcond=None)
         point = _stationary(coef, box)
-        if point is not None:
+        # A model whose minimum lies further below the best run than the neighbourhood rises
+        # above it extrapolates (a fit bent by noise), and locates nothing.
+        rise = float(target.max() - values[best])
+        if point is not None and float((_design(point[:1], point[1:]) @ coef)[0]) >= values[
+                best] - rise:
             break
     else:
         return None
