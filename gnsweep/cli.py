@@ -257,6 +257,35 @@ def analyze(
 
 
 @app.command()
+def recommend(
+    sweep_dir: Annotated[Path, typer.Argument(
+        help="A sweep folder (analysed now if it was not) or `analyze --table`'s --out folder.")],
+    target: Annotated[float | None, typer.Option(
+        "--target", help="The target to recommend for (default: the hardest whose B_crit is "
+                         "well determined).")] = None,
+    prefer: Annotated[str, typer.Option(
+        "--prefer", help="time (4 B_crit), balanced (B_crit: 2 S_min, 2 E_min) or compute "
+                         "(B_crit/4).")] = "balanced",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the recommendation as JSON.")
+                       ] = False,
+) -> None:
+    """The batch size and learning rate to train with, what they cost in steps and examples
+    (eq. 2.11), the tradeoff from B_crit/4 to 4 B_crit, and the next grid when the sweep only
+    bounds the answer.
+
+    JSON fields: batch_size (the task's unit), batch_size_samples, learning_rate,
+    learning_rate_low, learning_rate_high, steps, examples, target, status (fit, bound or
+    refused), next_grid (a bound: the runs to add; `gnsweep plan DIR` runs them).
+    Example: gnsweep recommend runs/digits --prefer time --json
+    """
+    from gnsweep.commands.recommend import run
+
+    code = run(sweep_dir, target=target, prefer=prefer, as_json=as_json, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
 def baseline(
     folder: Annotated[Path, typer.Argument(
         help="A sweep folder (analyzed now) or a folder holding fits.parquet.")],

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
 
 from gnsweep import store
 from gnsweep.analysis.adaptive import analyze_adaptive, split_adaptive
 from gnsweep.analysis.along import compare_schedule, split_along
 from gnsweep.analysis.pipeline import AnalysisError, analyze_tables
 from gnsweep.analysis.recipe import recipe_warnings
+from gnsweep.analysis.recommend import recommend
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.steps import Curves
 from gnsweep.commands import Echo
@@ -84,7 +87,7 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     # Where the learning-rate schedule, not the batch size, decides the answer.
     analysis.warnings += recipe_warnings(config, analysis.fits, analysis.front)
     # What the targets are values of, for figures and the report ("loss", "return"), and B's unit.
-    analysis.meta.update(metric=task.metric, unit=task.unit)
+    analysis.meta.update(metric=task.metric, unit=task.unit, **setting_meta(config, fixed.runs))
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
     running = unfinished["state"] == "running"
     for run in unfinished[~running].itertuples(index=False):
@@ -100,9 +103,29 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
             "the others wait for them (analyze again when they end)")
     if config.noise.method != "none":  # measurement off: B_simple absent by design
         analysis.warnings += unmeasured_warnings(curves)
+    analysis.recommendation = recommend(analysis).to_json()
     if write:
         write_outputs(out_dir or sweep_dir, analysis)
     return analysis
+
+
+def setting_meta(config: Config, runs: pd.DataFrame) -> dict[str, Any]:
+    """What a recommendation needs to say a batch size as the user sets it (fits.json's meta):
+    `per_sample` (the task's unit per sample: tokens a sequence, from the runs' examples per
+    step over their samples per step), `data_parallel` (processes a run trains on: the batch
+    is set in multiples of it) and the `grid` in samples per step."""
+    per_sample = 1.0
+    if {"samples", "batch_size"} <= set(runs) and len(runs):
+        samples = runs["samples"].astype(float)
+        ok = samples > 0
+        if ok.any():
+            per_sample = float((runs["batch_size"].astype(float)[ok] / samples[ok]).median())
+    executor = config.executor
+    data_parallel = {"torchrun": executor.nproc_per_node,
+                     "slurm": executor.nproc_per_node * executor.nodes}.get(executor.kind, 1)
+    return {"per_sample": per_sample, "data_parallel": int(data_parallel),
+            "grid": {"batch_sizes": list(config.sweep.batch_sizes),
+                     "learning_rates": list(config.sweep.learning_rates)}}
 
 
 def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
@@ -185,6 +208,8 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
         result = analyze_table(table, target_list, loss=loss or "smoothed",
                                ema_examples=ema_examples, bootstrap=bootstrap or 0,
                                optimizer=optimizer, group_by=group_by)
+        if group_by is None:  # one workload: one decision
+            result.recommendation = recommend(result).to_json()
         write_outputs(out, result)
     else:
         assert sweep_dir is not None
@@ -192,6 +217,12 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
                                ema_examples=ema_examples, bootstrap=bootstrap,
                                targets=target_list, out_dir=out)
         out = out or sweep_dir
+    if result.recommendation is not None:  # the decision first, then what it rests on
+        from gnsweep.report.recommendation import lines
+        from gnsweep.report.views import quantity
+
+        for line in lines(result.recommendation, quantity(result.meta)):
+            echo(line, err=as_json)
     echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by")), err=as_json)
     if len(result.along_schedule):  # runs following a measured B_crit (sweep.schedule=along)
         from gnsweep.report.console import format_schedule

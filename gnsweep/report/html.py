@@ -323,6 +323,18 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config | No
     return "\n".join(parts)
 
 
+def recommendation_box(tables: Results) -> list[str]:
+    """The setting to train with (`analysis.recommend`, balanced), first in the answer box;
+    nothing for a branch sweep (its answer is per branch point) or without fits."""
+    from gnsweep.analysis.recommend import recommend
+    from gnsweep.report.recommendation import summary
+
+    if len(tables.along) or not len(tables.fits):
+        return []
+    rec = tables.recommendation or recommend(tables).to_json()
+    return [f"<p class=answer><b>{esc(summary(rec, quantity(tables.meta)))}</b></p>"]
+
+
 def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] | None
              ) -> list[str]:
     """Answer, warnings, fits and figures of one analysis."""
@@ -333,6 +345,7 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
     unit = unit_of(tables.meta)
     parts = [
         "<h2>Answer</h2>",
+        *recommendation_box(tables),
         *(f"<p class=answer>{esc(a)}</p>"
           for a in answers(tables.fits, tables.front, quantity(tables.meta), unit,
                               Direction.from_meta(tables.meta))),
