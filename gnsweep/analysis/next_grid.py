@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 
 from gnsweep import lr_law
 from gnsweep.analysis.bounds import FIT, LOWER_BOUND, UPPER_BOUND
@@ -101,7 +102,10 @@ def next_grid(results: Results, target: float, setting: Setting) -> NextGrid:
         return NextGrid(reason=f"no batch size reached target {target:g}")
     row = rows.iloc[0]
     per, dp = setting.per_sample, setting.data_parallel
-    grid_lrs = setting.learning_rates or tuple(points["learning_rate"].astype(float))
+    # The rates the sweep ran (a table analysed without its config: every rate in its steps).
+    grid_lrs = setting.learning_rates or tuple(
+        pd.unique(results.steps["learning_rate"].astype(float)) if "learning_rate" in
+        results.steps else points["learning_rate"].astype(float))
     ratio = lr_ratio(grid_lrs)
     samples = sorted(setting.batch_sizes) or sorted(
         {max(1, round(float(b) / per)) for b in points["batch_size"]})

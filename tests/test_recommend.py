@@ -1,0 +1,220 @@
+"""`gnsweep recommend`: the batch size and learning rate to train with.
+
+Ground truth from mathematics (eq. 2.11's tradeoff at multiples of B_crit) and from linreg's
+exact expected SGD dynamics (`gnsweep.linreg_exact`): its loss curves are the analysis's input,
+its best learning rate at the recommended batch size the answer to match, and the curves of
+the runs a next grid adds show whether they turn a bound into a fit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from gnsweep.analysis.recommend import PREFERENCES, TRADEOFF_MULTIPLES, recommend, tradeoff
+from gnsweep.analysis.results import read_results
+from gnsweep.analysis.setting import Setting
+from gnsweep.cli import app
+
+LINREG = {"dim": 32, "condition": 100.0, "noise": 0.5, "teacher_power": 1.0, "eval_size": 0}
+"""The linreg_truth experiment's task (conf/experiment/linreg_truth.yaml)."""
+GRID_LR = [0.2, 0.283, 0.4, 0.566, 0.8, 1.13, 1.6, 1.9, 2.1]
+TARGETS = [0.5, 0.25, 0.2]
+CONTRACT = ("batch_size", "batch_size_samples", "learning_rate", "learning_rate_low",
+            "learning_rate_high", "steps", "examples", "target", "status", "next_grid")
+
+
+def invoke(*args: object):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def problem():
+    from gnsweep.tasks import make_task
+
+    return make_task("linreg", LINREG, 0).exact_problem()
+
+
+def exact_curves(problem, batch_sizes, learning_rates, steps: int = 1500) -> pd.DataFrame:
+    """The exact expected loss curve of every (B, lr): a loss-curves table (docs/analysis.md),
+    each run stopped a while after the hardest target (as a sweep's runs stop), a diverging one
+    at its first non-finite loss."""
+    parts = []
+    for b in batch_sizes:
+        for lr in learning_rates:
+            with np.errstate(all="ignore"):
+                curve = problem.loss_curve(lr, b, steps)
+            curve = np.where(np.isfinite(curve) & (curve < 1e6), curve, np.inf)
+            end = len(curve)
+            hit = np.flatnonzero(curve <= min(TARGETS))
+            if len(hit):
+                end = min(end, int(hit[0] * 1.5) + 2)
+            bad = np.flatnonzero(~np.isfinite(curve))
+            if len(bad):
+                end = min(end, int(bad[0]) + 1)
+            parts.append(pd.DataFrame({"run_id": f"b{b}_lr{lr:g}", "batch_size": b,
+                                       "learning_rate": lr, "step": np.arange(end),
+                                       "loss": curve[:end]}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def analyze_curves(frame: pd.DataFrame, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    table = folder / "curves.csv"
+    frame.to_csv(table, index=False)
+    result = invoke("analyze", "--table", table, "--out", folder / "out", "--targets",
+                    ",".join(map(str, TARGETS)), "--loss", "raw")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.fixture(scope="module")
+def linreg_table(problem, tmp_path_factory) -> Path:
+    """linreg_truth's grid (4..256 x 9 rates) analysed from its exact loss curves."""
+    folder = tmp_path_factory.mktemp("linreg")
+    analyze_curves(exact_curves(problem, [4, 8, 16, 32, 64, 128, 256], GRID_LR), folder)
+    return folder / "out"
+
+
+def test_tradeoff_is_eq_2_11():
+    """S = S_min (1 + B_crit/B) and E = E_min (1 + B/B_crit): at m B_crit, S/S_min = 1 + 1/m
+    and E/E_min = 1 + m, so (S/S_min - 1)(E/E_min - 1) = 1 on every row."""
+    rows = tradeoff(400.0, 50.0, 20_000.0, Setting())
+    assert [r["multiple"] for r in rows] == list(TRADEOFF_MULTIPLES)
+    for row in rows:
+        m = row["multiple"]
+        assert row["batch_size"] == 400 * m
+        assert row["steps_over_min"] == pytest.approx(1 + 1 / m)
+        assert row["examples_over_min"] == pytest.approx(1 + m)
+        assert row["steps"] == pytest.approx(50 * (1 + 1 / m))
+        assert row["examples"] == pytest.approx(row["steps"] * row["batch_size"])
+        assert (row["steps_over_min"] - 1) * (row["examples_over_min"] - 1) == pytest.approx(1)
+
+
+def test_samples_are_multiples_of_the_data_parallel_size_and_tokens_follow():
+    """A language model: B in tokens, 128 tokens a sequence, 8 processes: a B_crit of 100,000
+    tokens is 781.25 sequences, set as 784 (98 x 8), which is 100,352 tokens."""
+    setting = Setting(unit="tokens", per_sample=128.0, data_parallel=8)
+    assert setting.samples(100_000) == 784
+    assert setting.samples(10.0) == 8  # never below one sequence per process
+    row = tradeoff(100_000.0, 10.0, 1e6, setting, (1.0,))[0]
+    assert row["batch_size_samples"] == 784 and row["batch_size"] == 784 * 128
+    # The cost is eq. 2.11 at the batch that will run, not at B_crit itself.
+    assert row["steps"] == pytest.approx(10 * (1 + 100_000 / 100_352))
+
+
+def test_on_linreg_the_learning_rate_is_within_20_percent_of_the_exact_optimum(
+        linreg_table, problem):
+    """For each preference: B is its multiple of the fitted B_crit, the learning rate comes
+    from the eq. 2.7 fit inside the grid, and it is within 20% of the learning rate that
+    reaches the target in fewest expected steps at that batch size (exact dynamics)."""
+    results = read_results(linreg_table)
+    for prefer, multiple in PREFERENCES.items():
+        rec = recommend(results, prefer)
+        assert rec.status == "fit", rec.reason
+        assert rec.target == min(TARGETS)  # the hardest, well determined here
+        row = results.fits[results.fits["target"] == rec.target].iloc[0]
+        assert rec.batch_size_samples == round(multiple * row["b_crit"])
+        assert rec.lr_status == "fit"
+        _, best_lr = problem.best_steps(rec.batch_size, [rec.target])
+        assert rec.learning_rate == pytest.approx(float(best_lr[0]), rel=0.2), prefer
+        assert rec.learning_rate_low <= rec.learning_rate <= rec.learning_rate_high
+        # The cost by eq. 2.11 at the batch size set, against the exact steps there.
+        exact_steps, _ = problem.best_steps(rec.batch_size, [rec.target])
+        assert rec.steps == pytest.approx(float(exact_steps[0]), rel=0.2), prefer
+
+
+def test_recommend_json_has_the_contract(linreg_table):
+    result = invoke("recommend", linreg_table, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(CONTRACT) <= set(data)
+    assert data["status"] == "fit" and data["next_grid"] is None
+    assert data["batch_size"] == data["batch_size_samples"]  # a task counting examples
+    # Balanced: B = B_crit, 2 S_min and 2 E_min (eq. 2.11) up to the rounding of B.
+    assert data["steps"] == pytest.approx(2 * data["s_min"], rel=0.05)
+    assert data["examples"] == pytest.approx(2 * data["e_min"], rel=0.05)
+    text = invoke("recommend", linreg_table, "--prefer", "compute", "--target", "0.25")
+    assert text.exit_code == 0, text.output
+    assert "recommendation: Train at loss 0.25 (compute)" in text.stdout
+    assert "next launch: sweep.batch_sizes=[" in text.stdout
+    # analyze wrote the same decision into fits.json.
+    saved = json.loads((linreg_table / "fits.json").read_text())["recommendation"]
+    assert saved["batch_size"] == data["batch_size"] and saved["status"] == "fit"
+
+
+@pytest.mark.parametrize(("args", "reason"), [
+    (["--prefer", "fast"], "--prefer: 'fast' is not one of time, balanced, compute"),
+    (["--target", "0.3"], "target 0.3 was not analysed (analysed: 0.5, 0.25, 0.2)"),
+])
+def test_bad_input_is_one_line_and_exit_2(linreg_table, args, reason):
+    result = invoke("recommend", linreg_table, *args)
+    assert result.exit_code == 2, result.output
+    assert result.output.count("gnsweep: error:") == 1 and reason in result.output
+    assert "Traceback" not in result.output
+
+
+def test_no_folder_is_one_line(tmp_path):
+    result = invoke("recommend", tmp_path / "nothing")
+    assert result.exit_code == 2 and "no such folder" in result.output
+
+
+def test_a_bound_gets_a_next_grid_that_turns_it_into_a_fit(problem, tmp_path):
+    """Batch sizes 2..8 only, where linreg's B_crit (about 40 at the hardest target) lies
+    above: the answer is a bound with a next grid above the grid. Adding the exact curves of
+    exactly the runs each next grid names (as `gnsweep plan DIR` runs them, round after round)
+    turns it into a fit within two rounds and 20 runs, whose learning rate is within 20% of the
+    exact optimum at its batch size."""
+    frame = exact_curves(problem, [2, 4, 8], GRID_LR)
+    analyze_curves(frame, tmp_path / "r0")
+    rec = recommend(read_results(tmp_path / "r0" / "out"))
+    assert rec.status == "bound" and rec.bcrit_status == "bound", rec
+    assert rec.batch_size_side == "at_least" and rec.batch_size == 8
+    assert rec.next_grid is not None
+    new = set(rec.next_grid.batch_sizes) - {2, 4, 8}
+    assert new and min(new) > 8
+    added = 0
+    for k in (1, 2):
+        assert rec.next_grid is not None and rec.next_grid.runs, rec
+        added += len(rec.next_grid.runs)
+        frame = pd.concat([frame, *(exact_curves(problem, [run.batch_size], [run.learning_rate])
+                                    for run in rec.next_grid.runs)], ignore_index=True)
+        analyze_curves(frame, tmp_path / f"r{k}")
+        rec = recommend(read_results(tmp_path / f"r{k}" / "out"))
+        if rec.status == "fit":
+            break
+    assert rec.status == "fit", rec.reason
+    assert added <= 20
+    _, best_lr = problem.best_steps(rec.batch_size, [rec.target])
+    assert rec.learning_rate == pytest.approx(float(best_lr[0]), rel=0.2)
+
+
+@pytest.mark.slow
+def test_tiny_sweep_recommends_from_its_fit_and_bounds_its_rate(tiny_sweep):
+    """The default task (digits, sweep=tiny): B from the hardest well-determined target's
+    B_crit, but its two learning rates put every best rate on the grid's edge: the rate is a
+    bound, and the next grid runs one rate beyond each edge."""
+    result = invoke("analyze", tiny_sweep)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("recommendation: ")
+    results = read_results(tiny_sweep)
+    rec = recommend(results)
+    fits = results.fits.set_index("target")
+    assert rec.target in fits.index
+    assert rec.bcrit_status == "fit"
+    assert rec.batch_size_samples == round(fits.loc[rec.target, "b_crit"])
+    assert rec.status == "bound" and rec.lr_status in ("lower_bound", "upper_bound")
+    assert math.isnan(rec.learning_rate) and rec.next_grid is not None
+    front = results.front[results.front["target"] == rec.target]
+    for point in front[front["lr_on_edge"]].itertuples():
+        beyond = [r.learning_rate for r in rec.next_grid.runs if r.batch_size == point.batch_size]
+        assert beyond and all(x > 1.0 if point.lr_edge == "high" else x < 0.3 for x in beyond)
+    report = invoke("report", tiny_sweep)
+    assert report.exit_code == 0, report.output
+    html = (tiny_sweep / "report.html").read_text()
+    assert "the learning rate is only bounded" in html
