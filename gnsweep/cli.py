@@ -218,8 +218,8 @@ def analyze(
         "--out", help="Folder for the tables (default: the sweep folder; required with "
                       "--table).")] = None,
     targets: Annotated[str | None, typer.Option(
-        "--targets", help="Comma-separated loss targets (default: the sweep's; required for "
-                          "loss curves).")] = None,
+        "--targets", help="Comma-separated loss targets, or auto: levels chosen from the "
+                          "runs (default: the sweep's; required for loss curves).")] = None,
     loss: Annotated[str | None, typer.Option(
         help="Loss deciding a target: smoothed, raw or eval (default: the sweep's "
              "analysis.loss, else smoothed).")] = None,

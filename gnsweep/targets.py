@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+AUTO = "auto"
+"""Targets chosen from the runs by the analysis (`sweep.targets=auto`, `--targets auto`)."""
 KEY = "higher_is_better"
 """The name of the direction flag wherever it is written: a task's registry entry and task
 object, an analysis' meta, the comparison table's column (docs/compare.md)."""

@@ -21,6 +21,7 @@ from gnsweep.analysis.recommend import recommend
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.steps import Curves
 from gnsweep.commands import Echo
+from gnsweep.targets import AUTO
 
 if TYPE_CHECKING:
     from gnsweep.config import Config
@@ -33,12 +34,14 @@ def write_outputs(out_dir: Path, analysis: Results) -> None:
 
 def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool = False, *,
                   bootstrap: int | None = None, ema_examples: float | None = None,
-                  targets: list[float] | None = None, out_dir: Path | None = None,
+                  targets: list[float] | str | None = None, out_dir: Path | None = None,
                   write: bool = True) -> Results:
     """Load a sweep, analyze it, write its tables into the sweep folder (or `out_dir`).
 
     `loss` and `bootstrap` default to the sweep's `analysis` config (else smoothed and 0),
-    `targets` to the sweep's targets. A task that declares its own metric (cartpole's return)
+    `targets` to the sweep's targets; "auto" (or a sweep with `sweep.targets=auto`) chooses
+    them from the runs (`analysis.auto_targets`). A target no run reached is left out with a
+    warning; the others are analysed. A task that declares its own metric (cartpole's return)
     has its targets decided on the logged `metric` column, in the task's direction.
     """
     from gnsweep.analysis.load import load_curves
@@ -62,7 +65,7 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
         if write:
             write_outputs(out_dir or sweep_dir, analysis)
         return analysis
-    targets = targets or config.sweep.targets
+    chosen: list[float] | str = targets or config.sweep.targets or AUTO
     task = config.task
     if task.metric != "loss":
         if loss is not None or ema_examples is not None:
@@ -72,9 +75,11 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     loss = loss or config.analysis.loss
     if bootstrap is None:
         bootstrap = config.analysis.bootstrap
-    analysis = analyze_tables(None, fixed, targets, loss=loss, ema_examples=ema_examples,
+    analysis = analyze_tables(None, fixed, chosen, loss=loss, ema_examples=ema_examples,
                               bootstrap=bootstrap, optimizer=config.train.optimizer,
                               source=str(sweep_dir), direction=task.direction)
+    # The targets analysed: chosen from the runs, or the given ones that some run reached.
+    targets = [float(t) for t in analysis.fits["target"]]
     if adaptive is not None:
         analysis.adaptive = analyze_adaptive(adaptive, analysis.fits, targets, loss=loss,
                                              ema_examples=ema_examples,
@@ -163,19 +168,23 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
     return analysis
 
 
-def parse_targets(text: str | None) -> list[float] | None:
-    """`--targets 0.5,0.2` (or `[0.5, 0.2]`) as numbers; ConfigError for anything else."""
+def parse_targets(text: str | None) -> list[float] | str | None:
+    """`--targets 0.5,0.2` (or `[0.5, 0.2]`) as numbers, `auto` as AUTO; ConfigError for
+    anything else."""
     from gnsweep.config import ConfigError
 
     if not text:
         return None
+    if text.strip().lower() == AUTO:
+        return AUTO
     try:
         values = [float(part) for part in text.replace(" ", "").strip("[]").split(",") if part]
     except ValueError:
         raise ConfigError(f"--targets: {text!r} is not a comma-separated list of numbers"
                           ) from None
     if not values or any(not (v > 0 and v < float("inf")) for v in values):
-        raise ConfigError(f"--targets: {text!r}: give positive finite losses, e.g. 0.5,0.2")
+        raise ConfigError(f"--targets: {text!r}: give positive finite losses, e.g. 0.5,0.2, "
+                          "or auto")
     return values
 
 

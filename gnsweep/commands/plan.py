@@ -42,6 +42,9 @@ def plan(config: Config, sweep_dir: Path, *, show_progress: bool = True,
     """Run the plan in `sweep_dir` (or resume it) until every chosen batch size is bracketed."""
     from gnsweep.sweep import prepare_folder, run_specs
 
+    if config.sweep.auto_targets:
+        raise PlanError("gnsweep plan decides per target and needs sweep.targets; give them "
+                        "(a first sweep's `gnsweep analyze DIR --targets auto` suggests levels)")
     prepare_folder(sweep_dir, config)
     path = sweep_dir / PLAN_FILE
     record: dict[str, Any] = store.read_json(path) if path.exists() else {"rounds": []}

@@ -266,7 +266,8 @@ def grid_summary(config: Config, runs: pd.DataFrame) -> str:
              ("learning rates", ", ".join(f"{x:g}" for x in sweep.learning_rates)),
              ("seeds", ", ".join(map(str, sweep.seeds))),
              ("target " + ("losses" if config.task.metric == "loss" else
-                           f"{config.task.metric}s"), ", ".join(map(str, sweep.targets))),
+                           f"{config.task.metric}s"),
+              ", ".join(map(str, sweep.targets)) or "auto (from the runs)"),
              ("max steps per run", sweep.max_steps)]
     states = runs["state"].value_counts().to_dict() if len(runs) else {}
     items.append(("runs", f"{len(runs)}: " + ", ".join(f"{n} {s}" for s, n in
