@@ -195,10 +195,11 @@ def test_a_bound_gets_a_next_grid_that_turns_it_into_a_fit(problem, tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_sweep_recommends_from_its_fit_and_bounds_its_rate(tiny_sweep):
-    """The default task (digits, sweep=tiny): B from the hardest well-determined target's
-    B_crit, but its two learning rates put every best rate on the grid's edge: the rate is a
-    bound, and the next grid runs one rate beyond each edge."""
+def test_tiny_sweep_recommends_from_its_fit_and_says_it_is_not_settled(tiny_sweep):
+    """The default task (digits, sweep=tiny): 3 batch sizes and 2 learning rates. B is the
+    hardest fitted target's B_crit, but 3 batch sizes cannot settle it and every best rate sits
+    on the grid's edge: a bound, whose next grid adds batch sizes and one rate beyond each
+    edge."""
     result = invoke("analyze", tiny_sweep)
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("recommendation: ")
@@ -206,15 +207,17 @@ def test_tiny_sweep_recommends_from_its_fit_and_bounds_its_rate(tiny_sweep):
     rec = recommend(results)
     fits = results.fits.set_index("target")
     assert rec.target in fits.index
-    assert rec.bcrit_status == "fit"
+    assert rec.bcrit_status == "thin" and rec.status == "bound"
+    assert "rests on only 3 batch sizes" in rec.reason
     assert rec.batch_size_samples == round(fits.loc[rec.target, "b_crit"])
-    assert rec.status == "bound" and rec.lr_status in ("lower_bound", "upper_bound")
-    assert math.isnan(rec.learning_rate) and rec.next_grid is not None
+    assert rec.lr_status in ("lower_bound", "upper_bound") and math.isnan(rec.learning_rate)
+    grid = rec.next_grid
+    assert grid is not None and set(grid.batch_sizes) - {8, 32, 128}
     front = results.front[results.front["target"] == rec.target]
     for point in front[front["lr_on_edge"]].itertuples():
-        beyond = [r.learning_rate for r in rec.next_grid.runs if r.batch_size == point.batch_size]
+        beyond = [r.learning_rate for r in grid.runs if r.batch_size == point.batch_size]
         assert beyond and all(x > 1.0 if point.lr_edge == "high" else x < 0.3 for x in beyond)
     report = invoke("report", tiny_sweep)
     assert report.exit_code == 0, report.output
     html = (tiny_sweep / "report.html").read_text()
-    assert "the learning rate is only bounded" in html
+    assert "Not settled: B_crit" in html and "run the next grid" in html

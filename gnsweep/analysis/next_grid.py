@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from gnsweep import lr_law
-from gnsweep.analysis.bounds import FIT, LOWER_BOUND, UPPER_BOUND
+from gnsweep.analysis.bounds import FIT
 from gnsweep.analysis.setting import Setting
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 NEW_BATCH_SIZES = 3
 """Batch sizes added beyond a bound: with the grid's edge, enough to show the bend."""
-MAX_REACH = 64.0
+MAX_REACH = 16.0
 """New batch sizes reach at most this factor beyond the grid's edge."""
 LR_BRACKET = 3
 """Learning rates at each new batch size: eq. 2.7's prediction and one grid step either side."""
@@ -91,9 +91,11 @@ def _round_lr(value: float) -> float:
     return float(f"{value:.3g}")
 
 
-def next_grid(results: Results, target: float, setting: Setting) -> NextGrid:
-    """The runs that can turn `target`'s bound (on B_crit, or on a best learning rate at the
-    grid's edge) into a fit (module doc); empty with a reason where none can."""
+def next_grid(results: Results, target: float, setting: Setting, side: str | None = None
+              ) -> NextGrid:
+    """The runs that can turn `target`'s bound into a fit (module doc): batch sizes `side`
+    ("above" or "below") the grid where B_crit is not settled, and a rate beyond each best
+    learning rate on the grid's edge; empty with a reason where none can."""
     fits = results.fits
     rows = fits[np.isclose(fits["target"].astype(float), target, rtol=1e-9, atol=0)]
     front = results.front
@@ -109,13 +111,9 @@ def next_grid(results: Results, target: float, setting: Setting) -> NextGrid:
     ratio = lr_ratio(grid_lrs)
     samples = sorted(setting.batch_sizes) or sorted(
         {max(1, round(float(b) / per)) for b in points["batch_size"]})
-    status = str(row.get("bcrit_status", ""))
-    b_crit = float(row.get("b_crit", math.nan))
-    b_max, b_min = float(points["batch_size"].max()), float(points["batch_size"].min())
     runs: list[NextRun] = []
     reasons = []
-    above = status == LOWER_BOUND or (status == FIT and b_crit > b_max)
-    below = status == UPPER_BOUND or (status == FIT and b_crit < b_min)
+    above, below = side == "above", side == "below"
     if above or below:
         new = _new_batch_sizes(row, points, samples, setting, above)
         edge = points.loc[points["batch_size"].idxmax() if above else points["batch_size"].idxmin()]
@@ -123,11 +121,10 @@ def next_grid(results: Results, target: float, setting: Setting) -> NextGrid:
             centre = _lr_at(row, edge, b * per)
             for k in range(LR_BRACKET):
                 lr = _round_lr(centre * ratio ** (k - (LR_BRACKET - 1) / 2))
-                runs.append(NextRun(b, lr, f"B_crit {'above' if above else 'below'} the grid: "
+                runs.append(NextRun(b, lr, f"B_crit not settled, batch sizes {side} the grid: "
                                            f"eq. 2.7 predicts lr {centre:.3g} at {b}"))
-        side = "above" if above else "below"
-        reasons.append(f"B_crit is {side} the grid's batch sizes: {len(new)} batch size(s) "
-                       f"{side} it, {LR_BRACKET} learning rates each around eq. 2.7's")
+        reasons.append(f"B_crit is not settled: {len(new)} batch size(s) {side} the grid, "
+                       f"{LR_BRACKET} learning rates each around eq. 2.7's")
         if not new:
             reasons[-1] = (f"B_crit is below the smallest batch size and no smaller multiple of "
                            f"the data-parallel size ({dp}) exists")

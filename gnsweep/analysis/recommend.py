@@ -46,6 +46,9 @@ PREFERENCES = {"time": 4.0, "balanced": 1.0, "compute": 0.25}
 time 4 B_crit (S = 1.25 S_min, E = 5 E_min); compute B_crit / 4 (S = 5 S_min, E = 1.25 E_min)."""
 TRADEOFF_MULTIPLES = (0.25, 0.5, 1.0, 2.0, 4.0)
 """The tradeoff table's batch sizes, in units of B_crit."""
+MIN_BATCH_SIZES = 4
+"""A B_crit fitted on fewer batch sizes is not settled: the recommendation is a bound with a
+next grid (`well_determined`'s `thin`)."""
 WELL_DETERMINED = 0.5
 """A fitted B_crit whose standard error exceeds this share of it is poorly determined (the
 analysis's `quality` says so): no recommendation is made from it."""
@@ -80,7 +83,9 @@ class Recommendation:
     batch_size_high: float = math.nan
     """The preference's multiple of B_crit's 95% interval (task unit)."""
     bcrit_status: str = ""
-    """B_crit's own verdict: fit (well determined) or bound (only bounded or extrapolated)."""
+    """B_crit's own verdict: fit (well determined), thin (fitted on too few batch sizes to
+    settle it: the setting is the fit's, the status a bound) or bound (only bounded or
+    extrapolated)."""
     batch_size_side: str = ""
     """For a bound: "at_least" (B_crit above the grid) or "at_most" (below it)."""
     b_crit: float = math.nan
@@ -161,24 +166,52 @@ def bcrit_interval(row: Any) -> tuple[float, float]:
     return log_interval(float(row["b_crit"]), float(row["b_crit_se"]))
 
 
-def well_determined(row: Any, front: pd.DataFrame) -> str:
-    """Why a fits row cannot give a recommendation as a fit ("" when it can): not a fit, a
-    standard error above WELL_DETERMINED of B_crit, or B_crit outside the batch sizes fitted."""
-    if str(row.get("bcrit_status", "")) != FIT or str(row.get("refused", "") or ""):
-        return str(row.get("bcrit_reason", "") or row.get("refused", "") or "no fit")
+def well_determined(row: Any, front: pd.DataFrame) -> tuple[str, str]:
+    """Whether a fits row can give a recommendation as a fit: ("", "") when it can, else the
+    kind and the reason: `bound` (the analysis only bounds B_crit), `extrapolated` (a fitted
+    B_crit outside the batch sizes fitted), `thin` (fewer than MIN_BATCH_SIZES batch sizes: a
+    hyperbola through 3 points of one seed and a coarse learning-rate grid can sit a factor of
+    a few from the truth with a small error), `refused` (no fit, or a standard error above
+    WELL_DETERMINED of B_crit: poorly determined)."""
+    status = str(row.get("bcrit_status", ""))
+    if status in (LOWER_BOUND, UPPER_BOUND):
+        return "bound", str(row.get("bcrit_reason", "") or row.get("refused", ""))
+    if status != FIT or str(row.get("refused", "") or ""):
+        return "refused", str(row.get("bcrit_reason", "") or row.get("refused", "") or "no fit")
     b_crit, se = float(row["b_crit"]), float(row["b_crit_se"])
     if not (math.isfinite(b_crit) and b_crit > 0):
-        return "no fitted B_crit"
+        return "refused", "no fitted B_crit"
     if not math.isfinite(se) or se > WELL_DETERMINED * b_crit:
-        return (f"B_crit {b_crit:.4g} is poorly determined (standard error "
-                f"{se / b_crit:.0%} of it" if math.isfinite(se) else
-                f"B_crit {b_crit:.4g} has no standard error (") + "); more batch sizes or seeds"
+        return "refused", ((f"B_crit {b_crit:.4g} is poorly determined (standard error "
+                            f"{se / b_crit:.0%} of it" if math.isfinite(se) else
+                            f"B_crit {b_crit:.4g} has no standard error (")
+                           + "); more batch sizes or seeds")
     low, high = _support(front, float(row["target"]))
     if math.isfinite(low) and not low <= b_crit <= high:
         side = "above the largest" if b_crit > high else "below the smallest"
-        return (f"B_crit {b_crit:.4g} lies {side} batch size fitted ({low:g}..{high:g}): an "
-                "extrapolation, the sweep only bounds it")
-    return ""
+        return "extrapolated", (f"B_crit {b_crit:.4g} lies {side} batch size fitted ({low:g}.."
+                                f"{high:g}): an extrapolation, the sweep only bounds it")
+    n = int(row.get("n_batch_sizes", 0) or 0)
+    if n < MIN_BATCH_SIZES:
+        return "thin", (f"B_crit {b_crit:.4g} rests on only {n} batch sizes; a fit of eq. "
+                        f"2.11 needs at least {MIN_BATCH_SIZES} to settle it")
+    return "", ""
+
+
+def side_of(row: Any, front: pd.DataFrame, kind: str) -> str | None:
+    """Where the next grid adds batch sizes: "above" or "below" the grid for a B_crit that is
+    a bound, extrapolated, or thin (the side of the grid's middle it lies on); None where
+    B_crit is settled (only learning rates are added)."""
+    status = str(row.get("bcrit_status", ""))
+    if kind == "bound":
+        return "above" if status == LOWER_BOUND else "below"
+    b_crit = float(row.get("b_crit", math.nan))
+    low, high = _support(front, float(row["target"]))
+    if kind == "extrapolated":
+        return "above" if b_crit > high else "below"
+    if kind == "thin":
+        return "above" if b_crit >= math.sqrt(low * high) else "below"
+    return None
 
 
 def _support(front: pd.DataFrame, target: float) -> tuple[float, float]:
@@ -196,10 +229,12 @@ def _target_rows(frame: pd.DataFrame, target: float) -> pd.DataFrame:
     return frame[np.isclose(frame["target"].astype(float), target, rtol=1e-9, atol=0)]
 
 
-def choose_target(results: Results, target: float | None = None) -> tuple[Any, str]:
+def choose_target(results: Results, target: float | None = None
+                  ) -> tuple[Any, tuple[str, str]]:
     """The fits row to recommend from: `target` when given (KeyError naming the analysed ones
     when it was not analysed), else the hardest target (last in training order) whose B_crit is
-    well determined, else the hardest with a fit or a bound. Returns (row, why not a fit)."""
+    well determined, else the hardest that a next grid can settle (thin, extrapolated or a
+    bound). Returns (row, `well_determined`'s kind and reason)."""
     fits = results.fits
     if target is not None:
         rows = _target_rows(fits, target)
@@ -211,15 +246,15 @@ def choose_target(results: Results, target: float | None = None) -> tuple[Any, s
         return row, well_determined(row, results.front)
     order = Direction.from_meta(results.meta).in_training_order(list(fits["target"]))
     by_target = {float(r["target"]): r for _, r in fits.iterrows()}
-    for t in reversed(order):
-        row = by_target[float(t)]
-        if not well_determined(row, results.front):
-            return row, ""
-    for t in reversed(order):
-        row = by_target[float(t)]
-        if str(row.get("bcrit_status", "")) in (FIT, LOWER_BOUND, UPPER_BOUND):
-            return row, well_determined(row, results.front)
-    return (by_target[float(order[-1])] if order else None), "no target has a fit of eq. 2.11"
+    judged = {t: well_determined(by_target[float(t)], results.front) for t in order}
+    # The hardest settled target; else the hardest whose answer a next grid can settle.
+    for kinds in (("",), ("thin", "extrapolated", "bound")):
+        for t in reversed(order):
+            if judged[t][0] in kinds:
+                return by_target[float(t)], judged[t]
+    if not order:
+        return None, ("refused", "no target was analysed")
+    return by_target[float(order[-1])], judged[order[-1]]
 
 
 def recommend(results: Results, prefer: str = "balanced", target: float | None = None,
@@ -238,19 +273,22 @@ def recommend(results: Results, prefer: str = "balanced", target: float | None =
 
     if not len(results.fits):
         return start(REFUSED_STATUS, None, "nothing was fitted")
-    row, why = choose_target(results, target)
+    row, (kind, why) = choose_target(results, target)
     if row is None:
         return start(REFUSED_STATUS, None, why)
     t = float(row["target"])
-    status = str(row.get("bcrit_status", ""))
-    if not why:
+    if kind == "":
         rec = _from_fit(results, row, setting, start(FIT_STATUS, t))
-    elif status in (LOWER_BOUND, UPPER_BOUND) or "extrapolation" in why:
+    elif kind == "thin":  # the fit's setting, said as not settled
+        rec = _from_fit(results, row, setting, start(FIT_STATUS, t))
+        rec.status, rec.bcrit_status = BOUND_STATUS, "thin"
+        rec.reason = why + (f"; {rec.reason}" if rec.reason else "")
+    elif kind in ("bound", "extrapolated"):
         rec = _from_bound(results, row, setting, start(BOUND_STATUS, t, why))
     else:
         return start(REFUSED_STATUS, t, why)
     if rec.status == BOUND_STATUS:
-        rec.next_grid = next_grid(results, t, setting)
+        rec.next_grid = next_grid(results, t, setting, side_of(row, results.front, kind))
     rec.launch = launch_line(rec)
     return rec
 

@@ -54,7 +54,7 @@ def summary(rec: dict[str, Any], what: str = "loss") -> str:
     if status == "refused":
         return f"No recommendation at {at}: {rec.get('reason') or 'no fit'}."
     steps, examples = _num(rec.get("steps")), _num(rec.get("examples"))
-    if status == "fit" or rec.get("bcrit_status") == "fit":
+    if status == "fit" or rec.get("bcrit_status") in ("fit", "thin"):
         lo, hi = _num(rec.get("batch_size_low")), _num(rec.get("batch_size_high"))
         interval = (f" (B_crit's 95% interval gives {rounded(lo)}..{rounded(hi)})"
                     if math.isfinite(lo) and math.isfinite(hi) else "")
@@ -64,9 +64,9 @@ def summary(rec: dict[str, Any], what: str = "loss") -> str:
         if status == "fit":
             return (f"Train at {at} ({rec.get('prefer')}) with batch size {batch_text(rec)}"
                     f"{interval} and {lr_text(rec)}: {cost}.")
-        return (f"At {at} ({rec.get('prefer')}) the batch size is {batch_text(rec)}{interval}: "
-                f"{cost}; but the {lr_text(rec)}: the learning rate is only bounded, run the "
-                "next grid.")
+        return (f"At {at} ({rec.get('prefer')}) the fit gives batch size {batch_text(rec)}"
+                f"{interval} and {lr_text(rec)}: {cost}. Not settled: {rec.get('reason')}; "
+                "run the next grid.")
     side = rec.get("batch_size_side")
     size = batch_text(rec)
     if side == "at_least":
