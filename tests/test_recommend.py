@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -221,3 +223,65 @@ def test_tiny_sweep_recommends_from_its_fit_and_says_it_is_not_settled(tiny_swee
     assert report.exit_code == 0, report.output
     html = (tiny_sweep / "report.html").read_text()
     assert "Not settled: B_crit" in html and "run the next grid" in html
+
+
+def test_auto_targets_lie_where_the_exact_curves_say(problem, tmp_path):
+    """`--targets auto` on linreg's exact loss curves: no run is below the easiest level within
+    its first 10 updates, and at least 4 batch sizes (each at its best rate) get below the
+    hardest before the last 20% of their curve; the levels are recorded with how they were
+    chosen and the recommendation uses them."""
+    batch_sizes = [4, 8, 16, 32, 64, 128, 256]
+    frame = exact_curves(problem, batch_sizes, GRID_LR)
+    table = tmp_path / "curves.csv"
+    frame.to_csv(table, index=False)
+    result = invoke("analyze", "--table", table, "--out", tmp_path / "out", "--targets", "auto",
+                    "--loss", "raw")
+    assert result.exit_code == 0, result.output
+    saved = json.loads((tmp_path / "out" / "fits.json").read_text())
+    targets = [row["target"] for row in saved["fits"]]
+    assert len(targets) == 3 and "automatic: 3 levels" in saved["meta"]["targets_auto"]
+    easiest, hardest = max(targets), min(targets)
+    reached = 0
+    for b in batch_sizes:
+        best = math.inf
+        for lr in GRID_LR:
+            with np.errstate(all="ignore"):
+                curve = problem.loss_curve(lr, b, 1500)
+            # Row k of the table is the loss before update k: the first 10 updates are rows
+            # 0..10.
+            assert not (curve[:11] <= easiest).any(), (b, lr)
+            run = frame[frame["run_id"] == f"b{b}_lr{lr:g}"]["loss"].to_numpy()
+            timely = run[1:max(2, int(0.8 * (len(run) - 1)) + 1)]
+            best = min(best, float(np.min(timely)))
+        reached += best <= hardest
+    assert reached >= 4
+    assert saved["recommendation"]["target"] in targets
+
+
+@pytest.mark.slow
+def test_a_custom_task_in_tokens_without_targets_gets_auto_targets_and_both_units(tmp_path,
+                                                                              monkeypatch):
+    """A custom task counting 3 tokens a sample, launched with no targets: runs train their
+    budget, the analysis chooses the targets, and the recommendation says the batch in tokens
+    and in sequences (samples) a step."""
+    # The custom-task resolver puts the cwd on sys.path and PYTHONPATH: undone after.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    sweep = tmp_path / "tok"
+    launched = invoke("launch", "-q", "task=custom", "task._target_=protocol_tasks.tokens",
+                      "sweep.batch_sizes=[2,4,8,16]", "sweep.learning_rates=[0.3]",
+                      "sweep.max_steps=60", "--workers", "2", "--sweep-dir", sweep)
+    assert launched.exit_code == 0, launched.output
+    assert "targets auto (from the runs)" in launched.output
+    status = json.loads((sweep / "runs" / "b00004_lr0.3_s0" / "status.json").read_text())
+    assert status["steps"] == 60  # no target to stop at: the whole budget
+    result = invoke("recommend", sweep, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["unit"] == "tokens" and data["per_sample"] == 3.0
+    assert data["status"] in ("fit", "bound"), data["reason"]
+    assert data["batch_size"] == 3 * data["batch_size_samples"]
+    saved = json.loads((sweep / "fits.json").read_text())
+    assert saved["meta"]["targets_auto"].startswith("automatic: ")
+    text = invoke("recommend", sweep)
+    assert "sequences a step" in text.stdout
