@@ -285,3 +285,20 @@ def test_a_custom_task_in_tokens_without_targets_gets_auto_targets_and_both_unit
     assert saved["meta"]["targets_auto"].startswith("automatic: ")
     text = invoke("recommend", sweep)
     assert "sequences a step" in text.stdout
+
+
+def test_a_table_of_tuned_points_gets_a_batch_size_and_no_made_up_rate(tmp_path):
+    """Steps-to-target rows without learning rates (each already tuned): the batch size is
+    the answer; the learning rate is said to be the user's own, never a NaN called a fit."""
+    rows = [(b, t, s_min * (1 + b_crit / b)) for t, s_min, b_crit in ((2.0, 100.0, 40.0),
+                                                                     (1.5, 200.0, 64.0))
+            for b in (8, 16, 32, 64, 128, 256, 512)]
+    table = tmp_path / "steps.csv"
+    pd.DataFrame(rows, columns=["batch_size", "target", "steps"]).to_csv(table, index=False)
+    assert invoke("analyze", "--table", table, "--out", tmp_path / "out").exit_code == 0
+    data = json.loads(invoke("recommend", tmp_path / "out", "--json").stdout)
+    # Exact hyperbolas: B = B_crit at the hardest target, 2 S_min steps (eq. 2.11).
+    assert data["status"] == "fit" and data["target"] == 1.5
+    assert data["batch_size"] == 64 and data["steps"] == pytest.approx(400)
+    assert data["learning_rate"] is None and data["lr_status"] == "not_measured"
+    assert data["launch"] == "sweep.batch_sizes=[64]"

@@ -57,6 +57,9 @@ Z95 = 1.959964
 MAX_LR_BOOTSTRAP = 200
 """Residual-bootstrap refits of the learning-rate fit at most (when the analysis bootstraps)."""
 FIT_STATUS, BOUND_STATUS, REFUSED_STATUS = "fit", "bound", "refused"
+NOT_MEASURED = "not_measured"
+"""`lr_status` where the measurements carry no learning rate (a steps table of tuned points):
+the batch size is still the answer; the learning rate is the user's own."""
 STATUSES = (FIT_STATUS, BOUND_STATUS, REFUSED_STATUS)
 
 
@@ -99,7 +102,8 @@ class Recommendation:
     lr_status: str = ""
     """fit (eq. 2.7 fit, inside its batch sizes), interpolated (between two measured best
     rates), measured (the grid's best at that batch size), lower_bound / upper_bound (the best
-    rate on the grid's edge), refused."""
+    rate on the grid's edge), not_measured (the measurements carry no learning rate),
+    refused."""
     lr_reason: str = ""
     steps: float = math.nan
     examples: float = math.nan
@@ -308,7 +312,7 @@ def _from_fit(results: Results, row: Any, setting: Setting, rec: Recommendation
     rec.steps_over_min, rec.examples_over_min = rec.steps / s_min, rec.examples / e_min
     rec.tradeoff = tradeoff(b_crit, s_min, e_min, setting)
     _learning_rate(results, row, rec)
-    if rec.lr_status not in ("fit", "interpolated"):
+    if rec.lr_status not in ("fit", "interpolated", NOT_MEASURED):
         rec.status = BOUND_STATUS
         rec.reason = f"the learning rate at batch size {rec.batch_size:g}: {rec.lr_reason}"
     return rec
@@ -357,7 +361,15 @@ def _learning_rate(results: Results, row: Any, rec: Recommendation) -> None:
     b = rec.batch_size
     t = float(row["target"])
     points = _target_rows(results.front, t)
-    inside = points[~points["lr_on_edge"].astype(bool)] if len(points) else points
+    if len(points):  # a grid point with a learning rate (a table may give none)
+        rates = points["lr_opt"].astype(float)
+        points = points[np.isfinite(rates) & (rates > 0)]
+    if not len(points):
+        rec.lr_status = NOT_MEASURED
+        rec.lr_reason = ("no learning rate was given with the measurements (a table of already "
+                         "tuned points): keep the one tuned at that batch size")
+        return
+    inside = points[~points["lr_on_edge"].astype(bool)]
     model = str(row.get("lr_model", "") or "")
     status = str(row.get("lr_status", "") or "")
     if len(inside):
@@ -485,8 +497,10 @@ def launch_line(rec: Recommendation) -> str:
     """Overrides for the next `gnsweep launch`: the recommended batch size (samples a step) and
     learning rate for a fit; the next grid's batch sizes and learning rates for a bound."""
     if rec.status == FIT_STATUS:
-        return (f"sweep.batch_sizes=[{rec.batch_size_samples}] "
-                f"sweep.learning_rates=[{rec.learning_rate:.3g}]")
+        line = f"sweep.batch_sizes=[{rec.batch_size_samples}]"
+        if math.isfinite(rec.learning_rate):
+            line += f" sweep.learning_rates=[{rec.learning_rate:.3g}]"
+        return line
     if rec.next_grid is not None and rec.next_grid.runs:
         return rec.next_grid.overrides()
     return ""

@@ -38,6 +38,8 @@ def lr_text(rec: dict[str, Any]) -> str:
         interval = (f", 95% {lo:.3g}..{hi:.3g}" if math.isfinite(lo) and math.isfinite(hi)
                     and status == "fit" else "")
         return f"learning rate {lr:.3g} ({LR_WORDS[status]}{interval}; {reason})"
+    if status == "not_measured":
+        return f"the learning rate you tuned there ({reason})"
     if status == "lower_bound" and math.isfinite(lo):
         return f"learning rate above {lo:.3g} ({reason})"
     if status == "upper_bound" and math.isfinite(hi):
