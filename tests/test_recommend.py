@@ -150,12 +150,30 @@ def test_recommend_json_has_the_contract(linreg_table):
     assert saved["batch_size"] == data["batch_size"] and saved["status"] == "fit"
 
 
+def test_a_target_beyond_the_runs_is_a_bound_through_the_loss_law(linreg_table):
+    """A loss no target was analysed at: B_crit(L) = B*/L^(1/alpha_B) of loss_scaling.parquet,
+    a bound that says how far beyond the hardest fitted loss it is carried."""
+    law = pd.read_parquet(linreg_table / "loss_scaling.parquet").iloc[0]
+    result = invoke("recommend", linreg_table, "--target", "0.1", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["status"] == "bound" and data["bcrit_status"] == "law"
+    assert data["b_crit"] == pytest.approx(law["b_star"] / 0.1 ** (1 / law["alpha_b"]))
+    assert "2x beyond the hardest loss it was fitted on (0.2)" in data["reason"]
+    assert data["learning_rate"] is None and data["steps"] is None
+
+
 @pytest.mark.parametrize(("args", "reason"), [
     (["--prefer", "fast"], "--prefer: 'fast' is not one of time, balanced, compute"),
-    (["--target", "0.3"], "target 0.3 was not analysed (analysed: 0.5, 0.25, 0.2)"),
+    (["--target", "0.3"], "target 0.3 was not analysed (analysed: 1.5)"),
 ])
-def test_bad_input_is_one_line_and_exit_2(linreg_table, args, reason):
-    result = invoke("recommend", linreg_table, *args)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, reason):
+    """A bad preference; a target not analysed where no B_crit(L) stands (one target)."""
+    table = tmp_path / "steps.csv"
+    pd.DataFrame([(b, 1.5, 200.0 * (1 + 64 / b)) for b in (8, 32, 128, 512)],
+                 columns=["batch_size", "target", "steps"]).to_csv(table, index=False)
+    assert invoke("analyze", "--table", table, "--out", tmp_path / "out").exit_code == 0
+    result = invoke("recommend", tmp_path / "out", *args)
     assert result.exit_code == 2, result.output
     assert result.output.count("gnsweep: error:") == 1 and reason in result.output
     assert "Traceback" not in result.output

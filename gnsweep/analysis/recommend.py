@@ -87,8 +87,8 @@ class Recommendation:
     """The preference's multiple of B_crit's 95% interval (task unit)."""
     bcrit_status: str = ""
     """B_crit's own verdict: fit (well determined), thin (fitted on too few batch sizes to
-    settle it: the setting is the fit's, the status a bound) or bound (only bounded or
-    extrapolated)."""
+    settle it: the setting is the fit's, the status a bound), bound (only bounded or
+    extrapolated) or law (a target not analysed, through B_crit(L))."""
     batch_size_side: str = ""
     """For a bound: "at_least" (B_crit above the grid) or "at_most" (below it)."""
     b_crit: float = math.nan
@@ -264,7 +264,8 @@ def choose_target(results: Results, target: float | None = None
 def recommend(results: Results, prefer: str = "balanced", target: float | None = None,
               setting: Setting | None = None) -> Recommendation:
     """The recommendation of module doc for `prefer` (PREFERENCES) at `target` (default: the
-    hardest well-determined one). KeyError for a `target` that was not analysed."""
+    hardest well-determined one). A loss `target` that was not analysed: a bound through
+    B_crit(L) where that law stands, else KeyError naming the analysed targets."""
     if prefer not in PREFERENCES:
         raise ValueError(f"prefer: {prefer!r} is not one of {', '.join(PREFERENCES)}")
     setting = setting or Setting.from_meta(results.meta)
@@ -277,6 +278,10 @@ def recommend(results: Results, prefer: str = "balanced", target: float | None =
 
     if not len(results.fits):
         return start(REFUSED_STATUS, None, "nothing was fitted")
+    if target is not None and not len(_target_rows(results.fits, target)):
+        law = _through_law(results, target, setting, start(BOUND_STATUS, target))
+        if law is not None:
+            return law
     row, (kind, why) = choose_target(results, target)
     if row is None:
         return start(REFUSED_STATUS, None, why)
@@ -294,6 +299,41 @@ def recommend(results: Results, prefer: str = "balanced", target: float | None =
     if rec.status == BOUND_STATUS:
         rec.next_grid = next_grid(results, t, setting, side_of(row, results.front, kind))
     rec.launch = launch_line(rec)
+    return rec
+
+
+def _through_law(results: Results, target: float, setting: Setting, rec: Recommendation
+                 ) -> Recommendation | None:
+    """A loss target the sweep did not analyse, through B_crit(L) = B* / L^(1/alpha_B)
+    (`analysis.loss_scaling`, Kaplan et al. 2020): a bound, saying how far the law is carried
+    beyond the losses it was fitted on; no learning rate, steps or examples (nothing was
+    measured there). None where the law does not stand (then the target is refused)."""
+    law = results.bcrit_law
+    if Direction.from_meta(results.meta).rises or not law or law.get("refused"):
+        return None
+    b_star, alpha = float(law.get("b_star", math.nan)), float(law.get("alpha_b", math.nan))
+    fitted = results.fits[results.fits["bcrit_status"].astype(str) == FIT]["target"]
+    if not (math.isfinite(b_star) and math.isfinite(alpha) and alpha > 0 and len(fitted)
+            and target > 0):
+        return None
+    low, high = float(fitted.min()), float(fitted.max())
+    b_crit = b_star / target ** (1 / alpha)
+    rec.b_crit = b_crit
+    rec.bcrit_status = "law"
+    rec.batch_size_samples = setting.samples(rec.multiple * b_crit)
+    rec.batch_size = rec.batch_size_samples * setting.per_sample
+    rec.lr_status, rec.lr_reason = "refused", "no run measured a learning rate at this loss"
+    kind = "an extrapolation"
+    if low <= target <= high:
+        where, kind = f"between the losses it was fitted on ({low:g}..{high:g})", "read"
+    else:
+        edge = low if target < low else high
+        where = (f"{max(edge / target, target / edge):.3g}x beyond the "
+                 f"{'hardest' if target < low else 'easiest'} loss it was fitted on ({edge:g})")
+    rec.reason = (f"target {target:g} was not analysed; B_crit(L) = B*/L^(1/alpha_B) (B* "
+                  f"{b_star:.4g}, alpha_B {alpha:.3g}) gives {b_crit:.4g} there, {where}: "
+                  f"{kind} off the law through the fits, not a measurement; train to it and "
+                  "analyze it")
     return rec
 
 
