@@ -19,8 +19,10 @@ was bootstrapped); the batch size's interval is B_crit's (bootstrap or delta met
 preference's multiple.
 
 Status: `fit` (B from a well-determined B_crit, the learning rate interpolated), `bound` (B_crit
-only bounded, extrapolated, or the learning rate not placed inside the grid: then `next_grid`
-says what to run, `analysis.next_grid`), `refused` (no target supports any answer).
+only bounded, extrapolated, fitted on fewer than MIN_BATCH_SIZES batch sizes, or the learning
+rate not placed inside the grid: then `next_grid` says what to run, `analysis.next_grid`; or a
+loss target that was not analysed, read off B_crit(L)), `refused` (no target supports any
+answer).
 """
 
 from __future__ import annotations
