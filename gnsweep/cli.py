@@ -146,7 +146,10 @@ def plan(
 
     Every run lives under DIR/runs like a launch's (analyze, plot and report work unchanged);
     DIR/plan.json records each decision, and re-running the same command resumes.
-    Example: gnsweep plan --sweep-dir runs/digits-plan
+
+    `gnsweep plan DIR` (an analysed sweep folder, no overrides): while `gnsweep recommend DIR`
+    is a bound, run exactly its next grid in DIR and analyse again (3 rounds at most).
+    Examples: gnsweep plan --sweep-dir runs/digits-plan; gnsweep plan runs/digits
     """
     from gnsweep.commands.plan import run
 
