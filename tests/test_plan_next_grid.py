@@ -61,3 +61,13 @@ def test_plan_runs_the_next_grid_and_turns_the_bound_into_a_fit(tmp_path):
     # Nothing left to run: a second plan only says the answer.
     again = invoke("plan", sweep, "-q")
     assert again.exit_code == 0 and "0 run(s) of next grids" in again.output
+
+
+def test_plan_dir_on_a_folder_that_is_not_a_sweep_is_one_line(tmp_path):
+    for args, reason in (([tmp_path / "nothing"], "no such sweep folder"),
+                         ([tmp_path], "not a sweep folder"),
+                         ([tmp_path, "--sweep-dir", tmp_path / "x"], "drop --sweep-dir")):
+        result = invoke("plan", *args)
+        assert result.exit_code == 2, result.output
+        assert result.output.count("gnsweep: error:") == 1 and reason in result.output
+        assert "Traceback" not in result.output
