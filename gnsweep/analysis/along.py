@@ -457,9 +457,38 @@ def _row(point: BranchPoint, fraction: float, value: float, fits: pd.DataFrame, 
     row["ratio_precond"], row["ratio_precond_se"] = ratio_with_error(
         fit["b_crit"], fit["b_crit_se"], point.b_simple_precond, 0.0)
     row["b_simple_precond_mean"] = fit.get("b_simple_precond_mean", math.nan)
+    unresolved(row)
     if front is not None and len(front):
         extrapolated_bound(row, front[front["target"] == value])
     return row
+
+
+MIN_LOCAL_S_MIN = 1.5
+"""A local fit of eq. 2.11 whose S_min is below this many updates is refused: the large batch
+sizes reach the target within an update or so, where the steps' resolution (a whole update,
+and the smoother's window) is as large as S_min itself. Measured against the exact local
+dynamics of linreg (`linreg_exact.local_truth`) from three base runs (B 8, 16, 32) at 2-3
+points each (36 point-targets): targets 5-10% below a point's loss gave S_min 0.4-1.4 updates
+and fits 2.4-5x below the exact local B_crit, or bounds the exact value contradicts ("< 8"
+where it is 30, "< 16" where it is 127); every fit with S_min above 1.5 was within 30% of it.
+Below 1.5 some fits were close too, but nothing in the data tells them from the others."""
+
+
+def unresolved(row: dict) -> None:
+    """In place: a fit or bound of eq. 2.11 whose S_min is below MIN_LOCAL_S_MIN updates is
+    refused, with the reason (module doc of MIN_LOCAL_S_MIN); its B_crit, bound and ratios
+    NaN."""
+    s_min = float(row.get("s_min", math.nan))
+    if row.get("bcrit_status") not in (FIT, LOWER_BOUND, UPPER_BOUND) \
+            or not math.isfinite(s_min) or s_min >= MIN_LOCAL_S_MIN:
+        return
+    why = (f"S_min {s_min:.2g} updates: the largest batch sizes reach the target within "
+           f"{MIN_LOCAL_S_MIN:g} updates, finer than the steps resolve; choose targets further "
+           "below the point (smaller branch.targets fractions)")
+    row.update(bcrit_status="refused", bcrit_reason=why, refused=why, b_crit_bound=math.nan)
+    for name in ("b_crit", "b_crit_se", "ratio", "ratio_se", "ratio_noise", "ratio_noise_se",
+                 "ratio_precond", "ratio_precond_se"):
+        row[name] = math.nan
 
 
 def extrapolated_bound(row: dict, front: pd.DataFrame) -> None:
