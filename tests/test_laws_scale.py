@@ -63,6 +63,9 @@ def test_launch_records_the_scale_and_a_sweep_without_a_budget_is_refused(tiny_s
     result = CliRunner().invoke(app, ["laws", str(tiny_sweep), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
     assert "no scale.json" in result.output and "sweep.scale.params=" in result.output
+    (tiny_sweep / "scale.json").write_text('{"params": 0}')  # a task gnsweep cannot count
+    result = CliRunner().invoke(app, ["laws", str(tiny_sweep), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "sweep.scale.params=" in result.output
 
 
 @pytest.mark.slow

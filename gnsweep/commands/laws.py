@@ -68,6 +68,10 @@ def read_scale(sweep_dir: Path) -> dict[str, float]:
                             "give sweep.scale.params=<parameters> at launch")
     data = store.read_json(path)
     value = data.get("params") if isinstance(data, dict) else None
+    if value == 0:
+        raise AnalysisError(f"{sweep_dir}: the model's size was not counted at launch (its task "
+                            "builds no model gnsweep can count); relaunch it with "
+                            "sweep.scale.params=<parameters>")
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise AnalysisError(f"{path}: 'params' must be a positive number")
     per_sample = data.get("per_sample", 1.0)
