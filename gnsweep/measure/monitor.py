@@ -232,6 +232,9 @@ class NoiseScaleMonitor:
         self._sources: dict[str, tuple[PerExample | None, Increments | None]] = {}
         self._asked = self.requested = method
         self._switched = False  # auto moved to micro-batches for unattributable layers
+        self._redo = False
+        """The last step's measurement was discarded because the method or the per-example
+        coverage changed there (`measure_noise_scale` measures that batch again)."""
         if method == OFF:  # nothing measured, nothing hooked
             self.method, self.hessian_every = OFF, 0
             return
@@ -491,13 +494,19 @@ class NoiseScaleMonitor:
             self.schedule.advance(False, self.ema, self._since_examples, self._step_examples)
             return None
         hessian = bool(self.hessian_every and (self.steps - 1) % self.hessian_every == 0)
+        uncovered: dict[int, str] = {}
+        checked = self._per_example
         try:
+            if measuring and checked is not None and checked.coverage.armed:
+                uncovered = self._check_coverage(checked)
             if measuring or hessian:
                 self._measure(batch, plain=measuring, hessian=hessian)
         finally:
             self._examples = 0
             if self._per_example is not None:
                 self._per_example.reset()
+            if checked is not None:
+                checked.coverage.after_step(measuring)
             if self._increments is not None:
                 self._increments.reset()
             if self._ddp is not None:
@@ -513,23 +522,65 @@ class NoiseScaleMonitor:
             self._timed(seconds)
         self._started, self._hessian_seconds = None, 0.0
         self.schedule.advance(measuring, self.ema, self._since_examples, self._step_examples)
+        if uncovered:
+            self._uncover(uncovered)
         if measuring and self._per_example is not None and self._per_example.unattributed:
             self._unattributable(steps_examples)
         elif self.timed and self.choice is None and measuring and self._per_example is not None:
             self._choose(steps_examples)
         return self.estimate
 
+    def _check_coverage(self, source: PerExample) -> dict[int, str]:
+        """The checks of `gnsweep.measure.coverage` on this measured step: a layer whose dim 0
+        is not the batch's joins `unattributed`; the parameters whose `.grad` the hooks do not
+        account for are returned (id -> why). Either discards the step's per-example pair."""
+        coverage = source.coverage
+        with _busy(self):  # the layout check's extra forward is no step of training
+            wrong = coverage.layout()
+        if wrong:
+            for name, why in wrong.items():
+                source.unattributed.setdefault(name, why)
+            source.invalid = True
+            return {}
+        scale = self._loss_scale
+        uncovered = coverage.check(scale, 1.0 if self._grads_unscaled else scale)
+        if uncovered:
+            source.invalid = True
+        return uncovered
+
+    def _uncover(self, uncovered: dict[int, str]) -> None:
+        """Parameters whose `.grad` the per-example hooks do not account for (`uncovered`: id ->
+        why) are measured with micro-batches from the next step on, with the other parameters
+        of their layers, the rest staying per-example (the two parts are summed,
+        `gnsweep.noise.combine_parts`); the new split is said once, naming them and why."""
+        old = self._per_example
+        assert old is not None
+        for handle in old.handles:
+            handle.remove()
+        old.coverage.disarm()
+        self._handles = [h for h in self._handles if h not in old.handles]
+        source = PerExample(self, self.module, self.params, old.excluded | uncovered)
+        source.coverage.measured, source.coverage.probed = old.coverage.measured, \
+            old.coverage.probed
+        source.coverage.after_step(False)
+        self._handles += source.handles
+        rest = [p for p in self.params if id(p) not in source.covered]
+        increments = Increments(rest) if rest else None
+        if self._sources:
+            self._sources["per_example"] = (source, increments)
+        self._per_example, self._increments = source, increments
+        self._redo = True
+
     def _unattributable(self, batch: int) -> None:
         """Per-example norms met a layer whose gradient they cannot attribute to examples
-        (`PerExample.unattributed`: an input without the batch dimension). `auto` measures
-        with micro-batches from the next step on, said once; an explicit `per_example` is
-        refused, a ValueError saying why."""
+        (`PerExample.unattributed`: an input without the batch dimension, or examples along
+        dim 1). `auto` measures with micro-batches from the next step on, said once; an
+        explicit `per_example` is refused, a ValueError saying why."""
         assert self._per_example is not None
         layers = ", ".join(f"{name} ({seen})"
                            for name, seen in self._per_example.unattributed.items())
-        reason = (f"per-example norms cannot attribute the gradient of {layers} to examples: "
-                  "its input has no batch dimension (positions such as wpe(torch.arange(T)) "
-                  "broadcast over the batch), so its gradient arrives summed over the batch")
+        reason = f"per-example norms cannot attribute the gradient of {layers} to examples"
+        self._redo = True
         if self.requested != "auto":
             raise ValueError(f"noise scale: method={self.requested!r}: {reason}; use "
                              "method='auto' or 'microbatch'")
@@ -551,6 +602,7 @@ class NoiseScaleMonitor:
         assert self._per_example is not None
         for handle in self._per_example.handles:
             handle.remove()
+        self._per_example.coverage.disarm()
         self._handles = [h for h in self._handles if h not in self._per_example.handles]
         self._per_example, self._increments = None, Increments(self.params)
         self.method, self._switched = "microbatch", True
@@ -598,6 +650,7 @@ class NoiseScaleMonitor:
         self.method = method
         for name, (per_example, _) in self._sources.items():
             if name != method and per_example is not None:  # its hooks cost even idle
+                per_example.coverage.disarm()
                 for handle in per_example.handles:
                     handle.remove()
                 self._handles = [h for h in self._handles if h not in per_example.handles]
@@ -610,6 +663,9 @@ class NoiseScaleMonitor:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        for source in [self._per_example, *(pe for pe, _ in self._sources.values())]:
+            if source is not None:
+                source.coverage.disarm()
         if self._ddp is not None and self._ddp.owner is self:
             parts, hess, weighted = self._ddp.collect()  # the last measurement's all-reduce
             self._fold(parts, hess, self._ddp_precond(parts, weighted))
@@ -689,6 +745,7 @@ class NoiseScaleMonitor:
         if self._per_example is not None:
             self._per_example.forward_id += 1
             self._per_example.batch = batch
+            self._per_example.coverage.saw_inputs(args, kwargs, batch)
 
     def warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -932,19 +989,31 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Itera
             if monitor.method == "microbatch" and n < 2:
                 raise ValueError("method='microbatch' cannot split a batch of one example into "
                                  "micro-batches; use larger batches or method='per_example'")
-            k = min(microbatches, n) if monitor.needs_microbatches else 1
-            for p in monitor.params:
-                p.grad = None
-            for part, share in _pieces(batch, k, n, task_loss is not None):
-                if task_loss is not None:
-                    with torch.enable_grad():
-                        loss = task_loss(model, part)
+            for again in (False, True):
+                k = min(microbatches, n) if monitor.needs_microbatches else 1
+                for p in monitor.params:
+                    p.grad = None
+                for part, share in _pieces(batch, k, n, task_loss is not None):
+                    if task_loss is not None:
+                        with torch.enable_grad():
+                            loss = task_loss(model, part)
+                    else:
+                        assert loss_fn is not None
+                        loss = batch_loss(model, loss_fn, *part)
+                    (loss * share).backward()
+                    monitor.accumulate()
+                if again:  # B_noise was measured on this batch the first time
+                    monitor.hessian_every, hessian_every = 0, monitor.hessian_every
+                    monitor.step(batch=batch)
+                    monitor.hessian_every = hessian_every
                 else:
-                    assert loss_fn is not None
-                    loss = batch_loss(model, loss_fn, *part)
-                (loss * share).backward()
-                monitor.accumulate()
-            monitor.step(batch=batch)
+                    monitor.step(batch=batch)
+                if not monitor._redo:
+                    break
+                # The measurement of this batch was discarded where the method or coverage
+                # changed: measured again the new way, as one batch, not two.
+                monitor._redo = False
+                monitor._since_examples = monitor._since_steps = 0
     finally:
         monitor.close()
         for p, grad in zip(monitor.params, saved, strict=True):

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 from torch.nn.modules.module import _global_forward_hooks
 
 from gnsweep.measure.common import Gate, fp32, say_once, sq
+from gnsweep.measure.coverage import Coverage
 from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like, own_forward
 from gnsweep.noise import NormPair
 
@@ -30,9 +31,12 @@ class PerExample:
     is materialised per example unless that is cheaper.
     """
 
-    def __init__(self, gate: Gate, model: nn.Module, measured: list[nn.Parameter]) -> None:
+    def __init__(self, gate: Gate, model: nn.Module, measured: list[nn.Parameter],
+                 excluded: dict[int, str] | None = None) -> None:
         """Hooks on the layers holding `measured` parameters; layers without any are left
-        alone (their gradients are not part of the measured block)."""
+        alone (their gradients are not part of the measured block). `excluded`: parameter id
+        -> why per-example norms are wrong for it (`gnsweep.measure.coverage`): its layer is
+        left to micro-batches, said with that reason."""
         self.gate = gate
         self.forward_id = 0
         self.batch = 0
@@ -55,22 +59,29 @@ class PerExample:
         self._last_forward: dict[int, int] = {}
         self._positions: dict[int, bool] = {}
         self._names = {id(m): name or type(m).__name__ for name, m in model.named_modules()}
+        self.excluded = dict(excluded or {})
+        excluded = self.excluded | read_functionally(model)
         wanted = {id(p) for p in measured}
         owners = Counter(id(p) for m in model.modules()
                          for p in m.parameters(recurse=False))
         skipped: list[str] = []
+        self.layers: list[tuple[str, nn.Module]] = []
+        """The hooked layers (name, layer), those of tied parameters too."""
         # Parameters shared by several layers: the norm of the summed per-example gradient.
-        self.tied = Tied(gate, model, wanted)
+        self.tied = Tied(gate, model, wanted - set(excluded))
         self.covered |= self.tied.covered
         self.handles += self.tied.handles
         for name, module in model.named_modules():
             if id(module) in self.tied.modules:
+                self.layers.append((name or type(module).__name__, module))
                 continue
             params = [p for p in module.parameters(recurse=False) if p.requires_grad]
             inside = [id(p) in wanted for p in params]
             if not any(inside):
                 continue
-            reason = _unsupported(module)
+            reason = next((excluded[id(p)] for p in params if id(p) in excluded), None)
+            if reason is None:
+                reason = _unsupported(module)
             if reason is None and not all(inside):
                 reason = "only some of its parameters measured"
             if reason is None and any(owners[id(p)] > 1 for p in params):
@@ -80,11 +91,14 @@ class PerExample:
                 continue
             self.covered.update(id(p) for p in params)
             self.handles.append(module.register_forward_hook(self._forward))
+            self.layers.append((name or type(module).__name__, module))
         if skipped:
             text = ", ".join(skipped)
             say_once(f"skipped {text}", f"noise scale: no per-example norms for {text}; their "
                      "parameters are measured with micro-batches")
         self.params = [p for p in measured if id(p) in self.covered]
+        self.coverage = Coverage(gate, model, self.layers, self.params)
+        """The run-time proof that these hooks see the covered parameters' whole gradients."""
 
     def reset(self) -> None:
         self.values: list[torch.Tensor] = []
@@ -153,8 +167,14 @@ class PerExample:
     def _unattributed(self, module: nn.Module, a: torch.Tensor, output: torch.Tensor) -> None:
         self.invalid = True
         name = self._names.get(id(module), type(module).__name__)
-        self.unattributed.setdefault(name, f"{type(module).__name__} on input "
-                                     f"{tuple(a.shape)} -> {tuple(output.shape)}")
+        seen = f"{type(module).__name__} on input {tuple(a.shape)} -> {tuple(output.shape)}"
+        if output.dim() > 1 and output.shape[1] == self.batch:
+            why = ("examples along dim 1, not dim 0: a sequence-first layout, whose "
+                   "positions would be taken for examples")
+        else:
+            why = ("its input has no batch dimension (positions such as wpe(torch.arange(T)) "
+                   "broadcast over the batch), so its gradient arrives summed over the batch")
+        self.unattributed.setdefault(name, f"{seen}: {why}")
         return None
 
     def _stash(self, module: nn.Module, a: torch.Tensor, output: torch.Tensor) -> None:
@@ -216,6 +236,21 @@ class PerExample:
         sq_big = math.fsum(v * v for v in values[:len(norms)])
         total = math.fsum(values[len(norms):])
         return NormPair(total * examples, sq_big, 1.0, float(examples))
+
+
+def read_functionally(model: nn.Module) -> dict[int, str]:
+    """Parameter id -> why, for the parameters of layers whose own forward never runs because
+    their owner reads their parameters functionally: `nn.MultiheadAttention`'s `out_proj`
+    (`F.multi_head_attention_forward` takes `out_proj.weight` and `.bias`). Their hooks would
+    never fire while their gradients count in `.grad`; `gnsweep.measure.coverage` catches the
+    cases not known here."""
+    found: dict[int, str] = {}
+    for module in model.modules():
+        if isinstance(module, nn.MultiheadAttention):
+            for p in module.out_proj.parameters(recurse=False):
+                found[id(p)] = ("read by nn.MultiheadAttention's functional forward; its own "
+                                "forward never runs")
+    return found
 
 
 def positions_only(module: nn.Module, a: torch.Tensor) -> bool:
