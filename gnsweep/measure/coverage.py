@@ -7,9 +7,9 @@ is not the batch's although it has the batch's length (a sequence-first layer wi
 gives per-example norms that look right and are not: B_simple 0.3-0.7x of brute force. Two
 checks catch them, on the first measured steps and from time to time (`Coverage.due`):
 
-- the sum check: the batch gradient implied by what the hooks saw, the vector-Jacobian product
-  of each hooked layer's own `forward` at the inputs it was given with the output gradient it
-  received (for `nn.Linear`, `sum_i d_i a_i^T`), against the parameter's `.grad`. A parameter
+- the sum check: the batch gradient implied by what the hooks saw, each hooked layer's stock
+  backward formula at the input it was given and the output gradient it received (for
+  `nn.Linear`, `sum_i d_i a_i^T`; `implied_gradients`), against the parameter's `.grad`. A parameter
   whose `.grad` holds more than that is used where the hooks do not look (`Coverage.check`).
 - the layout check: once per batch size, the model run again without gradients on half the
   batch: a hooked layer whose input had the batch's length along dim 0 and does not halve
@@ -27,8 +27,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from gnsweep.measure.common import Gate, fp32
+from gnsweep.measure.shared import linear_like
 
 CHECK_FIRST = 2
 """Measured steps checked at the start of a monitor's life (the first, and one more: a model
@@ -74,8 +76,6 @@ class Coverage:
         output over the batch: `gnsweep.measure.shared.along_batch`)."""
         self.inputs: tuple[tuple, dict, int] | None = None
         """The model's first call of this step: its arguments and batch."""
-        self.ran: set[int] = set()
-        """Layers whose forward ran with gradients this step."""
 
     @property
     def due(self) -> bool:
@@ -119,7 +119,6 @@ class Coverage:
             return
         if not isinstance(output, torch.Tensor) or not output.requires_grad:
             return
-        self.ran.add(id(module))
         first = args[0] if args else None
         if isinstance(first, torch.Tensor) and first.dim() > 0:
             self.first_dims.setdefault(id(module), set()).add(int(first.shape[0]))
@@ -129,33 +128,21 @@ class Coverage:
 
     def _backward(self, module: nn.Module, args: tuple, kwargs: dict,
                   grad: torch.Tensor) -> None:
-        params = [p for p in module.parameters(recurse=False)
-                  if id(p) in self.checked and p.requires_grad]
-        if not params:
+        a = args[0] if args else kwargs.get("input")
+        if not isinstance(a, torch.Tensor):
             return
-        dtype = params[0].dtype
-        if grad.dtype in _LOW or any(isinstance(a, torch.Tensor) and a.dtype in _LOW
-                                     for a in args):
+        if grad.dtype in _LOW or a.dtype in _LOW:
             self.low = True
-        inputs = tuple(_cast(a, dtype) for a in args)
-        named = {k: _cast(v, dtype) for k, v in kwargs.items()}
-        with torch.enable_grad(), fp32(grad.device.type):
-            # The layer's own forward, without its hooks: what it computed from these inputs.
-            out = type(module).forward(module, *inputs, **named)
-            d = grad.detach().to(out.dtype)
-            if d.shape != out.shape:  # an output expanded over the batch by an earlier hook
-                d = d.sum_to_size(out.shape)
-            grads = torch.autograd.grad(out, params, d, allow_unused=True)
-        for p, g in zip(params, grads, strict=True):
-            if g is not None:
-                g = g.detach()
-                known = self.implied.get(id(p))
-                self.implied[id(p)] = g if known is None else known + g
+        with torch.no_grad(), fp32(grad.device.type):
+            for p, g in implied_gradients(module, a, grad.detach()):
+                if id(p) in self.checked:
+                    known = self.implied.get(id(p))
+                    self.implied[id(p)] = g if known is None else known + g
 
     def check(self, small: float = 1.0, big: float = 1.0) -> dict[int, str]:
         """Parameter id -> why (its name first) the hooks do not account for its `.grad` this
-        step (empty when they do). `small`, `big`: the factors the hooks' and `.grad`'s gradients carry (a loss
-        scale)."""
+        step (empty when they do). `small`, `big`: the factors the hooks' and `.grad`'s
+        gradients carry (a loss scale)."""
         grads = {id(p): (p.grad.detach().float() / big if p.grad is not None else None)
                  for p in self.params}
         total = math.sqrt(sum(float(torch.linalg.vector_norm(g)) ** 2
@@ -169,10 +156,10 @@ class Coverage:
             name = self.names.get(id(p), "a parameter")
             if implied is None:
                 if size > floor:
-                    failed[id(p)] = (f"{name}: its layer's forward did not run on this step, yet it has "
-                                    "a gradient: it is read outside the layer (as "
-                                    "nn.MultiheadAttention reads out_proj.weight in "
-                                    "F.multi_head_attention_forward)")
+                    failed[id(p)] = (f"{name}: its layer's forward did not run on this "
+                                     "step, yet it has a gradient: it is read outside the "
+                                     "layer (as nn.MultiheadAttention reads out_proj.weight "
+                                     "in F.multi_head_attention_forward)")
                 continue
             seen = implied.float() / small
             error = float(torch.linalg.vector_norm(seen - grad if grad is not None else seen))
@@ -233,15 +220,67 @@ class Coverage:
         return wrong
 
 
+def implied_gradients(module: nn.Module, a: torch.Tensor, d: torch.Tensor
+                      ) -> list[tuple[nn.Parameter, torch.Tensor]]:
+    """The gradients of a layer's trained parameters implied by one call: its input `a` and the
+    gradient `d` its output received, by the stock backward formulas (no autograd: a nested
+    backward would fire the parameters' own hooks). `nn.Linear` / `Conv1D`: `d^T a` and
+    `sum d` over every row; convolutions: the backend's weight gradient; `nn.Embedding`: the
+    rows of `d` added at their indices; `nn.LayerNorm` / `nn.RMSNorm`: `sum d * x_hat` and
+    `sum d`. Other layers: none (their parameters then count as unseen)."""
+    own = module._parameters
+    weight, bias = own.get("weight"), own.get("bias")
+    weight = weight if weight is not None and weight.requires_grad else None
+    bias = bias if bias is not None and bias.requires_grad else None
+    found: list[tuple[nn.Parameter, torch.Tensor]] = []
+    d = d.float()
+    if linear_like(module):
+        x, g = a.float().reshape(-1, a.shape[-1]), d.reshape(-1, d.shape[-1])
+        if weight is not None:
+            found.append((weight, g.t() @ x if isinstance(module, nn.Linear) else x.t() @ g))
+        if bias is not None:
+            found.append((bias, g.sum(0)))
+    elif isinstance(module, (nn.Conv1d, nn.Conv2d)):
+        x = a.float()
+        if x.dim() == len(module.kernel_size) + 1:  # one unbatched example
+            x, d = x.unsqueeze(0), d.unsqueeze(0)
+        padding: Any = module.padding
+        if module.padding_mode != "zeros" or isinstance(padding, str):
+            mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+            x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
+            padding = [0] * len(module.kernel_size)
+        _, dw, db = torch.ops.aten.convolution_backward(
+            d, x, module.weight.float(), [module.out_channels] if bias is not None else None,
+            module.stride, padding, module.dilation, False, [0] * len(module.kernel_size),
+            module.groups, [False, weight is not None, bias is not None])
+        if weight is not None:
+            found.append((weight, dw))
+        if bias is not None:
+            found.append((bias, db))
+    elif isinstance(module, nn.Embedding) and weight is not None:
+        if d.shape[:-1] != a.shape:  # an output expanded over the batch by an earlier hook
+            d = d.sum_to_size(*a.shape, d.shape[-1])
+        index = a.reshape(-1)
+        rows = d.reshape(index.numel(), -1)
+        if module.padding_idx is not None:
+            rows = rows * (index != module.padding_idx).unsqueeze(-1)
+        found.append((weight, rows.new_zeros(weight.shape).index_add_(0, index, rows)))
+    elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        shape = tuple(module.normalized_shape)
+        x = a.float()
+        if isinstance(module, nn.LayerNorm):
+            x_hat = F.layer_norm(x, shape, None, None, module.eps)
+        else:
+            x_hat = F.rms_norm(x, shape, None, module.eps)
+        if weight is not None:
+            found.append((weight, (d * x_hat).reshape(-1, *shape).sum(0)))
+        if bias is not None:
+            found.append((bias, d.reshape(-1, *shape).sum(0)))
+    return found
+
+
 def _detached(value: Any) -> Any:
     return value.detach() if isinstance(value, torch.Tensor) else value
-
-
-def _cast(value: Any, dtype: torch.dtype) -> Any:
-    """A floating tensor in the parameters' dtype (what autocast fed the layer may differ)."""
-    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
-        return value.to(dtype)
-    return value
 
 
 def _cut(values: Any, batch: int, n: int) -> Any:
