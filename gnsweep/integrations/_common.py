@@ -1,15 +1,18 @@
 """What the framework callbacks share: finding a batch's size, the module the monitor watches,
-and the logged metric names (a public contract: `b_simple`, `g2`, `trace_sigma`, `b_noise`,
-`b_simple_precond`)."""
+and the logged metric names (a public contract: `b_simple`, `b_simple_se`, `g2`,
+`trace_sigma`, `b_noise`, `b_simple_precond`)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+log = logging.getLogger("gnsweep.integrations")
 
 if TYPE_CHECKING:
     from gnsweep.measure import NoiseScaleMonitor
@@ -67,20 +70,48 @@ class Watched(nn.Module):
         return True
 
 
-def metrics(estimate: NoiseEstimate | None, *, with_b_noise: bool) -> dict[str, float]:
-    """The logged values: B_simple (eq. 2.9) with its parts |G|^2 and tr(Sigma) (EMAs, eq. A.2),
-    and B_noise (eq. 2.8) once measured. NaN before the first measurement and where nothing
-    can be measured: a callback always logs `b_simple`."""
+def metrics(estimate: NoiseEstimate | None, *, with_b_noise: bool,
+            said: set[str] | None = None) -> dict[str, float]:
+    """The logged values: B_simple (eq. 2.9), the ratio of the EMAs of tr(Sigma) and |G|^2 that
+    the sweeps use, with its standard error `b_simple_se` and its parts `g2` and `trace_sigma`
+    (EMAs, eq. A.2), and B_noise (eq. 2.8) once measured. NaN before the first measurement and
+    where nothing can be measured: a callback always logs `b_simple`. While B_simple is not
+    determined (`undetermined`) `b_simple` and `b_simple_se` are NaN, and the reason is said
+    once per reason (`said`: the keys said so far, the callback's own)."""
     if estimate is None:
         return dict.fromkeys(("b_simple", "g2", "trace_sigma"), math.nan)
-    out = {"b_simple": float(estimate.b_simple), "g2": float(estimate.g2),
-           "trace_sigma": float(estimate.trace_sigma)}
+    out = {"b_simple": float(estimate.b_simple), "b_simple_se": float(estimate.b_simple_se),
+           "g2": float(estimate.g2), "trace_sigma": float(estimate.trace_sigma)}
+    why = undetermined(estimate)
+    if why is not None:
+        key, text = why
+        out["b_simple"] = out["b_simple_se"] = math.nan
+        if said is not None and key not in said:
+            said.add(key)
+            log.warning("noise scale: b_simple is logged as NaN %s", text)
     if with_b_noise and math.isfinite(estimate.b_noise):
         out["b_noise"] = float(estimate.b_noise)
     if math.isfinite(estimate.b_simple_precond):
         # B_simple in the optimizer's preconditioner (docs/noise.md), once measured.
         out["b_simple_precond"] = float(estimate.b_simple_precond)
     return out
+
+
+def undetermined(estimate: NoiseEstimate) -> tuple[str, str] | None:
+    """(key, why and until when) B_simple is not determined yet, or None when it is: the EMA of
+    |G|^2 or of tr(Sigma) not positive (single estimates are unbiased and noisy, and their
+    window's mean is not yet resolved above zero: a ratio of them would be a negative or
+    infinite batch size), or a single measurement in the window (no standard error)."""
+    if not estimate.g2 > 0 or not estimate.trace_sigma > 0:
+        which, value = ("|G|^2", estimate.g2) if not estimate.g2 > 0 else \
+            ("tr(Sigma)", estimate.trace_sigma)
+        return ("negative", f"while the window's estimate of {which} is {value:.3g}, not yet "
+                "resolved above zero at this batch size: it will be once more measured steps "
+                "average it positive (sooner with a larger batch or a longer window)")
+    if not math.isfinite(estimate.b_simple_se):
+        return ("one", "until the window holds two measurements (one so far gives no standard "
+                "error): from the next measured step")
+    return None
 
 
 def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
@@ -105,10 +136,12 @@ def cannot_measure(monitor: NoiseScaleMonitor, accumulation: int, setting: str) 
         return ("a model sharded by FSDP is not measured by this callback yet: use "
                 "gnsweep.FsdpNoiseScale in the training loop (docs/integrations.md)")
     if monitor.needs_microbatches and accumulation < 2:
+        # One behaviour whatever the cause (batch statistics, a broadcast input, a layer
+        # without per-example norms, a parameter the hooks do not see whole): NaN, said once,
+        # naming the cause.
         return (f"method {monitor.method} needs the micro-batches of gradient accumulation for "
-                "some of this model's parameters (layers without per-example norms, inputs "
-                "without the batch dimension such as positions wpe(torch.arange(T)), or batch "
-                f"statistics); set {setting} >= 2")
+                f"some of this model's parameters ({monitor.why_microbatches}); set {setting} "
+                ">= 2")
     return None
 
 

@@ -87,6 +87,7 @@ class NoiseScaleCallback(pl.Callback):
         self._batch: Any = None
         self.unavailable: str | None = None
         """Why this run cannot be measured (b_simple is logged as NaN), or None."""
+        self._said: set[str] = set()  # reasons b_simple was logged NaN, said once each
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         model = trainer.strategy.model
@@ -160,7 +161,8 @@ class NoiseScaleCallback(pl.Callback):
             estimate = in_task_units(estimate, per_sample)
             if reason is not None:
                 self._cannot(reason)
-        for name, value in metrics(estimate, with_b_noise=self.hessian_every > 0).items():
+        values = metrics(estimate, with_b_noise=self.hessian_every > 0, said=self._said)
+        for name, value in values.items():
             pl_module.log(name, value, on_step=True, on_epoch=False,
                           prog_bar=self.prog_bar and name == "b_simple")
 

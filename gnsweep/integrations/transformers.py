@@ -92,6 +92,7 @@ class NoiseScaleCallback(TrainerCallback):
         self.estimate: Any = None
         self.unavailable: str | None = None
         """Why this run cannot be measured (b_simple is logged as NaN), or None."""
+        self._said: set[str] = set()  # reasons b_simple was logged NaN, said once each
         self._watched: Watched | None = None
         self._handles: list[Any] = []
         self._scaler: Any = None
@@ -150,7 +151,7 @@ class NoiseScaleCallback(TrainerCallback):
                logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         if logs is None or "loss" not in logs:
             return  # evaluation and end-of-training summaries
-        values = metrics(self.estimate, with_b_noise=self.hessian_every > 0)
+        values = metrics(self.estimate, with_b_noise=self.hessian_every > 0, said=self._said)
         logs.update(values)
         # The Trainer appended a copy of `logs` to the history just before this event.
         if state.log_history and state.log_history[-1].get("step") == state.global_step:

@@ -394,6 +394,24 @@ class NoiseScaleMonitor:
         return self._increments is not None or (self._fsdp is not None
                                                   and self._fsdp.world == 1)
 
+    @property
+    def why_microbatches(self) -> str:
+        """Why this monitor needs each measured step in micro-batches (one line naming the
+        layers or the method and the cause), or "" when it does not."""
+        if not self.needs_microbatches:
+            return ""
+        if self._fsdp is not None:
+            return "FSDP on one process measures the micro-steps of gradient accumulation"
+        if self.choice is not None and self.choice.get("method") == "microbatch":
+            return str(self.choice["reason"])
+        stats = [m for m in self._batch_stats if m.training]
+        if self.method == "microbatch" and stats:
+            return (f"{type(stats[0]).__name__} normalises with statistics of the batch, so "
+                    "per-example norms are not its noise")
+        if self._per_example is not None and self._per_example.skipped:
+            return f"no per-example norms for {', '.join(self._per_example.skipped)}"
+        return f"method {self.method} measures with micro-batches"
+
     def microbatches(self, wanted: int, samples: int) -> int:
         """The micro-batches this step's backward must come in for the measurement: `wanted`
         (noise.microbatches, at most one per sample) on a measured step that needs them, else
@@ -627,6 +645,9 @@ class NoiseScaleMonitor:
         rest = self._increments is not None
         method, reason = cheaper_method(sorted(self._per_example.positional), batch, rest,
                                         self._per_example.positions)
+        if rest and self._per_example.skipped:  # name them: the reason kept in status.json
+            reason = (f"no per-example norms for {', '.join(self._per_example.skipped)}: "
+                      "micro-batches are needed anyway")
         self._commit({"method": method, "reason": reason, "batch": batch, "step_seconds": None})
         self._timing = []
 
@@ -820,10 +841,12 @@ class NoiseScaleMonitor:
                                "with Lightning)")
             elif self.method == "per_example":
                 complete = False
-                self.warn_once("fallback", "noise scale: layers without per-example norms "
-                               "need micro-batches and monitor.accumulate() (gradient "
-                               "accumulation of >= 2 micro-batches); without them B_simple is "
-                               "not measured (NaN), never measured on part of the model")
+                self.warn_once("fallback", f"noise scale: {self.why_microbatches}; those "
+                               "layers need micro-batches and monitor.accumulate() (gradient "
+                               "accumulation of >= 2 micro-batches: gradient_accumulation_steps"
+                               " >= 2 with Hugging Face's Trainer, accumulate_grad_batches >= 2"
+                               " with Lightning); without them B_simple is not measured (NaN), "
+                               "never measured on part of the model")
         if not complete:
             parts = []
         precond: list[NormPair] | None = None

@@ -92,6 +92,8 @@ class PerExample:
             self.covered.update(id(p) for p in params)
             self.handles.append(module.register_forward_hook(self._forward))
             self.layers.append((name or type(module).__name__, module))
+        self.skipped = skipped
+        """The layers left to micro-batches, each with why (name (reason))."""
         if skipped:
             text = ", ".join(skipped)
             say_once(f"skipped {text}", f"noise scale: no per-example norms for {text}; their "
