@@ -286,3 +286,29 @@ def test_a_scaled_loss_and_low_precision_are_no_false_alarm() -> None:
     monitor.step()
     monitor.close()
     assert not monitor.needs_microbatches and math.isfinite(monitor.b_simple)
+
+
+@pytest.mark.parametrize("name", ["batch_norm", "functional", "sequence_first"])
+def test_one_backward_a_step_is_one_behaviour_whatever_the_cause(name: str, caplog) -> None:
+    """A model that needs micro-batches, in a loop of one backward a step, method auto: NaN
+    and the same warning, naming the cause (batch statistics, a parameter the hooks miss,
+    positions taken for examples), never an error for one cause and NaN for another."""
+    if name == "batch_norm":
+        torch.manual_seed(0)
+        model: nn.Module = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+        batches = [(torch.randn(B, 4), torch.randn(B, 3)) for _ in range(3)]
+        loss_fn = _mse
+    else:
+        model, loss_fn, batches = _case(name)
+    monitor = NoiseScaleMonitor(model, ema_steps=math.inf)
+    with caplog.at_level(logging.WARNING, logger="gnsweep.measure"):
+        for batch in batches:
+            _loop_step(monitor, model, loss_fn, batch, 1)
+    monitor.close()
+    assert math.isnan(monitor.b_simple)
+    cause = {"batch_norm": "BatchNorm1d normalises with statistics of the batch",
+             "functional": "no per-example norms for proj (proj.weight",
+             "sequence_first": "sequence-first"}[name]
+    line = next(r.getMessage() for r in caplog.records
+                if "needs >= 2 micro-batches a measured step" in r.getMessage())
+    assert cause in line and "B_simple is not measured (NaN)" in line

@@ -158,34 +158,73 @@ def measure_step(monitor: NoiseScaleMonitor, accumulation: int, setting: str,
     return estimate, cannot_measure(monitor, accumulation, setting)
 
 
+TOKENS = "tokens"
+"""`examples="tokens"` (the callbacks' default): B counts tokens where the batch says it is a
+causal LM's (`causal_lm_tokens`), samples elsewhere."""
+
+
 class Units:
     """The examples of each step in the user's unit (`examples=` of the callbacks): None counts
     samples (the batch's first dimension); an int, that many examples a sample (tokens per
-    sequence); a function, the examples of the batch it is given. `take()` gives the
-    factor from samples to that unit over the step's micro-batches (`take`)."""
+    sequence); a function, the examples of the batch it is given; `"tokens"` (`TOKENS`), a
+    causal LM's tokens where the batch says so (`causal_lm_tokens`), else samples, said once.
+    `take()` gives the factor from samples to that unit over the step's micro-batches
+    (`take`)."""
 
-    def __init__(self, examples: int | Callable[[Any], int] | None) -> None:
-        if examples is not None and not callable(examples) and not (
+    def __init__(self, examples: int | str | Callable[[Any], int] | None) -> None:
+        if examples is not None and examples != TOKENS and not callable(examples) and not (
                 isinstance(examples, int) and examples >= 1):
             raise ValueError(f"examples={examples!r}: give an int >= 1 (examples a sample, "
-                             "e.g. tokens per sequence) or a function of the batch")
+                             "e.g. tokens per sequence), a function of the batch, "
+                             f"{TOKENS!r} or None (samples)")
         self.examples = examples
         self.samples = self.units = 0
+        self.tokens = False
+        """`"tokens"` found a causal LM's batch: B is counted in tokens."""
 
     def add(self, batch: Any) -> None:
         first = first_tensor(batch)
         samples = int(first.shape[0]) if first is not None else 0
         self.samples += samples
-        if callable(self.examples):
+        if self.examples == TOKENS:
+            tokens = causal_lm_tokens(batch)
+            if tokens is not None and not self.tokens:
+                self.tokens = True
+                log.warning("noise scale: B counts tokens (the batch's token-level labels "
+                            "mark a causal language model; the attention mask's ones, or "
+                            "input_ids, are counted): b_simple, b_noise and trace_sigma are "
+                            "per token; examples=None counts sequences")
+            self.units += samples if tokens is None else tokens
+        elif callable(self.examples):
             self.units += int(self.examples(batch))
         else:
-            self.units += samples * (self.examples or 1)
+            self.units += samples * (self.examples if isinstance(self.examples, int) else 1)
 
     def take(self) -> tuple[int | None, float]:
         """The examples of the batches added since the last call in the user's unit (None
         where that is samples, the monitor's own count) and the factor from samples to it
         (1 with none)."""
-        factor = self.units / self.samples if self.samples and self.units else 1.0
-        units = None if self.examples is None or not self.units else self.units
+        counted = self.examples is not None and (self.examples != TOKENS or self.tokens)
+        factor = self.units / self.samples if counted and self.samples and self.units \
+            else 1.0
+        units = self.units if counted and self.units else None
         self.samples = self.units = 0
         return units, factor
+
+
+def causal_lm_tokens(batch: Any) -> int | None:
+    """The tokens of a causal language model's batch, or None where the batch does not say it
+    is one: a mapping with 2-d `input_ids` and `labels` of the same shape (a label per token,
+    as Hugging Face's causal LMs and their data collator give; a classifier's labels are one
+    per sequence); the ones of its `attention_mask` where it has one of that shape, else every
+    input id."""
+    if not isinstance(batch, Mapping):
+        return None
+    ids, labels = batch.get("input_ids"), batch.get("labels")
+    if not (isinstance(ids, torch.Tensor) and isinstance(labels, torch.Tensor)) or \
+            ids.dim() != 2 or labels.shape != ids.shape:
+        return None
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.shape == ids.shape:
+        return int(mask.sum())
+    return int(ids.numel())

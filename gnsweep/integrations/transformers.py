@@ -38,6 +38,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from gnsweep import NoiseScaleMonitor
 from gnsweep.integrations._common import (
+    TOKENS,
     Units,
     Watched,
     cannot_measure,
@@ -64,8 +65,10 @@ class NoiseScaleCallback(TrainerCallback):
     re-runs the model on the step's last micro-batch and takes the loss the model returns
     (`outputs.loss`: the batch must carry its labels).
 
-    `examples`: what B counts. None (default): sequences (the inputs' first dimension); an
-    int: examples a sequence, e.g. `examples=512` for tokens of 512-token sequences; a
+    `examples`: what B counts. `"tokens"` (default): a causal LM's tokens where the batch says
+    so (2-d `input_ids` with `labels` of the same shape: the `attention_mask`'s ones, else
+    every id; said once), sequences elsewhere; None: sequences (the inputs' first dimension);
+    an int: examples a sequence, e.g. `examples=512` for tokens of 512-token sequences; a
     function of the model's inputs (the keyword arguments the Trainer passes, `input_ids`,
     `attention_mask`, ...), e.g. `lambda inputs: int(inputs["attention_mask"].sum())`.
     B_simple, B_noise and tr(Sigma) are then logged in that unit, and `ema_examples` counts it.
@@ -81,7 +84,7 @@ class NoiseScaleCallback(TrainerCallback):
                  ema_fraction: float | None = None, ema_steps: float = 0.0,
                  ema_examples: float | None = None, hessian_every: int = 0,
                  hessian_microbatches: int = 2,
-                 examples: int | Callable[[Any], int] | None = None) -> None:
+                 examples: int | str | Callable[[Any], int] | None = TOKENS) -> None:
         self.units = Units(examples)
         self._accumulation = 1
         self.method, self.every = method, every
@@ -135,6 +138,7 @@ class NoiseScaleCallback(TrainerCallback):
         except ValueError as err:
             self._cannot(str(err))
             return
+        self.monitor.accumulation_hint = "gradient_accumulation_steps >= 2"  # its own words
         self._accumulation = args.gradient_accumulation_steps
         reason = cannot_measure(self.monitor, self._accumulation, "gradient_accumulation_steps")
         if reason is not None:

@@ -107,6 +107,10 @@ micro-batches cost less (1.1-1.2x at 256, 1.0-1.1x at 320-512) while per-example
 switches at 64 and 32 (3072). At a tie per-example norms are kept (their |G_small|^2 averages B
 squared norms, the micro-batches' only 4)."""
 CONVOLUTIONS = ("Conv1d", "Conv2d")
+ACCUMULATION_HINT = ("monitor.accumulate() after each micro-batch's backward; "
+                     "gradient_accumulation_steps >= 2 with Hugging Face's Trainer, "
+                     "accumulate_grad_batches >= 2 with Lightning")
+"""How a loop gives the monitor micro-batches, in every loop's words (`accumulation_hint`)."""
 TIMED_STEPS = 3
 """`timed_auto`: measured steps timed after the choice (the fastest is reported)."""
 
@@ -232,6 +236,9 @@ class NoiseScaleMonitor:
         self._sources: dict[str, tuple[PerExample | None, Increments | None]] = {}
         self._asked = self.requested = method
         self._switched = False  # auto moved to micro-batches for unattributable layers
+        self.accumulation_hint = ACCUMULATION_HINT
+        """How to give a step in micro-batches, in the words of the loop that drives this
+        monitor (the framework callbacks set their own setting's name)."""
         self._redo = False
         """The last step's measurement was discarded because the method or the per-example
         coverage changed there (`measure_noise_scale` measures that batch again)."""
@@ -611,9 +618,7 @@ class NoiseScaleMonitor:
         self._switch_to_microbatches(choice)
         say_once("auto unattributed", f"noise scale: method auto measures with micro-batches "
                  f"from the next step on ({reason}); micro-batches need gradient accumulation: "
-                 ">= 2 micro-batches a step, monitor.accumulate() after each "
-                 "(gradient_accumulation_steps >= 2 with Hugging Face's Trainer, "
-                 "accumulate_grad_batches >= 2 with Lightning)", per_launch=True)
+                 f">= 2 micro-batches a step ({self.accumulation_hint})", per_launch=True)
 
     def _switch_to_microbatches(self, choice: dict[str, Any]) -> None:
         """Without `timed_auto`: drop the per-example hooks, measure with micro-batches."""
@@ -829,24 +834,19 @@ class NoiseScaleMonitor:
                 complete = False  # a step it had to skip (a layer used twice): no estimate
         if self._increments is not None and plain:
             # Micro-batch increments and their sum were both read during backward: scaled.
-            part = self._increments.measure(self.method == "microbatch" and not self._switched)
+            # Only micro-batches asked for by name are an error without them; wherever the
+            # monitor chose them (batch statistics, layers without per-example norms, a
+            # parameter the hooks do not see whole, a broadcast input) a step in one piece is
+            # NaN with one warning naming the cause: one behaviour for one situation.
+            part = self._increments.measure(self.requested == "microbatch")
             if part is not None:
                 parts.append(_unscale(part, small_scale, small_scale))
-            elif self._switched:
-                self.warn_once("switched", "noise scale: method auto needs micro-batches for "
-                               "this model and this step had one: B_simple is not measured "
-                               "(NaN) until >= 2 micro-batches a step are back-propagated, "
-                               "monitor.accumulate() after each (gradient_accumulation_steps "
-                               ">= 2 with Hugging Face's Trainer, accumulate_grad_batches >= 2 "
-                               "with Lightning)")
-            elif self.method == "per_example":
+            else:
                 complete = False
-                self.warn_once("fallback", f"noise scale: {self.why_microbatches}; those "
-                               "layers need micro-batches and monitor.accumulate() (gradient "
-                               "accumulation of >= 2 micro-batches: gradient_accumulation_steps"
-                               " >= 2 with Hugging Face's Trainer, accumulate_grad_batches >= 2"
-                               " with Lightning); without them B_simple is not measured (NaN), "
-                               "never measured on part of the model")
+                self.warn_once("fallback", f"noise scale: {self.why_microbatches}; measuring "
+                               "it needs >= 2 micro-batches a measured step "
+                               f"({self.accumulation_hint}), and this step had one: B_simple "
+                               "is not measured (NaN), never measured on part of the model")
         if not complete:
             parts = []
         precond: list[NormPair] | None = None
@@ -859,8 +859,8 @@ class NoiseScaleMonitor:
             pair = source.weighted() if source is not None else None
             if pair is None and source is not None and len(source.counts) < 2:
                 self.warn_once("precond1", "noise scale: b_simple_precond needs >= 2 "
-                               "micro-batches a measured step, each followed by "
-                               "monitor.accumulate() (gradient accumulation); NaN without")
+                               f"micro-batches a measured step ({self.accumulation_hint}); "
+                               "NaN without")
             precond = [_unscale(pair, small_scale, small_scale)] if pair is not None else None
         self._fold(parts, hess, precond)
 
