@@ -283,10 +283,14 @@ class _TiedLM(nn.Module):
 
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_transformers_functionally_tied_lm_is_measured_or_refused_by_name(tmp_path, caplog,
-                                                                          accumulate):
+                                                                          accumulate,
+                                                                          monkeypatch):
     """Before, per-example norms missed the tied use and logged a wrong B_simple. Now one
     micro-batch a step: NaN, the error naming emb.weight and gradient_accumulation_steps; two:
     the tied embedding from the micro-batches, a positive B_simple from the second log on."""
+    from gnsweep.measure import common
+
+    monkeypatch.setattr(common, "_SAID", set())  # facts said once per process: said here
     torch.manual_seed(0)
     tokens = torch.randint(0, 16, (64, 8), generator=torch.Generator().manual_seed(0))
     rows = [{"input_ids": t, "labels": t.roll(-1)} for t in tokens]

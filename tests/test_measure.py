@@ -158,14 +158,16 @@ def test_b_simple_and_b_noise_match_the_truth(method):
 
 
 class _Shift(nn.Module):
-    """An output offset: a parameter of a layer kind without per-example norms."""
+    """An output offset around a child layer: a parameter of a layer kind without per-example
+    norms (a leaf layer of one's own would be measured by its own forward)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.offset = nn.Parameter(torch.tensor(0.3))
+        self.inner = nn.Identity()
 
     def forward(self, x):
-        return x + self.offset
+        return self.inner(x) + self.offset
 
 
 class _Attention(nn.Module):

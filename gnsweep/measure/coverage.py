@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from gnsweep.measure.common import Gate, fp32
+from gnsweep.measure.functional import per_example
 from gnsweep.measure.shared import linear_like
 
 CHECK_FIRST = 2
@@ -53,9 +54,11 @@ class Coverage:
     (`arm`); `after_step` counts measured steps and arms or disarms them."""
 
     def __init__(self, gate: Gate, model: nn.Module, layers: list[tuple[str, nn.Module]],
-                 params: list[nn.Parameter]) -> None:
+                 params: list[nn.Parameter], functional: set[int] | None = None) -> None:
+        """`functional`: the ids of the layers measured by their own forward."""
         self.gate, self.model = gate, model
         self.layers = layers
+        self.functional = functional or set()
         self.params = params
         self.checked = {id(p) for p in params}
         self.names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
@@ -134,7 +137,9 @@ class Coverage:
         if grad.dtype in _LOW or a.dtype in _LOW:
             self.low = True
         with torch.no_grad(), fp32(grad.device.type):
-            for p, g in implied_gradients(module, a, grad.detach()):
+            implied = functional_gradients if id(module) in self.functional else \
+                implied_gradients
+            for p, g in implied(module, a, grad.detach()):
                 if id(p) in self.checked:
                     known = self.implied.get(id(p))
                     self.implied[id(p)] = g if known is None else known + g
@@ -227,7 +232,8 @@ def implied_gradients(module: nn.Module, a: torch.Tensor, d: torch.Tensor
     backward would fire the parameters' own hooks). `nn.Linear` / `Conv1D`: `d^T a` and
     `sum d` over every row; convolutions: the backend's weight gradient; `nn.Embedding`: the
     rows of `d` added at their indices; `nn.LayerNorm` / `nn.RMSNorm`: `sum d * x_hat` and
-    `sum d`. Other layers: none (their parameters then count as unseen)."""
+    `sum d`. Other layers: none (their parameters then count as unseen;
+    `functional_gradients` for the layers measured by their own forward)."""
     own = module._parameters
     weight, bias = own.get("weight"), own.get("bias")
     weight = weight if weight is not None and weight.requires_grad else None
@@ -277,6 +283,17 @@ def implied_gradients(module: nn.Module, a: torch.Tensor, d: torch.Tensor
         if bias is not None:
             found.append((bias, d.reshape(-1, *shape).sum(0)))
     return found
+
+
+def functional_gradients(module: nn.Module, a: torch.Tensor, d: torch.Tensor
+                         ) -> list[tuple[nn.Parameter, torch.Tensor]]:
+    """`implied_gradients` of a layer measured by its own forward (`measure.functional`): the
+    sum of its examples' gradients; none where that fails (its parameters then count as
+    unseen)."""
+    try:
+        return per_example(module, a, d, summed=True)[1]
+    except Exception:
+        return []
 
 
 def _detached(value: Any) -> Any:

@@ -523,7 +523,10 @@ class NoiseScaleMonitor:
         checked = self._per_example
         try:
             if measuring and checked is not None and checked.coverage.armed:
-                uncovered = self._check_coverage(checked)
+                uncovered.update(self._check_coverage(checked))
+            if measuring and checked is not None and checked.refused:
+                # Calls the functional route could not take: their own reason comes first.
+                uncovered.update(checked.refused)
             if measuring or hessian:
                 self._measure(batch, plain=measuring, hessian=hessian)
         finally:

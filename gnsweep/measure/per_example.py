@@ -17,6 +17,7 @@ from torch.nn.modules.module import _global_forward_hooks
 
 from gnsweep.measure.common import Gate, fp32, say_once, sq
 from gnsweep.measure.coverage import Coverage
+from gnsweep.measure.functional import functional_refusal, per_example_sq
 from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like, own_forward
 from gnsweep.noise import NormPair
 
@@ -67,6 +68,11 @@ class PerExample:
         skipped: list[str] = []
         self.layers: list[tuple[str, nn.Module]] = []
         """The hooked layers (name, layer), those of tied parameters too."""
+        self.functional: set[int] = set()
+        """Layers measured by their own forward (`gnsweep.measure.functional`)."""
+        self.refused: dict[int, str] = {}
+        """Parameter id -> why: parameters of functional-route layers met in a call that route
+        cannot take (the monitor moves them to micro-batches)."""
         # Parameters shared by several layers: the norm of the summed per-example gradient.
         self.tied = Tied(gate, model, wanted - set(excluded))
         self.covered |= self.tied.covered
@@ -82,6 +88,17 @@ class PerExample:
             reason = next((excluded[id(p)] for p in params if id(p) in excluded), None)
             if reason is None:
                 reason = _unsupported(module)
+                if reason is not None and _own_kind(module) and all(inside) and \
+                        not any(owners[id(p)] > 1 for p in params) and \
+                        functional_refusal(module) is None:
+                    # A layer of the user's own (a custom norm, a layer-scale): per-example
+                    # gradients of its parameters by its own forward (`measure.functional`).
+                    self.functional.add(id(module))
+                    self.covered.update(id(p) for p in params)
+                    self.handles.append(module.register_forward_hook(self._functional_forward,
+                                                                     with_kwargs=True))
+                    self.layers.append((name or type(module).__name__, module))
+                    continue
             if reason is None and not all(inside):
                 reason = "only some of its parameters measured"
             if reason is None and any(owners[id(p)] > 1 for p in params):
@@ -99,7 +116,7 @@ class PerExample:
             say_once(f"skipped {text}", f"noise scale: no per-example norms for {text}; their "
                      "parameters are measured with micro-batches")
         self.params = [p for p in measured if id(p) in self.covered]
-        self.coverage = Coverage(gate, model, self.layers, self.params)
+        self.coverage = Coverage(gate, model, self.layers, self.params, self.functional)
         """The run-time proof that these hooks see the covered parameters' whole gradients."""
 
     def reset(self) -> None:
@@ -156,6 +173,49 @@ class PerExample:
             self.positions = max(self.positions, positions)
         output.register_hook(lambda grad: self._backward(module, saved, grad))
         return output
+
+    def _functional_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any
+                            ) -> None:
+        """A layer of the user's own: its per-example gradients by its own forward, from the
+        one tensor it is called on (examples along dim 0) and its output's gradient."""
+        if not (self.gate.capturing and torch.is_grad_enabled()):
+            return
+        a = args[0] if len(args) == 1 and not kwargs else None
+        if not (isinstance(a, torch.Tensor) and isinstance(output, torch.Tensor)
+                and a.dim() >= 1 and output.dim() >= 1
+                and a.shape[0] == output.shape[0] == max(self.batch, 1)):
+            name = self._names.get(id(module), type(module).__name__)
+            for pname, p in module.named_parameters(recurse=False):
+                self.refused[id(p)] = (f"{name}.{pname}: {type(module).__name__} is measured by "
+                                       "its own forward only when called on one tensor with "
+                                       "the examples along dim 0, and its output alike")
+            self.invalid = True
+            return
+        if not output.requires_grad:
+            return
+        if self._last_forward.get(id(module)) == self.forward_id:
+            self.invalid = True  # used twice in one forward: the uses' cross terms are missed
+            self.gate.warn_once(f"reuse{id(module)}", f"noise scale: {type(module).__name__}"
+                                " is called more than once per forward; per-example norms "
+                                "skip such steps")
+            return
+        self._last_forward[id(module)] = self.forward_id
+        saved = a.detach()
+        output.register_hook(partial(self._functional_backward, module, saved))
+
+    def _functional_backward(self, module: nn.Module, a: torch.Tensor, grad: torch.Tensor
+                             ) -> None:
+        try:
+            with torch.no_grad(), fp32(grad.device.type):
+                self.values.append(per_example_sq(module, a, grad.detach()))
+        except Exception as err:  # a forward vmap cannot run (random ops, data-dependent
+            # control flow): its parameters go to micro-batches, with the reason
+            name = self._names.get(id(module), type(module).__name__)
+            first = (str(err).splitlines() or [type(err).__name__])[0][:200]
+            for pname, p in module.named_parameters(recurse=False):
+                self.refused[id(p)] = (f"{name}.{pname}: {type(module).__name__}'s own forward "
+                                       f"cannot be run one example at a time ({first})")
+            self.invalid = True
 
     def _positions_only(self, module: nn.Module, a: torch.Tensor) -> bool:
         """`positions_only`, decided once per layer (a device sync on a GPU)."""
@@ -300,6 +360,12 @@ def _unsupported(module: nn.Module) -> str | None:
     if isinstance(module, nn.Embedding) and module.sparse:
         return "sparse gradients"
     return None
+
+
+def _own_kind(module: nn.Module) -> bool:
+    """A layer class of the user's or a library's own, not one of torch's (torch's own
+    recurrent, attention and normalisation layers have their own rules)."""
+    return not type(module).__module__.startswith("torch.")
 
 
 def _trainable(module: nn.Module) -> tuple[bool, bool]:
