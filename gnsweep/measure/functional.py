@@ -26,7 +26,9 @@ def functional_refusal(module: nn.Module) -> str | None:
     leaf layer (no child modules, whose forwards would run again too), plain parameters of at
     most `FUNCTIONAL_MAX_NUMEL` elements, and no buffers it updates (batch statistics)."""
     if next(module.children(), None) is not None:
-        return f"{type(module).__name__} has child modules"
+        return ("used beside its child layers, where no hook sees them per example (a "
+                "parameter broadcast over the batch, such as a position embedding or a class "
+                "token, gets its gradient summed over the examples)")
     own = [p for p in module.parameters(recurse=False) if p.requires_grad]
     if not own:
         return f"{type(module).__name__} owns no trained parameter"

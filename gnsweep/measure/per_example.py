@@ -88,9 +88,13 @@ class PerExample:
             reason = next((excluded[id(p)] for p in params if id(p) in excluded), None)
             if reason is None:
                 reason = _unsupported(module)
+                refusal = functional_refusal(module) if _own_kind(module) else None
+                if reason is not None and _own_kind(module) and refusal is not None:
+                    own = ", ".join(n for n, p in module.named_parameters(recurse=False)
+                                    if p.requires_grad)
+                    reason = f"its own {own}: {refusal}"
                 if reason is not None and _own_kind(module) and all(inside) and \
-                        not any(owners[id(p)] > 1 for p in params) and \
-                        functional_refusal(module) is None:
+                        not any(owners[id(p)] > 1 for p in params) and refusal is None:
                     # A layer of the user's own (a custom norm, a layer-scale): per-example
                     # gradients of its parameters by its own forward (`measure.functional`).
                     self.functional.add(id(module))
