@@ -654,8 +654,8 @@ class NoiseScaleMonitor:
         method, reason = cheaper_method(sorted(self._per_example.positional), batch, rest,
                                         self._per_example.positions)
         if rest and self._per_example.skipped:  # name them: the reason kept in status.json
-            reason = (f"no per-example norms for {', '.join(self._per_example.skipped)}: "
-                      "micro-batches are needed anyway")
+            reason = (f"micro-batches are needed anyway, for "
+                      f"{', '.join(self._per_example.skipped)}")
         self._commit({"method": method, "reason": reason, "batch": batch, "step_seconds": None})
         self._timing = []
 
