@@ -192,7 +192,8 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
                                ema_examples=ema_examples, bootstrap=bootstrap,
                                targets=target_list, out_dir=out)
         out = out or sweep_dir
-    echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by")), err=as_json)
+    echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by"), result.front),
+         err=as_json)
     if len(result.along_schedule):  # runs following a measured B_crit (sweep.schedule=along)
         from gnsweep.report.console import format_schedule
 
