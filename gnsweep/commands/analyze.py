@@ -125,7 +125,8 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
                              bootstrap=config.analysis.bootstrap if bootstrap is None
                              else bootstrap, optimizer=config.train.optimizer,
                              direction=task.direction, source=str(sweep_dir),
-                             window=float(branch.window), tolerance=branch.tolerance)
+                             window=float(branch.window), tolerance=branch.tolerance,
+                             unit=task.unit)
     base = Path(branch.base)
     try:
         analysis.along_base = base_curve(load_run_curves(base), loss)
