@@ -217,7 +217,7 @@ def test_per_example_falls_back_to_microbatches(caplog):
     trace = truth.trace_sigma + 2 * truth.loss - c * c  # Var(g_b) = s2 - c^2 = 2 loss - c^2
     with caplog.at_level(logging.WARNING, logger="gnsweep.measure"):
         estimate = measure_noise_scale(model, task.output_loss, batches[:300], method="per_example")
-    assert "no per-example norms for 1 (_Shift)" in caplog.text
+    assert "no per-example norms for 1 (its own offset: used beside its child layers" in caplog.text
     assert estimate.b_simple == pytest.approx(trace / g2, rel=0.05)
 
 

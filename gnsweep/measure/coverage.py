@@ -22,6 +22,7 @@ another way (micro-batches) or refuses, naming them and the reason.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -54,11 +55,14 @@ class Coverage:
     (`arm`); `after_step` counts measured steps and arms or disarms them."""
 
     def __init__(self, gate: Gate, model: nn.Module, layers: list[tuple[str, nn.Module]],
-                 params: list[nn.Parameter], functional: set[int] | None = None) -> None:
-        """`functional`: the ids of the layers measured by their own forward."""
+                 params: list[nn.Parameter], functional: set[int] | None = None,
+                 more: Callable[[], dict[int, torch.Tensor]] | None = None) -> None:
+        """`functional`: the ids of the layers measured by their own forward; `more()`: the
+        batch gradients implied by other captures (broadcast parameters' views), by id."""
         self.gate, self.model = gate, model
         self.layers = layers
         self.functional = functional or set()
+        self.more = more
         self.params = params
         self.checked = {id(p) for p in params}
         self.names = {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
@@ -157,6 +161,8 @@ class Coverage:
         failed: dict[int, str] = {}
         for p in self.params:
             grad, implied = grads[id(p)], self.implied.get(id(p))
+            if implied is None and self.more is not None:
+                implied = self.more().get(id(p))
             size = float(torch.linalg.vector_norm(grad)) if grad is not None else 0.0
             name = self.names.get(id(p), "a parameter")
             if implied is None:

@@ -526,9 +526,13 @@ class NoiseScaleMonitor:
         try:
             if measuring and checked is not None and checked.coverage.armed:
                 uncovered.update(self._check_coverage(checked))
-            if measuring and checked is not None and checked.refused:
-                # Calls the functional route could not take: their own reason comes first.
+            if measuring and checked is not None and (checked.refused or
+                                                      checked.broadcast.refused):
+                # Calls the functional route could not take, broadcast parameters the model
+                # does not broadcast along the batch: their own reason comes first.
                 uncovered.update(checked.refused)
+                uncovered.update(checked.broadcast.refused)
+                checked.invalid = True
             if measuring or hessian:
                 self._measure(batch, plain=measuring, hessian=hessian)
         finally:

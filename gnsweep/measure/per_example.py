@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.modules.module import _global_forward_hooks
 
+from gnsweep.measure.broadcast import Broadcast, candidates
 from gnsweep.measure.common import Gate, fp32, say_once, sq
 from gnsweep.measure.coverage import Coverage
 from gnsweep.measure.functional import functional_refusal, per_example_sq
@@ -77,11 +78,17 @@ class PerExample:
         self.tied = Tied(gate, model, wanted - set(excluded))
         self.covered |= self.tied.covered
         self.handles += self.tied.handles
+        # Parameters of shape (1, ...) held by a layer of one's own beside its children (a
+        # position embedding, a class token): per example through their expanded views.
+        found = [c for c in candidates(model, wanted - set(excluded), set())
+                 if _own_kind(c[1]) and next(c[1].children(), None) is not None]
+        spread = {id(c[3]) for c in found}
         for name, module in model.named_modules():
             if id(module) in self.tied.modules:
                 self.layers.append((name or type(module).__name__, module))
                 continue
-            params = [p for p in module.parameters(recurse=False) if p.requires_grad]
+            params = [p for p in module.parameters(recurse=False)
+                      if p.requires_grad and id(p) not in spread]
             inside = [id(p) in wanted for p in params]
             if not any(inside):
                 continue
@@ -113,6 +120,10 @@ class PerExample:
             self.covered.update(id(p) for p in params)
             self.handles.append(module.register_forward_hook(self._forward))
             self.layers.append((name or type(module).__name__, module))
+        self.broadcast = Broadcast(gate, found, lambda: self.batch, lambda: self.values)
+        """The broadcast parameters measured through their expanded views."""
+        self.handles += self.broadcast.handles
+        self.covered |= spread
         self.skipped = skipped
         """The layers left to micro-batches, each with why (name (reason))."""
         if skipped:
@@ -120,7 +131,8 @@ class PerExample:
             say_once(f"skipped {text}", f"noise scale: no per-example norms for {text}; their "
                      "parameters are measured with micro-batches")
         self.params = [p for p in measured if id(p) in self.covered]
-        self.coverage = Coverage(gate, model, self.layers, self.params, self.functional)
+        self.coverage = Coverage(gate, model, self.layers, self.params, self.functional,
+                                 lambda: self.broadcast.implied)
         """The run-time proof that these hooks see the covered parameters' whole gradients."""
 
     def reset(self) -> None:
@@ -132,6 +144,9 @@ class PerExample:
         self.invalid = False
         if hasattr(self, "tied"):
             self.tied.reset()
+        if hasattr(self, "broadcast"):
+            self.broadcast.implied = {}
+            self.broadcast.restore()  # a forward that raised may have left its views in
 
     def _forward(self, module: nn.Module, inputs: tuple, output: Any) -> Any:
         if not (self.gate.capturing and torch.is_grad_enabled()):
