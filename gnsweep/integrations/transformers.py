@@ -148,7 +148,10 @@ class NoiseScaleCallback(TrainerCallback):
         if inner is not None:  # B_simple_P from the micro-batches of gradient accumulation
             self.monitor.precondition(inner)
         params = self.monitor.params
-        self._handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+        # First among the model's hooks: the monitor's own (broadcast parameters) read the
+        # batch this one counts.
+        self._handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True,
+                                                         prepend=True),
                          register_multi_grad_hook(params, self._in_backward, mode="any")]
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

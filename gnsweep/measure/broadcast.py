@@ -104,7 +104,10 @@ class Broadcast:
         if not (self.gate.capturing and torch.is_grad_enabled()):
             return
         batch = self.batch()
-        if batch < 1:
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        if batch < 1 or first is None or first.dim() == 0 or first.shape[0] != batch:
+            # The owner's input does not carry the model's batch along dim 0: no view (its
+            # parameters then count as unseen, and go to micro-batches).
             return
         if id(module) not in self.checked and batch > 1:  # one example: the view is the
             self.check(module, args, kwargs, batch)       # parameter's own shape
