@@ -360,3 +360,40 @@ def test_a_causal_lms_batch_counts_tokens_by_default(caplog):
     sequences = Units(None)
     sequences.add({"input_ids": ids, "labels": ids})
     assert sequences.take() == (None, 1.0)
+
+
+class _Llama(nn.Module):
+    """bench.architectures' Llama-style LM (a custom RMSNorm, a broadcast position parameter)
+    as the Trainer takes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from gnsweep.bench.architectures import LlamaLm
+
+        self.lm = LlamaLm()
+
+    def forward(self, input_ids, labels=None):
+        from gnsweep.bench.architectures import VOCAB
+
+        logits = self.lm(input_ids)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+        return {"loss": loss, "logits": logits}
+
+
+def test_transformers_custom_norm_and_broadcast_positions_need_no_accumulation(tmp_path):
+    """A custom RMSNorm (by its own forward) and a (1, T, C) position parameter (through its
+    expanded view) are per-example: one micro-batch a step measures B_simple, in tokens."""
+    from gnsweep.bench.architectures import VOCAB
+
+    torch.manual_seed(0)
+    tokens = torch.randint(0, VOCAB, (48, 12), generator=torch.Generator().manual_seed(0))
+    rows = [{"input_ids": t, "labels": t.roll(-1)} for t in tokens]
+    args = _args(tmp_path, learning_rate=1e-3, per_device_train_batch_size=8, logging_steps=1)
+    callback = NoiseScaleCallback()
+    trainer = transformers.Trainer(model=_Llama(), args=args, train_dataset=rows,
+                                   callbacks=[callback])
+    trainer.train()
+    assert callback.unavailable is None
+    logged = [entry["b_simple"] for entry in trainer.state.log_history if "b_simple" in entry]
+    assert len(logged) == 6 and math.isnan(logged[0])  # one measurement: no standard error
+    assert all(v > 0 for v in logged[1:])

@@ -205,3 +205,18 @@ def test_broadcast_parameters_through_their_expanded_views(name: str, caplog) ->
     else:
         assert "w: the model does not compute the same with it expanded along the batch" in \
             caplog.text
+
+
+def test_the_sweeps_choice_says_what_was_measured_how() -> None:
+    """The sweep's monitor (timed auto) keeps, in the reason status.json records, which layers
+    were measured by their own forward and which parameters through their expanded views."""
+    model, loss_fn, batches = _case("llama")
+    monitor = NoiseScaleMonitor(model, timed_auto=True)
+    x, y = batches[0]
+    loss_fn(model(x), y).backward()
+    monitor.step()
+    monitor.close()
+    assert monitor.choice is not None and monitor.choice["method"] == "per_example"
+    reason = monitor.choice["reason"]
+    assert "by their own forward: norm1, norm2, norm, scale" in reason
+    assert "through their views expanded along the batch: pos_embed" in reason

@@ -662,6 +662,8 @@ class NoiseScaleMonitor:
         if rest and self._per_example.skipped:  # name them: the reason kept in status.json
             reason = (f"micro-batches are needed anyway, for "
                       f"{', '.join(self._per_example.skipped)}")
+        elif method == "per_example" and self._per_example.routes:
+            reason = f"{reason}; {self._per_example.routes}"  # what was measured how
         self._commit({"method": method, "reason": reason, "batch": batch, "step_seconds": None})
         self._timing = []
 

@@ -126,6 +126,14 @@ class PerExample:
         self.covered |= spread
         self.skipped = skipped
         """The layers left to micro-batches, each with why (name (reason))."""
+        by_forward = [name for name, m in self.layers if id(m) in self.functional]
+        views = [name for name, _, _, _ in found]
+        self.routes = "; ".join(part for part in (
+            f"by their own forward: {', '.join(by_forward)}" if by_forward else "",
+            f"through their views expanded along the batch: {', '.join(views)}" if views
+            else "") if part)
+        """What is measured per example another way than by the layer formulas (one line, ""
+        when nothing): layers of one's own and broadcast parameters, by name."""
         if skipped:
             text = ", ".join(skipped)
             say_once(f"skipped {text}", f"noise scale: no per-example norms for {text}; their "
