@@ -164,7 +164,7 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
     warnings: list[str] = []
     for point in sorted(points, key=lambda p: p.at_examples):
         sub = subset(curves, at == point.at_examples)
-        why = f"no branch runs from {point.at_examples} examples" if not len(sub.runs) else ""
+        why = f"no branch runs from {point.at_examples} {unit}" if not len(sub.runs) else ""
         tol = _tolerance_columns(sub, point, loss, ema_examples, direction, window,
                                  tolerance) if not why else _no_tolerance(why, tolerance)
         if automatic:
