@@ -141,6 +141,22 @@ def _secret_is_text(where: str, value: Any, holds_uri: bool = False) -> None:
 
 
 @dataclass
+class ScaleConfig:
+    """The sweep's place in a family of scales (`gnsweep laws`, docs/laws.md)."""
+
+    params: float = 0.0
+    """The model's parameter count N (0: counted at launch from the task's model, without its
+    embeddings; a task whose model cannot be built here, such as a training script, must give
+    it). The data budget D is sweep.max_examples."""
+
+    def __post_init__(self) -> None:
+        self.params = _number("sweep.scale.params", self.params)
+        if self.params < 0:
+            raise ConfigError(f"sweep.scale.params: {self.params:g} must be >= 0 (0: counted at "
+                              "launch)")
+
+
+@dataclass
 class SweepConfig:
     """The batch-size x learning-rate grid and what every run in it does."""
 
@@ -157,7 +173,10 @@ class SweepConfig:
     seeds: list[int] = field(default_factory=lambda: [0])
     """Seeds; each grid point runs once per seed (at least one)."""
     targets: list[float] = field(default_factory=lambda: [0.3, 0.1, 0.03])
-    """Training-loss targets; a run stops once it reaches the hardest (smallest)."""
+    """Training-loss targets; a run stops once it reaches the hardest (smallest). `auto` (kept
+    as []; the default for a custom task that names none): every run trains its whole budget
+    and `gnsweep analyze` chooses the levels from what the runs reached
+    (`analysis.auto_targets`)."""
     max_steps: int = 5000
     """Step budget of one run."""
     max_examples: int = 0
@@ -218,11 +237,23 @@ class SweepConfig:
     along_points: list[list[float]] = field(default_factory=list)
     """schedule=along: [examples, B_crit] pairs the batch size follows; read from
     `along_from` at launch (set it only to give the curve by hand)."""
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
+    """The model size N for `gnsweep laws` (sweep.scale.params; 0: counted at launch)."""
+
+    @property
+    def auto_targets(self) -> bool:
+        """Whether the targets are chosen by the analysis (`sweep.targets=auto`): runs then stop
+        at no target."""
+        return not self.targets
 
     def __post_init__(self) -> None:
         self.batch_sizes = _positive_list("sweep.batch_sizes", self.batch_sizes, _integer)
         self.learning_rates = _positive_list("sweep.learning_rates", self.learning_rates, _number)
-        self.targets = _positive_list("sweep.targets", self.targets, _number)
+        if self.targets == targets.AUTO or (isinstance(self.targets, (list, tuple))
+                                            and not self.targets):
+            self.targets = []  # automatic: chosen by the analysis from what the runs reached
+        else:
+            self.targets = _positive_list("sweep.targets", self.targets, _number)
         if not self.seeds:
             raise ConfigError("sweep.seeds: an empty list runs nothing; give at least one seed, "
                               "e.g. sweep.seeds=[0]")
@@ -233,6 +264,11 @@ class SweepConfig:
         if self.max_steps < 1:
             raise ConfigError(f"sweep.max_steps: {self.max_steps} is not allowed; must be >= 1")
         self.max_examples = _integer("sweep.max_examples", self.max_examples)
+        if isinstance(self.scale, dict):
+            unknown = sorted(set(self.scale) - {"params"})
+            if unknown:
+                raise ConfigError(f"sweep.scale.{unknown[0]}: unknown option; known: params")
+            self.scale = ScaleConfig(**self.scale)
         self.loss_ema_examples = _number("sweep.loss_ema_examples", self.loss_ema_examples)
         self.divergence_factor = _number("sweep.divergence_factor", self.divergence_factor)
         if self.divergence_factor <= 1:

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.adaptive import subset
+from gnsweep.analysis.bounds import FIT, LOWER_BOUND, UPPER_BOUND
 from gnsweep.analysis.groups import combine
 from gnsweep.analysis.pipeline import AnalysisError, analyze_steps, ratio_with_error
 from gnsweep.analysis.results import Results
@@ -137,7 +138,7 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
                   loss: str = "smoothed", ema_examples: float | None = None,
                   bootstrap: int = 0, optimizer: str = "sgd", direction: Direction = FALLING,
                   source: str = "branch", window: float = 0.0,
-                  tolerance: float = 0.5) -> Results:
+                  tolerance: float = 0.5, unit: str = "examples") -> Results:
     """One analysis per branch point (runs whose `at_examples` column names it) to its relative
     targets, put together grouped by `at_examples` (`analysis.groups`), with `along`: one row
     per (point, target), ALONG_COLUMNS.
@@ -145,7 +146,8 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
     `fractions` empty or None: each point's targets are chosen from the losses its runs reached
     (`auto_targets`). Beside the fit of eq. 2.11 every row carries the point's local B_crit by
     tolerance (`tolerance_b_crit`) over `window` examples (0: the examples every batch size
-    covered, `common_window`).
+    covered, `common_window`). `unit`: the task's example unit, in which the warnings name
+    each branch point (tokens for a language model).
 
     A target that no run of its point reached, or a point without runs, keeps its row with
     `refused` saying why and NaN estimates: marked, never dropped, and never fitted on a subset
@@ -162,7 +164,7 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
     warnings: list[str] = []
     for point in sorted(points, key=lambda p: p.at_examples):
         sub = subset(curves, at == point.at_examples)
-        why = f"no branch runs from {point.at_examples} examples" if not len(sub.runs) else ""
+        why = f"no branch runs from {point.at_examples} {unit}" if not len(sub.runs) else ""
         tol = _tolerance_columns(sub, point, loss, ema_examples, direction, window,
                                  tolerance) if not why else _no_tolerance(why, tolerance)
         if automatic:
@@ -177,11 +179,11 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
         else:
             values = [direction.relative_target(point.at_loss, f) for f in fractions]
             point_fractions = fractions
-        fits = pd.DataFrame()
+        fits = front = pd.DataFrame()
         if why and not values:
             row = _row(point, math.nan, math.nan, fits, len(sub.runs), why)
             row.update(tol, target_source="auto" if automatic else "set")
-            warnings.append(f"branch point {point.at_examples} examples: {why}")
+            warnings.append(f"branch point {point.at_examples} {unit}: {why}")
             rows.append(row)
             continue
         if not why:
@@ -190,7 +192,7 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
             started = _reached_at_start(steps, sub, loss)
             if started.any():
                 warnings.append(
-                    f"branch point {point.at_examples} examples: {int(started.sum())} (run, "
+                    f"branch point {point.at_examples} {unit}: {int(started.sum())} (run, "
                     "target) pairs read as reached at their first logged row, left out: the "
                     "smoother's window at a run's start reaches into later rows, so that reading "
                     "is not a measurement")
@@ -204,13 +206,13 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
                           "smoothing": SMOOTHING_FRACTION if loss == "smoothed"
                           and not ema_examples else None})
                 parts[str(point.at_examples)] = part
-                fits = part.fits
+                fits, front = part.fits, part.front
         for fraction, value in zip(point_fractions, values, strict=True):
-            row = _row(point, fraction, value, fits, len(sub.runs), why)
+            row = _row(point, fraction, value, fits, len(sub.runs), why, front)
             row.update(tol, target_source="auto" if automatic else "set")
             fitted = len(fits) and (fits["target"] == value).any()
             if row["refused"] and not fitted:  # a refused fit has warned in its part already
-                warnings.append(f"branch point {point.at_examples} examples, target "
+                warnings.append(f"branch point {point.at_examples} {unit}, target "
                                 f"{fraction:g} ({value:.4g}): {row['refused']}")
             rows.append(row)
     if parts:
@@ -428,7 +430,10 @@ def _reached_at_start(steps: pd.DataFrame, curves: Curves, loss: str) -> np.ndar
 
 
 def _row(point: BranchPoint, fraction: float, value: float, fits: pd.DataFrame, n_runs: int,
-         why: str) -> dict:
+         why: str, front: pd.DataFrame | None = None) -> dict:
+    """One along.parquet row: the point, the target, and its fit of eq. 2.11. A fitted B_crit
+    outside the batch sizes fitted at that target (`front`'s `in_fit` rows) is said as the
+    bound it is (`extrapolated_bound`): the table says what the console and the report say."""
     row: dict = dict.fromkeys(ALONG_COLUMNS, math.nan)
     row.update(at_examples=point.at_examples, at_step=point.at_step, at_loss=point.at_loss,
                target=fraction, target_value=value, n_runs=n_runs, n_batch_sizes=0,
@@ -453,7 +458,63 @@ def _row(point: BranchPoint, fraction: float, value: float, fits: pd.DataFrame, 
     row["ratio_precond"], row["ratio_precond_se"] = ratio_with_error(
         fit["b_crit"], fit["b_crit_se"], point.b_simple_precond, 0.0)
     row["b_simple_precond_mean"] = fit.get("b_simple_precond_mean", math.nan)
+    unresolved(row)
+    if front is not None and len(front):
+        extrapolated_bound(row, front[front["target"] == value])
     return row
+
+
+MIN_LOCAL_S_MIN = 1.5
+"""A local fit of eq. 2.11 whose S_min is below this many updates is refused: the large batch
+sizes reach the target within an update or so, where the steps' resolution (a whole update,
+and the smoother's window) is as large as S_min itself. Measured against the exact local
+dynamics of linreg (`linreg_exact.local_truth`) from three base runs (B 8, 16, 32) at 2-3
+points each (36 point-targets): targets 5-10% below a point's loss gave S_min 0.4-1.4 updates
+and fits 2.4-5x below the exact local B_crit, or bounds the exact value contradicts ("< 8"
+where it is 30, "< 16" where it is 127); every fit with S_min above 1.5 was within 30% of it.
+Below 1.5 some fits were close too, but nothing in the data tells them from the others."""
+
+
+def unresolved(row: dict) -> None:
+    """In place: a fit or bound of eq. 2.11 whose S_min is below MIN_LOCAL_S_MIN updates is
+    refused, with the reason (module doc of MIN_LOCAL_S_MIN); its B_crit, bound and ratios
+    NaN."""
+    s_min = float(row.get("s_min", math.nan))
+    if row.get("bcrit_status") not in (FIT, LOWER_BOUND, UPPER_BOUND) \
+            or not math.isfinite(s_min) or s_min >= MIN_LOCAL_S_MIN:
+        return
+    why = (f"S_min {s_min:.2g} updates: the largest batch sizes reach the target within "
+           f"{MIN_LOCAL_S_MIN:g} updates, finer than the steps resolve; choose targets further "
+           "below the point (smaller branch.targets fractions)")
+    row.update(bcrit_status="refused", bcrit_reason=why, refused=why, b_crit_bound=math.nan)
+    for name in ("b_crit", "b_crit_se", "ratio", "ratio_se", "ratio_noise", "ratio_noise_se",
+                 "ratio_precond", "ratio_precond_se"):
+        row[name] = math.nan
+
+
+def extrapolated_bound(row: dict, front: pd.DataFrame) -> None:
+    """A fit whose B_crit lies outside the batch sizes it was fitted on (`in_fit`) only bounds
+    it: in place, `bcrit_status` lower_bound (above the largest) or upper_bound (below the
+    smallest) at that edge, the reason, and B_crit, its error and its ratios NaN (as a bound of
+    `analysis.bounds` is written), so that no table shows the extrapolated value as an answer."""
+    if row.get("bcrit_status") != FIT or not len(front):
+        return
+    used = front[front["in_fit"].astype(bool)] if "in_fit" in front else front
+    b_crit = float(row["b_crit"])
+    if not len(used) or not math.isfinite(b_crit):
+        return
+    low, high = float(used["batch_size"].min()), float(used["batch_size"].max())
+    if low <= b_crit <= high:
+        return
+    above = b_crit > high
+    side = "above the largest" if above else "below the smallest"
+    why = (f"the fit puts B_crit {side} batch size fitted ({low:g}..{high:g}): only a bound; "
+           f"add {'larger' if above else 'smaller'} batch sizes")
+    row.update(bcrit_status=LOWER_BOUND if above else UPPER_BOUND,
+               b_crit_bound=high if above else low, bcrit_reason=why, refused=why)
+    for name in ("b_crit", "b_crit_se", "ratio", "ratio_se", "ratio_noise", "ratio_noise_se",
+                 "ratio_precond", "ratio_precond_se"):
+        row[name] = math.nan
 
 
 def tolerance_answer(row: Any, unit: str = "examples") -> str:
