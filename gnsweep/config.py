@@ -22,6 +22,7 @@ from gnsweep.errors import integer as _integer
 from gnsweep.errors import number as _number
 from gnsweep.errors import positive_list as _positive_list
 from gnsweep.noise import DEFAULT_EMA_FRACTION
+from gnsweep.tasks.script import sweep_name as script_sweep_name
 
 __all__ = [
     "DECAYS",
@@ -105,6 +106,8 @@ class TaskConfig:
         its `unit` attribute, recorded at launch (`with_unit`)."""
         if self.name == tasks.CUSTOM:
             return str(self.options.get(tasks.UNIT) or "examples")
+        if self.name == tasks.SCRIPT:
+            return str(self.options.get("unit") or "examples")
         return str(self._declared("unit", "examples"))
 
     @property
@@ -112,6 +115,8 @@ class TaskConfig:
         """The task as a reader knows it: its name, or a custom task's `_target_`."""
         if self.name == tasks.CUSTOM:
             return str(self.options.get(tasks.TARGET) or self.name)
+        if self.name == tasks.SCRIPT:
+            return f"script `{self.options.get('command', '')}`"
         return self.name
 
     def with_unit(self, unit: str | None) -> TaskConfig:
@@ -871,6 +876,8 @@ def compose(overrides: list[str] | None = None, *, grid: tuple[str, ...] | None 
     overrides = list(overrides or [])
     _store_defaults()
     GlobalHydra.instance().clear()
+    given = overrides
+    overrides = [_verbatim(o) for o in overrides]
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=overrides,
@@ -888,9 +895,30 @@ def compose(overrides: list[str] | None = None, *, grid: tuple[str, ...] | None 
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
     config = Config.from_dict({str(k): v for k, v in data.items()})
-    _check_custom_grid(config, sweep_file, overrides, GRID_FIELDS if grid is None else grid,
-                       config.task.name == tasks.CUSTOM if custom is None else custom)
-    return _named_after_task(config, sweep_file, overrides)
+    _check_custom_grid(config, sweep_file, given, GRID_FIELDS if grid is None else grid,
+                       config.task.name in (tasks.CUSTOM, tasks.SCRIPT) if custom is None
+                       else custom)
+    return _named_after_task(config, sweep_file, given)
+
+
+VERBATIM = ("task.command", "task.log_pattern", "task.log_file", "task.resume_args", "task.cwd")
+"""Settings taken as written on the command line, never parsed by Hydra's grammar: a command's
+`{placeholders}`, spaces and quotes, a regular expression's brackets and backslashes."""
+
+
+def _verbatim(override: str) -> str:
+    """`task.command=python train.py --bs={batch_size}` as Hydra's quoted string (its quotes
+    and a trailing backslash escaped, `${` kept literal); a value already in quotes, another
+    key, or a deletion (`~key`) unchanged."""
+    key, sep, value = override.partition("=")
+    if key == "task.columns" and sep:
+        return f"+{override}"
+    if not sep or key.lstrip("+") not in VERBATIM or key.startswith("~") \
+            or (len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""):
+        return override
+    trailing = len(value) - len(value.rstrip("\\"))
+    body = value.replace("\\'", "\\\\'").replace("'", "\\'").replace("${", "\\${")
+    return f"{key}='{body}" + "\\" * trailing + "'"
 
 
 LOSS_EMA_SAMPLES = 128.0
@@ -936,10 +964,13 @@ def _named_after_task(config: Config, sweep_file: str, overrides: list[str]) -> 
     the task (its `_target_`, e.g. `mytask.make_task`), so that its default folder is
     runs/<that>, not the digits sweep's."""
     named = {o.lstrip("+").split("=", 1)[0] for o in overrides}
-    if config.task.name != tasks.CUSTOM or sweep_file != SweepConfig.name \
+    if config.task.name not in (tasks.CUSTOM, tasks.SCRIPT) or sweep_file != SweepConfig.name \
             or "sweep.name" in named or config.sweep.name != SweepConfig.name:
         return config
-    name = re.sub(r"[^A-Za-z0-9._-]+", "_", config.task.label).strip("._") or tasks.CUSTOM
+    if config.task.name == tasks.SCRIPT:  # named after its script: python train.py -> train
+        name = script_sweep_name(str(config.task.options.get("command", "")))
+    else:
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", config.task.label).strip("._") or tasks.CUSTOM
     return dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, name=name))
 
 
@@ -981,6 +1012,10 @@ def _store_defaults() -> None:
     for name in tasks.task_names():
         options = asdict(tasks.REGISTRY[name].options())
         store_.store(group="task_defaults", name=name, node={"name": name, **options})
+    # `columns` (a mapping) is left out: Hydra cannot add keys to an empty mapping node, so
+    # `task.columns={...}` is added as a new key instead (`_verbatim`).
+    script = {f.name: f.default for f in fields(tasks.ScriptOptions) if f.name != "columns"}
+    store_.store(group="task_defaults", name=tasks.SCRIPT, node={"name": tasks.SCRIPT, **script})
 
 
 def _override_message(first: str, overrides: list[str]) -> str:

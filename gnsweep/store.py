@@ -55,6 +55,12 @@ CLAIMS_LOCK = ".claims.lock"
 """The sweep folder's lock around taking and breaking claims."""
 CHECKPOINTS = "checkpoints"
 """A run folder's checkpoints (`training.checkpoint`)."""
+SCRIPT_ROWS = "script_rows.jsonl"
+"""A `task=script` run's rows logged through `gnsweep.current_run().log` (rank 0 appends)."""
+SCRIPT_STOP = "stop"
+"""A `task=script` run's flag: present once the run should stop (`should_stop()` reads it)."""
+SCRIPT_OUTPUT = ("stdout.log", "stderr.log")
+"""A `task=script` run's command output, every attempt's, appended."""
 PLAN = "plan.json"
 """`gnsweep plan`'s record of its rounds."""
 SLURM = "slurm"
@@ -510,7 +516,8 @@ def result_file(table: str) -> str:
 WRITTEN_INTO = (CLAIMS_LOCK, ".notices", "queue", SLURM, FIGURES, "tensorboard", "mlflow",
                 "wandb")
 """Sweep-level names gnsweep writes into or locks: a link there is refused before a launch."""
-RUN_WRITTEN_INTO = (HISTORY, CHECKPOINTS, METRIC_PARTS, CLAIM, STATUS, METRICS)
+RUN_WRITTEN_INTO = (HISTORY, CHECKPOINTS, METRIC_PARTS, CLAIM, STATUS, METRICS, SCRIPT_ROWS,
+                    SCRIPT_STOP, *SCRIPT_OUTPUT)
 """Names of a run folder gnsweep appends to or writes into."""
 
 

@@ -26,9 +26,34 @@ def preflight(config: Config, overrides: list[str] | None = None) -> tuple[Confi
     the task's unit recorded and the default loss EMA in its unit (`config.in_task_units`:
     `overrides` say whether the user gave one), and the task's examples a sample."""
     from gnsweep.config import in_task_units
+    from gnsweep.tasks import SCRIPT
     from gnsweep.tasks.check import check_task
+
+    if config.task.name == SCRIPT:
+        return _script(config, overrides)
 
     checked = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
                          config.sweep.stall_seconds, noise_method=config.noise.method)
     config = dataclasses.replace(config, task=config.task.with_unit(checked.unit))
     return in_task_units(config, checked.per_sample, list(overrides or [])), checked.per_sample
+
+
+def _script(config: Config, overrides: list[str] | None) -> tuple[Config, float]:
+    """task=script: its command checked from the folder it runs in (the launch's, recorded as
+    `task.cwd` unless given); its examples a sample are `task.examples_per_sample`."""
+    import os
+
+    from gnsweep.config import TaskConfig, in_task_units
+    from gnsweep.tasks.script import ScriptOptions, check_command
+
+    options = ScriptOptions(**config.task.options)
+    cwd = os.path.abspath(options.cwd or os.getcwd())
+    if not os.path.isdir(cwd):
+        from gnsweep.errors import ConfigError
+
+        raise ConfigError(f"task.cwd={options.cwd}: no such folder")
+    check_command(options, cwd)
+    task = TaskConfig(config.task.name, {**config.task.options, "cwd": cwd})
+    config = dataclasses.replace(config, task=task)
+    per_sample = options.examples_per_sample
+    return in_task_units(config, per_sample, list(overrides or [])), per_sample
