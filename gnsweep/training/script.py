@@ -522,7 +522,7 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
     if rows.reason is None:
         if code != 0:
             last = next((line for line in reversed(stderr) if line.strip()), "")
-            raise ScriptFailed(f"the command exited with status {code}"
+            raise ScriptFailed(f"exit status {code}"
                                + (f": {last.strip()[:300]}" if last else ""), list(stderr))
         if not rows.rows["step"]:
             raise ScriptFailed(_no_rows(options, table), list(stderr))

@@ -1,0 +1,230 @@
+"""task=script: the user's own training command as the sweep's run (docs/scripts.md).
+
+The scripts are real processes (tests/script_sgd.py, plain PyTorch written as a user would);
+the rows are checked against what the script printed or wrote, and a run killed with -9 and
+relaunched against the same run trained in one go."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from gnsweep import store
+from gnsweep.cli import app
+from gnsweep.config import ConfigError, compose
+from gnsweep.tasks.script import ScriptOptions, command_args, sweep_name
+
+SCRIPT = Path(__file__).with_name("script_sgd.py")
+PY = sys.executable
+GRID = ["sweep.batch_sizes=[16]", "sweep.learning_rates=[0.2]", "sweep.targets=[0.01]",
+        "sweep.max_retries=1"]
+runner = CliRunner()
+
+
+def _command(*extra: str) -> str:
+    return (f"{PY} {SCRIPT} --bs={{batch_size}} --lr={{learning_rate}} --seed={{seed}} "
+            f"--out={{run_dir}} " + " ".join(extra))
+
+
+def _launch(sweep_dir: Path, command: str, *overrides: str) -> subprocess.CompletedProcess:
+    args = [PY, "-m", "gnsweep", "launch", "--sweep-dir", str(sweep_dir), "-q", "task=script",
+            f"task.command={command}", *GRID, "executor.workers=1", *overrides]
+    return subprocess.run(args, capture_output=True, text=True, timeout=240,
+                          cwd=sweep_dir.parent, env=_env())
+
+
+def _env() -> dict[str, str]:
+    root = str(Path(__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+
+
+def _rows(sweep_dir: Path) -> dict[str, np.ndarray]:
+    (run_id,) = store.run_ids(sweep_dir)
+    table = store.read_metrics(store.run_dir(sweep_dir, run_id))
+    assert table is not None
+    return {name: table.column(name).to_numpy() for name in table.column_names}
+
+
+def _status(sweep_dir: Path) -> dict:
+    (run_id,) = store.run_ids(sweep_dir)
+    return store.read_status(store.run_dir(sweep_dir, run_id))
+
+
+# ---- the settings, checked before anything runs ------------------------------------------
+
+
+def test_the_command_is_split_like_a_shell_and_filled():
+    args = command_args("python 'my train.py' --bs={batch_size} --lr {learning_rate}",
+                        "task.command", {"batch_size": 32, "learning_rate": 0.05})
+    assert args == ["python", "my train.py", "--bs=32", "--lr", "0.05"]
+    assert sweep_name("python scripts/train.py --x=1") == "train"
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"command": "python t.py --bs={batch}"}, "unknown placeholder {batch}"),
+    ({"command": "python t.py", "log_pattern": r"loss (?P<loss>\S+)"}, "no named group step"),
+    ({"command": "python t.py", "log_pattern": r"(?P<step>\d+) (?P<loss>\S+) (?P<ms>\d+)"},
+     "'ms' is not a metrics column"),
+    ({"command": "python t.py", "log_file": "{run_dir}/l.csv", "columns": {"los": "x"}},
+     "'los' is not a metrics column"),
+    ({"command": "python t.py", "log_file": "log.csv"}, "the same file for every run"),
+    ({"command": "python 't.py"}, "No closing quotation"),
+    ({"command": "python t.py", "examples_per_sample": 0}, "task.examples_per_sample"),
+])
+def test_bad_settings_are_refused_naming_them(options, named):
+    with pytest.raises(ConfigError, match=named.replace("{", r"\{").replace("}", r"\}")
+                       .replace("(", r"\(").replace("'", "'")):
+        ScriptOptions(**options)
+
+
+def test_hydra_takes_the_command_and_pattern_as_written():
+    config = compose(["task=script", "task.command=python t.py --bs={batch_size} 'a b'",
+                      r"task.log_pattern=iter (?P<step>\d+): loss (?P<loss>[\d.]+)",
+                      *GRID])
+    assert config.task.options["command"] == "python t.py --bs={batch_size} 'a b'"
+    assert config.task.options["log_pattern"] == r"iter (?P<step>\d+): loss (?P<loss>[\d.]+)"
+    assert config.sweep.name == "t"
+
+
+@pytest.mark.parametrize(("command", "named"), [
+    ("no_such_program_gnsweep --bs={batch_size}", "no_such_program_gnsweep: command not found"),
+    (f"{PY} missing_train.py", "missing_train.py: no such file"),
+    (f"{PY} t.py --x={{lr}}", "unknown placeholder {lr}"),
+])
+def test_launch_refuses_bad_input_in_one_line_and_runs_nothing(tmp_path, command, named):
+    out = tmp_path / "sweep"
+    result = runner.invoke(app, ["launch", "--sweep-dir", str(out), "task=script",
+                                 f"task.command={command}", *GRID])
+    assert result.exit_code == 2, result.output
+    assert named in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+# ---- real scripts ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_printed_lines_are_the_runs_metrics_and_it_stops_at_the_target(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    done = _launch(sweep_dir, _command(),
+                   r"task.log_pattern=step (?P<step>\d+) \| loss (?P<loss>\S+) \| lr (?P<lr>\S+)",
+                   "sweep.targets=[0.3]")
+    assert done.returncode == 0, done.stderr
+    status, rows = _status(sweep_dir), _rows(sweep_dir)
+    assert status["state"] == "done" and status["reason"] == "target"
+    (run_id,) = store.run_ids(sweep_dir)
+    printed = [line for line in (store.run_dir(sweep_dir, run_id) / "stdout.log")
+               .read_text().splitlines() if line.startswith("step ")]
+    n = len(rows["step"])
+    assert list(rows["step"]) == list(range(1, n + 1))
+    assert n < 400  # stopped at the target, before the script's own end
+    assert [float(line.split("loss ")[1].split(" ")[0]) for line in printed[:n]] == \
+        list(rows["loss"])
+    assert list(rows["examples"]) == [16 * s for s in range(1, n + 1)]
+    assert np.all(rows["lr"] == 0.2)
+    assert np.isfinite(rows["loss_smooth"]).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["csv"])
+def test_a_csv_or_json_lines_log_with_mapped_columns(tmp_path, fmt):
+    sweep_dir = tmp_path / "sweep"
+    overrides = (["task.log_file={run_dir}/log.csv", "task.columns={step:iteration,"
+                  "loss:train_loss}"] if fmt == "csv" else ["task.log_file={run_dir}/log.jsonl"])
+    done = _launch(sweep_dir, _command(f"--log={fmt}", "--steps=30"), *overrides,
+                   "task.examples_per_sample=4", "task.unit=tokens")
+    assert done.returncode == 0, done.stderr
+    status, rows = _status(sweep_dir), _rows(sweep_dir)
+    assert status["state"] == "done" and status["reason"] == "script ended"
+    assert list(rows["step"]) == list(range(1, 31))
+    assert list(rows["examples"]) == [16 * 4 * s for s in range(1, 31)]  # in tokens
+    (run_id,) = store.run_ids(sweep_dir)
+    log = store.run_dir(sweep_dir, run_id) / f"log.{fmt}"
+    if fmt == "csv":
+        written = [float(line.split(",")[1]) for line in log.read_text().splitlines()[1:]]
+        assert np.all(rows["lr"] == 0.2)
+    else:
+        written = [json.loads(line)["loss"] for line in log.read_text().splitlines()]
+    assert written == list(rows["loss"])
+
+
+@pytest.mark.slow
+def test_failures_diverged_and_steps_going_back(tmp_path):
+    pattern = r"task.log_pattern=step (?P<step>\d+) \| loss (?P<loss>\S+)"
+    failed = _launch(tmp_path / "failed", _command("--fail"), pattern, "sweep.max_retries=0")
+    assert failed.returncode == 1
+    status = _status(tmp_path / "failed")
+    assert status["state"] == "failed"
+    assert "exit status 1: RuntimeError: CUDA out of memory" in status["error"]
+    assert any("CUDA out of memory" in line for line in status["stderr"])
+    shown = runner.invoke(app, ["status", str(tmp_path / "failed")])
+    assert "exit status 1" in shown.output
+
+    diverged = _launch(tmp_path / "diverged", _command("--nan"), pattern)
+    assert diverged.returncode == 0, diverged.stderr
+    assert _status(tmp_path / "diverged")["state"] == "diverged"
+    rows = _rows(tmp_path / "diverged")
+    assert math.isnan(rows["loss"][-1]) and rows["step"][-1] == 5
+
+    backwards = _launch(tmp_path / "back", _command("--backwards"), pattern,
+                        "sweep.max_retries=0")
+    assert backwards.returncode == 1
+    error = _status(tmp_path / "back")["error"]
+    assert "stdout line 7: steps go backwards (step 3 after step 6)" in error
+
+    silent = _launch(tmp_path / "silent", _command("--steps=3"),
+                     r"task.log_pattern=never (?P<step>\d+) (?P<loss>\S+)", "sweep.max_retries=0")
+    assert silent.returncode == 1
+    assert "without printing a line that task.log_pattern matches" in \
+        _status(tmp_path / "silent")["error"]
+
+
+def _wait_for(path: Path, launcher: subprocess.Popen, steps: int) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        row = store.last_metrics_row(path) if path.exists() else None
+        if row is not None and row["step"] >= steps and (path / "ckpt.pt").exists():
+            return
+        assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
+        time.sleep(0.1)
+    raise AssertionError("the run logged no rows in time")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("log", ["csv"])
+def test_kill_9_then_relaunch_gives_the_rows_of_an_uninterrupted_run(tmp_path, log):
+    overrides = ([r"task.log_pattern=step (?P<step>\d+) \| loss (?P<loss>\S+)"]
+                 if log == "print" else ["task.log_file={run_dir}/log.csv",
+                                         "task.columns={step:iteration,loss:train_loss}"])
+    whole = _launch(tmp_path / "whole", _command(f"--log={log}", "--steps=60"), *overrides)
+    assert whole.returncode == 0, whole.stderr
+    sweep_dir = tmp_path / "sweep"
+    command = _command(f"--log={log}", "--steps=60", "--sleep=0.05")
+    args = [PY, "-m", "gnsweep", "launch", "--sweep-dir", str(sweep_dir), "-q", "task=script",
+            f"task.command={command}", *GRID, "executor.workers=1", *overrides]
+    launcher = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, cwd=tmp_path, env=_env())
+    (run_id,) = [f"b00016_lr0.2_s0"]
+    _wait_for(sweep_dir / "runs" / run_id, launcher, 25)
+    os.killpg(launcher.pid, signal.SIGKILL)  # the launcher and its worker; the script follows
+    launcher.wait()
+    again = _launch(sweep_dir, command, *overrides)
+    assert again.returncode == 0, again.stderr
+    assert _status(sweep_dir)["state"] == "done"
+    history = (sweep_dir / "runs" / run_id / "attempts.jsonl").read_text()
+    assert history.count('"event": "start"') == 2
+    resumed, reference = _rows(sweep_dir), _rows(tmp_path / "whole")
+    assert list(resumed["step"]) == list(range(1, 61))
+    for name in ("step", "examples", "loss", "loss_smooth"):
+        assert np.array_equal(resumed[name], reference[name]), name
