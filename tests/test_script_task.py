@@ -215,7 +215,7 @@ def test_kill_9_then_relaunch_gives_the_rows_of_an_uninterrupted_run(tmp_path, l
             f"task.command={command}", *GRID, "executor.workers=1", *overrides]
     launcher = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, cwd=tmp_path, env=_env())
-    (run_id,) = [f"b00016_lr0.2_s0"]
+    (run_id,) = ["b00016_lr0.2_s0"]
     _wait_for(sweep_dir / "runs" / run_id, launcher, 25)
     os.killpg(launcher.pid, signal.SIGKILL)  # the launcher and its worker; the script follows
     launcher.wait()
@@ -228,3 +228,30 @@ def test_kill_9_then_relaunch_gives_the_rows_of_an_uninterrupted_run(tmp_path, l
     assert list(resumed["step"]) == list(range(1, 61))
     for name in ("step", "examples", "loss", "loss_smooth"):
         assert np.array_equal(resumed[name], reference[name]), name
+
+
+@pytest.mark.slow
+def test_the_default_task_as_a_script_gives_the_same_b_crit_and_b_simple(tmp_path):
+    """task=digits and the same model in a plain script (tests/script_digits.py, B_simple from
+    `current_run().monitor`) on one grid: the fitted B_crit and the B_simple at each target
+    agree within their standard errors (3 sigma of the difference; different random streams)."""
+    grid = ["sweep=tiny", "executor.workers=2"]
+    fits = {}
+    for name, task in (("task", ["task=digits"]),
+                       ("script", ["task=script",
+                                   f"task.command={PY} {SCRIPT.with_name('script_digits.py')}"])):
+        sweep_dir = tmp_path / name
+        done = subprocess.run([PY, "-m", "gnsweep", "launch", "--sweep-dir", str(sweep_dir),
+                               "-q", *task, *grid], capture_output=True, text=True,
+                              timeout=400, cwd=tmp_path, env=_env())
+        assert done.returncode == 0, done.stderr
+        result = runner.invoke(app, ["analyze", str(sweep_dir)])
+        assert result.exit_code == 0, result.output
+        fits[name] = store.read_table(sweep_dir / store.FITS).to_pandas().set_index("target")
+    task, script = fits["task"], fits["script"]
+    assert list(task.index) == list(script.index)
+    for column in ("b_crit", "b_simple_at_target"):
+        difference = (task[column] - script[column]).abs()
+        error = np.hypot(task[f"{column}_se"], script[f"{column}_se"])
+        assert np.isfinite(script[column]).all(), column
+        assert (difference <= 3 * error).all(), (column, task[column], script[column], error)
