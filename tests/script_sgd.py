@@ -4,8 +4,9 @@ its own checkpoint, its own log. Nothing of gnsweep unless --log api.
 
     python script_sgd.py --bs 16 --lr 0.1 --seed 0 --out DIR [--log print|csv|jsonl|api]
 
---fail exits 1 after a few steps with a message on stderr; --nan logs a NaN loss at step 5;
---backwards logs step 3 again after step 6; --sleep waits after every step (to be killed).
+--faults A,B,... gives the run of seed i fault i: fail (exit 1 after step 3 with a message on
+stderr), nan (a NaN loss at step 5), back (step 3 logged again after step 6), quiet (prints no
+loss line), none. --sleep waits after every step (to be killed).
 """
 
 import argparse
@@ -26,10 +27,10 @@ parser.add_argument("--steps", type=int, default=400)
 parser.add_argument("--log", default="print")
 parser.add_argument("--sleep", type=float, default=0.0)
 parser.add_argument("--checkpoint-every", type=int, default=10)
-parser.add_argument("--fail", action="store_true")
-parser.add_argument("--nan", action="store_true")
-parser.add_argument("--backwards", action="store_true")
+parser.add_argument("--faults", default="")
 args = parser.parse_args()
+faults = args.faults.split(",") if args.faults else []
+fault = faults[args.seed] if args.seed < len(faults) else "none"
 
 torch.manual_seed(args.seed)
 dim = 8
@@ -65,10 +66,12 @@ for step in range(start + 1, args.steps + 1):
     loss.backward()
     optimizer.step()
     value = loss.item()
-    if args.nan and step == 5:
+    if fault == "nan" and step == 5:
         value = math.nan
-    logged = 3 if args.backwards and step == 7 else step
-    if args.log == "print":
+    logged = 3 if fault == "back" and step == 7 else step
+    if fault == "quiet":
+        print(f"at {step}")
+    elif args.log == "print":
         print(f"step {logged} | loss {value:.6f} | lr {args.lr}")
     elif args.log == "csv":
         with open(log_path, "a") as f:
@@ -80,7 +83,7 @@ for step in range(start + 1, args.steps + 1):
         run.log(logged, None, value, lr=args.lr)
         if run.should_stop():
             break
-    if args.fail and step == 3:
+    if fault == "fail" and step == 3:
         print("RuntimeError: CUDA out of memory (a made-up failure)", file=sys.stderr)
         sys.exit(1)
     if step % args.checkpoint_every == 0:

@@ -161,33 +161,28 @@ def test_a_csv_or_json_lines_log_with_mapped_columns(tmp_path, fmt):
 
 @pytest.mark.slow
 def test_failures_diverged_and_steps_going_back(tmp_path):
-    pattern = r"task.log_pattern=step (?P<step>\d+) \| loss (?P<loss>\S+)"
-    failed = _launch(tmp_path / "failed", _command("--fail"), pattern, "sweep.max_retries=0")
-    assert failed.returncode == 1
-    status = _status(tmp_path / "failed")
-    assert status["state"] == "failed"
-    assert "exit status 1: RuntimeError: CUDA out of memory" in status["error"]
-    assert any("CUDA out of memory" in line for line in status["stderr"])
-    shown = runner.invoke(app, ["status", str(tmp_path / "failed")])
+    """One sweep, one fault a seed: exit 1 with a message on stderr, a NaN loss, a step logged
+    again, no matching line."""
+    sweep_dir = tmp_path / "sweep"
+    done = _launch(sweep_dir, _command("--faults=fail,nan,back,quiet", "--steps=20"),
+                   r"task.log_pattern=step (?P<step>\d+) \| loss (?P<loss>\S+)",
+                   "sweep.seeds=[0,1,2,3]", "sweep.max_retries=0", "executor.workers=2")
+    assert done.returncode == 1
+    status = {spec: store.read_status(store.run_dir(sweep_dir, f"b00016_lr0.2_s{seed}"))
+              for seed, spec in enumerate(("fail", "nan", "back", "quiet"))}
+    assert status["fail"]["state"] == "failed"
+    assert "exit status 1: RuntimeError: CUDA out of memory" in status["fail"]["error"]
+    assert any("CUDA out of memory" in line for line in status["fail"]["stderr"])
+    shown = runner.invoke(app, ["status", str(sweep_dir)])
     assert "exit status 1" in shown.output
-
-    diverged = _launch(tmp_path / "diverged", _command("--nan"), pattern)
-    assert diverged.returncode == 0, diverged.stderr
-    assert _status(tmp_path / "diverged")["state"] == "diverged"
-    rows = _rows(tmp_path / "diverged")
-    assert math.isnan(rows["loss"][-1]) and rows["step"][-1] == 5
-
-    backwards = _launch(tmp_path / "back", _command("--backwards"), pattern,
-                        "sweep.max_retries=0")
-    assert backwards.returncode == 1
-    error = _status(tmp_path / "back")["error"]
-    assert "stdout line 7: steps go backwards (step 3 after step 6)" in error
-
-    silent = _launch(tmp_path / "silent", _command("--steps=3"),
-                     r"task.log_pattern=never (?P<step>\d+) (?P<loss>\S+)", "sweep.max_retries=0")
-    assert silent.returncode == 1
-    assert "without printing a line that task.log_pattern matches" in \
-        _status(tmp_path / "silent")["error"]
+    assert status["nan"]["state"] == "diverged"
+    table = store.read_metrics(store.run_dir(sweep_dir, "b00016_lr0.2_s1"))
+    assert table is not None
+    assert math.isnan(table.column("loss")[-1].as_py()) and table.column("step")[-1].as_py() == 5
+    assert status["back"]["state"] == "failed"
+    assert "stdout line 7: steps go backwards (step 3 after step 6)" in status["back"]["error"]
+    assert status["quiet"]["state"] == "failed"
+    assert "without printing a line that task.log_pattern matches" in status["quiet"]["error"]
 
 
 def _wait_for(path: Path, launcher: subprocess.Popen, steps: int) -> None:
