@@ -250,3 +250,25 @@ def test_the_default_task_as_a_script_gives_the_same_b_crit_and_b_simple(tmp_pat
         error = np.hypot(task[f"{column}_se"], script[f"{column}_se"])
         assert np.isfinite(script[column]).all(), column
         assert (difference <= 3 * error).all(), (column, task[column], script[column], error)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_script_doing_its_own_ddp_under_executor_torchrun(tmp_path):
+    """executor=torchrun starts the command under torchrun with nproc_per_node processes; the
+    script's DDP monitor measures B_simple from the ranks' gradients; rank 0 alone writes."""
+    sweep_dir = tmp_path / "sweep"
+    command = f"{PY} {SCRIPT.with_name('script_ddp.py')} --bs={{batch_size}} --lr={{learning_rate}}"
+    done = _launch(sweep_dir, command, "executor=torchrun", "executor.nproc_per_node=2",
+                   "sweep.batch_sizes=[32]", "sweep.targets=[0.3]")
+    assert done.returncode == 0, done.stderr
+    status, rows = _status(sweep_dir), _rows(sweep_dir)
+    assert status["state"] == "done" and status["reason"] == "target", status
+    (run_id,) = store.run_ids(sweep_dir)
+    output = (store.run_dir(sweep_dir, run_id) / "stdout.log").read_text()
+    assert "torch.distributed.run --standalone --nproc_per_node=2" in output
+    n = len(rows["step"])
+    assert list(rows["step"]) == list(range(1, n + 1))  # one row a step: rank 0 alone wrote
+    assert list(rows["examples"]) == [32 * s for s in range(1, n + 1)]
+    measured = rows["b_simple"][np.isfinite(rows["b_simple"])]
+    assert len(measured) > n // 2 and (measured > 0).all()

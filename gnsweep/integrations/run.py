@@ -147,12 +147,30 @@ class RunHandle:
     def should_stop(self) -> bool:
         """Whether the run has what it needs: the sweep has seen every target reached (as the
         analysis reads it) or the budget spent, or asks the script to stop (Ctrl-C, a
-        preemption: save a checkpoint and exit). Every rank reads the same flag file."""
-        if (self.run_dir / store.SCRIPT_STOP).exists():
-            return True
-        if self.max_examples and self._examples >= self.max_examples:
-            return True
-        return bool(self.max_steps and self._step >= self.max_steps)
+        preemption: save a checkpoint and exit). Under torch.distributed the ranks agree (one
+        small all-reduce: every rank calls it at the same step), so that all stop together."""
+        stop = (self.run_dir / store.SCRIPT_STOP).exists() \
+            or bool(self.max_examples and self._examples >= self.max_examples) \
+            or bool(self.max_steps and self._step >= self.max_steps)
+        return _agreed(stop)
+
+
+def _agreed(stop: bool) -> bool:
+    """`stop` on any rank, on every rank (no process group: `stop` itself)."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return stop
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return stop
+    device = torch.device("cuda", torch.cuda.current_device()) \
+        if dist.get_backend() == "nccl" else torch.device("cpu")
+    flag = torch.tensor([float(stop)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
 
 
 def _number(value: Any) -> float | None:
