@@ -32,7 +32,6 @@ from torch import nn
 from torch.optim import Optimizer
 
 from gnsweep import NoiseScaleMonitor
-from gnsweep.integrations.run import current_run
 from gnsweep.integrations._common import (
     Units,
     Watched,
@@ -41,6 +40,7 @@ from gnsweep.integrations._common import (
     metrics,
     torch_optimizer,
 )
+from gnsweep.integrations.run import current_run
 from gnsweep.training.backward import in_task_units
 
 __all__ = ["NoiseScaleCallback"]
