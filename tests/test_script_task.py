@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -255,3 +256,88 @@ def test_a_script_doing_its_own_ddp_under_executor_torchrun(tmp_path):
     assert list(rows["examples"]) == [32 * s for s in range(1, n + 1)]
     measured = rows["b_simple"][np.isfinite(rows["b_simple"])]
     assert len(measured) > n // 2 and (measured > 0).all()
+
+
+# ---- the rows, without a process ------------------------------------------------------------
+
+
+def _row_log(tmp_path: Path, **sweep) -> tuple[Any, Path]:
+    from gnsweep.config import Config
+    from gnsweep.runs import RunSpec
+    from gnsweep.training.script import RowLog
+
+    config = Config.from_dict({"task": {"name": "script", "command": "python t.py",
+                                        "examples_per_sample": 2},
+                               "sweep": {"batch_sizes": [8], "learning_rates": [0.1],
+                                         "targets": [0.5], **sweep}})
+    path = tmp_path / "runs" / "b00008_lr0.1_s0"
+    path.mkdir(parents=True)
+    options = ScriptOptions(**config.task.options)
+    return (lambda: RowLog(config, RunSpec(8, 0.1), path,
+                           store.clear_metrics(path, _last(path)), options)), path
+
+
+def _last(path: Path) -> int:
+    row = store.last_metrics_row(path)
+    return int(row["step"]) if row else 0
+
+
+def test_a_resumed_attempt_replaces_the_rows_after_its_first_step(tmp_path):
+    make, path = _row_log(tmp_path)
+    first = make()
+    for step in range(1, 11):
+        first.add(f"l{step}", {"step": str(step), "loss": str(2.0 - step / 100)})
+    first.flush(force=True)
+    assert first.rows["examples"][-1] == 10 * 8 * 2  # step x batch x examples a sample
+    with pytest.raises(Exception, match="l12: steps go backwards"):
+        first.add("l12", {"step": "4", "loss": "1"})
+    again = make()  # the next attempt: the script resumed from its checkpoint at step 6
+    assert again.kept_step == 10
+    again.add("m1", {"step": "7", "loss": "0.5"})
+    again.add("m2", {"step": "8", "loss": "0.4"})
+    again.flush(force=True)
+    table = store.read_metrics(path)
+    assert table is not None
+    assert table.column("step").to_pylist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert table.column("loss").to_pylist()[-2:] == [0.5, 0.4]
+
+
+def test_rows_stop_at_the_budget_and_many_flushes_stay_few_parts(tmp_path, monkeypatch):
+    from gnsweep.training import script
+
+    monkeypatch.setattr(script, "FLUSH_S", 0.0)
+    monkeypatch.setattr(script, "COMPACT_PARTS", 5)
+    make, path = _row_log(tmp_path, max_steps=12)
+    rows = make()
+    for step in range(1, 13):
+        rows.add("x", {"step": step, "loss": 1.0})
+        rows.flush()
+    assert rows.reason == "max_steps"
+    assert len(store.metric_parts(path)) < 5
+    table = store.read_metrics(path)
+    assert table is not None and table.column("step").to_pylist() == list(range(1, 13))
+
+
+def test_a_log_file_is_read_as_it_grows_and_a_missing_column_is_named(tmp_path):
+    from gnsweep.errors import ScriptFailed
+    from gnsweep.training.script import TableLog
+
+    path = tmp_path / "log.csv"
+    path.write_text("iter,train_loss\n1,0.5\n2,0.4")  # the last line not yet complete
+    log = TableLog(path, "csv", {"step": "iter", "loss": "train_loss"}, skip_existing=False)
+    assert [raw for _, raw, _ in log.rows()] == [{"step": "1", "loss": "0.5"}]
+    with path.open("a") as handle:
+        handle.write("5\n3,0.3\n")
+    assert [(where, raw["step"]) for where, raw, _ in log.rows()] == \
+        [(f"{path}:3", "2"), (f"{path}:4", "3")]
+    path.write_text("iter,loss\n1,0.5\n")  # rewritten: read from its start again
+    wrong = TableLog(path, "csv", {"loss": "train_loss"}, skip_existing=False)
+    with pytest.raises(ScriptFailed, match="no column 'train_loss'"):
+        list(wrong.rows())
+
+
+def test_current_run_is_none_outside_a_sweep(monkeypatch):
+    import gnsweep
+
+    monkeypatch.delenv("GNSWEEP_RUN_DIR", raising=False)
+    assert gnsweep.current_run() is None

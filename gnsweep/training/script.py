@@ -71,6 +71,9 @@ STOP_FLAG = store.SCRIPT_STOP
 POLL_S = 0.05
 FLUSH_S = 1.0
 """Rows reach the run's metrics parts at least this often (and at every stop)."""
+COMPACT_PARTS = 64
+"""Once a run has this many metrics parts they are rewritten as one (a long run flushes
+thousands of times; a reader reads every part)."""
 PR_SET_PDEATHSIG = 1
 
 
@@ -251,6 +254,7 @@ class RowLog:
         self.config, self.spec, self.path = config, spec, run_path
         self.rows = kept
         self.flushed = len(kept["step"])
+        self.parts = 1
         self.kept_step = int(kept["step"][-1]) if kept["step"] else 0
         self.first = True  # the attempt's first row may go back (a resume)
         self.per_sample = options.examples_per_sample
@@ -373,6 +377,10 @@ class RowLog:
         store.write_metrics_part(self.path, self.rows, self.flushed)
         self.flushed = len(self.rows["step"])
         self.last_flush = time.monotonic()
+        self.parts += 1
+        if self.parts >= COMPACT_PARTS:
+            store.clear_metrics(self.path, int(self.rows["step"][-1]))  # the same rows, one part
+            self.parts = 1
 
 
 # ---- the process ---------------------------------------------------------------------------
