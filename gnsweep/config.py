@@ -993,7 +993,8 @@ def _check_custom_grid(config: Config, sweep_file: str, overrides: list[str],
                if f"sweep.{name}" not in named
                and getattr(config.sweep, name) == getattr(defaults, name)]
     if missing:
-        raise ConfigError(f"task={config.task.name} needs a grid of its own ({', '.join(missing)} would be "
+        raise ConfigError(f"task={config.task.name} needs a grid of its own "
+                          f"({', '.join(missing)} would be "
                           f"the {SweepConfig.name} task's): add sweep=NAME (a file of conf/sweep, "
                           "e.g. sweep=tiny) or " + " ".join(f"{m}=[...]" for m in missing))
 
