@@ -22,6 +22,7 @@ from gnsweep.errors import integer as _integer
 from gnsweep.errors import number as _number
 from gnsweep.errors import positive_list as _positive_list
 from gnsweep.noise import DEFAULT_EMA_FRACTION
+from gnsweep.tasks.script import label as script_label
 from gnsweep.tasks.script import sweep_name as script_sweep_name
 
 __all__ = [
@@ -115,8 +116,8 @@ class TaskConfig:
         """The task as a reader knows it: its name, or a custom task's `_target_`."""
         if self.name == tasks.CUSTOM:
             return str(self.options.get(tasks.TARGET) or self.name)
-        if self.name == tasks.SCRIPT:
-            return f"script `{self.options.get('command', '')}`"
+        if self.name == tasks.SCRIPT:  # its script or program: `script train.py`
+            return f"script {script_label(str(self.options.get('command', '')))}"
         return self.name
 
     def with_unit(self, unit: str | None) -> TaskConfig:

@@ -253,17 +253,18 @@ def log_format(options: ScriptOptions, path: str) -> str:
     return "jsonl" if path.lower().endswith((".jsonl", ".json", ".ndjson")) else "csv"
 
 
-def sweep_name(command: str) -> str:
-    """A default sweep name for a command: its Python script's stem (`python train.py` ->
-    train), else its program's name."""
+def label(command: str) -> str:
+    """A command as a reader knows it: its Python script (`train.py`), else its program."""
     try:
         parts = shlex.split(command)
     except ValueError:
-        parts = []
+        parts = command.split()
     named = [p for p in parts if p.endswith(".py") and not p.startswith("-")] or parts[:1]
-    for part in named:
-        stem = part.rsplit("/", 1)[-1].removesuffix(".py")
-        cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._")
-        if cleaned:
-            return cleaned
-    return SCRIPT
+    return named[0].rsplit("/", 1)[-1] if named else SCRIPT
+
+
+def sweep_name(command: str) -> str:
+    """A default sweep name for a command: its Python script's stem (`python train.py` ->
+    train), else its program's name."""
+    stem = label(command).removesuffix(".py")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or SCRIPT
