@@ -783,6 +783,11 @@ class Config:
         if world == 1 and method == "ddp":
             raise ConfigError("noise.method=ddp needs DDP: executor=torchrun (or slurm) with "
                               "executor.nproc_per_node >= 2, or noise.method=auto")
+        if self.task.name == tasks.SCRIPT and self.executor.kind == "slurm" \
+                and self.executor.nodes > 1:
+            raise ConfigError(f"executor.nodes={self.executor.nodes} with task=script: a "
+                              "script's command runs under torchrun on one node (its job's); "
+                              "use executor.nodes=1")
         sweep, train = self.sweep, self.train
         # An along run (docs/along.md) sets its rate by the same rule as an adaptive one.
         if sweep.schedule in ("adaptive", "along") and train.optimizer in ("adam", "adamw"):

@@ -341,3 +341,31 @@ def test_current_run_is_none_outside_a_sweep(monkeypatch):
 
     monkeypatch.delenv("GNSWEEP_RUN_DIR", raising=False)
     assert gnsweep.current_run() is None
+
+
+@pytest.mark.parametrize(("executor", "expected"), [
+    ({"kind": "local"}, ["python", "train.py", "--bs=8"]),
+    ({"kind": "torchrun", "nproc_per_node": 4},
+     ["python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "train.py",
+      "--bs=8"]),
+    ({"kind": "slurm", "nproc_per_node": 1}, ["python", "train.py", "--bs=8"]),
+])
+def test_the_command_under_each_executor(executor, expected):
+    from gnsweep.config import Config
+    from gnsweep.tasks.script import example_values
+    from gnsweep.training.script import command, torchrun_args
+
+    config = Config.from_dict({"task": {"name": "script",
+                                        "command": "python train.py --bs={batch_size}"},
+                               "sweep": {"batch_sizes": [8]}, "executor": executor})
+    assert command(config, example_values()) == expected
+    assert torchrun_args(["./run.sh", "x"], 2)[-3:] == ["--no-python", "./run.sh", "x"]
+
+
+def test_a_multi_node_slurm_script_sweep_is_refused():
+    from gnsweep.config import Config
+
+    with pytest.raises(ConfigError, match="executor.nodes=2 with task=script"):
+        Config.from_dict({"task": {"name": "script", "command": "python t.py"},
+                          "sweep": {"batch_sizes": [8]},
+                          "executor": {"kind": "slurm", "nodes": 2, "nproc_per_node": 1}})

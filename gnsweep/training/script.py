@@ -127,13 +127,15 @@ def torchrun_args(args: list[str], nproc: int) -> list[str]:
 
 def command(config: Config, values: dict[str, Any]) -> list[str]:
     """The attempt's arguments: `task.command` filled, `task.resume_args` on a resume, under
-    torchrun for executor=torchrun."""
+    torchrun for executor=torchrun, and for executor=slurm with nproc_per_node > 1 (on the
+    job's node)."""
     options = ScriptOptions(**config.task.options)
     args = command_args(options.command, "task.command", values)
     if values["resume"] and options.resume_args:
         args += command_args(options.resume_args, "task.resume_args", values)
-    if config.executor.kind == "torchrun":
-        args = torchrun_args(args, config.executor.nproc_per_node)
+    executor = config.executor
+    if executor.kind == "torchrun" or (executor.kind == "slurm" and executor.nproc_per_node > 1):
+        args = torchrun_args(args, executor.nproc_per_node)
     return args
 
 
