@@ -369,3 +369,24 @@ def test_a_multi_node_slurm_script_sweep_is_refused():
         Config.from_dict({"task": {"name": "script", "command": "python t.py"},
                           "sweep": {"batch_sizes": [8]},
                           "executor": {"kind": "slurm", "nodes": 2, "nproc_per_node": 1}})
+
+
+@pytest.mark.slow
+def test_a_hugging_face_trainer_script_with_the_callback_sweeps(tmp_path):
+    """tests/script_hf.py: a Trainer script whose only gnsweep line is the callback; its rows
+    (one a step) carry B_simple, and the sweep stops it at the target."""
+    pytest.importorskip("transformers")
+    sweep_dir = tmp_path / "sweep"
+    command = (f"{PY} {SCRIPT.with_name('script_hf.py')} --bs={{batch_size}} "
+               "--lr={learning_rate} --out={run_dir}/hf")
+    done = _launch(sweep_dir, command, "sweep.batch_sizes=[32]", "sweep.learning_rates=[0.2]",
+                   "sweep.targets=[2.0]")
+    assert done.returncode == 0, done.stderr
+    status, rows = _status(sweep_dir), _rows(sweep_dir)
+    assert status["state"] == "done" and status["reason"] == "target", status
+    n = len(rows["step"])
+    assert list(rows["step"]) == list(range(1, n + 1)) and n < 200
+    assert list(rows["examples"]) == [32 * s for s in range(1, n + 1)]
+    assert np.all(rows["lr"] == 0.2)
+    measured = rows["b_simple"][np.isfinite(rows["b_simple"])]
+    assert len(measured) >= n - 1 and (measured > 0).all()
