@@ -523,6 +523,8 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
     finally:
         for fd in outputs.values():
             os.close(fd)
+        with contextlib.suppress(OSError):
+            (out_dir / STOP_FLAG).unlink(missing_ok=True)  # the command has ended
     rows.flush(force=True)
     if error is not None:
         raise ScriptFailed(str(error), list(stderr))
@@ -536,7 +538,6 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
                                + (f": {last.strip()[:300]}" if last else ""), list(stderr))
         if not rows.rows["step"]:
             raise ScriptFailed(_no_rows(options, table), list(stderr))
-    (out_dir / STOP_FLAG).unlink(missing_ok=True)
     reason = rows.reason or "script ended"
     state = "diverged" if rows.diverged else "done"
     store.end_metrics(out_dir, rows.rows)
