@@ -205,9 +205,9 @@ def current_run() -> RunHandle | None:
         resume_step=int(_env("resume_step") or 0), attempt=int(_env("attempt") or 1),
         examples_per_sample=float(_env("examples_per_sample") or 1.0),
         source=_env("log_source") or "api", rank=int(os.environ.get("RANK", "0")))
-    if handle.writer and handle.source == "api":
+    if handle.writer:
         # Present from the start: the sweep then asks this script to stop through
-        # should_stop() before it sends a signal.
+        # should_stop() before it sends a signal (whatever it reads the rows from).
         store.append_line(handle.run_dir / store.SCRIPT_ROWS, "")
     _current = handle
     return handle

@@ -569,8 +569,8 @@ def _table_log(options: ScriptOptions, values: dict[str, Any], cwd: str,
 
 
 def _ask_to_stop(child: Child, run_path: Path) -> None:
-    """The flag `current_run().should_stop()` reads; a command that does not read it (no
-    rows through the API) gets SIGTERM at once."""
+    """The flag `current_run().should_stop()` reads; a command that never made the handle
+    (`current_run()` creates the rows file) gets SIGTERM at once."""
     store.write_text(run_path / STOP_FLAG, "stop\n")
     child.asked = time.monotonic()
     if not (run_path / API_ROWS).exists():
