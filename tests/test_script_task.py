@@ -115,17 +115,26 @@ def test_launch_refuses_bad_input_in_one_line_and_runs_nothing(tmp_path, command
 
 
 @pytest.mark.slow
-def test_printed_lines_are_the_runs_metrics_and_it_stops_at_the_target(tmp_path):
+def test_printed_lines_are_the_metrics_and_failures_are_recorded(tmp_path):
+    """One sweep, one script behaviour a seed: a plain run whose printed lines are its rows
+    and which the sweep stops at the target; exit 1 with a message on stderr; a NaN loss; a
+    step logged again; no matching line at all."""
     sweep_dir = tmp_path / "sweep"
-    done = _launch(sweep_dir, _command(),
+    done = _launch(sweep_dir, _command("--faults=none,fail,nan,back,quiet"),
                    r"task.log_pattern=step (?P<step>\d+) \| loss (?P<loss>\S+) \| lr (?P<lr>\S+)",
-                   "sweep.targets=[0.3]")
-    assert done.returncode == 0, done.stderr
-    status, rows = _status(sweep_dir), _rows(sweep_dir)
-    assert status["state"] == "done" and status["reason"] == "target"
-    (run_id,) = store.run_ids(sweep_dir)
-    printed = [line for line in (store.run_dir(sweep_dir, run_id) / "stdout.log")
-               .read_text().splitlines() if line.startswith("step ")]
+                   "sweep.seeds=[0,1,2,3,4]", "sweep.targets=[0.3]", "sweep.max_retries=0",
+                   "executor.workers=2")
+    assert done.returncode == 1
+    runs = {name: store.run_dir(sweep_dir, f"b00016_lr0.2_s{seed}")
+            for seed, name in enumerate(("none", "fail", "nan", "back", "quiet"))}
+    status = {name: store.read_status(path) for name, path in runs.items()}
+
+    assert status["none"]["state"] == "done" and status["none"]["reason"] == "target"
+    table = store.read_metrics(runs["none"])
+    assert table is not None
+    rows = {name: table.column(name).to_numpy() for name in table.column_names}
+    printed = [line for line in (runs["none"] / "stdout.log").read_text().splitlines()
+               if line.startswith("step ")]
     n = len(rows["step"])
     assert list(rows["step"]) == list(range(1, n + 1))
     assert n < 400  # stopped at the target, before the script's own end
@@ -135,25 +144,13 @@ def test_printed_lines_are_the_runs_metrics_and_it_stops_at_the_target(tmp_path)
     assert np.all(rows["lr"] == 0.2)
     assert np.isfinite(rows["loss_smooth"]).all()
 
-
-@pytest.mark.slow
-def test_failures_diverged_and_steps_going_back(tmp_path):
-    """One sweep, one fault a seed: exit 1 with a message on stderr, a NaN loss, a step logged
-    again, no matching line."""
-    sweep_dir = tmp_path / "sweep"
-    done = _launch(sweep_dir, _command("--faults=fail,nan,back,quiet", "--steps=20"),
-                   r"task.log_pattern=step (?P<step>\d+) \| loss (?P<loss>\S+)",
-                   "sweep.seeds=[0,1,2,3]", "sweep.max_retries=0", "executor.workers=2")
-    assert done.returncode == 1
-    status = {spec: store.read_status(store.run_dir(sweep_dir, f"b00016_lr0.2_s{seed}"))
-              for seed, spec in enumerate(("fail", "nan", "back", "quiet"))}
     assert status["fail"]["state"] == "failed"
     assert "exit status 1: RuntimeError: CUDA out of memory" in status["fail"]["error"]
     assert any("CUDA out of memory" in line for line in status["fail"]["stderr"])
     shown = runner.invoke(app, ["status", str(sweep_dir)])
     assert "exit status 1" in shown.output
     assert status["nan"]["state"] == "diverged"
-    table = store.read_metrics(store.run_dir(sweep_dir, "b00016_lr0.2_s1"))
+    table = store.read_metrics(runs["nan"])
     assert table is not None
     assert math.isnan(table.column("loss")[-1].as_py()) and table.column("step")[-1].as_py() == 5
     assert status["back"]["state"] == "failed"
