@@ -783,6 +783,10 @@ class Config:
         if world == 1 and method == "ddp":
             raise ConfigError("noise.method=ddp needs DDP: executor=torchrun (or slurm) with "
                               "executor.nproc_per_node >= 2, or noise.method=auto")
+        if self.task.name == tasks.SCRIPT and self.sweep.schedule != "constant":
+            raise ConfigError(f"sweep.schedule={self.sweep.schedule} with task=script: a "
+                              "script's batch size is the grid's, fixed for its run; use "
+                              "sweep.schedule=constant")
         if self.task.name == tasks.SCRIPT and self.executor.kind == "slurm" \
                 and self.executor.nodes > 1:
             raise ConfigError(f"executor.nodes={self.executor.nodes} with task=script: a "

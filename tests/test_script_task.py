@@ -362,6 +362,10 @@ def test_the_command_under_each_executor(executor, expected):
 def test_a_multi_node_slurm_script_sweep_is_refused():
     from gnsweep.config import Config
 
+    with pytest.raises(ConfigError, match=r"sweep\.schedule=adaptive with task=script"):
+        Config.from_dict({"task": {"name": "script", "command": "python t.py"},
+                          "sweep": {"batch_sizes": [8], "schedule": "adaptive",
+                                    "exchange_rates": [10], "eps_max": 0.1}})
     with pytest.raises(ConfigError, match=r"executor\.nodes=2 with task=script"):
         Config.from_dict({"task": {"name": "script", "command": "python t.py"},
                           "sweep": {"batch_sizes": [8]},
