@@ -47,7 +47,7 @@ test: $(DEV_STAMP)
 	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 test-fast: $(DEV_STAMP)
-	$(BIN)/pytest -q -m "not slow and not distributed and not slurm and not browser"
+	$(BIN)/pytest -q -m "not slow and not distributed and not slurm and not browser and not process"
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check .

@@ -23,7 +23,7 @@ def __getattr__(name: str) -> Any:
 
         return FsdpNoiseScale
     if name == "current_run":  # a script's handle on its sweep run (task=script)
-        from gnsweep.integrations.run import current_run
+        from gnsweep.run_handle import current_run
 
         return current_run
     if name == "measure_noise_scale":

@@ -19,7 +19,8 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.analysis.along import branch_point
-from gnsweep.config import Config, ConfigError, compose
+from gnsweep.compose import compose
+from gnsweep.config import Config, ConfigError
 from gnsweep.runs import RunSpec, read_run, verify_folder, write_run
 from gnsweep.stall import bounded
 
@@ -271,7 +272,7 @@ def plan_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[
     for examples, _path in chosen:
         for spec in _grid(config, examples):
             run_path = sweep_dir / store.RUNS / spec.run_id
-            state = (str(read_state(run_path)["state"])
+            state = (read_state(run_path).state.value
                      if (run_path / store.STATUS).is_file() else "pending")
             planned.append((spec, state))
     return config, planned

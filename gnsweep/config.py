@@ -1,29 +1,29 @@
-"""Typed configuration: dataclass schemas, validation, and Hydra composition of `conf/`.
+"""Typed configuration: the dataclass schemas, one per section, each field documented and
+validated in `__post_init__`, and `Config.load`, the typed reader of a sweep's config.yaml.
 
-Hydra is used only here, in the CLI process. Everything below the CLI receives these
-dataclasses (or their JSON form in a run folder), never a DictConfig: workers started by
-torchrun or Slurm load a run's `config.json` without Hydra.
+Composition of `conf/` with Hydra lives above, in `gnsweep.compose`, in the CLI process only.
+Everything below the CLI receives these dataclasses (or their JSON form in a run folder), never
+a DictConfig: workers started by torchrun or Slurm load a run's `config.json` without Hydra.
+Names are validated against registries of names (tasks, trackers), never by building one.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
-import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from gnsweep import redact, store, targets, tasks, tracking
+from gnsweep import redact, store, targets, tasks
 from gnsweep.errors import ConfigError
 from gnsweep.errors import choice as _choice
 from gnsweep.errors import integer as _integer
 from gnsweep.errors import number as _number
 from gnsweep.errors import positive_list as _positive_list
-from gnsweep.noise import DEFAULT_EMA_FRACTION
+from gnsweep.noise import DEFAULT_EMA_FRACTION, Method
+from gnsweep.targets import LOSS_EMA_SAMPLES
 from gnsweep.tasks.script import label as script_label
-from gnsweep.tasks.script import sweep_name as script_sweep_name
 
 __all__ = [
     "DECAYS",
@@ -43,12 +43,10 @@ __all__ = [
     "SweepConfig",
     "TaskConfig",
     "TrainConfig",
-    "compose",
-    "conf_dir",
 ]
 
 
-METHODS = ("auto", "per_example", "microbatch", "ddp", "norm_layers", "none")
+METHODS = tuple(str(m) for m in Method)
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 EXECUTORS = ("local", "torchrun", "slurm")
 LOSS_KINDS = ("smoothed", "raw", "eval")
@@ -169,7 +167,7 @@ class SweepConfig:
     """Step budget of one run."""
     max_examples: int = 0
     """Example budget of one run (0: none)."""
-    loss_ema_examples: float = 128.0
+    loss_ema_examples: float = LOSS_EMA_SAMPLES
     """Time constant of the smoothed training loss, in examples (the task's unit): per-step
     decay exp(-B/this), so every batch size averages over the same number of examples (same
     noise, same lag in E). Left at this default it means 128 samples: `gnsweep launch`
@@ -409,30 +407,6 @@ class TrainConfig:
         self.keep_checkpoints = _choice("train.keep_checkpoints", self.keep_checkpoints,
                                         KEEP_CHECKPOINTS)
 
-    def summary(self, unit: str = "examples") -> str:
-        """The recipe in words, what differs from plain fp32 training at a constant rate
-        (e.g. "adamw, weight decay 0.1, warmup 2e+04 examples, cosine decay to 0.1x, clip 1,
-        bf16, micro-batches of 64"), with the warmup and decay in the task's `unit` (what
-        they count)."""
-        parts = [self.optimizer + (f" (momentum {self.momentum:g})" if self.momentum else "")]
-        if self.weight_decay:
-            parts.append(f"weight decay {self.weight_decay:g}")
-        if self.warmup_steps or self.warmup_examples:
-            parts.append(f"warmup {self.warmup_steps or self.warmup_examples:g} "
-                         + ("steps" if self.warmup_steps else unit))
-        if self.decay != "constant":
-            parts.append(f"{self.decay} decay to {self.min_lr_ratio:g}x"
-                         + (f" over {self.decay_examples:g} {unit}" if self.decay_examples
-                            else " over the run's budget"))
-        if self.grad_clip:
-            parts.append(f"clip {self.grad_clip:g}")
-        if self.precision != "fp32":
-            parts.append(self.precision)
-        if self.microbatch_size:
-            parts.append(f"micro-batches of {self.microbatch_size}"
-                         + (" samples" if unit != "examples" else ""))
-        return ", ".join(parts)
-
     @property
     def lr_scheduled(self) -> bool:
         """Whether the rate moves within a run (a warmup or a decay)."""
@@ -444,9 +418,10 @@ class NoiseConfig:
     """How B_simple (and optionally B_noise) is measured during every run."""
 
     method: str = "auto"
-    """per_example, microbatch, ddp, norm_layers (per-example norms of the LayerNorm/RMSNorm
-    parameters only), none (no measurement: the baseline), or auto (ddp under torchrun, else
-    the cheaper right one of per_example and microbatch: docs/noise.md)."""
+    """One of `gnsweep.noise.Method`: per_example, microbatch, ddp, fsdp (a model sharded by
+    FSDP), norm_layers (per-example norms of the LayerNorm/RMSNorm parameters only), none (no
+    measurement: the baseline), or auto (fsdp or ddp under torchrun as the model says, else the
+    cheaper right one of per_example and microbatch: docs/noise.md)."""
     microbatches: int = 4
     """Micro-batches per step for method=microbatch (b_small = B / this); where a step is
     already cut into train.microbatch_size pieces, those pieces are used instead."""
@@ -613,6 +588,15 @@ class AnalysisConfig:
         self.bootstrap = _integer("analysis.bootstrap", self.bootstrap)
 
 
+LOGGER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "none": (), "tensorboard": ("flush_secs",), "mlflow": ("tracking_uri", "experiment"),
+    "wandb": ("project", "entity", "mode")}
+"""Each tracker kind and the options it reads (`gnsweep.tracking.options_of` says the same of
+the backends: a test holds them equal)."""
+LOGGER_MODES = ("online", "offline", "disabled")
+"""wandb's modes."""
+
+
 @dataclass
 class LoggerConfig:
     """Where every run's per-step metrics also go: an experiment tracker (`gnsweep.tracking`).
@@ -639,20 +623,19 @@ class LoggerConfig:
         for name in ("tracking_uri", "experiment", "project", "entity", "mode"):
             value = getattr(self, name)
             _secret_is_text(f"logger.{name}", value, holds_uri=True)
-        self.kind = _choice("logger.kind", self.kind, tracking.KINDS)
+        self.kind = _choice("logger.kind", self.kind, tuple(LOGGER_OPTIONS))
         self.flush_secs = _integer("logger.flush_secs", self.flush_secs)
         if self.flush_secs < 1:
             raise ConfigError(f"logger.flush_secs: {self.flush_secs} must be >= 1")
-        try:
-            tracking.make_logger(self.kind, ".", **self.options())
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        self.options()  # an option another kind reads is refused
+        if self.mode is not None and self.mode not in LOGGER_MODES:
+            raise ConfigError(f"logger.mode={self.mode}: choose one of {', '.join(LOGGER_MODES)}")
 
     def options(self) -> dict[str, Any]:
         """The options `make_logger` takes for this kind: those set (not null) that the kind
         reads. One set for another kind is refused (it would silently do nothing)."""
         defaults = LoggerConfig.__dataclass_fields__
-        accepted = set(tracking.options_of(self.kind))
+        accepted = set(LOGGER_OPTIONS[self.kind])
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -855,233 +838,3 @@ def _section(name: str, schema: type, values: dict[str, Any]) -> Any:
         key = sorted(unknown)[0]
         raise ConfigError(f"{name}.{key}: unknown option; known: {', '.join(sorted(known))}")
     return schema(**values)
-
-
-def conf_dir() -> Path:
-    """The `conf/` folder: $GNSWEEP_CONF, else the one beside the package (repo checkout)."""
-    env = os.environ.get("GNSWEEP_CONF")
-    candidates = [Path(env)] if env else []
-    here = Path(__file__).resolve().parent
-    candidates += [here / "conf", here.parent / "conf"]
-    for path in candidates:
-        if (path / "config.yaml").is_file():
-            return path
-    raise ConfigError("cannot find conf/config.yaml; set GNSWEEP_CONF to your conf folder")
-
-
-def compose(overrides: list[str] | None = None, *, grid: tuple[str, ...] | None = None,
-            custom: bool | None = None) -> Config:
-    """Compose conf/ with Hydra overrides (e.g. `task=digits sweep.batch_sizes=[8,64]`).
-
-    A custom task must give its own `grid` (GRID_FIELDS by default; a branch sweep, whose
-    targets are relative, needs no sweep.targets); `custom` says whether the task is custom when
-    the overrides do not (a branch sweep trains its base run's task)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException, MissingConfigException
-    from omegaconf import OmegaConf, open_dict
-    from omegaconf.errors import OmegaConfBaseException
-
-    overrides = list(overrides or [])
-    _store_defaults()
-    GlobalHydra.instance().clear()
-    given = overrides
-    overrides = [_verbatim(o) for o in overrides]
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            cfg = hydra_compose(config_name="config", overrides=overrides,
-                                return_hydra_config=True)
-            sweep_file = str(cfg.hydra.runtime.choices.get("sweep"))
-            with open_dict(cfg):
-                del cfg["hydra"]
-    except MissingConfigException as err:
-        raise ConfigError(_missing_config_message(str(err))) from None
-    except (HydraException, OmegaConfBaseException) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(_masked(_override_message(first, overrides), overrides)) from None
-    finally:
-        GlobalHydra.instance().clear()
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    config = Config.from_dict({str(k): v for k, v in data.items()})
-    _check_custom_grid(config, sweep_file, given, GRID_FIELDS if grid is None else grid,
-                       config.task.name in (tasks.CUSTOM, tasks.SCRIPT) if custom is None
-                       else custom)
-    return _named_after_task(config, sweep_file, given)
-
-
-VERBATIM = ("task.command", "task.log_pattern", "task.log_file", "task.resume_args", "task.cwd")
-"""Settings taken as written on the command line, never parsed by Hydra's grammar: a command's
-`{placeholders}`, spaces and quotes, a regular expression's brackets and backslashes."""
-
-
-def _verbatim(override: str) -> str:
-    """`task.command=python train.py --bs={batch_size}` as Hydra's quoted string (its quotes
-    and a trailing backslash escaped, `${` kept literal); a value already in quotes, another
-    key, or a deletion (`~key`) unchanged."""
-    key, sep, value = override.partition("=")
-    if key == "task.columns" and sep:
-        return f"+{override}"
-    if not sep or key.lstrip("+") not in VERBATIM or key.startswith("~") \
-            or (len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""):
-        return override
-    trailing = len(value) - len(value.rstrip("\\"))
-    body = value.replace("\\'", "\\\\'").replace("'", "\\'").replace("${", "\\${")
-    return f"{key}='{body}" + "\\" * trailing + "'"
-
-
-LOSS_EMA_SAMPLES = 128.0
-"""The default time constant of the run's smoothed loss (`sweep.loss_ema_examples`), in samples
-(the batch's first dimension): a task counting `p` examples a sample (tokens a sequence) gets
-`p` times as many examples (`in_task_units`)."""
-
-
-def in_task_units(config: Config, per_sample: float, overrides: list[str]) -> Config:
-    """The config with the default loss EMA (`LOSS_EMA_SAMPLES` samples, where
-    `sweep.loss_ema_examples` is neither overridden nor changed by a sweep file) converted to
-    the task's unit at `per_sample` examples a sample, so that it means the same training for
-    a task in tokens as for one in examples (128 tokens would be half a step at 16 sequences
-    of 16 tokens). A value given is the user's, in the task's unit, and kept."""
-    named = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
-    sweep = config.sweep
-    if per_sample == 1 or "sweep.loss_ema_examples" in named \
-            or sweep.loss_ema_examples != LOSS_EMA_SAMPLES:
-        return config
-    ema = float(f"{LOSS_EMA_SAMPLES * per_sample:.6g}")
-    return dataclasses.replace(config, sweep=dataclasses.replace(sweep, loss_ema_examples=ema))
-
-
-def budget_lines(config: Config, per_sample: float) -> list[str]:
-    """A line where `sweep.max_steps` ends some batch sizes' runs before `sweep.max_examples`
-    would (their budget in examples is then smaller than the larger batches'), naming them;
-    none without `max_examples`. `per_sample`: examples a sample (tokens a sequence)."""
-    sweep = config.sweep
-    if not sweep.max_examples:
-        return []
-    short = [b for b in sweep.batch_sizes if sweep.max_steps * b * per_sample < sweep.max_examples]
-    if not short:
-        return []
-    listed = ",".join(str(b) for b in short)
-    return [f"note: sweep.max_steps={sweep.max_steps} ends runs at batch sizes {listed} before "
-            f"sweep.max_examples={sweep.max_examples:,} (at batch size {short[-1]}, "
-            f"{sweep.max_steps:,} steps train {round(sweep.max_steps * short[-1] * per_sample):,}"
-            " examples); raise sweep.max_steps to give them the same budget in examples"]
-
-
-def _named_after_task(config: Config, sweep_file: str, overrides: list[str]) -> Config:
-    """A custom task on the default sweep file, its name not given: the sweep is named after
-    the task (its `_target_`, e.g. `mytask.make_task`), so that its default folder is
-    runs/<that>, not the digits sweep's."""
-    named = {o.lstrip("+").split("=", 1)[0] for o in overrides}
-    if config.task.name not in (tasks.CUSTOM, tasks.SCRIPT) or sweep_file != SweepConfig.name \
-            or "sweep.name" in named or config.sweep.name != SweepConfig.name:
-        return config
-    if config.task.name == tasks.SCRIPT:  # named after its script: python train.py -> train
-        name = script_sweep_name(str(config.task.options.get("command", "")))
-    else:
-        name = re.sub(r"[^A-Za-z0-9._-]+", "_", config.task.label).strip("._") or tasks.CUSTOM
-    return dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, name=name))
-
-
-GRID_FIELDS = ("batch_sizes", "learning_rates", "targets")
-"""What a grid is made of: a custom task has to give each (or a sweep file that does)."""
-
-
-def _check_custom_grid(config: Config, sweep_file: str, overrides: list[str],
-                       grid: tuple[str, ...], custom: bool) -> None:
-    """A custom task with the default sweep file's grid would silently run the digits grid
-    (its batch sizes, its learning rates, its loss targets): ConfigError asking for a grid.
-
-    A grid field counts as given when an override names it or its value is not the default
-    (a `+experiment=` bundle may set it)."""
-    if not custom or sweep_file != SweepConfig.name:
-        return
-    defaults = SweepConfig()
-    named = {o.lstrip("+").split("=", 1)[0] for o in overrides}
-    missing = [f"sweep.{name}" for name in grid
-               if f"sweep.{name}" not in named
-               and getattr(config.sweep, name) == getattr(defaults, name)]
-    if missing:
-        raise ConfigError(f"task={config.task.name} needs a grid of its own "
-                          f"({', '.join(missing)} would be "
-                          f"the {SweepConfig.name} task's): add sweep=NAME (a file of conf/sweep, "
-                          "e.g. sweep=tiny) or " + " ".join(f"{m}=[...]" for m in missing))
-
-
-def _store_defaults() -> None:
-    """Give Hydra the dataclass defaults, the one place they are kept: `gnsweep_defaults` (every
-    section but the task) is merged first, so a group's YAML lists only what it changes and
-    every setting can be overridden; `task_defaults/<name>` holds a task's options, which its
-    YAML file extends."""
-    from hydra.core.config_store import ConfigStore
-
-    store_ = ConfigStore.instance()
-    base = Config().to_dict()
-    del base["task"]
-    store_.store(name="gnsweep_defaults", node=base)
-    for name in tasks.task_names():
-        options = asdict(tasks.REGISTRY[name].options())
-        store_.store(group="task_defaults", name=name, node={"name": name, **options})
-    # `columns` (a mapping) is left out: Hydra cannot add keys to an empty mapping node, so
-    # `task.columns={...}` is added as a new key instead (`_verbatim`).
-    script = {f.name: f.default for f in fields(tasks.ScriptOptions) if f.name != "columns"}
-    store_.store(group="task_defaults", name=tasks.SCRIPT, node={"name": tasks.SCRIPT, **script})
-
-
-def _override_message(first: str, overrides: list[str]) -> str:
-    """Hydra's first line about an override, with the fix where it is known: a key the task
-    node lacks is added with `+task.KEY=VALUE` (a task's options are open); a key another
-    section lacks is not a setting, and the known ones are listed."""
-    import re
-
-    ambiguous = re.match(r"Ambiguous value for argument '([+~]?[\w.]+)=(.*)'", first)
-    if ambiguous:  # Hydra reads `key=a,b` as a sweep over a and b
-        key, value = ambiguous.groups()
-        if redact.is_secret_name(key.lstrip("+~")):  # one string, never a list
-            return (f"{key}: a comma in its value reads as a list of values; give it as one "
-                    f"string in quotes, e.g. '{key}=\"...\"'")
-        return f"{key}={value}: write a list in brackets, {key}=[{value}]"
-    match = re.match(r"Could not override '((\w+)\.([\w.]+))'", first)
-    if not match:
-        return f"bad override: {first}"
-    key, section, name = match.groups()
-    value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key), "VALUE")
-    if (section, name) in MOVED:
-        return f"{key} is now {MOVED[section, name]}: write {MOVED[section, name]}={value}"
-    if section == "task":
-        return (f"task.{name}: the task node has no key {name}; to add one, write "
-                f"+task.{name}={value}")
-    schema = SECTIONS.get(section)
-    if schema is None:
-        return f"bad override: {first}"
-    known = ", ".join(sorted(f.name for f in fields(schema)))
-    return f"{key}: unknown option; known: {known}"
-
-
-def _masked(message: str, overrides: list[str]) -> str:
-    """`message` with the value of every secret override (`+task.api_key=...`) masked wherever
-    it appears, whole or in part: a parser quotes what it could not read ("no viable
-    alternative at input '[s3cret'"), with no name beside it to mask by."""
-    import re
-
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        if not sep or not value or not redact.is_secret_name(key.lstrip("+~")):
-            continue
-        pieces = [value, *re.split(r"[\s\[\]{}(),'\"]+", value)]
-        for piece in sorted({p for p in pieces if len(p) >= 3}, key=len, reverse=True):
-            message = message.replace(piece, redact.MASK)
-    return message
-
-
-def _missing_config_message(text: str) -> str:
-    import re
-
-    match = re.search(r"Could not load '(\w+)/(\w[\w-]*)'", text) or re.search(
-        r"'(\w+)/(\w[\w-]*)'", text)
-    if not match:
-        return text.strip().splitlines()[0]
-    group, choice = match.groups()
-    options = sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
-    return f"{group}={choice}: no such {group}; choose one of {', '.join(options)}"

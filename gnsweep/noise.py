@@ -14,7 +14,34 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
 from typing import Any, NamedTuple
+
+
+class Method(StrEnum):
+    """How the pair (|G_small|^2, |G_big|^2) of eq. A.2 is measured: the one list of method names
+    that the configuration (`noise.method`) and the monitor (`NoiseScaleMonitor(method=)`)
+    share (docs/noise.md says when each applies)."""
+
+    AUTO = "auto"
+    """The right one of the others for the model and the launch."""
+    PER_EXAMPLE = "per_example"
+    """Per-example gradient norms from module hooks (b_small = 1)."""
+    MICROBATCH = "microbatch"
+    """Micro-batches of the batch, accumulated (b_small = B / k)."""
+    DDP = "ddp"
+    """Each DDP worker's gradient before the all-reduce (b_small = the worker's batch)."""
+    FSDP = "fsdp"
+    """A model sharded by `fully_shard`: each rank's micro-steps against the global gradient."""
+    NORM_LAYERS = "norm_layers"
+    """Per-example norms of the LayerNorm / RMSNorm parameters only (Gray et al. 2024)."""
+    NONE = "none"
+    """Nothing measured: the baseline of what measuring costs."""
+
+
+PAIR_METHODS = (Method.PER_EXAMPLE, Method.MICROBATCH, Method.DDP, Method.FSDP)
+"""The methods that measure the whole gradient's pair (`norm_layers` measures a block of it)."""
+
 
 
 def unbiased_g2_and_trace(sq_small: float, sq_big: float, b_small: float, b_big: float

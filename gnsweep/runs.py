@@ -14,7 +14,7 @@ from typing import Any
 
 from gnsweep import redact, store
 from gnsweep.config import Config, ConfigError
-from gnsweep.store import FINISHED, RunState, StoreError
+from gnsweep.store import FINISHED, RunState, RunStatus, StoreError
 
 __all__ = [
     "EVALS_PER_OCTAVE",
@@ -353,32 +353,30 @@ def read_run(sweep_dir: Path, run_id: str) -> tuple[Config, RunSpec]:
     return parse_run_record(data)
 
 
-def read_state(run_path: Path) -> dict[str, Any]:
+def read_state(run_path: Path) -> RunStatus:
     """A run's status as the sweep acts on it: a run recorded done or diverged whose metrics
     are missing or unreadable needs running again (`state` pending, `lost` says why), so
     that the answer never changes in silence."""
     status = store.read_status(run_path)
-    if status["state"] in FINISHED:
+    if status.state in FINISHED:
         problem = store.metrics_problem(run_path, status)
         if problem is not None:
-            return {**status, "state": RunState.PENDING.value,
-                    "lost": f"recorded {status['state']} but {store.METRICS} is {problem}",
-                    "recorded": status["state"]}
+            return status.replace(
+                state=RunState.PENDING, recorded=status.state.value,
+                lost=f"recorded {status.state.value} but {store.METRICS} is {problem}")
     return status
 
 
-def needs_running(status: dict[str, Any], max_retries: int) -> bool:
+def needs_running(status: RunStatus, max_retries: int) -> bool:
     """Whether a run still needs running: not finished, and retries left if it failed.
 
     The one place retries are counted. `retry_base` is the attempt count when the current
     launch began (`fresh_retries`): each launch gives failed runs a fresh `max_retries`.
     """
-    state = RunState(status["state"])
-    if state in FINISHED:
+    if status.state in FINISHED:
         return False
-    if state is RunState.FAILED:
-        tries = int(status.get("attempts", 0)) - int(status.get("retry_base", 0))
-        return tries <= max_retries
+    if status.state is RunState.FAILED:
+        return status.attempts - status.retry_base <= max_retries
     return True
 
 
@@ -393,9 +391,9 @@ def fresh_retries(sweep_dir: Path, run_ids: list[str]) -> None:
     for run_id in run_ids:
         path = store.run_dir(sweep_dir, run_id)
         status = store.read_status(path)
-        if status["state"] == RunState.FAILED:
-            store.write_status(path, RunState.FAILED, error=status.get("error"),
-                               retry_base=int(status.get("attempts", 0)))
+        if status.state is RunState.FAILED:
+            store.write_status(path, RunState.FAILED, error=status.error,
+                               retry_base=status.attempts)
 
 
 def unmeasured_share(b_simple: list[float]) -> float | None:

@@ -19,13 +19,15 @@ leaves either the old file or the new one, never half of one. docs/storage.md li
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gnsweep.errors import StoreError
-from gnsweep.tables import COMPARE_SCHEMA, OPTIONAL_RESULTS, RESULT_SCHEMAS, RESULT_TABLES  # noqa: F401
+from gnsweep.tables import (  # noqa: F401
+    COMPARE_SCHEMA,
+    METRICS_SCHEMA,
+    OPTIONAL_METRICS,
+    OPTIONAL_RESULTS,
+    RESULT_SCHEMAS,
+    RESULT_TABLES,
+)
 
 # Every file name of a sweep folder, once (docs/storage.md draws the layout):
 #   <sweep>/config.yaml, plan.json, .claims.lock, <table>.parquet, fits.json, slurm/jobs.json
@@ -86,45 +95,121 @@ STATES = tuple(RunState)
 FINISHED = (RunState.DONE, RunState.DIVERGED)
 """Final states: a relaunch never trains these runs again."""
 
-METRICS_SCHEMA = pa.schema([
-    ("step", pa.int64()),             # optimizer steps taken
-    ("examples", pa.int64()),         # training examples seen
-    ("loss", pa.float64()),           # this step's training loss (batch mean)
-    ("loss_smooth", pa.float64()),    # EMA of the training loss, bias-corrected
-    ("eval_loss", pa.float64()),      # held-out loss (NaN when not evaluated)
-    ("lr", pa.float64()),             # learning rate used by this step
-    ("b_small", pa.float64()),        # small batch size of the two-batch estimate
-    ("b_big", pa.float64()),          # big batch size
-    ("sq_norm_small", pa.float64()),  # |G_small|^2 (mean over small batches)
-    ("sq_norm_big", pa.float64()),    # |G_big|^2
-    ("g2_step", pa.float64()),        # unbiased |G|^2 this step (eq. A.2)
-    ("trace_sigma_step", pa.float64()),  # unbiased tr(Sigma) this step (eq. A.2)
-    ("g2", pa.float64()),             # EMA of |G|^2
-    ("trace_sigma", pa.float64()),    # EMA of tr(Sigma)
-    ("b_simple", pa.float64()),       # EMA(tr Sigma) / EMA(|G|^2)
-    ("g_h_g", pa.float64()),          # EMA of G^T H G (NaN unless measured)
-    ("trace_h_sigma", pa.float64()),  # EMA of tr(H Sigma)
-    ("b_noise", pa.float64()),        # EMA(tr H Sigma) / EMA(G^T H G)
-    ("drift", pa.float64()),          # |G|^2 now / one EMA window ago (NaN: not resolvable)
-    ("b_simple_se", pa.float64()),    # standard error of b_simple (delta method over the window)
-    ("g2_precond", pa.float64()),     # EMA of G^T P G (P: the optimizer's preconditioner)
-    ("trace_sigma_precond", pa.float64()),  # EMA of tr(P Sigma)
-    ("b_simple_precond", pa.float64()),     # EMA(tr P Sigma) / EMA(G^T P G); b_simple under SGD
-    ("probe_g2", pa.float64()),       # frozen-parameter probe: |G|^2 (NaN between probes)
-    ("probe_trace_sigma", pa.float64()),    # probe: tr(Sigma)
-    ("probe_g_h_g", pa.float64()),          # probe: G^T H G
-    ("probe_trace_h_sigma", pa.float64()),  # probe: tr(H Sigma)
-    ("b_simple_true", pa.float64()),  # exact B_simple at these parameters (closed-form tasks)
-    ("b_noise_true", pa.float64()),   # exact B_noise at these parameters (closed-form tasks)
-    ("wall_time", pa.float64()),      # seconds since the run started
-    ("metric", pa.float64()),         # the task's own target metric (cartpole: mean return);
-                                      # NaN for a task whose targets are losses
-    ("batch_size", pa.float64()),     # samples drawn this step (varies in an adaptive run)
-    ("grad_norm", pa.float64()),      # global gradient norm before clipping (unscaled)
-    ("skipped_steps", pa.float64()),  # fp16: steps the gradient scaler skipped so far
-    ("epoch", pa.float64()),          # passes over the task's dataset so far (1.5: half way
-                                      # through the second); NaN for a task that samples
-])
+
+@dataclass(frozen=True)
+class RunStatus(Mapping[str, Any]):
+    """A run's status.json, typed: the executors fill it (`write_status`), every reader reads
+    it (`read_status`). It also reads as the JSON mapping it is stored as (`status["state"]`),
+    holding only the keys that were written; keys a newer gnsweep wrote are kept in `extra`
+    and written back unchanged."""
+
+    state: RunState = RunState.PENDING
+    attempts: int = 0
+    """Attempts started (a stopped attempt is given back)."""
+    retry_base: int = 0
+    """`attempts` when the current launch began: each launch gives a failed run fresh retries."""
+    updated: float | None = None
+    """When the file was written (seconds since the epoch)."""
+    error: str | None = None
+    """Why the last attempt failed, one line (secrets masked)."""
+    traceback: str | None = None
+    stderr: list[str] | None = None
+    """task=script: the command's last lines of stderr when it failed (`task.stderr_lines`)."""
+    reason: str | None = None
+    """How a run ended: the target reached, its budget, diverged, stalled..."""
+    host: str | None = None
+    pid: int | None = None
+    slurm_job_id: str | None = None
+    started: float | None = None
+    gpus: str | None = None
+    """The CUDA_VISIBLE_DEVICES the run was given (None: not set)."""
+    device: str | None = None
+    steps: int | None = None
+    """Optimizer steps the run took."""
+    final_loss: float | None = None
+    train_seconds: float | None = None
+    rows: int | None = None
+    """Rows of metrics.parquet as the run ended (a table cut short or rewritten is found)."""
+    examples: int | None = None
+    """The last logged row's examples."""
+    noise_method: dict[str, Any] | None = None
+    """How the noise scale was measured (`NoiseScaleMonitor.describe`)."""
+    b_simple_nan_share: float | None = None
+    noise_measured: dict[str, Any] | None = None
+    """The share of steps each method measured."""
+    lost: str | None = None
+    """Not stored: `runs.read_state` says why a run recorded finished needs running again."""
+    recorded: str | None = None
+    """Not stored: the state recorded for a `lost` run."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Keys this version does not know, kept as they are."""
+    written: frozenset[str] = field(default=frozenset({"state", "attempts"}), compare=False,
+                                    repr=False)
+    """The fields status.json holds (a field never written reads as absent, not as None)."""
+
+    @classmethod
+    def from_json(cls, data: Any, path: Path | str = STATUS) -> RunStatus:
+        """The status read from status.json's contents; StoreError, one line, on a shape no
+        gnsweep writes (not an object, an unknown state, a count that is not a count)."""
+        if not isinstance(data, dict):
+            raise StoreError(f"{path}: not a run status (a JSON object); remove the file and "
+                             "relaunch to run the run again")
+        known = {f.name for f in fields(cls)} - {"extra", "written", "lost", "recorded"}
+        values: dict[str, Any] = {}
+        try:
+            values["state"] = RunState(data.get("state", RunState.PENDING))
+        except (ValueError, TypeError):
+            raise StoreError(f"{path}: unknown state {str(data.get('state'))[:40]!r}; remove "
+                             "the file and relaunch to run the run again") from None
+        for name in ("attempts", "retry_base"):
+            value = data.get(name, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise StoreError(f"{path}: {name} is {str(value)[:40]!r}, not a count; remove "
+                                 "the file and relaunch to run the run again")
+            values[name] = value
+        for name, value in data.items():
+            if name in known and name not in values:
+                values[name] = value
+        extra = {k: v for k, v in data.items() if k not in known}
+        return cls(**values, extra=extra, written=frozenset(values) | {"state", "attempts"})
+
+    def to_json(self) -> dict[str, Any]:
+        """What status.json holds: the keys written, in a stable order."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)
+                               if f.name in self.written}
+        out["state"] = self.state.value
+        return {**out, **self.extra}
+
+    def updated_with(self, state: RunState, **changes: Any) -> RunStatus:
+        """This status moved to `state` with `changes` (field names of this class; TypeError on
+        any other), the previous error dropped."""
+        unknown = set(changes) - ({f.name for f in fields(self)} - {"extra", "written"})
+        if unknown:
+            raise TypeError(f"RunStatus has no field {sorted(unknown)}")
+        keep = {name: getattr(self, name) for name in self.written
+                if name not in ("error", "stderr", "lost", "recorded")}
+        keep.update(changes, state=state, updated=time.time())
+        return RunStatus(**keep, extra=self.extra, written=frozenset(keep))
+
+    # The mapping of status.json, for readers of the plain file (and older scripts).
+    def __getitem__(self, key: str) -> Any:
+        if key in self.extra:
+            return self.extra[key]
+        if key in self.written:
+            value = getattr(self, key)
+            return value.value if isinstance(value, RunState) else value
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*sorted(self.written), *self.extra])
+
+    def __len__(self) -> int:
+        return len(self.written) + len(self.extra)
+
+    def replace(self, **changes: Any) -> RunStatus:
+        """A copy with `changes`, which count as written."""
+        return dataclasses.replace(self, **changes, written=self.written | set(changes))
+
 
 
 @contextmanager
@@ -267,7 +352,7 @@ def read_table(path: Path, columns: list[str] | None = None) -> pa.Table:
         raise StoreError(f"{path}: unreadable parquet ({str(err).splitlines()[0]})") from None
 
 
-def metrics_problem(run_path: Path, status: dict[str, Any] | None = None) -> str | None:
+def metrics_problem(run_path: Path, status: Mapping[str, Any] | None = None) -> str | None:
     """Why a run's metrics cannot be analysed ("missing", "unreadable: ..."), None when they
     can: its parquet footer and schema read (cheap: no data pages). With the run's `status`
     (finished), also when its rows disagree with what the run recorded as it ended: the row
@@ -290,7 +375,7 @@ def metrics_problem(run_path: Path, status: dict[str, Any] | None = None) -> str
     return _rows_disagree(run_path, meta, status)
 
 
-def _rows_disagree(run_path: Path, meta: Any, status: dict[str, Any]) -> str | None:
+def _rows_disagree(run_path: Path, meta: Any, status: Mapping[str, Any]) -> str | None:
     def last() -> dict[str, Any]:
         return read_table(run_path / METRICS, columns=["step", "examples"]).slice(
             meta.num_rows - 1).to_pylist()[0]
@@ -301,7 +386,7 @@ def _rows_disagree(run_path: Path, meta: Any, status: dict[str, Any]) -> str | N
         return "unreadable (its step and examples columns)"
 
 
-def rows_disagree(status: dict[str, Any], num_rows: int, last: Callable[[], dict[str, Any]],
+def rows_disagree(status: Mapping[str, Any], num_rows: int, last: Callable[[], dict[str, Any]],
                   every: Callable[[], int]) -> str | None:
     """How a finished run's rows (`num_rows`, `last()`: its last row's step and examples)
     disagree with its status.json, None if they do not."""
@@ -335,10 +420,6 @@ def log_every(run_path: Path) -> int:
     return value if isinstance(value, int) and value >= 1 else 1
 
 
-OPTIONAL_METRICS = ("metric", "batch_size", "grad_norm", "skipped_steps", "epoch")
-"""Columns a run logs only when its task has them (metric, epoch), or that a writer other than
-the training loop may leave out (batch_size, grad_norm, skipped_steps); NaN on every row
-otherwise."""
 
 
 def metrics_table(rows: dict[str, list]) -> pa.Table:
@@ -547,21 +628,23 @@ def run_ids(sweep_dir: Path) -> list[str]:
     return names
 
 
-def read_status(path: Path) -> dict[str, Any]:
-    """A run folder's status; a run never started is pending."""
+def read_status(path: Path) -> RunStatus:
+    """A run folder's status; a run never started is pending. StoreError, one line, on a file
+    gnsweep cannot have written."""
     try:
-        return dict(read_json(path / STATUS))
+        data = read_json(path / STATUS)
     except StoreError:
         if (path / STATUS).exists():
             raise
-        return {"state": "pending", "attempts": 0}
+        return RunStatus()
+    return RunStatus.from_json(data, path / STATUS)
 
 
-def write_status(path: Path, state: str, **fields: Any) -> dict[str, Any]:
-    state = RunState(state)  # ValueError on a state that does not exist
-    status = {k: v for k, v in read_status(path).items() if k not in ("error",)}
-    status.update(fields, state=state.value, updated=time.time())
-    write_json(path / STATUS, status)
+def write_status(path: Path, state: str, **changes: Any) -> RunStatus:
+    """Move a run's status to `state` with `changes` (`RunStatus` fields), atomically; the
+    previous attempt's error is dropped."""
+    status = read_status(path).updated_with(RunState(state), **changes)
+    write_json(path / STATUS, status.to_json())
     return status
 
 

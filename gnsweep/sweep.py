@@ -1,6 +1,6 @@
-"""The sweep as data: a pure expansion of the grid into run specs, and which of them remain.
-
-Running them is the executors' job (`gnsweep.executors`); recording them is `gnsweep.store`'s.
+"""A sweep folder made ready and run: the grid's run specs (`runs.expand_grid`, the pure expansion)
+written into the folder (`prepare`, checked against what an earlier launch wrote), which of
+them remain, and `launch`, which hands those to the configured executor (`gnsweep.executors`).
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def remaining(sweep_dir: Path, specs: list[RunSpec], *,
     out = []
     for spec in specs:
         path = store.run_dir(sweep_dir, spec.run_id)
-        if read_state(path)["state"] in FINISHED:
+        if read_state(path).state in FINISHED:
             continue
         if not include_held:
             claim = claims.read_claim(path)
@@ -215,6 +215,6 @@ def unmeasured_runs(sweep_dir: Path, run_ids: list[str] | None = None) -> str | 
     shares = {}
     for run_id in run_ids if run_ids is not None else store.run_ids(sweep_dir):
         status = read_state(store.run_dir(sweep_dir, run_id))
-        if status["state"] in FINISHED:
-            shares[run_id] = status.get("b_simple_nan_share")
+        if status.state in FINISHED:
+            shares[run_id] = status.b_simple_nan_share
     return unmeasured_line(shares)

@@ -1,7 +1,8 @@
-"""The typed columns of every results table: what `gnsweep analyze` and `gnsweep compare` write
-(docs/analysis.md and docs/compare.md say what each column means). The one place a table's
-columns are listed: `gnsweep.store` writes with these types, and the analysis builds its frames
-from `columns(name)`. Pure; pyarrow only.
+"""The typed columns of every table gnsweep writes: a run's metrics (`METRICS_SCHEMA`), what
+`gnsweep analyze` and `gnsweep compare` write (docs/storage.md, docs/analysis.md and
+docs/compare.md say what each column means). The one place a table's columns are listed:
+`gnsweep.store` writes with these types, the training loop and the trackers log these names,
+and the analysis builds its frames from them. Pure; pyarrow only.
 """
 
 from __future__ import annotations
@@ -14,6 +15,68 @@ BEST_VALUE = "min_loss"
 """The steps table's column holding each run's best value in the targets' direction: the lowest
 loss, or the highest value of a rising metric. Its name on disk stays `min_loss`, the one older
 sweep folders and users' scripts read."""
+
+# ---- a run's metrics.parquet: one row per logged step --------------------------------------
+
+METRICS_SCHEMA = pa.schema([
+    ("step", pa.int64()),             # optimizer steps taken
+    ("examples", pa.int64()),         # training examples seen
+    ("loss", pa.float64()),           # this step's training loss (batch mean)
+    ("loss_smooth", pa.float64()),    # EMA of the training loss, bias-corrected
+    ("eval_loss", pa.float64()),      # held-out loss (NaN when not evaluated)
+    ("lr", pa.float64()),             # learning rate used by this step
+    ("b_small", pa.float64()),        # small batch size of the two-batch estimate
+    ("b_big", pa.float64()),          # big batch size
+    ("sq_norm_small", pa.float64()),  # |G_small|^2 (mean over small batches)
+    ("sq_norm_big", pa.float64()),    # |G_big|^2
+    ("g2_step", pa.float64()),        # unbiased |G|^2 this step (eq. A.2)
+    ("trace_sigma_step", pa.float64()),  # unbiased tr(Sigma) this step (eq. A.2)
+    ("g2", pa.float64()),             # EMA of |G|^2
+    ("trace_sigma", pa.float64()),    # EMA of tr(Sigma)
+    ("b_simple", pa.float64()),       # EMA(tr Sigma) / EMA(|G|^2)
+    ("g_h_g", pa.float64()),          # EMA of G^T H G (NaN unless measured)
+    ("trace_h_sigma", pa.float64()),  # EMA of tr(H Sigma)
+    ("b_noise", pa.float64()),        # EMA(tr H Sigma) / EMA(G^T H G)
+    ("drift", pa.float64()),          # |G|^2 now / one EMA window ago (NaN: not resolvable)
+    ("b_simple_se", pa.float64()),    # standard error of b_simple (delta method over the window)
+    ("g2_precond", pa.float64()),     # EMA of G^T P G (P: the optimizer's preconditioner)
+    ("trace_sigma_precond", pa.float64()),  # EMA of tr(P Sigma)
+    ("b_simple_precond", pa.float64()),     # EMA(tr P Sigma) / EMA(G^T P G); b_simple under SGD
+    ("probe_g2", pa.float64()),       # frozen-parameter probe: |G|^2 (NaN between probes)
+    ("probe_trace_sigma", pa.float64()),    # probe: tr(Sigma)
+    ("probe_g_h_g", pa.float64()),          # probe: G^T H G
+    ("probe_trace_h_sigma", pa.float64()),  # probe: tr(H Sigma)
+    ("b_simple_true", pa.float64()),  # exact B_simple at these parameters (closed-form tasks)
+    ("b_noise_true", pa.float64()),   # exact B_noise at these parameters (closed-form tasks)
+    ("wall_time", pa.float64()),      # seconds since the run started
+    ("metric", pa.float64()),         # the task's own target metric (cartpole: mean return);
+                                      # NaN for a task whose targets are losses
+    ("batch_size", pa.float64()),     # samples drawn this step (varies in an adaptive run)
+    ("grad_norm", pa.float64()),      # global gradient norm before clipping (unscaled)
+    ("skipped_steps", pa.float64()),  # fp16: steps the gradient scaler skipped so far
+    ("epoch", pa.float64()),          # passes over the task's dataset so far (1.5: half way
+                                      # through the second); NaN for a task that samples
+])
+"""A run's metrics.parquet (and its metrics.parts/): the training loop, a script run and the
+framework callbacks write these columns; the analysis, the trackers and the monitor's estimate
+read them (docs/storage.md says what each means)."""
+OPTIONAL_METRICS = ("metric", "batch_size", "grad_norm", "skipped_steps", "epoch")
+"""Columns a run logs only when its task has them (metric, epoch), or that a writer other than
+the training loop may leave out (batch_size, grad_norm, skipped_steps); NaN on every row
+otherwise."""
+
+PROBE_COLUMNS = ("probe_g2", "probe_trace_sigma", "probe_g_h_g", "probe_trace_h_sigma")
+"""The frozen-parameter probe's columns (NaN between probes)."""
+TRUTH_COLUMNS = ("b_simple_true", "b_noise_true")
+"""The exact noise scales of a closed-form task (NaN for any other)."""
+CORE_METRICS = ("step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise")
+"""The columns every run's metrics have held since the first version of the folder."""
+CURVE_COLUMNS = (*CORE_METRICS, "drift", *PROBE_COLUMNS, *TRUTH_COLUMNS, "metric",
+                 "b_simple_precond", "lr")
+"""The metrics columns the analysis reads from every run (NaN where a run lacks one)."""
+TRACKED_METRICS = ("loss", "loss_smooth", "eval_loss", "b_simple", "b_noise", "lr", "batch_size",
+                   "examples")
+"""The metrics columns a run sends to an experiment tracker each logged step."""
 
 # Column types of the analysis's tables (docs/analysis.md says what each column means). A
 # table written from elsewhere (`gnsweep analyze --table`) may hold a subset of the columns.

@@ -16,6 +16,12 @@ from typing import Any
 
 import numpy as np
 
+LOSS_EMA_SAMPLES = 128.0
+"""The default time constant of a run's smoothed loss, whose crossing of a target is read, in
+samples (the batch's first dimension): `sweep.loss_ema_examples` and `analyze --table`'s curves
+default to it; a task counting `p` examples a sample (tokens a sequence) gets `p` times as many
+examples, so that it means the same training whatever the unit."""
+
 KEY = "higher_is_better"
 """The name of the direction flag wherever it is written: a task's registry entry and task
 object, an analysis' meta, the comparison table's column (docs/compare.md)."""

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from gnsweep import store, tasks
-from gnsweep.config import conf_dir
+from gnsweep.compose import conf_dir
 
 
 def gnsweep(*args: str) -> subprocess.CompletedProcess:

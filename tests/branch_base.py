@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gnsweep import store
-from gnsweep.config import compose
+from gnsweep.compose import compose
 from gnsweep.sweep import prepare
 from gnsweep.training import train
 

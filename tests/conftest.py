@@ -29,3 +29,46 @@ def tiny_sweep(_tiny_sweep_once, tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny") / "tiny"
     shutil.copytree(_tiny_sweep_once, out)
     return out
+
+
+# ---- a test that starts a process is marked ----------------------------------------------
+# `make test-fast` deselects these markers and must start no process: a test that starts one
+# (a sweep's workers, torchrun, a command in a subprocess) carries one of them. The rule is
+# enforced, not remembered: a test using a fixture that launches a sweep is marked `slow` at
+# collection, and any other unmarked test that starts a process (in its fixtures or its body)
+# fails, saying which marker to add.
+PROCESS_MARKERS = frozenset({"slow", "distributed", "slurm", "browser", "process"})
+PROCESS_FIXTURES = frozenset({"_tiny_sweep_once", "tiny_sweep"})
+"""Fixtures of this file that launch a sweep."""
+
+
+def _marked(item) -> bool:
+    return bool(PROCESS_MARKERS & {m.name for m in item.iter_markers()})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not _marked(item) and PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if _marked(item):
+        yield
+        return
+    import multiprocessing.process
+    import subprocess
+
+    def refuse(*args, **kwargs):
+        pytest.fail(f"{item.nodeid} starts a process but carries none of the markers "
+                    f"{sorted(PROCESS_MARKERS)}: mark it @pytest.mark.process (slow where it runs "
+                    "a sweep) so that `make test-fast` stays free of processes", pytrace=False)
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(subprocess.Popen, "_execute_child", refuse)
+    patch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    try:
+        yield
+    finally:
+        patch.undo()

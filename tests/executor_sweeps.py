@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gnsweep import store
 from gnsweep.commands.analyze import analyze_sweep
-from gnsweep.config import compose
+from gnsweep.compose import compose
 from gnsweep.sweep import launch
 
 # Five batch sizes, not the tiny sweep's three: a hyperbola fitted to three points has one residual

@@ -106,7 +106,7 @@ def test_surge_form_recovers_its_peak_and_wins_over_saturation():
 @pytest.mark.parametrize("name,task", [("linreg_adam", "linreg"), ("chars_adam_small", "chars")])
 def test_adam_experiments_compose(name, task):
     """The bundles behind docs/noise.md's table train with Adam on the task they name."""
-    from gnsweep.config import compose
+    from gnsweep.compose import compose
 
     config = compose([f"+experiment={name}"])
     assert config.task.name == task and config.train.optimizer == "adam"

@@ -42,6 +42,7 @@ def _block(how: str, **env: str) -> tuple[bool, int, int]:
 
 
 @pytest.mark.skipif(allocator.why_untouched() == "not glibc", reason="glibc's malloc only")
+@pytest.mark.process
 def test_tuned_malloc_keeps_a_steps_temporaries_on_the_heap():
     # glibc's own settings: the block is mmapped, and its pages go back to the kernel on free
     # (to be faulted in again, zero-filled, at the next step).

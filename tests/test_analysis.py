@@ -393,6 +393,7 @@ def test_json_has_no_nan_and_ema_examples_needs_the_smoothed_loss(sweep, tmp_pat
     assert result.exit_code == 2 and "--ema-examples" in result.stderr
 
 
+@pytest.mark.process
 def test_analysis_never_imports_torch(tmp_path):
     """People analyze on laptops without torch: a whole table analysis must not import it."""
     import subprocess

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,7 @@ def test_the_launch_preflight_imports_no_training_module():
                 if m.startswith("gnsweep.training")}
 
 
+@pytest.mark.process
 def test_lr_schedule_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
             "import gnsweep.training.lr_schedule\n"
@@ -133,3 +135,77 @@ def test_direction_closed_forms():
     assert RISING.relative_target(-50.0, 0.8) == pytest.approx(-40.0)
     assert Direction.of(True) is RISING and Direction.of(RISING) is RISING
     assert Direction.from_meta(RISING.to_meta()) == RISING and Direction.from_meta({}) == FALLING
+
+
+def _floors() -> dict[str, int]:
+    """docs/architecture.md's floors table: entry (`store.py`, `measure/`) -> floor."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    table = text.split("## The floors", 1)[1]
+    out: dict[str, int] = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit():
+            for entry in re.findall(r"`([^`]+)`", cells[1]):
+                out[entry] = int(cells[0])
+    return out
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _floor_of(module: str, floors: dict[str, int]) -> int | None:
+    """The floor of a gnsweep module by its most specific entry in the table."""
+    rel = module.split(".")[1:]
+    if not rel:
+        return floors.get("__init__.py")
+    for entry in ("/".join(rel) + ".py", "/".join(rel) + "/__init__.py", f"{rel[0]}/",
+                  f"{rel[0]}.py"):
+        if entry in floors:
+            return floors[entry]
+    return None
+
+
+def _all_imports() -> dict[str, set[str]]:
+    """module -> the gnsweep modules it imports (a name imported from a package that is a
+    module of its own counts as that module)."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    out: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module \
+                    and node.module.startswith("gnsweep"):
+                subs = {f"{node.module}.{a.name}" for a in node.names} & set(modules)
+                deps |= subs
+                if node.module != "gnsweep" or not subs:
+                    deps.add(node.module)
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("gnsweep")}
+        out[name] = deps - {name}
+    return out
+
+
+def test_every_module_has_a_floor_and_no_import_climbs():
+    floors = _floors()
+    assert floors, "docs/architecture.md has no floors table"
+    imports = _all_imports()
+    homeless = sorted(m for m in imports if _floor_of(m, floors) is None)
+    assert not homeless, f"modules without a floor in docs/architecture.md: {homeless}"
+    climbs = []
+    for module, deps in imports.items():
+        own = _floor_of(module, floors)
+        assert own is not None
+        for dep in deps:
+            theirs = _floor_of(dep, floors)
+            if theirs is not None and theirs > own:
+                climbs.append(f"{module} (floor {own}) imports {dep} (floor {theirs})")
+    assert not climbs, "\n".join(sorted(climbs))
+
+
+def test_the_floor_rule_sees_a_climb():
+    # The rule must be able to fail: a store that imported the analysis would climb.
+    floors = _floors()
+    assert _floor_of("gnsweep.store", floors) < _floor_of("gnsweep.analysis.pipeline", floors)
+    assert _floor_of("gnsweep.analysis.fit", floors) < _floor_of("gnsweep.analysis", floors)

@@ -114,11 +114,13 @@ def test_analysis_bench_runs() -> None:
     assert _positive(result["ratio"]) and _positive(result["ratio_core"])
 
 
+@pytest.mark.process
 def test_executors_bench_runs() -> None:
     local = _run("executors", QUICKEST["executors"])["local"]
     assert local["runs"] == 1 and _positive(local["wall_s"]) and _positive(local["train_sum_s"])
 
 
+@pytest.mark.process
 def test_planner_bench_runs() -> None:
     result = _run("planner", QUICKEST["planner"])
     assert result["grid_runs"] == 6 and result["plan_runs"] >= 1

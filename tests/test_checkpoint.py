@@ -167,6 +167,7 @@ def _fill(folder: Path) -> Path:
     return ballast
 
 
+@pytest.mark.process
 def test_a_full_disk_during_a_save_is_said_once_and_the_run_goes_on(tmp_path, whole, capfd):
     with _small_disk(tmp_path / "disk") as disk:
         path = _folder(disk)

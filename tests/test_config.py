@@ -2,7 +2,8 @@
 
 import pytest
 
-from gnsweep.config import Config, ConfigError, compose
+from gnsweep.compose import compose
+from gnsweep.config import Config, ConfigError
 from gnsweep.sweep import expand_grid
 
 

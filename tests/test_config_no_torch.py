@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 from gnsweep import store
-from gnsweep.config import Config, ConfigError, compose
+from gnsweep.compose import compose
+from gnsweep.config import Config, ConfigError
 from gnsweep.sweep import prepare
 
 BLOCK_TORCH = textwrap.dedent("""
@@ -31,11 +32,13 @@ def _run(code: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.process
 def test_the_hook_really_blocks_torch():
     result = _run("import torch")
     assert result.returncode != 0 and "blocked in this test" in result.stderr
 
 
+@pytest.mark.process
 def test_config_load_works_where_torch_cannot_be_imported(tmp_path):
     config = compose(["task=linreg", "sweep=tiny", "task.dim=4", "noise.hessian_every=7"])
     prepare(tmp_path, config)
@@ -61,6 +64,7 @@ def test_config_load_names_a_missing_or_broken_file(tmp_path):
         Config.load(tmp_path)
 
 
+@pytest.mark.process
 def test_pure_modules_import_neither_torch_nor_matplotlib():
     result = _run("""
         import gnsweep.analysis.pipeline, gnsweep.commands.analyze, gnsweep.analysis.results

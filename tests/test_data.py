@@ -80,6 +80,7 @@ def test_a_source_loaded_from_a_state_mid_epoch_draws_what_it_would_have():
     assert _indices(resumed, [16] * 10) == expected
 
 
+@pytest.mark.process
 def test_loader_worker_processes_deliver_the_same_batches():
     plain = DatasetSource(Table(100, 4, seed=1), seed=0, world=1, rank=0, device=CPU)
     workers = DatasetSource(Table(100, 4, seed=1), seed=0, world=1, rank=0, device=CPU,

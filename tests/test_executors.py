@@ -12,8 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from gnsweep import store
-from gnsweep.config import ConfigError, compose
+from gnsweep.compose import compose
+from gnsweep.config import ConfigError
 from gnsweep.executors import claims, execute_run, runnable, take_run
+from gnsweep.store import RunStatus
 from gnsweep.sweep import parse_run_record, prepare, remaining
 from gnsweep.training import train
 
@@ -29,6 +31,7 @@ def _claim_all(sweep_dir: str, run_ids: list[str], out, release) -> None:
     release.wait(60)  # stay alive: the claims of a dead process are stale, free to take
 
 
+@pytest.mark.process
 def test_processes_racing_for_the_same_runs_each_win_a_disjoint_set(tmp_path):
     run_ids = [f"r{i:03d}" for i in range(60)]
     (tmp_path / "runs").mkdir()
@@ -45,6 +48,7 @@ def test_processes_racing_for_the_same_runs_each_win_a_disjoint_set(tmp_path):
     assert sorted(r for w in won for r in w) == run_ids  # each run won exactly once
 
 
+@pytest.mark.process
 def test_a_claim_is_stale_once_its_owner_process_is_gone(tmp_path):
     path = tmp_path / "runs" / "r"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -88,16 +92,17 @@ def test_a_claim_from_another_host_is_stale_only_without_heartbeat(tmp_path):
 
 
 def test_retries_are_counted_per_launch():
-    assert runnable({"state": "pending"}, 0)
-    assert not runnable({"state": "done"}, 5)
-    assert not runnable({"state": "diverged"}, 5)
+    assert runnable(RunStatus.from_json({"state": "pending"}), 0)
+    assert not runnable(RunStatus.from_json({"state": "done"}), 5)
+    assert not runnable(RunStatus.from_json({"state": "diverged"}), 5)
     # max_retries=1: two attempts in all.
-    assert runnable({"state": "failed", "attempts": 1}, 1)
-    assert not runnable({"state": "failed", "attempts": 2}, 1)
+    assert runnable(RunStatus.from_json({"state": "failed", "attempts": 1}), 1)
+    assert not runnable(RunStatus.from_json({"state": "failed", "attempts": 2}), 1)
     # A new launch (retry_base = attempts so far) gives a fresh budget.
-    assert runnable({"state": "failed", "attempts": 2, "retry_base": 2}, 1)
+    assert runnable(RunStatus.from_json({"state": "failed", "attempts": 2, "retry_base": 2}), 1)
 
 
+@pytest.mark.slow
 def test_a_run_whose_worker_died_is_recorded_and_runs_again(tmp_path):
     config = compose(SMALL)
     spec = prepare(tmp_path, config)[0]
@@ -118,6 +123,7 @@ def test_a_run_whose_worker_died_is_recorded_and_runs_again(tmp_path):
     assert take_run(tmp_path, spec.run_id, 5) == (None, "done")
 
 
+@pytest.mark.slow
 def test_a_live_claim_keeps_other_executors_off_the_run(tmp_path):
     config = compose(SMALL)
     spec = prepare(tmp_path, config)[0]
@@ -177,6 +183,7 @@ def test_a_noise_method_that_cannot_work_with_the_executor_is_refused(tmp_path, 
     assert not tmp_path.joinpath("runs").exists()
 
 
+@pytest.mark.process
 def test_status_lists_runs_by_state_and_marks_dead_owners(tmp_path):
     from typer.testing import CliRunner
 

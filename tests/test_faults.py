@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from gnsweep import store
 from gnsweep.cli import app
-from gnsweep.config import TaskConfig, compose
+from gnsweep.compose import compose
+from gnsweep.config import TaskConfig
 from gnsweep.executors import HISTORY, claims
 from gnsweep.sweep import launch
 

@@ -251,12 +251,13 @@ def test_a_b_star_known_to_a_factor_is_printed_as_one():
 
 def test_the_recipe_summary_counts_warmup_and_decay_in_the_tasks_unit():
     from gnsweep.config import TrainConfig
+    from gnsweep.report.html import recipe_words
 
     recipe = TrainConfig(optimizer="adamw", warmup_examples=4096, decay="cosine",
                          decay_examples=60000, microbatch_size=8)
-    assert recipe.summary("tokens") == ("adamw, warmup 4096 tokens, cosine decay to 0x over "
-                                        "60000 tokens, micro-batches of 8 samples")
-    assert "warmup 4096 examples" in recipe.summary()
+    assert recipe_words(recipe, "tokens") == ("adamw, warmup 4096 tokens, cosine decay to 0x "
+                                              "over 60000 tokens, micro-batches of 8 samples")
+    assert "warmup 4096 examples" in recipe_words(recipe)
 
 
 def test_batch_sizes_that_ran_out_of_steps_hold_the_curve_up_where_points_do_not():

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from gnsweep import store
 from gnsweep.cli import app
-from gnsweep.config import ConfigError, ExecutorConfig, compose
+from gnsweep.compose import compose
+from gnsweep.config import ConfigError, ExecutorConfig
 from gnsweep.executors import HISTORY
 from gnsweep.executors.gpus import VISIBLE, assign, count_gpus, launcher_gpus, plan
 from gnsweep.sweep import launch
@@ -95,6 +96,7 @@ def _nvidia_smi_gpus() -> int:
     return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
 
 
+@pytest.mark.slow
 def test_the_launcher_counts_the_gpus_nvidia_smi_lists():
     assert count_gpus() == _nvidia_smi_gpus()  # 0 here: no NVIDIA library, a CPU-only torch
 
@@ -168,6 +170,7 @@ def _where(sweep_dir: Path) -> dict[int, set[str]]:
     return seen
 
 
+@pytest.mark.slow
 def test_a_local_pool_gives_each_worker_its_own_gpu(tmp_path):
     launch(compose([*QUICK, "executor.workers=2", "executor.gpus=[5,7]"]), tmp_path,
            show_progress=False)
@@ -178,6 +181,7 @@ def test_a_local_pool_gives_each_worker_its_own_gpu(tmp_path):
     assert sorted(g for gpus in seen.values() for g in gpus) == ["5", "7"]
 
 
+@pytest.mark.slow
 def test_a_worker_that_replaces_a_dead_one_takes_its_gpu(tmp_path, monkeypatch):
     from dying_task import MARKER
 

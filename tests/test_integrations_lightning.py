@@ -222,8 +222,8 @@ def test_lightning_inside_a_script_sweep_logs_the_runs_rows_and_stops(tmp_path, 
     training on the sweep's stop flag; two micro-batches a step give one row a step."""
     import json
 
+    from gnsweep import run_handle as handle
     from gnsweep import store
-    from gnsweep.integrations import run as handle
 
     run_dir = tmp_path / "runs" / "b00064_lr0.05_s0"
     run_dir.mkdir(parents=True)

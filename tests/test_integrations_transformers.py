@@ -259,8 +259,8 @@ def test_transformers_inside_a_script_sweep_logs_the_runs_rows_and_stops(tmp_pat
     each log entry as the run's row (B_simple included) and ends training on the stop flag."""
     import json
 
+    from gnsweep import run_handle as handle
     from gnsweep import store
-    from gnsweep.integrations import run as handle
 
     run_dir = tmp_path / "runs" / "b00032_lr0.05_s0"
     run_dir.mkdir(parents=True)

@@ -9,7 +9,8 @@ import torch
 from typer.testing import CliRunner
 
 from gnsweep.cli import app
-from gnsweep.config import ConfigError, compose
+from gnsweep.compose import compose
+from gnsweep.config import ConfigError
 from gnsweep.tasks import linreg, make_task
 
 

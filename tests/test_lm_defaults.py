@@ -28,6 +28,7 @@ def _status(run_dir) -> dict:
     return json.loads((run_dir / "status.json").read_text())
 
 
+@pytest.mark.slow
 def test_auto_measures_the_lm_with_broadcast_positions(tmp_path):
     # B=4 sequences: the positions' output (16, 32) lacks the batch (NaN on every step before);
     # B=16 = T: shapes alone took positions for examples (wrong numbers before).
@@ -98,6 +99,7 @@ def test_positions_equal_to_the_batch_are_not_taken_for_examples():
     assert "wpe" in monitor.choice["reason"] and monitor.method == "microbatch"
 
 
+@pytest.mark.slow
 def test_a_run_without_b_simple_is_said_by_launch_and_status(tmp_path):
     # One sample a step: no spread to measure, B_simple NaN on every step.
     sweep = tmp_path / "one"
@@ -163,7 +165,7 @@ def test_a_target_is_never_reached_in_the_first_step():
 
 
 def test_the_default_loss_ema_means_samples_in_any_unit():
-    from gnsweep.config import compose, in_task_units
+    from gnsweep.compose import compose, in_task_units
 
     grid = ["task=custom", "task._target_=lm_task.make", "sweep.batch_sizes=[4]",
             "sweep.learning_rates=[0.1]", "sweep.targets=[1]"]
@@ -185,6 +187,7 @@ def test_a_custom_sweep_is_named_after_its_task(tmp_path, monkeypatch):
     assert f"-> {Path('runs') / 'lm_task.make'}" in result.output
 
 
+@pytest.mark.slow
 def test_launch_says_where_max_steps_binds_and_dry_run_lists_states(tmp_path):
     sweep = tmp_path / "tok"
     # 3 tokens a sample: 5 steps x 2 x 3 = 30 < 100 tokens, 5 x 8 x 3 = 120 >= 100.

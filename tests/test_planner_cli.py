@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from gnsweep import store
 from gnsweep.cli import app
 from gnsweep.commands.plan import PLAN_FILE
-from gnsweep.config import compose
+from gnsweep.compose import compose
 
 runner = CliRunner()
 TINY = ["sweep=tiny", "--workers", "2"]
@@ -45,6 +45,7 @@ def tiny_plan(tmp_path_factory):
     return out, result.output
 
 
+@pytest.mark.slow
 def test_plan_prints_what_it_decided_and_why(tiny_plan):
     _, output = tiny_plan
     assert "pilot b=32 lr=0.3" in output  # the tiny grid's middle batch size and lower-middle rate
@@ -53,6 +54,7 @@ def test_plan_prints_what_it_decided_and_why(tiny_plan):
     assert "pruned" in output
 
 
+@pytest.mark.process
 def test_every_run_of_the_plan_is_a_grid_run_under_runs_and_analyzes(tiny_plan, tmp_path):
     out, _ = tiny_plan
     record = store.read_json(out / PLAN_FILE)
@@ -69,6 +71,7 @@ def test_every_run_of_the_plan_is_a_grid_run_under_runs_and_analyzes(tiny_plan, 
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.process
 def test_a_rerun_resumes_and_re_derives_the_same_decisions(tiny_plan, tmp_path):
     out, _ = tiny_plan
     record = store.read_json(out / PLAN_FILE)
@@ -94,12 +97,14 @@ def test_a_rerun_resumes_and_re_derives_the_same_decisions(tiny_plan, tmp_path):
     assert store.read_json(cut / PLAN_FILE)["rounds"] == record["rounds"]
 
 
+@pytest.mark.slow
 def test_a_pilot_that_reaches_no_target_is_one_line_and_exit_2(tmp_path):
     result = plan(*TINY, "sweep.max_steps=1", "--sweep-dir", str(tmp_path / "p"), "-q")
     assert result.exit_code == 2
     assert "reached no target" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.process
 def test_a_folder_with_other_settings_is_refused(tiny_plan):
     out, _ = tiny_plan
     result = plan(*TINY, "train.momentum=0.5", "--sweep-dir", str(out), "-q")
@@ -107,6 +112,7 @@ def test_a_folder_with_other_settings_is_refused(tiny_plan):
     assert "other settings" in result.output
 
 
+@pytest.mark.slow
 def test_a_plan_on_a_task_in_tokens_reads_its_runs_by_their_grid_point(tmp_path):
     """The runs table counts a language model's batch in tokens, the grid in sequences a step:
     read by the former, the pilot never matched the grid and the plan proposed it again,
@@ -123,6 +129,7 @@ def test_a_plan_on_a_task_in_tokens_reads_its_runs_by_their_grid_point(tmp_path)
     assert rounds[0]["phase"] == "pilot" and rounds[0]["runs"][0]["batch_size"] == 4
 
 
+@pytest.mark.process
 def test_a_plan_that_would_propose_finished_runs_again_stops_with_a_reason(tmp_path,
                                                                           monkeypatch):
     from gnsweep.commands import plan as plan_command

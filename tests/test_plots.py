@@ -230,6 +230,7 @@ def test_plotting_reads_no_files(monkeypatch):
     plt.close("all")
 
 
+@pytest.mark.process
 def test_plots_and_report_never_import_torch():
     code = ("import sys, gnsweep.report.figures, gnsweep.report.html, gnsweep.commands.plot; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")

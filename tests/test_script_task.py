@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from gnsweep import store
 from gnsweep.cli import app
-from gnsweep.config import ConfigError, compose
+from gnsweep.compose import compose
+from gnsweep.config import ConfigError
 from gnsweep.tasks.script import ScriptOptions, command_args, sweep_name
 
 SCRIPT = Path(__file__).with_name("script_sgd.py")

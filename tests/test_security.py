@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from gnsweep import redact, store
 from gnsweep.cli import app
-from gnsweep.config import compose
+from gnsweep.compose import compose
 from gnsweep.executors import log_event, process_logger
 from gnsweep.runs import read_run
 from gnsweep.sweep import prepare
@@ -39,6 +39,7 @@ def _error_line(result) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_run_file_naming_other_code_is_refused_and_nothing_runs(tmp_path, monkeypatch):
     sweep = tmp_path / "sweep"
     prepare(sweep, compose(ONE_RUN))
@@ -83,6 +84,7 @@ def test_a_run_field_of_the_wrong_type_is_refused_and_nothing_lands_outside(tmp_
     assert not (path.parent / store.STATUS).exists()
 
 
+@pytest.mark.slow
 def test_linked_run_folders_and_files_are_refused(tmp_path):
     sweep, outside = tmp_path / "sweep", tmp_path / "outside"
     prepare(sweep, compose(ONE_RUN))

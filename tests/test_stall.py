@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from gnsweep import store
-from gnsweep.config import TaskConfig, compose
+from gnsweep.compose import compose
+from gnsweep.config import TaskConfig
 from gnsweep.executors import HISTORY, claims
 from gnsweep.sweep import launch
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from gnsweep.analysis.load import load_sweep
@@ -42,6 +43,7 @@ def test_every_run_stopped_at_the_target_is_read_as_reaching_it(tiny_sweep):
     assert stopped <= reached, f"stopped at the target but not reached: {stopped - reached}"
 
 
+@pytest.mark.slow
 def test_a_run_near_the_loss_floor_trains_on_until_the_analysis_reads_the_target(tmp_path):
     """Digits at B = 32, lr 0.8: its causal EMA dips to the default hardest target 0.03 at step
     ~130 while the centred curve is still above it (it stopped at 156 and read as unreached

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from gnsweep import redact, store
 from gnsweep.cli import app
-from gnsweep.config import compose
+from gnsweep.compose import compose
 from gnsweep.errors import StoreError
 from gnsweep.executors import claims, run_taken, take_run
 from gnsweep.sweep import prepare, prepare_folder
@@ -46,6 +46,7 @@ def _record(sweep_dir: Path, run_id: str | None = None) -> tuple[Path, dict]:
     return path, json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_branch_never_builds_the_task_a_tampered_base_run_file_names(tmp_path):
     base = tmp_path / "base"
     assert _launch(base, "train.keep_checkpoints_at=[64]").exit_code == 0
@@ -79,6 +80,7 @@ def _forge(pt: Path, source: Path) -> None:
     sidecar.write_text(json.dumps(meta))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_copied_from_another_run_is_refused_and_the_run_starts_over(tmp_path,
                                                                                 capfd):
     from gnsweep.training.checkpoint import kept, verify
@@ -104,6 +106,7 @@ def test_a_checkpoint_copied_from_another_run_is_refused_and_the_run_starts_over
     assert rows["examples"] == [8 * s for s in rows["step"]]  # never b16's examples
 
 
+@pytest.mark.slow
 def test_a_metrics_table_cut_short_is_named_and_run_again(tmp_path):
     sweep = tmp_path / "sweep"
     assert _launch(sweep, "sweep.batch_sizes=[8,16]", "sweep.targets=[0.0001]").exit_code == 0
@@ -180,7 +183,8 @@ def test_a_link_where_gnsweep_writes_is_refused_before_a_run_is_claimed(tmp_path
     assert str(link) in line and "symbolic link" in line
     assert not (run / claims.CLAIM).exists()
     assert list(victim.iterdir()) == []
-    assert store.read_status(run) == {"state": "pending", "attempts": 0}
+    status = store.read_status(run)
+    assert status.state is store.RunState.PENDING and status.attempts == 0
 
 
 def test_a_run_refused_as_it_starts_releases_its_claim(tmp_path):

@@ -93,6 +93,7 @@ def _launch(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_launch_exits_1_naming_the_run_whose_user_code_raised(tmp_path):
     result = _launch(["task=custom", "task._target_=protocol_tasks.raises_later",
                       "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]",
@@ -110,6 +111,7 @@ def test_launch_exits_1_naming_the_run_whose_user_code_raised(tmp_path):
     assert "boom: the user's loss fails on purpose" in status["error"]
 
 
+@pytest.mark.slow
 def test_launch_exits_0_and_finds_a_module_in_the_working_directory(tmp_path):
     (tmp_path / "cwd_task_mod.py").write_text((TESTS / "protocol_tasks.py").read_text())
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -232,7 +234,7 @@ def test_linreg_eval_loss_is_the_exact_population_loss():
 
 @pytest.mark.parametrize("name", ["mnist1d", "chars", "vae", "cartpole"])
 def test_new_tasks_compose_and_pass_the_launch_check(name):
-    from gnsweep.config import compose
+    from gnsweep.compose import compose
     from gnsweep.tasks.check import check_task
 
     pytest.importorskip({"mnist1d": "mnist1d", "cartpole": "gymnasium"}.get(name, "torch"))
@@ -258,6 +260,7 @@ def test_microbatch_method_on_an_unsplittable_batch_falls_back_said_once(tmp_pat
     assert (metrics["b_small"] == 1).all()  # per-example norms
 
 
+@pytest.mark.slow
 def test_the_analysis_sees_batch_sizes_in_the_tasks_unit(tmp_path):
     """A task counting 3 tokens a sample: the steps table's batch_size is 3 x the grid's, and
     examples = steps x batch_size; a run without metrics takes the sweep's ratio. The unit the
@@ -398,6 +401,7 @@ def test_tasks_lists_the_new_tasks_and_the_custom_form():
     assert "task._target_=" in result.output
 
 
+@pytest.mark.slow
 def test_dataloader_workers_under_the_local_pool_and_a_notice_said_once(tmp_path):
     """Four runs over a Dataset on two pool workers, each run's DataLoader with two worker
     processes of its own (a daemonic pool worker could not start them); each run's monitor

@@ -45,7 +45,7 @@ def test_a_tiny_sweep_through_torchrun_matches_the_local_one(tmp_path):
 
 
 def test_torchrun_leaves_no_scratch_files_outside_the_sweep_folder(tmp_path, monkeypatch):
-    from gnsweep.config import compose
+    from gnsweep.compose import compose
     from gnsweep.sweep import launch
 
     scratch, sweep = tmp_path / "tmp", tmp_path / "sweep"

@@ -64,6 +64,7 @@ def no_mlflow_env(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
+@pytest.mark.slow
 def test_mlflow_local_store_in_the_sweep(tmp_path, no_mlflow_env):
     mlflow = pytest.importorskip("mlflow")
     sweep = tmp_path / "mysweep"
@@ -83,6 +84,7 @@ def test_mlflow_local_store_in_the_sweep(tmp_path, no_mlflow_env):
     assert sorted((m.step, m.value) for m in history) == [(0, 10.0), (1, 11.0), (2, 12.0)]
 
 
+@pytest.mark.process
 def test_mlflow_follows_the_tracking_uri(tmp_path, monkeypatch):
     mlflow = pytest.importorskip("mlflow")
     uri = f"sqlite:///{tmp_path / 'elsewhere.db'}"
@@ -95,6 +97,7 @@ def test_mlflow_follows_the_tracking_uri(tmp_path, monkeypatch):
     assert runs["metrics.loss"].iloc[0] == pytest.approx(0.2)
 
 
+@pytest.mark.process
 def test_a_backend_that_cannot_start_warns_once(tmp_path, caplog, no_mlflow_env):
     """An unwritable store: one warning naming the logger and the fix, no exception, and
     every later call a no-op."""
@@ -170,6 +173,7 @@ def test_mlflow_workers_share_a_fresh_local_store(tmp_path, no_mlflow_env):
     assert sorted(runs["tags.mlflow.runName"]) == [f"w{i}{s}" for i in range(3) for s in "ab"]
 
 
+@pytest.mark.process
 def test_importing_gnsweep_needs_no_framework_or_tracker():
     import subprocess
     import sys
@@ -197,3 +201,12 @@ def test_wandb_offline_when_not_configured(tmp_path, monkeypatch):
     offline = list((tmp_path / "sweep" / "wandb").glob("offline-run-*"))
     assert len(offline) == 1
     assert list(offline[0].glob("*.wandb"))  # the run's history, for `wandb sync`
+
+
+def test_the_config_knows_each_trackers_options_without_building_one():
+    from gnsweep.config import LOGGER_OPTIONS
+    from gnsweep.tracking import KINDS, options_of
+
+    assert set(LOGGER_OPTIONS) == set(KINDS)
+    for kind in KINDS:
+        assert set(LOGGER_OPTIONS[kind]) == set(options_of(kind)), kind

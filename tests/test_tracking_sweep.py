@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from gnsweep import store
 from gnsweep.cli import app
-from gnsweep.config import ConfigError, LoggerConfig, compose
+from gnsweep.compose import compose
+from gnsweep.config import ConfigError, LoggerConfig
 
 # Four quick runs of the tiny sweep (digits), two worker processes.
 SMALL = ["sweep=tiny", "sweep.batch_sizes=[8,32]", "sweep.learning_rates=[0.3,1.0]",
@@ -48,6 +49,7 @@ def test_logger_settings_are_checked_once():
     assert "logger.mode=loud" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_tensorboard_lists_every_run(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
@@ -72,6 +74,7 @@ def test_tensorboard_lists_every_run(tmp_path):
             batch * s for s in _steps(sweep, run_id)]
 
 
+@pytest.mark.slow
 def test_a_relaunch_may_switch_logging_on(tmp_path):
     """Where runs are logged changes nothing they train: a relaunch with another logger= is
     accepted, and the runs it still has to do are logged."""
@@ -84,6 +87,7 @@ def test_a_relaunch_may_switch_logging_on(tmp_path):
 
 
 @pytest.mark.parametrize("env_uri", [False, True], ids=["local-store", "MLFLOW_TRACKING_URI"])
+@pytest.mark.slow
 def test_mlflow_finds_every_run(tmp_path, monkeypatch, env_uri):
     mlflow = pytest.importorskip("mlflow")
     sweep = tmp_path / "mlsweep"
@@ -109,6 +113,7 @@ def test_mlflow_finds_every_run(tmp_path, monkeypatch, env_uri):
         assert sorted(m.step for m in history) == _steps(sweep, run_id)
 
 
+@pytest.mark.slow
 def test_logging_that_cannot_start_never_fails_a_run(tmp_path):
     """An MLflow store under a regular file (unwritable even for root): each worker says so
     once, and every run still trains and finishes. A real `gnsweep` process: the warning must

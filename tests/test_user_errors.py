@@ -96,6 +96,7 @@ def test_a_full_disk_is_one_line(tmp_path, tiny_sweep):
         assert not list(out.rglob("*.tmp"))  # nothing half-written left behind
 
 
+@pytest.mark.process
 def test_a_read_only_file_system_is_one_line(tmp_path):
     with _tmpfs(tmp_path / "ro", "ro,size=64k") as ro:
         line = _fails_cleanly(["analyze", "--table", STEPS, "--out", ro / "out"], ro / "out",
@@ -111,6 +112,7 @@ def test_errors_show_numbers_as_numbers(tmp_path):
     assert "np.float64" not in line
 
 
+@pytest.mark.process
 def test_bench_help_prints_help_and_runs_nothing():
     out = subprocess.run([sys.executable, "-m", "gnsweep.bench", "--help"], capture_output=True,
                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
@@ -175,7 +177,7 @@ def test_torchrun_and_slurm_summaries_tell_runs_of_another_launch(tmp_path, monk
     """Their launcher follows runs through status files: the launch id each attempt records
     says who ran it."""
     from gnsweep import store
-    from gnsweep.config import compose
+    from gnsweep.compose import compose
     from gnsweep.executors import LAUNCH_ENV, log_event
     from gnsweep.executors.base import Watcher
     from gnsweep.sweep import prepare

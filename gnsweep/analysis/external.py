@@ -22,7 +22,6 @@ from gnsweep.tables import BEST_VALUE
 
 STEPS_REQUIRED = ("batch_size", "target", "steps")
 CURVES_REQUIRED = ("run_id", "batch_size", "learning_rate", "step", "loss")
-DEFAULT_EMA_EXAMPLES = 128.0
 
 
 def read_table_file(path: Path) -> pd.DataFrame:

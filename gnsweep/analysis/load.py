@@ -10,10 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gnsweep import store
-from gnsweep.analysis.steps import CURVE_COLUMNS, Curves
+from gnsweep.analysis.steps import Curves
 from gnsweep.runs import verify_folder
+from gnsweep.tables import CORE_METRICS, CURVE_COLUMNS
 
-METRIC_COLUMNS = ["step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise"]
+METRIC_COLUMNS = list(CORE_METRICS)
 OPTIONAL_COLUMNS = [c for c in CURVE_COLUMNS if c not in METRIC_COLUMNS]
 """Columns newer than some sweeps on disk (drift, probes, exact truth): NaN where absent."""
 ANALYSIS_COLUMNS = frozenset(METRIC_COLUMNS + OPTIONAL_COLUMNS)
@@ -27,7 +28,7 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
     for run_id, spec in specs.items():
         path = store.run_dir(sweep_dir, run_id)
         status = store.read_status(path)
-        state = status["state"]
+        state = status.state.value
         row = {"run_id": run_id, "batch_size": spec.batch_size,
                "learning_rate": spec.learning_rate, "seed": spec.seed, "state": state,
                "exchange_rate": spec.exchange_rate, "at_examples": spec.at_examples,
@@ -67,7 +68,7 @@ def _read_runs(sweep_dir: Path, skip_corrupt: bool) -> tuple[pd.DataFrame, list[
     return frame, tables
 
 
-def _disagrees(path: Path, table: pa.Table, status: dict) -> str | None:
+def _disagrees(path: Path, table: pa.Table, status: store.RunStatus) -> str | None:
     """How a finished run's rows disagree with its status.json (`store.rows_disagree`)."""
     def last() -> dict:
         return {name: table.column(name)[-1].as_py() for name in ("step", "examples")}
@@ -217,7 +218,7 @@ def load_run_curves(run_dir: Path) -> Curves:
                           "batch_size": int(spec.get("batch_size", 0)),
                           "learning_rate": float(spec.get("learning_rate", 0.0)),
                           "seed": int(spec.get("seed", 0)),
-                          "state": str(store.read_status(run_dir)["state"]),
+                          "state": store.read_status(run_dir).state.value,
                           "samples": int(spec.get("batch_size", 0))}])
     runs["batch_size"] = batch_in_examples(runs["batch_size"].to_numpy(), [table])
     columns = {name: table.column(name).to_numpy().astype(float, copy=False)

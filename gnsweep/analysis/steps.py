@@ -29,16 +29,12 @@ from gnsweep.analysis.smoothing import (
     interpolate_log_steps,
     pooled_probes,
 )
-from gnsweep.tables import BEST_VALUE, columns
+from gnsweep.tables import BEST_VALUE, CURVE_COLUMNS, columns
 from gnsweep.targets import FALLING, Direction
 
 LOSS_COLUMNS = {"smoothed": "loss_smooth", "raw": "loss", "eval": "eval_loss",
                 "metric": "metric"}
 """Which logged column decides a target; "metric" is a task's own (cartpole's return)."""
-CURVE_COLUMNS = ("step", "examples", "loss", "loss_smooth", "eval_loss", "b_simple", "b_noise",
-                 "drift", "probe_g2", "probe_trace_sigma", "probe_g_h_g", "probe_trace_h_sigma",
-                 "b_simple_true", "b_noise_true", "metric", "b_simple_precond",
-                 "lr")
 RUN_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "state"]
 
 STEPS_COLUMNS = columns("steps")

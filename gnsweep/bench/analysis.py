@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from gnsweep import store
+from gnsweep import store, tables
 from gnsweep.analysis.load import METRIC_COLUMNS
 from gnsweep.analysis.steps import CURVE_COLUMNS
 from gnsweep.commands.analyze import analyze_sweep
@@ -57,7 +57,7 @@ def write_sweep(root: Path, n_runs: int, n_steps: int, seed: int = 0) -> None:
         loss = 2.0 * np.exp2(-step / half) * np.exp(rng.normal(0, 0.05, n_steps))
         smooth = np.convolve(loss, np.ones(8) / 8, mode="full")[:n_steps]
         nan = np.full(n_steps, np.nan)
-        rows = {f.name: nan for f in store.METRICS_SCHEMA}
+        rows = {f.name: nan for f in tables.METRICS_SCHEMA}
         rows.update(step=step, examples=step * b, loss=loss, loss_smooth=smooth,
                     lr=np.full(n_steps, lr), b_simple=50 + rng.normal(0, 5, n_steps),
                     wall_time=step * 1e-3)

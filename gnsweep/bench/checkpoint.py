@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from gnsweep.config import Config, compose
+from gnsweep.compose import compose
+from gnsweep.config import Config
 from gnsweep.runs import expand_grid
 from gnsweep.training import build_run, run, train
 from gnsweep.training.checkpoint import Checkpointer

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from gnsweep import store
-from gnsweep.config import compose
+from gnsweep.compose import compose
 from gnsweep.sweep import launch, prepare
 
 GOAL = 1.15
@@ -45,7 +45,7 @@ def _attempts(sweep_dir: Path) -> list[dict]:
         events = [json.loads(line) for line in (path / HISTORY).read_text().splitlines()]
         out.append({"pid": events[0]["pid"], "start": events[0]["time"],
                     "end": events[-1]["time"],
-                    "train": float(store.read_status(path).get("train_seconds", 0.0))})
+                    "train": store.read_status(path).train_seconds or 0.0})
     return sorted(out, key=lambda a: a["start"])
 
 

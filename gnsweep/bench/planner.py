@@ -28,7 +28,7 @@ def main(argv: list[str]) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from gnsweep.commands.analyze import analyze_sweep
     from gnsweep.commands.plan import examples_processed, plan
-    from gnsweep.config import compose
+    from gnsweep.compose import compose
     from gnsweep.sweep import launch
 
     parser = argparse.ArgumentParser(prog="gnsweep bench planner")

@@ -8,6 +8,7 @@ from typing import Any
 
 from gnsweep.commands import Echo
 from gnsweep.commands.preflight import compose_config, preflight
+from gnsweep.config import Config
 
 
 def grid_line(config: Any, specs: list[Any], sweep_dir: Path) -> str:
@@ -35,7 +36,7 @@ def run_states(sweep_dir: Path, specs: list[Any]) -> dict[str, str]:
     out = {}
     for spec in specs:
         path = sweep_dir / store.RUNS / spec.run_id
-        out[spec.run_id] = str(read_state(path)["state"]) if path.is_dir() else "pending"
+        out[spec.run_id] = read_state(path).state.value if path.is_dir() else "pending"
     return out
 
 
@@ -43,7 +44,6 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
         dry_run: bool, quiet: bool, detach: bool, echo: Echo) -> int:
     """Run (or resume) the sweep; returns the exit code: 0 every run ended done or diverged,
     1 a run failed (named on stderr)."""
-    from gnsweep.config import budget_lines
     from gnsweep.sweep import expand_grid, resolve_adaptive_lr, unmeasured_runs
     from gnsweep.sweep import launch as run_sweep
 
@@ -95,3 +95,20 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
     if summary.done or summary.diverged or not summary.failed:  # not when every run failed
         echo(f"next: gnsweep analyze {sweep_dir}")
     return 1 if summary.failed else 0
+
+
+def budget_lines(config: Config, per_sample: float) -> list[str]:
+    """A line where `sweep.max_steps` ends some batch sizes' runs before `sweep.max_examples`
+    would (their budget in examples is then smaller than the larger batches'), naming them;
+    none without `max_examples`. `per_sample`: examples a sample (tokens a sequence)."""
+    sweep = config.sweep
+    if not sweep.max_examples:
+        return []
+    short = [b for b in sweep.batch_sizes if sweep.max_steps * b * per_sample < sweep.max_examples]
+    if not short:
+        return []
+    listed = ",".join(str(b) for b in short)
+    return [f"note: sweep.max_steps={sweep.max_steps} ends runs at batch sizes {listed} before "
+            f"sweep.max_examples={sweep.max_examples:,} (at batch size {short[-1]}, "
+            f"{sweep.max_steps:,} steps train {round(sweep.max_steps * short[-1] * per_sample):,}"
+            " examples); raise sweep.max_steps to give them the same budget in examples"]

@@ -129,7 +129,7 @@ def read_outcomes(sweep_dir: Path, config: Config) -> list[RunOutcome]:
         run_config, spec = read_run(sweep_dir, str(run.run_id))
         b_simple = {float(r.target): float(r.b_simple_mean) for r in rows.itertuples()
                     if math.isfinite(r.b_simple_mean)}
-        ran = store.read_status(store.run_dir(sweep_dir, str(run.run_id))).get("steps")
+        ran = store.read_status(store.run_dir(sweep_dir, str(run.run_id))).steps
         out.append(RunOutcome(int(spec.batch_size), float(spec.learning_rate), str(run.state),
                               run_config.sweep.max_steps,
                               {float(r.target): float(r.steps) for r in rows.itertuples()},
@@ -143,7 +143,7 @@ def examples_processed(sweep_dir: Path, run_ids: list[str] | None = None) -> int
     for run_id in run_ids if run_ids is not None else store.run_ids(sweep_dir):
         run_path = store.run_dir(sweep_dir, run_id)
         batch = int(store.read_json(run_path / store.RUN_CONFIG)["run"]["batch_size"])
-        total += int(store.read_status(run_path).get("steps") or 0) * batch
+        total += (store.read_status(run_path).steps or 0) * batch
     return total
 
 

@@ -12,7 +12,7 @@ from gnsweep.config import Config
 
 def compose_config(overrides: list[str] | None, workers: int | None) -> Config:
     """The config of Hydra `overrides`, `--workers N` as `executor.workers=N`."""
-    from gnsweep.config import compose
+    from gnsweep.compose import compose
 
     overrides = list(overrides or [])
     if workers is not None:
@@ -25,7 +25,7 @@ def preflight(config: Config, overrides: list[str] | None = None) -> tuple[Confi
     noise.method=per_example, that per-example norms can measure it); returns the config with
     the task's unit recorded and the default loss EMA in its unit (`config.in_task_units`:
     `overrides` say whether the user gave one), and the task's examples a sample."""
-    from gnsweep.config import in_task_units
+    from gnsweep.compose import in_task_units
     from gnsweep.tasks import SCRIPT
     from gnsweep.tasks.check import check_task
 
@@ -43,7 +43,8 @@ def _script(config: Config, overrides: list[str] | None) -> tuple[Config, float]
     `task.cwd` unless given); its examples a sample are `task.examples_per_sample`."""
     import os
 
-    from gnsweep.config import TaskConfig, in_task_units
+    from gnsweep.compose import in_task_units
+    from gnsweep.config import TaskConfig
     from gnsweep.tasks.script import ScriptOptions, check_command
 
     options = ScriptOptions(**config.task.options)

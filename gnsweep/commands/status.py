@@ -35,8 +35,8 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
     for run_id in store.run_ids(sweep_dir):
         path = store.run_dir(sweep_dir, run_id)
         status = read_state(path)
-        state, job = status["state"], status.get("slurm_job_id") or submitted.get(run_id)
-        if status.get("lost"):
+        state, job = status.state.value, status.slurm_job_id or submitted.get(run_id)
+        if status.lost:
             state = "rerun"  # recorded finished, but its metrics are gone: a launch reruns it
         claim = claims.read_claim(path)
         owner = ""
@@ -47,15 +47,15 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
                 owner, job = f"{claim['host']}:{claim['pid']}", claim.get("slurm_job_id") or job
         elif state == "pending" and job and (queued.get(job) or queued.get(job.split("_")[0])):
             state = "queued"
-        info = status.get("lost") or status.get("error") or status.get("reason") or ""
+        info = status.lost or status.error or status.reason or ""
         # Where an unfinished run stands (a finished run's whole file is not read for it).
         last = store.last_metrics_row(path) if state in UNFINISHED_SHOWN else None
-        rows.append({"run_id": run_id, "state": state, "attempts": int(status.get("attempts", 0)),
+        rows.append({"run_id": run_id, "state": state, "attempts": status.attempts,
                      "slurm_job_id": job or "", "owner": owner, "info": str(info),
                      "requeues": requeues(path),
-                     "gpus": status.get("gpus"), "device": status.get("device"),
-                     "noise": status.get("noise_measured"),
-                     "b_simple_nan_share": status.get("b_simple_nan_share"),
+                     "gpus": status.gpus, "device": status.device,
+                     "noise": status.noise_measured,
+                     "b_simple_nan_share": status.b_simple_nan_share,
                      **{k: (last or {}).get(k) for k in ("step", "examples", "loss_smooth")}})
     return rows
 
@@ -83,7 +83,7 @@ def measurement_note(rows: list[dict[str, Any]]) -> str | None:
 def sweep_measurement_note(sweep_dir: Path) -> str | None:
     """`measurement_note` from the runs' status.json files alone (what `analyze` and `report`
     say beside their figures)."""
-    rows = [{"noise": store.read_status(store.run_dir(sweep_dir, run_id)).get("noise_measured")}
+    rows = [{"noise": store.read_status(store.run_dir(sweep_dir, run_id)).noise_measured}
             for run_id in store.run_ids(sweep_dir)]
     return measurement_note(rows)
 

@@ -137,7 +137,7 @@ def take_run(sweep_dir: Path, run_id: str, max_retries: int) -> tuple[claims.Cla
     if claim is None:
         return None, "held"
     status = read_state(path)  # a finished run whose metrics are gone runs again
-    if status["state"] == RunState.RUNNING:
+    if status.state is RunState.RUNNING:
         who = f"{other['host']}:{other['pid']}" if other else "unknown"
         job = other.get("slurm_job_id") if other else None
         error = f"worker {who}{f' (Slurm job {job})' if job else ''} died while running it"
@@ -145,13 +145,13 @@ def take_run(sweep_dir: Path, run_id: str, max_retries: int) -> tuple[claims.Cla
         log_event(path, "died", owner=who)
     if not needs_running(status, max_retries):
         claim.release()
-        return None, str(status["state"])
+        return None, status.state.value
     return claim, "claimed"
 
 
 def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
               should_stop: Callable[[], bool] | None = None,
-              logger: RunLogger | None = None) -> dict[str, Any]:
+              logger: RunLogger | None = None) -> store.RunStatus:
     """Train a run this process (rank 0: `claim`) has taken; record how it ended on rank 0.
 
     A run that raises is recorded as failed with its error (the executor decides on a retry); a
@@ -167,7 +167,7 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
     if writer:
         assert claim is not None, "rank 0 trains only runs it has claimed"
         try:
-            attempts = int(store.read_status(path).get("attempts", 0)) + 1
+            attempts = store.read_status(path).attempts + 1
             where = placed()  # host, GPUs, device: "where did this run train?"
             # Logged before the status says running: whoever sees `running` finds the start.
             log_event(path, "start", attempt=attempts, **where)
@@ -201,10 +201,9 @@ def stopped_by_launcher(sweep_dir: Path, run_id: str) -> None:
         return
     try:
         status = store.read_status(path)
-        if status["state"] == RunState.RUNNING:
-            attempts = int(status.get("attempts", 1))
-            store.write_status(path, RunState.PENDING, attempts=attempts - 1)
-            log_event(path, "stopped", attempt=attempts, killed=True)
+        if status.state is RunState.RUNNING:
+            store.write_status(path, RunState.PENDING, attempts=max(status.attempts - 1, 0))
+            log_event(path, "stopped", attempt=status.attempts, killed=True)
     finally:
         claim.release()
 
@@ -249,7 +248,7 @@ def start_watchdog(run_path: Path, attempt: int, claim: claims.Claim) -> Watchdo
 
 def _train_and_record(path: Path, attempts: int, writer: bool,
                       should_stop: Callable[[], bool] | None,
-                      logger: RunLogger, watchdog: Watchdog | None = None) -> dict[str, Any]:
+                      logger: RunLogger, watchdog: Watchdog | None = None) -> store.RunStatus:
     try:
         config, spec = read_run(store.sweep_of(path), path.name)
         train = trainer(config.task.name)
@@ -281,18 +280,18 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
     except Exception as err:
         # Masked: an error may quote a URI with its password (a data server, a tracker).
         error = redact.text(f"{type(err).__name__}: {err}")
-        status: dict[str, Any] = {"state": RunState.FAILED, "error": error}
+        status = store.RunStatus(state=RunState.FAILED, error=error)
         # A script's own last stderr lines say why it failed; gnsweep's traceback would not.
-        stderr = err.stderr if isinstance(err, ScriptFailed) else None
         if writer:
-            status = store.write_status(
-                path, RunState.FAILED, error=error,
-                traceback=None if stderr is not None
-                else redact.text(traceback.format_exc(limit=8)),
-                stderr=None if stderr is None else [redact.text(line) for line in stderr])
+            if isinstance(err, ScriptFailed):
+                status = store.write_status(path, RunState.FAILED, error=error, traceback=None,
+                                            stderr=[redact.text(line) for line in err.stderr])
+            else:
+                status = store.write_status(path, RunState.FAILED, error=error,
+                                            traceback=redact.text(traceback.format_exc(limit=8)))
             log_event(path, "end", attempt=attempts, state=RunState.FAILED.value)
         return status
-    status = {"state": result.state}
+    status = store.RunStatus(state=RunState(result.state))
     if writer:
         status = store.write_status(path, result.state, steps=result.steps, reason=result.reason,
                                     final_loss=result.final_loss,
@@ -368,5 +367,4 @@ def execute_run(sweep_dir: Path, run_id: str, should_stop: Callable[[], bool] | 
     claim, why = take_run(sweep_dir, run_id, max_retries)
     if claim is None:
         return Outcome(why, ran=False)
-    return Outcome(str(run_taken(sweep_dir, run_id, claim, should_stop, logger)["state"]),
-                   ran=True)
+    return Outcome(run_taken(sweep_dir, run_id, claim, should_stop, logger).state.value, ran=True)

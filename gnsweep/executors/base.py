@@ -62,7 +62,7 @@ class Watcher:
         self.progress = progress
         self.final: dict[str, str] = {}
 
-    def _status(self, run_id: str) -> dict[str, Any]:
+    def _status(self, run_id: str) -> store.RunStatus:
         return read_state(store.run_dir(self.sweep_dir, run_id))
 
     def update(self) -> None:
@@ -71,9 +71,9 @@ class Watcher:
                 continue
             status = self._status(run_id)
             if not needs_running(status, self.max_retries):
-                self.final[run_id] = status["state"]
+                self.final[run_id] = status.state.value
                 if self.progress is not None:
-                    self.progress.advance(status["state"])
+                    self.progress.advance(status.state.value)
 
     def _open(self) -> list[str]:
         self.update()

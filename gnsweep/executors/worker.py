@@ -40,6 +40,7 @@ from gnsweep.executors import (
 from gnsweep.executors.watchdog import STALLED_EXIT
 from gnsweep.notices import once_per_launch
 from gnsweep.stall import Stalled
+from gnsweep.store import RunState
 
 
 def init_process_group() -> bool:
@@ -98,7 +99,7 @@ def serve(sweep_dir: Path, run_ids: list[str], max_retries: int,
             return trained
         status = run_taken(sweep_dir, run_id, claim, should_stop, logger)
         trained += 1
-        if status["state"] == "failed":
+        if status.state is RunState.FAILED:
             queue.append(run_id)  # take_run decides whether it has retries left
 
 

@@ -51,7 +51,7 @@ from gnsweep.integrations._common import (
     metrics,
     torch_optimizer,
 )
-from gnsweep.integrations.run import current_run
+from gnsweep.run_handle import current_run
 from gnsweep.training.backward import in_task_units
 
 __all__ = ["NoiseScaleCallback"]

@@ -61,7 +61,9 @@ from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.per_example import PerExample
 from gnsweep.measure.precond import IDENTITY, kind, preconditioner
 from gnsweep.noise import (
+    PAIR_METHODS,
     MeasureSchedule,
+    Method,
     NoiseEstimate,
     NoiseScaleEma,
     NormPair,
@@ -71,13 +73,13 @@ from gnsweep.noise import (
     with_precond,
 )
 
-METHODS = ("per_example", "microbatch", "ddp", "fsdp")
-NORM_LAYERS = "norm_layers"
+METHODS = tuple(str(m) for m in PAIR_METHODS)
+NORM_LAYERS = str(Method.NORM_LAYERS)
 """`method="norm_layers"`: per-example norms of the LayerNorm / RMSNorm parameters only (Gray et
 al. 2024): B_simple of that block of the gradient, a few reductions per layer; the other
 layers carry no hooks. docs/noise.md says where it tracks the whole model's B_simple."""
 NORM_LAYER_TYPES = (nn.LayerNorm, nn.RMSNorm)
-OFF = "none"
+OFF = str(Method.NONE)
 """`method="none"`: nothing is measured (no hooks; `step()` counts steps and returns None): the
 training the cost of a measurement is compared with."""
 FALLBACK_METHOD = "per_example"

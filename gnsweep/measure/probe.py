@@ -24,9 +24,7 @@ from gnsweep.measure.batchstats import batch_statistics_layers
 from gnsweep.measure.common import LossFn, is_ddp, to_device
 from gnsweep.measure.monitor import measure_noise_scale
 from gnsweep.noise import ProbeSchedule
-
-PROBE_COLUMNS = ("probe_g2", "probe_trace_sigma", "probe_g_h_g", "probe_trace_h_sigma")
-TRUTH_COLUMNS = ("b_simple_true", "b_noise_true")
+from gnsweep.tables import PROBE_COLUMNS, TRUTH_COLUMNS
 
 
 class RunProbes:

@@ -20,7 +20,7 @@ from gnsweep import redact
 from gnsweep.analysis.along import tolerance_answer
 from gnsweep.analysis.bounds import bound_text
 from gnsweep.analysis.results import Results
-from gnsweep.config import Config
+from gnsweep.config import Config, TrainConfig
 from gnsweep.report.answers import along_answers, answers, interval_of
 from gnsweep.report.views import preconditioned, quantity
 from gnsweep.report.views import unit as unit_of
@@ -246,6 +246,31 @@ def along_section(table: pd.DataFrame, figures: dict[str, bytes | str] | None = 
     return parts
 
 
+def recipe_words(train: TrainConfig, unit: str = "examples") -> str:
+    """The recipe in words, what differs from plain fp32 training at a constant rate
+    (e.g. "adamw, weight decay 0.1, warmup 2e+04 examples, cosine decay to 0.1x, clip 1,
+    bf16, micro-batches of 64"), with the warmup and decay in the task's `unit` (what
+    they count)."""
+    parts = [train.optimizer + (f" (momentum {train.momentum:g})" if train.momentum else "")]
+    if train.weight_decay:
+        parts.append(f"weight decay {train.weight_decay:g}")
+    if train.warmup_steps or train.warmup_examples:
+        parts.append(f"warmup {train.warmup_steps or train.warmup_examples:g} "
+                     + ("steps" if train.warmup_steps else unit))
+    if train.decay != "constant":
+        parts.append(f"{train.decay} decay to {train.min_lr_ratio:g}x"
+                     + (f" over {train.decay_examples:g} {unit}" if train.decay_examples
+                        else " over the run's budget"))
+    if train.grad_clip:
+        parts.append(f"clip {train.grad_clip:g}")
+    if train.precision != "fp32":
+        parts.append(train.precision)
+    if train.microbatch_size:
+        parts.append(f"micro-batches of {train.microbatch_size}"
+                     + (" samples" if unit != "examples" else ""))
+    return ", ".join(parts)
+
+
 def grid_summary(config: Config, runs: pd.DataFrame) -> str:
     """The grid as run. Batch sizes in the task's unit, as every other number of the report
     (the analysis's runs table counts them so), with the samples per step the config names
@@ -261,7 +286,7 @@ def grid_summary(config: Config, runs: pd.DataFrame) -> str:
     elif unit != "examples":
         batches = f"{batches} {unit}"
     items = [("task", config.task.label),
-             ("training", config.train.summary(unit)),
+             ("training", recipe_words(config.train, unit)),
              ("batch sizes", batches),
              ("learning rates", ", ".join(f"{x:g}" for x in sweep.learning_rates)),
              ("seeds", ", ".join(map(str, sweep.seeds))),

@@ -67,7 +67,7 @@ def _gym() -> Any:
     except ModuleNotFoundError as err:
         if err.name != "gymnasium":
             raise
-        from gnsweep.config import ConfigError
+        from gnsweep.errors import ConfigError
 
         raise ConfigError("task cartpole needs the gymnasium package: pip install gymnasium"
                           ) from None

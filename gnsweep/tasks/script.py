@@ -151,8 +151,8 @@ class ScriptOptions:
 
 
 def metrics_columns() -> tuple[str, ...]:
-    """The columns a run's metrics table has (`store.METRICS_SCHEMA`), which a log may fill."""
-    from gnsweep.store import METRICS_SCHEMA
+    """The columns a run's metrics table has (`tables.METRICS_SCHEMA`), which a log may fill."""
+    from gnsweep.tables import METRICS_SCHEMA
 
     return tuple(METRICS_SCHEMA.names)
 

@@ -8,10 +8,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from gnsweep.tables import TRACKED_METRICS
+
 log = logging.getLogger("gnsweep.tracking")
 
-METRICS = ("loss", "loss_smooth", "eval_loss", "b_simple", "b_noise", "lr", "batch_size",
-           "examples")
+METRICS = TRACKED_METRICS
 """The per-step metric names a gnsweep run logs (any others pass through unchanged)."""
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from gnsweep import store
+from gnsweep import store, tables
 from gnsweep.analysis.smoothing import (
     MIN_WINDOW_EXAMPLES,
     SMOOTHING_FRACTION,
@@ -240,7 +240,7 @@ class TableLog:
 
     def _mapped(self, record: dict[str, Any]) -> dict[str, Any]:
         out = {}
-        for column in store.METRICS_SCHEMA.names:
+        for column in tables.METRICS_SCHEMA.names:
             name = self.columns.get(column, column)
             if name in record and record[name] not in ("", None):
                 out[column] = record[name]
@@ -318,7 +318,7 @@ class RowLog:
             values["examples"]) else round(step * batch * self.per_sample)
         before = int(self.rows["examples"][-1]) if self.rows["step"] else 0
         loss = values["loss"]
-        row: dict[str, float] = {name: math.nan for name in store.METRICS_SCHEMA.names}
+        row: dict[str, float] = {name: math.nan for name in tables.METRICS_SCHEMA.names}
         row.update(values)
         if not math.isfinite(row.get("batch_size", math.nan)):
             row["batch_size"] = batch
@@ -347,7 +347,7 @@ class RowLog:
         self._replay()
 
     def _append(self, row: dict[str, float]) -> None:
-        for name in store.METRICS_SCHEMA.names:
+        for name in tables.METRICS_SCHEMA.names:
             value = row[name]
             self.rows[name].append(int(value) if name in ("step", "examples") else float(value))
 

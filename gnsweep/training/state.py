@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from gnsweep import store
+from gnsweep import tables
 from gnsweep.config import Config
 from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.measure.common import split_batch
@@ -90,8 +90,8 @@ class TrainState:
     elapsed: float = 0.0
     """Seconds trained so far (the `wall_time` column goes on from it)."""
     rows: dict[str, list] = field(default_factory=lambda: {
-        f.name: [] for f in store.METRICS_SCHEMA})
-    """The metrics rows logged so far, by column (`store.METRICS_SCHEMA`)."""
+        f.name: [] for f in tables.METRICS_SCHEMA})
+    """The metrics rows logged so far, by column (`tables.METRICS_SCHEMA`)."""
 
     def state_dict(self) -> dict[str, Any]:
         """Each part's `state_dict()` by name (`PARTS`), torch's global random state (`rng`:
@@ -129,7 +129,7 @@ class TrainState:
         self.rows = {name: list(values) for name, values in state["rows"].items()}
         # A checkpoint written before a column existed: NaN on its rows (e.g. b_simple_precond).
         n = len(self.rows.get("step", []))
-        for column in store.METRICS_SCHEMA.names:
+        for column in tables.METRICS_SCHEMA.names:
             self.rows.setdefault(column, [math.nan] * n)
 
 

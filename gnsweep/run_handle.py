@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gnsweep import store
+from gnsweep import store, tables
 from gnsweep.tasks.script import ENV_PREFIX
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class RunHandle:
         step x batch_size x examples_per_sample), the training loss of this step's batch, and
         any other metrics columns (`eval_loss`, `lr`, `grad_norm` ...). The monitor's noise
         scale, when there is one, is added. Only rank 0 writes."""
-        known = set(store.METRICS_SCHEMA.names)
+        known = set(tables.METRICS_SCHEMA.names)
         unknown = sorted(set(columns) - known)
         if unknown:
             raise ValueError(f"log(): {unknown[0]!r} is not a metrics column; known: "
