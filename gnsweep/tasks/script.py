@@ -88,7 +88,7 @@ class ScriptOptions:
     resume_args: str = ""
     """Arguments appended to the command when an earlier attempt of the run logged rows (a
     relaunch, a retry, a requeue), e.g. `--init_from=resume`; may hold placeholders."""
-    stop_seconds: float = 30.0
+    stop_seconds: float = 10.0
     """How long a command asked to stop (a target reached, the budget spent, Ctrl-C, a
     preemption) has to exit on SIGTERM before it is killed."""
     stderr_lines: int = 20
