@@ -121,7 +121,7 @@ def test_printed_lines_are_the_metrics_and_failures_are_recorded(tmp_path):
     and which the sweep stops at the target; exit 1 with a message on stderr; a NaN loss; a
     step logged again; no matching line at all."""
     sweep_dir = tmp_path / "sweep"
-    done = _launch(sweep_dir, _command("--faults=none,fail,nan,back,quiet"),
+    done = _launch(sweep_dir, _command("--faults=none,fail,nan,back,quiet", "--steps=200"),
                    r"task.log_pattern=step (?P<step>\d+) \| loss (?P<loss>\S+) \| lr (?P<lr>\S+)",
                    "sweep.seeds=[0,1,2,3,4]", "sweep.targets=[0.3]", "sweep.max_retries=0",
                    "executor.workers=2")
@@ -138,7 +138,7 @@ def test_printed_lines_are_the_metrics_and_failures_are_recorded(tmp_path):
                if line.startswith("step ")]
     n = len(rows["step"])
     assert list(rows["step"]) == list(range(1, n + 1))
-    assert n < 400  # stopped at the target, before the script's own end
+    assert n < 200  # stopped at the target, before the script's own end
     assert [float(line.split("loss ")[1].split(" ")[0]) for line in printed[:n]] == \
         list(rows["loss"])
     assert list(rows["examples"]) == [16 * s for s in range(1, n + 1)]
@@ -208,20 +208,20 @@ def test_kill_9_then_relaunch_gives_the_rows_of_an_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_default_task_as_a_script_gives_the_same_b_crit_and_b_simple(tmp_path):
-    """task=digits and the same model in a plain script (tests/script_digits.py, B_simple from
-    `current_run().monitor`) on one grid: the fitted B_crit and the B_simple at each target
-    agree within their standard errors (3 sigma of the difference; different random streams)."""
-    grid = ["sweep=tiny", "executor.workers=2"]
+def test_the_default_task_as_a_script_gives_the_same_b_crit_and_b_simple(tmp_path, tiny_sweep):
+    """task=digits on sweep=tiny (the suite's shared tiny sweep) and the same model in a plain
+    script (tests/script_digits.py, B_simple from `current_run().monitor`) on the same grid:
+    the fitted B_crit and the B_simple at each target agree within their standard errors (3
+    sigma of the difference; the random streams differ)."""
+    script_dir = tmp_path / "script"
+    done = subprocess.run([PY, "-m", "gnsweep", "launch", "--sweep-dir", str(script_dir), "-q",
+                           "task=script",
+                           f"task.command={PY} {SCRIPT.with_name('script_digits.py')}",
+                           "sweep=tiny", "executor.workers=2"],
+                          capture_output=True, text=True, timeout=400, cwd=tmp_path, env=_env())
+    assert done.returncode == 0, done.stderr
     fits = {}
-    for name, task in (("task", ["task=digits"]),
-                       ("script", ["task=script",
-                                   f"task.command={PY} {SCRIPT.with_name('script_digits.py')}"])):
-        sweep_dir = tmp_path / name
-        done = subprocess.run([PY, "-m", "gnsweep", "launch", "--sweep-dir", str(sweep_dir),
-                               "-q", *task, *grid], capture_output=True, text=True,
-                              timeout=400, cwd=tmp_path, env=_env())
-        assert done.returncode == 0, done.stderr
+    for name, sweep_dir in (("task", tiny_sweep), ("script", script_dir)):
         result = runner.invoke(app, ["analyze", str(sweep_dir)])
         assert result.exit_code == 0, result.output
         fits[name] = store.read_table(sweep_dir / store.FITS).to_pandas().set_index("target")
