@@ -300,6 +300,19 @@ def test_a_resumed_attempt_replaces_the_rows_after_its_first_step(tmp_path):
     assert table.column("loss").to_pylist()[-2:] == [0.5, 0.4]
 
 
+
+def test_a_resume_from_a_checkpoint_ahead_of_the_rows_says_which_steps_have_none(tmp_path,
+                                                                                   capsys):
+    make, path = _row_log(tmp_path)
+    first = make()
+    for step in range(1, 6):
+        first.add("l", {"step": step, "loss": 1.0})
+    first.flush(force=True)
+    again = make()  # killed at step 5 with rows on disk; the checkpoint was at step 8
+    again.add("m1", {"step": 9, "loss": 0.9})
+    assert "steps 6-8 have no rows" in capsys.readouterr().err
+
+
 def test_rows_stop_at_the_budget_and_many_flushes_stay_few_parts(tmp_path, monkeypatch):
     from gnsweep.training import script
 

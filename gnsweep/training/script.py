@@ -69,8 +69,12 @@ from gnsweep.training.watch import Diverged, LossWatch
 API_ROWS = store.SCRIPT_ROWS
 STOP_FLAG = store.SCRIPT_STOP
 POLL_S = 0.05
-FLUSH_S = 1.0
-"""Rows reach the run's metrics parts at least this often (and at every stop)."""
+FLUSH_S = 0.5
+"""Rows reach the run's metrics parts at least this often (and at every stop): a worker
+killed with -9 loses at most the rows of its last half second."""
+DRAIN_LINES = 256
+"""Lines of output handled between two looks at the flush, the stop and the process: a command
+that prints faster than they are read must not keep its rows from the disk."""
 COMPACT_PARTS = 64
 """Once a run has this many metrics parts they are rewritten as one (a long run flushes
 thousands of times; a reader reads every part)."""
@@ -312,6 +316,12 @@ class RowLog:
                 raise ScriptFailed(f"{where}: steps go backwards (step {step} after step {last}) "
                                    "outside a resume; a run's steps must grow")
             self._resume_at(step)
+        elif self.first and last and step > last + 1:
+            # Resumed from a checkpoint ahead of the rows on disk (the worker was killed before
+            # it wrote them): those steps have no rows. Said, never silent.
+            print(f"gnsweep: run {self.path.name}: steps {last + 1}-{step - 1} have no rows: the "
+                  "run was stopped before it wrote them and its command resumed from a later "
+                  "checkpoint", file=sys.stderr, flush=True)
         self.first = False
         batch = self.spec.batch_size
         examples = int(values["examples"]) if "examples" in values and math.isfinite(
@@ -479,6 +489,7 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
             except queue.Empty:
                 item = ()
             try:
+                drained = 0
                 while item != ():
                     if item is None:
                         child.open -= 1
@@ -493,6 +504,9 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
                                 take(f"{name} line {number}",
                                      {k: v for k, v in match.groupdict().items()
                                       if v is not None})
+                    drained += 1
+                    if drained >= DRAIN_LINES:  # flush and look at the stop now and then
+                        break
                     try:
                         item = child.lines.get_nowait()
                     except queue.Empty:
