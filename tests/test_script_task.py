@@ -303,7 +303,7 @@ def test_a_resumed_attempt_replaces_the_rows_after_its_first_step(tmp_path):
 
 def test_a_resume_from_a_checkpoint_ahead_of_the_rows_says_which_steps_have_none(tmp_path,
                                                                                    capsys):
-    make, path = _row_log(tmp_path)
+    make, _ = _row_log(tmp_path)
     first = make()
     for step in range(1, 6):
         first.add("l", {"step": step, "loss": 1.0})
