@@ -237,7 +237,7 @@ def test_lightning_inside_a_script_sweep_logs_the_runs_rows_and_stops(tmp_path, 
     class Module(LinRegModule):
         def training_step(self, batch, batch_idx):
             loss = super().training_step(batch, batch_idx)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             if self.trainer.global_step == 9 and batch_idx % 2 == 1:  # step 10's last piece
                 (run_dir / store.SCRIPT_STOP).write_text("stop\n")
             return loss
