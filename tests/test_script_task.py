@@ -405,3 +405,22 @@ def test_a_hugging_face_trainer_script_with_the_callback_sweeps(tmp_path):
     assert np.all(rows["lr"] == 0.2)
     measured = rows["b_simple"][np.isfinite(rows["b_simple"])]
     assert len(measured) >= n - 1 and (measured > 0).all()
+
+
+def test_a_json_lines_log_is_read_with_its_names_mapped(tmp_path):
+    from gnsweep.errors import ScriptFailed
+    from gnsweep.tasks.script import log_format
+    from gnsweep.training.script import TableLog
+
+    options = ScriptOptions(command="python t.py", log_file="{run_dir}/log.jsonl")
+    assert log_format(options, "x/log.jsonl") == "jsonl" and log_format(options, "a.csv") == "csv"
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"iter": 1, "train_loss": 0.5, "val": 0.6}\n{"iter": 2, "val": 0.55}\n'
+                    "not json\n")
+    log = TableLog(path, "jsonl", {"step": "iter", "loss": "train_loss", "eval_loss": "val"},
+                   skip_existing=False)
+    rows = log.rows()
+    assert next(rows)[1] == {"step": 1, "loss": 0.5, "eval_loss": 0.6}
+    assert next(rows)[1] == {"step": 2, "eval_loss": 0.55}  # no loss: RowLog skips it
+    with pytest.raises(ScriptFailed, match=r"log\.jsonl:3: not a JSON object"):
+        next(rows)
