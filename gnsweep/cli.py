@@ -146,7 +146,10 @@ def plan(
 
     Every run lives under DIR/runs like a launch's (analyze, plot and report work unchanged);
     DIR/plan.json records each decision, and re-running the same command resumes.
-    Example: gnsweep plan --sweep-dir runs/digits-plan
+
+    `gnsweep plan DIR` (an analysed sweep folder, no overrides): while `gnsweep recommend DIR`
+    is a bound, run exactly its next grid in DIR and analyse again (3 rounds at most).
+    Examples: gnsweep plan --sweep-dir runs/digits-plan; gnsweep plan runs/digits
     """
     from gnsweep.commands.plan import run
 
@@ -218,8 +221,8 @@ def analyze(
         "--out", help="Folder for the tables (default: the sweep folder; required with "
                       "--table).")] = None,
     targets: Annotated[str | None, typer.Option(
-        "--targets", help="Comma-separated loss targets (default: the sweep's; required for "
-                          "loss curves).")] = None,
+        "--targets", help="Comma-separated loss targets, or auto: levels chosen from the "
+                          "runs (default: the sweep's; required for loss curves).")] = None,
     loss: Annotated[str | None, typer.Option(
         help="Loss deciding a target: smoothed, raw or eval (default: the sweep's "
              "analysis.loss, else smoothed).")] = None,
@@ -254,6 +257,35 @@ def analyze(
         skip_corrupt=skip_corrupt, echo=typer.echo)
 
 
+
+
+@app.command()
+def recommend(
+    sweep_dir: Annotated[Path, typer.Argument(
+        help="A sweep folder (analysed now if it was not) or `analyze --table`'s --out folder.")],
+    target: Annotated[float | None, typer.Option(
+        "--target", help="The target to recommend for (default: the hardest whose B_crit is "
+                         "well determined).")] = None,
+    prefer: Annotated[str, typer.Option(
+        "--prefer", help="time (4 B_crit), balanced (B_crit: 2 S_min, 2 E_min) or compute "
+                         "(B_crit/4).")] = "balanced",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the recommendation as JSON.")
+                       ] = False,
+) -> None:
+    """The batch size and learning rate to train with, what they cost in steps and examples
+    (eq. 2.11), the tradeoff from B_crit/4 to 4 B_crit, and the next grid when the sweep only
+    bounds the answer.
+
+    JSON fields: batch_size (the task's unit), batch_size_samples, learning_rate,
+    learning_rate_low, learning_rate_high, steps, examples, target, status (fit, bound or
+    refused), next_grid (a bound: the runs to add; `gnsweep plan DIR` runs them).
+    Example: gnsweep recommend runs/digits --prefer time --json
+    """
+    from gnsweep.commands.recommend import run
+
+    code = run(sweep_dir, target=target, prefer=prefer, as_json=as_json, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()

@@ -130,7 +130,8 @@ def _named_after_task(config: Config, sweep_file: str, overrides: list[str]) -> 
 
 
 GRID_FIELDS = ("batch_sizes", "learning_rates", "targets")
-"""What a grid is made of: a custom task has to give each (or a sweep file that does)."""
+"""What a grid is made of: a custom task has to give each (or a sweep file that does), but for
+its targets, which default to `auto` (chosen from the runs)."""
 
 
 def _check_custom_grid(config: Config, sweep_file: str, overrides: list[str],
@@ -147,6 +148,9 @@ def _check_custom_grid(config: Config, sweep_file: str, overrides: list[str],
     missing = [f"sweep.{name}" for name in grid
                if f"sweep.{name}" not in named
                and getattr(config.sweep, name) == getattr(defaults, name)]
+    if "sweep.targets" in missing:  # a loss scale nobody knows yet: chosen from the runs
+        missing.remove("sweep.targets")
+        config.sweep.targets = []
     if missing:
         raise ConfigError(f"task={config.task.name} needs a grid of its own "
                           f"({', '.join(missing)} would be "

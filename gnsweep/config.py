@@ -162,7 +162,10 @@ class SweepConfig:
     seeds: list[int] = field(default_factory=lambda: [0])
     """Seeds; each grid point runs once per seed (at least one)."""
     targets: list[float] = field(default_factory=lambda: [0.3, 0.1, 0.03])
-    """Training-loss targets; a run stops once it reaches the hardest (smallest)."""
+    """Training-loss targets; a run stops once it reaches the hardest (smallest). `auto` (kept
+    as []; the default for a custom task that names none): every run trains its whole budget
+    and `gnsweep analyze` chooses the levels from what the runs reached
+    (`analysis.auto_targets`)."""
     max_steps: int = 5000
     """Step budget of one run."""
     max_examples: int = 0
@@ -224,10 +227,20 @@ class SweepConfig:
     """schedule=along: [examples, B_crit] pairs the batch size follows; read from
     `along_from` at launch (set it only to give the curve by hand)."""
 
+    @property
+    def auto_targets(self) -> bool:
+        """Whether the targets are chosen by the analysis (`sweep.targets=auto`): runs then stop
+        at no target."""
+        return not self.targets
+
     def __post_init__(self) -> None:
         self.batch_sizes = _positive_list("sweep.batch_sizes", self.batch_sizes, _integer)
         self.learning_rates = _positive_list("sweep.learning_rates", self.learning_rates, _number)
-        self.targets = _positive_list("sweep.targets", self.targets, _number)
+        if self.targets == targets.AUTO or (isinstance(self.targets, (list, tuple))
+                                            and not self.targets):
+            self.targets = []  # automatic: chosen by the analysis from what the runs reached
+        else:
+            self.targets = _positive_list("sweep.targets", self.targets, _number)
         if not self.seeds:
             raise ConfigError("sweep.seeds: an empty list runs nothing; give at least one seed, "
                               "e.g. sweep.seeds=[0]")

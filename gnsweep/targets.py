@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+AUTO = "auto"
+"""Targets chosen from the runs by the analysis (`sweep.targets=auto`, `--targets auto`)."""
 LOSS_EMA_SAMPLES = 128.0
 """The default time constant of a run's smoothed loss, whose crossing of a target is read, in
 samples (the batch's first dimension): `sweep.loss_ema_examples` and `analyze --table`'s curves

@@ -21,7 +21,8 @@ WINDOWS = [1, 2, 4, 8]
 def test_a_default_branch_sweep_on_a_token_lm_answers_at_each_point(tmp_path):
     """Two branch points of a tiny LM's base run, the branch grid's batch sizes and learning
     rates and nothing else: targets chosen from what the runs reached on the eval loss, each
-    point with a finite local B_crit of eq. 2.11 at some target and a local B_crit by
+    point with a local B_crit of eq. 2.11 at some target (a value, or the bound a fit outside
+    its batch sizes is) and a local B_crit by
     tolerance (or its bound, with the reason), in tokens, named by its point; no B_crit outside
     [0.1 x smallest, 10 x largest batch] without a reason."""
     from branch_base import make_base_run
@@ -52,8 +53,13 @@ def test_a_default_branch_sweep_on_a_token_lm_answers_at_each_point(tmp_path):
     assert sorted(set(along["at_examples"])) == [256, 1024]
     for _, rows in along.groupby("at_examples"):
         assert (rows["target_source"] == "auto").all()
-        fitted = rows[(rows["refused"] == "") & np.isfinite(rows["b_crit"])]
-        assert len(fitted), rows[["target", "refused"]]
+        # A fit, or the bound a fit outside the batch sizes it was fitted on is (said as one
+        # in the table and the console alike), at some target of each point.
+        answered = rows[((rows["refused"] == "") & np.isfinite(rows["b_crit"]))
+                        | rows["bcrit_status"].isin(["lower_bound", "upper_bound"])]
+        assert len(answered), rows[["target", "refused"]]
+        bounds = rows[rows["bcrit_status"].isin(["lower_bound", "upper_bound"])]
+        assert (bounds["refused"] != "").all() and np.isfinite(bounds["b_crit_bound"]).all()
         first = rows.iloc[0]
         # One window of 16 steps of the largest batch: 16 x 64 tokens.
         assert first["window"] == pytest.approx(16 * largest, rel=1 / 16)

@@ -285,10 +285,16 @@ def test_empty_sweep_and_unreached_target_exit_2(tmp_path):
     result = runner.invoke(app, ["analyze", str(empty)])
     assert result.exit_code == 2 and "no runs" in result.stderr
     sweep = write_sweep(tmp_path / "s")
-    result = runner.invoke(app, ["analyze", str(sweep), "--targets", "0.5,0.01"])
+    result = runner.invoke(app, ["analyze", str(sweep), "--targets", "0.01"])
     assert result.exit_code == 2
-    assert "target 0.01: no run reached it" in result.stderr
+    assert "target 0.01: no run reached it" in result.stderr and "--targets auto" in result.stderr
     assert not any((sweep / name).exists() for name in OUTPUTS)
+    # One target out of reach leaves the others analysed, and says so.
+    result = runner.invoke(app, ["analyze", str(sweep), "--targets", "0.5,0.01"])
+    assert result.exit_code == 0, result.output
+    assert "warning: target 0.01: no run reached it (lowest loss 0.49" in result.stderr
+    assert "left out, the other targets are analysed" in result.stderr
+    assert list(pq.read_table(sweep / "fits.parquet").to_pandas()["target"]) == [0.5]
 
 
 # ---- tables made elsewhere -----------------------------------------------------------

@@ -424,3 +424,18 @@ def test_a_json_lines_log_is_read_with_its_names_mapped(tmp_path):
     assert next(rows)[1] == {"step": 2, "eval_loss": 0.55}  # no loss: RowLog skips it
     with pytest.raises(ScriptFailed, match=r"log\.jsonl:3: not a JSON object"):
         next(rows)
+
+
+def test_automatic_targets_train_the_budget(tmp_path):
+    """sweep.targets=auto: no target to stop at, so the run trains its budget; {target} and
+    {targets} are empty."""
+    from gnsweep.runs import RunSpec
+    from gnsweep.training.script import placeholder_values
+
+    make, path = _row_log(tmp_path, targets=[], max_steps=30)
+    rows = make()
+    for step in range(1, 31):
+        rows.add("x", {"step": step, "loss": 0.001})  # far below any loss target
+        assert rows.reason == (None if step < 30 else "max_steps")
+    values = placeholder_values(rows.config, RunSpec(8, 0.1), path, 0, 1)
+    assert values["target"] == "" and values["targets"] == ""

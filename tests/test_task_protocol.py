@@ -61,23 +61,29 @@ def test_bad_tasks_exit_2_and_start_nothing(target, expected, tmp_path, clean_en
     assert not out.exists()
 
 
-@pytest.mark.parametrize("grid", [[], ["sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]"]])
+@pytest.mark.parametrize("grid", [[], ["sweep.batch_sizes=[8]"]])
 def test_a_custom_task_without_a_grid_of_its_own_is_refused(grid, tmp_path, clean_env):
-    """Not the digits task's grid and loss targets, silently: exit 2, asking for a grid."""
+    """Not the digits task's grid, silently: exit 2, asking for a grid. Its loss targets are
+    not asked for: they default to auto (chosen from the runs)."""
     out = tmp_path / "s"
     result = runner.invoke(app, ["launch", "task=custom", "task._target_=protocol_tasks.make",
                                  *grid, "--sweep-dir", str(out), "-q"])
     assert result.exit_code == 2, result.output
     assert "task=custom needs a grid of its own (" + ("sweep.batch_sizes, " if not grid
                                                       else "") in result.stderr
-    assert "sweep.targets" in result.stderr and "sweep=NAME" in result.stderr
+    assert "sweep.learning_rates" in result.stderr and "sweep=NAME" in result.stderr
+    assert "sweep.targets" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
-    # A sweep file, or the three grid settings, are a grid.
-    for given in (["sweep=tiny"], ["sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]",
-                                   "sweep.targets=[0.3,0.1,0.03]"]):
+    # A sweep file, or the batch sizes and learning rates (targets auto), are a grid.
+    for given, targets in ((["sweep=tiny"], "targets 0.5,0.3,0.2"),
+                           (["sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]"],
+                            "targets auto (from the runs)"),
+                           (["sweep.batch_sizes=[8]", "sweep.learning_rates=[0.1]",
+                             "sweep.targets=[0.3,0.1,0.03]"], "targets 0.3,0.1,0.03")):
         result = runner.invoke(app, ["launch", "task=custom", "--dry-run",
                                      "task._target_=protocol_tasks.make", *given])
         assert result.exit_code == 0, result.output
+        assert targets in result.output
 
 
 def test_custom_task_without_target_is_refused(tmp_path):

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.adaptive import subset
+from gnsweep.analysis.bounds import FIT, LOWER_BOUND, UPPER_BOUND
 from gnsweep.analysis.groups import combine
 from gnsweep.analysis.pipeline import AnalysisError, analyze_steps, ratio_with_error
 from gnsweep.analysis.results import Results
@@ -177,7 +178,7 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
         else:
             values = [direction.relative_target(point.at_loss, f) for f in fractions]
             point_fractions = fractions
-        fits = pd.DataFrame()
+        fits = front = pd.DataFrame()
         if why and not values:
             row = _row(point, math.nan, math.nan, fits, len(sub.runs), why)
             row.update(tol, target_source="auto" if automatic else "set")
@@ -204,9 +205,9 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
                           "smoothing": SMOOTHING_FRACTION if loss == "smoothed"
                           and not ema_examples else None})
                 parts[str(point.at_examples)] = part
-                fits = part.fits
+                fits, front = part.fits, part.front
         for fraction, value in zip(point_fractions, values, strict=True):
-            row = _row(point, fraction, value, fits, len(sub.runs), why)
+            row = _row(point, fraction, value, fits, len(sub.runs), why, front)
             row.update(tol, target_source="auto" if automatic else "set")
             fitted = len(fits) and (fits["target"] == value).any()
             if row["refused"] and not fitted:  # a refused fit has warned in its part already
@@ -428,7 +429,10 @@ def _reached_at_start(steps: pd.DataFrame, curves: Curves, loss: str) -> np.ndar
 
 
 def _row(point: BranchPoint, fraction: float, value: float, fits: pd.DataFrame, n_runs: int,
-         why: str) -> dict:
+         why: str, front: pd.DataFrame | None = None) -> dict:
+    """One along.parquet row: the point, the target, and its fit of eq. 2.11. A fitted B_crit
+    outside the batch sizes fitted at that target (`front`'s `in_fit` rows) is said as the
+    bound it is (`extrapolated_bound`): the table says what the console and the report say."""
     row: dict = dict.fromkeys(ALONG_COLUMNS, math.nan)
     row.update(at_examples=point.at_examples, at_step=point.at_step, at_loss=point.at_loss,
                target=fraction, target_value=value, n_runs=n_runs, n_batch_sizes=0,
@@ -453,7 +457,63 @@ def _row(point: BranchPoint, fraction: float, value: float, fits: pd.DataFrame, 
     row["ratio_precond"], row["ratio_precond_se"] = ratio_with_error(
         fit["b_crit"], fit["b_crit_se"], point.b_simple_precond, 0.0)
     row["b_simple_precond_mean"] = fit.get("b_simple_precond_mean", math.nan)
+    unresolved(row)
+    if front is not None and len(front):
+        extrapolated_bound(row, front[front["target"] == value])
     return row
+
+
+MIN_LOCAL_S_MIN = 1.5
+"""A local fit of eq. 2.11 whose S_min is below this many updates is refused: the large batch
+sizes reach the target within an update or so, where the steps' resolution (a whole update,
+and the smoother's window) is as large as S_min itself. Measured against the exact local
+dynamics of linreg (`linreg_exact.local_truth`) from three base runs (B 8, 16, 32) at 2-3
+points each (36 point-targets): targets 5-10% below a point's loss gave S_min 0.4-1.4 updates
+and fits 2.4-5x below the exact local B_crit, or bounds the exact value contradicts ("< 8"
+where it is 30, "< 16" where it is 127); every fit with S_min above 1.5 was within 30% of it.
+Below 1.5 some fits were close too, but nothing in the data tells them from the others."""
+
+
+def unresolved(row: dict) -> None:
+    """In place: a fit or bound of eq. 2.11 whose S_min is below MIN_LOCAL_S_MIN updates is
+    refused, with the reason (module doc of MIN_LOCAL_S_MIN); its B_crit, bound and ratios
+    NaN."""
+    s_min = float(row.get("s_min", math.nan))
+    if row.get("bcrit_status") not in (FIT, LOWER_BOUND, UPPER_BOUND) \
+            or not math.isfinite(s_min) or s_min >= MIN_LOCAL_S_MIN:
+        return
+    why = (f"S_min {s_min:.2g} updates: the largest batch sizes reach the target within "
+           f"{MIN_LOCAL_S_MIN:g} updates, finer than the steps resolve; choose targets further "
+           "below the point (smaller branch.targets fractions)")
+    row.update(bcrit_status="refused", bcrit_reason=why, refused=why, b_crit_bound=math.nan)
+    for name in ("b_crit", "b_crit_se", "ratio", "ratio_se", "ratio_noise", "ratio_noise_se",
+                 "ratio_precond", "ratio_precond_se"):
+        row[name] = math.nan
+
+
+def extrapolated_bound(row: dict, front: pd.DataFrame) -> None:
+    """A fit whose B_crit lies outside the batch sizes it was fitted on (`in_fit`) only bounds
+    it: in place, `bcrit_status` lower_bound (above the largest) or upper_bound (below the
+    smallest) at that edge, the reason, and B_crit, its error and its ratios NaN (as a bound of
+    `analysis.bounds` is written), so that no table shows the extrapolated value as an answer."""
+    if row.get("bcrit_status") != FIT or not len(front):
+        return
+    used = front[front["in_fit"].astype(bool)] if "in_fit" in front else front
+    b_crit = float(row["b_crit"])
+    if not len(used) or not math.isfinite(b_crit):
+        return
+    low, high = float(used["batch_size"].min()), float(used["batch_size"].max())
+    if low <= b_crit <= high:
+        return
+    above = b_crit > high
+    side = "above the largest" if above else "below the smallest"
+    why = (f"the fit puts B_crit {side} batch size fitted ({low:g}..{high:g}): only a bound; "
+           f"add {'larger' if above else 'smaller'} batch sizes")
+    row.update(bcrit_status=LOWER_BOUND if above else UPPER_BOUND,
+               b_crit_bound=high if above else low, bcrit_reason=why, refused=why)
+    for name in ("b_crit", "b_crit_se", "ratio", "ratio_se", "ratio_noise", "ratio_noise_se",
+                 "ratio_precond", "ratio_precond_se"):
+        row[name] = math.nan
 
 
 def tolerance_answer(row: Any, unit: str = "examples") -> str:

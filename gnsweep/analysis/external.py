@@ -155,7 +155,7 @@ def curves_from_table(path: Path, frame: pd.DataFrame, loss: str):
     return runs, metrics
 
 
-def analyze_table(path: Path, targets: list[float] | None = None, loss: str = "smoothed",
+def analyze_table(path: Path, targets: list[float] | str | None = None, loss: str = "smoothed",
                   ema_examples: float | None = None, bootstrap: int = 0,
                   optimizer: str = "sgd", group_by: str | None = None) -> Results:
     """Analyze a table of external measurements; writes nothing.
@@ -195,12 +195,14 @@ def analyze_table(path: Path, targets: list[float] | None = None, loss: str = "s
     return combine(parts, group_by)
 
 
-def _analyze_frame(path: Path, frame: pd.DataFrame, targets: list[float] | None, loss: str,
+def _analyze_frame(path: Path, frame: pd.DataFrame, targets: list[float] | str | None, loss: str,
                    ema_examples: float | None, bootstrap: int, optimizer: str) -> Results:
     shape = table_shape(path, frame)
     if shape == "steps":
         steps = steps_from_table(path, frame)
         present = sorted(set(steps["target"]), reverse=True)
+        if isinstance(targets, str):  # auto: a steps table's targets are its rows'
+            targets = None
         if targets:
             for target in targets:
                 if not np.isclose(present, target).any():
@@ -212,7 +214,8 @@ def _analyze_frame(path: Path, frame: pd.DataFrame, targets: list[float] | None,
         return analyze_steps(steps, targets or present, bootstrap=bootstrap,
                              optimizer=optimizer, meta=meta)
     if not targets:
-        raise AnalysisError(f"{path}: a loss-curve table needs --targets (e.g. --targets 2.5,2.0)")
+        raise AnalysisError(f"{path}: a loss-curve table needs --targets (e.g. --targets 2.5,2.0, "
+                            "or --targets auto: levels chosen from the curves)")
     runs, metrics = curves_from_table(path, frame, loss)
     # The default smoothed loss is the centred, lag-free smooth of `loss` (analysis.steps);
     # a table with only `loss_smooth` uses that column, --ema-examples the former causal EMA.

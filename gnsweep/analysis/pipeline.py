@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from gnsweep import store
+from gnsweep.analysis.auto_targets import NoAutoTargets, auto_targets
 from gnsweep.analysis.bounds import FIT, REFUSED
 from gnsweep.analysis.fit import FitRefused, fit_hyperbola, predict_steps
 from gnsweep.analysis.front import (
@@ -47,24 +48,34 @@ class AnalysisError(StoreError):
     """The data cannot support an analysis (no run reached a target, bad table); names why."""
 
 
-def analyze_tables(runs: pd.DataFrame | None, metrics: pd.DataFrame | Curves, targets: list[float],
-                   loss: str = "smoothed", *, ema_examples: float | None = None,
-                   bootstrap: int = 0, optimizer: str = "sgd", source: str = "sweep",
-                   direction: Direction | bool = FALLING) -> Results:
+def analyze_tables(runs: pd.DataFrame | None, metrics: pd.DataFrame | Curves,
+                   targets: list[float] | str, loss: str = "smoothed", *,
+                   ema_examples: float | None = None, bootstrap: int = 0, optimizer: str = "sgd",
+                   source: str = "sweep", direction: Direction | bool = FALLING) -> Results:
     """Steps-to-target from curves, then everything `analyze_steps` does; with the centred
     smoother, B_crit again at half and double its window (`window_robustness`).
 
-    `direction`: which way the targets are reached (`RISING` for a metric such as a return).
+    `targets` "auto": levels chosen from the curves (`analysis.auto_targets`), recorded with how
+    in meta's `targets_auto`. `direction`: which way the targets are reached (`RISING` for a
+    metric such as a return).
     """
     curves = metrics if isinstance(metrics, Curves) else curves_from_frames(runs, metrics)
+    how = ""
+    if isinstance(targets, str):
+        try:
+            targets, how = auto_targets(curves, loss, ema_examples, Direction.of(direction))
+        except NoAutoTargets as err:
+            raise AnalysisError(f"{source}: automatic targets: {err}") from None
     steps = steps_to_target(curves, None, targets, loss=loss, ema_examples=ema_examples,
                             direction=direction)
     meta = {"source": source, "loss": loss, "ema_examples": ema_examples,
             **Direction.of(direction).to_meta(),
             "smoothing": SMOOTHING_FRACTION if loss == "smoothed" and not ema_examples else None}
+    if how:
+        meta["targets_auto"] = how
     result = analyze_steps(steps, targets, bootstrap=bootstrap, optimizer=optimizer, meta=meta)
     if meta["smoothing"] is not None and np.isfinite(curves.columns["loss"]).any():
-        window_robustness(curves, targets, result)
+        window_robustness(curves, list(result.fits["target"]), result)
     return result
 
 
@@ -109,14 +120,23 @@ def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int =
     where = meta["source"]
     if steps.empty:
         raise AnalysisError(f"{where}: nothing to analyze (no runs or no targets)")
-    for target in targets:
-        if not steps.loc[steps["target"] == target, "reached"].any():
-            closest = _closest(steps, Direction.from_meta(meta))
-            raise AnalysisError(f"{where}: target {target:g}: no run reached it{closest}; "
-                                "train longer or choose reachable targets (--targets)")
+    # A target no run reached is left out, named with the best value reached; the others are
+    # analysed. Only when none was reached is there nothing to analyse.
+    unreached = [t for t in targets if not steps.loc[steps["target"] == t, "reached"].any()]
+    closest = _closest(steps, Direction.from_meta(meta)) if unreached else ""
+    if unreached and len(unreached) == len(targets):
+        raise AnalysisError(f"{where}: target {unreached[0]:g}: no run reached it{closest}; "
+                            "train longer or choose reachable targets (--targets, or "
+                            "--targets auto: levels chosen from the runs)")
+    left_out = [f"target {t:g}: no run reached it{closest}; left out, the other targets are "
+                "analysed (train longer, or --targets auto)" for t in unreached]
+    if unreached:
+        targets = [t for t in targets if t not in unreached]
+        steps = steps[steps["target"].isin(targets)].reset_index(drop=True)
+        meta["targets_left_out"] = unreached
     best = best_per_batch(steps)
     front = pareto_front(best)
-    warnings = _grid_warnings(best)
+    warnings = left_out + _grid_warnings(best)
     lr_fits = fit_lr_table(front, targets)
     # Adam-like optimizers saturate (power law); SGD, with or without momentum, is linear in B.
     lr_model = "power" if optimizer in ("adam", "adamw") else "sgd"

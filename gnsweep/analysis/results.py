@@ -61,6 +61,9 @@ class Results:
         default_factory=lambda: pd.DataFrame(columns=TEMPERATURE_COLUMNS))
     """B_simple against the temperature eps/B, one row per target (temperature.parquet,
     `analysis.temperature`, appendix C)."""
+    recommendation: dict[str, Any] | None = None
+    """The batch size and learning rate to train with (`analysis.recommend`, its `to_json`),
+    written into fits.json by `gnsweep analyze`; None where none was made."""
 
     @property
     def bcrit_law(self) -> dict | None:
@@ -81,6 +84,7 @@ class Results:
                 "loss_scaling": scaling[0] if scaling else None,
                 "adaptive": _records(self.adaptive), "along": _records(self.along),
                 "along_schedule": _records(self.along_schedule),
+                "recommendation": self.recommendation,
                 "warnings": self.warnings, "meta": self.meta}
 
 

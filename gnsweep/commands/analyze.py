@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
 
 from gnsweep import store
 from gnsweep.analysis.adaptive import analyze_adaptive, split_adaptive
 from gnsweep.analysis.along import compare_schedule, split_along
 from gnsweep.analysis.pipeline import AnalysisError, analyze_tables
 from gnsweep.analysis.recipe import recipe_warnings
+from gnsweep.analysis.recommend import recommend
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.steps import Curves
 from gnsweep.commands import Echo
+from gnsweep.targets import AUTO
 
 if TYPE_CHECKING:
     from gnsweep.config import Config
@@ -30,12 +34,14 @@ def write_outputs(out_dir: Path, analysis: Results) -> None:
 
 def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool = False, *,
                   bootstrap: int | None = None, ema_examples: float | None = None,
-                  targets: list[float] | None = None, out_dir: Path | None = None,
+                  targets: list[float] | str | None = None, out_dir: Path | None = None,
                   write: bool = True) -> Results:
     """Load a sweep, analyze it, write its tables into the sweep folder (or `out_dir`).
 
     `loss` and `bootstrap` default to the sweep's `analysis` config (else smoothed and 0),
-    `targets` to the sweep's targets. A task that declares its own metric (cartpole's return)
+    `targets` to the sweep's targets; "auto" (or a sweep with `sweep.targets=auto`) chooses
+    them from the runs (`analysis.auto_targets`). A target no run reached is left out with a
+    warning; the others are analysed. A task that declares its own metric (cartpole's return)
     has its targets decided on the logged `metric` column, in the task's direction.
     """
     from gnsweep.analysis.load import load_curves
@@ -59,7 +65,7 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
         if write:
             write_outputs(out_dir or sweep_dir, analysis)
         return analysis
-    targets = targets or config.sweep.targets
+    chosen: list[float] | str = targets or config.sweep.targets or AUTO
     task = config.task
     if task.metric != "loss":
         if loss is not None or ema_examples is not None:
@@ -69,9 +75,11 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     loss = loss or config.analysis.loss
     if bootstrap is None:
         bootstrap = config.analysis.bootstrap
-    analysis = analyze_tables(None, fixed, targets, loss=loss, ema_examples=ema_examples,
+    analysis = analyze_tables(None, fixed, chosen, loss=loss, ema_examples=ema_examples,
                               bootstrap=bootstrap, optimizer=config.train.optimizer,
                               source=str(sweep_dir), direction=task.direction)
+    # The targets analysed: chosen from the runs, or the given ones that some run reached.
+    targets = [float(t) for t in analysis.fits["target"]]
     if adaptive is not None:
         analysis.adaptive = analyze_adaptive(adaptive, analysis.fits, targets, loss=loss,
                                              ema_examples=ema_examples,
@@ -84,7 +92,7 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     # Where the learning-rate schedule, not the batch size, decides the answer.
     analysis.warnings += recipe_warnings(config, analysis.fits, analysis.front)
     # What the targets are values of, for figures and the report ("loss", "return"), and B's unit.
-    analysis.meta.update(metric=task.metric, unit=task.unit)
+    analysis.meta.update(metric=task.metric, unit=task.unit, **setting_meta(config, fixed.runs))
     unfinished = curves.runs[~curves.runs["state"].isin(store.FINISHED)]
     running = unfinished["state"] == "running"
     for run in unfinished[~running].itertuples(index=False):
@@ -100,9 +108,29 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
             "the others wait for them (analyze again when they end)")
     if config.noise.method != "none":  # measurement off: B_simple absent by design
         analysis.warnings += unmeasured_warnings(curves)
+    analysis.recommendation = recommend(analysis).to_json()
     if write:
         write_outputs(out_dir or sweep_dir, analysis)
     return analysis
+
+
+def setting_meta(config: Config, runs: pd.DataFrame) -> dict[str, Any]:
+    """What a recommendation needs to say a batch size as the user sets it (fits.json's meta):
+    `per_sample` (the task's unit per sample: tokens a sequence, from the runs' examples per
+    step over their samples per step), `data_parallel` (processes a run trains on: the batch
+    is set in multiples of it) and the `grid` in samples per step."""
+    per_sample = 1.0
+    if {"samples", "batch_size"} <= set(runs) and len(runs):
+        samples = runs["samples"].astype(float)
+        ok = samples > 0
+        if ok.any():
+            per_sample = float((runs["batch_size"].astype(float)[ok] / samples[ok]).median())
+    executor = config.executor
+    data_parallel = {"torchrun": executor.nproc_per_node,
+                     "slurm": executor.nproc_per_node * executor.nodes}.get(executor.kind, 1)
+    return {"per_sample": per_sample, "data_parallel": int(data_parallel),
+            "grid": {"batch_sizes": list(config.sweep.batch_sizes),
+                     "learning_rates": list(config.sweep.learning_rates)}}
 
 
 def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
@@ -140,19 +168,23 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
     return analysis
 
 
-def parse_targets(text: str | None) -> list[float] | None:
-    """`--targets 0.5,0.2` (or `[0.5, 0.2]`) as numbers; ConfigError for anything else."""
+def parse_targets(text: str | None) -> list[float] | str | None:
+    """`--targets 0.5,0.2` (or `[0.5, 0.2]`) as numbers, `auto` as AUTO; ConfigError for
+    anything else."""
     from gnsweep.config import ConfigError
 
     if not text:
         return None
+    if text.strip().lower() == AUTO:
+        return AUTO
     try:
         values = [float(part) for part in text.replace(" ", "").strip("[]").split(",") if part]
     except ValueError:
         raise ConfigError(f"--targets: {text!r} is not a comma-separated list of numbers"
                           ) from None
     if not values or any(not (v > 0 and v < float("inf")) for v in values):
-        raise ConfigError(f"--targets: {text!r}: give positive finite losses, e.g. 0.5,0.2")
+        raise ConfigError(f"--targets: {text!r}: give positive finite losses, e.g. 0.5,0.2, "
+                          "or auto")
     return values
 
 
@@ -185,6 +217,8 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
         result = analyze_table(table, target_list, loss=loss or "smoothed",
                                ema_examples=ema_examples, bootstrap=bootstrap or 0,
                                optimizer=optimizer, group_by=group_by)
+        if group_by is None:  # one workload: one decision
+            result.recommendation = recommend(result).to_json()
         write_outputs(out, result)
     else:
         assert sweep_dir is not None
@@ -192,6 +226,12 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
                                ema_examples=ema_examples, bootstrap=bootstrap,
                                targets=target_list, out_dir=out)
         out = out or sweep_dir
+    if result.recommendation is not None:  # the decision first, then what it rests on
+        from gnsweep.report.recommendation import lines
+        from gnsweep.report.views import quantity
+
+        for line in lines(result.recommendation, quantity(result.meta)):
+            echo(line, err=as_json)
     echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by")), err=as_json)
     if len(result.along_schedule):  # runs following a measured B_crit (sweep.schedule=along)
         from gnsweep.report.console import format_schedule

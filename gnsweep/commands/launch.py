@@ -23,7 +23,8 @@ def grid_line(config: Any, specs: list[Any], sweep_dir: Path) -> str:
     if sweep.schedule == "adaptive":
         grid += f", adaptive at exchange rates {listed(sweep.exchange_rates)}"
     return (f"sweep {sweep.name}: task {config.task.label}, {len(specs)} runs ({grid}; "
-            f"targets {listed(sweep.targets)}) -> {sweep_dir}")
+            f"targets {listed(sweep.targets) if sweep.targets else 'auto (from the runs)'}) -> "
+            f"{sweep_dir}")
 
 
 def run_states(sweep_dir: Path, specs: list[Any]) -> dict[str, str]:

@@ -42,6 +42,9 @@ def plan(config: Config, sweep_dir: Path, *, show_progress: bool = True,
     """Run the plan in `sweep_dir` (or resume it) until every chosen batch size is bracketed."""
     from gnsweep.sweep import prepare_folder, run_specs
 
+    if config.sweep.auto_targets:
+        raise PlanError("gnsweep plan decides per target and needs sweep.targets; give them "
+                        "(a first sweep's `gnsweep analyze DIR --targets auto` suggests levels)")
     prepare_folder(sweep_dir, config)
     path = sweep_dir / PLAN_FILE
     record: dict[str, Any] = store.read_json(path) if path.exists() else {"rounds": []}
@@ -185,11 +188,101 @@ __all__ = ["PLAN_FILE", "PlanSummary", "Proposal", "examples_processed", "explai
            "read_outcomes"]
 
 
+NEXT_GRID_ROUNDS = 3
+"""`gnsweep plan DIR`: at most this many rounds of next grids (each run exactly, then the folder
+analysed again) before it stops and says what is still a bound."""
+
+
+def folder_argument(overrides: list[str] | None) -> Path | None:
+    """The analysed sweep folder of `gnsweep plan DIR` (one argument, not an override, naming a
+    folder), else None (a plan from overrides)."""
+    if overrides and len(overrides) == 1 and "=" not in overrides[0]:
+        path = Path(overrides[0])
+        if path.is_dir():
+            return path
+        raise store.StoreError(f"{path}: no such sweep folder; give a folder that `gnsweep "
+                               "launch` wrote, or Hydra overrides (key=value) for a new plan")
+    return None
+
+
+def next_grids(sweep_dir: Path, *, workers: int | None = None, show_progress: bool = True,
+               rounds: int = NEXT_GRID_ROUNDS, echo: Callable[[str], None] = print
+               ) -> list[str]:
+    """`gnsweep plan DIR`: while the folder's recommendation (`analysis.recommend`) is a bound,
+    run exactly the runs of its next grid (`analysis.next_grid`: every seed of the sweep, the
+    folder's grid widened to hold them) and analyse again; at most `rounds` rounds. Returns the
+    run ids it ran. A re-run resumes: the next grid is derived from the finished runs again,
+    and runs already finished are not run twice."""
+    import dataclasses
+
+    from gnsweep.analysis.recommend import recommend
+    from gnsweep.commands.analyze import analyze_sweep
+    from gnsweep.commands.recommend import setting_of
+    from gnsweep.report.recommendation import summary
+    from gnsweep.report.views import quantity
+    from gnsweep.sweep import prepare_folder, run_specs
+
+    store.require_sweep(sweep_dir)
+    config = Config.load(sweep_dir)
+    if config.branch.points:
+        raise PlanError(f"{sweep_dir}: a branch sweep; its next batch sizes are read from "
+                        f"`gnsweep analyze {sweep_dir}` per branch point")
+    if workers is not None:
+        config = dataclasses.replace(
+            config, executor=dataclasses.replace(config.executor, workers=workers))
+    ran: list[str] = []
+    for index in range(rounds + 1):
+        results = analyze_sweep(sweep_dir)
+        rec = recommend(results, setting=setting_of(sweep_dir, results))
+        if rec.status != "bound" or rec.next_grid is None or not rec.next_grid.runs:
+            echo(summary(rec.to_json(), quantity(results.meta)))
+            return ran
+        if index == rounds:
+            echo(f"still a bound after {rounds} round(s): {summary(rec.to_json())} Run "
+                 f"`gnsweep plan {sweep_dir}` again for more")
+            return ran
+        grid = rec.next_grid
+        specs = [RunSpec(r.batch_size, r.learning_rate, seed)
+                 for r in grid.runs for seed in config.sweep.seeds]
+        known = set(store.run_ids(sweep_dir))
+        if all(spec.run_id in known for spec in specs):
+            # The next grid is a function of the finished runs: the same runs again say their
+            # outcomes did not move the answer (failed, or not finished).
+            again = ", ".join(spec.run_id for spec in specs[:4])
+            raise PlanError(f"the next grid proposes again runs the folder has ({again}...): "
+                            f"check `gnsweep status {sweep_dir}`")
+        echo(f"next grid, round {index + 1} ({len(specs)} run(s): {grid.reason})")
+        for r in grid.runs:
+            echo(f"  b={r.batch_size} lr={r.learning_rate:g}: {r.why}")
+        sweep = config.sweep
+        config = dataclasses.replace(config, sweep=dataclasses.replace(
+            sweep, batch_sizes=sorted({*sweep.batch_sizes, *grid.batch_sizes}),
+            learning_rates=sorted({*sweep.learning_rates, *grid.learning_rates})))
+        prepare_folder(sweep_dir, config, specs)
+        for spec in specs:
+            write_run(sweep_dir, config, spec)
+        ids = [spec.run_id for spec in specs]
+        run_specs(config, sweep_dir, ids, show_progress=show_progress)
+        ran += ids
+    return ran
+
+
 def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | None,
         quiet: bool, echo: Echo) -> None:
     """`gnsweep plan`: the config and its checks as for `gnsweep launch`, then the plan's rounds;
-    ends with what it ran and pruned."""
+    ends with what it ran and pruned. `gnsweep plan DIR` (an analysed sweep folder): the next
+    grids of its recommendation (`next_grids`)."""
     from gnsweep.commands.preflight import compose_config, preflight
+
+    folder = folder_argument(overrides)
+    if folder is not None:
+        if sweep_dir is not None:
+            raise PlanError("gnsweep plan DIR runs the next grid inside DIR; drop --sweep-dir")
+        ids = next_grids(folder, workers=workers, show_progress=not quiet, echo=echo)
+        echo(f"plan {folder}: {len(ids)} run(s) of next grids, "
+             f"{examples_processed(folder, ids):,} examples processed")
+        echo(f"next: gnsweep recommend {folder}")
+        return
 
     # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
     config, _ = preflight(compose_config(overrides, workers), overrides)

@@ -291,7 +291,8 @@ def grid_summary(config: Config, runs: pd.DataFrame) -> str:
              ("learning rates", ", ".join(f"{x:g}" for x in sweep.learning_rates)),
              ("seeds", ", ".join(map(str, sweep.seeds))),
              ("target " + ("losses" if config.task.metric == "loss" else
-                           f"{config.task.metric}s"), ", ".join(map(str, sweep.targets))),
+                           f"{config.task.metric}s"),
+              ", ".join(map(str, sweep.targets)) or "auto (from the runs)"),
              ("max steps per run", sweep.max_steps)]
     states = runs["state"].value_counts().to_dict() if len(runs) else {}
     items.append(("runs", f"{len(runs)}: " + ", ".join(f"{n} {s}" for s, n in
@@ -348,6 +349,18 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config | No
     return "\n".join(parts)
 
 
+def recommendation_box(tables: Results) -> list[str]:
+    """The setting to train with (`analysis.recommend`, balanced), first in the answer box;
+    nothing for a branch sweep (its answer is per branch point) or without fits."""
+    from gnsweep.analysis.recommend import recommend
+    from gnsweep.report.recommendation import summary
+
+    if len(tables.along) or not len(tables.fits):
+        return []
+    rec = tables.recommendation or recommend(tables).to_json()
+    return [f"<p class=answer><b>{esc(summary(rec, quantity(tables.meta)))}</b></p>"]
+
+
 def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] | None
              ) -> list[str]:
     """Answer, warnings, fits and figures of one analysis."""
@@ -358,6 +371,7 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
     unit = unit_of(tables.meta)
     parts = [
         "<h2>Answer</h2>",
+        *recommendation_box(tables),
         *(f"<p class=answer>{esc(a)}</p>"
           for a in answers(tables.fits, tables.front, quantity(tables.meta), unit,
                               Direction.from_meta(tables.meta))),

@@ -39,8 +39,8 @@ PLACEHOLDERS: dict[str, str] = {
     "max_steps": "the run's budget in optimizer steps",
     "run_id": "the run's id (e.g. b00008_lr0.1_s0)",
     "sweep_dir": "the sweep folder (absolute)",
-    "targets": "the sweep's loss targets, comma-separated",
-    "target": "the hardest loss target (the run may stop once it is reached)",
+    "targets": "the sweep's loss targets, comma-separated (empty for sweep.targets=auto)",
+    "target": "the hardest loss target (the run may stop once it is reached; empty for auto)",
     "checkpoint_dir": "<run_dir>/checkpoints (absolute), a place for the script's checkpoints",
     "resume": "1 when an earlier attempt of this run logged rows (resume from your checkpoint "
               "if you have one), else 0",

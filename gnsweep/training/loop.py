@@ -127,8 +127,9 @@ def run(state: TrainState, out_dir: Path | None = None,
     sweep, world = config.sweep, state.world
     # A metric task's targets are values of task.metric(model), reached in its direction.
     metric_task = config.task.metric != "loss"
-    # A branch run with automatic targets trains its window and stops at no target.
-    hardest = None if config.branch.points and config.branch.automatic \
+    # A branch run with automatic targets trains its window and stops at no target; so does a
+    # run of a sweep whose targets the analysis chooses (sweep.targets=auto): its budget.
+    hardest = None if (config.branch.points and config.branch.automatic) or sweep.auto_targets \
         else config.task.hardest(sweep.targets)
     params = [p for p in state.model.parameters() if p.requires_grad]
     start = time.perf_counter() - state.elapsed

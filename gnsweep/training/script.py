@@ -91,8 +91,9 @@ def placeholder_values(config: Config, spec: RunSpec, run_path: Path, resume_ste
         "run_dir": str(run_path), "max_examples": sweep.max_examples,
         "max_steps": sweep.max_steps, "run_id": spec.run_id,
         "sweep_dir": str(store.sweep_of(run_path)),
+        # sweep.targets=auto: none (the analysis chooses them; the run trains its budget).
         "targets": ",".join(f"{t:g}" for t in sweep.targets),
-        "target": config.task.hardest(sweep.targets),
+        "target": config.task.hardest(sweep.targets) if sweep.targets else "",
         "checkpoint_dir": str(run_path / store.CHECKPOINTS),
         "resume": int(resume_step > 0), "resume_step": resume_step, "attempt": attempt}
     assert set(values) == set(PLACEHOLDERS)
@@ -265,7 +266,8 @@ class RowLog:
         self.first = True  # the attempt's first row may go back (a resume)
         self.per_sample = options.examples_per_sample
         self.step_offset = options.step_offset
-        self.hardest = config.task.hardest(config.sweep.targets)
+        self.hardest = None if config.sweep.auto_targets \
+            else config.task.hardest(config.sweep.targets)
         self.stop_at: int | None = None
         self.reason: str | None = None
         self.diverged: str | None = None
@@ -364,10 +366,11 @@ class RowLog:
     def _check_done(self, step: int, examples: int) -> None:
         sweep = self.config.sweep
         smooth = self.rows["loss_smooth"][-1]
-        if self.stop_at is None and self.config.task.reached(smooth, self.hardest):
+        if self.hardest is not None and self.stop_at is None \
+                and self.config.task.reached(smooth, self.hardest):
             self.stop_at = step + overrun_steps(step, self.spec.batch_size, SMOOTHING_FRACTION,
                                                 MIN_WINDOW_EXAMPLES)
-        if self.stop_at is not None and step >= self.stop_at:
+        if self.stop_at is not None and self.hardest is not None and step >= self.stop_at:
             x = np.asarray(self.rows["step"], float) - 1.0
             if settled_at_or_below(x, np.asarray(self.rows["loss"], float), self.hardest,
                                    SMOOTHING_FRACTION,

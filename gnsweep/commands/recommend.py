@@ -1,0 +1,83 @@
+"""`gnsweep recommend`: an analysed sweep folder (or `analyze --table` output) in, the batch size
+and learning rate to train with out (`analysis.recommend`). Runs `gnsweep analyze` first where
+the folder has not been analysed; writes nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gnsweep import store
+from gnsweep.analysis.recommend import PREFERENCES, Recommendation, recommend
+from gnsweep.analysis.results import Results, read_results
+from gnsweep.analysis.setting import Setting
+from gnsweep.commands import Echo
+from gnsweep.errors import ConfigError
+
+
+def load(sweep_dir: Path) -> Results:
+    """The folder's results: its tables where analysed (a sweep folder or an `analyze --table`
+    output), else a sweep folder analysed now (its tables written, as `gnsweep analyze`)."""
+    from gnsweep.commands.analyze import analyze_sweep
+
+    if not sweep_dir.is_dir():
+        raise store.StoreError(f"{sweep_dir}: no such folder; give a sweep folder or the --out "
+                               "folder of `gnsweep analyze --table`")
+    if (sweep_dir / store.result_file("fits")).is_file():
+        return read_results(sweep_dir)
+    store.require_sweep(sweep_dir)
+    return analyze_sweep(sweep_dir)
+
+
+def setting_of(sweep_dir: Path, results: Results) -> Setting:
+    """fits.json's setting (`commands.analyze.setting_meta`); for a folder analysed before it
+    was recorded, the sweep's config gives the grid and the data-parallel size."""
+    setting = Setting.from_meta(results.meta)
+    if "grid" in results.meta or not store.is_sweep(sweep_dir):
+        return setting
+    from dataclasses import replace
+
+    from gnsweep.commands.analyze import setting_meta
+    from gnsweep.config import Config
+
+    meta = setting_meta(Config.load(sweep_dir), results.runs)
+    return replace(setting, data_parallel=int(meta["data_parallel"]),
+                   batch_sizes=tuple(meta["grid"]["batch_sizes"]),
+                   learning_rates=tuple(meta["grid"]["learning_rates"]))
+
+
+def make(sweep_dir: Path, *, target: float | None = None, prefer: str = "balanced"
+         ) -> tuple[Recommendation, Results]:
+    """The recommendation for a folder (module doc); ConfigError for a bad --prefer or a
+    --target that was not analysed."""
+    if prefer not in PREFERENCES:
+        raise ConfigError(f"--prefer: {prefer!r} is not one of {', '.join(PREFERENCES)}")
+    results = load(sweep_dir)
+    if len(results.along):
+        raise ConfigError(f"{sweep_dir}: a branch sweep; its answer is per branch point: "
+                          f"gnsweep analyze {sweep_dir} (along.parquet)")
+    try:
+        return recommend(results, prefer, target, setting_of(sweep_dir, results)), results
+    except KeyError as err:
+        raise ConfigError(str(err.args[0]).replace("DIR", str(sweep_dir))) from None
+
+
+def run(sweep_dir: Path, *, target: float | None, prefer: str, as_json: bool,
+        echo: Echo) -> int:
+    """`gnsweep recommend`: the recommendation as text (or JSON with --json); exit code 0
+    whatever its status (a script reads `status`), 2 for bad input."""
+    from gnsweep.report.recommendation import lines
+    from gnsweep.report.views import quantity
+
+    rec, results = make(sweep_dir, target=target, prefer=prefer)
+    data = rec.to_json()
+    if as_json:
+        echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        for line in lines(data, quantity(results.meta)):
+            echo(line)
+        if rec.status == "bound" and rec.next_grid is not None and rec.next_grid.runs \
+                and store.is_sweep(sweep_dir):
+            echo(f"to run exactly those {len(rec.next_grid.runs)} runs: gnsweep plan {sweep_dir}")
+    return 0
