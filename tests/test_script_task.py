@@ -439,3 +439,23 @@ def test_automatic_targets_train_the_budget(tmp_path):
         assert rows.reason == (None if step < 30 else "max_steps")
     values = placeholder_values(rows.config, RunSpec(8, 0.1), path, 0, 1)
     assert values["target"] == "" and values["targets"] == ""
+
+
+def test_rows_an_earlier_attempt_printed_but_never_wrote_are_recovered(tmp_path):
+    """A worker killed between two flushes: its run's stdout.log still holds the lines; they
+    are read as the run read them live (a step going back is a resume)."""
+    from gnsweep.tasks.script import example_values, pattern_columns
+    from gnsweep.training.script import recovered
+
+    (tmp_path / "stdout.log").write_text(
+        "--- gnsweep attempt 1: python t.py\n"
+        + "".join(f"step {s} loss {1 / s}\n" for s in range(1, 9))
+        + "--- gnsweep attempt 2: python t.py\n"
+        + "".join(f"step {s} loss {2 / s}\n" for s in range(6, 11)))
+    options = ScriptOptions(command="python t.py", log_pattern=r"step (?P<step>\d+) loss "
+                            r"(?P<loss>\S+)")
+    rows = recovered(options, example_values(), str(tmp_path), tmp_path,
+                     pattern_columns(options.log_pattern), after=4)
+    assert [(raw["step"], float(raw["loss"])) for _, raw in rows] == \
+        [("5", 1 / 5)] + [(str(s), 2 / s) for s in range(6, 11)]
+    assert rows[0][0] == f"{tmp_path / 'stdout.log'}:6"

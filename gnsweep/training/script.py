@@ -30,6 +30,7 @@ import json
 import math
 import os
 import queue
+import re
 import shlex
 import signal
 import subprocess
@@ -461,13 +462,26 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
     attempt = max(1, int(store.read_status(out_dir).get("attempts", 1)))
     kept = store.clear_metrics(out_dir, _last_step(out_dir))
     rows = RowLog(config, spec, out_dir, kept, options)
-    values = placeholder_values(config, spec, out_dir, rows.kept_step, attempt)
+    pattern = pattern_columns(options.log_pattern) if options.log_pattern else None
+    # The rows an earlier attempt logged but did not write to disk before it was killed: its
+    # output, log file or API rows hold them.
+    for where, raw in recovered(options, placeholder_values(config, spec, out_dir, 0, attempt),
+                                cwd, out_dir, pattern, rows.kept_step):
+        try:
+            rows.add(where, raw)
+        except ScriptFailed:
+            break
+    rows.first = True  # this attempt's first row may go back to its command's checkpoint
+    rows.flush(force=True)
+    if rows.reason is not None:  # the earlier attempt had reached it already
+        return _finished(rows, out_dir)
+    last = int(rows.rows["step"][-1]) if rows.rows["step"] else 0
+    values = placeholder_values(config, spec, out_dir, last, attempt)
     args = command(config, values)
     env = environment(values, config, options)
     for name in (API_ROWS, STOP_FLAG):
         (out_dir / name).unlink(missing_ok=True)
     table = _table_log(options, values, cwd, out_dir)
-    pattern = pattern_columns(options.log_pattern) if options.log_pattern else None
     stderr: deque[str] = deque(maxlen=max(1, options.stderr_lines))
     outputs = {name.removesuffix(".log"): store.open_nofollow(
         out_dir / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT) for name in store.SCRIPT_OUTPUT}
@@ -550,11 +564,16 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
     code = child.process.returncode
     if rows.reason is None:
         if code != 0:
-            last = next((line for line in reversed(stderr) if line.strip()), "")
+            said = next((line for line in reversed(stderr) if line.strip()), "")
             raise ScriptFailed(f"exit status {code}"
-                               + (f": {last.strip()[:300]}" if last else ""), list(stderr))
+                               + (f": {said.strip()[:300]}" if said else ""), list(stderr))
         if not rows.rows["step"]:
             raise ScriptFailed(_no_rows(options, table), list(stderr))
+    return _finished(rows, out_dir)
+
+
+def _finished(rows: RowLog, out_dir: Path) -> RunResult:
+    """The run's end: metrics.parquet written, its result."""
     reason = rows.reason or "script ended"
     state = "diverged" if rows.diverged else "done"
     store.end_metrics(out_dir, rows.rows)
@@ -568,20 +587,63 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
                      if logged else None)
 
 
+def recovered(options: ScriptOptions, values: dict[str, Any], cwd: str, run_path: Path,
+              pattern: re.Pattern[str] | None, after: int) -> list[tuple[str, dict[str, Any]]]:
+    """Rows after step `after` that earlier attempts logged but never wrote to the run's
+    metrics (a worker killed with -9 between two flushes): from the run's stdout.log and
+    stderr.log (`task.log_pattern`), the log file, or the API's rows file. Read as the run
+    reads them live (a step going back replaces the rows from it on: a resume), so that they
+    are the rows of an uninterrupted run."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    try:
+        if pattern is not None:
+            for name in store.SCRIPT_OUTPUT:
+                with contextlib.suppress(OSError):
+                    lines = (run_path / name).read_text(errors="replace").splitlines()
+                    found = [(f"{run_path / name}:{number}",
+                              {k: v for k, v in match.groupdict().items() if v is not None})
+                             for number, line in enumerate(lines, 1)
+                             if not line.startswith("--- gnsweep attempt")
+                             and (match := pattern.search(line))]
+                if found:
+                    break
+        else:
+            table = _table_log(options, values, cwd, run_path, skip_existing=False)
+            if table is not None:
+                found = [(where, raw) for where, raw, _ in table.rows()]
+    except ScriptFailed:
+        return []
+    effective: list[tuple[int, str, dict[str, Any]]] = []
+    for where, raw in found:
+        try:
+            step = int(float(raw["step"])) + options.step_offset
+        except (KeyError, TypeError, ValueError):
+            continue
+        if "loss" not in raw:
+            continue
+        while effective and effective[-1][0] >= step:
+            effective.pop()
+        effective.append((step, where, raw))
+    return [(where, raw) for step, where, raw in effective if step > after]
+
+
 def _last_step(run_path: Path) -> int:
     """The last step the run has on disk from earlier attempts (0: none)."""
     last = store.last_metrics_row(run_path)
     return int(last["step"]) if last else 0
 
 
-def _table_log(options: ScriptOptions, values: dict[str, Any], cwd: str,
-               run_path: Path) -> TableLog | None:
+def _table_log(options: ScriptOptions, values: dict[str, Any], cwd: str, run_path: Path,
+               skip_existing: bool = True) -> TableLog | None:
+    """The log file (read from its end: its earlier lines are an earlier attempt's, unless
+    `skip_existing` is False) or the API's rows file; None for printed lines."""
     if options.log_pattern:
         return None
     if options.log_file:
         name = fill(options.log_file, values, "task.log_file")
         path = Path(cwd, name)
-        return TableLog(path, log_format(options, name), options.columns, skip_existing=True)
+        return TableLog(path, log_format(options, name), options.columns,
+                        skip_existing=skip_existing)
     return TableLog(run_path / API_ROWS, "jsonl", {}, skip_existing=False)
 
 
