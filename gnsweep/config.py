@@ -146,6 +146,22 @@ def _secret_is_text(where: str, value: Any, holds_uri: bool = False) -> None:
 
 
 @dataclass
+class ScaleConfig:
+    """The sweep's place in a family of scales (`gnsweep laws`, docs/laws.md)."""
+
+    params: float = 0.0
+    """The model's parameter count N (0: counted at launch from the task's model, without its
+    embeddings; a task whose model cannot be built here, such as a training script, must give
+    it). The data budget D is sweep.max_examples."""
+
+    def __post_init__(self) -> None:
+        self.params = _number("sweep.scale.params", self.params)
+        if self.params < 0:
+            raise ConfigError(f"sweep.scale.params: {self.params:g} must be >= 0 (0: counted at "
+                              "launch)")
+
+
+@dataclass
 class SweepConfig:
     """The batch-size x learning-rate grid and what every run in it does."""
 
@@ -226,6 +242,8 @@ class SweepConfig:
     along_points: list[list[float]] = field(default_factory=list)
     """schedule=along: [examples, B_crit] pairs the batch size follows; read from
     `along_from` at launch (set it only to give the curve by hand)."""
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
+    """The model size N for `gnsweep laws` (sweep.scale.params; 0: counted at launch)."""
 
     @property
     def auto_targets(self) -> bool:
@@ -249,6 +267,11 @@ class SweepConfig:
         if self.max_steps < 1:
             raise ConfigError(f"sweep.max_steps: {self.max_steps} is not allowed; must be >= 1")
         self.max_examples = _integer("sweep.max_examples", self.max_examples)
+        if isinstance(self.scale, dict):
+            unknown = sorted(set(self.scale) - {"params"})
+            if unknown:
+                raise ConfigError(f"sweep.scale.{unknown[0]}: unknown option; known: params")
+            self.scale = ScaleConfig(**self.scale)
         self.loss_ema_examples = _number("sweep.loss_ema_examples", self.loss_ema_examples)
         self.divergence_factor = _number("sweep.divergence_factor", self.divergence_factor)
         if self.divergence_factor <= 1:

@@ -652,6 +652,13 @@ def write_status(path: Path, state: str, **changes: Any) -> RunStatus:
 
 # The tables' columns and types live in `gnsweep.tables` (no analysis import from here).
 COMPARE = "compare.parquet"
+LAWS = "laws.parquet"
+LAWS_JSON = "laws.json"
+LAW_CELLS = "law_cells.parquet"
+LAWS_HTML = "laws.html"
+SCALE = "scale.json"
+"""The sweep's model size, counted at launch (`gnsweep laws` reads N from it)."""
+"""`gnsweep laws --out OUT`: the laws, their JSON (docs/laws.md) and the cells' optima."""
 FITS_JSON = "fits.json"
 REPORT = "report.html"
 """`gnsweep report`'s one-page HTML, in the sweep folder."""

@@ -189,14 +189,16 @@ def recording_table(seed: int) -> RecordingTable:
 
 
 class Scale(nn.Module):
-    """A learned scalar: a layer the per-example norms do not cover."""
+    """A learned scalar around a child layer: a layer the per-example norms do not cover (a
+    leaf layer of one's own would be measured by its own forward, `measure.functional`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.scale = nn.Parameter(torch.ones(()))
+        self.inner = nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
+        return self.scale * self.inner(x)
 
 
 class ScaledTable(TableTask):
@@ -212,14 +214,16 @@ def scaled_table(seed: int, n: int = 1000) -> ScaledTable:
 
 
 class _Scale(nn.Module):
-    """A learned scalar factor: a parameter outside the layers per-example norms cover."""
+    """A learned scalar factor around a child layer: a parameter outside the layers
+    per-example norms cover."""
 
     def __init__(self) -> None:
         super().__init__()
         self.factor = nn.Parameter(torch.ones(()))
+        self.inner = nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.factor
+        return self.inner(x) * self.factor
 
 
 class Uncovered(Regression):

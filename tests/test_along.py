@@ -313,3 +313,12 @@ def test_the_figure_draws_eq_2_11_bounds_as_arrows_at_the_grid_edge(branched):
     assert y_tail == 64.0 and y_tip > y_tail  # from the largest batch, upwards
     assert x_tip == pytest.approx(along.loc[edge, "at_examples"], rel=0.2)
     assert len(ax.containers) == len(FRACTIONS)  # the target's other points keep their bars
+
+
+def test_warnings_name_branch_points_in_the_tasks_unit(branched):
+    """A language model's branch points are tokens in its warnings, as in its answers."""
+    _, _, points, curves = branched
+    floor_point = BranchPoint(points[-1].at_examples, points[-1].at_step, 0.2)  # floor 0.125
+    result = analyze_along(curves, [points[0], floor_point], [0.5], loss="eval", unit="tokens")
+    (said,) = [w for w in result.warnings if f"{floor_point.at_examples}" in w]
+    assert f"branch point {floor_point.at_examples} tokens, target" in said

@@ -88,13 +88,17 @@ def test_transformers_tiny_gpt2_logs_to_history_and_tensorboard(tmp_path):
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows)
     NoiseScaleCallback.attach(trainer)  # first, so that report_to integrations see its values
     trainer.train()
-    logged = [entry["b_simple"] for entry in trainer.state.log_history if "b_simple" in entry]
-    assert len(logged) == 3 and all(math.isfinite(v) for v in logged)
-    # The Trainer's AdamW: B_simple in its preconditioner, from the two micro-batches (on
-    # random tokens |G|^2 is near zero: either may be negative here, never NaN).
-    precond = [entry["b_simple_precond"] for entry in trainer.state.log_history
-               if "b_simple" in entry]
-    assert all(math.isfinite(v) for v in precond) and precond != logged
+    entries = [entry for entry in trainer.state.log_history if "b_simple" in entry]
+    assert len(entries) == 3
+    # On random tokens |G|^2 is near zero and its window's estimate may be negative: b_simple
+    # is then NaN (undetermined, said once), never a negative batch size; positive otherwise.
+    for entry in entries:
+        determined = entry["g2"] > 0 and entry["trace_sigma"] > 0
+        assert entry["b_simple"] > 0 if determined else math.isnan(entry["b_simple"])
+    # The Trainer's AdamW: B_simple in its preconditioner, from the two micro-batches.
+    precond = [entry["b_simple_precond"] for entry in entries]
+    assert all(math.isfinite(v) for v in precond)
+    assert precond != [entry["b_simple"] for entry in entries]
     events = EventAccumulator(str(next((tmp_path / "out").rglob("events.out.tfevents.*")).parent))
     events.Reload()
     assert {"train/b_simple", "train/g2", "train/trace_sigma"} <= set(events.Tags()["scalars"])
@@ -135,8 +139,13 @@ def test_transformers_bf16_logs_b_simple_with_per_example_norms(tmp_path):
                                    callbacks=[callback])
     trainer.train()
     assert callback.unavailable is None
-    logged = [entry["b_simple"] for entry in trainer.state.log_history if "b_simple" in entry]
-    assert len(logged) == 4 and all(math.isfinite(v) for v in logged)
+    entries = [entry for entry in trainer.state.log_history if "b_simple" in entry]
+    assert len(entries) == 4 and all(math.isfinite(entry["g2"]) for entry in entries)
+    # Random tokens: where the window's |G|^2 is not positive b_simple is NaN, never negative.
+    for entry in entries:
+        determined = entry["g2"] > 0 and entry["trace_sigma"] > 0
+        assert entry["b_simple"] > 0 if determined else math.isnan(entry["b_simple"])
+    assert any(entry["b_simple"] > 0 for entry in entries)
 
 
 def test_transformers_says_once_and_logs_nan_when_it_cannot_measure(tmp_path, caplog):
@@ -234,7 +243,10 @@ def test_transformers_broadcast_positions_need_accumulation(tmp_path, accumulate
         assert all(math.isnan(v) for v in logged)
     else:
         assert callback.unavailable is None
-        assert logged and all(math.isfinite(v) for v in logged)
+        # The first log (step 2) holds one measurement (step 1 found the positions): NaN,
+        # said once; then the ratio of the EMAs.
+        assert len(logged) > 1 and math.isnan(logged[0])
+        assert all(math.isfinite(v) for v in logged[1:])
 
 
 def test_transformers_examples_give_b_in_tokens(tmp_path):
@@ -285,3 +297,136 @@ def test_transformers_inside_a_script_sweep_logs_the_runs_rows_and_stops(tmp_pat
     assert [row["step"] for row in rows] == list(range(1, 11))  # stopped at the flag
     assert all(math.isfinite(row["loss"]) and row["lr"] > 0 for row in rows)
     assert math.isfinite(rows[-1]["b_simple"]) and rows[-1]["b_simple"] > 0
+
+
+class _TiedLM(nn.Module):
+    """An LM whose output layer is the token embedding read functionally (`h @ emb.weight.t()`,
+    as several libraries tie weights): the hooks see the embedding's lookup only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.mid = nn.Linear(8, 8)
+
+    def forward(self, input_ids, labels=None):
+        logits = torch.tanh(self.mid(self.emb(input_ids))) @ self.emb.weight.t()
+        loss = nn.functional.cross_entropy(logits.reshape(-1, 16), labels.reshape(-1))
+        return {"loss": loss, "logits": logits}
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_transformers_functionally_tied_lm_is_measured_or_refused_by_name(tmp_path, caplog,
+                                                                          accumulate,
+                                                                          monkeypatch):
+    """Before, per-example norms missed the tied use and logged a wrong B_simple. Now one
+    micro-batch a step: NaN, the error naming emb.weight and gradient_accumulation_steps; two:
+    the tied embedding from the micro-batches, a positive B_simple from the second log on."""
+    from gnsweep.measure import common
+
+    monkeypatch.setattr(common, "_SAID", set())  # facts said once per process: said here
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 16, (64, 8), generator=torch.Generator().manual_seed(0))
+    rows = [{"input_ids": t, "labels": t.roll(-1)} for t in tokens]
+    args = _args(tmp_path, learning_rate=0.0, per_device_train_batch_size=16 // accumulate,
+                 gradient_accumulation_steps=accumulate, logging_steps=1)
+    callback = NoiseScaleCallback(ema_steps=math.inf)
+    trainer = transformers.Trainer(model=_TiedLM(), args=args, train_dataset=rows,
+                                   callbacks=[callback])
+    with caplog.at_level("WARNING"):
+        trainer.train()
+    entries = [entry for entry in trainer.state.log_history if "b_simple" in entry]
+    if accumulate == 1:
+        assert callback.unavailable is not None
+        assert "emb.weight" in callback.unavailable
+        assert "gradient_accumulation_steps >= 2" in callback.unavailable
+        assert all(math.isnan(entry["b_simple"]) for entry in entries)
+    else:
+        assert callback.unavailable is None
+        assert "emb.weight" in caplog.text  # the split said once, naming the parameter
+        # Step 1 found the tied use (not measured), step 2 is the window's one measurement
+        # (NaN, said once: no standard error yet), then the ratio of the EMAs.
+        assert math.isnan(entries[0]["b_simple"]) and math.isnan(entries[1]["b_simple"])
+        assert "until the window holds two measurements" in caplog.text
+        assert all(entry["b_simple"] > 0 and entry["b_simple_se"] > 0 for entry in entries[2:])
+
+
+def test_logged_b_simple_is_nan_while_undetermined(caplog):
+    """The callbacks' logged values: a negative |G|^2 estimate or a single measurement gives
+    b_simple NaN (never a negative batch size), each reason said once; else the ratio of the
+    EMAs with its standard error."""
+    from gnsweep.integrations._common import metrics
+    from gnsweep.noise import NoiseEstimate
+
+    def estimate(g2: float, se: float) -> NoiseEstimate:
+        return NoiseEstimate(1.0, 8.0, 1.0, 1.0, g2, 2.0, g2, 2.0, 2.0 / g2, b_simple_se=se)
+
+    said: set[str] = set()
+    with caplog.at_level("WARNING", logger="gnsweep.integrations"):
+        negative = [metrics(estimate(-6.28e-5, 1.0), with_b_noise=False, said=said)
+                    for _ in range(2)]
+        single = metrics(estimate(0.5, math.nan), with_b_noise=False, said=said)
+    assert all(math.isnan(m["b_simple"]) and m["g2"] == -6.28e-5 for m in negative)
+    assert math.isnan(single["b_simple"]) and single["g2"] == 0.5
+    assert caplog.text.count("|G|^2 is -6.28e-05") == 1
+    assert caplog.text.count("until the window holds two measurements") == 1
+    fine = metrics(estimate(0.5, 0.3), with_b_noise=False, said=said)
+    assert fine["b_simple"] == 4.0 and fine["b_simple_se"] == 0.3
+
+
+def test_a_causal_lms_batch_counts_tokens_by_default(caplog):
+    """`examples="tokens"` (the default): token-level labels mark a causal LM, whose B counts
+    the attention mask's ones (said once); a classifier's batch counts sequences."""
+    from gnsweep.integrations._common import Units
+
+    ids = torch.zeros(4, 8, dtype=torch.long)
+    mask = torch.ones(4, 8, dtype=torch.long)
+    mask[:, 6:] = 0  # two padded positions a sequence
+    units = Units("tokens")
+    with caplog.at_level("WARNING", logger="gnsweep.integrations"):
+        for _ in range(2):
+            units.add({"input_ids": ids, "attention_mask": mask, "labels": ids})
+    assert units.take() == (48, 6.0)
+    assert caplog.text.count("B counts tokens") == 1
+    classifier = Units("tokens")
+    classifier.add({"input_ids": ids, "attention_mask": mask, "labels": torch.zeros(4)})
+    assert classifier.take() == (None, 1.0)
+    sequences = Units(None)
+    sequences.add({"input_ids": ids, "labels": ids})
+    assert sequences.take() == (None, 1.0)
+
+
+class _Llama(nn.Module):
+    """bench.architectures' Llama-style LM (a custom RMSNorm, a broadcast position parameter)
+    as the Trainer takes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from gnsweep.bench.architectures import LlamaLm
+
+        self.lm = LlamaLm()
+
+    def forward(self, input_ids, labels=None):
+        from gnsweep.bench.architectures import VOCAB
+
+        logits = self.lm(input_ids)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+        return {"loss": loss, "logits": logits}
+
+
+def test_transformers_custom_norm_and_broadcast_positions_need_no_accumulation(tmp_path):
+    """A custom RMSNorm (by its own forward) and a (1, T, C) position parameter (through its
+    expanded view) are per-example: one micro-batch a step measures B_simple, in tokens."""
+    from gnsweep.bench.architectures import VOCAB
+
+    torch.manual_seed(0)
+    tokens = torch.randint(0, VOCAB, (48, 12), generator=torch.Generator().manual_seed(0))
+    rows = [{"input_ids": t, "labels": t.roll(-1)} for t in tokens]
+    args = _args(tmp_path, learning_rate=1e-3, per_device_train_batch_size=8, logging_steps=1)
+    callback = NoiseScaleCallback()
+    trainer = transformers.Trainer(model=_Llama(), args=args, train_dataset=rows,
+                                   callbacks=[callback])
+    trainer.train()
+    assert callback.unavailable is None
+    logged = [entry["b_simple"] for entry in trainer.state.log_history if "b_simple" in entry]
+    assert len(logged) == 6 and math.isnan(logged[0])  # one measurement: no standard error
+    assert all(v > 0 for v in logged[1:])

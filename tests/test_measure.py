@@ -158,14 +158,16 @@ def test_b_simple_and_b_noise_match_the_truth(method):
 
 
 class _Shift(nn.Module):
-    """An output offset: a parameter of a layer kind without per-example norms."""
+    """An output offset around a child layer: a parameter of a layer kind without per-example
+    norms (a leaf layer of one's own would be measured by its own forward)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.offset = nn.Parameter(torch.tensor(0.3))
+        self.inner = nn.Identity()
 
     def forward(self, x):
-        return x + self.offset
+        return self.inner(x) + self.offset
 
 
 class _Attention(nn.Module):
@@ -215,7 +217,7 @@ def test_per_example_falls_back_to_microbatches(caplog):
     trace = truth.trace_sigma + 2 * truth.loss - c * c  # Var(g_b) = s2 - c^2 = 2 loss - c^2
     with caplog.at_level(logging.WARNING, logger="gnsweep.measure"):
         estimate = measure_noise_scale(model, task.output_loss, batches[:300], method="per_example")
-    assert "no per-example norms for 1 (_Shift)" in caplog.text
+    assert "no per-example norms for 1 (its own offset: used beside its child layers" in caplog.text
     assert estimate.b_simple == pytest.approx(trace / g2, rel=0.05)
 
 

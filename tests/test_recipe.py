@@ -312,7 +312,9 @@ def test_auto_measures_what_per_example_norms_miss_on_the_pieces_with_no_extra_p
     monkeypatch.setattr(sys.modules[__name__], "build_run", counting)
     pieces = _run(task, 32, 0.05, 10, TrainConfig(microbatch_size=8),
                   NoiseConfig(microbatches=2))
-    assert len(forwards) == 4 * 10
+    # 4 a step, and the layout check's one forward without gradients on half a piece, once
+    # per batch size (gnsweep.measure.coverage).
+    assert len(forwards) == 4 * 10 + 1
     split = _run(task, 32, 0.05, 10, TrainConfig(), NoiseConfig(microbatches=4))
     np.testing.assert_allclose(pieces.rows["b_simple"], split.rows["b_simple"], rtol=1e-6)
     assert all(math.isfinite(b) for b in pieces.rows["b_simple"])

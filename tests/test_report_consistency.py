@@ -140,3 +140,43 @@ def test_the_along_caption_follows_the_points():
     tables.along = _along()
     caption = ALONG_FIGURE.caption_for(tables)
     assert "falls" in caption and "grows" not in caption
+
+
+def test_the_best_lr_caption_names_the_grid_edge_instead_of_a_trend():
+    """Best rates on the learning-rate grid's edge are bounds, which the analysis warns about:
+    the caption says so rather than 'no clear trend' (nor any trend they cannot show)."""
+    tables = make_tables()
+    spec = {s.name: s for s in FIGURES}["best_lr"]
+    front = tables.front
+    front["lr_on_edge"] = False
+    inside = spec.caption_for(tables)
+    assert "edge" not in inside and "with B." in inside
+    front.loc[front["batch_size"] >= 128, "lr_on_edge"] = True
+    edged = spec.caption_for(tables)
+    sizes = ", ".join(f"{b:g}" for b in sorted(front.loc[front["batch_size"] >= 128,
+                                                         "batch_size"].unique()))
+    assert f"at B = {sizes} the best rate sits on the learning-rate grid's edge" in edged
+    front["lr_on_edge"] = True
+    alone = spec.caption_for(tables)
+    assert "no clear trend" not in alone and "shows no trend yet" in alone
+
+
+def test_analyze_prints_the_reports_robustness_sentence():
+    """`gnsweep analyze`'s table carries the robustness sentence of the report, word for word."""
+    from gnsweep.report.console import format_fits
+    from gnsweep.tables import RESULT_SCHEMAS
+
+    tables = make_tables()
+    fits = tables.fits
+    for field in RESULT_SCHEMAS["fits"]:  # every column the printed table reads
+        if field.name not in fits:
+            fits[field.name] = "" if str(field.type) == "string" else \
+                0 if "int" in str(field.type) else math.nan
+    fits["b_crit_window_lo"], fits["b_crit_window_hi"] = fits["b_crit"] * 0.95, fits["b_crit"]
+    fits["b_crit_window_spread"] = 0.05
+    fits["b_crit_se"] = 0.59 * fits["b_crit"]
+    printed = format_fits(fits, front=tables.front)
+    for sentence in answers(fits, tables.front):
+        note = sentence[sentence.index(" Smoothing the loss"):].strip()
+        assert note in printed
+    assert "not robust: its standard error is 59% of it" in printed

@@ -138,7 +138,7 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
                   loss: str = "smoothed", ema_examples: float | None = None,
                   bootstrap: int = 0, optimizer: str = "sgd", direction: Direction = FALLING,
                   source: str = "branch", window: float = 0.0,
-                  tolerance: float = 0.5) -> Results:
+                  tolerance: float = 0.5, unit: str = "examples") -> Results:
     """One analysis per branch point (runs whose `at_examples` column names it) to its relative
     targets, put together grouped by `at_examples` (`analysis.groups`), with `along`: one row
     per (point, target), ALONG_COLUMNS.
@@ -146,7 +146,8 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
     `fractions` empty or None: each point's targets are chosen from the losses its runs reached
     (`auto_targets`). Beside the fit of eq. 2.11 every row carries the point's local B_crit by
     tolerance (`tolerance_b_crit`) over `window` examples (0: the examples every batch size
-    covered, `common_window`).
+    covered, `common_window`). `unit`: the task's example unit, in which the warnings name
+    each branch point (tokens for a language model).
 
     A target that no run of its point reached, or a point without runs, keeps its row with
     `refused` saying why and NaN estimates: marked, never dropped, and never fitted on a subset
@@ -163,7 +164,7 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
     warnings: list[str] = []
     for point in sorted(points, key=lambda p: p.at_examples):
         sub = subset(curves, at == point.at_examples)
-        why = f"no branch runs from {point.at_examples} examples" if not len(sub.runs) else ""
+        why = f"no branch runs from {point.at_examples} {unit}" if not len(sub.runs) else ""
         tol = _tolerance_columns(sub, point, loss, ema_examples, direction, window,
                                  tolerance) if not why else _no_tolerance(why, tolerance)
         if automatic:
@@ -182,7 +183,7 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
         if why and not values:
             row = _row(point, math.nan, math.nan, fits, len(sub.runs), why)
             row.update(tol, target_source="auto" if automatic else "set")
-            warnings.append(f"branch point {point.at_examples} examples: {why}")
+            warnings.append(f"branch point {point.at_examples} {unit}: {why}")
             rows.append(row)
             continue
         if not why:
@@ -191,7 +192,7 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
             started = _reached_at_start(steps, sub, loss)
             if started.any():
                 warnings.append(
-                    f"branch point {point.at_examples} examples: {int(started.sum())} (run, "
+                    f"branch point {point.at_examples} {unit}: {int(started.sum())} (run, "
                     "target) pairs read as reached at their first logged row, left out: the "
                     "smoother's window at a run's start reaches into later rows, so that reading "
                     "is not a measurement")
@@ -211,7 +212,7 @@ def analyze_along(curves: Curves, points: list[BranchPoint], fractions: list[flo
             row.update(tol, target_source="auto" if automatic else "set")
             fitted = len(fits) and (fits["target"] == value).any()
             if row["refused"] and not fitted:  # a refused fit has warned in its part already
-                warnings.append(f"branch point {point.at_examples} examples, target "
+                warnings.append(f"branch point {point.at_examples} {unit}, target "
                                 f"{fraction:g} ({value:.4g}): {row['refused']}")
             rows.append(row)
     if parts:

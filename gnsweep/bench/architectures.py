@@ -136,9 +136,69 @@ def gpt2(seed: int = 0) -> Architecture:
     return Architecture("gpt2", model, _markov_sample(seed + 1), _lm_loss)
 
 
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm as model code writes it (not torch's `nn.RMSNorm`): a layer of one's
+    own, measured per-example by its own forward (`gnsweep.measure.functional`)."""
+
+    def __init__(self, width: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class LlamaLm(nn.Module):
+    """A Llama-style block in small: custom RMSNorm, causal attention by
+    `F.scaled_dot_product_attention`, SwiGLU, and a learned position embedding held as a
+    parameter of shape (1, T, C) broadcast over the batch (ViT's `pos_embed`, which per-example
+    norms cannot split: its gradient arrives summed over the examples)."""
+
+    def __init__(self, width: int = 24, heads: int = 2, depth: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, width)
+        self.pos_embed = nn.Parameter(0.02 * torch.randn(1, LENGTH, width))
+        self.blocks = nn.ModuleList(_LlamaBlock(width, heads) for _ in range(depth))
+        self.norm = RMSNorm(width)
+        self.head = nn.Linear(width, VOCAB, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.pos_embed[:, :tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+class _LlamaBlock(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = RMSNorm(width), RMSNorm(width)
+        self.qkv = nn.Linear(width, 3 * width, bias=False)
+        self.out = nn.Linear(width, width, bias=False)
+        self.gate = nn.Linear(width, 2 * width, bias=False)
+        self.up = nn.Linear(width, 2 * width, bias=False)
+        self.down = nn.Linear(2 * width, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2)
+                   for z in self.qkv(self.norm1(x)).split(c, -1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(y.transpose(1, 2).reshape(b, t, c))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+def llama(seed: int = 0) -> Architecture:
+    torch.manual_seed(seed)
+    return Architecture("llama", LlamaLm(), _markov_sample(seed + 1), _lm_loss)
+
+
 BUILDERS: dict[str, Callable[[int], Architecture]] = {
     "mlp": mlp, "cnn_batchnorm": cnn_batchnorm, "cnn_groupnorm": cnn_groupnorm,
-    "lstm_lm": lstm_lm, "gpt2": gpt2}
+    "lstm_lm": lstm_lm, "gpt2": gpt2, "llama": llama}
 
 
 def slightly_trained(arch: Architecture, steps: int = 30, batch_size: int = 32,

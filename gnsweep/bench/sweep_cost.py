@@ -16,7 +16,9 @@ machine only ever adds time) and divided by the fastest run with measurement off
 
 Models: the digits MLP (`task=digits`, batch 128), the character LM (`task=chars`) at 8 and 64
 windows (512 and 4,096 tokens a step), the bench's CNN (`bench.noise`, 16x16 images, batch
-128) and GPT-2 (`bench.architectures.gpt2`, 2 layers, width 24, 12 tokens, batch 128).
+128), GPT-2 (`bench.architectures.gpt2`, 2 layers, width 24, 12 tokens, batch 128) and a
+Llama-style transformer with a custom RMSNorm and a broadcast position-embedding parameter
+(`bench.architectures.llama`, the same sizes; `--models llama`).
 
 Flags: `--models` (default mlp, cnn, gpt2, lm512: about 2 minutes on one loaded CPU core;
 lm4096 takes as long again), `--steps` (a run's steps; default 40), `--rounds` (default 3),
@@ -53,6 +55,7 @@ MODELS: dict[str, tuple[str, dict[str, Any], int, float, str]] = {
     "mlp": ("digits", {}, 128, 0.1, "sgd"),
     "cnn": ("custom", {"_target_": "gnsweep.bench.sweep_cost.cnn_task"}, 128, 0.05, "sgd"),
     "gpt2": ("custom", {"_target_": "gnsweep.bench.sweep_cost.gpt2_task"}, 128, 0.01, "adam"),
+    "llama": ("custom", {"_target_": "gnsweep.bench.sweep_cost.llama_task"}, 128, 0.01, "adam"),
     "lm512": ("chars", {"eval_windows": 0}, 8, 0.004, "adam"),
     "lm4096": ("chars", {"eval_windows": 0}, 64, 0.004, "adam"),
 }
@@ -94,6 +97,15 @@ def gpt2_task(seed: int) -> _BenchTask:
 
     arch = gpt2(seed)
     return _BenchTask(lambda: gpt2(seed).model, arch.sample, arch.loss, seed)
+
+
+def llama_task(seed: int) -> _BenchTask:
+    """`bench.architectures.llama` (custom RMSNorm, SwiGLU, a broadcast position-embedding
+    parameter; 2 layers, width 24, 12 tokens) on Markov-chain tokens."""
+    from gnsweep.bench.architectures import llama
+
+    arch = llama(seed)
+    return _BenchTask(lambda: llama(seed).model, arch.sample, arch.loss, seed)
 
 
 def _config(model: str, noise: dict[str, Any], steps: int, precision: str) -> Any:

@@ -153,7 +153,8 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
                              bootstrap=config.analysis.bootstrap if bootstrap is None
                              else bootstrap, optimizer=config.train.optimizer,
                              direction=task.direction, source=str(sweep_dir),
-                             window=float(branch.window), tolerance=branch.tolerance)
+                             window=float(branch.window), tolerance=branch.tolerance,
+                             unit=task.unit)
     base = Path(branch.base)
     try:
         analysis.along_base = base_curve(load_run_curves(base), loss)
@@ -232,7 +233,8 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
 
         for line in lines(result.recommendation, quantity(result.meta)):
             echo(line, err=as_json)
-    echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by")), err=as_json)
+    echo(format_fits(result.fits, result.loss_scaling, result.meta.get("group_by"), result.front),
+         err=as_json)
     if len(result.along_schedule):  # runs following a measured B_crit (sweep.schedule=along)
         from gnsweep.report.console import format_schedule
 

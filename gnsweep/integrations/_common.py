@@ -1,15 +1,18 @@
 """What the framework callbacks share: finding a batch's size, the module the monitor watches,
-and the logged metric names (a public contract: `b_simple`, `g2`, `trace_sigma`, `b_noise`,
-`b_simple_precond`)."""
+and the logged metric names (a public contract: `b_simple`, `b_simple_se`, `g2`,
+`trace_sigma`, `b_noise`, `b_simple_precond`)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+log = logging.getLogger("gnsweep.integrations")
 
 if TYPE_CHECKING:
     from gnsweep.measure import NoiseScaleMonitor
@@ -67,20 +70,48 @@ class Watched(nn.Module):
         return True
 
 
-def metrics(estimate: NoiseEstimate | None, *, with_b_noise: bool) -> dict[str, float]:
-    """The logged values: B_simple (eq. 2.9) with its parts |G|^2 and tr(Sigma) (EMAs, eq. A.2),
-    and B_noise (eq. 2.8) once measured. NaN before the first measurement and where nothing
-    can be measured: a callback always logs `b_simple`."""
+def metrics(estimate: NoiseEstimate | None, *, with_b_noise: bool,
+            said: set[str] | None = None) -> dict[str, float]:
+    """The logged values: B_simple (eq. 2.9), the ratio of the EMAs of tr(Sigma) and |G|^2 that
+    the sweeps use, with its standard error `b_simple_se` and its parts `g2` and `trace_sigma`
+    (EMAs, eq. A.2), and B_noise (eq. 2.8) once measured. NaN before the first measurement and
+    where nothing can be measured: a callback always logs `b_simple`. While B_simple is not
+    determined (`undetermined`) `b_simple` and `b_simple_se` are NaN, and the reason is said
+    once per reason (`said`: the keys said so far, the callback's own)."""
     if estimate is None:
         return dict.fromkeys(("b_simple", "g2", "trace_sigma"), math.nan)
-    out = {"b_simple": float(estimate.b_simple), "g2": float(estimate.g2),
-           "trace_sigma": float(estimate.trace_sigma)}
+    out = {"b_simple": float(estimate.b_simple), "b_simple_se": float(estimate.b_simple_se),
+           "g2": float(estimate.g2), "trace_sigma": float(estimate.trace_sigma)}
+    why = undetermined(estimate)
+    if why is not None:
+        key, text = why
+        out["b_simple"] = out["b_simple_se"] = math.nan
+        if said is not None and key not in said:
+            said.add(key)
+            log.warning("noise scale: b_simple is logged as NaN %s", text)
     if with_b_noise and math.isfinite(estimate.b_noise):
         out["b_noise"] = float(estimate.b_noise)
     if math.isfinite(estimate.b_simple_precond):
         # B_simple in the optimizer's preconditioner (docs/noise.md), once measured.
         out["b_simple_precond"] = float(estimate.b_simple_precond)
     return out
+
+
+def undetermined(estimate: NoiseEstimate) -> tuple[str, str] | None:
+    """(key, why and until when) B_simple is not determined yet, or None when it is: the EMA of
+    |G|^2 or of tr(Sigma) not positive (single estimates are unbiased and noisy, and their
+    window's mean is not yet resolved above zero: a ratio of them would be a negative or
+    infinite batch size), or a single measurement in the window (no standard error)."""
+    if not estimate.g2 > 0 or not estimate.trace_sigma > 0:
+        which, value = ("|G|^2", estimate.g2) if not estimate.g2 > 0 else \
+            ("tr(Sigma)", estimate.trace_sigma)
+        return ("negative", f"while the window's estimate of {which} is {value:.3g}, not yet "
+                "resolved above zero at this batch size: it will be once more measured steps "
+                "average it positive (sooner with a larger batch or a longer window)")
+    if not math.isfinite(estimate.b_simple_se):
+        return ("one", "until the window holds two measurements (one so far gives no standard "
+                "error): from the next measured step")
+    return None
 
 
 def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
@@ -105,10 +136,12 @@ def cannot_measure(monitor: NoiseScaleMonitor, accumulation: int, setting: str) 
         return ("a model sharded by FSDP is not measured by this callback yet: use "
                 "gnsweep.FsdpNoiseScale in the training loop (docs/integrations.md)")
     if monitor.needs_microbatches and accumulation < 2:
+        # One behaviour whatever the cause (batch statistics, a broadcast input, a layer
+        # without per-example norms, a parameter the hooks do not see whole): NaN, said once,
+        # naming the cause.
         return (f"method {monitor.method} needs the micro-batches of gradient accumulation for "
-                "some of this model's parameters (layers without per-example norms, inputs "
-                "without the batch dimension such as positions wpe(torch.arange(T)), or batch "
-                f"statistics); set {setting} >= 2")
+                f"some of this model's parameters ({monitor.why_microbatches}); set {setting} "
+                ">= 2")
     return None
 
 
@@ -125,34 +158,73 @@ def measure_step(monitor: NoiseScaleMonitor, accumulation: int, setting: str,
     return estimate, cannot_measure(monitor, accumulation, setting)
 
 
+TOKENS = "tokens"
+"""`examples="tokens"` (the callbacks' default): B counts tokens where the batch says it is a
+causal LM's (`causal_lm_tokens`), samples elsewhere."""
+
+
 class Units:
     """The examples of each step in the user's unit (`examples=` of the callbacks): None counts
     samples (the batch's first dimension); an int, that many examples a sample (tokens per
-    sequence); a function, the examples of the batch it is given. `take()` gives the
-    factor from samples to that unit over the step's micro-batches (`take`)."""
+    sequence); a function, the examples of the batch it is given; `"tokens"` (`TOKENS`), a
+    causal LM's tokens where the batch says so (`causal_lm_tokens`), else samples, said once.
+    `take()` gives the factor from samples to that unit over the step's micro-batches
+    (`take`)."""
 
-    def __init__(self, examples: int | Callable[[Any], int] | None) -> None:
-        if examples is not None and not callable(examples) and not (
+    def __init__(self, examples: int | str | Callable[[Any], int] | None) -> None:
+        if examples is not None and examples != TOKENS and not callable(examples) and not (
                 isinstance(examples, int) and examples >= 1):
             raise ValueError(f"examples={examples!r}: give an int >= 1 (examples a sample, "
-                             "e.g. tokens per sequence) or a function of the batch")
+                             "e.g. tokens per sequence), a function of the batch, "
+                             f"{TOKENS!r} or None (samples)")
         self.examples = examples
         self.samples = self.units = 0
+        self.tokens = False
+        """`"tokens"` found a causal LM's batch: B is counted in tokens."""
 
     def add(self, batch: Any) -> None:
         first = first_tensor(batch)
         samples = int(first.shape[0]) if first is not None else 0
         self.samples += samples
-        if callable(self.examples):
+        if self.examples == TOKENS:
+            tokens = causal_lm_tokens(batch)
+            if tokens is not None and not self.tokens:
+                self.tokens = True
+                log.warning("noise scale: B counts tokens (the batch's token-level labels "
+                            "mark a causal language model; the attention mask's ones, or "
+                            "input_ids, are counted): b_simple, b_noise and trace_sigma are "
+                            "per token; examples=None counts sequences")
+            self.units += samples if tokens is None else tokens
+        elif callable(self.examples):
             self.units += int(self.examples(batch))
         else:
-            self.units += samples * (self.examples or 1)
+            self.units += samples * (self.examples if isinstance(self.examples, int) else 1)
 
     def take(self) -> tuple[int | None, float]:
         """The examples of the batches added since the last call in the user's unit (None
         where that is samples, the monitor's own count) and the factor from samples to it
         (1 with none)."""
-        factor = self.units / self.samples if self.samples and self.units else 1.0
-        units = None if self.examples is None or not self.units else self.units
+        counted = self.examples is not None and (self.examples != TOKENS or self.tokens)
+        factor = self.units / self.samples if counted and self.samples and self.units \
+            else 1.0
+        units = self.units if counted and self.units else None
         self.samples = self.units = 0
         return units, factor
+
+
+def causal_lm_tokens(batch: Any) -> int | None:
+    """The tokens of a causal language model's batch, or None where the batch does not say it
+    is one: a mapping with 2-d `input_ids` and `labels` of the same shape (a label per token,
+    as Hugging Face's causal LMs and their data collator give; a classifier's labels are one
+    per sequence); the ones of its `attention_mask` where it has one of that shape, else every
+    input id."""
+    if not isinstance(batch, Mapping):
+        return None
+    ids, labels = batch.get("input_ids"), batch.get("labels")
+    if not (isinstance(ids, torch.Tensor) and isinstance(labels, torch.Tensor)) or \
+            ids.dim() != 2 or labels.shape != ids.shape:
+        return None
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.shape == ids.shape:
+        return int(mask.sum())
+    return int(ids.numel())

@@ -33,6 +33,7 @@ from torch.optim import Optimizer
 
 from gnsweep import NoiseScaleMonitor
 from gnsweep.integrations._common import (
+    TOKENS,
     Units,
     Watched,
     cannot_measure,
@@ -60,9 +61,12 @@ class NoiseScaleCallback(pl.Callback):
     `forward(inputs)` returning the outputs `loss_fn` takes; it runs on one process only.
     `prog_bar`: also show `b_simple` in the progress bar.
 
-    `examples`: what B counts. None (default): samples (the batch's first dimension); an
-    int: examples a sample, e.g. `examples=512` for tokens of 512-token sequences; a function
-    of the batch Lightning hands the step, e.g. `lambda batch: batch["input_ids"].numel()`.
+    `examples`: what B counts. `"tokens"` (default): a causal LM's tokens where the batch (a
+    mapping) says so (2-d `input_ids` with `labels` of the same shape: the `attention_mask`'s
+    ones, else every id; said once), samples elsewhere; None: samples (the batch's first
+    dimension); an int: examples a sample, e.g. `examples=512` for tokens of 512-token
+    sequences; a function of the batch Lightning hands the step, e.g.
+    `lambda batch: batch["input_ids"].numel()`.
     B_simple, B_noise and tr(Sigma) are then logged in that unit, and `ema_examples` counts it.
 
     Where per-example norms cannot attribute a layer's gradient to examples (positions
@@ -77,7 +81,7 @@ class NoiseScaleCallback(pl.Callback):
                  ema_examples: float | None = None, hessian_every: int = 0,
                  loss_fn: Any = None, hessian_microbatches: int = 2,
                  prog_bar: bool = False,
-                 examples: int | Callable[[Any], int] | None = None) -> None:
+                 examples: int | str | Callable[[Any], int] | None = TOKENS) -> None:
         super().__init__()
         self.units = Units(examples)
         self.method, self.every = method, every
@@ -90,6 +94,7 @@ class NoiseScaleCallback(pl.Callback):
         self._batch: Any = None
         self.unavailable: str | None = None
         """Why this run cannot be measured (b_simple is logged as NaN), or None."""
+        self._said: set[str] = set()  # reasons b_simple was logged NaN, said once each
         self._values: dict[str, float] = {}
         self._logged_step = 0
         self._loss_sum: Any = 0.0
@@ -116,6 +121,7 @@ class NoiseScaleCallback(pl.Callback):
         except ValueError as err:
             self._cannot(str(err))
             return
+        self.monitor.accumulation_hint = "accumulate_grad_batches >= 2"  # its own words
         reason = cannot_measure(self.monitor, trainer.accumulate_grad_batches,
                                 "accumulate_grad_batches")
         if reason is not None:
@@ -166,7 +172,7 @@ class NoiseScaleCallback(pl.Callback):
             estimate = in_task_units(estimate, per_sample)
             if reason is not None:
                 self._cannot(reason)
-        self._values = metrics(estimate, with_b_noise=self.hessian_every > 0)
+        self._values = metrics(estimate, with_b_noise=self.hessian_every > 0, said=self._said)
         for name, value in self._values.items():
             pl_module.log(name, value, on_step=True, on_epoch=False,
                           prog_bar=self.prog_bar and name == "b_simple")

@@ -43,6 +43,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from gnsweep import NoiseScaleMonitor
 from gnsweep.integrations._common import (
+    TOKENS,
     Units,
     Watched,
     cannot_measure,
@@ -70,8 +71,10 @@ class NoiseScaleCallback(TrainerCallback):
     re-runs the model on the step's last micro-batch and takes the loss the model returns
     (`outputs.loss`: the batch must carry its labels).
 
-    `examples`: what B counts. None (default): sequences (the inputs' first dimension); an
-    int: examples a sequence, e.g. `examples=512` for tokens of 512-token sequences; a
+    `examples`: what B counts. `"tokens"` (default): a causal LM's tokens where the batch says
+    so (2-d `input_ids` with `labels` of the same shape: the `attention_mask`'s ones, else
+    every id; said once), sequences elsewhere; None: sequences (the inputs' first dimension);
+    an int: examples a sequence, e.g. `examples=512` for tokens of 512-token sequences; a
     function of the model's inputs (the keyword arguments the Trainer passes, `input_ids`,
     `attention_mask`, ...), e.g. `lambda inputs: int(inputs["attention_mask"].sum())`.
     B_simple, B_noise and tr(Sigma) are then logged in that unit, and `ema_examples` counts it.
@@ -87,7 +90,7 @@ class NoiseScaleCallback(TrainerCallback):
                  ema_fraction: float | None = None, ema_steps: float = 0.0,
                  ema_examples: float | None = None, hessian_every: int = 0,
                  hessian_microbatches: int = 2,
-                 examples: int | Callable[[Any], int] | None = None) -> None:
+                 examples: int | str | Callable[[Any], int] | None = TOKENS) -> None:
         self.units = Units(examples)
         self._accumulation = 1
         self.method, self.every = method, every
@@ -98,6 +101,7 @@ class NoiseScaleCallback(TrainerCallback):
         self.estimate: Any = None
         self.unavailable: str | None = None
         """Why this run cannot be measured (b_simple is logged as NaN), or None."""
+        self._said: set[str] = set()  # reasons b_simple was logged NaN, said once each
         self._watched: Watched | None = None
         self._handles: list[Any] = []
         self._scaler: Any = None
@@ -140,6 +144,7 @@ class NoiseScaleCallback(TrainerCallback):
         except ValueError as err:
             self._cannot(str(err))
             return
+        self.monitor.accumulation_hint = "gradient_accumulation_steps >= 2"  # its own words
         self._accumulation = args.gradient_accumulation_steps
         reason = cannot_measure(self.monitor, self._accumulation, "gradient_accumulation_steps")
         if reason is not None:
@@ -149,14 +154,17 @@ class NoiseScaleCallback(TrainerCallback):
         if inner is not None:  # B_simple_P from the micro-batches of gradient accumulation
             self.monitor.precondition(inner)
         params = self.monitor.params
-        self._handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+        # First among the model's hooks: the monitor's own (broadcast parameters) read the
+        # batch this one counts.
+        self._handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True,
+                                                         prepend=True),
                          register_multi_grad_hook(params, self._in_backward, mode="any")]
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         if logs is None or "loss" not in logs:
             return  # evaluation and end-of-training summaries
-        values = metrics(self.estimate, with_b_noise=self.hessian_every > 0)
+        values = metrics(self.estimate, with_b_noise=self.hessian_every > 0, said=self._said)
         logs.update(values)
         # The Trainer appended a copy of `logs` to the history just before this event.
         if state.log_history and state.log_history[-1].get("step") == state.global_step:

@@ -109,6 +109,10 @@ micro-batches cost less (1.1-1.2x at 256, 1.0-1.1x at 320-512) while per-example
 switches at 64 and 32 (3072). At a tie per-example norms are kept (their |G_small|^2 averages B
 squared norms, the micro-batches' only 4)."""
 CONVOLUTIONS = ("Conv1d", "Conv2d")
+ACCUMULATION_HINT = ("monitor.accumulate() after each micro-batch's backward; "
+                     "gradient_accumulation_steps >= 2 with Hugging Face's Trainer, "
+                     "accumulate_grad_batches >= 2 with Lightning")
+"""How a loop gives the monitor micro-batches, in every loop's words (`accumulation_hint`)."""
 TIMED_STEPS = 3
 """`timed_auto`: measured steps timed after the choice (the fastest is reported)."""
 
@@ -234,6 +238,12 @@ class NoiseScaleMonitor:
         self._sources: dict[str, tuple[PerExample | None, Increments | None]] = {}
         self._asked = self.requested = method
         self._switched = False  # auto moved to micro-batches for unattributable layers
+        self.accumulation_hint = ACCUMULATION_HINT
+        """How to give a step in micro-batches, in the words of the loop that drives this
+        monitor (the framework callbacks set their own setting's name)."""
+        self._redo = False
+        """The last step's measurement was discarded because the method or the per-example
+        coverage changed there (`measure_noise_scale` measures that batch again)."""
         if method == OFF:  # nothing measured, nothing hooked
             self.method, self.hessian_every = OFF, 0
             return
@@ -393,6 +403,24 @@ class NoiseScaleMonitor:
         return self._increments is not None or (self._fsdp is not None
                                                   and self._fsdp.world == 1)
 
+    @property
+    def why_microbatches(self) -> str:
+        """Why this monitor needs each measured step in micro-batches (one line naming the
+        layers or the method and the cause), or "" when it does not."""
+        if not self.needs_microbatches:
+            return ""
+        if self._fsdp is not None:
+            return "FSDP on one process measures the micro-steps of gradient accumulation"
+        if self.choice is not None and self.choice.get("method") == "microbatch":
+            return str(self.choice["reason"])
+        stats = [m for m in self._batch_stats if m.training]
+        if self.method == "microbatch" and stats:
+            return (f"{type(stats[0]).__name__} normalises with statistics of the batch, so "
+                    "per-example norms are not its noise")
+        if self._per_example is not None and self._per_example.skipped:
+            return f"no per-example norms for {', '.join(self._per_example.skipped)}"
+        return f"method {self.method} measures with micro-batches"
+
     def microbatches(self, wanted: int, samples: int) -> int:
         """The micro-batches this step's backward must come in for the measurement: `wanted`
         (noise.microbatches, at most one per sample) on a measured step that needs them, else
@@ -493,13 +521,26 @@ class NoiseScaleMonitor:
             self.schedule.advance(False, self.ema, self._since_examples, self._step_examples)
             return None
         hessian = bool(self.hessian_every and (self.steps - 1) % self.hessian_every == 0)
+        uncovered: dict[int, str] = {}
+        checked = self._per_example
         try:
+            if measuring and checked is not None and checked.coverage.armed:
+                uncovered.update(self._check_coverage(checked))
+            if measuring and checked is not None and (checked.refused or
+                                                      checked.broadcast.refused):
+                # Calls the functional route could not take, broadcast parameters the model
+                # does not broadcast along the batch: their own reason comes first.
+                uncovered.update(checked.refused)
+                uncovered.update(checked.broadcast.refused)
+                checked.invalid = True
             if measuring or hessian:
                 self._measure(batch, plain=measuring, hessian=hessian)
         finally:
             self._examples = 0
             if self._per_example is not None:
                 self._per_example.reset()
+            if checked is not None:
+                checked.coverage.after_step(measuring)
             if self._increments is not None:
                 self._increments.reset()
             if self._ddp is not None:
@@ -515,23 +556,65 @@ class NoiseScaleMonitor:
             self._timed(seconds)
         self._started, self._hessian_seconds = None, 0.0
         self.schedule.advance(measuring, self.ema, self._since_examples, self._step_examples)
+        if uncovered:
+            self._uncover(uncovered)
         if measuring and self._per_example is not None and self._per_example.unattributed:
             self._unattributable(steps_examples)
         elif self.timed and self.choice is None and measuring and self._per_example is not None:
             self._choose(steps_examples)
         return self.estimate
 
+    def _check_coverage(self, source: PerExample) -> dict[int, str]:
+        """The checks of `gnsweep.measure.coverage` on this measured step: a layer whose dim 0
+        is not the batch's joins `unattributed`; the parameters whose `.grad` the hooks do not
+        account for are returned (id -> why). Either discards the step's per-example pair."""
+        coverage = source.coverage
+        with _busy(self):  # the layout check's extra forward is no step of training
+            wrong = coverage.layout()
+        if wrong:
+            for name, why in wrong.items():
+                source.unattributed.setdefault(name, why)
+            source.invalid = True
+            return {}
+        scale = self._loss_scale
+        uncovered = coverage.check(scale, 1.0 if self._grads_unscaled else scale)
+        if uncovered:
+            source.invalid = True
+        return uncovered
+
+    def _uncover(self, uncovered: dict[int, str]) -> None:
+        """Parameters whose `.grad` the per-example hooks do not account for (`uncovered`: id ->
+        why) are measured with micro-batches from the next step on, with the other parameters
+        of their layers, the rest staying per-example (the two parts are summed,
+        `gnsweep.noise.combine_parts`); the new split is said once, naming them and why."""
+        old = self._per_example
+        assert old is not None
+        for handle in old.handles:
+            handle.remove()
+        old.coverage.disarm()
+        self._handles = [h for h in self._handles if h not in old.handles]
+        source = PerExample(self, self.module, self.params, old.excluded | uncovered)
+        source.coverage.measured, source.coverage.probed = old.coverage.measured, \
+            old.coverage.probed
+        source.coverage.after_step(False)
+        self._handles += source.handles
+        rest = [p for p in self.params if id(p) not in source.covered]
+        increments = Increments(rest) if rest else None
+        if self._sources:
+            self._sources["per_example"] = (source, increments)
+        self._per_example, self._increments = source, increments
+        self._redo = True
+
     def _unattributable(self, batch: int) -> None:
         """Per-example norms met a layer whose gradient they cannot attribute to examples
-        (`PerExample.unattributed`: an input without the batch dimension). `auto` measures
-        with micro-batches from the next step on, said once; an explicit `per_example` is
-        refused, a ValueError saying why."""
+        (`PerExample.unattributed`: an input without the batch dimension, or examples along
+        dim 1). `auto` measures with micro-batches from the next step on, said once; an
+        explicit `per_example` is refused, a ValueError saying why."""
         assert self._per_example is not None
         layers = ", ".join(f"{name} ({seen})"
                            for name, seen in self._per_example.unattributed.items())
-        reason = (f"per-example norms cannot attribute the gradient of {layers} to examples: "
-                  "its input has no batch dimension (positions such as wpe(torch.arange(T)) "
-                  "broadcast over the batch), so its gradient arrives summed over the batch")
+        reason = f"per-example norms cannot attribute the gradient of {layers} to examples"
+        self._redo = True
         if self.requested != "auto":
             raise ValueError(f"noise scale: method={self.requested!r}: {reason}; use "
                              "method='auto' or 'microbatch'")
@@ -544,15 +627,14 @@ class NoiseScaleMonitor:
         self._switch_to_microbatches(choice)
         say_once("auto unattributed", f"noise scale: method auto measures with micro-batches "
                  f"from the next step on ({reason}); micro-batches need gradient accumulation: "
-                 ">= 2 micro-batches a step, monitor.accumulate() after each "
-                 "(gradient_accumulation_steps >= 2 with Hugging Face's Trainer, "
-                 "accumulate_grad_batches >= 2 with Lightning)", per_launch=True)
+                 f">= 2 micro-batches a step ({self.accumulation_hint})", per_launch=True)
 
     def _switch_to_microbatches(self, choice: dict[str, Any]) -> None:
         """Without `timed_auto`: drop the per-example hooks, measure with micro-batches."""
         assert self._per_example is not None
         for handle in self._per_example.handles:
             handle.remove()
+        self._per_example.coverage.disarm()
         self._handles = [h for h in self._handles if h not in self._per_example.handles]
         self._per_example, self._increments = None, Increments(self.params)
         self.method, self._switched = "microbatch", True
@@ -577,6 +659,11 @@ class NoiseScaleMonitor:
         rest = self._increments is not None
         method, reason = cheaper_method(sorted(self._per_example.positional), batch, rest,
                                         self._per_example.positions)
+        if rest and self._per_example.skipped:  # name them: the reason kept in status.json
+            reason = (f"micro-batches are needed anyway, for "
+                      f"{', '.join(self._per_example.skipped)}")
+        elif method == "per_example" and self._per_example.routes:
+            reason = f"{reason}; {self._per_example.routes}"  # what was measured how
         self._commit({"method": method, "reason": reason, "batch": batch, "step_seconds": None})
         self._timing = []
 
@@ -600,6 +687,7 @@ class NoiseScaleMonitor:
         self.method = method
         for name, (per_example, _) in self._sources.items():
             if name != method and per_example is not None:  # its hooks cost even idle
+                per_example.coverage.disarm()
                 for handle in per_example.handles:
                     handle.remove()
                 self._handles = [h for h in self._handles if h not in per_example.handles]
@@ -612,6 +700,9 @@ class NoiseScaleMonitor:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        for source in [self._per_example, *(pe for pe, _ in self._sources.values())]:
+            if source is not None:
+                source.coverage.disarm()
         if self._ddp is not None and self._ddp.owner is self:
             parts, hess, weighted = self._ddp.collect()  # the last measurement's all-reduce
             self._fold(parts, hess, self._ddp_precond(parts, weighted))
@@ -691,6 +782,7 @@ class NoiseScaleMonitor:
         if self._per_example is not None:
             self._per_example.forward_id += 1
             self._per_example.batch = batch
+            self._per_example.coverage.saw_inputs(args, kwargs, batch)
 
     def warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -753,22 +845,19 @@ class NoiseScaleMonitor:
                 complete = False  # a step it had to skip (a layer used twice): no estimate
         if self._increments is not None and plain:
             # Micro-batch increments and their sum were both read during backward: scaled.
-            part = self._increments.measure(self.method == "microbatch" and not self._switched)
+            # Only micro-batches asked for by name are an error without them; wherever the
+            # monitor chose them (batch statistics, layers without per-example norms, a
+            # parameter the hooks do not see whole, a broadcast input) a step in one piece is
+            # NaN with one warning naming the cause: one behaviour for one situation.
+            part = self._increments.measure(self.requested == "microbatch")
             if part is not None:
                 parts.append(_unscale(part, small_scale, small_scale))
-            elif self._switched:
-                self.warn_once("switched", "noise scale: method auto needs micro-batches for "
-                               "this model and this step had one: B_simple is not measured "
-                               "(NaN) until >= 2 micro-batches a step are back-propagated, "
-                               "monitor.accumulate() after each (gradient_accumulation_steps "
-                               ">= 2 with Hugging Face's Trainer, accumulate_grad_batches >= 2 "
-                               "with Lightning)")
-            elif self.method == "per_example":
+            else:
                 complete = False
-                self.warn_once("fallback", "noise scale: layers without per-example norms "
-                               "need micro-batches and monitor.accumulate() (gradient "
-                               "accumulation of >= 2 micro-batches); without them B_simple is "
-                               "not measured (NaN), never measured on part of the model")
+                self.warn_once("fallback", f"noise scale: {self.why_microbatches}; measuring "
+                               "it needs >= 2 micro-batches a measured step "
+                               f"({self.accumulation_hint}), and this step had one: B_simple "
+                               "is not measured (NaN), never measured on part of the model")
         if not complete:
             parts = []
         precond: list[NormPair] | None = None
@@ -781,8 +870,8 @@ class NoiseScaleMonitor:
             pair = source.weighted() if source is not None else None
             if pair is None and source is not None and len(source.counts) < 2:
                 self.warn_once("precond1", "noise scale: b_simple_precond needs >= 2 "
-                               "micro-batches a measured step, each followed by "
-                               "monitor.accumulate() (gradient accumulation); NaN without")
+                               f"micro-batches a measured step ({self.accumulation_hint}); "
+                               "NaN without")
             precond = [_unscale(pair, small_scale, small_scale)] if pair is not None else None
         self._fold(parts, hess, precond)
 
@@ -934,19 +1023,31 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Itera
             if monitor.method == "microbatch" and n < 2:
                 raise ValueError("method='microbatch' cannot split a batch of one example into "
                                  "micro-batches; use larger batches or method='per_example'")
-            k = min(microbatches, n) if monitor.needs_microbatches else 1
-            for p in monitor.params:
-                p.grad = None
-            for part, share in _pieces(batch, k, n, task_loss is not None):
-                if task_loss is not None:
-                    with torch.enable_grad():
-                        loss = task_loss(model, part)
+            for again in (False, True):
+                k = min(microbatches, n) if monitor.needs_microbatches else 1
+                for p in monitor.params:
+                    p.grad = None
+                for part, share in _pieces(batch, k, n, task_loss is not None):
+                    if task_loss is not None:
+                        with torch.enable_grad():
+                            loss = task_loss(model, part)
+                    else:
+                        assert loss_fn is not None
+                        loss = batch_loss(model, loss_fn, *part)
+                    (loss * share).backward()
+                    monitor.accumulate()
+                if again:  # B_noise was measured on this batch the first time
+                    monitor.hessian_every, hessian_every = 0, monitor.hessian_every
+                    monitor.step(batch=batch)
+                    monitor.hessian_every = hessian_every
                 else:
-                    assert loss_fn is not None
-                    loss = batch_loss(model, loss_fn, *part)
-                (loss * share).backward()
-                monitor.accumulate()
-            monitor.step(batch=batch)
+                    monitor.step(batch=batch)
+                if not monitor._redo:
+                    break
+                # The measurement of this batch was discarded where the method or coverage
+                # changed: measured again the new way, as one batch, not two.
+                monitor._redo = False
+                monitor._since_examples = monitor._since_steps = 0
     finally:
         monitor.close()
         for p, grad in zip(monitor.params, saved, strict=True):

@@ -15,7 +15,10 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.modules.module import _global_forward_hooks
 
+from gnsweep.measure.broadcast import Broadcast, candidates
 from gnsweep.measure.common import Gate, fp32, say_once, sq
+from gnsweep.measure.coverage import Coverage
+from gnsweep.measure.functional import functional_refusal, per_example_sq
 from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like, own_forward
 from gnsweep.noise import NormPair
 
@@ -30,9 +33,12 @@ class PerExample:
     is materialised per example unless that is cheaper.
     """
 
-    def __init__(self, gate: Gate, model: nn.Module, measured: list[nn.Parameter]) -> None:
+    def __init__(self, gate: Gate, model: nn.Module, measured: list[nn.Parameter],
+                 excluded: dict[int, str] | None = None) -> None:
         """Hooks on the layers holding `measured` parameters; layers without any are left
-        alone (their gradients are not part of the measured block)."""
+        alone (their gradients are not part of the measured block). `excluded`: parameter id
+        -> why per-example norms are wrong for it (`gnsweep.measure.coverage`): its layer is
+        left to micro-batches, said with that reason."""
         self.gate = gate
         self.forward_id = 0
         self.batch = 0
@@ -55,22 +61,55 @@ class PerExample:
         self._last_forward: dict[int, int] = {}
         self._positions: dict[int, bool] = {}
         self._names = {id(m): name or type(m).__name__ for name, m in model.named_modules()}
+        self.excluded = dict(excluded or {})
+        excluded = self.excluded | read_functionally(model)
         wanted = {id(p) for p in measured}
         owners = Counter(id(p) for m in model.modules()
                          for p in m.parameters(recurse=False))
         skipped: list[str] = []
+        self.layers: list[tuple[str, nn.Module]] = []
+        """The hooked layers (name, layer), those of tied parameters too."""
+        self.functional: set[int] = set()
+        """Layers measured by their own forward (`gnsweep.measure.functional`)."""
+        self.refused: dict[int, str] = {}
+        """Parameter id -> why: parameters of functional-route layers met in a call that route
+        cannot take (the monitor moves them to micro-batches)."""
         # Parameters shared by several layers: the norm of the summed per-example gradient.
-        self.tied = Tied(gate, model, wanted)
+        self.tied = Tied(gate, model, wanted - set(excluded))
         self.covered |= self.tied.covered
         self.handles += self.tied.handles
+        # Parameters of shape (1, ...) held by a layer of one's own beside its children (a
+        # position embedding, a class token): per example through their expanded views.
+        found = [c for c in candidates(model, wanted - set(excluded), set())
+                 if _own_kind(c[1]) and next(c[1].children(), None) is not None]
+        spread = {id(c[3]) for c in found}
         for name, module in model.named_modules():
             if id(module) in self.tied.modules:
+                self.layers.append((name or type(module).__name__, module))
                 continue
-            params = [p for p in module.parameters(recurse=False) if p.requires_grad]
+            params = [p for p in module.parameters(recurse=False)
+                      if p.requires_grad and id(p) not in spread]
             inside = [id(p) in wanted for p in params]
             if not any(inside):
                 continue
-            reason = _unsupported(module)
+            reason = next((excluded[id(p)] for p in params if id(p) in excluded), None)
+            if reason is None:
+                reason = _unsupported(module)
+                refusal = functional_refusal(module) if _own_kind(module) else None
+                if reason is not None and _own_kind(module) and refusal is not None:
+                    own = ", ".join(n for n, p in module.named_parameters(recurse=False)
+                                    if p.requires_grad)
+                    reason = f"its own {own}: {refusal}"
+                if reason is not None and _own_kind(module) and all(inside) and \
+                        not any(owners[id(p)] > 1 for p in params) and refusal is None:
+                    # A layer of the user's own (a custom norm, a layer-scale): per-example
+                    # gradients of its parameters by its own forward (`measure.functional`).
+                    self.functional.add(id(module))
+                    self.covered.update(id(p) for p in params)
+                    self.handles.append(module.register_forward_hook(self._functional_forward,
+                                                                     with_kwargs=True))
+                    self.layers.append((name or type(module).__name__, module))
+                    continue
             if reason is None and not all(inside):
                 reason = "only some of its parameters measured"
             if reason is None and any(owners[id(p)] > 1 for p in params):
@@ -80,11 +119,29 @@ class PerExample:
                 continue
             self.covered.update(id(p) for p in params)
             self.handles.append(module.register_forward_hook(self._forward))
+            self.layers.append((name or type(module).__name__, module))
+        self.broadcast = Broadcast(gate, found, lambda: self.batch, lambda: self.values)
+        """The broadcast parameters measured through their expanded views."""
+        self.handles += self.broadcast.handles
+        self.covered |= spread
+        self.skipped = skipped
+        """The layers left to micro-batches, each with why (name (reason))."""
+        by_forward = [name for name, m in self.layers if id(m) in self.functional]
+        views = [name for name, _, _, _ in found]
+        self.routes = "; ".join(part for part in (
+            f"by their own forward: {', '.join(by_forward)}" if by_forward else "",
+            f"through their views expanded along the batch: {', '.join(views)}" if views
+            else "") if part)
+        """What is measured per example another way than by the layer formulas (one line, ""
+        when nothing): layers of one's own and broadcast parameters, by name."""
         if skipped:
             text = ", ".join(skipped)
             say_once(f"skipped {text}", f"noise scale: no per-example norms for {text}; their "
                      "parameters are measured with micro-batches")
         self.params = [p for p in measured if id(p) in self.covered]
+        self.coverage = Coverage(gate, model, self.layers, self.params, self.functional,
+                                 lambda: self.broadcast.implied)
+        """The run-time proof that these hooks see the covered parameters' whole gradients."""
 
     def reset(self) -> None:
         self.values: list[torch.Tensor] = []
@@ -95,6 +152,9 @@ class PerExample:
         self.invalid = False
         if hasattr(self, "tied"):
             self.tied.reset()
+        if hasattr(self, "broadcast"):
+            self.broadcast.implied = {}
+            self.broadcast.restore()  # a forward that raised may have left its views in
 
     def _forward(self, module: nn.Module, inputs: tuple, output: Any) -> Any:
         if not (self.gate.capturing and torch.is_grad_enabled()):
@@ -141,6 +201,49 @@ class PerExample:
         output.register_hook(lambda grad: self._backward(module, saved, grad))
         return output
 
+    def _functional_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: Any
+                            ) -> None:
+        """A layer of the user's own: its per-example gradients by its own forward, from the
+        one tensor it is called on (examples along dim 0) and its output's gradient."""
+        if not (self.gate.capturing and torch.is_grad_enabled()):
+            return
+        a = args[0] if len(args) == 1 and not kwargs else None
+        if not (isinstance(a, torch.Tensor) and isinstance(output, torch.Tensor)
+                and a.dim() >= 1 and output.dim() >= 1
+                and a.shape[0] == output.shape[0] == max(self.batch, 1)):
+            name = self._names.get(id(module), type(module).__name__)
+            for pname, p in module.named_parameters(recurse=False):
+                self.refused[id(p)] = (f"{name}.{pname}: {type(module).__name__} is measured by "
+                                       "its own forward only when called on one tensor with "
+                                       "the examples along dim 0, and its output alike")
+            self.invalid = True
+            return
+        if not output.requires_grad:
+            return
+        if self._last_forward.get(id(module)) == self.forward_id:
+            self.invalid = True  # used twice in one forward: the uses' cross terms are missed
+            self.gate.warn_once(f"reuse{id(module)}", f"noise scale: {type(module).__name__}"
+                                " is called more than once per forward; per-example norms "
+                                "skip such steps")
+            return
+        self._last_forward[id(module)] = self.forward_id
+        saved = a.detach()
+        output.register_hook(partial(self._functional_backward, module, saved))
+
+    def _functional_backward(self, module: nn.Module, a: torch.Tensor, grad: torch.Tensor
+                             ) -> None:
+        try:
+            with torch.no_grad(), fp32(grad.device.type):
+                self.values.append(per_example_sq(module, a, grad.detach()))
+        except Exception as err:  # a forward vmap cannot run (random ops, data-dependent
+            # control flow): its parameters go to micro-batches, with the reason
+            name = self._names.get(id(module), type(module).__name__)
+            first = (str(err).splitlines() or [type(err).__name__])[0][:200]
+            for pname, p in module.named_parameters(recurse=False):
+                self.refused[id(p)] = (f"{name}.{pname}: {type(module).__name__}'s own forward "
+                                       f"cannot be run one example at a time ({first})")
+            self.invalid = True
+
     def _positions_only(self, module: nn.Module, a: torch.Tensor) -> bool:
         """`positions_only`, decided once per layer (a device sync on a GPU)."""
         if not isinstance(module, nn.Embedding) or a.dim() != 1:
@@ -153,8 +256,14 @@ class PerExample:
     def _unattributed(self, module: nn.Module, a: torch.Tensor, output: torch.Tensor) -> None:
         self.invalid = True
         name = self._names.get(id(module), type(module).__name__)
-        self.unattributed.setdefault(name, f"{type(module).__name__} on input "
-                                     f"{tuple(a.shape)} -> {tuple(output.shape)}")
+        seen = f"{type(module).__name__} on input {tuple(a.shape)} -> {tuple(output.shape)}"
+        if output.dim() > 1 and output.shape[1] == self.batch:
+            why = ("examples along dim 1, not dim 0: a sequence-first layout, whose "
+                   "positions would be taken for examples")
+        else:
+            why = ("its input has no batch dimension (positions such as wpe(torch.arange(T)) "
+                   "broadcast over the batch), so its gradient arrives summed over the batch")
+        self.unattributed.setdefault(name, f"{seen}: {why}")
         return None
 
     def _stash(self, module: nn.Module, a: torch.Tensor, output: torch.Tensor) -> None:
@@ -218,6 +327,21 @@ class PerExample:
         return NormPair(total * examples, sq_big, 1.0, float(examples))
 
 
+def read_functionally(model: nn.Module) -> dict[int, str]:
+    """Parameter id -> why, for the parameters of layers whose own forward never runs because
+    their owner reads their parameters functionally: `nn.MultiheadAttention`'s `out_proj`
+    (`F.multi_head_attention_forward` takes `out_proj.weight` and `.bias`). Their hooks would
+    never fire while their gradients count in `.grad`; `gnsweep.measure.coverage` catches the
+    cases not known here."""
+    found: dict[int, str] = {}
+    for module in model.modules():
+        if isinstance(module, nn.MultiheadAttention):
+            for p in module.out_proj.parameters(recurse=False):
+                found[id(p)] = ("read by nn.MultiheadAttention's functional forward; its own "
+                                "forward never runs")
+    return found
+
+
 def positions_only(module: nn.Module, a: torch.Tensor) -> bool:
     """Whether an embedding looks up consecutive indices with no batch dimension: positions
     `torch.arange(T)` (nanoGPT's `wpe`), shared by every example. Shapes alone cannot tell them
@@ -263,6 +387,12 @@ def _unsupported(module: nn.Module) -> str | None:
     if isinstance(module, nn.Embedding) and module.sparse:
         return "sparse gradients"
     return None
+
+
+def _own_kind(module: nn.Module) -> bool:
+    """A layer class of the user's or a library's own, not one of torch's (torch's own
+    recurrent, attention and normalisation layers have their own rules)."""
+    return not type(module).__module__.startswith("torch.")
 
 
 def _trainable(module: nn.Module) -> tuple[bool, bool]:

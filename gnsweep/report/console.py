@@ -13,13 +13,16 @@ import pandas as pd
 
 from gnsweep.analysis.along import point_name, tolerance_answer
 from gnsweep.analysis.bounds import bound_text
+from gnsweep.report.answers import robustness, verdict
 from gnsweep.report.views import preconditioned
 
 
 def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None,
-                group_by: str | None = None) -> str:
-    """The printed table: one line per target, figures with their standard errors; with
-    `group_by`, one block per group under its name."""
+                group_by: str | None = None, front: pd.DataFrame | None = None) -> str:
+    """The printed table: one line per target, figures with their standard errors, and under a
+    fitted B_crit the report's robustness sentence (`answers.robustness`, judged against the
+    batch sizes of `front` that reached the target, as the report judges it); with `group_by`,
+    one block per group under its name."""
     if group_by is not None and group_by in fits:
         blocks = []
         for value in pd.unique(fits[group_by].astype(str)):
@@ -63,6 +66,9 @@ def format_fits(fits: pd.DataFrame, loss_scaling: pd.DataFrame | None = None,
             f"{_pm(row.b_noise_lr, row.b_noise_lr_se):>16}"
             + (f" {_pm(row.ratio_precond, row.ratio_precond_se, '.2f'):>17}" if precond
                else ""))
+        note = robustness(row, verdict(row, front)).strip()
+        if note:  # the report's sentence, word for word: the two never disagree
+            lines.append(f"{'':>12} {note}")
         if row.n_bootstrap:
             lines.append(f"{'':>12} 95% bootstrap ({row.n_bootstrap}): B_crit "
                          f"[{row.b_crit_lo:.4g}, {row.b_crit_hi:.4g}], S_min "

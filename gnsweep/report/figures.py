@@ -705,12 +705,24 @@ def _over_targets(tables: Results, column: str) -> str:
 
 def _lr_trend(tables: Results) -> str:
     """How the best learning rate moves with the batch size: the median over targets of each
-    batch size's best rate (front.parquet)."""
+    batch size's best rate (front.parquet), from the rates inside the grid; where best rates
+    sit on the grid's edge (`lr_on_edge`: bounds, left out of the fit, as the analysis warns)
+    that is said instead of a trend they cannot show."""
     front = tables.front
     if not len(front):
-        return TREND_WORDS[""]
-    best = front.groupby("batch_size")["learning_rate"].median()
-    return TREND_WORDS[trend(best.index.to_numpy(float), best.to_numpy(float))]
+        return f"{TREND_WORDS['']} with B"
+    edge = front["lr_on_edge"].astype(bool) if "lr_on_edge" in front else \
+        pd.Series(False, index=front.index)
+    best = front[~edge].groupby("batch_size")["learning_rate"].median()
+    said = f"{TREND_WORDS[trend(best.index.to_numpy(float), best.to_numpy(float))]} with B"
+    if not edge.any():
+        return said
+    sizes = ", ".join(f"{b:g}" for b in sorted(front.loc[edge, "batch_size"].astype(float)
+                                                .unique()))
+    inside = f"{said} where the best rate is inside the grid; " if len(best) else \
+        "shows no trend yet: "
+    return (f"{inside}at B = {sizes} the best rate sits on the learning-rate grid's edge (a "
+            "bound, not fitted: widen the grid there before reading a trend)")
 
 
 def _targets(tables: Results) -> list[float]:
@@ -736,7 +748,7 @@ FIGURES = [
     FigureSpec("best_lr", "The best learning rate against batch size (eq. 2.7 has it grow with "
                "B, then level off near B_noise).",
                lambda t: best_lr_vs_batch(t.front, t.steps, t.fits, _what(t), _unit(t)),
-               lambda t: f"Here it {_lr_trend(t)} with B."),
+               lambda t: f"Here it {_lr_trend(t)}."),
     FigureSpec("bcrit_vs_loss", "B_crit against the target loss.",
                lambda t: bcrit_vs_loss(t.fits, t.bcrit_law, t.front, _what(t), _unit(t)),
                lambda t: "As training goes on the critical batch size "
