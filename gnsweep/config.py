@@ -23,6 +23,7 @@ from gnsweep.errors import number as _number
 from gnsweep.errors import positive_list as _positive_list
 from gnsweep.noise import DEFAULT_EMA_FRACTION, Method
 from gnsweep.targets import LOSS_EMA_SAMPLES
+from gnsweep.tasks.script import label as script_label
 
 __all__ = [
     "DECAYS",
@@ -104,6 +105,8 @@ class TaskConfig:
         its `unit` attribute, recorded at launch (`with_unit`)."""
         if self.name == tasks.CUSTOM:
             return str(self.options.get(tasks.UNIT) or "examples")
+        if self.name == tasks.SCRIPT:
+            return str(self.options.get("unit") or "examples")
         return str(self._declared("unit", "examples"))
 
     @property
@@ -111,6 +114,8 @@ class TaskConfig:
         """The task as a reader knows it: its name, or a custom task's `_target_`."""
         if self.name == tasks.CUSTOM:
             return str(self.options.get(tasks.TARGET) or self.name)
+        if self.name == tasks.SCRIPT:  # its script or program: `script train.py`
+            return f"script {script_label(str(self.options.get('command', '')))}"
         return self.name
 
     def with_unit(self, unit: str | None) -> TaskConfig:
@@ -799,6 +804,15 @@ class Config:
         if world == 1 and method == "ddp":
             raise ConfigError("noise.method=ddp needs DDP: executor=torchrun (or slurm) with "
                               "executor.nproc_per_node >= 2, or noise.method=auto")
+        if self.task.name == tasks.SCRIPT and self.sweep.schedule != "constant":
+            raise ConfigError(f"sweep.schedule={self.sweep.schedule} with task=script: a "
+                              "script's batch size is the grid's, fixed for its run; use "
+                              "sweep.schedule=constant")
+        if self.task.name == tasks.SCRIPT and self.executor.kind == "slurm" \
+                and self.executor.nodes > 1:
+            raise ConfigError(f"executor.nodes={self.executor.nodes} with task=script: a "
+                              "script's command runs under torchrun on one node (its job's); "
+                              "use executor.nodes=1")
         sweep, train = self.sweep, self.train
         # An along run (docs/along.md) sets its rate by the same rule as an adaptive one.
         if sweep.schedule in ("adaptive", "along") and train.optimizer in ("adam", "adamw"):

@@ -29,7 +29,11 @@ def preflight(config: Config, overrides: list[str] | None = None
     `overrides` say whether the user gave one), the task's examples a sample, and the sweep's
     scale (`scale_record`)."""
     from gnsweep.compose import in_task_units
+    from gnsweep.tasks import SCRIPT
     from gnsweep.tasks.check import check_task
+
+    if config.task.name == SCRIPT:
+        return _script(config, overrides)
 
     checked = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
                          config.sweep.stall_seconds, noise_method=config.noise.method)
@@ -48,3 +52,33 @@ def scale_record(config: Config, checked: Any) -> dict[str, Any]:
             "params_total": checked.params, "params_non_embedding": checked.params_non_embedding,
             "max_examples": config.sweep.max_examples, "unit": config.task.unit,
             "per_sample": checked.per_sample}
+
+
+def _script(config: Config, overrides: list[str] | None
+            ) -> tuple[Config, float, dict[str, Any]]:
+    """task=script: its command checked from the folder it runs in (the launch's, recorded as
+    `task.cwd` unless given); its examples a sample are `task.examples_per_sample`; its model
+    is not counted (its scale's params are sweep.scale.params, or 0: unknown)."""
+    import os
+
+    from gnsweep.compose import in_task_units
+    from gnsweep.config import TaskConfig
+    from gnsweep.tasks.script import ScriptOptions, check_command
+
+    options = ScriptOptions(**config.task.options)
+    cwd = os.path.abspath(options.cwd or os.getcwd())
+    if not os.path.isdir(cwd):
+        from gnsweep.errors import ConfigError
+
+        raise ConfigError(f"task.cwd={options.cwd}: no such folder")
+    check_command(options, cwd)
+    task = TaskConfig(config.task.name, {**config.task.options, "cwd": cwd})
+    config = dataclasses.replace(config, task=task)
+    per_sample = options.examples_per_sample
+    given = config.sweep.scale.params
+    scale = {"params": given, "params_source": "sweep.scale.params" if given
+             else "not counted (task=script: the model is the script's)",
+             "params_total": given, "params_non_embedding": given,
+             "max_examples": config.sweep.max_examples, "unit": config.task.unit,
+             "per_sample": per_sample}
+    return in_task_units(config, per_sample, list(overrides or [])), per_sample, scale

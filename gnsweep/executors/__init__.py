@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import redact, store
-from gnsweep.errors import StopRequested
+from gnsweep.errors import ScriptFailed, StopRequested
 from gnsweep.executors import claims
 from gnsweep.executors.watchdog import STALLED, Watchdog
 from gnsweep.runs import OUT_OF_SPACE, RunState, needs_running, read_run, read_state
@@ -269,9 +269,13 @@ def _failed(path: Path, attempts: int, writer: bool, err: BaseException,
         error += " (out of space: not retried in this launch; free space and relaunch)"
     status = store.RunStatus(state=RunState.FAILED, error=error, reason=extra["reason"])
     if writer:
+        # A script's own last stderr lines say why it failed; gnsweep's traceback would not.
+        where: dict[str, Any] = (
+            {"traceback": None, "stderr": [redact.text(line) for line in err.stderr]}
+            if isinstance(err, ScriptFailed)
+            else {"traceback": redact.text(traceback.format_exc(limit=8))})
         with unrecorded_end(path, attempts):
-            status = store.write_status(path, RunState.FAILED, error=error, **extra,
-                                        traceback=redact.text(traceback.format_exc(limit=8)))
+            status = store.write_status(path, RunState.FAILED, error=error, **extra, **where)
         log_event(path, "end", attempt=attempts, state=RunState.FAILED.value, **extra)
     return status
 
@@ -345,10 +349,9 @@ def watch_interrupts() -> Iterator[None]:
 def _train_and_record(path: Path, attempts: int, writer: bool,
                       should_stop: Callable[[], bool] | None,
                       logger: RunLogger, watchdog: Watchdog | None = None) -> store.RunStatus:
-    from gnsweep.training import train
-
     try:
         config, spec = read_run(store.sweep_of(path), path.name)
+        train = trainer(config.task.name)
 
         def on_row(row: dict[str, float]) -> None:
             if watchdog is not None:
@@ -398,6 +401,21 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
     return status
 
 
+def trainer(task: str) -> Callable[..., Any]:
+    """What trains a run of `task`: `training.train` (gnsweep's loop), or for task=script
+    `training.script.run_script` (the user's command as a process); both take (config, spec,
+    out_dir, should_stop=, on_row=) and return a `RunResult`."""
+    from gnsweep.tasks import SCRIPT
+
+    if task == SCRIPT:
+        from gnsweep.training.script import run_script
+
+        return run_script
+    from gnsweep.training import train
+
+    return train
+
+
 def warm_up(sweep_dir: Path, run_id: str, stall_s: float = 0.0) -> None:
     """Import the training code and the task's data libraries once, before the first run.
 
@@ -429,9 +447,11 @@ def _warm_imports() -> None:
 
 
 def _warm_task(sweep_dir: Path, run_id: str) -> None:
-    from gnsweep.tasks import make_task
+    from gnsweep.tasks import SCRIPT, make_task
 
     config, spec = read_run(sweep_dir, run_id)
+    if config.task.name == SCRIPT:  # a command: nothing to build in this process
+        return
     make_task(config.task.name, config.task.options, spec.seed)
 
 
