@@ -20,8 +20,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 def fail(message: str, code: int = 2) -> typer.Exit:
     from gnsweep import redact
 
-    typer.echo(f"gnsweep: error: {redact.text(message)}", err=True)
+    typer.echo(f"gnsweep: error: {one_line(redact.text(message))}", err=True)
     return typer.Exit(code)
+
+
+def one_line(message: str) -> str:
+    """`message` as one line: a control character (a line break or carriage return inside a
+    setting's name or a file's value that the message quotes) shown escaped, as repr shows it."""
+    return "".join(ch if ch == "\t" or ch.isprintable() else repr(ch)[1:-1] for ch in message)
 
 
 def user_errors(func: F) -> F:

@@ -416,3 +416,14 @@ def test_a_plan_record_of_another_shape_is_refused_in_one_line(tmp_path, record)
     with pytest.raises(StoreError, match="not a plan's record"):
         plan(compose(["sweep=tiny"]), folder, show_progress=False, echo=lambda line: None)
     assert not (folder / store.SWEEP_CONFIG).exists()  # refused before the folder changed
+
+
+def test_a_line_break_quoted_from_a_file_stays_inside_the_one_line(tmp_path):
+    import yaml
+
+    data = compose(["sweep=tiny"]).to_dict()
+    data["analysis"]["bad\r\nkey"] = None
+    (tmp_path / store.SWEEP_CONFIG).write_text(yaml.safe_dump(data))
+    (tmp_path / store.RUNS).mkdir()
+    line = _one_line(_cli("status", str(tmp_path)))
+    assert "analysis.bad\\r\\nkey: unknown option" in line
