@@ -9,8 +9,10 @@ Names are validated against registries of names (tasks, trackers), never by buil
 
 from __future__ import annotations
 
+import copy
 import math
 import os
+import stat
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -846,11 +848,38 @@ class Config:
         StoreError names a missing or unreadable file; ConfigError one whose settings this
         version of gnsweep does not accept (the message names the setting).
         """
+        path = Path(sweep_dir) / store.SWEEP_CONFIG
+        key = _file_identity(path)
+        if key is not None and key in _LOADED:
+            return copy.deepcopy(_LOADED[key])
         loaded = store.read_sweep_config(Path(sweep_dir))
         try:
-            return cls.from_dict(loaded)
+            config = cls.from_dict(loaded)
         except ConfigError as err:
-            raise ConfigError(f"{Path(sweep_dir) / store.SWEEP_CONFIG}: {err}") from None
+            raise ConfigError(f"{path}: {err}") from None
+        if key is not None:
+            if len(_LOADED) >= 8:
+                _LOADED.pop(next(iter(_LOADED)))
+            _LOADED[key] = copy.deepcopy(config)
+        return config
+
+
+_LOADED: dict[tuple[Any, ...], Config] = {}
+"""Each config.yaml this process has parsed and validated, by the file's identity: a worker
+serving many runs, and every reader of the folder, parse it once. A launch rewrites it by an
+atomic rename (a new inode), so a changed file is read again."""
+
+
+def _file_identity(path: Path) -> tuple[Any, ...] | None:
+    """(path, device, inode, size, modification time) of a regular file; None otherwise (the
+    reader then says what is wrong with it)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 SECTIONS: dict[str, type] = {

@@ -379,7 +379,24 @@ def parse_run_record(data: dict[str, Any]) -> tuple[Config, RunSpec]:
     """(config, spec) of a run record; the config's masked secrets restored from what the
     launcher handed down (`gnsweep.redact`)."""
     config = redact.restore(dict(data["config"]), redact.exported())
-    return Config.from_dict(config), parse_spec(data["run"], "run record")
+    return _typed(config), parse_spec(data["run"], "run record")
+
+
+_TYPED: dict[str, Config] = {}
+"""The run records' configs this process has typed: the runs of one sweep share theirs, so a
+worker serving many runs validates it once."""
+
+
+def _typed(config: dict[str, Any]) -> Config:
+    import copy
+    import json
+
+    key = json.dumps(config, sort_keys=True, default=str)
+    if key not in _TYPED:
+        if len(_TYPED) >= 8:
+            _TYPED.pop(next(iter(_TYPED)))
+        _TYPED[key] = Config.from_dict(config)
+    return copy.deepcopy(_TYPED[key])
 
 
 def write_run(sweep_dir: Path, config: Config, spec: RunSpec) -> None:
