@@ -48,7 +48,7 @@ def test_status_and_analyze_see_a_running_run(tmp_path):
     assert steps.loc[(running, easy), "reached"] and steps.loc[(finished, easy), "reached"]
     assert steps.loc[(finished, hard), "reached"]
     assert steps.loc[(running, hard), "outcome"] == "running"
-    assert any("1 runs still running" in w for w in analysis.warnings)
+    assert any("1 run still running" in w for w in analysis.warnings)
 
 
 def _last_step(path) -> int:

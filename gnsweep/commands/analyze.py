@@ -106,7 +106,8 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     if running.any():
         finished = int(curves.runs["state"].isin(store.FINISHED).sum())
         analysis.warnings.append(
-            f"{int(running.sum())} runs still running: the targets they have passed are used, "
+            f"{int(running.sum())} run{'s' if running.sum() > 1 else ''} still running: the "
+            "targets they have passed are used, "
             "the others wait for them (analyze again when they end)"
             + ("; no run has finished yet: a partial analysis of the rows logged so far"
                if not finished else ""))
