@@ -11,7 +11,8 @@ own accumulation loop.
 
 from gnsweep.measure.fsdp import FsdpNoiseScale
 from gnsweep.measure.hessian import hessian_norms
-from gnsweep.measure.monitor import METHODS, NoiseScaleMonitor, measure_noise_scale
+from gnsweep.measure.monitor import METHODS, NoiseScaleMonitor
+from gnsweep.measure.offline import measure_noise_scale
 from gnsweep.noise import NormPair
 
 __all__ = ["METHODS", "FsdpNoiseScale", "NoiseScaleMonitor", "NormPair", "hessian_norms",

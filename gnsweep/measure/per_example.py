@@ -20,6 +20,7 @@ from gnsweep.measure.common import Gate, fp32, say_once, sq
 from gnsweep.measure.coverage import Coverage
 from gnsweep.measure.functional import functional_refusal, per_example_sq
 from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like, own_forward
+from gnsweep.measure.source import Reading, StepNorms, unscale
 from gnsweep.noise import NormPair
 
 
@@ -325,6 +326,37 @@ class PerExample:
         sq_big = math.fsum(v * v for v in values[:len(norms)])
         total = math.fsum(values[len(norms):])
         return NormPair(total * examples, sq_big, 1.0, float(examples))
+
+
+    splits = False
+    weighs = False
+
+    def accumulate(self, examples_so_far: int) -> None:
+        """Nothing: the hooks capture every micro-batch of the step as it runs."""
+
+    def read(self, step: StepNorms) -> Reading:
+        """The `Source` reading: this step's pair, unscaled; a step it had to skip (a layer
+        used twice, a check that failed) while it measures parameters is incomplete."""
+        if not step.plain:
+            return Reading()
+        part = self.measure(step.examples)
+        if part is not None:
+            return Reading([unscale(part, step.small_scale, step.big_scale)])
+        return Reading(complete=not self.params)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self, owner: Gate) -> Reading | None:
+        self.coverage.disarm()
+        return None
+
+    def describe(self) -> str:
+        said = f"; {self.routes}" if self.routes else ""
+        return f"per-example norms of {len(self.params)} parameters (b_small = 1){said}"
 
 
 def read_functionally(model: nn.Module) -> dict[int, str]:
