@@ -10,11 +10,14 @@ crossovers of method auto".
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, cast
 
-from gnsweep.measure.common import say_once
+from torch import nn
+
+from gnsweep.measure.common import Gate, say_once
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.per_example import PerExample
+from gnsweep.measure.source import Sources
 
 MICROBATCH_FROM = 192
 """`timed_auto`: from this batch on, a model with convolutions is measured with micro-batches
@@ -29,8 +32,6 @@ TIMED_STEPS = 3
 """`timed_auto`: measured steps timed after the choice (the fastest is reported)."""
 FALLBACK_METHOD = "per_example"
 """What a monitor measures with when the batch cannot be cut into micro-batches."""
-
-S = TypeVar("S")
 
 Candidates = dict[str, tuple[PerExample | None, Increments | None]]
 """`timed_auto`'s two ways to measure, by method: (per-example source, micro-batch source)."""
@@ -66,30 +67,36 @@ def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int
 
 
 
-class AutoChoice:
+class AutoChoice(Sources):
     """The choice of method, a part of `NoiseScaleMonitor` (these are its attributes and
     methods): `timed_auto`'s choice after the first measured step, `auto`'s move to
     micro-batches for layers per-example norms cannot attribute, and the fallback for a batch
-    that cannot be cut."""
+    that cannot be cut.
+
+    `timed_auto` (with `method="auto"`, for a loop that splits its batch when
+    `needs_microbatches` says so, as gnsweep's does): where both per-example norms and
+    micro-batches measure this model right (one process, no batch statistics), the first
+    measured step uses per-example norms, whose hooks see each layer's shapes; from then on the
+    cheaper by `cheaper_method` (a rule `gnsweep bench noise` justifies) is kept (`choice`),
+    and its next `TIMED_STEPS` measured steps are timed, from the model's first forward to the
+    end of `step()`. Both give unbiased pairs for the same `|G|^2` and `tr(Sigma)`, and the
+    gradient trained on is the batch mean either way (as the micro-batches' weighted sum: equal
+    up to rounding). The choice is a function of the model and the first batch, never of a
+    clock, so that a run trained twice, or resumed, gives the same numbers.
+    """
 
     method: str
     requested: str
     choice: dict[str, Any] | None
     accumulation_hint: str
-    sources: list[Any]
     params: list[Any]
+    module: nn.Module
     _candidates: Candidates
     _timing: list[float] | None
     _handles: list[Any]
     _redo: bool
     _switched: bool
-
-    def warn_once(self, key: str, message: str) -> None:
-        raise NotImplementedError  # the monitor's
-
-    def _source(self, kind: type[S]) -> S | None:
-        """The source of that class in use, or None."""
-        return next((s for s in self.sources if isinstance(s, kind)), None)
+    _batch_stats: list[nn.Module]
 
     def _unhook(self, source: PerExample) -> None:
         """Remove a per-example source's hooks (they cost even idle) and disarm its checks."""
@@ -97,6 +104,32 @@ class AutoChoice:
         for handle in source.handles:
             handle.remove()
         self._handles = [h for h in self._handles if h not in source.handles]
+
+    @property
+    def needs_microbatches(self) -> bool:
+        """True when the batch must be back-propagated in micro-batches with `accumulate()`
+        after each: method microbatch, or per_example with layers it cannot handle, or fsdp on
+        one process."""
+        return any(source.splits for source in self.sources)
+
+    @property
+    def why_microbatches(self) -> str:
+        """Why this monitor needs each measured step in micro-batches (one line naming the
+        layers or the method and the cause), or "" when it does not."""
+        if not self.needs_microbatches:
+            return ""
+        if self.method == "fsdp":
+            return "FSDP on one process measures the micro-steps of gradient accumulation"
+        if self.choice is not None and self.choice.get("method") == "microbatch":
+            return str(self.choice["reason"])
+        stats = [m for m in self._batch_stats if m.training]
+        if self.method == "microbatch" and stats:
+            return (f"{type(stats[0]).__name__} normalises with statistics of the batch, so "
+                    "per-example norms are not its noise")
+        per_example = self._source(PerExample)
+        if per_example is not None and per_example.skipped:
+            return f"no per-example norms for {', '.join(per_example.skipped)}"
+        return f"method {self.method} measures with micro-batches"
 
     @property
     def timed(self) -> bool:
@@ -206,3 +239,34 @@ class AutoChoice:
             if name != method and per_example is not None:  # its hooks cost even idle
                 self._unhook(per_example)
         self.choice = dict(choice)
+
+    def _uncover(self, uncovered: dict[int, str]) -> None:
+        """Parameters whose `.grad` the per-example hooks do not account for (`uncovered`: id ->
+        why) are measured with micro-batches from the next step on, with the other parameters
+        of their layers, the rest staying per-example (the two parts are summed,
+        `gnsweep.noise.combine_parts`); the new split is said once, naming them and why."""
+        old = self._source(PerExample)
+        assert old is not None
+        self._unhook(old)
+        source = PerExample(cast(Gate, self), self.module, self.params, old.excluded | uncovered)
+        source.coverage.measured, source.coverage.probed = old.coverage.measured, \
+            old.coverage.probed
+        source.coverage.after_step(False)
+        self._handles += source.handles
+        rest = [p for p in self.params if id(p) not in source.covered]
+        increments = Increments(rest) if rest else None
+        if self._candidates:
+            self._candidates["per_example"] = (source, increments)
+        self.sources = [s for s in (source, increments) if s is not None]
+        self._redo = True
+
+    def _load_choice(self, state: dict[str, Any]) -> None:
+        """The choice a saved monitor had made (`load_state_dict`): committed again, with the
+        steps timed so far, or auto's switch to micro-batches redone."""
+        if self.timed and state.get("choice") is not None:
+            self._commit(state["choice"])
+            timing = state.get("timing")
+            self._timing = None if timing is None else list(timing)
+        elif state.get("choice") is not None and state["method"] == "microbatch" \
+                and self.method == "per_example" and self.requested == "auto":
+            self._switch_to_microbatches(state["choice"])  # switched before the save

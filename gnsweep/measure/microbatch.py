@@ -20,10 +20,12 @@ class Increments:
     parameters (`foreach` ops run per tensor on the CPU).
     """
 
+    splits = True
+    weighs = False
+
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = params
         self.handles: list[Any] = []
-        self.splits, self.weighs = True, False
         self.weight: torch.Tensor | None = None
         """A diagonal weight over the flattened parameters (the optimizer's preconditioner P):
         when set, `weighted()` gives the same pair in the P-norm `|v|_P^2 = sum P v^2`."""

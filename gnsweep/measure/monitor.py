@@ -18,8 +18,7 @@ measurement at fixed parameters is `gnsweep.measure.offline.measure_noise_scale`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any, cast
 
 import torch
@@ -27,9 +26,10 @@ from torch import nn
 
 from gnsweep.measure.batchstats import (
     batch_statistics_layers,
-    choose_method,
     per_example_refusal,
+    say_ghost_batches,
 )
+from gnsweep.measure.build import build_sources, norm_layer_params
 from gnsweep.measure.choice import AutoChoice, Candidates
 from gnsweep.measure.common import (
     Batch,
@@ -37,19 +37,14 @@ from gnsweep.measure.common import (
     TaskLoss,
     first_tensor,
     is_ddp,
-    log,
     measured_parameters,
     now,
-    say_once,
-    world_size,
 )
-from gnsweep.measure.ddp import DdpHook, RankGrads
-from gnsweep.measure.fsdp import FsdpGrads
-from gnsweep.measure.hessian import hessian_norms
+from gnsweep.measure.hessian import hessian_or_refusal
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.per_example import PerExample
-from gnsweep.measure.precond import IDENTITY, kind, preconditioner
-from gnsweep.measure.source import Source, StepNorms, unscale
+from gnsweep.measure.preconditioned import Preconditioned
+from gnsweep.measure.source import Source, StepNorms, read_all
 from gnsweep.noise import (
     PAIR_METHODS,
     MeasureSchedule,
@@ -60,7 +55,6 @@ from gnsweep.noise import (
     ema_window,
     estimate_state,
     load_estimate,
-    with_precond,
 )
 
 METHODS = tuple(str(m) for m in PAIR_METHODS)
@@ -68,7 +62,6 @@ NORM_LAYERS = str(Method.NORM_LAYERS)
 """`method="norm_layers"`: per-example norms of the LayerNorm / RMSNorm parameters only (Gray et
 al. 2024): B_simple of that block of the gradient, a few reductions per layer; the other
 layers carry no hooks. docs/noise.md says where it tracks the whole model's B_simple."""
-NORM_LAYER_TYPES = (nn.LayerNorm, nn.RMSNorm)
 OFF = str(Method.NONE)
 """`method="none"`: nothing is measured (no hooks; `step()` counts steps and returns None): the
 training the cost of a measurement is compared with."""
@@ -78,7 +71,7 @@ ACCUMULATION_HINT = ("monitor.accumulate() after each micro-batch's backward; "
 """How a loop gives the monitor micro-batches, in every loop's words (`accumulation_hint`)."""
 
 
-class NoiseScaleMonitor(AutoChoice):
+class NoiseScaleMonitor(AutoChoice, Preconditioned):
     """Measures B_simple (eq. 2.9) and optionally B_noise (eq. 2.8) inside a training loop.
 
     Per step: forward, `loss.backward()` on the batch-mean loss, `monitor.step()`, then
@@ -116,16 +109,8 @@ class NoiseScaleMonitor(AutoChoice):
     eq. 2.9 on it; e.g. an actor-critic's actor alone (`docs/tasks.md`, `noise_parameters`).
     The other parameters still train; their gradients are just not looked at.
 
-    `timed_auto` (with `method="auto"`, for a loop that splits its batch when
-    `needs_microbatches` says so, as gnsweep's does): where both per-example norms and
-    micro-batches measure this model right (one process, no batch statistics), the first
-    measured step uses per-example norms, whose hooks see each layer's shapes; from then on the
-    cheaper by `cheaper_method` (a rule `gnsweep bench noise` justifies) is kept (`choice`),
-    and its next `TIMED_STEPS` measured steps are timed, from the model's first forward to the
-    end of `step()`. Both give unbiased pairs for the same `|G|^2` and `tr(Sigma)`, and the
-    gradient trained on is the batch mean either way (as the micro-batches' weighted sum: equal
-    up to rounding). The choice is a function of the model and the first batch, never of a
-    clock, so that a run trained twice, or resumed, gives the same numbers.
+    `timed_auto`: the cheaper of per-example norms and micro-batches is kept after the
+    first measured step (`gnsweep.measure.choice.AutoChoice`).
 
     A layer whose gradient per-example norms cannot attribute to examples (its input has no
     batch dimension: positions `wpe(torch.arange(T))`, `unattributed`) leaves the first
@@ -159,14 +144,7 @@ class NoiseScaleMonitor(AutoChoice):
         window = ema_window(ema_fraction, ema_steps, ema_examples)
         self.ema = NoiseScaleEma(ema_steps=window["ema_steps"], ema_fraction=window["ema_fraction"],
                                  ema_examples=window["ema_examples"])
-        # B_simple_P: the same estimator in the optimizer's preconditioner P (`precondition`).
-        self.ema_precond = NoiseScaleEma(ema_steps=window["ema_steps"],
-                                         ema_fraction=window["ema_fraction"],
-                                         ema_examples=window["ema_examples"])
-        self.optimizer: torch.optim.Optimizer | None = None
-        self._precond_kind: str | None = None
-        self._precond_increments: Increments | None = None
-        self._precond_since = (0.0, 0.0)  # examples and steps since its last measurement
+        self._init_precond(window)
         self.steps = 0
         self.schedule = MeasureSchedule(every)
         """Which steps are measured, and how many were."""
@@ -189,7 +167,6 @@ class NoiseScaleMonitor(AutoChoice):
         self._whole_batches = False  # measure_noise_scale: each micro-batch a whole batch
         self._batch_stats = [m for _, m in batch_statistics_layers(self.module,
                                                                    training_only=False)]
-        self._all_reduced = all_reduced_grads
         self._timing: list[float] | None = None
         self._started: float | None = None
         self._hessian_seconds = 0.0
@@ -207,141 +184,28 @@ class NoiseScaleMonitor(AutoChoice):
             self.method, self.hessian_every = OFF, 0
             return
         if method == NORM_LAYERS:
-            measured = {id(p) for p in self.params}
-            self.params = [p for m in self.module.modules() if isinstance(m, NORM_LAYER_TYPES)
-                           for p in m.parameters(recurse=False) if id(p) in measured]
-            if not self.params:
-                raise ValueError("method='norm_layers' measures the LayerNorm/RMSNorm "
-                                 "parameters, and this model has no trainable ones: use "
-                                 "method='per_example' (or auto)")
-            method = "per_example"
+            self.params, method = norm_layer_params(self.module, self.params), "per_example"
         # auto: the method right for this model and launch; a method wrong for it is refused.
-        requested = method
-        method = choose_method(model, method, distributed=self._distributed(model))
-        if method == "ddp":
-            method = self._setup_ddp(model)
-        elif method == "fsdp":
-            self.sources = [self._setup_fsdp(model, parameters)]
-        elif (is_ddp(model) and world_size(model) > 1) or self._distributed(model):
-            # .grad is all-reduced while per-example / micro-batch norms stay local.
-            raise ValueError(f"method={method!r} with a DistributedDataParallel model: use "
-                             "method='ddp'")
+        # (`choice`, with `timed_auto`: {"method", "reason", "batch", "step_seconds": the
+        # fastest measured step after the choice}; None before it has chosen.)
         self.method = method
+        # Counted before the sources' own pre-hooks run (a broadcast parameter's reads the
+        # batch); removed again where the method is refused.
         self._handles.append(
             model.register_forward_pre_hook(self._count_examples, with_kwargs=True))
-        # auto between per-example norms and micro-batches, chosen at the first measured step
-        # (`choice`: {"method", "reason", "batch", "step_seconds": the fastest measured step
-        # after the choice}; None before it has, or without `timed_auto`).
-        if method == "microbatch":
-            self.sources = [Increments(self.params)]
-        elif method == "per_example":
-            per_example = PerExample(self, self.module, self.params)
-            rest = [p for p in self.params if id(p) not in per_example.covered]
-            increments = Increments(rest) if rest else None
-            self.sources = [s for s in (per_example, increments) if s is not None]
-            if timed_auto and requested == "auto":
-                # Micro-batches measure this model right too: the cheaper is kept after the
-                # first measured step (`_choose`).
-                self._candidates = {"per_example": (per_example, increments),
-                                    "microbatch": (None, Increments(self.params))}
+        try:
+            built = build_sources(self, model, self.module, self.params, method,
+                                  parameters=parameters, all_reduced=all_reduced_grads,
+                                  hessian_every=self.hessian_every, timed_auto=timed_auto)
+        except BaseException:
+            self._handles.pop().remove()
+            raise
+        self.method, self.sources, self._candidates = built.method, built.sources, \
+            built.candidates
         for source in self.sources:
             self._handles += source.handles
         if optimizer is not None:
             self.precondition(optimizer)
-
-    def precondition(self, optimizer: torch.optim.Optimizer) -> None:
-        """Measure B_simple_P (`b_simple_precond`) in `optimizer`'s diagonal preconditioner
-        (`gnsweep.measure.precond`) beside B_simple. SGD: P = I, the same pairs as B_simple.
-        Adam-like: P does not factor through per-example norms' Gram form, so the P-norm pair
-        comes from micro-batches (eq. A.2 with b_small = B / k): the method's own where it
-        splits, else the loop splits measured steps (`wants_microbatches`) and the pair is
-        read from the increments of `.grad`. Under DDP each worker's gradient is weighted by
-        P in the communication hook (b_small = the worker's batch), as B_simple's is squared,
-        or in the parameter hooks under a DDP the monitor cannot hook (the Trainers',
-        accelerate). Not measured (NaN, said once) under FSDP, or for an optimizer without a
-        known diagonal P."""
-        self.optimizer = optimizer
-        self._precond_kind = kind(optimizer)
-        if self._precond_kind is None:
-            self.warn_once("precond", f"noise scale: {type(optimizer).__name__} has no known "
-                           "diagonal preconditioner; b_simple_precond is not measured (NaN)")
-        elif self._precond_kind != IDENTITY and any(s.weighs for s in self.sources):
-            for source in self.sources:
-                if source.weighs:
-                    cast(DdpHook | RankGrads, source).weigh = self._weights_by_parameter
-        elif self._precond_kind != IDENTITY and self.method == "fsdp":
-            self.warn_once("precond", "noise scale: b_simple_precond is not measured under "
-                           "FSDP yet (NaN); micro-batches or DDP measure it")
-            self._precond_kind = None
-        elif self._precond_kind != IDENTITY:
-            self._precond_increments = Increments(self.params)
-
-    def _weights_by_parameter(self) -> dict[int, torch.Tensor] | None:
-        """P as the optimizer holds it now, one flat fp32 tensor per measured parameter (by
-        id); None before an adaptive optimizer's first update."""
-        assert self.optimizer is not None
-        flat = preconditioner(self.optimizer, self.params)
-        if flat is None:
-            return None
-        return {id(p): part for p, part in
-                zip(self.params, flat.split([p.numel() for p in self.params]), strict=True)}
-
-    @property
-    def wants_microbatches(self) -> bool:
-        """The preconditioned pair needs this step in micro-batches (`accumulate()` after
-        each): an adaptive optimizer and a method that does not split anyway."""
-        return self._precond_increments is not None and self.method != "microbatch"
-
-    def _precond_source(self) -> Increments | None:
-        """The micro-batch increments the P-norm pair is read from: the method's own when they
-        cover every measured parameter (method microbatch), else the monitor's."""
-        if self._precond_increments is None:
-            return None
-        own = self._source(Increments)
-        if self.method == "microbatch" and own is not None:
-            return own
-        return self._precond_increments
-
-    def _setup_ddp(self, model: nn.Module) -> str:
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ValueError("method='ddp' needs an initialised torch.distributed process group "
-                             "(run under torchrun and call init_process_group first)")
-        if not is_ddp(model) and not self._all_reduced:
-            raise ValueError("method='ddp' needs the DistributedDataParallel-wrapped model: "
-                             "NoiseScaleMonitor(DistributedDataParallel(model), method='ddp')")
-        if dist.get_world_size() < 2:
-            method = choose_method(self.module, "auto")
-            log.warning("noise scale: world size 1 gives one batch size only; measuring with "
-                        "%s instead of the DDP hook", method)
-            return method
-        if not is_ddp(model):
-            # A wrapper the monitor cannot hook all-reduces .grad: read each rank's own
-            # gradient from hooks on the parameters.
-            self.sources = [RankGrads(self, self.params)]
-            return "ddp"
-        self.sources = [DdpHook.attach(self, model, self.params)]
-        return "ddp"
-
-    def _setup_fsdp(self, model: nn.Module, parameters: Iterable[nn.Parameter] | None
-                    ) -> FsdpGrads:
-        if self.hessian_every:
-            raise ValueError("B_noise (hessian_every > 0) cannot be measured on a model sharded "
-                             "by FSDP: its Hessian passes need unsharded parameters; use "
-                             "hessian_every=0")
-        if parameters is not None and {id(p) for p in self.params} != {
-                id(p) for p in model.parameters() if p.requires_grad}:
-            raise ValueError("parameters=: a model sharded by FSDP is measured whole (its "
-                             "unsharded parameters exist only inside forward and backward)")
-        return FsdpGrads(self, model)
-
-    def _distributed(self, model: nn.Module) -> bool:
-        """Several ranks whose `.grad` is all-reduced: a DDP model, or `all_reduced_grads`."""
-        import torch.distributed as dist
-
-        return (is_ddp(model) or self._all_reduced) and dist.is_available() \
-            and dist.is_initialized() and dist.get_world_size() > 1
 
     # -- the training-loop API ------------------------------------------------------------
 
@@ -354,32 +218,6 @@ class NoiseScaleMonitor(AutoChoice):
     def measures(self) -> str:
         """What is measured: `norm_layers` or `none` where asked for, else the method."""
         return self._asked if self._asked in (NORM_LAYERS, OFF) else self.method
-
-    @property
-    def needs_microbatches(self) -> bool:
-        """True when the batch must be back-propagated in micro-batches with `accumulate()`
-        after each: method microbatch, or per_example with layers it cannot handle, or fsdp on
-        one process."""
-        return any(source.splits for source in self.sources)
-
-    @property
-    def why_microbatches(self) -> str:
-        """Why this monitor needs each measured step in micro-batches (one line naming the
-        layers or the method and the cause), or "" when it does not."""
-        if not self.needs_microbatches:
-            return ""
-        if self.method == "fsdp":
-            return "FSDP on one process measures the micro-steps of gradient accumulation"
-        if self.choice is not None and self.choice.get("method") == "microbatch":
-            return str(self.choice["reason"])
-        stats = [m for m in self._batch_stats if m.training]
-        if self.method == "microbatch" and stats:
-            return (f"{type(stats[0]).__name__} normalises with statistics of the batch, so "
-                    "per-example norms are not its noise")
-        per_example = self._source(PerExample)
-        if per_example is not None and per_example.skipped:
-            return f"no per-example norms for {', '.join(per_example.skipped)}"
-        return f"method {self.method} measures with micro-batches"
 
     def microbatches(self, wanted: int, samples: int) -> int:
         """The micro-batches this step's backward must come in for the measurement: `wanted`
@@ -411,13 +249,10 @@ class NoiseScaleMonitor(AutoChoice):
 
     def accumulate(self) -> None:
         """Record the micro-batch just back-propagated (call after each micro-batch's backward)."""
-        source = self._precond_source()
-        if source is not None and self.measuring and not self._busy and not source.counts:
-            # P as the optimizer holds it before this step's update, for the whole step.
-            assert self.optimizer is not None
-            source.weight = preconditioner(self.optimizer, self.params)
         if not self.capturing:
             return
+        self._weigh_step()
+        source = self._precond_source()
         for own in self.sources:
             own.accumulate(self._examples)
         if source is not None and source not in self.sources:
@@ -465,15 +300,9 @@ class NoiseScaleMonitor(AutoChoice):
         checked = self._per_example
         sources = list(self.sources)  # those of this step, whatever it switches to
         try:
-            if measuring and checked is not None and checked.coverage.armed:
-                uncovered.update(self._check_coverage(checked))
-            if measuring and checked is not None and (checked.refused or
-                                                      checked.broadcast.refused):
-                # Calls the functional route could not take, broadcast parameters the model
-                # does not broadcast along the batch: their own reason comes first.
-                uncovered.update(checked.refused)
-                uncovered.update(checked.broadcast.refused)
-                checked.invalid = True
+            if measuring and checked is not None:
+                uncovered = checked.verify(self._own_pass(), self._loss_scale,
+                                           self._grads_unscaled)
             if measuring or hessian:
                 self._measure(batch, plain=measuring, hessian=hessian)
         finally:
@@ -497,44 +326,6 @@ class NoiseScaleMonitor(AutoChoice):
         elif self.timed and self.choice is None and measuring and per_example is not None:
             self._choose(steps_examples)
         return self.estimate
-
-    def _check_coverage(self, source: PerExample) -> dict[int, str]:
-        """The checks of `gnsweep.measure.coverage` on this measured step: a layer whose dim 0
-        is not the batch's joins `unattributed`; the parameters whose `.grad` the hooks do not
-        account for are returned (id -> why). Either discards the step's per-example pair."""
-        coverage = source.coverage
-        with _busy(self):  # the layout check's extra forward is no step of training
-            wrong = coverage.layout()
-        if wrong:
-            for name, why in wrong.items():
-                source.unattributed.setdefault(name, why)
-            source.invalid = True
-            return {}
-        scale = self._loss_scale
-        uncovered = coverage.check(scale, 1.0 if self._grads_unscaled else scale)
-        if uncovered:
-            source.invalid = True
-        return uncovered
-
-    def _uncover(self, uncovered: dict[int, str]) -> None:
-        """Parameters whose `.grad` the per-example hooks do not account for (`uncovered`: id ->
-        why) are measured with micro-batches from the next step on, with the other parameters
-        of their layers, the rest staying per-example (the two parts are summed,
-        `gnsweep.noise.combine_parts`); the new split is said once, naming them and why."""
-        old = self._per_example
-        assert old is not None
-        self._unhook(old)
-        source = PerExample(self, self.module, self.params, old.excluded | uncovered)
-        source.coverage.measured, source.coverage.probed = old.coverage.measured, \
-            old.coverage.probed
-        source.coverage.after_step(False)
-        self._handles += source.handles
-        rest = [p for p in self.params if id(p) not in source.covered]
-        increments = Increments(rest) if rest else None
-        if self._candidates:
-            self._candidates["per_example"] = (source, increments)
-        self.sources = [s for s in (source, increments) if s is not None]
-        self._redo = True
 
     def close(self) -> None:
         """Remove the hooks (DDP's communication hook stays, all-reducing without measuring);
@@ -571,13 +362,7 @@ class NoiseScaleMonitor(AutoChoice):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` into a monitor built alike (same model, method, settings)."""
-        if self.timed and state.get("choice") is not None:
-            self._commit(state["choice"])
-            timing = state.get("timing")
-            self._timing = None if timing is None else list(timing)
-        elif state.get("choice") is not None and state["method"] == "microbatch" \
-                and self.method == "per_example" and self.requested == "auto":
-            self._switch_to_microbatches(state["choice"])  # switched before the save
+        self._load_choice(state)
         if state["method"] != self.method:
             raise ValueError(f"monitor state of method {state['method']}, this monitor "
                              f"measures with {self.method}")
@@ -624,28 +409,12 @@ class NoiseScaleMonitor(AutoChoice):
         self._examples += batch
         per_example = self._per_example
         if per_example is not None:
-            per_example.forward_id += 1
-            per_example.batch = batch
-            per_example.coverage.saw_inputs(args, kwargs, batch)
-
-    def warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message)
+            per_example.saw_forward(args, kwargs, batch)
 
     def _measure(self, batch: Batch | None, *, plain: bool, hessian: bool) -> None:
         """Fold in this step's norms, unscaled (`step(loss_scale=...)`). The Hessian passes
         run the loss unscaled, in fp32."""
-        hess = None
-        if hessian:
-            if batch is None:
-                self.warn_once("hbatch", "noise scale: B_noise needs the step's batch: call "
-                               "monitor.step(batch=(inputs, targets))")
-            else:
-                hess = self._hessian(batch)
-                if hess is None and self.hessian_every:
-                    self.warn_once("hsmall", "noise scale: batch too small to split for "
-                                   f"B_noise (needs >= {2 * self.hessian_microbatches} examples)")
+        hess = self._hessian(batch) if hessian else None
         if plain and self.method == "per_example" and self._examples == 1:
             # One sample has no spread: tr(Sigma) is undefined at this batch size (eq. A.2
             # needs two batch sizes). Skipped, so the estimate stays None (NaN), never wrong.
@@ -658,10 +427,10 @@ class NoiseScaleMonitor(AutoChoice):
             reason = per_example_refusal(self.module)
             assert reason is not None
             raise ValueError(reason)
-        if plain and self.method == "microbatch" and not self._whole_batches:
-            self._say_ghost_batches()
-        parts: list[NormPair] = []
-        complete, weighted, weighs = True, None, False
+        increments = self._source(Increments)
+        if plain and increments is not None and self.method == "microbatch" \
+                and not self._whole_batches:
+            say_ghost_batches(self._batch_stats, len(increments.counts))
         # Squared norms of scaled gradients (fp16): captured during backward they carry
         # loss_scale^2; |G_big|^2 read from .grad now carries it unless .grad was unscaled.
         small_scale = self._loss_scale ** 2
@@ -670,84 +439,34 @@ class NoiseScaleMonitor(AutoChoice):
                           required=self.requested == "microbatch", hess=hess,
                           grads_unscaled=self._grads_unscaled, why=lambda: self.why_microbatches,
                           hint=self.accumulation_hint)
-        for own in self.sources:
-            reading = own.read(norms)
-            parts += reading.parts
-            complete = complete and reading.complete
-            if reading.replaces_hess:
-                hess = reading.hess
-            if own.weighs:
-                weighs, weighted = True, reading.weighted
-            if reading.warning is not None:
-                self.warn_once(*reading.warning)
-        if not complete:
-            parts = []
-        precond: list[NormPair] | None = None
-        if weighs:
-            precond = self._ddp_precond(parts, weighted)
-        elif self._precond_kind == IDENTITY:
-            precond = parts  # P = I: the very pairs of B_simple
-        elif plain:  # whether or not B_simple's own pair was complete this step
-            source = self._precond_source()
-            pair = source.weighted() if source is not None else None
-            if pair is None and source is not None and len(source.counts) < 2:
-                self.warn_once("precond1", "noise scale: b_simple_precond needs >= 2 "
-                               f"micro-batches a measured step ({self.accumulation_hint}); "
-                               "NaN without")
-            precond = [unscale(pair, small_scale, small_scale)] if pair is not None else None
-        self._fold(parts, hess, precond)
+        read, weighs = read_all(self.sources, norms, self.warn_once)
+        self._fold(read.parts, read.hess, self._precond_pairs(read.parts, weighs, read.weighted,
+                                                              plain, small_scale))
 
-    def _ddp_precond(self, parts: list[NormPair], weighted: list[NormPair] | None
-                     ) -> list[NormPair] | None:
-        """B_simple_P's pairs of a DDP measurement: B_simple's own for SGD (P = I), the hooks'
-        P-norm pairs for an adaptive optimizer, none where it is not measured."""
-        if self._precond_kind == IDENTITY:
-            return parts
-        return weighted if self._precond_kind is not None else None
-
-    def _say_ghost_batches(self) -> None:
-        layers = [m for m in self._batch_stats if m.training]
-        increments = self._source(Increments)
-        if layers and increments is not None and len(increments.counts) > 1:
-            k = len(increments.counts)
-            say_once("ghost", f"noise scale: {type(layers[0]).__name__} and any other layer "
-                     f"with batch statistics normalise each of the {k} micro-batches of a "
-                     "measured step on its own (ghost batches): the noise measured is that of "
-                     "the gradient trained with, but where a batch is split only to measure, "
-                     f"statistics come from B/{k} examples instead of B and running statistics "
-                     f"are updated {k} times a step (docs/noise.md)")
-
-    def _hessian(self, batch: Batch) -> NormPair | None:
+    def _hessian(self, batch: Batch | None) -> NormPair | None:
         """H-norms for B_noise; a model whose loss has no double backward (an op without
         one), or whose Hessian pass does not fit in device memory, is said once and B_noise is
         no longer measured: the run trains on."""
+        if batch is None:
+            self.warn_once("hbatch", "noise scale: B_noise needs the step's batch: call "
+                           "monitor.step(batch=(inputs, targets))")
+            return None
         started = now(self.params[0].device) if self._timing is not None else 0.0
         try:
-            with _busy(self):
-                return hessian_norms(self.module, self.loss_fn, batch,
-                                     self.hessian_microbatches, task_loss=self.task_loss,
-                                     params=self.params)
-        except torch.OutOfMemoryError:
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            self.warn_once("hmemory", "noise scale: B_noise's Hessian pass ran out of device "
-                           "memory (double backward keeps the graph of a gradient, and "
-                           "attention runs by its math kernel there); B_noise is not measured "
-                           "(noise.hessian_every=0 leaves it out)")
-            self.hessian_every = 0
-            return None
-        except RuntimeError as err:
-            text = str(err)
-            if "derivative for" not in text and "double backward" not in text:
-                raise
-            self.warn_once("hdouble", "noise scale: B_noise needs Hessian-vector products "
-                           "(double backward) of the loss, which this model does not support ("
-                           f"{text.splitlines()[0]}); B_noise is not measured")
-            self.hessian_every = 0
-            return None
+            with self._own_pass():
+                pair, refused = hessian_or_refusal(self.module, self.loss_fn, batch,
+                                                   self.hessian_microbatches,
+                                                   task_loss=self.task_loss, params=self.params)
         finally:
             if self._timing is not None:  # not part of either method's cost
                 self._hessian_seconds += now(self.params[0].device) - started
+        if refused is not None:
+            self.warn_once(*refused)
+            self.hessian_every = 0
+        elif pair is None:
+            self.warn_once("hsmall", "noise scale: batch too small to split for B_noise "
+                           f"(needs >= {2 * self.hessian_microbatches} examples)")
+        return pair
 
     def _fold(self, parts: list[NormPair], hess: NormPair | None,
               precond: list[NormPair] | None = None) -> None:
@@ -774,28 +493,3 @@ class NoiseScaleMonitor(AutoChoice):
             if estimate is not None:
                 self.estimate = estimate
         self._fold_precond(precond)
-
-    def _fold_precond(self, precond: list[NormPair] | None) -> None:
-        """Fold the P-norm pairs into B_simple_P's EMAs, on the clock of B_simple's (the
-        examples and steps since B_simple_P's last measurement), and put them on the estimate."""
-        examples, steps = self._precond_since
-        ok = bool(precond) and all(math.isfinite(x) and (i < 2 or x > 0)
-                                   for p in precond or [] for i, x in enumerate(p))
-        if ok and precond is not None and all(p.b_small < p.b_big for p in precond):
-            self.ema_precond.update_parts(list(precond), examples=examples, steps=steps)
-            self._precond_since = (0.0, 0.0)
-        if self.ema_precond.seen_steps > 0:
-            # B_simple_P stands on its own pairs: shown even where B_simple's were not complete.
-            base = self.estimate if self.estimate is not None else NoiseEstimate(
-                *([math.nan] * 9))
-            self.estimate = with_precond(base, self.ema_precond.estimate())
-
-
-
-@contextmanager
-def _busy(monitor: NoiseScaleMonitor) -> Iterator[None]:
-    monitor._busy = True
-    try:
-        yield
-    finally:
-        monitor._busy = False

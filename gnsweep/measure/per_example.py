@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
@@ -330,6 +331,38 @@ class PerExample:
 
     splits = False
     weighs = False
+
+    def saw_forward(self, args: tuple, kwargs: dict, batch: int) -> None:
+        """The model's forward starts, on a batch of `batch` examples (the monitor counts)."""
+        self.forward_id += 1
+        self.batch = batch
+        self.coverage.saw_inputs(args, kwargs, batch)
+
+    def verify(self, busy: AbstractContextManager[Any], loss_scale: float,
+               grads_unscaled: bool) -> dict[int, str]:
+        """The checks of `gnsweep.measure.coverage` on this measured step, run inside `busy`
+        (the layout check's extra forward is no step of training): a layer whose dim 0 is not
+        the batch's joins `unattributed`; the parameters whose `.grad` the hooks do not
+        account for are returned (id -> why), with calls the functional route could not take
+        and broadcast parameters the model does not broadcast along the batch (their own
+        reason first). Any of them discards the step's per-example pair."""
+        uncovered: dict[int, str] = {}
+        if self.coverage.armed:
+            with busy:
+                wrong = self.coverage.layout()
+            if wrong:
+                for name, why in wrong.items():
+                    self.unattributed.setdefault(name, why)
+                self.invalid = True
+            else:
+                uncovered = self.coverage.check(loss_scale, 1.0 if grads_unscaled
+                                                else loss_scale)
+                self.invalid = self.invalid or bool(uncovered)
+        if self.refused or self.broadcast.refused:
+            uncovered.update(self.refused)
+            uncovered.update(self.broadcast.refused)
+            self.invalid = True
+        return uncovered
 
     def accumulate(self, examples_so_far: int) -> None:
         """Nothing: the hooks capture every micro-batch of the step as it runs."""

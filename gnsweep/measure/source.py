@@ -11,12 +11,15 @@ holds its sources in a list (`NoiseScaleMonitor.sources`) and sums their pairs
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from gnsweep.measure.common import Gate
+from gnsweep.measure.common import Gate, log
 from gnsweep.noise import NormPair
+
+S = TypeVar("S")
 
 
 @dataclass(frozen=True)
@@ -98,9 +101,59 @@ class Source(Protocol):
         """One line: what it measures, and how."""
 
 
+def read_all(sources: list[Source], step: StepNorms, warn: Callable[[str, str], None]
+             ) -> tuple[Reading, bool]:
+    """Every source's reading of this step in one: their pairs (none where any source had to
+    skip the step), the H-norm pair (a source's own where it folds it), the P-norm pairs of
+    the source that weighs by P, each warning said by `warn`; and whether a source weighs."""
+    total, weighs = Reading(hess=step.hess), False
+    for source in sources:
+        reading = source.read(step)
+        total.parts += reading.parts
+        total.complete = total.complete and reading.complete
+        if reading.replaces_hess:
+            total.hess = reading.hess
+        if source.weighs:
+            weighs, total.weighted = True, reading.weighted
+        if reading.warning is not None:
+            warn(*reading.warning)
+    if not total.complete:
+        total.parts = []
+    return total, weighs
+
+
 def unscale(part: NormPair, small: float, big: float) -> NormPair:
     """`part` with |G_small|^2 divided by `small` and |G_big|^2 by `big` (the squared loss
     scales their gradients carried)."""
     if small == big == 1.0:  # no loss scale (fp32, bf16)
         return part
     return NormPair(part.sq_small / small, part.sq_big / big, part.b_small, part.b_big)
+
+
+class Sources:
+    """The monitor's list of sources and what its parts share (`AutoChoice`, `Preconditioned`
+    and `NoiseScaleMonitor` build on it): the lookup of a source by kind, warnings said once."""
+
+    sources: list[Any]
+    _warned: set[str]
+    _busy: bool
+    """A pass of the monitor's own (Hessian, a layout check) runs: the hooks stay idle."""
+
+    def _source(self, kind: type[S]) -> S | None:
+        """The source of that class in use, or None."""
+        return next((s for s in self.sources if isinstance(s, kind)), None)
+
+    def warn_once(self, key: str, message: str) -> None:
+        """Log `message` the first time `key` is seen (the keys are checkpointed)."""
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message)
+
+    @contextmanager
+    def _own_pass(self) -> Iterator[None]:
+        """Inside: a pass of the monitor's own, which no hook captures and no count sees."""
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
