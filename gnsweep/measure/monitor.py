@@ -11,7 +11,7 @@ summed over the workers inside the next step's all-reduce, so the estimate `step
 lags one measured step and `close()` folds the last one in) and FSDP's unsharded gradients
 (`fsdp`, b_small = one rank's micro-step). B_noise (eq. 2.8) comes from Hessian-vector products
 every `hessian_every` steps (`hessian_norms`); B_simple_P in the optimizer's preconditioner from
-`gnsweep.measure.precond`. Which method `auto` keeps is `gnsweep.measure.choice`; one
+`gnsweep.measure.preconditioned`. Which method `auto` keeps is `gnsweep.measure.choice`; one
 measurement at fixed parameters is `gnsweep.measure.offline.measure_noise_scale`.
 """
 
