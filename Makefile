@@ -14,8 +14,14 @@ TORCH_CPU := torch==2.13.0
 # headline comparison"). Resumable: run it again to finish what is missing.
 PAPER_DIR ?= runs/paper
 PAPER_ARGS ?=
+# `make laws`: a family of fixed-budget linreg sweeps at four data budgets D, then the laws
+# across them (docs/laws.md) with the largest budget held out and predicted. Resumable.
+LAWS_DIR ?= runs/laws
+LAWS_BUDGETS ?= 1024 2048 4096 8192
+LAWS_PREDICT ?= N=17,D=65536
+LAWS_TOLERANCE ?= 0.03
 
-.PHONY: install demo test test-fast lint bench paper slurm-up slurm-down clean
+.PHONY: install demo test test-fast lint bench paper laws slurm-up slurm-down clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -56,6 +62,15 @@ lint: $(DEV_STAMP)
 paper: $(STAMP)
 	$(BIN)/python scripts/paper.py --paper-dir $(PAPER_DIR) $(PAPER_ARGS)
 	@echo "Table: $(PAPER_DIR)/compare/compare.parquet  Figure: $(PAPER_DIR)/compare/bcrit_vs_noise_scale.png"
+
+laws: $(STAMP)
+	for d in $(LAWS_BUDGETS); do \
+	  $(BIN)/gnsweep launch task=linreg sweep=laws sweep.max_examples=$$d \
+	    --sweep-dir $(LAWS_DIR)/d$$d -q || exit $$?; \
+	done
+	$(BIN)/gnsweep laws $(addprefix $(LAWS_DIR)/d,$(LAWS_BUDGETS)) --out $(LAWS_DIR)/laws \
+	  --predict $(LAWS_PREDICT) --tolerance $(LAWS_TOLERANCE)
+	@echo "Laws: $(LAWS_DIR)/laws/laws.json  Figures: $(LAWS_DIR)/laws/laws_fits.png"
 
 bench: $(DEV_STAMP)
 	$(BIN)/python -m gnsweep.bench

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["FsdpNoiseScale", "NoiseScaleMonitor", "__version__", "measure_noise_scale"]
+__all__ = ["FsdpNoiseScale", "NoiseScaleMonitor", "__version__", "current_run",
+           "measure_noise_scale"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,6 +22,10 @@ def __getattr__(name: str) -> Any:
         from gnsweep.measure import FsdpNoiseScale
 
         return FsdpNoiseScale
+    if name == "current_run":  # a script's handle on its sweep run (task=script)
+        from gnsweep.run_handle import current_run
+
+        return current_run
     if name == "measure_noise_scale":
         from gnsweep import measure
 

@@ -79,6 +79,18 @@ def branch_checkpoint(run_dir: Path, at: int, kept: dict[int, Path],
     return best, kept[best]
 
 
+def refuse_script(base: Config) -> None:
+    """ConfigError (exit 2, nothing written) for a task=script base run: a branch starts from
+    gnsweep's own checkpoints, and a script's checkpoints are its own."""
+    from gnsweep.tasks import SCRIPT
+
+    if base.task.name == SCRIPT:
+        raise ConfigError("gnsweep branch starts runs from gnsweep's own checkpoints, and a "
+                          "task=script run's checkpoints are its script's: launch a script "
+                          "sweep whose command starts from your checkpoint instead "
+                          "(docs/scripts.md)")
+
+
 def branch_config(base: Config, overrides: list[str], *, has_eval: bool = False) -> Config:
     """The branch sweep's config: the overrides composed as for `gnsweep launch`, with the base
     run's task and optimizer settings (FIXED_BY_BASE). Overrides of those may repeat the base
@@ -91,6 +103,7 @@ def branch_config(base: Config, overrides: list[str], *, has_eval: bool = False)
     from gnsweep.sweep import config_differences
     from gnsweep.tasks import CUSTOM
 
+    refuse_script(base)
     config = compose(overrides, grid=("batch_sizes", "learning_rates"),
                      custom=base.task.name == CUSTOM)
     keys = [(o, o.lstrip("+~").split("=", 1)[0]) for o in overrides]
@@ -182,6 +195,7 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
     from gnsweep.training.branch import read_checkpoint
 
     base, base_spec = read_base(base_run)
+    refuse_script(base)
     config = branch_config(base, overrides, has_eval=has_eval_loss(base, base_spec))
     metric_task = config.task.metric != "loss"
     loss = "metric" if metric_task else config.analysis.loss
@@ -250,6 +264,7 @@ def plan_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[
     from gnsweep.runs import read_state
 
     base, base_spec = read_base(base_run)
+    refuse_script(base)
     config = branch_config(base, overrides, has_eval=has_eval_loss(base, base_spec))
     kept, asked = kept_checkpoints(base_run)
     chosen = sorted({branch_checkpoint(base_run, n, kept, asked) for n in at})

@@ -19,6 +19,7 @@ from gnsweep import redact, tasks
 from gnsweep.config import MOVED, SECTIONS, Config, SweepConfig
 from gnsweep.errors import ConfigError
 from gnsweep.targets import LOSS_EMA_SAMPLES
+from gnsweep.tasks.script import sweep_name as script_sweep_name
 
 __all__ = ["GRID_FIELDS", "compose", "conf_dir", "in_task_units"]
 
@@ -52,6 +53,8 @@ def compose(overrides: list[str] | None = None, *, grid: tuple[str, ...] | None 
     overrides = list(overrides or [])
     _store_defaults()
     GlobalHydra.instance().clear()
+    given = overrides
+    overrides = [_verbatim(o) for o in overrides]
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = hydra_compose(config_name="config", overrides=overrides,
@@ -69,9 +72,31 @@ def compose(overrides: list[str] | None = None, *, grid: tuple[str, ...] | None 
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
     config = Config.from_dict({str(k): v for k, v in data.items()})
-    _check_custom_grid(config, sweep_file, overrides, GRID_FIELDS if grid is None else grid,
-                       config.task.name == tasks.CUSTOM if custom is None else custom)
-    return _named_after_task(config, sweep_file, overrides)
+    _check_custom_grid(config, sweep_file, given, GRID_FIELDS if grid is None else grid,
+                       config.task.name in (tasks.CUSTOM, tasks.SCRIPT) if custom is None
+                       else custom)
+    return _named_after_task(config, sweep_file, given)
+
+
+VERBATIM = ("task.command", "task.log_pattern", "task.log_file", "task.resume_args", "task.cwd")
+"""Settings taken as written on the command line, never parsed by Hydra's grammar: a command's
+`{placeholders}`, spaces and quotes, a regular expression's brackets and backslashes."""
+
+
+def _verbatim(override: str) -> str:
+    """`task.command=python train.py --bs={batch_size}` as Hydra's quoted string (its quotes
+    and a trailing backslash escaped, `${` kept literal); a value already in quotes, another
+    key, or a deletion (`~key`) unchanged. `task.columns={...}` is added as a new key (Hydra
+    cannot add keys to an empty mapping node)."""
+    key, sep, value = override.partition("=")
+    if key == "task.columns" and sep:
+        return f"+{override}"
+    if not sep or key.lstrip("+") not in VERBATIM or key.startswith("~") \
+            or (len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""):
+        return override
+    trailing = len(value) - len(value.rstrip("\\"))
+    body = value.replace("\\'", "\\\\'").replace("'", "\\'").replace("${", "\\${")
+    return f"{key}='{body}" + "\\" * trailing + "'"
 
 
 def in_task_units(config: Config, per_sample: float, overrides: list[str]) -> Config:
@@ -94,10 +119,13 @@ def _named_after_task(config: Config, sweep_file: str, overrides: list[str]) -> 
     the task (its `_target_`, e.g. `mytask.make_task`), so that its default folder is
     runs/<that>, not the digits sweep's."""
     named = {o.lstrip("+").split("=", 1)[0] for o in overrides}
-    if config.task.name != tasks.CUSTOM or sweep_file != SweepConfig.name \
+    if config.task.name not in (tasks.CUSTOM, tasks.SCRIPT) or sweep_file != SweepConfig.name \
             or "sweep.name" in named or config.sweep.name != SweepConfig.name:
         return config
-    name = re.sub(r"[^A-Za-z0-9._-]+", "_", config.task.label).strip("._") or tasks.CUSTOM
+    if config.task.name == tasks.SCRIPT:  # named after its script: python train.py -> train
+        name = script_sweep_name(str(config.task.options.get("command", "")))
+    else:
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", config.task.label).strip("._") or tasks.CUSTOM
     return dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, name=name))
 
 
@@ -124,7 +152,8 @@ def _check_custom_grid(config: Config, sweep_file: str, overrides: list[str],
         missing.remove("sweep.targets")
         config.sweep.targets = []
     if missing:
-        raise ConfigError(f"task=custom needs a grid of its own ({', '.join(missing)} would be "
+        raise ConfigError(f"task={config.task.name} needs a grid of its own "
+                          f"({', '.join(missing)} would be "
                           f"the {SweepConfig.name} task's): add sweep=NAME (a file of conf/sweep, "
                           "e.g. sweep=tiny) or " + " ".join(f"{m}=[...]" for m in missing))
 
@@ -143,6 +172,10 @@ def _store_defaults() -> None:
     for name in tasks.task_names():
         options = asdict(tasks.REGISTRY[name].options())
         store_.store(group="task_defaults", name=name, node={"name": name, **options})
+    # `columns` (a mapping) is left out: Hydra cannot add keys to an empty mapping node, so
+    # `task.columns={...}` is added as a new key instead (`_verbatim`).
+    script = {f.name: f.default for f in fields(tasks.ScriptOptions) if f.name != "columns"}
+    store_.store(group="task_defaults", name=tasks.SCRIPT, node={"name": tasks.SCRIPT, **script})
 
 
 def _override_message(first: str, overrides: list[str]) -> str:

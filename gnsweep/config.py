@@ -23,6 +23,7 @@ from gnsweep.errors import number as _number
 from gnsweep.errors import positive_list as _positive_list
 from gnsweep.noise import DEFAULT_EMA_FRACTION, Method
 from gnsweep.targets import LOSS_EMA_SAMPLES
+from gnsweep.tasks.script import label as script_label
 
 __all__ = [
     "DECAYS",
@@ -104,6 +105,8 @@ class TaskConfig:
         its `unit` attribute, recorded at launch (`with_unit`)."""
         if self.name == tasks.CUSTOM:
             return str(self.options.get(tasks.UNIT) or "examples")
+        if self.name == tasks.SCRIPT:
+            return str(self.options.get("unit") or "examples")
         return str(self._declared("unit", "examples"))
 
     @property
@@ -111,6 +114,8 @@ class TaskConfig:
         """The task as a reader knows it: its name, or a custom task's `_target_`."""
         if self.name == tasks.CUSTOM:
             return str(self.options.get(tasks.TARGET) or self.name)
+        if self.name == tasks.SCRIPT:  # its script or program: `script train.py`
+            return f"script {script_label(str(self.options.get('command', '')))}"
         return self.name
 
     def with_unit(self, unit: str | None) -> TaskConfig:
@@ -138,6 +143,22 @@ def _secret_is_text(where: str, value: Any, holds_uri: bool = False) -> None:
     if holds_uri or redact.is_secret_name(where):
         raise ConfigError(f"{where}: a {type(value).__name__} where a string is expected (a "
                           f"secret or a URI is one string); quote it: '{where}=\"...\"'")
+
+
+@dataclass
+class ScaleConfig:
+    """The sweep's place in a family of scales (`gnsweep laws`, docs/laws.md)."""
+
+    params: float = 0.0
+    """The model's parameter count N (0: counted at launch from the task's model, without its
+    embeddings; a task whose model cannot be built here, such as a training script, must give
+    it). The data budget D is sweep.max_examples."""
+
+    def __post_init__(self) -> None:
+        self.params = _number("sweep.scale.params", self.params)
+        if self.params < 0:
+            raise ConfigError(f"sweep.scale.params: {self.params:g} must be >= 0 (0: counted at "
+                              "launch)")
 
 
 @dataclass
@@ -221,6 +242,8 @@ class SweepConfig:
     along_points: list[list[float]] = field(default_factory=list)
     """schedule=along: [examples, B_crit] pairs the batch size follows; read from
     `along_from` at launch (set it only to give the curve by hand)."""
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
+    """The model size N for `gnsweep laws` (sweep.scale.params; 0: counted at launch)."""
 
     @property
     def auto_targets(self) -> bool:
@@ -244,6 +267,11 @@ class SweepConfig:
         if self.max_steps < 1:
             raise ConfigError(f"sweep.max_steps: {self.max_steps} is not allowed; must be >= 1")
         self.max_examples = _integer("sweep.max_examples", self.max_examples)
+        if isinstance(self.scale, dict):
+            unknown = sorted(set(self.scale) - {"params"})
+            if unknown:
+                raise ConfigError(f"sweep.scale.{unknown[0]}: unknown option; known: params")
+            self.scale = ScaleConfig(**self.scale)
         self.loss_ema_examples = _number("sweep.loss_ema_examples", self.loss_ema_examples)
         self.divergence_factor = _number("sweep.divergence_factor", self.divergence_factor)
         if self.divergence_factor <= 1:
@@ -774,6 +802,15 @@ class Config:
         if world == 1 and method == "ddp":
             raise ConfigError("noise.method=ddp needs DDP: executor=torchrun (or slurm) with "
                               "executor.nproc_per_node >= 2, or noise.method=auto")
+        if self.task.name == tasks.SCRIPT and self.sweep.schedule != "constant":
+            raise ConfigError(f"sweep.schedule={self.sweep.schedule} with task=script: a "
+                              "script's batch size is the grid's, fixed for its run; use "
+                              "sweep.schedule=constant")
+        if self.task.name == tasks.SCRIPT and self.executor.kind == "slurm" \
+                and self.executor.nodes > 1:
+            raise ConfigError(f"executor.nodes={self.executor.nodes} with task=script: a "
+                              "script's command runs under torchrun on one node (its job's); "
+                              "use executor.nodes=1")
         sweep, train = self.sweep, self.train
         # An along run (docs/along.md) sets its rate by the same rule as an adaptive one.
         if sweep.schedule in ("adaptive", "along") and train.optimizer in ("adam", "adamw"):

@@ -106,6 +106,16 @@ def os_error_message(err: OSError) -> str:
     return f"{where}{reason}" + (f"; {hint}" if hint else "")
 
 
+class ScriptFailed(RuntimeError):
+    """A `task=script` run failed: its command exited non-zero, logged no row, or logged one
+    that cannot be read (the message names the file and line). `stderr`: the command's last
+    lines of stderr, kept in the run's status.json."""
+
+    def __init__(self, message: str, stderr: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.stderr = list(stderr or [])
+
+
 class StopRequested(Exception):
     """The launcher asked the run in flight to stop (Ctrl-C, SIGTERM, the launcher gone): the
     run goes back to pending. Its own exception, so that `except KeyboardInterrupt` in user

@@ -207,6 +207,60 @@ class Problem:
                                               max_steps=max_steps, race=True)[0]
         return best_s, best_lr
 
+    # -- a fixed budget of examples (`gnsweep laws`): every run trains on the same D -------
+
+    def budget_loss(self, lr: np.ndarray, batch: float, examples: float) -> np.ndarray:
+        """Expected loss after `examples` examples at batch size `batch`, for each lr: after
+        examples / batch updates, linear between the integer steps around a fractional count
+        (as `steps_to_target` interpolates). inf where the moments blow up."""
+        lr = np.atleast_1d(np.asarray(lr, float))
+        steps = examples / batch
+        whole = math.floor(steps)
+        m = np.broadcast_to(self.m0, (len(lr), len(self.h))).copy()
+        with np.errstate(over="ignore", invalid="ignore"):
+            for _ in range(whole):
+                m = self.step(m, lr, batch)
+            loss = self.loss(m)
+            if steps > whole:
+                after = self.loss(self.step(m, lr, batch))
+                loss = loss + (steps - whole) * (after - loss)
+        return np.where(np.isfinite(loss), loss, np.inf)
+
+    def best_budget_loss(self, batch: float, examples: float, *, n_lr: int = 48,
+                         zoom: int = 3) -> tuple[float, float]:
+        """(lowest expected loss over lr after `examples` examples at `batch`, its lr): a log
+        grid up to the stability limit, then `zoom` finer grids around the best point."""
+        top = self.max_stable_lr(batch)
+        grid = np.geomspace(top * 1e-4, top * 0.999, n_lr)
+        best, best_lr = math.inf, math.nan
+        for _ in range(zoom + 1):
+            values = self.budget_loss(grid, batch, examples)
+            i = int(np.argmin(values))
+            if values[i] < best:
+                best, best_lr = float(values[i]), float(grid[i])
+            grid = np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 9)
+        return best, best_lr
+
+    def fixed_budget_bcrit(self, examples: float, tolerance: float, smallest: float = 1.0,
+                           largest: float = 4096.0) -> float:
+        """The exact fixed-budget critical batch size: the largest batch size whose best loss
+        after `examples` examples is within `tolerance` (relative) of the best over batch sizes
+        >= `smallest` (plain SGD at a fixed budget loses nothing to a smaller batch, so the
+        best is at `smallest`; `gnsweep laws` finds the same on a grid starting there).
+        Bisection in log B between `smallest` and `largest` (NaN when `largest` stays inside)."""
+        floor = self.best_budget_loss(smallest, examples)[0]
+
+        def outside(batch: float) -> bool:
+            return self.best_budget_loss(batch, examples)[0] > floor * (1 + tolerance)
+
+        if not outside(largest):
+            return math.nan
+        lo, hi = math.log(smallest), math.log(largest)
+        for _ in range(20):  # log B to 2^-20 of its range
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if outside(math.exp(mid)) else (mid, hi)
+        return math.exp(0.5 * (lo + hi))
+
     # -- limits: S_min (B -> inf, gradient descent) and E_min (B -> 0, lr = eta B) ----------
 
     def s_min(self, target: float) -> float:

@@ -64,6 +64,12 @@ CLAIMS_LOCK = ".claims.lock"
 """The sweep folder's lock around taking and breaking claims."""
 CHECKPOINTS = "checkpoints"
 """A run folder's checkpoints (`training.checkpoint`)."""
+SCRIPT_ROWS = "script_rows.jsonl"
+"""A `task=script` run's rows logged through `gnsweep.current_run().log` (rank 0 appends)."""
+SCRIPT_STOP = "stop"
+"""A `task=script` run's flag: present once the run should stop (`should_stop()` reads it)."""
+SCRIPT_OUTPUT = ("stdout.log", "stderr.log")
+"""A `task=script` run's command output, every attempt's, appended."""
 PLAN = "plan.json"
 """`gnsweep plan`'s record of its rounds."""
 SLURM = "slurm"
@@ -107,6 +113,8 @@ class RunStatus(Mapping[str, Any]):
     error: str | None = None
     """Why the last attempt failed, one line (secrets masked)."""
     traceback: str | None = None
+    stderr: list[str] | None = None
+    """task=script: the command's last lines of stderr when it failed (`task.stderr_lines`)."""
     reason: str | None = None
     """How a run ended: the target reached, its budget, diverged, stalled..."""
     host: str | None = None
@@ -179,7 +187,7 @@ class RunStatus(Mapping[str, Any]):
         if unknown:
             raise TypeError(f"RunStatus has no field {sorted(unknown)}")
         keep = {name: getattr(self, name) for name in self.written
-                if name not in ("error", "lost", "recorded")}
+                if name not in ("error", "stderr", "lost", "recorded")}
         keep.update(changes, state=state, updated=time.time())
         return RunStatus(**keep, extra=self.extra, written=frozenset(keep))
 
@@ -589,7 +597,8 @@ def result_file(table: str) -> str:
 WRITTEN_INTO = (CLAIMS_LOCK, ".notices", "queue", SLURM, FIGURES, "tensorboard", "mlflow",
                 "wandb")
 """Sweep-level names gnsweep writes into or locks: a link there is refused before a launch."""
-RUN_WRITTEN_INTO = (HISTORY, CHECKPOINTS, METRIC_PARTS, CLAIM, STATUS, METRICS)
+RUN_WRITTEN_INTO = (HISTORY, CHECKPOINTS, METRIC_PARTS, CLAIM, STATUS, METRICS, SCRIPT_ROWS,
+                    SCRIPT_STOP, *SCRIPT_OUTPUT)
 """Names of a run folder gnsweep appends to or writes into."""
 
 
@@ -643,6 +652,13 @@ def write_status(path: Path, state: str, **changes: Any) -> RunStatus:
 
 # The tables' columns and types live in `gnsweep.tables` (no analysis import from here).
 COMPARE = "compare.parquet"
+LAWS = "laws.parquet"
+LAWS_JSON = "laws.json"
+LAW_CELLS = "law_cells.parquet"
+LAWS_HTML = "laws.html"
+SCALE = "scale.json"
+"""The sweep's model size, counted at launch (`gnsweep laws` reads N from it)."""
+"""`gnsweep laws --out OUT`: the laws, their JSON (docs/laws.md) and the cells' optima."""
 FITS_JSON = "fits.json"
 REPORT = "report.html"
 """`gnsweep report`'s one-page HTML, in the sweep folder."""

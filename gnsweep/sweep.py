@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gnsweep import notices, redact, store
+from gnsweep import notices, redact, store, tasks
 from gnsweep.config import Config, ConfigError
 from gnsweep.runs import (
     FINISHED,
@@ -187,7 +187,7 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
     try:
         with SweepProgress(len(specs), len(specs) - len(todo),
                            enabled=show_progress) as progress:
-            run = executor_for(config.executor.kind)
+            run = executor_for(config.executor.kind, script=config.task.name == tasks.SCRIPT)
             with stop_on_signals():
                 return run(sweep_dir, todo, config.executor,
                            max_retries=config.sweep.max_retries, progress=progress, wait=wait)

@@ -214,12 +214,42 @@ COMPARE_SCHEMA = pa.schema([
     ("at_examples", pa.float64()),
 ])
 """compare.parquet, written by `gnsweep compare` (docs/compare.md)."""
+LAWS_SCHEMAS: dict[str, pa.Schema] = {
+    "law_cells": pa.schema([
+        ("N", pa.float64()), ("D", pa.float64()), ("target", pa.float64()),
+        ("batch_size", pa.float64()), ("learning_rate", pa.float64()), ("loss", pa.float64()),
+        ("edge", pa.bool_()), ("edge_reason", pa.large_string()), ("method", pa.large_string()),
+        ("best_loss", pa.float64()), ("batch_size_low", pa.float64()),
+        ("batch_size_high", pa.float64()), ("learning_rate_low", pa.float64()),
+        ("learning_rate_high", pa.float64()), ("n_runs", pa.int64()), ("n_configs", pa.int64()),
+        ("n_diverged", pa.int64()), ("n_near", pa.int64()), ("near_batch_low", pa.float64()),
+        ("near_batch_high", pa.float64()), ("near_lr_low", pa.float64()),
+        ("near_lr_high", pa.float64()), ("b_crit", pa.float64()),
+        ("b_crit_status", pa.large_string()), ("batch_size_usable", pa.bool_()),
+        ("learning_rate_usable", pa.bool_()), ("b_crit_usable", pa.bool_()),
+    ]),
+    "laws": pa.schema([
+        ("quantity", pa.large_string()), ("form", pa.large_string()), ("target", pa.float64()),
+        ("n_points", pa.int64()), ("rmse_log", pa.float64()), ("c", pa.float64()),
+        ("c_low", pa.float64()), ("c_high", pa.float64()), ("a", pa.float64()),
+        ("a_low", pa.float64()), ("a_high", pa.float64()), ("b", pa.float64()),
+        ("b_low", pa.float64()), ("b_high", pa.float64()), ("held_out_N", pa.float64()),
+        ("held_out_D", pa.float64()), ("held_out_predicted", pa.float64()),
+        ("held_out_low", pa.float64()), ("held_out_high", pa.float64()),
+        ("held_out_measured", pa.float64()), ("held_out_ratio", pa.float64()),
+        ("refused", pa.large_string()),
+    ]),
+}
+"""`gnsweep laws` (docs/laws.md): law_cells.parquet, one row per (N, D) cell (and target for
+steps-to-target input), and laws.parquet, one row per law (coefficients c, a for N, b for D,
+each with its 95% interval, NaN where the law lacks it; a refused law has its reason)."""
 RESULT_TABLES = tuple(RESULT_SCHEMAS)
 """Results fields written as <name>.parquet; fits.json holds the rest (warnings, meta)."""
 
 
 def columns(table: str) -> list[str]:
-    """The columns of a results table (`RESULT_SCHEMAS`), or "compare" (`COMPARE_SCHEMA`), in
-    their order."""
-    schema = COMPARE_SCHEMA if table == "compare" else RESULT_SCHEMAS[table]
+    """The columns of a results table (`RESULT_SCHEMAS`), "compare" (`COMPARE_SCHEMA`) or a
+    laws table (`LAWS_SCHEMAS`), in their order."""
+    schema = (COMPARE_SCHEMA if table == "compare" else LAWS_SCHEMAS[table]
+              if table in LAWS_SCHEMAS else RESULT_SCHEMAS[table])
     return list(schema.names)

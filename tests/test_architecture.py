@@ -7,7 +7,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gnsweep"
 VERBS = ("launch", "preflight", "status", "branch", "plan", "analyze", "plot", "report",
-         "compare", "check")
+         "compare", "check", "laws", "recommend")
 # Writing a file: pathlib's writers, open() for writing or appending, matplotlib's savefig, a
 # DataFrame or Arrow table to disk, the store's atomic writers.
 WRITES = re.compile(r"\.write_text\(|\.write_bytes\(|\bopen\([^)]*['\"][wax]b?\+?['\"]|"
@@ -36,7 +36,9 @@ def test_the_old_reporting_modules_are_gone_from_the_package_top():
 
 def test_one_module_per_verb_and_a_thin_command_line():
     assert {p.stem for p in (PACKAGE / "commands").glob("*.py")} >= set(VERBS)
-    assert len((PACKAGE / "cli.py").read_text().splitlines()) < 400
+    # Twelve verbs (recommend and laws the latest), each a signature and a call: under 40
+    # lines a verb.
+    assert len((PACKAGE / "cli.py").read_text().splitlines()) < 460
 
 
 def test_nothing_below_the_commands_imports_them():

@@ -214,3 +214,42 @@ def test_lightning_broadcast_positions_need_accumulation():
         values[examples] = float(trainer.callback_metrics["b_simple"])
     assert math.isfinite(values[None]) and values[None] != 0
     assert values[16] == pytest.approx(16 * values[None], rel=1e-5)
+
+
+def test_lightning_inside_a_script_sweep_logs_the_runs_rows_and_stops(tmp_path, monkeypatch):
+    """Started by `gnsweep launch task=script` (its GNSWEEP_* environment), the callback writes
+    each optimizer step as the run's row (the batch's loss, the rate, B_simple) and ends
+    training on the sweep's stop flag; two micro-batches a step give one row a step."""
+    import json
+
+    from gnsweep import run_handle as handle
+    from gnsweep import store
+
+    run_dir = tmp_path / "runs" / "b00064_lr0.05_s0"
+    run_dir.mkdir(parents=True)
+    for name, value in {"run_dir": run_dir, "batch_size": 64, "learning_rate": 0.05,
+                        "max_steps": 1000, "targets": "0.1"}.items():
+        monkeypatch.setenv(f"GNSWEEP_{name.upper()}", str(value))
+    monkeypatch.setattr(handle, "_current", None)
+    task = linreg.make(TRUTH_OPTIONS, seed=0)
+    losses: list[float] = []
+
+    class Module(LinRegModule):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            losses.append(float(loss.detach()))
+            if self.trainer.global_step == 9 and batch_idx % 2 == 1:  # step 10's last piece
+                (run_dir / store.SCRIPT_STOP).write_text("stop\n")
+            return loss
+
+    trainer = _trainer(NoiseScaleCallback(), accumulate_grad_batches=2)
+    trainer.fit(Module(task, lr=0.05), _data(task, 100, 32))
+    rows = [json.loads(line) for line in (run_dir / store.SCRIPT_ROWS).read_text().splitlines()
+            if line.strip()]
+    assert [row["step"] for row in rows] == list(range(1, 11))
+    assert trainer.global_step == 10  # stopped at the flag
+    # Each row's loss is its step's batch mean: the mean of its two micro-batches' losses.
+    means = [(a + b) / 2 for a, b in zip(losses[0::2], losses[1::2], strict=True)]
+    assert [row["loss"] for row in rows] == pytest.approx(means[:10], rel=1e-6)
+    assert all(row["lr"] == 0.05 for row in rows)
+    assert math.isfinite(rows[-1]["b_simple"]) and rows[-1]["b_simple"] > 0

@@ -266,6 +266,39 @@ def test_transformers_examples_give_b_in_tokens(tmp_path):
     assert logged["function"] == pytest.approx([16 * v for v in logged["sequences"]], rel=1e-5)
 
 
+def test_transformers_inside_a_script_sweep_logs_the_runs_rows_and_stops(tmp_path, monkeypatch):
+    """Started by `gnsweep launch task=script` (its GNSWEEP_* environment), the callback writes
+    each log entry as the run's row (B_simple included) and ends training on the stop flag."""
+    import json
+
+    from gnsweep import run_handle as handle
+    from gnsweep import store
+
+    run_dir = tmp_path / "runs" / "b00032_lr0.05_s0"
+    run_dir.mkdir(parents=True)
+    for name, value in {"run_dir": run_dir, "batch_size": 32, "learning_rate": 0.05,
+                        "max_steps": 1000, "targets": "0.1"}.items():
+        monkeypatch.setenv(f"GNSWEEP_{name.upper()}", str(value))
+    monkeypatch.setattr(handle, "_current", None)
+    task = linreg.make(TRUTH_OPTIONS, seed=0)
+
+    class StopAtTen(transformers.TrainerCallback):  # the sweep's flag, as its runner writes it
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 10:
+                (run_dir / store.SCRIPT_STOP).write_text("stop\n")
+
+    trainer = transformers.Trainer(
+        model=LinRegModel(task), args=_args(tmp_path, learning_rate=0.05, logging_steps=1,
+                                            per_device_train_batch_size=32),
+        train_dataset=_rows(task, 32 * 50), callbacks=[NoiseScaleCallback(), StopAtTen()])
+    trainer.train()
+    rows = [json.loads(line) for line in (run_dir / store.SCRIPT_ROWS).read_text().splitlines()
+            if line.strip()]
+    assert [row["step"] for row in rows] == list(range(1, 11))  # stopped at the flag
+    assert all(math.isfinite(row["loss"]) and row["lr"] > 0 for row in rows)
+    assert math.isfinite(rows[-1]["b_simple"]) and rows[-1]["b_simple"] > 0
+
+
 class _TiedLM(nn.Module):
     """An LM whose output layer is the token embedding read functionally (`h @ emb.weight.t()`,
     as several libraries tie weights): the hooks see the embedding's lookup only."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gnsweep import store
 from gnsweep.commands import Echo
 from gnsweep.commands.preflight import compose_config, preflight
 from gnsweep.config import Config
@@ -75,8 +76,12 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
         return 0
     # Before the sweep folder is written: a task that cannot train is refused here (exit 2).
     # Windows given in samples are converted to the task's unit (tokens).
-    config, per_sample = preflight(config, overrides)
+    config, per_sample, scale = preflight(config, overrides)
     echo(grid_line(config, specs, sweep_dir))  # the grid that runs, before it runs
+    if not sweep_dir.exists() or store.is_sweep(sweep_dir) or not any(sweep_dir.iterdir()):
+        # The model size N for `gnsweep laws`; a folder that is not a sweep is refused below.
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        store.write_json(sweep_dir / store.SCALE, scale)
     for line in budget_lines(config, per_sample):
         echo(line)
     summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)

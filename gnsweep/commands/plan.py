@@ -285,7 +285,7 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
         return
 
     # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
-    config, _ = preflight(compose_config(overrides, workers), overrides)
+    config, _, _ = preflight(compose_config(overrides, workers), overrides)
     sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
     summary = plan(config, sweep_dir, show_progress=not quiet, echo=echo)
     ids = sorted(set(summary.run_ids))

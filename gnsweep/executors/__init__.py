@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import redact, store
-from gnsweep.errors import StopRequested
+from gnsweep.errors import ScriptFailed, StopRequested
 from gnsweep.executors import claims
 from gnsweep.executors.watchdog import STALLED, Watchdog
 from gnsweep.runs import RunState, needs_running, read_run, read_state
@@ -249,10 +249,9 @@ def start_watchdog(run_path: Path, attempt: int, claim: claims.Claim) -> Watchdo
 def _train_and_record(path: Path, attempts: int, writer: bool,
                       should_stop: Callable[[], bool] | None,
                       logger: RunLogger, watchdog: Watchdog | None = None) -> store.RunStatus:
-    from gnsweep.training import train
-
     try:
         config, spec = read_run(store.sweep_of(path), path.name)
+        train = trainer(config.task.name)
 
         def on_row(row: dict[str, float]) -> None:
             if watchdog is not None:
@@ -282,9 +281,14 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
         # Masked: an error may quote a URI with its password (a data server, a tracker).
         error = redact.text(f"{type(err).__name__}: {err}")
         status = store.RunStatus(state=RunState.FAILED, error=error)
+        # A script's own last stderr lines say why it failed; gnsweep's traceback would not.
         if writer:
-            status = store.write_status(path, RunState.FAILED, error=error,
-                                        traceback=redact.text(traceback.format_exc(limit=8)))
+            if isinstance(err, ScriptFailed):
+                status = store.write_status(path, RunState.FAILED, error=error, traceback=None,
+                                            stderr=[redact.text(line) for line in err.stderr])
+            else:
+                status = store.write_status(path, RunState.FAILED, error=error,
+                                            traceback=redact.text(traceback.format_exc(limit=8)))
             log_event(path, "end", attempt=attempts, state=RunState.FAILED.value)
         return status
     status = store.RunStatus(state=RunState(result.state))
@@ -301,6 +305,21 @@ def _train_and_record(path: Path, attempts: int, writer: bool,
                   noise_method=(result.noise_method or {}).get("method"),
                   b_simple_nan_share=result.b_simple_nan_share)
     return status
+
+
+def trainer(task: str) -> Callable[..., Any]:
+    """What trains a run of `task`: `training.train` (gnsweep's loop), or for task=script
+    `training.script.run_script` (the user's command as a process); both take (config, spec,
+    out_dir, should_stop=, on_row=) and return a `RunResult`."""
+    from gnsweep.tasks import SCRIPT
+
+    if task == SCRIPT:
+        from gnsweep.training.script import run_script
+
+        return run_script
+    from gnsweep.training import train
+
+    return train
 
 
 def warm_up(sweep_dir: Path, run_id: str, stall_s: float = 0.0) -> None:
@@ -334,9 +353,11 @@ def _warm_imports() -> None:
 
 
 def _warm_task(sweep_dir: Path, run_id: str) -> None:
-    from gnsweep.tasks import make_task
+    from gnsweep.tasks import SCRIPT, make_task
 
     config, spec = read_run(sweep_dir, run_id)
+    if config.task.name == SCRIPT:  # a command: nothing to build in this process
+        return
     make_task(config.task.name, config.task.options, spec.seed)
 
 

@@ -210,6 +210,23 @@ def launch(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *, max
                      progress=progress, gpus=gpu_plan)
 
 
+def launch_scripts_under_torchrun(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig,
+                                  *, max_retries: int, progress: SweepProgress | None,
+                                  wait: bool = True) -> Summary:
+    """task=script with executor=torchrun: each worker starts its run's command under torchrun
+    with `executor.nproc_per_node` processes (`training.script.torchrun_args`), which share
+    the worker's GPUs; `executor.workers` runs at once (0: as many as the GPUs hold, else 1)."""
+    gpus = launcher_gpus(executor.gpus)
+    nproc = executor.nproc_per_node
+    workers = executor.workers or (max(1, len(gpus) // nproc) if gpus else 1)
+    gpu_plan, note = plan(gpus, workers, nproc, what="torchrun job", setting=executor.gpus)
+    if note and run_ids:
+        print(note, file=sys.stderr)
+    return run_local(sweep_dir, run_ids, workers=workers,
+                     threads=executor.threads_per_worker, max_retries=max_retries,
+                     progress=progress, gpus=gpu_plan)
+
+
 def _stop(pool: list[_Worker]) -> None:
     """Ask every worker to stop (its run goes back to pending), then make sure they are gone."""
     for worker in pool:

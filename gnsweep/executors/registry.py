@@ -30,7 +30,18 @@ REGISTRY: dict[str, str] = {
 assert tuple(REGISTRY) == EXECUTORS, "every executor kind the config accepts has an entry"
 
 
-def executor_for(kind: str) -> Launch:
+SCRIPT_TORCHRUN = "gnsweep.executors.local:launch_scripts_under_torchrun"
+"""task=script with executor=torchrun: a local pool whose runs start their command under
+torchrun (the script does its own DDP), not gnsweep's worker under torchrun."""
+
+
+def executor_for(kind: str, script: bool = False) -> Launch:
+    """The launch function of executor `kind` (for a task=script sweep with `script`)."""
+    if script and kind == "torchrun":
+        kind_path = SCRIPT_TORCHRUN
+        module, _, name = kind_path.partition(":")
+        scripts: Launch = getattr(importlib.import_module(module), name)
+        return scripts
     if kind not in REGISTRY:
         raise ConfigError(f"executor.kind: {kind!r} is not one of {', '.join(REGISTRY)}")
     module, _, name = REGISTRY[kind].partition(":")

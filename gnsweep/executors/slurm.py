@@ -151,14 +151,24 @@ def submit(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig,
     parts = chunks(run_ids, executor)
     files = [str(write_runs_file(sweep_dir, part)) for part in parts]
     n = len(parts)
+    # A task=script job runs the worker in its own process, which starts each command under
+    # torchrun with nproc_per_node processes itself (`training.script.command`).
+    nproc = 1 if _script_sweep(sweep_dir) else executor.nproc_per_node
     jobs = make_executor(folder, executor).map_array(
-        slurm_job, [str(sweep_dir)] * n, files, [executor.nproc_per_node] * n,
+        slurm_job, [str(sweep_dir)] * n, files, [nproc] * n,
         [max_retries] * n, [executor.threads_per_worker] * n, [executor.max_restarts] * n)
     record = job_ids(sweep_dir)
     for job, part in zip(jobs, parts, strict=True):
         record.update(dict.fromkeys(part, job.job_id))
     store.write_json(folder / JOBS, record)
     return jobs
+
+
+def _script_sweep(sweep_dir: Path) -> bool:
+    from gnsweep.config import Config
+    from gnsweep.tasks import SCRIPT
+
+    return Config.load(sweep_dir).task.name == SCRIPT
 
 
 def job_ids(sweep_dir: Path) -> dict[str, str]:

@@ -16,7 +16,9 @@ loss scale is divided out (statistics in fp32). A run that cannot be measured lo
 
 Logged per optimizer step (`on_step=True`): `b_simple`, `g2` (|G|^2), `trace_sigma` (tr Sigma),
 and `b_noise` (eq. 2.8) when `hessian_every > 0`. They reach `trainer.callback_metrics` and
-every attached logger.
+every attached logger. Inside a sweep (`gnsweep launch task=script`, `gnsweep.current_run()`
+not None) each optimizer step is also the run's metrics row, and training ends once the run
+has what it needs (`should_stop()`): a Lightning script needs only the callback.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from gnsweep.integrations._common import (
     metrics,
     torch_optimizer,
 )
+from gnsweep.run_handle import current_run
 from gnsweep.training.backward import in_task_units
 
 __all__ = ["NoiseScaleCallback"]
@@ -92,6 +95,9 @@ class NoiseScaleCallback(pl.Callback):
         self.unavailable: str | None = None
         """Why this run cannot be measured (b_simple is logged as NaN), or None."""
         self._said: set[str] = set()  # reasons b_simple was logged NaN, said once each
+        self._values: dict[str, float] = {}
+        self._logged_step = 0
+        self._loss_sum: Any = 0.0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         model = trainer.strategy.model
@@ -166,10 +172,37 @@ class NoiseScaleCallback(pl.Callback):
             estimate = in_task_units(estimate, per_sample)
             if reason is not None:
                 self._cannot(reason)
-        values = metrics(estimate, with_b_noise=self.hessian_every > 0, said=self._said)
-        for name, value in values.items():
+        self._values = metrics(estimate, with_b_noise=self.hessian_every > 0, said=self._said)
+        for name, value in self._values.items():
             pl_module.log(name, value, on_step=True, on_epoch=False,
                           prog_bar=self.prog_bar and name == "b_simple")
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Inside a sweep (`gnsweep.current_run()`): each optimizer step's row (the loss of its
+        batch, averaged over the ranks, the learning rate, the noise scale); training ends once
+        the run has what it needs."""
+        run = current_run()
+        if run is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is None:
+            return
+        # Lightning hands each micro-batch's loss divided by accumulate_grad_batches: their
+        # sum over the step is the step's batch-mean loss.
+        self._loss_sum = self._loss_sum + loss.detach().float()
+        step = trainer.global_step
+        if step < 1 or step == self._logged_step:
+            return  # a micro-batch of a step not yet taken
+        self._logged_step = step
+        loss, self._loss_sum = self._loss_sum, 0.0
+        if trainer.world_size > 1:
+            loss = trainer.strategy.reduce(loss, reduce_op="mean")
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else float("nan")
+        run.log(step, None, float(loss), lr=lr, **self._values)
+        if run.should_stop():
+            trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.monitor is not None:

@@ -21,6 +21,11 @@ accelerate's gradient scaler is divided out; statistics are in fp32.
 The values join every training log entry (`loss`, `learning_rate`, ...) as `b_simple`, `g2`,
 `trace_sigma` (and `b_noise` when `hessian_every > 0`) in `trainer.state.log_history`: NaN until
 the first measurement, and NaN throughout, said once, where the model cannot be measured.
+
+Inside a sweep (`gnsweep launch task=script`, `gnsweep.current_run()` not None) the callback
+also logs each training log entry as the run's metrics row (step, loss, learning rate, grad
+norm, the noise scale) and ends training once the run has what it needs (`should_stop()`): a
+Trainer script needs only the callback (set `logging_steps=1` for one row a step).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from gnsweep.integrations._common import (
     metrics,
     torch_optimizer,
 )
+from gnsweep.run_handle import current_run
 from gnsweep.training.backward import in_task_units
 
 __all__ = ["NoiseScaleCallback"]
@@ -163,6 +169,14 @@ class NoiseScaleCallback(TrainerCallback):
         # The Trainer appended a copy of `logs` to the history just before this event.
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update(values)
+        run = current_run()
+        if run is not None and state.global_step >= 1:  # inside a sweep: the run's row
+            extra = {"lr": logs.get("learning_rate"), "grad_norm": logs.get("grad_norm"),
+                     **values}
+            run.log(state.global_step, None, float(logs["loss"]),
+                    **{k: float(v) for k, v in extra.items() if isinstance(v, (int, float))})
+            if run.should_stop():
+                control.should_training_stop = True
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:

@@ -26,10 +26,28 @@ from gnsweep.tasks.options import (
     VaeOptions,
 )
 from gnsweep.tasks.protocol import Batch, Task, examples_of
+from gnsweep.tasks.script import SCRIPT, ScriptOptions
 
-__all__ = ["CUSTOM", "REGISTRY", "TARGET", "UNIT", "Batch", "Task", "TaskEntry", "describe",
-           "entry", "examples_of", "importable_cwd", "make_task", "resolve", "resolve_custom",
-           "task_names", "validate_options"]
+__all__ = [
+    "CUSTOM",
+    "REGISTRY",
+    "SCRIPT",
+    "TARGET",
+    "UNIT",
+    "Batch",
+    "ScriptOptions",
+    "Task",
+    "TaskEntry",
+    "describe",
+    "entry",
+    "examples_of",
+    "importable_cwd",
+    "make_task",
+    "resolve",
+    "resolve_custom",
+    "task_names",
+    "validate_options",
+]
 
 CUSTOM = "custom"
 """`task=custom task._target_=module.function`: a user's own task."""
@@ -100,7 +118,7 @@ def task_names() -> list[str]:
 def entry(name: str) -> TaskEntry:
     if name not in REGISTRY or name not in task_names():
         raise ConfigError(f"task={name}: no such task; choose one of "
-                          f"{', '.join([*task_names(), CUSTOM])}")
+                          f"{', '.join([*task_names(), CUSTOM, SCRIPT])}")
     return REGISTRY[name]
 
 
@@ -113,6 +131,9 @@ def describe() -> dict[str, str]:
         out[name] = f"{task.description} Options: {defaults}."
     out[CUSTOM] = ("Your own task (docs/tasks.md): task=custom task._target_=module.function "
                    "+task.key=value ...; called with seed= and the other keys.")
+    out[SCRIPT] = ("Your own training command (docs/scripts.md): task=script "
+                   "task.command='python train.py --bs={batch_size} --lr={learning_rate}' "
+                   "with task.log_pattern, task.log_file or gnsweep.current_run().")
     return out
 
 
@@ -123,6 +144,8 @@ def validate_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     own function checks those when it is built)."""
     if name == CUSTOM:
         return _custom_options(options)
+    if name == SCRIPT:
+        return asdict(ScriptOptions(**_known(name, options, ScriptOptions)))
     schema = entry(name).options
     known = {f.name for f in fields(schema)}
     unknown = set(options) - known
@@ -131,6 +154,17 @@ def validate_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"task.{key}: not an option of task {name}; "
                           f"known: {', '.join(sorted(known))}")
     return asdict(schema(**options))
+
+
+def _known(name: str, options: dict[str, Any], schema: type) -> dict[str, Any]:
+    """`options`, ConfigError naming the first key `schema` does not have."""
+    known = {f.name for f in fields(schema)}
+    unknown = set(options) - known
+    if unknown:
+        key = sorted(unknown)[0]
+        raise ConfigError(f"task.{key}: not an option of task {name}; "
+                          f"known: {', '.join(sorted(known))}")
+    return options
 
 
 def _custom_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -198,6 +232,9 @@ def resolve_custom(target: str) -> Any:
 def make_task(name: str, options: dict[str, Any], seed: int) -> Task:
     """Build a task: a registered one from its options, a custom one by calling its
     `_target_` with `seed=` and the other options as keyword arguments."""
+    if name == SCRIPT:
+        raise ConfigError("task=script runs a command, not a task object: its runs are "
+                          "started by gnsweep.training.script")
     if name == CUSTOM:
         kwargs = {k: v for k, v in options.items() if k not in (TARGET, UNIT)}
         made_custom: Task = resolve_custom(options[TARGET])(seed=seed, **kwargs)

@@ -33,6 +33,30 @@ class TaskCheck(NamedTuple):
     per_sample: float
     """Examples a sample: `examples(batch)` over the batch's first dimension (a language
     model's tokens a sequence; 1 for a task counting its samples)."""
+    params: int = 0
+    """The model's trainable parameters."""
+    params_non_embedding: int = 0
+    """The same without those of its embedding layers (nn.Embedding, nn.EmbeddingBag): the N
+    of scaling laws (Kaplan et al. 2020; Li et al. 2025)."""
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """(trainable parameters, trainable parameters outside embedding layers); a tied weight
+    counts once."""
+    seen: set[int] = set()
+    embedding: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+            embedding.update(id(p) for p in module.parameters(recurse=False))
+    total = non_embedding = 0
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+        if id(p) not in embedding:
+            non_embedding += p.numel()
+    return total, non_embedding
 
 
 def check_task(name: str, options: dict[str, Any], seed: int = 0,
@@ -100,7 +124,7 @@ def _check_task(label: str, name: str, options: dict[str, Any], seed: int,
         raise ConfigError(f"{label}: its unit is {unit!r}; give a word naming what a batch "
                           "size counts, e.g. unit = \"tokens\"")
     samples = first_dim(batch)
-    return TaskCheck(unit, count / samples if samples else 1.0)
+    return TaskCheck(unit, count / samples if samples else 1.0, *count_parameters(model))
 
 
 def _first_batch(label: str, task: Any, seed: int) -> Any:

@@ -1,0 +1,691 @@
+"""One run of `task=script`: the user's command, started as a process, its log read as the run's
+metrics.
+
+The executors take, record and retry a script run exactly as a task's (`executors.run_taken`
+calls `run_script` in place of `training.train`). Here:
+
+- the command is split like a shell would and started without one, in the folder the sweep
+  was launched from, its placeholders filled and the same values in GNSWEEP_* variables
+  (`command`); under `executor=torchrun` it is started by torchrun (`torchrun_args`);
+- its rows come from the lines it prints (`task.log_pattern`), from the CSV/JSON-lines file it
+  writes (`task.log_file`), or from `gnsweep.current_run().log(...)` (a JSON-lines file in the
+  run folder); each is checked (`RowLog.add`) and written to the run's metrics parts as it
+  arrives, so that `gnsweep status`, the stall watchdog and a live analyze see it;
+- once the hardest target is reached (the analysis's centred reading, as the training loop
+  stops) or the budget spent, or when the worker is asked to stop (Ctrl-C, a preemption), the
+  command is asked to stop: a flag `current_run().should_stop()` reads, then SIGTERM to its
+  process group, then SIGKILL after `task.stop_seconds`;
+- a relaunch, retry or requeue starts the command again (`{resume}`, `task.resume_args`): its
+  first row may go back to the step its checkpoint holds, and the rows after it are replaced,
+  so the metrics are those of an uninterrupted run. Steps going back at any other time are
+  refused, naming the file and line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+import queue
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gnsweep import store, tables
+from gnsweep.analysis.smoothing import (
+    MIN_WINDOW_EXAMPLES,
+    SMOOTHING_FRACTION,
+    settled_at_or_below,
+)
+from gnsweep.config import Config
+from gnsweep.errors import ScriptFailed, StopRequested
+from gnsweep.measure.probe import overrun_steps
+from gnsweep.runs import RunSpec
+from gnsweep.tasks.script import (
+    ENV_PREFIX,
+    PLACEHOLDERS,
+    REQUIRED,
+    ScriptOptions,
+    command_args,
+    fill,
+    log_format,
+    pattern_columns,
+)
+from gnsweep.training.loop import RunResult
+from gnsweep.training.watch import Diverged, LossWatch
+
+API_ROWS = store.SCRIPT_ROWS
+STOP_FLAG = store.SCRIPT_STOP
+POLL_S = 0.05
+FLUSH_S = 0.5
+"""Rows reach the run's metrics parts at least this often (and at every stop): a worker
+killed with -9 loses at most the rows of its last half second."""
+DRAIN_LINES = 256
+"""Lines of output handled between two looks at the flush, the stop and the process: a command
+that prints faster than they are read must not keep its rows from the disk."""
+COMPACT_PARTS = 64
+"""Once a run has this many metrics parts they are rewritten as one (a long run flushes
+thousands of times; a reader reads every part)."""
+PR_SET_PDEATHSIG = 1
+
+
+def placeholder_values(config: Config, spec: RunSpec, run_path: Path, resume_step: int,
+                       attempt: int) -> dict[str, Any]:
+    """The value of every placeholder (`tasks.script.PLACEHOLDERS`) for this attempt."""
+    sweep = config.sweep
+    run_path = run_path.resolve()
+    values: dict[str, Any] = {
+        "batch_size": spec.batch_size, "learning_rate": spec.learning_rate, "seed": spec.seed,
+        "run_dir": str(run_path), "max_examples": sweep.max_examples,
+        "max_steps": sweep.max_steps, "run_id": spec.run_id,
+        "sweep_dir": str(store.sweep_of(run_path)),
+        # sweep.targets=auto: none (the analysis chooses them; the run trains its budget).
+        "targets": ",".join(f"{t:g}" for t in sweep.targets),
+        "target": config.task.hardest(sweep.targets) if sweep.targets else "",
+        "checkpoint_dir": str(run_path / store.CHECKPOINTS),
+        "resume": int(resume_step > 0), "resume_step": resume_step, "attempt": attempt}
+    assert set(values) == set(PLACEHOLDERS)
+    return values
+
+
+def environment(values: dict[str, Any], config: Config, options: ScriptOptions) -> dict[str, str]:
+    """The command's environment: this process's, the placeholders as GNSWEEP_<NAME>, what
+    `gnsweep.current_run()` reads, unbuffered Python output (rows arrive as they are printed)
+    and, unless set, the executor's threads per worker."""
+    env = dict(os.environ)
+    env.update({ENV_PREFIX + name.upper(): str(value) for name, value in values.items()})
+    env[ENV_PREFIX + "EXAMPLES_PER_SAMPLE"] = repr(options.examples_per_sample)
+    env[ENV_PREFIX + "LOG_SOURCE"] = source_of(options)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("OMP_NUM_THREADS", str(config.executor.threads_per_worker))
+    return env
+
+
+def source_of(options: ScriptOptions) -> str:
+    """Where the rows come from: pattern, file or api."""
+    return "pattern" if options.log_pattern else "file" if options.log_file else "api"
+
+
+def torchrun_args(args: list[str], nproc: int) -> list[str]:
+    """`args` started by torchrun with `nproc` processes on this machine (the script does its
+    own DDP): `python train.py ...` -> `python -m torch.distributed.run --standalone
+    --nproc_per_node=N train.py ...` (the same interpreter, so the same environment); any
+    other program with torchrun's `--no-python`."""
+    head = Path(args[0]).name
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    if head.startswith("python") and len(args) > 1:
+        return [args[0], *launcher, *args[1:]]
+    return [sys.executable, *launcher, "--no-python", *args]
+
+
+def command(config: Config, values: dict[str, Any]) -> list[str]:
+    """The attempt's arguments: `task.command` filled, `task.resume_args` on a resume, under
+    torchrun for executor=torchrun, and for executor=slurm with nproc_per_node > 1 (on the
+    job's node)."""
+    options = ScriptOptions(**config.task.options)
+    args = command_args(options.command, "task.command", values)
+    if values["resume"] and options.resume_args:
+        args += command_args(options.resume_args, "task.resume_args", values)
+    executor = config.executor
+    if executor.kind == "torchrun" or (executor.kind == "slurm" and executor.nproc_per_node > 1):
+        args = torchrun_args(args, executor.nproc_per_node)
+    return args
+
+
+# ---- reading the rows ---------------------------------------------------------------------
+
+
+class LineReader:
+    """A file another process appends to, read line by line as it grows: from its end when it
+    exists already (an earlier attempt's lines), from its start when it is new or rewritten."""
+
+    def __init__(self, path: Path, *, skip_existing: bool) -> None:
+        self.path = path
+        self.offset, self.line, self.inode = 0, 0, None
+        self.partial = b""
+        if skip_existing:
+            with contextlib.suppress(OSError):
+                data = path.read_bytes()
+                self.inode = os.stat(path).st_ino
+                complete = data.rfind(b"\n") + 1
+                self.offset, self.line = complete, data[:complete].count(b"\n")
+
+    def lines(self) -> Iterator[tuple[int, str, bool]]:
+        """New complete lines: (line number, text, whether the file started over here)."""
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return
+        restarted = False
+        if (self.inode is not None and stat.st_ino != self.inode) or stat.st_size < self.offset:
+            self.offset, self.line, self.partial, restarted = 0, 0, b"", True
+        self.inode = stat.st_ino
+        if stat.st_size == self.offset:
+            return
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        self.offset += len(data)
+        data = self.partial + data
+        *complete, self.partial = data.split(b"\n")
+        for raw in complete:
+            self.line += 1
+            yield self.line, raw.decode("utf-8", "replace").rstrip("\r"), restarted
+            restarted = False
+
+
+class TableLog:
+    """A CSV or JSON-lines log as raw rows (metrics column -> text or number), columns mapped
+    by `task.columns`."""
+
+    def __init__(self, path: Path, fmt: str, columns: dict[str, str], *,
+                 skip_existing: bool) -> None:
+        self.reader = LineReader(path, skip_existing=skip_existing)
+        self.path, self.fmt, self.columns = path, fmt, columns
+        self.header: list[str] | None = None
+        self.seen: list[str] = []
+        """The names the log had (for a message when no row could be read)."""
+        if fmt == "csv" and skip_existing:
+            with contextlib.suppress(OSError), open(path, encoding="utf-8",
+                                                     errors="replace") as handle:
+                first = handle.readline()
+                if first.endswith("\n"):
+                    self._set_header(first)
+
+    def _set_header(self, line: str) -> None:
+        self.header = next(csv.reader([line.strip()]))
+        self.seen = self.header
+        names = set(self.header)
+        for column, name in self.columns.items():
+            if name not in names:
+                raise ScriptFailed(f"{self.path}: no column {name!r} (task.columns maps "
+                                   f"{column} to it); its columns: {', '.join(self.header)}")
+        for column in REQUIRED:
+            if self.columns.get(column, column) not in names:
+                raise ScriptFailed(f"{self.path}: no column {column!r}; its columns: "
+                                   f"{', '.join(self.header)}; map one with "
+                                   f"task.columns={{{column}:NAME}}")
+
+    def rows(self) -> Iterator[tuple[str, dict[str, Any], bool]]:
+        """New rows: (where, the row's metrics columns, whether the file started over)."""
+        for number, line, restarted in self.reader.lines():
+            where = f"{self.path}:{number}"
+            if restarted and self.fmt == "csv":
+                self.header = None
+            if not line.strip():
+                continue
+            if self.fmt == "csv":
+                if self.header is None:
+                    self._set_header(line)
+                    continue
+                cells = next(csv.reader([line]))
+                record: dict[str, Any] = dict(zip(self.header, cells, strict=False))
+            else:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    raise ScriptFailed(f"{where}: not a JSON object (task.log_file is read as "
+                                       "JSON lines; set task.log_format=csv for a CSV)") from None
+                if not isinstance(record, dict):
+                    raise ScriptFailed(f"{where}: not a JSON object")
+                self.seen = self.seen or list(record)
+            yield where, self._mapped(record), restarted
+
+    def _mapped(self, record: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for column in tables.METRICS_SCHEMA.names:
+            name = self.columns.get(column, column)
+            if name in record and record[name] not in ("", None):
+                out[column] = record[name]
+        return out
+
+
+class RowLog:
+    """The run's rows: checked, completed (examples, smoothed loss, wall time), written to its
+    metrics parts, and the reason to stop once it has one (target, budget, diverged)."""
+
+    def __init__(self, config: Config, spec: RunSpec, run_path: Path, kept: dict[str, list],
+                 options: ScriptOptions) -> None:
+        self.config, self.spec, self.path = config, spec, run_path
+        self.rows = kept
+        self.flushed = len(kept["step"])
+        self.parts = 1
+        self.kept_step = int(kept["step"][-1]) if kept["step"] else 0
+        self.first = True  # the attempt's first row may go back (a resume)
+        self.per_sample = options.examples_per_sample
+        self.step_offset = options.step_offset
+        self.hardest = None if config.sweep.auto_targets \
+            else config.task.hardest(config.sweep.targets)
+        self.stop_at: int | None = None
+        self.reason: str | None = None
+        self.diverged: str | None = None
+        self.started = time.monotonic()
+        self.wall_before = float(kept["wall_time"][-1]) if kept["step"] else 0.0
+        self.last_flush = time.monotonic()
+        self.watch = LossWatch(config.sweep.loss_ema_examples, config.sweep.divergence_factor)
+        self._replay()
+
+    def _replay(self) -> None:
+        """The smoothed loss of the rows kept from earlier attempts, as they were logged."""
+        self.watch = LossWatch(self.config.sweep.loss_ema_examples,
+                               self.config.sweep.divergence_factor)
+        before = 0
+        for i, (step, examples, loss) in enumerate(zip(self.rows["step"], self.rows["examples"],
+                                                        self.rows["loss"], strict=True)):
+            if i == 0:
+                self.watch.first = float(loss)
+            with contextlib.suppress(Diverged):
+                self.watch.update(float(loss), max(1, int(examples) - before), int(step))
+            before = int(examples)
+
+    def add(self, where: str, raw: dict[str, Any]) -> dict[str, float] | None:
+        """Check and append one row (None: the run already has its reason to stop, or the row
+        has no loss). ScriptFailed names `where` for a row that cannot be read."""
+        if self.reason is not None or "loss" not in raw:
+            return None
+        values: dict[str, float] = {}
+        for name, value in raw.items():
+            try:
+                values[name] = float(value)
+            except (TypeError, ValueError):
+                raise ScriptFailed(f"{where}: {name} {str(value)[:40]!r} is not a number") \
+                    from None
+        if "step" not in values:
+            raise ScriptFailed(f"{where}: a row without its step")
+        step = values["step"]
+        if not (math.isfinite(step) and step == int(step)):
+            raise ScriptFailed(f"{where}: step {raw['step']!r} is not a whole number")
+        step = int(step) + self.step_offset
+        if step < 1:
+            raise ScriptFailed(f"{where}: step {step}; steps count optimizer steps from 1 (the "
+                               "loss of the first step's batch is step 1's): a script that "
+                               "counts from 0 needs task.step_offset=1")
+        last = int(self.rows["step"][-1]) if self.rows["step"] else 0
+        if step <= last:
+            if not self.first:
+                raise ScriptFailed(f"{where}: steps go backwards (step {step} after step {last}) "
+                                   "outside a resume; a run's steps must grow")
+            self._resume_at(step)
+        elif self.first and last and step > last + 1:
+            # Resumed from a checkpoint ahead of the rows on disk (the worker was killed before
+            # it wrote them): those steps have no rows. Said, never silent.
+            print(f"gnsweep: run {self.path.name}: steps {last + 1}-{step - 1} have no rows: the "
+                  "run was stopped before it wrote them and its command resumed from a later "
+                  "checkpoint", file=sys.stderr, flush=True)
+        self.first = False
+        batch = self.spec.batch_size
+        examples = int(values["examples"]) if "examples" in values and math.isfinite(
+            values["examples"]) else round(step * batch * self.per_sample)
+        before = int(self.rows["examples"][-1]) if self.rows["step"] else 0
+        loss = values["loss"]
+        row: dict[str, float] = {name: math.nan for name in tables.METRICS_SCHEMA.names}
+        row.update(values)
+        if not math.isfinite(row.get("batch_size", math.nan)):
+            row["batch_size"] = batch
+        row.update(step=step, examples=examples)
+        if not math.isfinite(row["wall_time"]):
+            row["wall_time"] = self.wall_before + time.monotonic() - self.started
+        if len(self.rows["step"]) == 0:
+            self.watch.first = loss
+        try:
+            row["loss_smooth"] = self.watch.update(loss, max(1, examples - before), step)
+        except Diverged as err:
+            self.diverged = str(err)
+            self.reason = "diverged"
+        self._append(row)
+        if self.reason is None:
+            self._check_done(step, examples)
+        return row
+
+    def _resume_at(self, step: int) -> None:
+        """The attempt's first row is at `step`: the rows from it on are replaced (on disk
+        too)."""
+        self.flush(force=True)
+        self.rows = store.clear_metrics(self.path, step - 1)
+        self.flushed = len(self.rows["step"])
+        self.stop_at = None
+        self._replay()
+
+    def _append(self, row: dict[str, float]) -> None:
+        for name in tables.METRICS_SCHEMA.names:
+            value = row[name]
+            self.rows[name].append(int(value) if name in ("step", "examples") else float(value))
+
+    def _check_done(self, step: int, examples: int) -> None:
+        sweep = self.config.sweep
+        smooth = self.rows["loss_smooth"][-1]
+        if self.hardest is not None and self.stop_at is None \
+                and self.config.task.reached(smooth, self.hardest):
+            self.stop_at = step + overrun_steps(step, self.spec.batch_size, SMOOTHING_FRACTION,
+                                                MIN_WINDOW_EXAMPLES)
+        if self.stop_at is not None and self.hardest is not None and step >= self.stop_at:
+            x = np.asarray(self.rows["step"], float) - 1.0
+            if settled_at_or_below(x, np.asarray(self.rows["loss"], float), self.hardest,
+                                   SMOOTHING_FRACTION,
+                                   MIN_WINDOW_EXAMPLES / self.spec.batch_size):
+                self.reason = "target"
+                return
+            self.stop_at = None  # the centred reading has not crossed: look again later
+        if sweep.max_examples and examples >= sweep.max_examples:
+            self.reason = "max_examples"
+        elif step >= sweep.max_steps:
+            self.reason = "max_steps"
+
+    def flush(self, force: bool = False) -> None:
+        """The rows not yet on disk as one more metrics part (every `FLUSH_S`, or `force`)."""
+        if len(self.rows["step"]) == self.flushed:
+            return
+        if not force and time.monotonic() - self.last_flush < FLUSH_S:
+            return
+        store.write_metrics_part(self.path, self.rows, self.flushed)
+        self.flushed = len(self.rows["step"])
+        self.last_flush = time.monotonic()
+        self.parts += 1
+        if self.parts >= COMPACT_PARTS:
+            store.clear_metrics(self.path, int(self.rows["step"][-1]))  # the same rows, one part
+            self.parts = 1
+
+
+# ---- the process ---------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """In the child: SIGTERM when the worker that started it dies (kill -9 included), so that
+    no command outlives its run's owner and writes into a run another worker took."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _pump(stream: io.TextIOBase, name: str, lines: queue.Queue[tuple[str, int, str] | None],
+          ) -> None:
+    for number, line in enumerate(stream, 1):
+        lines.put((name, number, line.rstrip("\n")))
+    lines.put(None)
+
+
+class Child:
+    """The command's process (its own process group), its output pumped into `lines`."""
+
+    def __init__(self, args: list[str], cwd: str, env: dict[str, str]) -> None:
+        self.lines: queue.Queue[tuple[str, int, str] | None] = queue.Queue()
+        try:
+            self.process = subprocess.Popen(
+                args, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        except OSError as err:
+            raise ScriptFailed(f"cannot start {args[0]}: {err.strerror or err}") from None
+        self.open = 2
+        for stream, name in ((self.process.stdout, "stdout"), (self.process.stderr, "stderr")):
+            threading.Thread(target=_pump, args=(stream, name, self.lines), daemon=True).start()
+        self.asked: float | None = None
+        self.termed: float | None = None
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signum)
+
+    def ended(self) -> bool:
+        return self.open == 0 and self.process.poll() is not None
+
+
+def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
+               should_stop: Callable[[], bool] | None = None,
+               on_row: Callable[[dict[str, float]], None] | None = None) -> RunResult:
+    """Run the sweep's command for one run (its folder `out_dir`) and record its rows.
+
+    Returns done (the target reached, the budget spent, or the command ended by itself after
+    logging rows) or diverged (a NaN/inf loss, or the smoothed loss far above the first).
+    Raises ScriptFailed (a failed run: the command exited non-zero, with its last stderr lines;
+    logged no row; a row that cannot be read) and StopRequested when `should_stop()` says so
+    (the command is stopped; the run goes back to pending with its rows kept)."""
+    if out_dir is None:
+        raise ValueError("a script run is started by one process, which writes its folder")
+    options = ScriptOptions(**config.task.options)
+    cwd = options.cwd or os.getcwd()
+    attempt = max(1, int(store.read_status(out_dir).get("attempts", 1)))
+    kept = store.clear_metrics(out_dir, _last_step(out_dir))
+    rows = RowLog(config, spec, out_dir, kept, options)
+    pattern = pattern_columns(options.log_pattern) if options.log_pattern else None
+    # The rows an earlier attempt logged but did not write to disk before it was killed: its
+    # output, log file or API rows hold them.
+    for where, raw in recovered(options, placeholder_values(config, spec, out_dir, 0, attempt),
+                                cwd, out_dir, pattern, rows.kept_step):
+        try:
+            rows.add(where, raw)
+        except ScriptFailed:
+            break
+    rows.first = True  # this attempt's first row may go back to its command's checkpoint
+    rows.flush(force=True)
+    if rows.reason is not None:  # the earlier attempt had reached it already
+        return _finished(rows, out_dir)
+    last = int(rows.rows["step"][-1]) if rows.rows["step"] else 0
+    values = placeholder_values(config, spec, out_dir, last, attempt)
+    args = command(config, values)
+    env = environment(values, config, options)
+    for name in (API_ROWS, STOP_FLAG):
+        (out_dir / name).unlink(missing_ok=True)
+    table = _table_log(options, values, cwd, out_dir)
+    stderr: deque[str] = deque(maxlen=max(1, options.stderr_lines))
+    outputs = {name.removesuffix(".log"): store.open_nofollow(
+        out_dir / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT) for name in store.SCRIPT_OUTPUT}
+    for fd in outputs.values():
+        os.write(fd, f"--- gnsweep attempt {attempt}: {shlex.join(args)}\n".encode())
+    child = Child(args, cwd, env)
+    stopped = False
+    error: ScriptFailed | None = None
+
+    def take(where: str, raw: dict[str, Any], restarted: bool = False) -> None:
+        if restarted:  # the log file was rewritten from its start: like a resume
+            rows.first = True
+        row = rows.add(where, raw)
+        if row is not None and on_row is not None:
+            on_row(row)
+
+    try:
+        while True:
+            item: Any
+            try:
+                item = child.lines.get(timeout=POLL_S)
+            except queue.Empty:
+                item = ()
+            try:
+                drained = 0
+                while item != ():
+                    if item is None:
+                        child.open -= 1
+                    else:
+                        name, number, line = item
+                        os.write(outputs[name], (line + "\n").encode("utf-8", "replace"))
+                        if name == "stderr":
+                            stderr.append(line)
+                        if pattern is not None and error is None:
+                            match = pattern.search(line)
+                            if match:
+                                take(f"{name} line {number}",
+                                     {k: v for k, v in match.groupdict().items()
+                                      if v is not None})
+                    drained += 1
+                    if drained >= DRAIN_LINES:  # flush and look at the stop now and then
+                        break
+                    try:
+                        item = child.lines.get_nowait()
+                    except queue.Empty:
+                        item = ()
+                if table is not None and error is None:
+                    for where, raw, restarted in table.rows():
+                        take(where, raw, restarted)
+            except ScriptFailed as err:
+                error = error or err
+            rows.flush()
+            if child.ended():
+                break
+            stop = should_stop is not None and should_stop()
+            stopped = stopped or (stop and rows.reason is None)
+            if child.asked is None and (stop or rows.reason is not None or error is not None):
+                _ask_to_stop(child, out_dir)
+            _escalate(child, options.stop_seconds, out_dir)
+        if table is not None and error is None:  # what it wrote last
+            try:
+                for where, raw, restarted in table.rows():
+                    take(where, raw, restarted)
+            except ScriptFailed as err:
+                error = err
+    except BaseException:
+        _kill(child)
+        rows.flush(force=True)
+        raise
+    finally:
+        for fd in outputs.values():
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            (out_dir / STOP_FLAG).unlink(missing_ok=True)  # the command has ended
+    rows.flush(force=True)
+    if error is not None:
+        raise ScriptFailed(str(error), list(stderr))
+    if stopped:
+        raise StopRequested
+    code = child.process.returncode
+    if rows.reason is None:
+        if code != 0:
+            said = next((line for line in reversed(stderr) if line.strip()), "")
+            raise ScriptFailed(f"exit status {code}"
+                               + (f": {said.strip()[:300]}" if said else ""), list(stderr))
+        if not rows.rows["step"]:
+            raise ScriptFailed(_no_rows(options, table), list(stderr))
+    return _finished(rows, out_dir)
+
+
+def _finished(rows: RowLog, out_dir: Path) -> RunResult:
+    """The run's end: metrics.parquet written, its result."""
+    reason = rows.reason or "script ended"
+    state = "diverged" if rows.diverged else "done"
+    store.end_metrics(out_dir, rows.rows)
+    logged = rows.rows["step"]
+    return RunResult(state, int(logged[-1]) if logged else 0,
+                     rows.diverged if rows.diverged else reason,
+                     float(rows.rows["loss"][-1]) if logged else math.nan,
+                     rows.wall_before + time.monotonic() - rows.started,
+                     {"method": "script", "reason": "measured by the script, if at all"},
+                     None, rows=len(logged), examples=int(rows.rows["examples"][-1])
+                     if logged else None)
+
+
+def recovered(options: ScriptOptions, values: dict[str, Any], cwd: str, run_path: Path,
+              pattern: re.Pattern[str] | None, after: int) -> list[tuple[str, dict[str, Any]]]:
+    """Rows after step `after` that earlier attempts logged but never wrote to the run's
+    metrics (a worker killed with -9 between two flushes): from the run's stdout.log and
+    stderr.log (`task.log_pattern`), the log file, or the API's rows file. Read as the run
+    reads them live (a step going back replaces the rows from it on: a resume), so that they
+    are the rows of an uninterrupted run."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    try:
+        if pattern is not None:
+            for name in store.SCRIPT_OUTPUT:
+                with contextlib.suppress(OSError):
+                    lines = (run_path / name).read_text(errors="replace").splitlines()
+                    found = [(f"{run_path / name}:{number}",
+                              {k: v for k, v in match.groupdict().items() if v is not None})
+                             for number, line in enumerate(lines, 1)
+                             if not line.startswith("--- gnsweep attempt")
+                             and (match := pattern.search(line))]
+                if found:
+                    break
+        else:
+            table = _table_log(options, values, cwd, run_path, skip_existing=False)
+            if table is not None:
+                found = [(where, raw) for where, raw, _ in table.rows()]
+    except ScriptFailed:
+        return []
+    effective: list[tuple[int, str, dict[str, Any]]] = []
+    for where, raw in found:
+        try:
+            step = int(float(raw["step"])) + options.step_offset
+        except (KeyError, TypeError, ValueError):
+            continue
+        if "loss" not in raw:
+            continue
+        while effective and effective[-1][0] >= step:
+            effective.pop()
+        effective.append((step, where, raw))
+    return [(where, raw) for step, where, raw in effective if step > after]
+
+
+def _last_step(run_path: Path) -> int:
+    """The last step the run has on disk from earlier attempts (0: none)."""
+    last = store.last_metrics_row(run_path)
+    return int(last["step"]) if last else 0
+
+
+def _table_log(options: ScriptOptions, values: dict[str, Any], cwd: str, run_path: Path,
+               skip_existing: bool = True) -> TableLog | None:
+    """The log file (read from its end: its earlier lines are an earlier attempt's, unless
+    `skip_existing` is False) or the API's rows file; None for printed lines."""
+    if options.log_pattern:
+        return None
+    if options.log_file:
+        name = fill(options.log_file, values, "task.log_file")
+        path = Path(cwd, name)
+        return TableLog(path, log_format(options, name), options.columns,
+                        skip_existing=skip_existing)
+    return TableLog(run_path / API_ROWS, "jsonl", {}, skip_existing=False)
+
+
+def _ask_to_stop(child: Child, run_path: Path) -> None:
+    """The flag `current_run().should_stop()` reads; a command that never made the handle
+    (`current_run()` creates the rows file) gets SIGTERM at once."""
+    store.write_text(run_path / STOP_FLAG, "stop\n")
+    child.asked = time.monotonic()
+    if not (run_path / API_ROWS).exists():
+        child.termed = child.asked
+        child.signal(signal.SIGTERM)
+
+
+def _escalate(child: Child, grace: float, run_path: Path) -> None:
+    """SIGTERM `grace` seconds after the flag, SIGKILL `grace` seconds after SIGTERM."""
+    if child.asked is None or child.process.poll() is not None:
+        return
+    now = time.monotonic()
+    if child.termed is None and now - child.asked >= grace:
+        child.termed = now
+        child.signal(signal.SIGTERM)
+    elif child.termed is not None and now - child.termed >= grace:
+        child.signal(signal.SIGKILL)
+
+
+def _kill(child: Child) -> None:
+    child.signal(signal.SIGTERM)
+    try:
+        child.process.wait(5)
+    except subprocess.TimeoutExpired:
+        child.signal(signal.SIGKILL)
+        child.process.wait()
+
+
+def _no_rows(options: ScriptOptions, table: TableLog | None) -> str:
+    if options.log_pattern:
+        return ("the command ended without printing a line that task.log_pattern matches "
+                f"({options.log_pattern!r}); its output is in the run's stdout.log and "
+                "stderr.log")
+    if options.log_file and table is not None:
+        seen = f" (its columns: {', '.join(table.seen)})" if table.seen else \
+            " (the file was not written)"
+        return f"the command ended without writing a row with step and loss to {table.path}{seen}"
+    return ("the command ended without logging a row: give task.log_pattern or task.log_file, "
+            "or log with gnsweep.current_run().log(step, examples, loss)")

@@ -1,0 +1,160 @@
+"""`gnsweep laws` from the command line: the tables it reads (fixed budget, steps to target by
+model size), the files and the JSON contract it writes, its one-line errors, and the cell
+optimum's edges. Ground truth: losses and steps built from known optima and known B_crit."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from gnsweep.analysis.laws.cells import cell_optimum
+from gnsweep.cli import app
+
+CELL_KEYS = {"N", "D", "batch_size", "learning_rate", "loss", "edge"}
+PREDICTION_KEYS = {"N", "D", "batch_size", "batch_size_low", "batch_size_high", "learning_rate",
+                   "learning_rate_low", "learning_rate_high", "extrapolation"}
+
+
+def _fixed_budget(path: Path, rng: np.random.Generator) -> Path:
+    """B_opt = 0.5 D^0.5, lr_opt = 2 N^-0.5 D^0.2 exactly, a bowl in (log B, log lr)."""
+    rows = []
+    for n in (1e6, 4e6, 16e6):
+        for d in (1e8, 4e8, 16e8):
+            b_opt, lr_opt = 0.5 * d ** 0.5, 2 * n ** -0.5 * d ** 0.2
+            for b in 2.0 ** np.arange(10, 18):
+                for lr in lr_opt * 2.0 ** np.arange(-3.3, 3, 1):
+                    u, v = math.log(b / b_opt), math.log(lr / lr_opt)
+                    noise = 1 + 5e-4 * rng.standard_normal()
+                    loss = 3 * (1 + 0.01 * u * u + 0.02 * v * v) * noise
+                    rows.append({"N": n, "D": d, "batch_size": b, "learning_rate": lr,
+                                 "loss": loss, "seed": 0})
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def _invoke(*args: object):
+    return CliRunner().invoke(app, ["laws", *(str(a) for a in args)])
+
+
+def test_fixed_budget_table_writes_the_contract(tmp_path):
+    table = _fixed_budget(tmp_path / "grid.csv", np.random.default_rng(0))
+    out = tmp_path / "out"
+    result = _invoke("--table", table, "--out", out, "--predict", "N=1e8,D=1e10",
+                     "--bootstrap", "60", "--tolerance", "0.005", "--json")
+    assert result.exit_code == 0, result.output
+    assert (out / "laws.parquet").is_file() and (out / "laws_fits.png").is_file()
+    assert "data:image/png;base64" in (out / "laws.html").read_text()
+    data = json.loads((out / "laws.json").read_text())
+    assert {law["quantity"] for law in data["laws"]} == {"batch_size", "learning_rate", "b_crit"}
+    for law in data["laws"]:
+        assert law["form"] == "c * N^a * D^b"
+        assert set(law["coefficients"]) == {"c", "a", "b"}
+        for coef in law["coefficients"].values():
+            assert set(coef) >= {"value", "low", "high"}
+            assert coef["low"] <= coef["value"] <= coef["high"]
+        assert set(law["held_out"]) >= {"N", "D", "predicted", "measured"}
+        assert (law["held_out"]["N"], law["held_out"]["D"]) == (16e6, 16e8)
+    assert len(data["cells"]) == 9
+    assert all(set(cell) >= CELL_KEYS and cell["edge"] is False for cell in data["cells"])
+    prediction = data["prediction"]
+    assert set(prediction) >= PREDICTION_KEYS
+    assert prediction["extrapolation"] == pytest.approx(1e10 / 16e8)
+    assert prediction["batch_size_low"] <= 0.5 * 1e10 ** 0.5 <= prediction["batch_size_high"]
+    true_lr = 2 * 1e8 ** -0.5 * 1e10 ** 0.2
+    assert prediction["learning_rate_low"] <= true_lr <= prediction["learning_rate_high"]
+    table_rows = pd.read_parquet(out / "laws.parquet")
+    assert list(table_rows["quantity"]) == ["batch_size", "learning_rate", "b_crit"]
+
+
+def test_steps_table_by_model_size_fits_bcrit_against_n(tmp_path):
+    """Steps to target from eq. 2.11 with B_crit = 40 N^0.3 (no D, no target column)."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for n in (1e5, 1e6, 1e7, 1e8):
+        s_min = 200.0
+        e_min = s_min * 40 * n ** 0.3
+        for b in 2.0 ** np.arange(4, 15):
+            for lr, slower in ((0.1, 1.0), (0.2, 1.3)):
+                steps = (s_min + e_min / b) * slower * math.exp(0.02 * rng.standard_normal())
+                rows.append({"model": f"m{n:g}", "N": n, "batch_size": b, "steps": steps,
+                             "learning_rate": lr})
+    table = tmp_path / "steps.csv"
+    pd.DataFrame(rows).to_csv(table, index=False)
+    out = tmp_path / "out"
+    result = _invoke("--table", table, "--out", out, "--bootstrap", "60")
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "laws.json").read_text())
+    (law,) = data["laws"]
+    assert law["quantity"] == "b_crit" and law["form"] == "c * N^a"
+    a = law["coefficients"]["a"]
+    assert a["low"] <= 0.3 <= a["high"]
+    held = law["held_out"]
+    assert held["N"] == 1e8 and abs(held["predicted"] / (40 * 1e8 ** 0.3) - 1) < 0.2
+    assert "B_crit (target 1) = c * N^a" in result.output
+
+
+@pytest.mark.parametrize(("args", "reason"), [
+    (["--predict", "N=1e8"], "D missing"),
+    (["--predict", "N=1e8,D=x"], "D=x is not a number"),
+    (["--tolerance", "2"], "--tolerance 2"),
+])
+def test_bad_options_fail_in_one_line(tmp_path, args, reason):
+    table = _fixed_budget(tmp_path / "grid.csv", np.random.default_rng(0))
+    result = _invoke("--table", table, "--out", tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert reason in result.output.strip().splitlines()[-1]
+    assert not (tmp_path / "out" / "laws.json").exists()
+
+
+def test_bad_tables_fail_in_one_line(tmp_path):
+    missing = tmp_path / "missing.csv"
+    pd.DataFrame({"N": [1.0], "batch_size": [8], "learning_rate": [0.1], "loss": [1.0]}).to_csv(
+        missing, index=False)
+    bad = tmp_path / "bad.csv"
+    pd.DataFrame({"N": [1.0, -2.0], "D": [1.0, 1.0], "batch_size": [8, 8],
+                  "learning_rate": [0.1, 0.2], "loss": [1.0, 1.0]}).to_csv(bad, index=False)
+    for path, reason in ((missing, "missing column(s) D"), (bad, "column 'N': -2.0 must be > 0"),
+                         (tmp_path / "nope.csv", "no such file")):
+        result = _invoke("--table", path, "--out", tmp_path / "out")
+        assert result.exit_code == 2, result.output
+        line = result.output.strip().splitlines()[-1]
+        assert line.startswith("gnsweep: error:") and reason in line, line
+    result = _invoke("--out", tmp_path / "out")
+    assert result.exit_code == 2 and "--table FILE" in result.output
+
+
+def test_cell_optimum_inside_and_on_edges():
+    b, lr = np.meshgrid(2.0 ** np.arange(0, 7), 0.1 * 2.0 ** np.arange(-3, 4), indexing="ij")
+    b, lr = b.ravel(), lr.ravel()
+
+    def bowl(b_opt: float, lr_opt: float) -> np.ndarray:
+        return 2 + 0.05 * np.log(b / b_opt) ** 2 + 0.08 * np.log(lr / lr_opt) ** 2
+
+    inside = cell_optimum(b, lr, bowl(6.0, 0.13), tolerance=0.002, bootstrap=0)
+    assert not inside.edge and inside.method == "quadratic"
+    # An exact quadratic in (log B, log lr): its minimum is found between grid points.
+    assert inside.batch_size == pytest.approx(6.0, rel=1e-6)
+    assert inside.learning_rate == pytest.approx(0.13, rel=1e-6)
+    low_batch = cell_optimum(b, lr, bowl(0.3, 0.13), tolerance=0.002, bootstrap=0)
+    assert low_batch.edge and "smallest batch size 1" in low_batch.edge_reason
+    high_lr = cell_optimum(b, lr, bowl(6.0, 5.0), tolerance=0.002, bootstrap=0)
+    assert high_lr.edge and "largest learning rate" in high_lr.edge_reason
+    # A larger learning rate that diverged brackets the optimum: not an edge.
+    diverged = bowl(6.0, 0.7)
+    diverged[lr > 0.7] = np.inf
+    bracketed = cell_optimum(b, lr, diverged, tolerance=0.002, bootstrap=0)
+    assert not bracketed.edge and bracketed.n_diverged == 7  # lr 0.8 at each batch size
+    # A neighbour near divergence (40x the loss) is another regime: left out of the local
+    # model, which would otherwise be bent far below every run's loss.
+    steep = bowl(6.0, 0.13)
+    steep[(lr == 0.2) & (b == 8)] *= 40
+    located = cell_optimum(b, lr, steep, tolerance=0.002, bootstrap=0)
+    assert not located.edge and located.loss >= 2.0 - 1e-9
+    assert located.batch_size == pytest.approx(6.0, rel=0.05)
