@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from gnsweep.measure import NoiseScaleMonitor
-from gnsweep.measure.monitor import MICROBATCH_FROM, TIMED_STEPS
+from gnsweep.measure.choice import MICROBATCH_FROM, TIMED_STEPS
 from gnsweep.training.backward import backward, pieces
 
 
@@ -129,7 +129,7 @@ def test_a_runs_result_says_the_choice():
 
 
 def test_sequence_layers_switch_by_tokens_and_convolutions_by_examples():
-    from gnsweep.measure.monitor import SEQUENCE_MICROBATCH_TOKENS, cheaper_method
+    from gnsweep.measure.choice import SEQUENCE_MICROBATCH_TOKENS, cheaper_method
 
     assert cheaper_method(["Conv2d", "Linear"], MICROBATCH_FROM, False, 12)[0] == "microbatch"
     assert cheaper_method(["Conv1D", "Linear"], MICROBATCH_FROM, False, 12)[0] == "per_example"

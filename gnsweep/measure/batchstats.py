@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from gnsweep.measure.common import is_ddp
+from gnsweep.measure.common import is_ddp, say_once
 from gnsweep.measure.fsdp import fsdp_refusal, sharded_parameters
 
 _RUNNING = ("running_mean", "running_var")
@@ -115,3 +115,16 @@ def choose_method(model: nn.Module, requested: str, *, distributed: bool | None 
         if reason is not None:
             raise ValueError(reason)
     return requested
+
+
+def say_ghost_batches(layers: Sequence[nn.Module], k: int) -> None:
+    """Say once that layers with batch statistics normalise each of a measured step's `k`
+    micro-batches on its own (ghost batches), where any of `layers` is in train mode."""
+    training = [m for m in layers if m.training]
+    if training and k > 1:
+        say_once("ghost", f"noise scale: {type(training[0]).__name__} and any other layer "
+                 f"with batch statistics normalise each of the {k} micro-batches of a "
+                 "measured step on its own (ghost batches): the noise measured is that of the "
+                 "gradient trained with, but where a batch is split only to measure, statistics "
+                 f"come from B/{k} examples instead of B and running statistics are updated {k} "
+                 "times a step (docs/noise.md)")

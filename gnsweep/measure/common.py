@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
@@ -162,3 +163,29 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, dict):
         return {k: to_device(v, device) for k, v in batch.items()}
     return batch
+
+
+def measured_parameters(model: nn.Module, parameters: Iterable[nn.Parameter] | None
+              ) -> list[nn.Parameter]:
+    """The measured parameters: the given ones (trainable parameters of the model, each once),
+    or every trainable parameter of the model."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if parameters is None:
+        if not trainable:
+            raise ValueError("the model has no trainable parameters: nothing to measure")
+        return trainable
+    ids = {id(p) for p in parameters}
+    if not ids:
+        raise ValueError("parameters= is empty: nothing to measure")
+    if not ids <= {id(p) for p in trainable}:
+        raise ValueError("parameters= must be trainable parameters of the model (one is not, "
+                         "or does not require grad)")
+    # The model's order, so that flattened gradients line up with DDP's and the optimizer's.
+    return [p for p in trainable if id(p) in ids]
+
+
+def now(device: torch.device) -> float:
+    """Seconds, after the device's queued work (a GPU runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from gnsweep.measure.common import Gate, grad_sq_norm, sq
+from gnsweep.measure.source import Reading, StepNorms, unscale
 from gnsweep.noise import NormPair
 
 CARRIER_DTYPES = (torch.float32, torch.float64)
@@ -64,6 +65,9 @@ class DdpHook:
         worker's P-norm |g|_P^2 = sum P g^2 is then summed beside |g|^2."""
         self.weights: dict[int, torch.Tensor] | None = None
         self.local_p: torch.Tensor | None = None
+        self.params: list[nn.Parameter] = []
+        """The owner's measured parameters (`attach`)."""
+        self.handles: list[Any] = []  # DDP's hook cannot be removed
         try:
             # A lambda: DDP rejects hooks whose (postponed, string) annotations it cannot match.
             cast(Any, model).register_comm_hook(None, lambda state, bucket: self._hook(state,
@@ -87,6 +91,7 @@ class DdpHook:
         every = {id(p) for p in model.parameters() if p.requires_grad}
         ids = {id(p) for p in measured}
         hook.measured = None if ids == every else ids
+        hook.params = measured
         hook.reset()
         return hook
 
@@ -243,6 +248,44 @@ class DdpHook:
         return parts, (NormPair(*hessian) if have_hessian == 1 else None), weighted
 
 
+    splits = False
+    weighs = True
+
+    def accumulate(self, examples_so_far: int) -> None:
+        """Nothing: the communication hook reads each bucket as it is reduced."""
+
+    def read(self, step: StepNorms) -> Reading:
+        """The `Source` reading, on every step with a measurement or a Hessian pass: this
+        step's numbers (unscaled inside) leave for the workers' sum, and the last measured
+        step's come back, its H-norm pair with them (`replaces_hess`)."""
+        if step.grads_unscaled and step.small_scale != 1.0:
+            raise ValueError("step(grads_unscaled=True) with the DDP communication hook: "
+                             "call step() before unscaling the gradients")
+        parts, hess, weighted = self.measure(step.hess, step.examples, self.params,
+                                             1 / step.small_scale)
+        return Reading(parts, weighted=weighted, hess=hess, replaces_hess=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """`ddp_pending`: the last measured step's pack (its all-reduce waited for here)."""
+        return {"ddp_pending": self.pending_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.load_pending(state.get("ddp_pending"), self.params[0].device)
+
+    def close(self, owner: Gate) -> Reading | None:
+        """The last measurement's all-reduce, for the monitor that owns the hook now (the
+        hook stays, all-reducing without measuring)."""
+        if self.owner is not owner:
+            return None
+        parts, hess, weighted = self.collect()
+        self.owner = None
+        return Reading(parts, weighted=weighted, hess=hess, replaces_hess=True)
+
+    def describe(self) -> str:
+        return (f"DDP's communication hook: each worker's gradient before the all-reduce, "
+                f"{self.world} workers (b_small = per-worker batch)")
+
+
 class RankGrads:
     """Each rank's own gradient (b_small = this rank's examples of the step) under a data-parallel
     wrapper the monitor cannot hook (the Trainers' DDP, accelerate): a hook on each measured
@@ -312,6 +355,36 @@ class RankGrads:
                 g = p.grad.detach().float().reshape(-1)
                 big_p += float(torch.dot(weight, g * g))
         return pair, NormPair(p_small / world, big_p, examples_all / world, examples_all)
+
+
+    splits = False
+    weighs = True
+
+    def accumulate(self, examples_so_far: int) -> None:
+        """Nothing: the parameter hooks read each backward as it runs."""
+
+    def read(self, step: StepNorms) -> Reading:
+        """The `Source` reading: this step's pair and its P-norm pair, summed over the ranks
+        (every rank reads at the same steps), unscaled."""
+        if not step.plain:
+            return Reading(weighted=None)
+        part, rank_p = self.measure(step.examples)
+        small, big = step.small_scale, step.big_scale
+        return Reading([unscale(part, small, big)] if part is not None else [],
+                       weighted=[unscale(rank_p, small, big)] if rank_p is not None else None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self, owner: Gate) -> Reading | None:
+        return None
+
+    def describe(self) -> str:
+        return ("each rank's own gradient from hooks on the parameters, before a wrapper's "
+                "all-reduce (b_small = per-worker batch)")
 
 
 class _Done:

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from gnsweep.measure.common import Gate, first_tensor, log, sq
+from gnsweep.measure.source import Reading, StepNorms, unscale
 from gnsweep.noise import NoiseEstimate, NoiseScaleEma, NormPair, ema_window
 
 
@@ -165,6 +166,35 @@ class FsdpGrads:
         b_small = micro / inverse
         sq_small = (examples / self.divide) ** 2 * weighted_all / micro
         return NormPair(sq_small, big_all, b_small, examples)
+
+
+    weighs = False
+
+    @property
+    def splits(self) -> bool:
+        """One process measures the micro-steps of gradient accumulation."""
+        return self.world == 1
+
+    def read(self, step: StepNorms) -> Reading:
+        """The `Source` reading: this step's pair from its one all-reduce, unscaled."""
+        if not step.plain:
+            return Reading()
+        part = self.measure(step.examples, required=True)
+        return Reading([unscale(part, step.small_scale, step.big_scale)] if part is not None
+                       else [])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self, owner: Gate) -> Reading | None:
+        return None
+
+    def describe(self) -> str:
+        return (f"FSDP: each rank's micro-step gradients against the global one, {self.world} "
+                "ranks (b_small = one rank's micro-step)")
 
 
 def _divide_factor(model: nn.Module, world: int) -> float:

@@ -137,3 +137,28 @@ def _dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack([(x.double() * y.double()).sum() for x, y in zip(a, b, strict=True)]
                        ).sum()
 
+
+def hessian_or_refusal(module: nn.Module, loss_fn: LossFn | None, batch: Batch,
+                       microbatches: int, *, task_loss: TaskLoss | None,
+                       params: list[nn.Parameter]
+                       ) -> tuple[NormPair | None, tuple[str, str] | None]:
+    """`hessian_norms`, or None and the (key, message) to say once where B_noise cannot be
+    measured on this model at all: its loss has no double backward (an op without one), or its
+    Hessian pass does not fit in device memory. The run trains on without B_noise."""
+    try:
+        return hessian_norms(module, loss_fn, batch, microbatches, task_loss=task_loss,
+                             params=params), None
+    except torch.OutOfMemoryError:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return None, ("hmemory", "noise scale: B_noise's Hessian pass ran out of device memory "
+                      "(double backward keeps the graph of a gradient, and attention runs by "
+                      "its math kernel there); B_noise is not measured (noise.hessian_every=0 "
+                      "leaves it out)")
+    except RuntimeError as err:
+        text = str(err)
+        if "derivative for" not in text and "double backward" not in text:
+            raise
+        return None, ("hdouble", "noise scale: B_noise needs Hessian-vector products (double "
+                      "backward) of the loss, which this model does not support ("
+                      f"{text.splitlines()[0]}); B_noise is not measured")

@@ -3,9 +3,13 @@ increment of `.grad` between `accumulate()` calls (gradient accumulation)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
+from gnsweep.measure.common import Gate
+from gnsweep.measure.source import Reading, StepNorms, unscale
 from gnsweep.noise import NormPair
 
 
@@ -16,8 +20,12 @@ class Increments:
     parameters (`foreach` ops run per tensor on the CPU).
     """
 
+    splits = True
+    weighs = False
+
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = params
+        self.handles: list[Any] = []
         self.weight: torch.Tensor | None = None
         """A diagonal weight over the flattened parameters (the optimizer's preconditioner P):
         when set, `weighted()` gives the same pair in the P-norm `|v|_P^2 = sum P v^2`."""
@@ -57,6 +65,33 @@ class Increments:
         # After the last accumulate() the flat vector is the batch-mean gradient: |G_big|^2.
         values = torch.stack([*self.sq, torch.dot(self.previous, self.previous)]).tolist()
         return self._pair(values)
+
+    def read(self, step: StepNorms) -> Reading:
+        """The `Source` reading: this step's pair (its norms were read during backward, so
+        both carry the loss scale), or an incomplete step, said once, where it came in one
+        piece (an error where micro-batches were asked for by name: `step.required`)."""
+        if not step.plain:
+            return Reading()
+        part = self.measure(step.required)
+        if part is not None:
+            return Reading([unscale(part, step.small_scale, step.small_scale)])
+        return Reading(complete=False, warning=(
+            "fallback", f"noise scale: {step.why()}; measuring it needs >= 2 micro-batches a "
+            f"measured step ({step.hint}), and this step had one: B_simple is not measured "
+            "(NaN), never measured on part of the model"))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self, owner: Gate) -> Reading | None:
+        return None
+
+    def describe(self) -> str:
+        return (f"micro-batches: each one's gradient as the increment of .grad, over "
+                f"{len(self.params)} parameters (b_small = B / k)")
 
     def weighted(self) -> NormPair | None:
         """The pair of `measure` in the P-norm of `weight` (eq. A.2 with `|v|_P^2`), or None

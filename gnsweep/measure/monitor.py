@@ -1,36 +1,24 @@
 """The monitor: squared gradient norms from a live model, fed to the pure estimators in
 `gnsweep.noise`.
 
-Three sources of the pair `(|G_small|^2, |G_big|^2)` of eq. A.2, all at the parameters of the
-current step and all unbiased for the same `|G|^2` and `tr(Sigma)`:
-
-- `per_example` (b_small = 1): per-example gradient norms from each layer's input activations and
-  output gradients, captured by hooks during the ordinary backward pass (`nn.Linear`,
-  `nn.Conv1d`, `nn.Conv2d`, `nn.Embedding`, `nn.LayerNorm`, `nn.RMSNorm`; sequences and
-  convolutions in the Gram form or explicitly, whichever costs less per layer).
-  Parameters of other layers fall back to micro-batches (the two parts are summed, see
-  `gnsweep.noise.combine_parts`).
-- `microbatch` (b_small = B / k): the batch back-propagated as k micro-batches, as in gradient
-  accumulation; `accumulate()` after each records the micro-batch's own gradient.
-- `ddp` (b_small = per-worker batch, b_big = global batch): a DistributedDataParallel
-  communication hook reads each worker's gradient before the all-reduce; the step's few numbers
-  are summed over the workers inside the next step's gradient all-reduce (no collective of their
-  own; so the estimate `step()` returns lags one measured step; `close()` folds the last one
-  in, a collective every rank reaches).
-- `fsdp` (b_small = one rank's micro-step, b_big = the global step): a model sharded by
-  `fully_shard`; hooks on the unsharded parameters FSDP swaps in read each backward's gradient,
-  the sharded `.grad` the global one; one scalar all-reduce per measured step (`measure.fsdp`).
-
-B_noise (eq. 2.8) uses Hessian-vector products (double backward) every `hessian_every` steps:
-see `hessian_norms`.
+`NoiseScaleMonitor` holds its measurement sources in a list (`sources`, each a
+`gnsweep.measure.source.Source`), all at the parameters of the current step and all unbiased
+for the same `|G|^2` and `tr(Sigma)` of eq. A.2: per-example norms (`per_example`, b_small = 1;
+parameters of layers they do not cover fall back to micro-batches, the two parts summed by
+`gnsweep.noise.combine_parts`), micro-batches (`microbatch`, b_small = B / k), DDP's
+communication hook or parameter hooks (`ddp`, b_small = the per-worker batch; its numbers are
+summed over the workers inside the next step's all-reduce, so the estimate `step()` returns
+lags one measured step and `close()` folds the last one in) and FSDP's unsharded gradients
+(`fsdp`, b_small = one rank's micro-step). B_noise (eq. 2.8) comes from Hessian-vector products
+every `hessian_every` steps (`hessian_norms`); B_simple_P in the optimizer's preconditioner from
+`gnsweep.measure.preconditioned`. Which method `auto` keeps is `gnsweep.measure.choice`; one
+measurement at fixed parameters is `gnsweep.measure.offline.measure_noise_scale`.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any, cast
 
 import torch
@@ -38,28 +26,25 @@ from torch import nn
 
 from gnsweep.measure.batchstats import (
     batch_statistics_layers,
-    choose_method,
     per_example_refusal,
+    say_ghost_batches,
 )
+from gnsweep.measure.build import build_sources, norm_layer_params
+from gnsweep.measure.choice import AutoChoice, Candidates
 from gnsweep.measure.common import (
     Batch,
     LossFn,
     TaskLoss,
-    batch_len,
-    batch_loss,
     first_tensor,
     is_ddp,
-    log,
-    say_once,
-    split_batch,
-    world_size,
+    measured_parameters,
+    now,
 )
-from gnsweep.measure.ddp import DdpHook, RankGrads
-from gnsweep.measure.fsdp import FsdpGrads
-from gnsweep.measure.hessian import hessian_norms
+from gnsweep.measure.hessian import hessian_or_refusal
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.per_example import PerExample
-from gnsweep.measure.precond import IDENTITY, kind, preconditioner
+from gnsweep.measure.preconditioned import Preconditioned
+from gnsweep.measure.source import Source, StepNorms, read_all
 from gnsweep.noise import (
     PAIR_METHODS,
     MeasureSchedule,
@@ -70,7 +55,6 @@ from gnsweep.noise import (
     ema_window,
     estimate_state,
     load_estimate,
-    with_precond,
 )
 
 METHODS = tuple(str(m) for m in PAIR_METHODS)
@@ -78,46 +62,16 @@ NORM_LAYERS = str(Method.NORM_LAYERS)
 """`method="norm_layers"`: per-example norms of the LayerNorm / RMSNorm parameters only (Gray et
 al. 2024): B_simple of that block of the gradient, a few reductions per layer; the other
 layers carry no hooks. docs/noise.md says where it tracks the whole model's B_simple."""
-NORM_LAYER_TYPES = (nn.LayerNorm, nn.RMSNorm)
 OFF = str(Method.NONE)
 """`method="none"`: nothing is measured (no hooks; `step()` counts steps and returns None): the
 training the cost of a measurement is compared with."""
-FALLBACK_METHOD = "per_example"
-"""What a monitor measures with when the batch cannot be cut into micro-batches."""
-
-MICROBATCH_FROM = 192
-"""`timed_auto`: from this batch on, a model with convolutions is measured with micro-batches
-(`cheaper_method`). On the bench's CNN (`gnsweep bench
-noise`'s steps side by side, 4 micro-batches, one CPU thread, glibc malloc as in gnsweep's
-workers: `gnsweep.allocator`) conv per-example norms cost 1.35-1.45x the plain step from batch
-32 to 512 (the weight gradient taken as the sum of the per-example ones, by a grouped kernel
-slower per example than the batch's, plus the hooks' fixed cost), while micro-batches cost 2.2x
-at batch 32, 2.0x at 48, 1.8x at 64, 1.55x at 96, 1.4x at 128 (a tie: per-example norms kept,
-their |G_small|^2 averages B squared norms, the micro-batches' only 4), 1.25x at 192, 1.2x at
-256 and 1.1x at 512 (their fixed cost per micro-batch shrinks against its work). With glibc's
-own settings the plain step pays page faults for its large temporaries that micro-batches,
-smaller, avoid: there micro-batches looked cheaper from 64 on (0.8x at 512)."""
-SEQUENCE_MICROBATCH_TOKENS = 3072
-"""`timed_auto`: the same for a model with sequence layers (Linear, transformers' Conv1D,
-Embedding over positions), from this many tokens a batch (batch
-x positions per example): the crossover is a number of tokens, not of examples. On the bench's
-GPT-2 (interleaved thread time, 4 micro-batches against the plain unsplit step) at 12 tokens
-per-example norms cost 1.45x the plain step at batch 32 and 1.35x at 128 against 2.4x and
-1.5-1.6x for micro-batches; both about 1.4x at 192 (2304 tokens); from 256 (3072 tokens)
-micro-batches cost less (1.1-1.2x at 256, 1.0-1.1x at 320-512) while per-example norms stay at
-1.25-1.3x. The same GPT-2 on 48 and 96 tokens ties at 48 and 24 examples (2304 tokens) and
-switches at 64 and 32 (3072). At a tie per-example norms are kept (their |G_small|^2 averages B
-squared norms, the micro-batches' only 4)."""
-CONVOLUTIONS = ("Conv1d", "Conv2d")
 ACCUMULATION_HINT = ("monitor.accumulate() after each micro-batch's backward; "
                      "gradient_accumulation_steps >= 2 with Hugging Face's Trainer, "
                      "accumulate_grad_batches >= 2 with Lightning")
 """How a loop gives the monitor micro-batches, in every loop's words (`accumulation_hint`)."""
-TIMED_STEPS = 3
-"""`timed_auto`: measured steps timed after the choice (the fastest is reported)."""
 
 
-class NoiseScaleMonitor:
+class NoiseScaleMonitor(AutoChoice, Preconditioned):
     """Measures B_simple (eq. 2.9) and optionally B_noise (eq. 2.8) inside a training loop.
 
     Per step: forward, `loss.backward()` on the batch-mean loss, `monitor.step()`, then
@@ -155,16 +109,8 @@ class NoiseScaleMonitor:
     eq. 2.9 on it; e.g. an actor-critic's actor alone (`docs/tasks.md`, `noise_parameters`).
     The other parameters still train; their gradients are just not looked at.
 
-    `timed_auto` (with `method="auto"`, for a loop that splits its batch when
-    `needs_microbatches` says so, as gnsweep's does): where both per-example norms and
-    micro-batches measure this model right (one process, no batch statistics), the first
-    measured step uses per-example norms, whose hooks see each layer's shapes; from then on the
-    cheaper by `cheaper_method` (a rule `gnsweep bench noise` justifies) is kept (`choice`),
-    and its next `TIMED_STEPS` measured steps are timed, from the model's first forward to the
-    end of `step()`. Both give unbiased pairs for the same `|G|^2` and `tr(Sigma)`, and the
-    gradient trained on is the batch mean either way (as the micro-batches' weighted sum: equal
-    up to rounding). The choice is a function of the model and the first batch, never of a
-    clock, so that a run trained twice, or resumed, gives the same numbers.
+    `timed_auto`: the cheaper of per-example norms and micro-batches is kept after the
+    first measured step (`gnsweep.measure.choice.AutoChoice`).
 
     A layer whose gradient per-example norms cannot attribute to examples (its input has no
     batch dimension: positions `wpe(torch.arange(T))`, `unattributed`) leaves the first
@@ -191,21 +137,14 @@ class NoiseScaleMonitor:
             raise ValueError("hessian_every > 0 needs loss_fn(outputs, targets) or "
                              "task_loss(model, batch) for B_noise")
         self.model = model
-        self.params = _measured(model, parameters)
+        self.params = measured_parameters(model, parameters)
         self.every, self.hessian_every = every, hessian_every
         self.hessian_microbatches = hessian_microbatches
         self.loss_fn, self.task_loss = loss_fn, task_loss
         window = ema_window(ema_fraction, ema_steps, ema_examples)
         self.ema = NoiseScaleEma(ema_steps=window["ema_steps"], ema_fraction=window["ema_fraction"],
                                  ema_examples=window["ema_examples"])
-        # B_simple_P: the same estimator in the optimizer's preconditioner P (`precondition`).
-        self.ema_precond = NoiseScaleEma(ema_steps=window["ema_steps"],
-                                         ema_fraction=window["ema_fraction"],
-                                         ema_examples=window["ema_examples"])
-        self.optimizer: torch.optim.Optimizer | None = None
-        self._precond_kind: str | None = None
-        self._precond_increments: Increments | None = None
-        self._precond_since = (0.0, 0.0)  # examples and steps since its last measurement
+        self._init_precond(window)
         self.steps = 0
         self.schedule = MeasureSchedule(every)
         """Which steps are measured, and how many were."""
@@ -220,22 +159,19 @@ class NoiseScaleMonitor:
         self._handles: list[Any] = []
         self.closed = False
         """`close()` was called: the hooks are gone, and `step()` refuses to go on."""
-        self._ddp: DdpHook | None = None
-        self._per_example: PerExample | None = None
-        self._increments: Increments | None = None
+        self.sources: list[Source] = []
+        """What measures B_simple's pairs (`gnsweep.measure.source`): one source of the
+        method, and micro-batches for parameters per-example norms do not cover."""
         # The module the Hessian passes run on: never through DDP's reducer.
         self.module: nn.Module = cast(nn.Module, model.module) if is_ddp(model) else model
         self._whole_batches = False  # measure_noise_scale: each micro-batch a whole batch
         self._batch_stats = [m for _, m in batch_statistics_layers(self.module,
                                                                    training_only=False)]
-        self._all_reduced = all_reduced_grads
-        self._rank: RankGrads | None = None
-        self._fsdp: FsdpGrads | None = None
         self._timing: list[float] | None = None
         self._started: float | None = None
         self._hessian_seconds = 0.0
         self.choice: dict[str, Any] | None = None
-        self._sources: dict[str, tuple[PerExample | None, Increments | None]] = {}
+        self._candidates: Candidates = {}
         self._asked = self.requested = method
         self._switched = False  # auto moved to micro-batches for unattributable layers
         self.accumulation_hint = ACCUMULATION_HINT
@@ -248,140 +184,28 @@ class NoiseScaleMonitor:
             self.method, self.hessian_every = OFF, 0
             return
         if method == NORM_LAYERS:
-            measured = {id(p) for p in self.params}
-            self.params = [p for m in self.module.modules() if isinstance(m, NORM_LAYER_TYPES)
-                           for p in m.parameters(recurse=False) if id(p) in measured]
-            if not self.params:
-                raise ValueError("method='norm_layers' measures the LayerNorm/RMSNorm "
-                                 "parameters, and this model has no trainable ones: use "
-                                 "method='per_example' (or auto)")
-            method = "per_example"
+            self.params, method = norm_layer_params(self.module, self.params), "per_example"
         # auto: the method right for this model and launch; a method wrong for it is refused.
-        requested = method
-        method = choose_method(model, method, distributed=self._distributed(model))
-        if method == "ddp":
-            method = self._setup_ddp(model)
-        elif method == "fsdp":
-            self._setup_fsdp(model, parameters)
-        elif (is_ddp(model) and world_size(model) > 1) or self._distributed(model):
-            # .grad is all-reduced while per-example / micro-batch norms stay local.
-            raise ValueError(f"method={method!r} with a DistributedDataParallel model: use "
-                             "method='ddp'")
+        # (`choice`, with `timed_auto`: {"method", "reason", "batch", "step_seconds": the
+        # fastest measured step after the choice}; None before it has chosen.)
         self.method = method
+        # Counted before the sources' own pre-hooks run (a broadcast parameter's reads the
+        # batch); removed again where the method is refused.
         self._handles.append(
             model.register_forward_pre_hook(self._count_examples, with_kwargs=True))
-        # auto between per-example norms and micro-batches, chosen at the first measured step
-        # (`choice`: {"method", "reason", "batch", "step_seconds": the fastest measured step
-        # after the choice}; None before it has, or without `timed_auto`).
-        if method == "microbatch":
-            self._increments = Increments(self.params)
-        elif method == "per_example":
-            self._per_example = PerExample(self, self.module, self.params)
-            self._handles += self._per_example.handles
-            rest = [p for p in self.params if id(p) not in self._per_example.covered]
-            if rest:
-                self._increments = Increments(rest)
-            if timed_auto and requested == "auto":
-                # Micro-batches measure this model right too: the cheaper is kept after the
-                # first measured step (`_choose`).
-                self._sources = {"per_example": (self._per_example, self._increments),
-                                 "microbatch": (None, Increments(self.params))}
+        try:
+            built = build_sources(self, model, self.module, self.params, method,
+                                  parameters=parameters, all_reduced=all_reduced_grads,
+                                  hessian_every=self.hessian_every, timed_auto=timed_auto)
+        except BaseException:
+            self._handles.pop().remove()
+            raise
+        self.method, self.sources, self._candidates = built.method, built.sources, \
+            built.candidates
+        for source in self.sources:
+            self._handles += source.handles
         if optimizer is not None:
             self.precondition(optimizer)
-
-    def precondition(self, optimizer: torch.optim.Optimizer) -> None:
-        """Measure B_simple_P (`b_simple_precond`) in `optimizer`'s diagonal preconditioner
-        (`gnsweep.measure.precond`) beside B_simple. SGD: P = I, the same pairs as B_simple.
-        Adam-like: P does not factor through per-example norms' Gram form, so the P-norm pair
-        comes from micro-batches (eq. A.2 with b_small = B / k): the method's own where it
-        splits, else the loop splits measured steps (`wants_microbatches`) and the pair is
-        read from the increments of `.grad`. Under DDP each worker's gradient is weighted by
-        P in the communication hook (b_small = the worker's batch), as B_simple's is squared,
-        or in the parameter hooks under a DDP the monitor cannot hook (the Trainers',
-        accelerate). Not measured (NaN, said once) under FSDP, or for an optimizer without a
-        known diagonal P."""
-        self.optimizer = optimizer
-        self._precond_kind = kind(optimizer)
-        if self._precond_kind is None:
-            self.warn_once("precond", f"noise scale: {type(optimizer).__name__} has no known "
-                           "diagonal preconditioner; b_simple_precond is not measured (NaN)")
-        elif self._precond_kind != IDENTITY and self._ddp is not None:
-            self._ddp.weigh = self._weights_by_parameter
-        elif self._precond_kind != IDENTITY and self._rank is not None:
-            self._rank.weigh = self._weights_by_parameter
-        elif self._precond_kind != IDENTITY and self.method == "fsdp":
-            self.warn_once("precond", "noise scale: b_simple_precond is not measured under "
-                           "FSDP yet (NaN); micro-batches or DDP measure it")
-            self._precond_kind = None
-        elif self._precond_kind != IDENTITY:
-            self._precond_increments = Increments(self.params)
-
-    def _weights_by_parameter(self) -> dict[int, torch.Tensor] | None:
-        """P as the optimizer holds it now, one flat fp32 tensor per measured parameter (by
-        id); None before an adaptive optimizer's first update."""
-        assert self.optimizer is not None
-        flat = preconditioner(self.optimizer, self.params)
-        if flat is None:
-            return None
-        return {id(p): part for p, part in
-                zip(self.params, flat.split([p.numel() for p in self.params]), strict=True)}
-
-    @property
-    def wants_microbatches(self) -> bool:
-        """The preconditioned pair needs this step in micro-batches (`accumulate()` after
-        each): an adaptive optimizer and a method that does not split anyway."""
-        return self._precond_increments is not None and self.method != "microbatch"
-
-    def _precond_source(self) -> Increments | None:
-        """The micro-batch increments the P-norm pair is read from: the method's own when they
-        cover every measured parameter (method microbatch), else the monitor's."""
-        if self._precond_increments is None:
-            return None
-        if self.method == "microbatch" and self._increments is not None:
-            return self._increments
-        return self._precond_increments
-
-    def _setup_ddp(self, model: nn.Module) -> str:
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ValueError("method='ddp' needs an initialised torch.distributed process group "
-                             "(run under torchrun and call init_process_group first)")
-        if not is_ddp(model) and not self._all_reduced:
-            raise ValueError("method='ddp' needs the DistributedDataParallel-wrapped model: "
-                             "NoiseScaleMonitor(DistributedDataParallel(model), method='ddp')")
-        if dist.get_world_size() < 2:
-            method = choose_method(self.module, "auto")
-            log.warning("noise scale: world size 1 gives one batch size only; measuring with "
-                        "%s instead of the DDP hook", method)
-            return method
-        if not is_ddp(model):
-            # A wrapper the monitor cannot hook all-reduces .grad: read each rank's own
-            # gradient from hooks on the parameters.
-            self._rank = RankGrads(self, self.params)
-            self._handles += self._rank.handles
-            return "ddp"
-        self._ddp = DdpHook.attach(self, model, self.params)
-        return "ddp"
-
-    def _setup_fsdp(self, model: nn.Module, parameters: Iterable[nn.Parameter] | None) -> None:
-        if self.hessian_every:
-            raise ValueError("B_noise (hessian_every > 0) cannot be measured on a model sharded "
-                             "by FSDP: its Hessian passes need unsharded parameters; use "
-                             "hessian_every=0")
-        if parameters is not None and {id(p) for p in self.params} != {
-                id(p) for p in model.parameters() if p.requires_grad}:
-            raise ValueError("parameters=: a model sharded by FSDP is measured whole (its "
-                             "unsharded parameters exist only inside forward and backward)")
-        self._fsdp = FsdpGrads(self, model)
-        self._handles += self._fsdp.handles
-
-    def _distributed(self, model: nn.Module) -> bool:
-        """Several ranks whose `.grad` is all-reduced: a DDP model, or `all_reduced_grads`."""
-        import torch.distributed as dist
-
-        return (is_ddp(model) or self._all_reduced) and dist.is_available() \
-            and dist.is_initialized() and dist.get_world_size() > 1
 
     # -- the training-loop API ------------------------------------------------------------
 
@@ -395,32 +219,6 @@ class NoiseScaleMonitor:
         """What is measured: `norm_layers` or `none` where asked for, else the method."""
         return self._asked if self._asked in (NORM_LAYERS, OFF) else self.method
 
-    @property
-    def needs_microbatches(self) -> bool:
-        """True when the batch must be back-propagated in micro-batches with `accumulate()`
-        after each: method microbatch, or per_example with layers it cannot handle, or fsdp on
-        one process."""
-        return self._increments is not None or (self._fsdp is not None
-                                                  and self._fsdp.world == 1)
-
-    @property
-    def why_microbatches(self) -> str:
-        """Why this monitor needs each measured step in micro-batches (one line naming the
-        layers or the method and the cause), or "" when it does not."""
-        if not self.needs_microbatches:
-            return ""
-        if self._fsdp is not None:
-            return "FSDP on one process measures the micro-steps of gradient accumulation"
-        if self.choice is not None and self.choice.get("method") == "microbatch":
-            return str(self.choice["reason"])
-        stats = [m for m in self._batch_stats if m.training]
-        if self.method == "microbatch" and stats:
-            return (f"{type(stats[0]).__name__} normalises with statistics of the batch, so "
-                    "per-example norms are not its noise")
-        if self._per_example is not None and self._per_example.skipped:
-            return f"no per-example norms for {', '.join(self._per_example.skipped)}"
-        return f"method {self.method} measures with micro-batches"
-
     def microbatches(self, wanted: int, samples: int) -> int:
         """The micro-batches this step's backward must come in for the measurement: `wanted`
         (noise.microbatches, at most one per sample) on a measured step that needs them, else
@@ -428,37 +226,18 @@ class NoiseScaleMonitor:
         split = self.needs_microbatches or self.wants_microbatches
         return min(wanted, samples) if self.measuring and split else 1
 
-    def unsplittable(self) -> str | None:
-        """The run's first batch cannot be cut along dim 0: this monitor's fallback. With
-        `timed_auto` it keeps per-example norms (micro-batches are no candidate) and needs
-        nothing more; with method microbatch it says so once and returns the method to rebuild
-        it with (`FALLBACK_METHOD`: per-example norms need no split, except for layers they
-        do not cover; a batch of one sample they leave unmeasured, NaN); otherwise None."""
-        if self.timed:
-            self.keep(FALLBACK_METHOD)
-            return None
-        if self.method != "microbatch":
-            return None
-        self.warn_once("nosplit", "noise scale: this task's batch cannot be split along dim 0 "
-                       "(no tensor, tensors of different lengths, or one sample): measuring "
-                       "with per-example norms instead of micro-batches")
-        return FALLBACK_METHOD
-
-    def resumed_method(self, saved: dict[str, Any]) -> str | None:
-        """The method to rebuild this monitor with before `load_state_dict(saved)`: the saved
-        run fell back at its first step (`unsplittable`), so does this one; None: as built."""
-        if saved["method"] != self.method and not self.timed:
-            if self.requested == "auto" and saved.get("choice") is not None:
-                return None  # auto's own switch (`_unattributable`): load_state_dict redoes it
-            return FALLBACK_METHOD
-        return None
+    @property
+    def _per_example(self) -> PerExample | None:
+        """The per-example source in use, or None."""
+        return self._source(PerExample)
 
     @property
     def unattributed(self) -> dict[str, str]:
         """Layers whose gradient per-example norms cannot attribute to examples, met so far on
         measured steps (name -> what was seen; `PerExample.unattributed`): an input without
         the batch dimension. Empty when none, or when per-example norms are not in use."""
-        return dict(self._per_example.unattributed) if self._per_example is not None else {}
+        per_example = self._source(PerExample)
+        return dict(per_example.unattributed) if per_example is not None else {}
 
     @property
     def b_simple(self) -> float:
@@ -470,17 +249,13 @@ class NoiseScaleMonitor:
 
     def accumulate(self) -> None:
         """Record the micro-batch just back-propagated (call after each micro-batch's backward)."""
+        if not self.capturing:
+            return
+        self._weigh_step()
         source = self._precond_source()
-        if source is not None and self.measuring and not self._busy and not source.counts:
-            # P as the optimizer holds it before this step's update, for the whole step.
-            assert self.optimizer is not None
-            source.weight = preconditioner(self.optimizer, self.params)
-        if self._increments is not None and self.measuring and not self._busy:
-            self._increments.accumulate(self._examples)
-        if self._fsdp is not None and self.measuring:
-            self._fsdp.accumulate(self._examples)
-        if source is not None and source is not self._increments and self.measuring \
-                and not self._busy:
+        for own in self.sources:
+            own.accumulate(self._examples)
+        if source is not None and source not in self.sources:
             source.accumulate(self._examples)
 
     @torch.no_grad()
@@ -523,175 +298,34 @@ class NoiseScaleMonitor:
         hessian = bool(self.hessian_every and (self.steps - 1) % self.hessian_every == 0)
         uncovered: dict[int, str] = {}
         checked = self._per_example
+        sources = list(self.sources)  # those of this step, whatever it switches to
         try:
-            if measuring and checked is not None and checked.coverage.armed:
-                uncovered.update(self._check_coverage(checked))
-            if measuring and checked is not None and (checked.refused or
-                                                      checked.broadcast.refused):
-                # Calls the functional route could not take, broadcast parameters the model
-                # does not broadcast along the batch: their own reason comes first.
-                uncovered.update(checked.refused)
-                uncovered.update(checked.broadcast.refused)
-                checked.invalid = True
+            if measuring and checked is not None:
+                uncovered = checked.verify(self._own_pass(), self._loss_scale,
+                                           self._grads_unscaled)
             if measuring or hessian:
                 self._measure(batch, plain=measuring, hessian=hessian)
         finally:
             self._examples = 0
-            if self._per_example is not None:
-                self._per_example.reset()
+            for source in sources:
+                source.reset()
             if checked is not None:
                 checked.coverage.after_step(measuring)
-            if self._increments is not None:
-                self._increments.reset()
-            if self._ddp is not None:
-                self._ddp.reset()
-            if self._rank is not None:
-                self._rank.reset()
-            if self._fsdp is not None:
-                self._fsdp.reset()
             if self._precond_increments is not None:
                 self._precond_increments.reset()
         if self._timing is not None and measuring and self._started is not None:
-            seconds = _now(self.params[0].device) - self._started - self._hessian_seconds
+            seconds = now(self.params[0].device) - self._started - self._hessian_seconds
             self._timed(seconds)
         self._started, self._hessian_seconds = None, 0.0
         self.schedule.advance(measuring, self.ema, self._since_examples, self._step_examples)
         if uncovered:
             self._uncover(uncovered)
-        if measuring and self._per_example is not None and self._per_example.unattributed:
+        per_example = self._per_example
+        if measuring and per_example is not None and per_example.unattributed:
             self._unattributable(steps_examples)
-        elif self.timed and self.choice is None and measuring and self._per_example is not None:
+        elif self.timed and self.choice is None and measuring and per_example is not None:
             self._choose(steps_examples)
         return self.estimate
-
-    def _check_coverage(self, source: PerExample) -> dict[int, str]:
-        """The checks of `gnsweep.measure.coverage` on this measured step: a layer whose dim 0
-        is not the batch's joins `unattributed`; the parameters whose `.grad` the hooks do not
-        account for are returned (id -> why). Either discards the step's per-example pair."""
-        coverage = source.coverage
-        with _busy(self):  # the layout check's extra forward is no step of training
-            wrong = coverage.layout()
-        if wrong:
-            for name, why in wrong.items():
-                source.unattributed.setdefault(name, why)
-            source.invalid = True
-            return {}
-        scale = self._loss_scale
-        uncovered = coverage.check(scale, 1.0 if self._grads_unscaled else scale)
-        if uncovered:
-            source.invalid = True
-        return uncovered
-
-    def _uncover(self, uncovered: dict[int, str]) -> None:
-        """Parameters whose `.grad` the per-example hooks do not account for (`uncovered`: id ->
-        why) are measured with micro-batches from the next step on, with the other parameters
-        of their layers, the rest staying per-example (the two parts are summed,
-        `gnsweep.noise.combine_parts`); the new split is said once, naming them and why."""
-        old = self._per_example
-        assert old is not None
-        for handle in old.handles:
-            handle.remove()
-        old.coverage.disarm()
-        self._handles = [h for h in self._handles if h not in old.handles]
-        source = PerExample(self, self.module, self.params, old.excluded | uncovered)
-        source.coverage.measured, source.coverage.probed = old.coverage.measured, \
-            old.coverage.probed
-        source.coverage.after_step(False)
-        self._handles += source.handles
-        rest = [p for p in self.params if id(p) not in source.covered]
-        increments = Increments(rest) if rest else None
-        if self._sources:
-            self._sources["per_example"] = (source, increments)
-        self._per_example, self._increments = source, increments
-        self._redo = True
-
-    def _unattributable(self, batch: int) -> None:
-        """Per-example norms met a layer whose gradient they cannot attribute to examples
-        (`PerExample.unattributed`: an input without the batch dimension, or examples along
-        dim 1). `auto` measures with micro-batches from the next step on, said once; an
-        explicit `per_example` is refused, a ValueError saying why."""
-        assert self._per_example is not None
-        layers = ", ".join(f"{name} ({seen})"
-                           for name, seen in self._per_example.unattributed.items())
-        reason = f"per-example norms cannot attribute the gradient of {layers} to examples"
-        self._redo = True
-        if self.requested != "auto":
-            raise ValueError(f"noise scale: method={self.requested!r}: {reason}; use "
-                             "method='auto' or 'microbatch'")
-        choice = {"method": "microbatch", "reason": reason, "batch": batch,
-                  "step_seconds": None}
-        if self.timed:
-            self._commit(choice)
-            self._timing = []  # said once timed (`_timed`)
-            return
-        self._switch_to_microbatches(choice)
-        say_once("auto unattributed", f"noise scale: method auto measures with micro-batches "
-                 f"from the next step on ({reason}); micro-batches need gradient accumulation: "
-                 f">= 2 micro-batches a step ({self.accumulation_hint})", per_launch=True)
-
-    def _switch_to_microbatches(self, choice: dict[str, Any]) -> None:
-        """Without `timed_auto`: drop the per-example hooks, measure with micro-batches."""
-        assert self._per_example is not None
-        for handle in self._per_example.handles:
-            handle.remove()
-        self._per_example.coverage.disarm()
-        self._handles = [h for h in self._handles if h not in self._per_example.handles]
-        self._per_example, self._increments = None, Increments(self.params)
-        self.method, self._switched = "microbatch", True
-        self.choice = dict(choice)
-
-    @property
-    def timed(self) -> bool:
-        """Built with `timed_auto` where both per-example norms and micro-batches are right."""
-        return bool(self._sources)
-
-    def keep(self, method: str) -> None:
-        """`timed_auto`: measure with `method` from the next step on, without choosing (the
-        loop's batch cannot be split: per-example norms)."""
-        if self.timed and self.choice is None:
-            self._commit({"method": method, "reason": "the batch cannot be split",
-                          "batch": None, "step_seconds": None})
-
-    def _choose(self, batch: int) -> None:
-        """After the first measured step (per-example norms): `cheaper_method` for the layers
-        the hooks saw and this batch."""
-        assert self._per_example is not None
-        rest = self._increments is not None
-        method, reason = cheaper_method(sorted(self._per_example.positional), batch, rest,
-                                        self._per_example.positions)
-        if rest and self._per_example.skipped:  # name them: the reason kept in status.json
-            reason = (f"micro-batches are needed anyway, for "
-                      f"{', '.join(self._per_example.skipped)}")
-        elif method == "per_example" and self._per_example.routes:
-            reason = f"{reason}; {self._per_example.routes}"  # what was measured how
-        self._commit({"method": method, "reason": reason, "batch": batch, "step_seconds": None})
-        self._timing = []
-
-    def _timed(self, seconds: float) -> None:
-        assert self._timing is not None and self.choice is not None
-        self._timing.append(seconds)
-        if len(self._timing) < TIMED_STEPS:
-            return
-        self.choice["step_seconds"] = min(self._timing)
-        self._timing = None
-        choice = self.choice
-        say_once(f"auto {choice['method']}", f"noise scale: method auto measures with "
-                 f"{choice['method']} ({choice['reason']}): {choice['step_seconds'] * 1e3:.3g} "
-                 f"ms a measured step at batch {choice['batch']} (the fastest of "
-                 f"{TIMED_STEPS}; each run's choice is in its status.json, noise_method)",
-                 per_launch=True)
-
-    def _commit(self, choice: dict[str, Any]) -> None:
-        method = choice["method"]
-        self._per_example, self._increments = self._sources[method]
-        self.method = method
-        for name, (per_example, _) in self._sources.items():
-            if name != method and per_example is not None:  # its hooks cost even idle
-                per_example.coverage.disarm()
-                for handle in per_example.handles:
-                    handle.remove()
-                self._handles = [h for h in self._handles if h not in per_example.handles]
-        self.choice = dict(choice)
 
     def close(self) -> None:
         """Remove the hooks (DDP's communication hook stays, all-reducing without measuring);
@@ -700,13 +334,13 @@ class NoiseScaleMonitor:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        for source in [self._per_example, *(pe for pe, _ in self._sources.values())]:
-            if source is not None:
-                source.coverage.disarm()
-        if self._ddp is not None and self._ddp.owner is self:
-            parts, hess, weighted = self._ddp.collect()  # the last measurement's all-reduce
-            self._fold(parts, hess, self._ddp_precond(parts, weighted))
-            self._ddp.owner = None
+        for per_example, _ in self._candidates.values():
+            if per_example is not None:
+                per_example.coverage.disarm()
+        for source in self.sources:
+            last = source.close(self)  # DDP: the last measurement's all-reduce
+            if last is not None:
+                self._fold(last.parts, last.hess, self._ddp_precond(last.parts, last.weighted))
 
     def state_dict(self) -> dict[str, Any]:
         """The measurement's state between steps: the method in use, steps counted, the EMAs
@@ -723,18 +357,12 @@ class NoiseScaleMonitor:
                 "ema_precond": self.ema_precond.state_dict(),
                 "precond_since": list(self._precond_since),
                 "since_examples": self._since_examples, "since_steps": self._since_steps,
-                "warned": sorted(self._warned),
-                "ddp_pending": self._ddp.pending_state() if self._ddp is not None else None}
+                "warned": sorted(self._warned), "ddp_pending": None,
+                **{k: v for source in self.sources for k, v in source.state_dict().items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` into a monitor built alike (same model, method, settings)."""
-        if self.timed and state.get("choice") is not None:
-            self._commit(state["choice"])
-            timing = state.get("timing")
-            self._timing = None if timing is None else list(timing)
-        elif state.get("choice") is not None and state["method"] == "microbatch" \
-                and self.method == "per_example" and self.requested == "auto":
-            self._switch_to_microbatches(state["choice"])  # switched before the save
+        self._load_choice(state)
         if state["method"] != self.method:
             raise ValueError(f"monitor state of method {state['method']}, this monitor "
                              f"measures with {self.method}")
@@ -751,8 +379,8 @@ class NoiseScaleMonitor:
             self.schedule.next = self.steps % self.schedule.every == 0
         self._since_examples, self._since_steps = state["since_examples"], state["since_steps"]
         self._warned = set(state["warned"])
-        if self._ddp is not None:
-            self._ddp.load_pending(state.get("ddp_pending"), self.params[0].device)
+        for source in self.sources:
+            source.load_state_dict(state)
 
     def __enter__(self) -> NoiseScaleMonitor:
         return self
@@ -772,36 +400,21 @@ class NoiseScaleMonitor:
         if self._busy or not torch.is_grad_enabled():
             return
         if self._timing is not None and self._started is None and self.measuring:
-            self._started = _now(self.params[0].device)
+            self._started = now(self.params[0].device)
         first = args[0] if args and isinstance(args[0], torch.Tensor) else \
             first_tensor(args) if args else None
         if first is None:
             first = first_tensor(tuple(kwargs.values()))
         batch = int(first.shape[0]) if first is not None and first.dim() > 0 else 0
         self._examples += batch
-        if self._per_example is not None:
-            self._per_example.forward_id += 1
-            self._per_example.batch = batch
-            self._per_example.coverage.saw_inputs(args, kwargs, batch)
-
-    def warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message)
+        per_example = self._per_example
+        if per_example is not None:
+            per_example.saw_forward(args, kwargs, batch)
 
     def _measure(self, batch: Batch | None, *, plain: bool, hessian: bool) -> None:
         """Fold in this step's norms, unscaled (`step(loss_scale=...)`). The Hessian passes
         run the loss unscaled, in fp32."""
-        hess = None
-        if hessian:
-            if batch is None:
-                self.warn_once("hbatch", "noise scale: B_noise needs the step's batch: call "
-                               "monitor.step(batch=(inputs, targets))")
-            else:
-                hess = self._hessian(batch)
-                if hess is None and self.hessian_every:
-                    self.warn_once("hsmall", "noise scale: batch too small to split for "
-                                   f"B_noise (needs >= {2 * self.hessian_microbatches} examples)")
+        hess = self._hessian(batch) if hessian else None
         if plain and self.method == "per_example" and self._examples == 1:
             # One sample has no spread: tr(Sigma) is undefined at this batch size (eq. A.2
             # needs two batch sizes). Skipped, so the estimate stays None (NaN), never wrong.
@@ -814,117 +427,46 @@ class NoiseScaleMonitor:
             reason = per_example_refusal(self.module)
             assert reason is not None
             raise ValueError(reason)
-        if plain and self.method == "microbatch" and not self._whole_batches:
-            self._say_ghost_batches()
-        parts: list[NormPair] = []
-        complete = True
+        increments = self._source(Increments)
+        if plain and increments is not None and self.method == "microbatch" \
+                and not self._whole_batches:
+            say_ghost_batches(self._batch_stats, len(increments.counts))
         # Squared norms of scaled gradients (fp16): captured during backward they carry
         # loss_scale^2; |G_big|^2 read from .grad now carries it unless .grad was unscaled.
         small_scale = self._loss_scale ** 2
-        big_scale = 1.0 if self._grads_unscaled else small_scale
-        if self._ddp is not None:
-            if self._grads_unscaled and small_scale != 1.0:
-                raise ValueError("step(grads_unscaled=True) with the DDP communication hook: "
-                                 "call step() before unscaling the gradients")
-            # This step's norms are unscaled inside, before their all-reduce.
-            parts, hess, weighted = self._ddp.measure(hess, self._examples, self.params,
-                                                       1 / small_scale)
-        elif plain and self._fsdp is not None:
-            part = self._fsdp.measure(self._examples, required=True)
-            parts = [_unscale(part, small_scale, big_scale)] if part is not None else []
-        elif plain and self._rank is not None:
-            part, rank_p = self._rank.measure(self._examples)
-            parts = [_unscale(part, small_scale, big_scale)] if part is not None else []
-            weighted = [_unscale(rank_p, small_scale, big_scale)] if rank_p is not None \
-                else None
-        elif plain and self._per_example is not None:
-            part = self._per_example.measure(self._examples)
-            if part is not None:
-                parts.append(_unscale(part, small_scale, big_scale))
-            elif self._per_example.params:
-                complete = False  # a step it had to skip (a layer used twice): no estimate
-        if self._increments is not None and plain:
-            # Micro-batch increments and their sum were both read during backward: scaled.
-            # Only micro-batches asked for by name are an error without them; wherever the
-            # monitor chose them (batch statistics, layers without per-example norms, a
-            # parameter the hooks do not see whole, a broadcast input) a step in one piece is
-            # NaN with one warning naming the cause: one behaviour for one situation.
-            part = self._increments.measure(self.requested == "microbatch")
-            if part is not None:
-                parts.append(_unscale(part, small_scale, small_scale))
-            else:
-                complete = False
-                self.warn_once("fallback", f"noise scale: {self.why_microbatches}; measuring "
-                               "it needs >= 2 micro-batches a measured step "
-                               f"({self.accumulation_hint}), and this step had one: B_simple "
-                               "is not measured (NaN), never measured on part of the model")
-        if not complete:
-            parts = []
-        precond: list[NormPair] | None = None
-        if self._ddp is not None or self._rank is not None:
-            precond = self._ddp_precond(parts, weighted)
-        elif self._precond_kind == IDENTITY:
-            precond = parts  # P = I: the very pairs of B_simple
-        elif plain:  # whether or not B_simple's own pair was complete this step
-            source = self._precond_source()
-            pair = source.weighted() if source is not None else None
-            if pair is None and source is not None and len(source.counts) < 2:
-                self.warn_once("precond1", "noise scale: b_simple_precond needs >= 2 "
-                               f"micro-batches a measured step ({self.accumulation_hint}); "
-                               "NaN without")
-            precond = [_unscale(pair, small_scale, small_scale)] if pair is not None else None
-        self._fold(parts, hess, precond)
+        norms = StepNorms(self._examples, plain, small_scale,
+                          1.0 if self._grads_unscaled else small_scale,
+                          required=self.requested == "microbatch", hess=hess,
+                          grads_unscaled=self._grads_unscaled, why=lambda: self.why_microbatches,
+                          hint=self.accumulation_hint)
+        read, weighs = read_all(self.sources, norms, self.warn_once)
+        self._fold(read.parts, read.hess, self._precond_pairs(read.parts, weighs, read.weighted,
+                                                              plain, small_scale))
 
-    def _ddp_precond(self, parts: list[NormPair], weighted: list[NormPair] | None
-                     ) -> list[NormPair] | None:
-        """B_simple_P's pairs of a DDP measurement: B_simple's own for SGD (P = I), the hooks'
-        P-norm pairs for an adaptive optimizer, none where it is not measured."""
-        if self._precond_kind == IDENTITY:
-            return parts
-        return weighted if self._precond_kind is not None else None
-
-    def _say_ghost_batches(self) -> None:
-        layers = [m for m in self._batch_stats if m.training]
-        if layers and self._increments is not None and len(self._increments.counts) > 1:
-            k = len(self._increments.counts)
-            say_once("ghost", f"noise scale: {type(layers[0]).__name__} and any other layer "
-                     f"with batch statistics normalise each of the {k} micro-batches of a "
-                     "measured step on its own (ghost batches): the noise measured is that of "
-                     "the gradient trained with, but where a batch is split only to measure, "
-                     f"statistics come from B/{k} examples instead of B and running statistics "
-                     f"are updated {k} times a step (docs/noise.md)")
-
-    def _hessian(self, batch: Batch) -> NormPair | None:
+    def _hessian(self, batch: Batch | None) -> NormPair | None:
         """H-norms for B_noise; a model whose loss has no double backward (an op without
         one), or whose Hessian pass does not fit in device memory, is said once and B_noise is
         no longer measured: the run trains on."""
-        started = _now(self.params[0].device) if self._timing is not None else 0.0
+        if batch is None:
+            self.warn_once("hbatch", "noise scale: B_noise needs the step's batch: call "
+                           "monitor.step(batch=(inputs, targets))")
+            return None
+        started = now(self.params[0].device) if self._timing is not None else 0.0
         try:
-            with _busy(self):
-                return hessian_norms(self.module, self.loss_fn, batch,
-                                     self.hessian_microbatches, task_loss=self.task_loss,
-                                     params=self.params)
-        except torch.OutOfMemoryError:
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            self.warn_once("hmemory", "noise scale: B_noise's Hessian pass ran out of device "
-                           "memory (double backward keeps the graph of a gradient, and "
-                           "attention runs by its math kernel there); B_noise is not measured "
-                           "(noise.hessian_every=0 leaves it out)")
-            self.hessian_every = 0
-            return None
-        except RuntimeError as err:
-            text = str(err)
-            if "derivative for" not in text and "double backward" not in text:
-                raise
-            self.warn_once("hdouble", "noise scale: B_noise needs Hessian-vector products "
-                           "(double backward) of the loss, which this model does not support ("
-                           f"{text.splitlines()[0]}); B_noise is not measured")
-            self.hessian_every = 0
-            return None
+            with self._own_pass():
+                pair, refused = hessian_or_refusal(self.module, self.loss_fn, batch,
+                                                   self.hessian_microbatches,
+                                                   task_loss=self.task_loss, params=self.params)
         finally:
             if self._timing is not None:  # not part of either method's cost
-                self._hessian_seconds += _now(self.params[0].device) - started
+                self._hessian_seconds += now(self.params[0].device) - started
+        if refused is not None:
+            self.warn_once(*refused)
+            self.hessian_every = 0
+        elif pair is None:
+            self.warn_once("hsmall", "noise scale: batch too small to split for B_noise "
+                           f"(needs >= {2 * self.hessian_microbatches} examples)")
+        return pair
 
     def _fold(self, parts: list[NormPair], hess: NormPair | None,
               precond: list[NormPair] | None = None) -> None:
@@ -951,216 +493,3 @@ class NoiseScaleMonitor:
             if estimate is not None:
                 self.estimate = estimate
         self._fold_precond(precond)
-
-    def _fold_precond(self, precond: list[NormPair] | None) -> None:
-        """Fold the P-norm pairs into B_simple_P's EMAs, on the clock of B_simple's (the
-        examples and steps since B_simple_P's last measurement), and put them on the estimate."""
-        examples, steps = self._precond_since
-        ok = bool(precond) and all(math.isfinite(x) and (i < 2 or x > 0)
-                                   for p in precond or [] for i, x in enumerate(p))
-        if ok and precond is not None and all(p.b_small < p.b_big for p in precond):
-            self.ema_precond.update_parts(list(precond), examples=examples, steps=steps)
-            self._precond_since = (0.0, 0.0)
-        if self.ema_precond.seen_steps > 0:
-            # B_simple_P stands on its own pairs: shown even where B_simple's were not complete.
-            base = self.estimate if self.estimate is not None else NoiseEstimate(
-                *([math.nan] * 9))
-            self.estimate = with_precond(base, self.ema_precond.estimate())
-
-
-
-# -- one-shot measurement at fixed parameters ------------------------------------------------
-
-
-def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Iterable[Batch],
-                        method: str = "auto", hessian: bool = False, *,
-                        microbatches: int = 4, hessian_microbatches: int = 2,
-                        parameters: Iterable[nn.Parameter] | None = None,
-                        task_loss: TaskLoss | None = None) -> NoiseEstimate:
-    """B_simple (eq. 2.9), and with `hessian=True` B_noise (eq. 2.8), at the model's current
-    parameters: no optimizer step is taken and `.grad` is left as it was.
-
-    `loss_fn(outputs, targets)` returns the batch-mean loss; `batches` yields `(inputs, targets)`
-    (inputs a tensor, or a tuple of tensors passed as `model(*inputs)`). The squared norms of
-    all batches are pooled with equal weights (eq. A.2 on the means), so the estimate sharpens
-    with more batches. `microbatches`: the split for method="microbatch" (and for layers without
-    per-example norms). `parameters`: the measured block, as for `NoiseScaleMonitor`.
-    `method="auto"`: micro-batches for a model with batch statistics, else per-example norms.
-
-    A model with batch statistics (BatchNorm in train mode, docs/noise.md): per-example norms
-    are refused (ValueError); with `method="microbatch"` each batch is one draw of the batch
-    gradient with its own statistics, exactly as it trains, and the batches pooled are the
-    larger batch of eq. A.2 (b_small = a batch, b_big = all of them): this needs >= 2
-    batches and measures the noise at the batches' size.
-    With `task_loss(model, batch)` instead of `loss_fn` (pass `loss_fn=None`), `batches` yields
-    whatever a task samples (a tensor or a tuple / list / dict of tensors, split along dim 0),
-    e.g. `measure_noise_scale(model, None, batches, task_loss=task.loss)`.
-    """
-    if microbatches < 2:
-        raise ValueError(f"microbatches={microbatches}: need >= 2")
-    if (loss_fn is None) == (task_loss is None):
-        raise ValueError("give exactly one of loss_fn(outputs, targets) and "
-                         "task_loss(model, batch)")
-    monitor = NoiseScaleMonitor(model, method, ema_steps=math.inf, loss_fn=loss_fn,
-                                hessian_every=1 if hessian else 0,
-                                hessian_microbatches=hessian_microbatches,
-                                parameters=parameters, task_loss=task_loss)
-    saved = [p.grad for p in monitor.params]
-    if monitor.method == "microbatch" and any(m.training for m in monitor._batch_stats):
-        try:
-            if hessian:
-                raise ValueError("B_noise (hessian=True) cannot be measured on a model with "
-                                 "batch statistics: its Hessian passes split the batch; use "
-                                 "hessian=False, or put those layers in eval() mode")
-            return _whole_batches(monitor, model, loss_fn, task_loss, list(batches))
-        finally:
-            monitor.close()
-            for p, grad in zip(monitor.params, saved, strict=True):
-                p.grad = grad
-    try:
-        for batch in batches:
-            n = batch_len(batch if task_loss is not None else batch[0])
-            if monitor.method == "microbatch" and n < 2:
-                raise ValueError("method='microbatch' cannot split a batch of one example into "
-                                 "micro-batches; use larger batches or method='per_example'")
-            for again in (False, True):
-                k = min(microbatches, n) if monitor.needs_microbatches else 1
-                for p in monitor.params:
-                    p.grad = None
-                for part, share in _pieces(batch, k, n, task_loss is not None):
-                    if task_loss is not None:
-                        with torch.enable_grad():
-                            loss = task_loss(model, part)
-                    else:
-                        assert loss_fn is not None
-                        loss = batch_loss(model, loss_fn, *part)
-                    (loss * share).backward()
-                    monitor.accumulate()
-                if again:  # B_noise was measured on this batch the first time
-                    monitor.hessian_every, hessian_every = 0, monitor.hessian_every
-                    monitor.step(batch=batch)
-                    monitor.hessian_every = hessian_every
-                else:
-                    monitor.step(batch=batch)
-                if not monitor._redo:
-                    break
-                # The measurement of this batch was discarded where the method or coverage
-                # changed: measured again the new way, as one batch, not two.
-                monitor._redo = False
-                monitor._since_examples = monitor._since_steps = 0
-    finally:
-        monitor.close()
-        for p, grad in zip(monitor.params, saved, strict=True):
-            p.grad = grad
-    if monitor.estimate is None:
-        raise ValueError("no batch could be measured: give at least one batch of >= 2 examples")
-    return monitor.estimate
-
-
-
-def _whole_batches(monitor: NoiseScaleMonitor, model: nn.Module, loss_fn: LossFn | None,
-                   task_loss: TaskLoss | None, batches: list[Batch]) -> NoiseEstimate:
-    """Eq. A.2 with each batch's gradient (its own batch statistics) as one small batch and
-    their mean as the big one: the brute-force definition of a batch-statistics model's noise,
-    without splitting a batch."""
-    if len(batches) < 2:
-        raise ValueError("a model with batch statistics is measured from >= 2 independent "
-                         "batches (each with its own statistics): give more batches")
-    sizes = [batch_len(b if task_loss is not None else b[0]) for b in batches]
-    total = sum(sizes)
-    monitor._whole_batches = True
-    for p in monitor.params:
-        p.grad = None
-    for batch, n in zip(batches, sizes, strict=True):
-        if task_loss is not None:
-            with torch.enable_grad():
-                loss = task_loss(model, batch)
-        else:
-            assert loss_fn is not None
-            loss = batch_loss(model, loss_fn, *batch)
-        (loss * (n / total)).backward()
-        monitor.accumulate()
-    monitor.step()
-    assert monitor.estimate is not None
-    return monitor.estimate
-
-
-def _pieces(batch: Batch, k: int, n: int, whole: bool) -> list[tuple[Any, float]]:
-    """`batch` in k micro-batches along dim 0 (`split_batch`: `(inputs, targets)` are cut alike
-    for loss_fn), each with its share of the n examples."""
-    if k == 1:
-        return [(batch, 1.0)]
-    parts = split_batch(batch, k)
-    if parts is None:
-        raise ValueError("the batch cannot be split along dim 0 into micro-batches; use "
-                         "method='per_example' or batches of tensors of equal length")
-    return [(part, batch_len(part if whole else part[0]) / n) for part in parts]
-
-
-def _measured(model: nn.Module, parameters: Iterable[nn.Parameter] | None
-              ) -> list[nn.Parameter]:
-    """The measured parameters: the given ones (trainable parameters of the model, each once),
-    or every trainable parameter of the model."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    if parameters is None:
-        if not trainable:
-            raise ValueError("the model has no trainable parameters: nothing to measure")
-        return trainable
-    ids = {id(p) for p in parameters}
-    if not ids:
-        raise ValueError("parameters= is empty: nothing to measure")
-    if not ids <= {id(p) for p in trainable}:
-        raise ValueError("parameters= must be trainable parameters of the model (one is not, "
-                         "or does not require grad)")
-    # The model's order, so that flattened gradients line up with DDP's and the optimizer's.
-    return [p for p in trainable if id(p) in ids]
-
-
-def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int
-                   ) -> tuple[str, str]:
-    """(per_example or microbatch, why) for a model both measure right: micro-batches where
-    per-example norms need them anyway (`rest`: layers without per-example norms; the hooks
-    then only add), or where some layer's per-example norm needs per-position work
-    (`positional`: its kinds) and the batch is large enough for micro-batches to cost less: at
-    least `MICROBATCH_FROM` examples with convolutions, or at least `SEQUENCE_MICROBATCH_TOKENS`
-    tokens (batch x `positions`, the most positions per example of a sequence layer) with
-    sequence layers; else per-example norms."""
-    if rest:
-        return "microbatch", "layers without per-example norms need micro-batches anyway"
-    if not positional:
-        return "per_example", "no layer needs per-position work for its per-example norms"
-    kinds = ", ".join(positional)
-    sizes = []  # (unit, size, where micro-batches start to cost less)
-    if set(positional) & set(CONVOLUTIONS):
-        sizes.append(("batch", batch, MICROBATCH_FROM))
-    if set(positional) - set(CONVOLUTIONS):
-        sizes.append(("tokens", batch * max(positions, 1), SEQUENCE_MICROBATCH_TOKENS))
-    for unit, size, start in sizes:
-        if size >= start:
-            return "microbatch", (f"{kinds} need per-position work for per-example norms, and "
-                                  f"at {unit} {size} >= {start} micro-batches cost less")
-    said = ", ".join(f"{unit} {size} < {start}" for unit, size, start in sizes)
-    return "per_example", (f"{kinds} need per-position work for per-example norms, but at "
-                           f"{said} they cost less than micro-batches")
-
-
-def _now(device: torch.device) -> float:
-    """Seconds, after the device's queued work (a GPU runs asynchronously)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
-def _unscale(part: NormPair, small: float, big: float) -> NormPair:
-    if small == big == 1.0:  # no loss scale (fp32, bf16)
-        return part
-    return NormPair(part.sq_small / small, part.sq_big / big, part.b_small, part.b_big)
-
-
-@contextmanager
-def _busy(monitor: NoiseScaleMonitor) -> Iterator[None]:
-    monitor._busy = True
-    try:
-        yield
-    finally:
-        monitor._busy = False

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
@@ -20,6 +21,7 @@ from gnsweep.measure.common import Gate, fp32, say_once, sq
 from gnsweep.measure.coverage import Coverage
 from gnsweep.measure.functional import functional_refusal, per_example_sq
 from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like, own_forward
+from gnsweep.measure.source import Reading, StepNorms, unscale
 from gnsweep.noise import NormPair
 
 
@@ -325,6 +327,69 @@ class PerExample:
         sq_big = math.fsum(v * v for v in values[:len(norms)])
         total = math.fsum(values[len(norms):])
         return NormPair(total * examples, sq_big, 1.0, float(examples))
+
+
+    splits = False
+    weighs = False
+
+    def saw_forward(self, args: tuple, kwargs: dict, batch: int) -> None:
+        """The model's forward starts, on a batch of `batch` examples (the monitor counts)."""
+        self.forward_id += 1
+        self.batch = batch
+        self.coverage.saw_inputs(args, kwargs, batch)
+
+    def verify(self, busy: AbstractContextManager[Any], loss_scale: float,
+               grads_unscaled: bool) -> dict[int, str]:
+        """The checks of `gnsweep.measure.coverage` on this measured step, run inside `busy`
+        (the layout check's extra forward is no step of training): a layer whose dim 0 is not
+        the batch's joins `unattributed`; the parameters whose `.grad` the hooks do not
+        account for are returned (id -> why), with calls the functional route could not take
+        and broadcast parameters the model does not broadcast along the batch (their own
+        reason first). Any of them discards the step's per-example pair."""
+        uncovered: dict[int, str] = {}
+        if self.coverage.armed:
+            with busy:
+                wrong = self.coverage.layout()
+            if wrong:
+                for name, why in wrong.items():
+                    self.unattributed.setdefault(name, why)
+                self.invalid = True
+            else:
+                uncovered = self.coverage.check(loss_scale, 1.0 if grads_unscaled
+                                                else loss_scale)
+                self.invalid = self.invalid or bool(uncovered)
+        if self.refused or self.broadcast.refused:
+            uncovered.update(self.refused)
+            uncovered.update(self.broadcast.refused)
+            self.invalid = True
+        return uncovered
+
+    def accumulate(self, examples_so_far: int) -> None:
+        """Nothing: the hooks capture every micro-batch of the step as it runs."""
+
+    def read(self, step: StepNorms) -> Reading:
+        """The `Source` reading: this step's pair, unscaled; a step it had to skip (a layer
+        used twice, a check that failed) while it measures parameters is incomplete."""
+        if not step.plain:
+            return Reading()
+        part = self.measure(step.examples)
+        if part is not None:
+            return Reading([unscale(part, step.small_scale, step.big_scale)])
+        return Reading(complete=not self.params)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self, owner: Gate) -> Reading | None:
+        self.coverage.disarm()
+        return None
+
+    def describe(self) -> str:
+        said = f"; {self.routes}" if self.routes else ""
+        return f"per-example norms of {len(self.params)} parameters (b_small = 1){said}"
 
 
 def read_functionally(model: nn.Module) -> dict[int, str]:

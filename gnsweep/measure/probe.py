@@ -22,7 +22,7 @@ from torch import nn
 
 from gnsweep.measure.batchstats import batch_statistics_layers
 from gnsweep.measure.common import LossFn, is_ddp, to_device
-from gnsweep.measure.monitor import measure_noise_scale
+from gnsweep.measure.offline import measure_noise_scale
 from gnsweep.noise import ProbeSchedule
 from gnsweep.tables import PROBE_COLUMNS, TRUTH_COLUMNS
 

@@ -1,0 +1,272 @@
+"""The choice of method of `NoiseScaleMonitor(method="auto", timed_auto=True)`: between
+per-example norms and micro-batches, where both measure the model right, the cheaper by
+`cheaper_method` after the first measured step (the crossovers `MICROBATCH_FROM` and
+`SEQUENCE_MICROBATCH_TOKENS`), its next `TIMED_STEPS` measured steps timed; and the fallbacks
+(a batch that cannot be cut, layers per-example norms cannot attribute to examples).
+
+The numbers behind the crossovers (`gnsweep bench noise`) are in docs/noise.md, "The
+crossovers of method auto".
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from torch import nn
+
+from gnsweep.measure.common import Gate, say_once
+from gnsweep.measure.microbatch import Increments
+from gnsweep.measure.per_example import PerExample
+from gnsweep.measure.source import Sources
+
+MICROBATCH_FROM = 192
+"""`timed_auto`: from this batch on, a model with convolutions is measured with micro-batches
+(`cheaper_method`); the bench's numbers: docs/noise.md, "The crossovers of method auto"."""
+SEQUENCE_MICROBATCH_TOKENS = 3072
+"""`timed_auto`: the same for a model with sequence layers (Linear, transformers' Conv1D,
+Embedding over positions), from this many tokens a batch (batch x positions per example): the
+crossover is a number of tokens, not of examples (docs/noise.md, "The crossovers of method
+auto")."""
+CONVOLUTIONS = ("Conv1d", "Conv2d")
+TIMED_STEPS = 3
+"""`timed_auto`: measured steps timed after the choice (the fastest is reported)."""
+FALLBACK_METHOD = "per_example"
+"""What a monitor measures with when the batch cannot be cut into micro-batches."""
+
+Candidates = dict[str, tuple[PerExample | None, Increments | None]]
+"""`timed_auto`'s two ways to measure, by method: (per-example source, micro-batch source)."""
+
+
+def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int
+                   ) -> tuple[str, str]:
+    """(per_example or microbatch, why) for a model both measure right: micro-batches where
+    per-example norms need them anyway (`rest`: layers without per-example norms; the hooks
+    then only add), or where some layer's per-example norm needs per-position work
+    (`positional`: its kinds) and the batch is large enough for micro-batches to cost less: at
+    least `MICROBATCH_FROM` examples with convolutions, or at least `SEQUENCE_MICROBATCH_TOKENS`
+    tokens (batch x `positions`, the most positions per example of a sequence layer) with
+    sequence layers; else per-example norms."""
+    if rest:
+        return "microbatch", "layers without per-example norms need micro-batches anyway"
+    if not positional:
+        return "per_example", "no layer needs per-position work for its per-example norms"
+    kinds = ", ".join(positional)
+    sizes = []  # (unit, size, where micro-batches start to cost less)
+    if set(positional) & set(CONVOLUTIONS):
+        sizes.append(("batch", batch, MICROBATCH_FROM))
+    if set(positional) - set(CONVOLUTIONS):
+        sizes.append(("tokens", batch * max(positions, 1), SEQUENCE_MICROBATCH_TOKENS))
+    for unit, size, start in sizes:
+        if size >= start:
+            return "microbatch", (f"{kinds} need per-position work for per-example norms, and "
+                                  f"at {unit} {size} >= {start} micro-batches cost less")
+    said = ", ".join(f"{unit} {size} < {start}" for unit, size, start in sizes)
+    return "per_example", (f"{kinds} need per-position work for per-example norms, but at "
+                           f"{said} they cost less than micro-batches")
+
+
+
+
+class AutoChoice(Sources):
+    """The choice of method, a part of `NoiseScaleMonitor` (these are its attributes and
+    methods): `timed_auto`'s choice after the first measured step, `auto`'s move to
+    micro-batches for layers per-example norms cannot attribute, and the fallback for a batch
+    that cannot be cut.
+
+    `timed_auto` (with `method="auto"`, for a loop that splits its batch when
+    `needs_microbatches` says so, as gnsweep's does): where both per-example norms and
+    micro-batches measure this model right (one process, no batch statistics), the first
+    measured step uses per-example norms, whose hooks see each layer's shapes; from then on the
+    cheaper by `cheaper_method` (a rule `gnsweep bench noise` justifies) is kept (`choice`),
+    and its next `TIMED_STEPS` measured steps are timed, from the model's first forward to the
+    end of `step()`. Both give unbiased pairs for the same `|G|^2` and `tr(Sigma)`, and the
+    gradient trained on is the batch mean either way (as the micro-batches' weighted sum: equal
+    up to rounding). The choice is a function of the model and the first batch, never of a
+    clock, so that a run trained twice, or resumed, gives the same numbers.
+    """
+
+    method: str
+    requested: str
+    choice: dict[str, Any] | None
+    accumulation_hint: str
+    params: list[Any]
+    module: nn.Module
+    _candidates: Candidates
+    _timing: list[float] | None
+    _handles: list[Any]
+    _redo: bool
+    _switched: bool
+    _batch_stats: list[nn.Module]
+
+    def _unhook(self, source: PerExample) -> None:
+        """Remove a per-example source's hooks (they cost even idle) and disarm its checks."""
+        source.coverage.disarm()
+        for handle in source.handles:
+            handle.remove()
+        self._handles = [h for h in self._handles if h not in source.handles]
+
+    @property
+    def needs_microbatches(self) -> bool:
+        """True when the batch must be back-propagated in micro-batches with `accumulate()`
+        after each: method microbatch, or per_example with layers it cannot handle, or fsdp on
+        one process."""
+        return any(source.splits for source in self.sources)
+
+    @property
+    def why_microbatches(self) -> str:
+        """Why this monitor needs each measured step in micro-batches (one line naming the
+        layers or the method and the cause), or "" when it does not."""
+        if not self.needs_microbatches:
+            return ""
+        if self.method == "fsdp":
+            return "FSDP on one process measures the micro-steps of gradient accumulation"
+        if self.choice is not None and self.choice.get("method") == "microbatch":
+            return str(self.choice["reason"])
+        stats = [m for m in self._batch_stats if m.training]
+        if self.method == "microbatch" and stats:
+            return (f"{type(stats[0]).__name__} normalises with statistics of the batch, so "
+                    "per-example norms are not its noise")
+        per_example = self._source(PerExample)
+        if per_example is not None and per_example.skipped:
+            return f"no per-example norms for {', '.join(per_example.skipped)}"
+        return f"method {self.method} measures with micro-batches"
+
+    @property
+    def timed(self) -> bool:
+        """Built with `timed_auto` where both per-example norms and micro-batches are right."""
+        return bool(self._candidates)
+
+    def keep(self, method: str) -> None:
+        """`timed_auto`: measure with `method` from the next step on, without choosing (the
+        loop's batch cannot be split: per-example norms)."""
+        if self.timed and self.choice is None:
+            self._commit({"method": method, "reason": "the batch cannot be split",
+                          "batch": None, "step_seconds": None})
+
+    def unsplittable(self) -> str | None:
+        """The run's first batch cannot be cut along dim 0: this monitor's fallback. With
+        `timed_auto` it keeps per-example norms (micro-batches are no candidate) and needs
+        nothing more; with method microbatch it says so once and returns the method to rebuild
+        it with (`FALLBACK_METHOD`: per-example norms need no split, except for layers they
+        do not cover; a batch of one sample they leave unmeasured, NaN); otherwise None."""
+        if self.timed:
+            self.keep(FALLBACK_METHOD)
+            return None
+        if self.method != "microbatch":
+            return None
+        self.warn_once("nosplit", "noise scale: this task's batch cannot be split along dim 0 "
+                       "(no tensor, tensors of different lengths, or one sample): measuring "
+                       "with per-example norms instead of micro-batches")
+        return FALLBACK_METHOD
+
+    def resumed_method(self, saved: dict[str, Any]) -> str | None:
+        """The method to rebuild this monitor with before `load_state_dict(saved)`: the saved
+        run fell back at its first step (`unsplittable`), so does this one; None: as built."""
+        if saved["method"] != self.method and not self.timed:
+            if self.requested == "auto" and saved.get("choice") is not None:
+                return None  # auto's own switch (`_unattributable`): load_state_dict redoes it
+            return FALLBACK_METHOD
+        return None
+
+    def _unattributable(self, batch: int) -> None:
+        """Per-example norms met a layer whose gradient they cannot attribute to examples
+        (`PerExample.unattributed`: an input without the batch dimension, or examples along
+        dim 1). `auto` measures with micro-batches from the next step on, said once; an
+        explicit `per_example` is refused, a ValueError saying why."""
+        per_example = self._source(PerExample)
+        assert per_example is not None
+        layers = ", ".join(f"{name} ({seen})"
+                           for name, seen in per_example.unattributed.items())
+        reason = f"per-example norms cannot attribute the gradient of {layers} to examples"
+        self._redo = True
+        if self.requested != "auto":
+            raise ValueError(f"noise scale: method={self.requested!r}: {reason}; use "
+                             "method='auto' or 'microbatch'")
+        choice = {"method": "microbatch", "reason": reason, "batch": batch,
+                  "step_seconds": None}
+        if self.timed:
+            self._commit(choice)
+            self._timing = []  # said once timed (`_timed`)
+            return
+        self._switch_to_microbatches(choice)
+        say_once("auto unattributed", f"noise scale: method auto measures with micro-batches "
+                 f"from the next step on ({reason}); micro-batches need gradient accumulation: "
+                 f">= 2 micro-batches a step ({self.accumulation_hint})", per_launch=True)
+
+    def _switch_to_microbatches(self, choice: dict[str, Any]) -> None:
+        """Without `timed_auto`: drop the per-example hooks, measure with micro-batches."""
+        per_example = self._source(PerExample)
+        assert per_example is not None
+        self._unhook(per_example)
+        self.sources = [Increments(self.params)]
+        self.method, self._switched = "microbatch", True
+        self.choice = dict(choice)
+
+    def _choose(self, batch: int) -> None:
+        """After the first measured step (per-example norms): `cheaper_method` for the layers
+        the hooks saw and this batch."""
+        per_example = self._source(PerExample)
+        assert per_example is not None
+        rest = self._source(Increments) is not None
+        method, reason = cheaper_method(sorted(per_example.positional), batch, rest,
+                                        per_example.positions)
+        if rest and per_example.skipped:  # name them: the reason kept in status.json
+            reason = f"micro-batches are needed anyway, for {', '.join(per_example.skipped)}"
+        elif method == "per_example" and per_example.routes:
+            reason = f"{reason}; {per_example.routes}"  # what was measured how
+        self._commit({"method": method, "reason": reason, "batch": batch, "step_seconds": None})
+        self._timing = []
+
+    def _timed(self, seconds: float) -> None:
+        assert self._timing is not None and self.choice is not None
+        self._timing.append(seconds)
+        if len(self._timing) < TIMED_STEPS:
+            return
+        self.choice["step_seconds"] = min(self._timing)
+        self._timing = None
+        choice = self.choice
+        say_once(f"auto {choice['method']}", f"noise scale: method auto measures with "
+                 f"{choice['method']} ({choice['reason']}): {choice['step_seconds'] * 1e3:.3g} "
+                 f"ms a measured step at batch {choice['batch']} (the fastest of "
+                 f"{TIMED_STEPS}; each run's choice is in its status.json, noise_method)",
+                 per_launch=True)
+
+    def _commit(self, choice: dict[str, Any]) -> None:
+        method = choice["method"]
+        self.sources = [s for s in self._candidates[method] if s is not None]
+        self.method = method
+        for name, (per_example, _) in self._candidates.items():
+            if name != method and per_example is not None:  # its hooks cost even idle
+                self._unhook(per_example)
+        self.choice = dict(choice)
+
+    def _uncover(self, uncovered: dict[int, str]) -> None:
+        """Parameters whose `.grad` the per-example hooks do not account for (`uncovered`: id ->
+        why) are measured with micro-batches from the next step on, with the other parameters
+        of their layers, the rest staying per-example (the two parts are summed,
+        `gnsweep.noise.combine_parts`); the new split is said once, naming them and why."""
+        old = self._source(PerExample)
+        assert old is not None
+        self._unhook(old)
+        source = PerExample(cast(Gate, self), self.module, self.params, old.excluded | uncovered)
+        source.coverage.measured, source.coverage.probed = old.coverage.measured, \
+            old.coverage.probed
+        source.coverage.after_step(False)
+        self._handles += source.handles
+        rest = [p for p in self.params if id(p) not in source.covered]
+        increments = Increments(rest) if rest else None
+        if self._candidates:
+            self._candidates["per_example"] = (source, increments)
+        self.sources = [s for s in (source, increments) if s is not None]
+        self._redo = True
+
+    def _load_choice(self, state: dict[str, Any]) -> None:
+        """The choice a saved monitor had made (`load_state_dict`): committed again, with the
+        steps timed so far, or auto's switch to micro-batches redone."""
+        if self.timed and state.get("choice") is not None:
+            self._commit(state["choice"])
+            timing = state.get("timing")
+            self._timing = None if timing is None else list(timing)
+        elif state.get("choice") is not None and state["method"] == "microbatch" \
+                and self.method == "per_example" and self.requested == "auto":
+            self._switch_to_microbatches(state["choice"])  # switched before the save
