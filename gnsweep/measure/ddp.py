@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from gnsweep.measure.common import Gate, grad_sq_norm, sq
-from gnsweep.measure.source import Reading, StepNorms, unscale
+from gnsweep.measure.source import Reading, Stateless, StepNorms, unscale
 from gnsweep.noise import NormPair
 
 CARRIER_DTYPES = (torch.float32, torch.float64)
@@ -286,7 +286,7 @@ class DdpHook:
                 f"{self.world} workers (b_small = per-worker batch)")
 
 
-class RankGrads:
+class RankGrads(Stateless):
     """Each rank's own gradient (b_small = this rank's examples of the step) under a data-parallel
     wrapper the monitor cannot hook (the Trainers' DDP, accelerate): a hook on each measured
     parameter sees the gradient of this backward before it is accumulated into `.grad` and
@@ -372,15 +372,6 @@ class RankGrads:
         small, big = step.small_scale, step.big_scale
         return Reading([unscale(part, small, big)] if part is not None else [],
                        weighted=[unscale(rank_p, small, big)] if rank_p is not None else None)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-    def close(self, owner: Gate) -> Reading | None:
-        return None
 
     def describe(self) -> str:
         return ("each rank's own gradient from hooks on the parameters, before a wrapper's "

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from gnsweep.measure.common import Gate, first_tensor, log, sq
-from gnsweep.measure.source import Reading, StepNorms, unscale
+from gnsweep.measure.source import Reading, Stateless, StepNorms, unscale
 from gnsweep.noise import NoiseEstimate, NoiseScaleEma, NormPair, ema_window
 
 
@@ -61,7 +61,7 @@ def fsdp_refusal(model: nn.Module) -> str | None:
     return None
 
 
-class FsdpGrads:
+class FsdpGrads(Stateless):
     """Each rank's micro-step gradient norms and the global gradient's, for a `fully_shard`
     model (module docstring). `accumulate(examples_so_far)` closes a micro-step; `measure()`
     (every rank, the same steps: it all-reduces) returns the step's `NormPair` or None."""
@@ -182,15 +182,6 @@ class FsdpGrads:
         part = self.measure(step.examples, required=True)
         return Reading([unscale(part, step.small_scale, step.big_scale)] if part is not None
                        else [])
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-    def close(self, owner: Gate) -> Reading | None:
-        return None
 
     def describe(self) -> str:
         return (f"FSDP: each rank's micro-step gradients against the global one, {self.world} "

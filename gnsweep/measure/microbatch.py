@@ -8,12 +8,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnsweep.measure.common import Gate
-from gnsweep.measure.source import Reading, StepNorms, unscale
+from gnsweep.measure.source import Reading, Stateless, StepNorms, unscale
 from gnsweep.noise import NormPair
 
 
-class Increments:
+class Increments(Stateless):
     """Each micro-batch's own gradient, as the increment of `.grad` since the previous one.
 
     The gradients are flattened into one vector per call: a few ops whatever the number of
@@ -79,15 +78,6 @@ class Increments:
             "fallback", f"noise scale: {step.why()}; measuring it needs >= 2 micro-batches a "
             f"measured step ({step.hint}), and this step had one: B_simple is not measured "
             "(NaN), never measured on part of the model"))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-    def close(self, owner: Gate) -> Reading | None:
-        return None
 
     def describe(self) -> str:
         return (f"micro-batches: each one's gradient as the increment of .grad, over "

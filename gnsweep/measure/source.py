@@ -101,6 +101,20 @@ class Source(Protocol):
         """One line: what it measures, and how."""
 
 
+class Stateless:
+    """The protocol's defaults for a source with nothing to checkpoint and no reading owed when
+    the monitor closes."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self, owner: Gate) -> Reading | None:
+        return None
+
+
 def read_all(sources: list[Source], step: StepNorms, warn: Callable[[str, str], None]
              ) -> tuple[Reading, bool]:
     """Every source's reading of this step in one: their pairs (none where any source had to
