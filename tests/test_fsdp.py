@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.xdist_group("fsdp")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fsdp_run() -> dict[str, Any]:
     script = str(Path(__file__).with_name("fsdp_linreg.py"))
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -100,3 +100,31 @@ def test_relaunch_while_jobs_run_and_a_killed_job_lose_and_repeat_nothing(tmp_pa
     assert not list(tmp_path.rglob("claim.json"))
     status = CliRunner().invoke(app, ["status", str(tmp_path)])
     assert "4 runs: 4 done" in status.output
+
+
+def test_a_training_script_sweeps_through_slurm(tmp_path):
+    """task=script under executor=slurm: each job's worker runs the user's command, its printed
+    lines are the rows, and the run records the job it ran in."""
+    script = Path(__file__).with_name("script_sgd.py")
+    sweep_dir = tmp_path / "script"
+    command = (f"{sys.executable} {script} --bs={{batch_size}} --lr={{learning_rate}} "
+               "--seed={seed} --out={run_dir} --steps=200")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [GNSWEEP, "launch", "--sweep-dir", str(sweep_dir), "-q", "task=script",
+         f"task.command={command}", r"task.log_pattern=step (?P<step>\d+) \| loss (?P<loss>\S+)",
+         "sweep.batch_sizes=[8,32]", "sweep.learning_rates=[0.2]", "sweep.targets=[0.3]",
+         *SLURM, "executor.runs_per_job=1"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    for run_id in store.run_ids(sweep_dir):
+        path = store.run_dir(sweep_dir, run_id)
+        status = store.read_status(path)
+        assert status.state == "done" and status.reason == "target", status
+        assert status.slurm_job_id
+        printed = [float(line.split("loss ")[1].split(" ")[0])
+                   for line in (path / "stdout.log").read_text().splitlines()
+                   if line.startswith("step ")]
+        rows = pq.read_table(path / store.METRICS).column("loss").to_pylist()
+        assert rows == printed[:len(rows)] and 0 < len(rows) < 200

@@ -41,7 +41,7 @@ def test_exact_b_simple_is_the_training_sets_gradient_spread():
     assert math.isnan(truth.b_noise)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sweep(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("digits_truth") / "sweep"
     env = {**os.environ, "OMP_NUM_THREADS": "1",

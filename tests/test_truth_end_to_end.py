@@ -23,7 +23,9 @@ from gnsweep.config import Config
 from gnsweep.linreg_exact import exact_truth
 from gnsweep.tasks import make_task
 
-# Its tests share one module-scoped sweep: on one xdist worker it is trained once, not twice.
+# Its tests share one sweep: on one xdist worker (the group), trained once per session (scope
+# "session", not "module": a worker that runs another module's test between two of these would
+# otherwise tear the module's sweep down and train it again).
 pytestmark = pytest.mark.xdist_group("truth_end_to_end")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +38,7 @@ def _gnsweep(*args: str) -> None:
                    stdout=subprocess.DEVNULL)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sweep(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("truth") / "sweep"
     _gnsweep("launch", "+experiment=linreg_truth", "--sweep-dir", str(where))
@@ -45,7 +47,7 @@ def sweep(tmp_path_factory) -> Path:
     return where
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def exact(sweep):
     config = Config.load(sweep)
     task = make_task(config.task.name, config.task.options, 0)
