@@ -204,7 +204,9 @@ def test_kill_9_then_relaunch_gives_the_rows_of_an_uninterrupted_run(tmp_path):
     assert list(resumed["loss"]) == list(reference[:, 1])
     assert list(resumed["examples"]) == [16 * 4 * s for s in range(1, 61)]
     log = (sweep_dir / "runs" / run_id / "log.csv").read_text().splitlines()
-    assert len(log) > 61  # the killed attempt's rows after its checkpoint, written again
+    # The script's own log holds every step at least once: the killed attempt's rows after
+    # its checkpoint (none when the kill fell on a checkpoint) are written again by the resume.
+    assert len(log) >= 61
 
 
 @pytest.mark.slow
