@@ -46,10 +46,22 @@ def _marked(item) -> bool:
     return bool(PROCESS_MARKERS & {m.name for m in item.iter_markers()})
 
 
+FIRST_GROUPS = ("slurm", "truth_end_to_end")
+"""The longest groups of tests that share one xdist worker (Slurm's requeue waits, the linreg
+truth sweep): collected first, so that they start first and the other workers fill in beside
+them, instead of running alone at the end of the suite."""
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if not _marked(item) and PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+    def first(item) -> int:
+        group = item.get_closest_marker("xdist_group")
+        return 0 if group is not None and group.args and group.args[0] in FIRST_GROUPS else 1
+
+    items.sort(key=first)  # stable: the order within each part is kept
 
 
 @pytest.hookimpl(hookwrapper=True)
