@@ -1,5 +1,5 @@
 """Tiny models of the architectures people train, with i.i.d. data and a batch-mean loss, for the
-noise-scale checks against brute force (tests/test_architectures.py) and for `make bench`.
+noise-scale checks against brute force (tests/measure/test_architectures.py) and for `make bench`.
 
 Each builder returns an `Architecture`: the model (random init, seeded), `sample(n, generator)`
 drawing a batch of n independent examples, and `loss(model, batch)` the batch-mean loss (a
