@@ -195,9 +195,11 @@ class SweepConfig:
     converts it to the task's unit (128 x tokens a sequence for a language model,
     `in_task_units`); a value given is taken in the task's unit as before."""
     divergence_factor: float = 3.0
-    """A run diverges when its loss is NaN/inf or its smoothed loss exceeds this x its first
-    loss (a loss task only: a task with its own metric, cartpole's return, diverges only on a
-    NaN/inf loss)."""
+    """A run diverges when its loss is NaN/inf or its smoothed loss exceeds this x its initial
+    loss: the mean loss of its first steps until they hold 16 samples (an eighth of the loss
+    window; the first step alone from B = 16 up), not one small batch's, which at B = 2 can be
+    far below the loss by chance (`training.watch.LossWatch`). A loss task only: a task with
+    its own metric, cartpole's return, diverges only on a NaN/inf loss."""
     log_every: int = 1
     """Write a metrics row every this many steps."""
     eval_every: int = 0
