@@ -16,14 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-from gnsweep.config import Config, SweepConfig, TaskConfig
+from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig
 from gnsweep.runs import RunSpec
 from gnsweep.training import Diverged, LossWatch, build_run, run
 from gnsweep.training.watch import REFERENCE_SAMPLES
 
 CONFIG = Config(task=TaskConfig(name="linreg", options={"dim": 8}),
                 sweep=SweepConfig(batch_sizes=[2], learning_rates=[0.05], targets=[1e-9],
-                                  max_steps=40))
+                                  max_steps=40),
+                noise=NoiseConfig(method="none"))  # the loss alone decides divergence
 FACTOR = CONFIG.sweep.divergence_factor
 
 
