@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Collection
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
@@ -16,6 +17,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.modules.module import _global_forward_hooks
 
+from gnsweep.measure import attention as attention_route
+from gnsweep.measure.attention import Attention
 from gnsweep.measure.broadcast import Broadcast, candidates
 from gnsweep.measure.common import Gate, fp32, say_once, sq
 from gnsweep.measure.coverage import Coverage
@@ -64,10 +67,24 @@ class PerExample:
         self._positions: dict[int, bool] = {}
         self._names = {id(m): name or type(m).__name__ for name, m in model.named_modules()}
         self.excluded = dict(excluded or {})
-        excluded = self.excluded | read_functionally(model)
         wanted = {id(p) for p in measured}
         owners = Counter(id(p) for m in model.modules()
                          for p in m.parameters(recurse=False))
+        # nn.MultiheadAttention whole, as one leaf (`gnsweep.measure.attention`): its
+        # parameters are read inside F.multi_head_attention_forward, out_proj's too.
+        found_attention: list[tuple[str, nn.MultiheadAttention]] = []
+        whole: set[int] = set()
+        """Attention modules measured whole, and their out_proj layers."""
+        for name, module in model.named_modules():
+            if not isinstance(module, nn.MultiheadAttention):
+                continue
+            ids = {id(p) for _, p in attention_route.parameters(module)}
+            if ids and ids <= wanted and not ids & set(self.excluded) and \
+                    all(owners[i] == 1 for i in ids):
+                found_attention.append((name or type(module).__name__, module))
+                whole |= {id(module), id(module.out_proj)}
+                self.covered |= ids
+        excluded = self.excluded | read_functionally(model, whole)
         skipped: list[str] = []
         self.layers: list[tuple[str, nn.Module]] = []
         """The hooked layers (name, layer), those of tied parameters too."""
@@ -77,7 +94,7 @@ class PerExample:
         """Parameter id -> why: parameters of functional-route layers met in a call that route
         cannot take (the monitor moves them to micro-batches)."""
         # Parameters shared by several layers: the norm of the summed per-example gradient.
-        self.tied = Tied(gate, model, wanted - set(excluded))
+        self.tied = Tied(gate, model, wanted - set(excluded) - self.covered)
         self.covered |= self.tied.covered
         self.handles += self.tied.handles
         # Parameters of shape (1, ...) held by a layer of one's own beside its children (a
@@ -86,6 +103,8 @@ class PerExample:
                  if _own_kind(c[1]) and next(c[1].children(), None) is not None]
         spread = {id(c[3]) for c in found}
         for name, module in model.named_modules():
+            if id(module) in whole:
+                continue
             if id(module) in self.tied.modules:
                 self.layers.append((name or type(module).__name__, module))
                 continue
@@ -126,12 +145,20 @@ class PerExample:
         """The broadcast parameters measured through their expanded views."""
         self.handles += self.broadcast.handles
         self.covered |= spread
+        self.attention = Attention(gate, found_attention, lambda: self.batch,
+                                   lambda: self.forward_id, lambda: self.values,
+                                   lambda: self.coverage.armed)
+        """The nn.MultiheadAttention modules measured whole, one example at a time."""
+        self.handles += self.attention.handles
         self.skipped = skipped
         """The layers left to micro-batches, each with why (name (reason))."""
         by_forward = [name for name, m in self.layers if id(m) in self.functional]
         views = [name for name, _, _, _ in found]
+        attending = [name for name, _ in found_attention]
         self.routes = "; ".join(part for part in (
             f"by their own forward: {', '.join(by_forward)}" if by_forward else "",
+            f"attention whole, one example at a time: {', '.join(attending)}" if attending
+            else "",
             f"through their views expanded along the batch: {', '.join(views)}" if views
             else "") if part)
         """What is measured per example another way than by the layer formulas (one line, ""
@@ -142,7 +169,7 @@ class PerExample:
                      "parameters are measured with micro-batches")
         self.params = [p for p in measured if id(p) in self.covered]
         self.coverage = Coverage(gate, model, self.layers, self.params, self.functional,
-                                 lambda: self.broadcast.implied)
+                                 lambda: self.broadcast.implied | self.attention.implied)
         """The run-time proof that these hooks see the covered parameters' whole gradients."""
 
     def reset(self) -> None:
@@ -157,6 +184,8 @@ class PerExample:
         if hasattr(self, "broadcast"):
             self.broadcast.implied = {}
             self.broadcast.restore()  # a forward that raised may have left its views in
+        if hasattr(self, "attention"):
+            self.attention.reset()
 
     def _forward(self, module: nn.Module, inputs: tuple, output: Any) -> Any:
         if not (self.gate.capturing and torch.is_grad_enabled()):
@@ -291,7 +320,7 @@ class PerExample:
         tied = self.tied.total()
         if tied is not None:
             self.values.append(tied)
-        if self.invalid or not (self.values or self.rows):
+        if self.invalid or self.attention.invalid or not (self.values or self.rows):
             return None
         # The rows' sum_i |a_i|^2 |d_i|^2 in one dot (and sum_i |d_i|^2 of their biases in one
         # sum), |G_big|^2's parameter gradients in one foreach norm, all in one transfer.
@@ -358,9 +387,10 @@ class PerExample:
                 uncovered = self.coverage.check(loss_scale, 1.0 if grads_unscaled
                                                 else loss_scale)
                 self.invalid = self.invalid or bool(uncovered)
-        if self.refused or self.broadcast.refused:
+        if self.refused or self.broadcast.refused or self.attention.refused:
             uncovered.update(self.refused)
             uncovered.update(self.broadcast.refused)
+            uncovered.update(self.attention.refused)
             self.invalid = True
         return uncovered
 
@@ -392,15 +422,16 @@ class PerExample:
         return f"per-example norms of {len(self.params)} parameters (b_small = 1){said}"
 
 
-def read_functionally(model: nn.Module) -> dict[int, str]:
+def read_functionally(model: nn.Module, measured: Collection[int] = ()) -> dict[int, str]:
     """Parameter id -> why, for the parameters of layers whose own forward never runs because
     their owner reads their parameters functionally: `nn.MultiheadAttention`'s `out_proj`
-    (`F.multi_head_attention_forward` takes `out_proj.weight` and `.bias`). Their hooks would
+    (`F.multi_head_attention_forward` takes `out_proj.weight` and `.bias`), where the attention
+    module is not measured whole (`measured`: the ids of those that are). Their hooks would
     never fire while their gradients count in `.grad`; `gnsweep.measure.coverage` catches the
     cases not known here."""
     found: dict[int, str] = {}
     for module in model.modules():
-        if isinstance(module, nn.MultiheadAttention):
+        if isinstance(module, nn.MultiheadAttention) and id(module) not in measured:
             for p in module.out_proj.parameters(recurse=False):
                 found[id(p)] = ("read by nn.MultiheadAttention's functional forward; its own "
                                 "forward never runs")
