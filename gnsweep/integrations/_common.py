@@ -57,6 +57,14 @@ class Watched(nn.Module):
             return self.call(self.inner, *args, **kwargs)
         return self.inner(*args, **kwargs)
 
+    def probe_forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The model run on what `count` was given (`gnsweep.measure.positions` runs it on a
+        few examples, without gradients, to find the embeddings looked up once for the whole
+        batch); a model that cannot be called so raises, and the probe gives no verdict."""
+        if self.call is not None:
+            return self.call(self.inner, *args, **kwargs)
+        return self.inner(*args, **kwargs)
+
     def count(self, batch: Any) -> bool:
         """Record one forward of the model on `batch`; False when it has no batch dimension."""
         first = first_tensor(batch)

@@ -23,6 +23,7 @@ from gnsweep.measure.broadcast import Broadcast, candidates
 from gnsweep.measure.common import Gate, fp32, say_once, sq
 from gnsweep.measure.coverage import Coverage
 from gnsweep.measure.functional import functional_refusal, per_example_sq
+from gnsweep.measure.positions import shared_lookups
 from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like, own_forward
 from gnsweep.measure.source import Reading, StepNorms, unscale
 from gnsweep.noise import NormPair
@@ -145,6 +146,10 @@ class PerExample:
         """The broadcast parameters measured through their expanded views."""
         self.handles += self.broadcast.handles
         self.covered |= spread
+        self.lookups = Lookups(model, {id(m): (name, m) for name, m in self.layers
+                                       if isinstance(m, nn.Embedding)
+                                       and id(m) not in self.tied.modules})
+        """The embeddings looked up once for the whole batch (positions)."""
         self.attention = Attention(gate, found_attention, lambda: self.batch,
                                    lambda: self.forward_id, lambda: self.values,
                                    lambda: self.coverage.armed)
@@ -155,7 +160,7 @@ class PerExample:
         by_forward = [name for name, m in self.layers if id(m) in self.functional]
         views = [name for name, _, _, _ in found]
         attending = [name for name, _ in found_attention]
-        self.routes = "; ".join(part for part in (
+        self._routes = "; ".join(part for part in (
             f"by their own forward: {', '.join(by_forward)}" if by_forward else "",
             f"attention whole, one example at a time: {', '.join(attending)}" if attending
             else "",
@@ -195,7 +200,15 @@ class PerExample:
         a = inputs[0]
         if not isinstance(a, torch.Tensor):
             return None
-        if self.batch > 1 and output.shape[0] != self.batch:
+        if id(module) in self.lookups.refused:
+            self.invalid = True  # its weight goes to micro-batches (`verify`)
+            return None
+        if self.batch > 1 and id(module) in self.lookups.shared and a.dim() == 1:
+            # Looked up once for the whole batch (`gnsweep.measure.positions`): the output
+            # expanded along the batch, so that its hook receives each example's gradient.
+            a = a.unsqueeze(0).expand(self.batch, -1)
+            output = output.unsqueeze(0).expand(self.batch, *output.shape)
+        elif self.batch > 1 and output.shape[0] != self.batch:
             fitted = along_batch(module, a, output, self.batch)
             if fitted is None:
                 # Examples are not along dim 0 here (an input without the batch dimension,
@@ -203,7 +216,7 @@ class PerExample:
                 # wrong, so the step is not measured.
                 return self._unattributed(module, a, output)
             a, output = fitted
-        elif self.batch > 1 and self._positions_only(module, a):
+        elif self.batch > 1 and not self.lookups.known and self._positions_only(module, a):
             # (T,) positions whose count happens to equal the batch's: still not examples.
             return self._unattributed(module, a, output)
         if self._last_forward.get(id(module)) == self.forward_id:
@@ -362,10 +375,14 @@ class PerExample:
     weighs = False
 
     def saw_forward(self, args: tuple, kwargs: dict, batch: int) -> None:
-        """The model's forward starts, on a batch of `batch` examples (the monitor counts)."""
+        """The model's forward starts, on a batch of `batch` examples (the monitor counts);
+        on the first measured one, the embeddings looked up once for the whole batch are
+        found (`Lookups.probe`)."""
         self.forward_id += 1
         self.batch = batch
         self.coverage.saw_inputs(args, kwargs, batch)
+        if not self.lookups.probed and batch > 1 and self.gate.capturing:
+            self.lookups.probe(args, kwargs, batch)
 
     def verify(self, busy: AbstractContextManager[Any], loss_scale: float,
                grads_unscaled: bool) -> dict[int, str]:
@@ -376,6 +393,8 @@ class PerExample:
         and broadcast parameters the model does not broadcast along the batch (their own
         reason first). Any of them discards the step's per-example pair."""
         uncovered: dict[int, str] = {}
+        for key in self.lookups.shared:  # no batch dimension, known: not the layout's to judge
+            self.coverage.first_dims.pop(key, None)
         if self.coverage.armed:
             with busy:
                 wrong = self.coverage.layout()
@@ -387,6 +406,7 @@ class PerExample:
                 uncovered = self.coverage.check(loss_scale, 1.0 if grads_unscaled
                                                 else loss_scale)
                 self.invalid = self.invalid or bool(uncovered)
+        self.refused.update(self.lookups.refused_parameters())
         if self.refused or self.broadcast.refused or self.attention.refused:
             uncovered.update(self.refused)
             uncovered.update(self.broadcast.refused)
@@ -417,9 +437,46 @@ class PerExample:
         self.coverage.disarm()
         return None
 
+    @property
+    def routes(self) -> str:
+        """What is measured per example another way than by the layer formulas (one line, ""
+        when nothing): layers of one's own, attention modules whole, broadcast parameters and
+        embeddings looked up once for the whole batch, by name."""
+        shared = sorted(self.lookups.embeddings[key][0] for key in self.lookups.shared)
+        lookups = (f"looked up once for the batch, through their outputs expanded along it: "
+                   f"{', '.join(shared)}") if shared else ""
+        return "; ".join(part for part in (self._routes, lookups) if part)
+
     def describe(self) -> str:
         said = f"; {self.routes}" if self.routes else ""
         return f"per-example norms of {len(self.params)} parameters (b_small = 1){said}"
+
+
+class Lookups:
+    """The embeddings of a model looked up once for the whole batch (`shared`, ids), found
+    once, on the first measured forward (`gnsweep.measure.positions.shared_lookups`): their
+    outputs are expanded along the batch on measured steps; those the model does not broadcast
+    over the examples are `refused` (id -> why), their weights left to micro-batches."""
+
+    def __init__(self, model: nn.Module, embeddings: dict[int, tuple[str, nn.Module]]) -> None:
+        self.model, self.embeddings = model, embeddings
+        self.shared: set[int] = set()
+        self.refused: dict[int, str] = {}
+        self.probed = not embeddings
+        self.known = False
+        """The probe ran: an embedding not in `shared` has the batch along dim 0."""
+
+    def probe(self, args: tuple, kwargs: dict, batch: int) -> None:
+        self.probed = True
+        found = shared_lookups(self.model, self.embeddings, args, kwargs, batch)
+        if found is not None:
+            self.shared, self.refused = found
+            self.known = True
+
+    def refused_parameters(self) -> dict[int, str]:
+        """Parameter id -> why, for the weights of the refused lookups."""
+        return {id(p): why for key, why in self.refused.items()
+                for p in self.embeddings[key][1].parameters(recurse=False) if p.requires_grad}
 
 
 def read_functionally(model: nn.Module, measured: Collection[int] = ()) -> dict[int, str]:
