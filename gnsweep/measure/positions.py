@@ -26,7 +26,6 @@ from torch import nn
 
 from gnsweep.measure.broadcast import _cut, _same
 
-
 PROBE_FORWARD = "probe_forward"
 """A method a watched module may have that runs the model on the arguments its forward was
 counted with (the framework callbacks' `Watched`, whose own forward only counts examples): the
