@@ -95,10 +95,11 @@ def test_transformers_tiny_gpt2_logs_to_history_and_tensorboard(tmp_path):
     for entry in entries:
         determined = entry["g2"] > 0 and entry["trace_sigma"] > 0
         assert entry["b_simple"] > 0 if determined else math.isnan(entry["b_simple"])
-    # The Trainer's AdamW: B_simple in its preconditioner, from the two micro-batches.
+    # The Trainer's AdamW: B_simple in its preconditioner, from the two micro-batches; NaN
+    # while its window's G^T P G is not resolved above zero (negative here on random tokens),
+    # never a negative batch size (before, -4.4e4 was logged as a number).
     precond = [entry["b_simple_precond"] for entry in entries]
-    assert all(math.isfinite(v) for v in precond)
-    assert precond != [entry["b_simple"] for entry in entries]
+    assert all(v > 0 or math.isnan(v) for v in precond)
     events = EventAccumulator(str(next((tmp_path / "out").rglob("events.out.tfevents.*")).parent))
     events.Reload()
     assert {"train/b_simple", "train/g2", "train/trace_sigma"} <= set(events.Tags()["scalars"])

@@ -32,9 +32,6 @@ from torch.nn import functional as F
 
 from gnsweep.measure.common import Gate, fp32
 
-CHUNK_BYTES = 64 << 20
-"""Most bytes of examples' own gradients held at once (each is the module's parameter size)."""
-
 ROUTED = ("in_proj_weight", "in_proj_bias", "q_proj_weight", "k_proj_weight", "v_proj_weight",
           "bias_k", "bias_v", "out_proj.weight", "out_proj.bias")
 """The parameters of `nn.MultiheadAttention` this route measures (all of them)."""
@@ -68,49 +65,40 @@ def _masks(module: nn.MultiheadAttention, key_padding_mask: torch.Tensor | None,
     return additive(key_padding_mask), additive(attn_mask)
 
 
-def _attend(module: nn.MultiheadAttention, values: dict[str, torch.Tensor], query: torch.Tensor,
-            key: torch.Tensor, value: torch.Tensor, padding: torch.Tensor | None,
-            mask: torch.Tensor | None, d: torch.Tensor) -> torch.Tensor:
-    """`<out, d>` of one example (no batch dimension: query (L, E), key (S, kdim), value
-    (S, vdim), padding (S,) additive, mask (L, S) or (heads, L, S) additive, d (L, E)), the
-    module's parameters set to `values`: its gradient in `values` is that example's."""
-    e, heads = module.embed_dim, module.num_heads
-    if "in_proj_weight" in values or module.in_proj_weight is not None:
-        w = values.get("in_proj_weight", module.in_proj_weight)
-        wq, wk, wv = w[:e], w[e:2 * e], w[2 * e:]
-    else:
-        wq = values.get("q_proj_weight", module.q_proj_weight)
-        wk = values.get("k_proj_weight", module.k_proj_weight)
-        wv = values.get("v_proj_weight", module.v_proj_weight)
-    b = values.get("in_proj_bias", module.in_proj_bias)
-    bq, bk, bv = (None, None, None) if b is None else (b[:e], b[e:2 * e], b[2 * e:])
-    q, k, v = F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
-    bias_k = values.get("bias_k", module.bias_k)
-    bias_v = values.get("bias_v", module.bias_v)
-    if bias_k is not None and bias_v is not None:
-        k = torch.cat([k, bias_k.reshape(1, e)])
-        v = torch.cat([v, bias_v.reshape(1, e)])
-        mask = F.pad(mask, (0, 1)) if mask is not None else None
-        padding = F.pad(padding, (0, 1)) if padding is not None else None
-    if module.add_zero_attn:
-        k = torch.cat([k, k.new_zeros(1, e)])
-        v = torch.cat([v, v.new_zeros(1, e)])
-        mask = F.pad(mask, (0, 1)) if mask is not None else None
-        padding = F.pad(padding, (0, 1)) if padding is not None else None
-    hd = e // heads
-    q = q.reshape(-1, heads, hd).transpose(0, 1)  # (H, L, hd)
-    k = k.reshape(-1, heads, hd).transpose(0, 1)  # (H, S, hd)
-    v = v.reshape(-1, heads, hd).transpose(0, 1)
-    scores = torch.matmul(q * (1.0 / math.sqrt(hd)), k.transpose(1, 2))  # (H, L, S)
-    if mask is not None:
-        scores = scores + mask
-    if padding is not None:
-        scores = scores + padding
-    attended = torch.matmul(torch.softmax(scores, -1), v)  # (H, L, hd)
-    merged = attended.transpose(0, 1).reshape(-1, e)
-    out = F.linear(merged, values.get("out_proj.weight", module.out_proj.weight),
-                   values.get("out_proj.bias", module.out_proj.bias))
-    return (out * d).sum()
+def _linear_sq(a: torch.Tensor, g: torch.Tensor, weight: bool, bias: bool) -> torch.Tensor:
+    """`sum_i |g_i|^2` of a projection over positions, a (N, T, I), g (N, T, O): example i's
+    weight gradient is `sum_t g_it a_it^T`, its bias gradient `sum_t g_it`; the Gram form
+    `sum_{t,s} (a_it.a_is + 1)(g_it.g_is)` or the explicit gradient, whichever is cheaper."""
+    total = g.new_zeros(())
+    if weight:
+        t, i, o = a.shape[1], a.shape[2], g.shape[2]
+        if t * (i + o) < i * o:
+            inputs = torch.bmm(a, a.transpose(1, 2))
+            if bias:
+                inputs.add_(1)
+            return torch.dot(inputs.reshape(-1), torch.bmm(g, g.transpose(1, 2)).reshape(-1))
+        explicit = torch.bmm(g.transpose(1, 2), a).reshape(-1)
+        total = torch.dot(explicit, explicit)
+    if bias:
+        summed = g.sum(1).reshape(-1)
+        total = total + torch.dot(summed, summed)
+    return total
+
+
+def _projections(module: nn.MultiheadAttention
+                 ) -> list[tuple[torch.Tensor, torch.Tensor | None, nn.Parameter | None,
+                                 nn.Parameter | None, int, int]]:
+    """The query, key and value projections: (weight, bias, weight's parameter, bias's
+    parameter, first row of each in its parameter) each; a packed `in_proj_weight` gives three
+    row blocks of one parameter, `in_proj_bias` always does."""
+    e = module.embed_dim
+    bias = module.in_proj_bias
+    biases = [None, None, None] if bias is None else [bias[:e], bias[e:2 * e], bias[2 * e:]]
+    if module.in_proj_weight is not None:
+        w = module.in_proj_weight
+        return [(w[k * e:(k + 1) * e], biases[k], w, bias, k * e, k * e) for k in range(3)]
+    weights = (module.q_proj_weight, module.k_proj_weight, module.v_proj_weight)
+    return [(wk, biases[k], wk, bias, 0, k * e) for k, wk in enumerate(weights)]
 
 
 class Call:
@@ -154,42 +142,95 @@ class _Refused(Exception):
 def per_example(module: nn.MultiheadAttention, call: Call, d: torch.Tensor, *, summed: bool
                 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """(`sum_i |g_i|^2` over the module's trained parameters, and with `summed` each one's
-    `sum_i g_i` by id: the batch gradient the module received), from every example's own
-    gradient, `d` the gradient of the module's output (its own layout), in chunks."""
-    pairs = parameters(module)
-    names = [n for n, _ in pairs]
-    values = tuple(p.detach().to(call.dtype) for _, p in pairs)
-    g = d.detach().movedim(call.dim, 0).to(call.dtype)
+    `sum_i g_i` by id: the batch gradient the module received), `d` the gradient of the
+    module's output (its own layout).
 
-    def loss(vals: tuple[torch.Tensor, ...], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             pad: torch.Tensor | None, mask: torch.Tensor | None, di: torch.Tensor
-             ) -> torch.Tensor:
-        return _attend(module, dict(zip(names, vals, strict=True)), q, k, v, pad,
-                       mask if mask is not None else shared, di)
-
-    shared = call.mask if call.mask_shared else None
-    own_mask = None if call.mask_shared else call.mask
-    per = torch.func.vmap(torch.func.grad(loss),
-                          in_dims=(None, 0, 0, 0, None if call.padding is None else 0,
-                                   None if own_mask is None else 0, 0))
-    numel = sum(p.numel() for _, p in pairs)
+    The attention is computed again for the batch from the call's inputs (in-projections, the
+    masks as `F.multi_head_attention_forward` merges them, `bias_k` / `bias_v`, `add_zero_attn`,
+    softmax attention, as the module computes it without dropout), and one backward of it from
+    `d` through the out-projection gives the gradients of the projected queries, keys and
+    values (and of `bias_k` / `bias_v` per example, expanded along the batch). Each projection
+    is then a linear layer over positions, `q = x W_q^T + b_q`: example i's gradient of `W_q`
+    is `sum_t dq_it x_it^T`, so its squared norm comes in the Gram or explicit form without
+    any per-example gradient of the whole module held; the row blocks of a packed
+    `in_proj_weight` are disjoint, so their squared norms add. The out-projection's are those
+    of its input (the merged heads) and `d`."""
+    e, heads = module.embed_dim, module.num_heads
+    hd = e // heads
+    dtype = call.dtype
+    g = d.detach().movedim(call.dim, 0).to(dtype)
     n = g.shape[0]
-    chunk = max(1, CHUNK_BYTES // (numel * g.element_size()))
-    total = g.new_zeros(())
-    sums = [torch.zeros_like(v) for v in values] if summed else []
+    blocks = _projections(module)
+    inputs = (call.query, call.key, call.value)
     with torch.enable_grad():
-        for start in range(0, n, chunk):
-            part = slice(start, start + chunk)
-            grads = per(values, call.query[part], call.key[part], call.value[part],
-                        call.padding[part] if call.padding is not None else None,
-                        own_mask[part] if own_mask is not None else None, g[part])
-            for i, grad in enumerate(grads):
-                flat = grad.reshape(-1)
-                total = total + torch.dot(flat, flat)
-                if summed:
-                    sums[i] += grad.sum(0)
-    found = {id(p): s for (_, p), s in zip(pairs, sums, strict=True)} if summed else {}
+        projected = [F.linear(x, w.detach().to(dtype), None if b is None else b.detach().to(dtype))
+                     .detach().requires_grad_() for x, (w, b, *_) in zip(inputs, blocks,
+                                                                         strict=True)]
+        q, k, v = projected
+        extra: list[torch.Tensor] = []
+        padding, mask = call.padding, call.mask
+        if module.bias_k is not None and module.bias_v is not None:
+            bias_k, bias_v = (t.detach().to(dtype).reshape(1, 1, e).expand(n, 1, e).clone()
+                              .requires_grad_() for t in (module.bias_k, module.bias_v))
+            extra = [bias_k, bias_v]
+            k, v = torch.cat([k, bias_k], 1), torch.cat([v, bias_v], 1)
+            mask = F.pad(mask, (0, 1)) if mask is not None else None
+            padding = F.pad(padding, (0, 1)) if padding is not None else None
+        if module.add_zero_attn:
+            k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))
+            mask = F.pad(mask, (0, 1)) if mask is not None else None
+            padding = F.pad(padding, (0, 1)) if padding is not None else None
+        qh = q.reshape(n, -1, heads, hd).transpose(1, 2)  # (N, H, L, hd)
+        kh = k.reshape(n, -1, heads, hd).transpose(1, 2)
+        vh = v.reshape(n, -1, heads, hd).transpose(1, 2)
+        scores = torch.matmul(qh * (1.0 / math.sqrt(hd)), kh.transpose(2, 3))  # (N, H, L, S)
+        if mask is not None:
+            scores = scores + mask  # (L, S) or (N, H, L, S)
+        if padding is not None:
+            scores = scores + padding[:, None, None, :]
+        merged = torch.matmul(torch.softmax(scores, -1), vh).transpose(1, 2).reshape(n, -1, e)
+        wo, bo = module.out_proj.weight, module.out_proj.bias
+        out = F.linear(merged, wo.detach().to(dtype), None if bo is None else bo.detach().to(dtype))
+        grads = torch.autograd.grad(out, [*projected, *extra], g)
+    merged = merged.detach()
+    total = _linear_sq(merged, g, wo.requires_grad, bo is not None and bo.requires_grad)
+    found: dict[int, torch.Tensor] = {}
+    if summed:
+        rows_in, rows_out = merged.reshape(-1, e), g.reshape(-1, e)
+        if wo.requires_grad:
+            found[id(wo)] = rows_out.t() @ rows_in
+        if bo is not None and bo.requires_grad:
+            found[id(bo)] = rows_out.sum(0)
+    for x, dp, (_, _, weight, bias, first, first_bias) in zip(inputs, grads[:3], blocks,
+                                                              strict=True):
+        trained_bias = bias is not None and bias.requires_grad
+        total = total + _linear_sq(x, dp, weight is not None and weight.requires_grad,
+                                   trained_bias)
+        if not summed:
+            continue
+        rows = dp.reshape(-1, dp.shape[-1])
+        if weight is not None and weight.requires_grad:
+            part = rows.t() @ x.reshape(-1, x.shape[-1])
+            _add_rows(found, weight, first, part)
+        if trained_bias:
+            assert bias is not None
+            _add_rows(found, bias, first_bias, rows.sum(0))
+    for param, grad in zip((module.bias_k, module.bias_v), grads[3:], strict=False):
+        assert param is not None
+        if param.requires_grad:
+            total = total + torch.dot(grad.reshape(-1), grad.reshape(-1))
+            if summed:
+                found[id(param)] = grad.sum(0).reshape(param.shape)
     return total, found
+
+
+def _add_rows(found: dict[int, torch.Tensor], param: nn.Parameter, first: int,
+              part: torch.Tensor) -> None:
+    """Add `part` into the batch gradient of `param` kept in `found`, at rows `first`..."""
+    known = found.get(id(param))
+    if known is None:
+        known = found[id(param)] = part.new_zeros(param.shape)
+    known[first:first + part.shape[0]] += part
 
 
 class Attention:

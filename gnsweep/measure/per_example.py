@@ -200,6 +200,9 @@ class PerExample:
         a = inputs[0]
         if not isinstance(a, torch.Tensor):
             return None
+        if self.batch > 1 and a.dim() == 1 and not self.lookups.probed and \
+                id(module) in self.lookups.embeddings:
+            self.lookups.probe()  # before any expanded output is used in training
         if id(module) in self.lookups.refused:
             self.invalid = True  # its weight goes to micro-batches (`verify`)
             return None
@@ -376,13 +379,14 @@ class PerExample:
 
     def saw_forward(self, args: tuple, kwargs: dict, batch: int) -> None:
         """The model's forward starts, on a batch of `batch` examples (the monitor counts);
-        on the first measured one, the embeddings looked up once for the whole batch are
-        found (`Lookups.probe`)."""
+        its arguments are kept for the check of the embeddings looked up once for the whole
+        batch, which are
+        found when one is first met (`Lookups.probe`)."""
         self.forward_id += 1
         self.batch = batch
         self.coverage.saw_inputs(args, kwargs, batch)
-        if not self.lookups.probed and batch > 1 and self.gate.capturing:
-            self.lookups.probe(args, kwargs, batch)
+        if not self.lookups.probed:
+            self.lookups.inputs = (args, kwargs, batch)
 
     def verify(self, busy: AbstractContextManager[Any], loss_scale: float,
                grads_unscaled: bool) -> dict[int, str]:
@@ -454,7 +458,8 @@ class PerExample:
 
 class Lookups:
     """The embeddings of a model looked up once for the whole batch (`shared`, ids), found
-    once, on the first measured forward (`gnsweep.measure.positions.shared_lookups`): their
+    once, when a measured forward first looks one up with a 1-d index
+    (`gnsweep.measure.positions.shared_lookups`): their
     outputs are expanded along the batch on measured steps; those the model does not broadcast
     over the examples are `refused` (id -> why), their weights left to micro-batches."""
 
@@ -463,11 +468,21 @@ class Lookups:
         self.shared: set[int] = set()
         self.refused: dict[int, str] = {}
         self.probed = not embeddings
+        self.inputs: tuple[tuple, dict, int] | None = None
+        """The model's current call (arguments and batch), kept until the check ran."""
         self.known = False
         """The probe ran: an embedding not in `shared` has the batch along dim 0."""
 
-    def probe(self, args: tuple, kwargs: dict, batch: int) -> None:
+    def probe(self) -> None:
+        """Find them, from the model's current call (`inputs`), the first time an embedding is
+        looked up with a 1-d index on a measured step (a model without one is never run
+        again): the model is run inside its own forward, without gradients, where no hook
+        of the monitor captures."""
         self.probed = True
+        if self.inputs is None:
+            return
+        args, kwargs, batch = self.inputs
+        self.inputs = None
         found = shared_lookups(self.model, self.embeddings, args, kwargs, batch)
         if found is not None:
             self.shared, self.refused = found

@@ -7,7 +7,9 @@ computation wherever the model broadcasts it over the batch), whose gradient row
 i's own; autograd sums it into the weight's `.grad` as before.
 
 Which lookups are shared, and that the expanded view computes the same, is checked once, never
-assumed (`shared_lookups`): the model is run without gradients on two small batch sizes; an
+assumed (`shared_lookups`), when a measured forward first looks an embedding up with a 1-d index
+(before its output is used): the model is run again, inside that forward, without gradients (no
+hook of the monitor captures then), on two small batch sizes; an
 embedding whose index has no batch dimension (the same 1-D index at both sizes) is a shared
 lookup, and the model is run once more with its output expanded: a lookup whose expanded
 output changes the model's output (a use along another dimension) is refused, and its weight
