@@ -4,15 +4,17 @@
 inside `F.multi_head_attention_forward`, where no layer hook sees them.
 
 On a measured step the module's call is kept (query, key, value, `key_padding_mask`,
-`attn_mask`, `is_causal`, `need_weights`), and when its output's gradient `d` arrives each
-example's parameter gradient is computed again for that example alone: `torch.func.vmap` of
-`torch.func.grad` of `<attend(x_i), d_i>`, where `attend` is the module's computation written out
-for one example (in-projections, the masks as `F.multi_head_attention_forward` merges them,
-`bias_k` / `bias_v`, `add_zero_attn`, softmax attention by plain products, which vmap batches,
-and the out-projection). Opacus replaces the module by one built of `nn.Linear` layers
-(`DPMultiheadAttention`); here the user's module stays, and the sum of the examples' gradients
-is checked against `.grad` at run time (`gnsweep.measure.coverage`), so a computation that
-differs from the module's (a new torch release) is caught, not trusted.
+`attn_mask`, `is_causal`, `need_weights`), and when its output's gradient `d` arrives the
+attention is computed again for the batch (`per_example`: in-projections, the masks as
+`F.multi_head_attention_forward` merges them, `bias_k` / `bias_v`, `add_zero_attn`, softmax
+attention by plain products, the out-projection) and back-propagated once from `d` to the
+projected queries, keys and values; each projection is then a linear layer over positions,
+whose per-example squared norms come in the Gram or explicit form (as `nn.Linear`'s), and the
+out-projection's from its input and `d`. Opacus replaces the module by one built of
+`nn.Linear` layers (`DPMultiheadAttention`); here the user's module stays and runs as it does,
+and the sum of the examples' gradients is checked against `.grad` at run time
+(`gnsweep.measure.coverage`), so a computation that differs from the module's (a new torch
+release) is caught, not trusted.
 
 Not on this route, measured with micro-batches instead, said with the reason: attention
 dropout while training (`dropout > 0`: the masks the module drew cannot be drawn again for one
@@ -31,10 +33,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from gnsweep.measure.common import Gate, fp32
-
-ROUTED = ("in_proj_weight", "in_proj_bias", "q_proj_weight", "k_proj_weight", "v_proj_weight",
-          "bias_k", "bias_v", "out_proj.weight", "out_proj.bias")
-"""The parameters of `nn.MultiheadAttention` this route measures (all of them)."""
 
 
 def parameters(module: nn.MultiheadAttention) -> list[tuple[str, nn.Parameter]]:
