@@ -177,13 +177,23 @@ def test_sequence_first_with_as_many_positions_as_examples() -> None:
         measure_noise_scale(model, loss_fn, batches, method="per_example")
 
 
-def test_sequence_first_with_other_lengths_names_the_layout() -> None:
-    """T != B was detected already; the reason now says examples along dim 1."""
+def test_sequence_first_with_other_lengths_is_measured_per_example() -> None:
+    """T != B: the examples along dim 1 are taken as such (before, refused with the layout's
+    reason): brute force's numbers, every parameter per example."""
     model, loss_fn, _ = _case("sequence_first")
-    x, y = torch.randn(4, 7, 4), torch.randn(4, 3)
-    with pytest.raises(ValueError, match="examples along dim 1") as caught:
-        measure_noise_scale(model, loss_fn, [(x, y)], method="per_example")
-    assert "wpe" not in str(caught.value)
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(4, 7, 4, generator=g), torch.randn(4, 3, generator=g))
+               for _ in range(2)]
+    g2, trace = _brute_force(model, loss_fn, batches)
+    monitor = NoiseScaleMonitor(model, "per_example")
+    loss_fn(model(batches[0][0]), batches[0][1]).backward()
+    monitor.step()
+    monitor.close()
+    model.zero_grad(set_to_none=True)
+    assert not monitor.needs_microbatches and not monitor.unattributed
+    estimate = measure_noise_scale(model, loss_fn, batches, method="per_example")
+    assert estimate.g2 == pytest.approx(g2, rel=1e-4)
+    assert estimate.trace_sigma == pytest.approx(trace, rel=1e-4)
 
 
 def _loop_step(monitor: NoiseScaleMonitor, model: nn.Module, loss_fn, batch, pieces: int

@@ -78,18 +78,22 @@ class _Attention(nn.Module):
 
 
 class _Encoder(nn.Module):
-    """PyTorch's own transformer encoder (batch-first, no dropout), padding masked."""
+    """PyTorch's own transformer encoder (no dropout), padding masked; batch-first, or
+    sequence-first as PyTorch's default (its linear layers and norms then see (T, B, C))."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: bool = True) -> None:
         super().__init__()
+        self.first = first
         self.inp = nn.Linear(4, C)
-        layer = nn.TransformerEncoderLayer(C, 2, 16, dropout=0.0, batch_first=True)
+        layer = nn.TransformerEncoderLayer(C, 2, 16, dropout=0.0, batch_first=first)
         self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         self.head = nn.Linear(C, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         padding = _padding(x)
-        return self.head(self.encoder(self.inp(x), src_key_padding_mask=padding).mean(1))
+        h = self.inp(x) if self.first else self.inp(x).transpose(0, 1)
+        y = self.encoder(h, src_key_padding_mask=padding)
+        return self.head(y.mean(1 if self.first else 0))
 
 
 class _Decoder(nn.Module):
@@ -170,6 +174,7 @@ def _case(name: str, batch: int = B, length: int = T) -> tuple[nn.Module, object
                                   torch.randint(0, 11, (batch, length), generator=g))
                                  for _ in range(2)]
     model = {"encoder": _Encoder, "decoder": _Decoder,
+             "encoder_sequence_first": lambda: _Encoder(first=False),
              "positions_otherwise": _PositionsOtherwise}.get(name)
     built = model() if model is not None else _Attention(name)
     return built, _mse, [(torch.randn(batch, length, 4, generator=g),
@@ -204,8 +209,11 @@ def test_multihead_attention_is_measured_whole_per_example(name: str) -> None:
     _per_example(name, *_case(name))
 
 
-@pytest.mark.parametrize("name", ["encoder", "decoder"])
+@pytest.mark.parametrize("name", ["encoder", "encoder_sequence_first", "decoder"])
 def test_pytorch_transformers_are_measured_per_example(name: str) -> None:
+    """The sequence-first encoder (batch_first=False, PyTorch's default; T = 5 != B = 6): its
+    linear layers and norms see the examples along dim 1; before, the whole model went to
+    micro-batches."""
     _per_example(name, *_case(name))
 
 

@@ -211,6 +211,14 @@ class PerExample:
             # expanded along the batch, so that its hook receives each example's gradient.
             a = a.unsqueeze(0).expand(self.batch, -1)
             output = output.unsqueeze(0).expand(self.batch, *output.shape)
+        flipped = False
+        if self.batch > 1 and output.shape[0] != self.batch and \
+                _sequence_first(module, a, output, self.batch):
+            # Examples along dim 1 (a sequence-first layer, (T, B, ...), T != B): the same
+            # formulas on the views with the batch first; the layout check holds dim 1 to the
+            # batch (`Coverage.layout`).
+            self.coverage.second.add(id(module))
+            flipped = True
         elif self.batch > 1 and output.shape[0] != self.batch:
             fitted = along_batch(module, a, output, self.batch)
             if fitted is None:
@@ -238,13 +246,17 @@ class PerExample:
             self.positional.add(type(module).__name__)
             return _ConvWeightByExamples.apply(a, module.weight, module.bias, output.detach(),
                                                module, self)
-        saved = a.detach()
+        saved = a.detach().transpose(0, 1) if flipped else a.detach()
         sequence = isinstance(module, nn.Embedding) and saved[0].numel() > 1
         if linear_like(module) or sequence or isinstance(module, (nn.Conv1d, nn.Conv2d)):
             self.positional.add(type(module).__name__)
         if linear_like(module) or sequence:
             positions = saved[0].numel() if sequence else math.prod(saved.shape[1:-1])
             self.positions = max(self.positions, positions)
+        if flipped:
+            output.register_hook(lambda grad: self._backward(module, saved,
+                                                             grad.transpose(0, 1)))
+            return output
         output.register_hook(lambda grad: self._backward(module, saved, grad))
         return output
 
@@ -519,6 +531,23 @@ def positions_only(module: nn.Module, a: torch.Tensor) -> bool:
     if not isinstance(module, nn.Embedding) or a.dim() != 1 or a.numel() < 2:
         return False
     return bool((a[1:] - a[:-1] == 1).all())
+
+
+def _sequence_first(module: nn.Module, a: torch.Tensor, output: torch.Tensor, batch: int
+                    ) -> bool:
+    """Whether a layer's call looks sequence-first, (T, B, ...) with T != B: a linear layer or a
+    LayerNorm / RMSNorm over the last dimension of a 3-d or larger input, or an embedding of a
+    2-d or larger index, whose input and output hold the batch's `batch` examples along dim 1
+    and something else along dim 0 (PyTorch's transformer layers with batch_first=False).
+    `Coverage.layout` checks once per batch size that dim 1 is the batch's."""
+    if output.dim() < 3 or output.shape[1] != batch or output.shape[0] == batch:
+        return False
+    if a.dim() < 2 or a.shape[1] != batch or a.shape[0] != output.shape[0]:
+        return False
+    if isinstance(module, nn.Embedding):
+        return True
+    return a.dim() >= 3 and (linear_like(module) or isinstance(module, (nn.LayerNorm,
+                                                                       nn.RMSNorm)))
 
 
 def _row_sq(x: torch.Tensor) -> torch.Tensor:
