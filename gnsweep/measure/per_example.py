@@ -392,8 +392,7 @@ class PerExample:
     def saw_forward(self, args: tuple, kwargs: dict, batch: int) -> None:
         """The model's forward starts, on a batch of `batch` examples (the monitor counts);
         its arguments are kept for the check of the embeddings looked up once for the whole
-        batch, which are
-        found when one is first met (`Lookups.probe`)."""
+        batch, until it ran (`Lookups.probe`)."""
         self.forward_id += 1
         self.batch = batch
         self.coverage.saw_inputs(args, kwargs, batch)
@@ -471,9 +470,9 @@ class PerExample:
 class Lookups:
     """The embeddings of a model looked up once for the whole batch (`shared`, ids), found
     once, when a measured forward first looks one up with a 1-d index
-    (`gnsweep.measure.positions.shared_lookups`): their
-    outputs are expanded along the batch on measured steps; those the model does not broadcast
-    over the examples are `refused` (id -> why), their weights left to micro-batches."""
+    (`gnsweep.measure.positions.shared_lookups`): their outputs are expanded along the batch
+    on measured steps; those the model does not broadcast over the examples are `refused`
+    (id -> why), their weights left to micro-batches."""
 
     def __init__(self, model: nn.Module, embeddings: dict[int, tuple[str, nn.Module]]) -> None:
         self.model, self.embeddings = model, embeddings
