@@ -193,7 +193,7 @@ def _per_example(name: str, model: nn.Module, loss_fn, batches: list) -> None:
     monitor.close()
     assert not monitor.needs_microbatches and len(monitor.sources) == 1, described
     route = "looked up once for the batch" if name == "nanogpt" else \
-        "attention whole, one example at a time"
+        "nn.MultiheadAttention whole"
     assert route in described
     g2, trace = _brute_force(model, loss_fn, batches)
     estimate = measure_noise_scale(model, loss_fn, batches, method="per_example")

@@ -299,7 +299,7 @@ class Attention:
                 total, sums = per_example(module, call, grad, summed=summed)
         except Exception as err:  # any failure: micro-batches, with the reason
             first = (str(err).splitlines() or [type(err).__name__])[0][:200]
-            self._refuse(module, f"its computation could not be run one example at a time "
+            self._refuse(module, f"its attention could not be computed again for the batch "
                          f"({first})")
             return
         self.values().append(total.float() if total.dtype != torch.float64 else total)

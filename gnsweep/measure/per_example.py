@@ -153,7 +153,7 @@ class PerExample:
         self.attention = Attention(gate, found_attention, lambda: self.batch,
                                    lambda: self.forward_id, lambda: self.values,
                                    lambda: self.coverage.armed)
-        """The nn.MultiheadAttention modules measured whole, one example at a time."""
+        """The nn.MultiheadAttention modules measured whole (`gnsweep.measure.attention`)."""
         self.handles += self.attention.handles
         self.skipped = skipped
         """The layers left to micro-batches, each with why (name (reason))."""
@@ -162,7 +162,7 @@ class PerExample:
         attending = [name for name, _ in found_attention]
         self._routes = "; ".join(part for part in (
             f"by their own forward: {', '.join(by_forward)}" if by_forward else "",
-            f"attention whole, one example at a time: {', '.join(attending)}" if attending
+            f"nn.MultiheadAttention whole: {', '.join(attending)}" if attending
             else "",
             f"through their views expanded along the batch: {', '.join(views)}" if views
             else "") if part)
