@@ -101,7 +101,8 @@ def _projections(module: nn.MultiheadAttention
 
 class Call:
     """One call of the module on a measured step: its inputs with the examples along dim 0
-    (detached), the masks additive (per example, or shared: `mask_shared`)."""
+    (detached), the masks additive: the key-padding mask (N, S), the attention mask (L, S)
+    shared by every example or (N, heads, L, S)."""
 
     def __init__(self, module: nn.MultiheadAttention, args: tuple, kwargs: dict, batch: int
                  ) -> None:
@@ -126,7 +127,6 @@ class Call:
                                bool(given.get("need_weights", True)), length, source,
                                self.dtype)
         self.padding = padding.detach() if padding is not None else None
-        self.mask_shared = mask is None or mask.dim() == 2
         if mask is not None and mask.dim() == 3:  # (N * heads, L, S): each example's heads
             mask = mask.reshape(n, module.num_heads, *mask.shape[1:])
         self.mask = mask.detach() if mask is not None else None
