@@ -240,21 +240,52 @@ def test_positions_used_otherwise_go_to_micro_batches_alone(caplog) -> None:
         "model does not compute the same" in caplog.text
 
 
-def test_attention_dropout_goes_to_micro_batches_with_the_reason(caplog) -> None:
-    """Attention dropout while training: the masks cannot be drawn again one example at a
-    time, so the module's parameters go to micro-batches, said; the rest stays per example."""
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_attention_dropout_is_measured_per_example(need_weights: bool) -> None:
+    """Attention dropout while training (PyTorch's transformer layers' default): its masks are
+    drawn again from the random state before the module's forward, so the per-example
+    gradients are those of the step that trained. Ground truth: every example's own gradient
+    from that same batched forward (the examples are independent in it, each with its own
+    masks), one backward of each example's loss."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, C), nn.TransformerEncoderLayer(C, 2, 16, dropout=0.1,
-                                                                      batch_first=True))
-    monitor = NoiseScaleMonitor(model, ema_steps=math.inf)
-    with caplog.at_level(logging.WARNING, logger="gnsweep.measure"):
-        model(torch.randn(B, T, 4)).square().mean().backward()
-        monitor.step()
+    model = _Dropped(need_weights)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(B, T, 4, generator=g), torch.randn(B, 3, generator=g)
+    monitor = NoiseScaleMonitor(model, "per_example", ema_steps=math.inf)
+    torch.manual_seed(5)
+    _mse(model(x), y).backward()
+    monitor.step()
     monitor.close()
-    assert monitor.needs_microbatches
-    assert "self_attn.in_proj_weight: nn.MultiheadAttention is measured per example only " \
-        "without attention dropout" in caplog.text
-    assert "linear1" not in caplog.text
+    assert not monitor.needs_microbatches and monitor.estimate is not None
+    params = [p for p in model.parameters() if p.requires_grad]
+    torch.manual_seed(5)  # the same masks: the same batched forward
+    out = model(x)
+    rows = []
+    for i in range(B):
+        grads = torch.autograd.grad(((out[i] - y[i]) ** 2).mean(), params, retain_graph=True)
+        rows.append(torch.cat([grad.reshape(-1) for grad in grads]).double())
+    per = torch.stack(rows)
+    small = float(per.square().sum(1).mean())
+    big = float(per.mean(0).square().sum())
+    assert monitor.estimate.g2 == pytest.approx((B * big - small) / (B - 1), rel=1e-4)
+    assert monitor.estimate.trace_sigma == pytest.approx((small - big) / (1 - 1 / B), rel=1e-4)
+
+
+class _Dropped(nn.Module):
+    """nn.MultiheadAttention with attention dropout (and dropout around it), padding masked."""
+
+    def __init__(self, need_weights: bool) -> None:
+        super().__init__()
+        self.need_weights = need_weights
+        self.inp = nn.Linear(4, C)
+        self.att = nn.MultiheadAttention(C, 2, dropout=0.3, batch_first=True)
+        self.drop = nn.Dropout(0.2)
+        self.head = nn.Linear(C, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(torch.tanh(self.inp(x)))
+        y, _ = self.att(h, h, h, key_padding_mask=_padding(x), need_weights=self.need_weights)
+        return self.head(y.mean(1))
 
 
 def test_b_simple_precond_is_nan_while_not_determined(caplog) -> None:

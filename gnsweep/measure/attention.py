@@ -126,6 +126,14 @@ class Call:
                                bool(given.get("is_causal", False)),
                                bool(given.get("need_weights", True)), length, source,
                                self.dtype)
+        self.need_weights = bool(given.get("need_weights", True))
+        self.causal = bool(given.get("is_causal", False)) and \
+            given.get("key_padding_mask") is None and not self.need_weights
+        """The module hands sdpa `is_causal=True` and no mask (`_masks`)."""
+        self.dropout = module.dropout if module.training else 0.0
+        self.rng: tuple[torch.Tensor, list[int], list[torch.Tensor]] | None = None
+        """The random state before the module's forward (CPU, CUDA devices and theirs), to
+        draw its attention dropout's masks again (`_attend`)."""
         self.padding = padding.detach() if padding is not None else None
         if mask is not None and mask.dim() == 3:  # (N * heads, L, S): each example's heads
             mask = mask.reshape(n, module.num_heads, *mask.shape[1:])
@@ -181,12 +189,7 @@ def per_example(module: nn.MultiheadAttention, call: Call, d: torch.Tensor, *, s
         qh = q.reshape(n, -1, heads, hd).transpose(1, 2)  # (N, H, L, hd)
         kh = k.reshape(n, -1, heads, hd).transpose(1, 2)
         vh = v.reshape(n, -1, heads, hd).transpose(1, 2)
-        scores = torch.matmul(qh * (1.0 / math.sqrt(hd)), kh.transpose(2, 3))  # (N, H, L, S)
-        if mask is not None:
-            scores = scores + mask  # (L, S) or (N, H, L, S)
-        if padding is not None:
-            scores = scores + padding[:, None, None, :]
-        merged = torch.matmul(torch.softmax(scores, -1), vh).transpose(1, 2).reshape(n, -1, e)
+        merged = _attend(call, qh, kh, vh, mask, padding).transpose(1, 2).reshape(n, -1, e)
         wo, bo = module.out_proj.weight, module.out_proj.bias
         out = F.linear(merged, wo.detach().to(dtype), None if bo is None else bo.detach().to(dtype))
         grads = torch.autograd.grad(out, [*projected, *extra], g)
@@ -222,6 +225,44 @@ def per_example(module: nn.MultiheadAttention, call: Call, d: torch.Tensor, *, s
     return total, found
 
 
+def _attend(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            mask: torch.Tensor | None, padding: torch.Tensor | None) -> torch.Tensor:
+    """Softmax attention of (N, H, L, hd) queries on (N, H, S, hd) keys and values, the
+    additive masks applied. With attention dropout, its masks are drawn again as the module
+    drew them: the random state restored to the one before the module's forward (nothing
+    draws between it and the dropout), and the same draw, `F.scaled_dot_product_attention`
+    with the merged mask (or `is_causal`) where no weights were asked for, else dropout of
+    the (N * H, L, S) weights, as `F.multi_head_attention_forward` does; the random state
+    is left as it was. Without dropout, plain products."""
+    if call.dropout > 0 and call.rng is not None:
+        cpu, devices, states = call.rng
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(cpu)
+            for device, state in zip(devices, states, strict=True):
+                torch.cuda.set_rng_state(state, device)
+            merged = mask
+            if padding is not None:
+                merged = padding[:, None, None, :] if merged is None else \
+                    merged + padding[:, None, None, :]
+            if not call.need_weights:
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=None if call.causal else merged,
+                    dropout_p=call.dropout, is_causal=call.causal)
+            scores = torch.matmul(q * (1.0 / math.sqrt(q.shape[-1])), k.transpose(2, 3))
+            if merged is not None:
+                scores = scores + merged
+            n, h, length, source = scores.shape
+            weights = F.dropout(torch.softmax(scores, -1).reshape(n * h, length, source),
+                                p=call.dropout).reshape(n, h, length, source)
+            return torch.matmul(weights, v)
+    scores = torch.matmul(q * (1.0 / math.sqrt(q.shape[-1])), k.transpose(2, 3))  # (N, H, L, S)
+    if mask is not None:
+        scores = scores + mask  # (L, S) or (N, H, L, S)
+    if padding is not None:
+        scores = scores + padding[:, None, None, :]
+    return torch.matmul(torch.softmax(scores, -1), v)
+
+
 def _add_rows(found: dict[int, torch.Tensor], param: nn.Parameter, first: int,
               part: torch.Tensor) -> None:
     """Add `part` into the batch gradient of `param` kept in `found`, at rows `first`..."""
@@ -253,8 +294,21 @@ class Attention:
         self.invalid = False
         """A call this step could not be measured: the step's per-example pair is discarded."""
         self._last: dict[int, int] = {}
+        self._rng: dict[int, tuple[torch.Tensor, list[int], list[torch.Tensor]]] = {}
         self.handles = [m.register_forward_hook(self._forward, with_kwargs=True)
                         for _, m in found]
+        self.handles += [m.register_forward_pre_hook(self._before) for _, m in found]
+
+    def _before(self, module: nn.MultiheadAttention, args: tuple) -> None:
+        """Before a measured forward with attention dropout: the random state, from which its
+        masks are drawn again (`_attend`)."""
+        if not (self.gate.capturing and torch.is_grad_enabled() and module.training
+                and module.dropout > 0):
+            return
+        devices = sorted({p.device.index or 0 for p in module.parameters()
+                          if p.device.type == "cuda"})
+        self._rng[id(module)] = (torch.get_rng_state(), devices,
+                                 [torch.cuda.get_rng_state(d) for d in devices])
 
     def reset(self) -> None:
         self.implied = {}
@@ -264,7 +318,7 @@ class Attention:
         name = self.names.get(id(module), type(module).__name__)
         for pname, p in parameters(module):
             self.refused[id(p)] = (f"{name}.{pname}: nn.MultiheadAttention is measured per "
-                                   f"example only without attention dropout, batched; {why}")
+                                   f"example only batched; {why}")
         self.invalid = True
 
     def _forward(self, module: nn.MultiheadAttention, args: tuple, kwargs: dict, output: Any
@@ -274,14 +328,16 @@ class Attention:
         out = output[0] if isinstance(output, tuple) else output
         if not isinstance(out, torch.Tensor) or not out.requires_grad:
             return
-        if module.training and module.dropout > 0:
-            self._refuse(module, f"its attention dropout (p={module.dropout}) draws masks that "
-                         "cannot be drawn again one example at a time")
-            return
+        rng = self._rng.pop(id(module), None)
         try:
             call = Call(module, args, kwargs, self.batch())
         except _Refused as why:
             self._refuse(module, str(why))
+            return
+        call.rng = rng
+        if call.dropout > 0 and rng is None:
+            self._refuse(module, f"its attention dropout (p={module.dropout}) drew masks from "
+                         "a random state not seen before its forward")
             return
         if self._last.get(id(module)) == self.forward_id():
             self.invalid = True  # used twice in one forward: the uses' cross terms are missed
