@@ -16,9 +16,11 @@ and the sum of the examples' gradients is checked against `.grad` at run time
 (`gnsweep.measure.coverage`), so a computation that differs from the module's (a new torch
 release) is caught, not trusted.
 
-Not on this route, measured with micro-batches instead, said with the reason: attention
-dropout while training (`dropout > 0`: the masks the module drew cannot be drawn again for one
-example), an unbatched call, examples not along the module's batch dimension.
+Attention dropout while training (`dropout > 0`, PyTorch's transformer layers' default): the
+random state is kept before the module's forward (nothing draws between it and the dropout),
+and the recompute draws the same masks from it (`_attend`); the sum check would catch masks
+drawn otherwise. Not on this route, measured with micro-batches instead, said with the
+reason: an unbatched call, examples not along the module's batch dimension.
 """
 
 from __future__ import annotations
@@ -153,7 +155,7 @@ def per_example(module: nn.MultiheadAttention, call: Call, d: torch.Tensor, *, s
 
     The attention is computed again for the batch from the call's inputs (in-projections, the
     masks as `F.multi_head_attention_forward` merges them, `bias_k` / `bias_v`, `add_zero_attn`,
-    softmax attention, as the module computes it without dropout), and one backward of it from
+    softmax attention, its dropout's masks drawn again), and one backward of it from
     `d` through the out-projection gives the gradients of the projected queries, keys and
     values (and of `bias_k` / `bias_v` per example, expanded along the batch). Each projection
     is then a linear layer over positions, `q = x W_q^T + b_q`: example i's gradient of `W_q`
