@@ -1,8 +1,9 @@
 """Runs as data: the grid point (`RunSpec`), the grid's expansion (pure), a run's record (what a
 worker needs to train it, `runs/<id>/config.json`), its typed state and how retries are counted.
 
-A leaf under the orchestration: the sweep, the executors and training import it; it imports
-only the config and the store.
+A leaf under the orchestration: the sweep folder (`gnsweep.folder`), the sweep, the executors
+and training import it; it imports the config, the task registry (a record's task checked,
+`tasks.checked`) and the store.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from gnsweep import redact, store
+from gnsweep import redact, store, tasks
 from gnsweep.config import Config, ConfigError
 from gnsweep.store import FINISHED, RunState, RunStatus, StoreError
 
@@ -26,6 +27,7 @@ __all__ = [
     "branch_budget",
     "check_record",
     "check_records",
+    "checked_record",
     "config_differences",
     "distinct_ids",
     "expand_grid",
@@ -35,13 +37,11 @@ __all__ = [
     "needs_running",
     "parse_run_record",
     "parse_spec",
-    "read_run",
     "read_state",
     "run_config",
     "run_record",
     "unmeasured_line",
     "unmeasured_share",
-    "verify_folder",
     "write_run",
 ]
 
@@ -204,7 +204,8 @@ def run_config(config: Config, spec: RunSpec) -> Config:
         steps, examples = branch_budget(config, spec.batch_size)
         changes.update(max_steps=steps or sweep.max_steps, max_examples=examples)
     else:
-        changes["targets"] = [config.task.direction.relative_target(point["at_loss"], f)
+        direction = tasks.about(config.task).direction
+        changes["targets"] = [direction.relative_target(point["at_loss"], f)
                               for f in branch.targets]
     if config.analysis.loss == "eval" and not (sweep.eval_every or sweep.eval_per_octave):
         changes["eval_per_octave"] = EVALS_PER_OCTAVE
@@ -325,32 +326,10 @@ def check_records(sweep_dir: Path, config: Config, run_ids: list[str]) -> None:
         path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
         if not (path.exists() or path.is_symlink()):
             continue
-        _checked(store.read_json(path), path, run_id, expected, accepted)
+        checked_record(store.read_json(path), path, run_id, expected, accepted)
 
 
-def verify_folder(sweep_dir: Path) -> tuple[Config, dict[str, RunSpec]]:
-    """What every command that reads a sweep folder calls before it builds anything from it:
-    the folder is a sweep, its config.yaml reads, and every run file is checked against
-    config.yaml (`check_record`, and its config must be one this version accepts). A run file
-    holding only a grid point (no config: written by another tool for the analysis) is
-    type-checked; it names no code. Returns (the sweep's config, each run's grid point by
-    id); StoreError or ConfigError (exit 2) naming the first file that disagrees."""
-    store.require_sweep(sweep_dir)
-    config = Config.load(sweep_dir)
-    expected = expected_record_config(config)
-    specs = {}
-    accepted: set[str] = set()  # the runs of one launch share their config: typed once
-    for run_id in store.run_ids(sweep_dir):
-        path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
-        data = store.read_json(path)
-        if isinstance(data, dict) and "config" not in data and "run_id" not in data:
-            specs[run_id] = parse_spec(data.get("run"), path)
-            continue
-        specs[run_id] = _checked(data, path, run_id, expected, accepted)
-    return config, specs
-
-
-def _checked(data: Any, path: Path, run_id: str, expected: dict[str, Any],
+def checked_record(data: Any, path: Path, run_id: str, expected: dict[str, Any],
              accepted: set[str] | None = None) -> RunSpec:
     """`check_record`, and the record's config typed (`Config.from_dict`) unless one equal to
     it is in `accepted` (which it then joins)."""
@@ -361,7 +340,7 @@ def _checked(data: Any, path: Path, run_id: str, expected: dict[str, Any],
     if accepted is not None and key in accepted:
         return spec
     try:  # a setting only the run file has, or of the wrong type, that the sweep lacks
-        Config.from_dict(data["config"])
+        tasks.checked(Config.from_dict(data["config"]))
     except ConfigError as err:
         raise StoreError(f"{path}: {err}; remove {path.parent} and relaunch to write it "
                          "again") from None
@@ -395,7 +374,7 @@ def _typed(config: dict[str, Any]) -> Config:
     if key not in _TYPED:
         if len(_TYPED) >= 8:
             _TYPED.pop(next(iter(_TYPED)))
-        _TYPED[key] = Config.from_dict(config)
+        _TYPED[key] = tasks.checked(Config.from_dict(config))
     return copy.deepcopy(_TYPED[key])
 
 
@@ -410,17 +389,6 @@ def write_run(sweep_dir: Path, config: Config, spec: RunSpec) -> None:
             distinct_ids([recorded, spec])
     else:
         store.write_json(path, run_record(config, spec))
-
-
-def read_run(sweep_dir: Path, run_id: str) -> tuple[Config, RunSpec]:
-    """A run's record, checked against the sweep's config.yaml (`check_record`): the config
-    it trains with and its grid point. Nothing in a run file that config.yaml does not say is
-    ever used (a task's `_target_` above all: it names code to import)."""
-    sweep = Config.load(sweep_dir)
-    path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
-    data = store.read_json(path)
-    check_record(data, path, run_id, expected_record_config(sweep))
-    return parse_run_record(data)
 
 
 def read_state(run_path: Path) -> RunStatus:

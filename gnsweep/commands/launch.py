@@ -10,6 +10,7 @@ from gnsweep import store
 from gnsweep.commands import Echo
 from gnsweep.commands.preflight import compose_config, preflight
 from gnsweep.config import Config
+from gnsweep.tasks import about
 
 
 def grid_line(config: Any, specs: list[Any], sweep_dir: Path) -> str:
@@ -23,7 +24,7 @@ def grid_line(config: Any, specs: list[Any], sweep_dir: Path) -> str:
             f"{listed(sweep.learning_rates)} x seeds {listed(sweep.seeds)}")
     if sweep.schedule == "adaptive":
         grid += f", adaptive at exchange rates {listed(sweep.exchange_rates)}"
-    return (f"sweep {sweep.name}: task {config.task.label}, {len(specs)} runs ({grid}; "
+    return (f"sweep {sweep.name}: task {about(config.task).label}, {len(specs)} runs ({grid}; "
             f"targets {listed(sweep.targets) if sweep.targets else 'auto (from the runs)'}) -> "
             f"{sweep_dir}")
 

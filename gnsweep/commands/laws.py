@@ -40,17 +40,16 @@ def sweep_runs(sweep_dir: Path) -> pd.DataFrame:
     """One fixed-budget sweep folder as rows N, D, batch_size, learning_rate, loss: N from
     the scale recorded at launch (scale.json), D from sweep.max_examples."""
     from gnsweep.analysis.laws.sweeps import final_losses
-    from gnsweep.analysis.load import load_sweep
-    from gnsweep.config import Config
+    from gnsweep.folder import SweepFolder
 
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise ConfigError(f"{sweep_dir}: no such folder; give sweep folders written by "
                           "`gnsweep launch`, or --table FILE")
-    store.require_sweep(sweep_dir)
-    config = Config.load(sweep_dir)
+    folder = SweepFolder.open(sweep_dir)  # config.yaml parsed and run files checked, once
+    config = folder.config
     scale = read_scale(sweep_dir)
-    runs, metrics = load_sweep(sweep_dir)
+    runs, metrics = folder.tables()
     rows = final_losses(str(sweep_dir), runs, metrics, float(config.sweep.max_examples))
     # B in the task's unit, as D is (tokens for a language model: samples x tokens a sample).
     rows["batch_size"] = rows["batch_size"] * scale["per_sample"]

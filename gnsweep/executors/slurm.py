@@ -19,7 +19,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gnsweep import redact, store
 from gnsweep.config import ExecutorConfig
@@ -27,6 +27,9 @@ from gnsweep.executors import PREEMPTED
 from gnsweep.executors.base import Summary, Watcher, run_rounds
 from gnsweep.executors.torchrun import worker_command, write_runs_file
 from gnsweep.progress import SweepProgress
+
+if TYPE_CHECKING:
+    from gnsweep.folder import SweepFolder
 
 FOLDER = store.SLURM
 JOBS = store.JOBS
@@ -165,10 +168,10 @@ def submit(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig,
 
 
 def _script_sweep(sweep_dir: Path) -> bool:
-    from gnsweep.config import Config
+    from gnsweep.folder import read_config
     from gnsweep.tasks import SCRIPT
 
-    return Config.load(sweep_dir).task.name == SCRIPT
+    return read_config(sweep_dir).task.name == SCRIPT
 
 
 def job_ids(sweep_dir: Path) -> dict[str, str]:
@@ -209,10 +212,10 @@ def run_slurm(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *,
     return summary
 
 
-def launch(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *, max_retries: int,
+def launch(sweep: SweepFolder, run_ids: list[str], executor: ExecutorConfig, *, max_retries: int,
            progress: SweepProgress | None, wait: bool = True) -> Summary:
     """The registry's entry (`gnsweep.executors.registry`)."""
-    return run_slurm(sweep_dir, run_ids, executor, max_retries=max_retries, progress=progress,
+    return run_slurm(sweep.root, run_ids, executor, max_retries=max_retries, progress=progress,
                      wait=wait)
 
 
