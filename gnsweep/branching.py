@@ -22,6 +22,7 @@ from gnsweep.analysis.along import branch_point
 from gnsweep.compose import compose
 from gnsweep.config import Config, ConfigError
 from gnsweep.folder import SweepFolder
+from gnsweep.paths import RunPaths, SweepPaths
 from gnsweep.runs import RunSpec, write_run
 from gnsweep.stall import bounded
 from gnsweep.tasks import about
@@ -242,7 +243,7 @@ def read_base(base_run: Path) -> tuple[Config, RunSpec]:
     """The base run's config and grid point (ConfigError: not a run folder of a sweep). Its
     record is checked against its sweep's config.yaml, as every reader does, before its task is
     built: a run file never names code of its own."""
-    if not (base_run / store.RUN_CONFIG).is_file() or base_run.parent.name != store.RUNS:
+    if not RunPaths(base_run).record.is_file() or base_run.parent.name != store.RUNS:
         raise ConfigError(f"{base_run}: not a run folder of a sweep (no {store.RUN_CONFIG} in "
                           f"<sweep>/{store.RUNS}/<run id>); give a run of a sweep, e.g. "
                           "runs/digits/runs/b00032_lr0.1_s0")
@@ -273,9 +274,9 @@ def plan_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[
     planned = []
     for examples, _path in chosen:
         for spec in _grid(config, examples):
-            run_path = sweep_dir / store.RUNS / spec.run_id
-            state = (read_state(run_path).state.value
-                     if (run_path / store.STATUS).is_file() else "pending")
+            run = SweepPaths(sweep_dir).run(spec.run_id)
+            state = (read_state(run.folder).state.value
+                     if run.status.is_file() else "pending")
             planned.append((spec, state))
     return config, planned
 
@@ -297,7 +298,7 @@ def resolve_along(config: Config, sweep_dir: Path) -> Config:
     if sweep.schedule != "along" or sweep.along_points:
         return config
     source = Path(sweep.along_from)
-    path = source / store.result_file("along")
+    path = SweepPaths(source).result("along")
     if not path.is_file():
         raise ConfigError(f"sweep.along_from={source}: no along.parquet there; run gnsweep "
                           f"branch into it, then gnsweep analyze {source}")

@@ -15,7 +15,6 @@ computes on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ import pyarrow.parquet as pq
 from gnsweep import store, tasks
 from gnsweep.config import Config
 from gnsweep.errors import ConfigError, StoreError
+from gnsweep.paths import RunPaths, SweepPaths
 from gnsweep.runs import (
     RunSpec,
     check_record,
@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # the analysis (pandas) is imported where rows are read, not 
     from gnsweep.analysis.results import Results
     from gnsweep.analysis.steps import Curves
 
-__all__ = ["RunPaths", "SweepFolder", "load_curves", "load_run_curves", "load_sweep",
+__all__ = ["RunPaths", "SweepFolder", "SweepPaths", "load_curves", "load_run_curves", "load_sweep",
            "read_config", "read_results", "read_run", "verify_folder"]
 
 
@@ -58,82 +58,18 @@ def read_config(root: Path) -> Config:
     try:
         return tasks.checked(Config.from_dict(loaded))
     except ConfigError as err:
-        raise ConfigError(f"{root / store.SWEEP_CONFIG}: {err}") from None
+        raise ConfigError(f"{SweepPaths(root).config_file}: {err}") from None
 
 
-@dataclass(frozen=True)
-class RunPaths:
-    """Every path of one run folder (`runs/<run_id>/`), derived from it."""
-
-    folder: Path
-
-    @property
-    def run_id(self) -> str:
-        return self.folder.name
-
-    @property
-    def record(self) -> Path:
-        """config.json: the run's grid point and the config it trains with."""
-        return self.folder / store.RUN_CONFIG
-
-    @property
-    def status(self) -> Path:
-        return self.folder / store.STATUS
-
-    @property
-    def metrics(self) -> Path:
-        """metrics.parquet, written when the run ends."""
-        return self.folder / store.METRICS
-
-    @property
-    def metric_parts(self) -> Path:
-        """The parts a live run appends its rows to."""
-        return self.folder / store.METRIC_PARTS
-
-    @property
-    def history(self) -> Path:
-        """attempts.jsonl: one line an event of each attempt."""
-        return self.folder / store.HISTORY
-
-    @property
-    def claim(self) -> Path:
-        return self.folder / store.CLAIM
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.folder / store.CHECKPOINTS
-
-    @property
-    def script_rows(self) -> Path:
-        return self.folder / store.SCRIPT_ROWS
-
-    @property
-    def script_stop(self) -> Path:
-        return self.folder / store.SCRIPT_STOP
-
-    @property
-    def script_output(self) -> tuple[Path, Path]:
-        """A script run's stdout and stderr logs."""
-        return (self.folder / store.SCRIPT_OUTPUT[0], self.folder / store.SCRIPT_OUTPUT[1])
-
-    @property
-    def sweep(self) -> Path:
-        """The sweep folder this run folder sits in."""
-        return store.sweep_of(self.folder)
-
-
-class SweepFolder:
+class SweepFolder(SweepPaths):
     """One opened sweep folder: `root`, its typed `config`, its runs' grid points (`specs`,
-    when opened verified) and the paths of its files."""
+    when opened verified) and the paths of its files (`SweepPaths`)."""
 
     def __init__(self, root: Path, config: Config,
                  specs: dict[str, RunSpec] | None = None) -> None:
-        self.root = Path(root)
+        super().__init__(Path(root))
         self.config = config
         self._specs = specs
-
-    def __repr__(self) -> str:
-        return f"SweepFolder({str(self.root)!r})"
 
     # ---- opening ------------------------------------------------------------------------
 
@@ -154,7 +90,7 @@ class SweepFolder:
         specs: dict[str, RunSpec] = {}
         accepted: set[str] = set()  # the runs of one launch share their config: typed once
         for run_id in store.run_ids(root):
-            path = store.run_dir(root, run_id) / store.RUN_CONFIG
+            path = RunPaths(store.run_dir(root, run_id)).record
             data = store.read_json(path)
             if isinstance(data, dict) and "config" not in data and "run_id" not in data:
                 specs[run_id] = parse_spec(data.get("run"), path)
@@ -195,60 +131,6 @@ class SweepFolder:
         data = store.read_json(path)
         check_record(data, path, run_id, expected_record_config(self.config))
         return parse_run_record(data)
-
-    # ---- paths --------------------------------------------------------------------------
-
-    @property
-    def config_file(self) -> Path:
-        return self.root / store.SWEEP_CONFIG
-
-    @property
-    def runs_dir(self) -> Path:
-        return self.root / store.RUNS
-
-    def run(self, run_id: str) -> RunPaths:
-        """The paths of run `run_id` (`store.run_dir`: a plain name, no link)."""
-        return RunPaths(store.run_dir(self.root, run_id))
-
-    def run_ids(self) -> list[str]:
-        return store.run_ids(self.root)
-
-    def result(self, table: str) -> Path:
-        """Where `gnsweep analyze` writes results table `table`."""
-        return self.root / store.result_file(table)
-
-    @property
-    def fits_json(self) -> Path:
-        return self.root / store.FITS_JSON
-
-    @property
-    def report(self) -> Path:
-        return self.root / store.REPORT
-
-    @property
-    def figures(self) -> Path:
-        return self.root / store.FIGURES
-
-    @property
-    def plan(self) -> Path:
-        return self.root / store.PLAN
-
-    @property
-    def jobs(self) -> Path:
-        return self.root / store.JOBS
-
-    @property
-    def slurm(self) -> Path:
-        return self.root / store.SLURM
-
-    @property
-    def lock(self) -> Path:
-        """The folder's lock: config.yaml merges and claims are taken under it."""
-        return self.root / store.CLAIMS_LOCK
-
-    @property
-    def scale(self) -> Path:
-        return self.root / store.SCALE
 
     # ---- the runs' rows, for the analysis ------------------------------------------------
 
@@ -431,7 +313,7 @@ def live_metrics(run_dir: Path) -> pa.Table | None:
                 or rows_problem(table):
             return None
     except StoreError:
-        if store.is_special(run_dir / store.METRICS):
+        if store.is_special(RunPaths(run_dir).metrics):
             raise  # a FIFO or device there: refused in one line, never waited on
         return None
     names = [c for c in METRIC_COLUMNS + OPTIONAL_COLUMNS if c in table.column_names]

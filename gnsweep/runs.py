@@ -15,6 +15,7 @@ from typing import Any
 
 from gnsweep import redact, store, tasks
 from gnsweep.config import Config, ConfigError
+from gnsweep.paths import SweepPaths
 from gnsweep.store import FINISHED, RunState, RunStatus, StoreError
 
 __all__ = [
@@ -177,7 +178,7 @@ def ids_free(sweep_dir: Path, specs: list[RunSpec]) -> None:
     """Refuse (ConfigError, before the folder's config.yaml changes) a grid point whose run id
     is taken in the folder by another grid point, one within the id's precision of it."""
     for spec in specs:
-        path = sweep_dir / store.RUNS / spec.run_id / store.RUN_CONFIG
+        path = SweepPaths(sweep_dir).run(spec.run_id).record
         if not store.is_regular(path):
             continue  # none yet, or refused with its reason where the record is read
         data = store.read_json(path)
@@ -323,7 +324,7 @@ def check_records(sweep_dir: Path, config: Config, run_ids: list[str]) -> None:
     expected = expected_record_config(config)
     accepted: set[str] = set()
     for run_id in sorted(set(store.run_ids(sweep_dir)) | set(run_ids)):
-        path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
+        path = SweepPaths(sweep_dir).run(run_id).record
         if not (path.exists() or path.is_symlink()):
             continue
         checked_record(store.read_json(path), path, run_id, expected, accepted)
@@ -381,7 +382,7 @@ def _typed(config: dict[str, Any]) -> Config:
 def write_run(sweep_dir: Path, config: Config, spec: RunSpec) -> None:
     """Write a run's record unless it exists (a run's record never changes once written);
     an existing one is checked against the sweep (`check_record`)."""
-    path = store.run_dir(sweep_dir, spec.run_id) / store.RUN_CONFIG
+    path = SweepPaths(sweep_dir).run(spec.run_id).record
     if path.exists() or path.is_symlink():
         recorded = check_record(store.read_json(path), path, spec.run_id,
                                 expected_record_config(config))

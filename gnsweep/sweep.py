@@ -11,6 +11,7 @@ from typing import Any
 from gnsweep import notices, redact, store, tasks
 from gnsweep.config import Config, ConfigError
 from gnsweep.folder import SweepFolder, read_config
+from gnsweep.paths import SweepPaths
 from gnsweep.runs import (
     FINISHED,
     RELAUNCH_MAY_CHANGE,
@@ -41,7 +42,7 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
     way that changes what runs train.
     """
     new = config.to_dict()
-    if not (sweep_dir / store.SWEEP_CONFIG).is_file():
+    if not SweepPaths(sweep_dir).config_file.is_file():
         if store.run_ids(sweep_dir):
             raise ConfigError(
                 f"{sweep_dir} holds runs but no {store.SWEEP_CONFIG}, so nothing says how they "
@@ -81,7 +82,7 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
     # An along run (docs/along.md) takes the same rule, eq. 2.7 with the fit's B_noise.
     if sweep.schedule not in ("adaptive", "along") or (sweep.eps_max > 0 and not need_noise):
         return config
-    path = sweep_dir / store.FITS
+    path = SweepPaths(sweep_dir).result("fits")
     if not path.is_file():
         raise ConfigError(f"sweep.schedule={sweep.schedule} needs eps_max (and the B_noise of "
                           f"eq. 2.7), and {path} does not exist: set sweep.eps_max=... and "
@@ -118,13 +119,13 @@ def prepare_folder(sweep_dir: Path, config: Config,
         sweep_dir.mkdir(parents=True, exist_ok=True)
     # Read, merge and write config.yaml under the folder's lock: two launchers with different
     # grids at once leave the union of both (each reads what the other wrote).
-    with store.exclusive(sweep_dir / store.CLAIMS_LOCK):
+    with store.exclusive(SweepPaths(sweep_dir).lock):
         merged = _check_relaunch(sweep_dir, config)
         # Before anything is written: a run file that disagrees with the sweep (of this grid
         # or another run of the folder) refuses the whole launch (exit 2, nothing run).
         check_records(sweep_dir, config, [s.run_id for s in specs or []])
         store.subdir(sweep_dir, store.RUNS)
-        store.write_text(sweep_dir / store.SWEEP_CONFIG,
+        store.write_text(SweepPaths(sweep_dir).config_file,
                          OmegaConf.to_yaml(redact.config(merged)))
     return SweepFolder(sweep_dir, tasks.checked(Config.from_dict(merged)))
 

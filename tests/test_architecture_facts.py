@@ -251,3 +251,25 @@ def test_no_module_but_the_folder_parses_the_sweep_config():
     readers = {path for path, text in _sources().items() if "read_sweep_config(" in text}
     # store defines it; the folder (`read_config`) reads it, once per open.
     assert readers <= {"store.py", "folder.py"}, readers
+
+
+def test_only_the_paths_join_the_folders_file_names():
+    # Every path of the sweep folder is derived in paths.py (SweepPaths, RunPaths) from the
+    # names in store.py: `x / store.STATUS` anywhere else is a second home for the layout.
+    names = {"RUNS", "SWEEP_CONFIG", "RUN_CONFIG", "STATUS", "METRICS", "METRIC_PARTS",
+             "HISTORY", "CLAIM", "CLAIMS_LOCK", "CHECKPOINTS", "SCRIPT_ROWS", "SCRIPT_STOP",
+             "PLAN", "SLURM", "FIGURES", "JOBS", "FITS", "FITS_JSON", "REPORT", "SCALE"}
+    assert names <= set(dir(store))
+    joined = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(PACKAGE))
+        if rel in ("store.py", "paths.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                right = node.right
+                name = right.attr if isinstance(right, ast.Attribute) else getattr(right, "id", "")
+                if name in names:
+                    joined.append(f"{rel}:{node.lineno} / {name}")
+    assert not joined, joined
+

@@ -57,7 +57,8 @@ def test_the_paths_are_the_documented_layout(tmp_path):
     assert run.sweep == tmp_path
     assert folder.result("fits") == tmp_path / "fits.parquet"
     assert folder.fits_json == tmp_path / "fits.json"
-    assert folder.plan == tmp_path / "plan.json" and folder.jobs == tmp_path / "jobs.json"
+    assert folder.plan == tmp_path / "plan.json"  # docs/planner.md
+    assert folder.jobs == tmp_path / "slurm" / "jobs.json"  # docs/executors.md
     assert RunPaths(run.folder) == run
     with pytest.raises(StoreError, match="not a run id"):
         folder.run("../elsewhere")

@@ -18,6 +18,7 @@ from gnsweep import store
 from gnsweep.analysis.compare import SweepFits, compare_rows
 from gnsweep.commands import Echo
 from gnsweep.errors import ConfigError, StoreError
+from gnsweep.paths import SweepPaths
 from gnsweep.tasks import about
 
 FORMATS = ("png", "pdf")
@@ -37,11 +38,12 @@ def load_sweep_fits(sweep_dir: Path) -> SweepFits:
     if not store.is_sweep(sweep_dir):
         raise StoreError(f"{sweep_dir}: not a sweep folder (no {store.SWEEP_CONFIG} and "
                          f"{store.RUNS}/); give folders written by `gnsweep launch`")
-    if not (sweep_dir / "fits.parquet").is_file():
+    fits_file = SweepPaths(sweep_dir).result("fits")
+    if not fits_file.is_file():
         raise StoreError(f"{sweep_dir}: not an analysed sweep (no fits.parquet); run "
                          f"`gnsweep analyze {sweep_dir}` first")
     config = SweepFolder.open(sweep_dir).config  # its run files checked, as every reader does
-    fits = store.read_table(sweep_dir / "fits.parquet").to_pandas()
+    fits = store.read_table(fits_file).to_pandas()
     task = about(config.task)
     return SweepFits(task=task.label, sweep=sweep_dir.name, sweep_dir=str(sweep_dir),
                      metric=task.metric, direction=task.direction,

@@ -31,6 +31,7 @@ from gnsweep.analysis.laws.family import (
 from gnsweep.analysis.pipeline import AnalysisError
 from gnsweep.commands import Echo
 from gnsweep.errors import ConfigError
+from gnsweep.paths import SweepPaths
 from gnsweep.tables import LAWS_SCHEMAS
 
 FORMATS = ("png", "pdf")
@@ -60,7 +61,7 @@ def sweep_runs(sweep_dir: Path) -> pd.DataFrame:
 def read_scale(sweep_dir: Path) -> dict[str, float]:
     """The model size a launch recorded (store.SCALE) and the task's examples a sample, as
     {"N": ..., "per_sample": ...}; one line when absent."""
-    path = sweep_dir / store.SCALE
+    path = SweepPaths(sweep_dir).scale
     if not path.is_file():
         raise AnalysisError(f"{sweep_dir}: no {store.SCALE} (the model size counted at launch): "
                             "relaunch the sweep with this gnsweep (finished runs are kept), or "

@@ -20,6 +20,7 @@ from gnsweep import store
 from gnsweep.commands import Echo
 from gnsweep.config import Config, ConfigError
 from gnsweep.folder import SweepFolder
+from gnsweep.paths import SweepPaths
 from gnsweep.planner.rules import SPREAD, Decision, PlanError, Proposal, RunOutcome, decide
 from gnsweep.runs import RunSpec, write_run
 from gnsweep.tasks import about
@@ -179,9 +180,9 @@ def examples_processed(sweep_dir: Path, run_ids: list[str] | None = None) -> int
     """Compute of the runs: examples processed (steps x batch size), diverged runs included."""
     total = 0
     for run_id in run_ids if run_ids is not None else store.run_ids(sweep_dir):
-        run_path = store.run_dir(sweep_dir, run_id)
-        batch = int(store.read_json(run_path / store.RUN_CONFIG)["run"]["batch_size"])
-        total += (store.read_status(run_path).steps or 0) * batch
+        run = SweepPaths(sweep_dir).run(run_id)
+        batch = int(store.read_json(run.record)["run"]["batch_size"])
+        total += (store.read_status(run.folder).steps or 0) * batch
     return total
 
 

@@ -14,6 +14,7 @@ from gnsweep import store
 from gnsweep.analysis.results import Results
 from gnsweep.commands import Echo
 from gnsweep.folder import SweepFolder, read_results
+from gnsweep.paths import SweepPaths
 
 FORMATS = ("png", "pdf")
 
@@ -30,8 +31,8 @@ def load_tables(sweep_dir: Path | SweepFolder, analyze: bool = True) -> Results:
     else:
         folder = None
     if folder is None and not store.is_sweep(sweep_dir) \
-            and not os.path.lexists(sweep_dir / store.SWEEP_CONFIG) \
-            and (sweep_dir / "fits.parquet").is_file():
+            and not os.path.lexists(SweepPaths(sweep_dir).config_file) \
+            and SweepPaths(sweep_dir).result("fits").is_file():
         return read_results(sweep_dir)  # `analyze --table` output: no runs, no curves
     folder = folder or SweepFolder.open(sweep_dir)
     if analyze and not all(folder.result(name).exists() for name in ("steps", "front", "fits")):
@@ -96,7 +97,7 @@ def write_figures(sweep_dir: Path, formats: tuple[str, ...] = FORMATS) -> Writte
         if isinstance(result, str):
             skipped[name] = result
         else:
-            paths += save(result, name, sweep_dir / store.FIGURES, formats)
+            paths += save(result, name, SweepPaths(sweep_dir).figures, formats)
     return Written(paths, skipped, notes)
 
 

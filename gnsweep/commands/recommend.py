@@ -15,6 +15,7 @@ from gnsweep.analysis.setting import Setting
 from gnsweep.commands import Echo
 from gnsweep.errors import ConfigError
 from gnsweep.folder import read_results
+from gnsweep.paths import SweepPaths
 
 
 def load(sweep_dir: Path) -> Results:
@@ -25,7 +26,7 @@ def load(sweep_dir: Path) -> Results:
     if not sweep_dir.is_dir():
         raise store.StoreError(f"{sweep_dir}: no such folder; give a sweep folder or the --out "
                                "folder of `gnsweep analyze --table`")
-    if (sweep_dir / store.result_file("fits")).is_file():
+    if SweepPaths(sweep_dir).result("fits").is_file():
         return read_results(sweep_dir)
     store.require_sweep(sweep_dir)
     return analyze_sweep(sweep_dir)

@@ -9,6 +9,7 @@ from gnsweep import store
 from gnsweep.analysis.results import Results
 from gnsweep.commands import Echo
 from gnsweep.config import Config
+from gnsweep.paths import SweepPaths
 from gnsweep.tasks import about
 
 
@@ -76,7 +77,7 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
     else:
         text = render(tables, {}, config, config_text, title, groups=sections,
                       along_figures=along)
-    path = sweep_dir / store.REPORT
+    path = SweepPaths(sweep_dir).report
     store.write_text(path, text)
     return path, skipped, all_notes
 

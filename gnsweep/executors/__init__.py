@@ -32,6 +32,7 @@ from gnsweep.errors import ScriptFailed, StopRequested
 from gnsweep.executors import claims
 from gnsweep.executors.watchdog import STALLED, Watchdog
 from gnsweep.folder import SweepFolder
+from gnsweep.paths import RunPaths
 from gnsweep.runs import OUT_OF_SPACE, RunState, needs_running, read_state
 from gnsweep.tracking import METRICS, RunLogger, make_logger
 
@@ -71,7 +72,7 @@ def log_event(run_path: Path, event: str, **fields: Any) -> None:
                        "pid": os.getpid(), "slurm_job_id": claims.slurm_job_id(),
                        "launch": os.environ.get(LAUNCH_ENV), **fields},
                       default=str) + "\n"
-    store.append_line(run_path / HISTORY, line)  # never through a link
+    store.append_line(RunPaths(run_path).history, line)  # never through a link
 
 
 def history_lines(run_path: Path) -> list[str]:
@@ -79,7 +80,7 @@ def history_lines(run_path: Path) -> list[str]:
     not JSON (a torn write, an edit) reads as text its readers skip; a FIFO or other special
     file in its place is refused (StoreError, `store.read_bytes`), never opened to block."""
     try:
-        data = store.read_bytes(run_path / HISTORY)
+        data = store.read_bytes(RunPaths(run_path).history)
     except FileNotFoundError:
         return []
     return data.decode("utf-8", errors="replace").splitlines()

@@ -26,13 +26,14 @@ from gnsweep.config import ExecutorConfig
 from gnsweep.executors import PREEMPTED
 from gnsweep.executors.base import Summary, Watcher, run_rounds
 from gnsweep.executors.torchrun import worker_command, write_runs_file
+from gnsweep.paths import SweepPaths
 from gnsweep.progress import SweepProgress
 
 if TYPE_CHECKING:
     from gnsweep.folder import SweepFolder
 
 FOLDER = store.SLURM
-JOBS = store.JOBS
+
 POLL_S = 2.0
 RDZV_PORT = 29400
 
@@ -163,7 +164,7 @@ def submit(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig,
     record = job_ids(sweep_dir)
     for job, part in zip(jobs, parts, strict=True):
         record.update(dict.fromkeys(part, job.job_id))
-    store.write_json(folder / JOBS, record)
+    store.write_json(SweepPaths(sweep_dir).jobs, record)
     return jobs
 
 
@@ -176,7 +177,7 @@ def _script_sweep(sweep_dir: Path) -> bool:
 
 def job_ids(sweep_dir: Path) -> dict[str, str]:
     """Run id -> the Slurm job id it was last submitted to."""
-    path = sweep_dir / FOLDER / JOBS
+    path = SweepPaths(sweep_dir).jobs
     return dict(store.read_json(path)) if path.is_file() else {}
 
 

@@ -53,6 +53,7 @@ from gnsweep.analysis.smoothing import (
 from gnsweep.config import Config
 from gnsweep.errors import ScriptFailed, StopRequested
 from gnsweep.measure.probe import overrun_steps
+from gnsweep.paths import RunPaths
 from gnsweep.runs import RunSpec
 from gnsweep.tasks import about
 from gnsweep.tasks.script import (
@@ -96,7 +97,7 @@ def placeholder_values(config: Config, spec: RunSpec, run_path: Path, resume_ste
         # sweep.targets=auto: none (the analysis chooses them; the run trains its budget).
         "targets": ",".join(f"{t:g}" for t in sweep.targets),
         "target": about(config.task).hardest(sweep.targets) if sweep.targets else "",
-        "checkpoint_dir": str(run_path / store.CHECKPOINTS),
+        "checkpoint_dir": str(RunPaths(run_path).checkpoints),
         "resume": int(resume_step > 0), "resume_step": resume_step, "attempt": attempt}
     assert set(values) == set(PLACEHOLDERS)
     return values
