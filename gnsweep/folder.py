@@ -1,16 +1,15 @@
 """An opened sweep folder: its typed config (config.yaml parsed and validated once), its run
-records checked once against it, and every path of the folder derived in one place, as
-submitit's `JobPaths` derives every path of a job from its folder.
+records checked once against it, and its paths (a `paths.SweepPaths`, as submitit's `JobPaths`
+derives every path of a job from its folder).
 
 A command opens the folder once at its start (`SweepFolder.open`: the folder is a sweep, its
 config.yaml reads, every run file agrees with it) and passes the object down; a worker opens it
 once at its start (`SweepFolder.of_config`: the config only, the launcher verified the runs)
-and reads each run's record from it (`SweepFolder.read_run`). Nothing below joins the folder's
-path strings: a file name lives in `store`, its path here.
+and reads each run's record from it (`SweepFolder.read_run`); a launch hands its workers the
+folder it wrote (`sweep.prepare_folder`). A file name lives in `store`, its path in `paths`.
 
-The analysis reads no folder: `SweepFolder.curves` and `SweepFolder.tables` read the runs'
-statuses and metrics files and hand the analysis (`gnsweep.analysis.load`) the tables it
-computes on.
+`SweepFolder.curves` and `SweepFolder.tables` read the runs' statuses and metrics files and
+hand the analysis (`gnsweep.analysis.load`) the tables it computes on.
 """
 
 from __future__ import annotations

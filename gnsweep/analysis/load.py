@@ -1,7 +1,7 @@
 """The runs of a sweep and their logged rows, as the analysis computes on them: the folder's
 reader (`gnsweep.folder.SweepFolder.run_tables`) hands over each run's row (grid point, state)
 and its metrics table; this module checks the rows and lays them out (`Curves`, or the
-(runs, metrics) frames). Pure: it opens no file."""
+(runs, metrics) frames), in memory."""
 
 from __future__ import annotations
 
