@@ -376,16 +376,20 @@ def test_the_command_under_each_executor(executor, expected):
 
 
 def test_a_multi_node_slurm_script_sweep_is_refused():
+    # The rules that tie a script to the other sections are the task registry's, checked where
+    # a config enters (`tasks.checked`: the composition, the folder's open, a launch).
     from gnsweep.config import Config
+    from gnsweep.tasks import checked
 
     with pytest.raises(ConfigError, match=r"sweep\.schedule=adaptive with task=script"):
-        Config.from_dict({"task": {"name": "script", "command": "python t.py"},
-                          "sweep": {"batch_sizes": [8], "schedule": "adaptive",
-                                    "exchange_rates": [10], "eps_max": 0.1}})
+        checked(Config.from_dict({"task": {"name": "script", "command": "python t.py"},
+                                  "sweep": {"batch_sizes": [8], "schedule": "adaptive",
+                                            "exchange_rates": [10], "eps_max": 0.1}}))
     with pytest.raises(ConfigError, match=r"executor\.nodes=2 with task=script"):
-        Config.from_dict({"task": {"name": "script", "command": "python t.py"},
-                          "sweep": {"batch_sizes": [8]},
-                          "executor": {"kind": "slurm", "nodes": 2, "nproc_per_node": 1}})
+        checked(Config.from_dict({"task": {"name": "script", "command": "python t.py"},
+                                  "sweep": {"batch_sizes": [8]},
+                                  "executor": {"kind": "slurm", "nodes": 2,
+                                               "nproc_per_node": 1}}))
 
 
 @pytest.mark.slow
