@@ -175,20 +175,9 @@ def checked_task(task: TaskConfig) -> TaskConfig:
 
 
 def checked(config: Config) -> Config:
-    """`config` with its task checked (`checked_task`) and the rules that tie the task to the
-    other sections: a training script's batch size is fixed for its run, and its command runs
-    on one node."""
-    config = replace(config, task=checked_task(config.task))
-    if config.task.name == SCRIPT and config.sweep.schedule != "constant":
-        raise ConfigError(f"sweep.schedule={config.sweep.schedule} with task=script: a "
-                          "script's batch size is the grid's, fixed for its run; use "
-                          "sweep.schedule=constant")
-    if config.task.name == SCRIPT and config.executor.kind == "slurm" \
-            and config.executor.nodes > 1:
-        raise ConfigError(f"executor.nodes={config.executor.nodes} with task=script: a "
-                          "script's command runs under torchrun on one node (its job's); "
-                          "use executor.nodes=1")
-    return config
+    """`config` with its task checked (`checked_task`); the rules that tie a task to the other
+    sections (a training script's) are `Config.check`'s."""
+    return replace(config, task=checked_task(config.task))
 
 
 @dataclass(frozen=True)
