@@ -563,11 +563,32 @@ class NoiseScaleEma:
 
 
 def with_precond(estimate: NoiseEstimate, precond: NoiseEstimate | None) -> NoiseEstimate:
-    """`estimate` with the preconditioned EMAs of `precond` (a `NoiseScaleEma` fed P-norms)."""
+    """`estimate` with the preconditioned EMAs of `precond` (a `NoiseScaleEma` fed P-norms);
+    B_simple_P NaN while it is not determined (`undetermined`: a window's G^T P G or
+    tr(P Sigma) not positive, or a single measurement), never a negative batch size."""
     if precond is None:
         return estimate
+    b_simple = precond.b_simple if undetermined(precond.g2, precond.trace_sigma,
+                                                precond.b_simple_se) is None else math.nan
     return replace(estimate, g2_precond=precond.g2, trace_sigma_precond=precond.trace_sigma,
-                   b_simple_precond=precond.b_simple)
+                   b_simple_precond=b_simple)
+
+
+def undetermined(g2: float, trace_sigma: float, se: float) -> tuple[str, str] | None:
+    """(key, why and until when) a noise scale `trace_sigma / g2` (the ratio of two EMAs, eq.
+    2.9; `se` its standard error) is not determined yet, or None when it is: the EMA of |G|^2
+    or of tr(Sigma) not positive (single estimates are unbiased and noisy, and their window's
+    mean is not yet resolved above zero: a ratio of them would be a negative or infinite batch
+    size), or a single measurement in the window (no standard error)."""
+    if not g2 > 0 or not trace_sigma > 0:
+        which, value = ("|G|^2", g2) if not g2 > 0 else ("tr(Sigma)", trace_sigma)
+        return ("negative", f"while the window's estimate of {which} is {value:.3g}, not yet "
+                "resolved above zero at this batch size: it will be once more measured steps "
+                "average it positive (sooner with a larger batch or a longer window)")
+    if not math.isfinite(se):
+        return ("one", "until the window holds two measurements (one so far gives no standard "
+                "error): from the next measured step")
+    return None
 
 
 def _ratio(numerator: float, denominator: float) -> float:

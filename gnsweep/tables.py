@@ -41,7 +41,7 @@ METRICS_SCHEMA = pa.schema([
     ("b_simple_se", pa.float64()),    # standard error of b_simple (delta method over the window)
     ("g2_precond", pa.float64()),     # EMA of G^T P G (P: the optimizer's preconditioner)
     ("trace_sigma_precond", pa.float64()),  # EMA of tr(P Sigma)
-    ("b_simple_precond", pa.float64()),     # EMA(tr P Sigma) / EMA(G^T P G); b_simple under SGD
+    ("b_simple_precond", pa.float64()),     # EMA(tr P Sigma) / EMA(G^T P G), NaN until determined
     ("probe_g2", pa.float64()),       # frozen-parameter probe: |G|^2 (NaN between probes)
     ("probe_trace_sigma", pa.float64()),    # probe: tr(Sigma)
     ("probe_g_h_g", pa.float64()),          # probe: G^T H G

@@ -27,9 +27,11 @@ def _steps(batch: int, lr: float) -> float:
     return (S_MIN + E_MIN / batch) * math.exp(0.3 * math.log(lr / 0.4) ** 2)
 
 
-def _sweep(root):
+def _sweep(root, negative_precond: bool = False):
     """A sweep folder by hand whose B_simple is 10 B/eps (T = eps/B: exponent -1 exactly) and
-    B_simple_P twice that; the loss falls log-linearly through the target 0.5."""
+    B_simple_P twice that; the loss falls log-linearly through the target 0.5.
+    `negative_precond`: B_simple_P logged negative on every other row (as logs did before it
+    was NaN while its window's G^T P G was not resolved above zero)."""
     root.mkdir(parents=True)
     (root / "config.yaml").write_text(yaml.safe_dump({
         "sweep": {"targets": [0.5]}, "train": {"optimizer": "adam"},
@@ -47,14 +49,19 @@ def _sweep(root):
             rows = {f.name: [math.nan] * n for f in store.METRICS_SCHEMA}
             rows.update(step=step.astype(int).tolist(), examples=(step * b).astype(int).tolist(),
                         loss=loss.tolist(), loss_smooth=loss.tolist(),
-                        b_simple=[10.0 * b / lr] * n, b_simple_precond=[20.0 * b / lr] * n)
+                        b_simple=[10.0 * b / lr] * n, b_simple_precond=[
+                            -3.0 * b / lr if negative_precond and i % 2 else 20.0 * b / lr
+                            for i in range(n)])
             store.write_table(path / store.METRICS, store.metrics_table(rows))
             store.write_status(path, "done")
     return root
 
 
-def test_analyze_writes_ratio_precond_and_temperature(tmp_path):
-    sweep = _sweep(tmp_path / "s")
+@pytest.mark.parametrize("negative_precond", [False, True])
+def test_analyze_writes_ratio_precond_and_temperature(tmp_path, negative_precond):
+    """Non-positive B_simple_P rows are no batch size: analyze skips them as NaN rows, so the
+    tables are those of the positive rows alone."""
+    sweep = _sweep(tmp_path / "s", negative_precond)
     result = CliRunner().invoke(app, ["analyze", str(sweep)])
     assert result.exit_code == 0, result.output
     fits = pq.read_table(sweep / "fits.parquet").to_pandas().iloc[0]

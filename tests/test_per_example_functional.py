@@ -180,9 +180,8 @@ class _Projected(nn.Module):
 
 @pytest.mark.parametrize("name", ["vit", "projected"])
 def test_broadcast_parameters_through_their_expanded_views(name: str, caplog) -> None:
-    """The ViT's class token and position embedding are per-example (only nn.MultiheadAttention
-    needs micro-batches, here of one example, so that the mixed estimator is brute force
-    itself); a (1, C) parameter the model uses otherwise is found by the check and measured with
+    """The ViT's class token and position embedding are per-example (nn.MultiheadAttention
+    too, whole); a (1, C) parameter the model uses otherwise is found by the check and measured with
     micro-batches, said with the reason. Both agree with brute force."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)

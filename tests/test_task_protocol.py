@@ -381,7 +381,8 @@ def test_b_noise_of_a_model_with_fused_attention_is_measured(caplog):
 
     task = chars.make(chars.Options(context=8, width=16, heads=2, depth=1, eval_windows=0), 0)
     model = task.model()
-    # Micro-batches: chars' positions (arange(T), no batch dimension) have no per-example norms.
+    # Micro-batches (per-example norms would do too: chars' positions arange(T) are measured
+    # through their output expanded along the batch).
     monitor = NoiseScaleMonitor(model, "microbatch", task_loss=task.loss, hessian_every=1)
     generator = torch.Generator().manual_seed(0)
     with caplog.at_level("WARNING", logger="gnsweep.measure"):

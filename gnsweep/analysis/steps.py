@@ -407,8 +407,13 @@ def _precond_sums(curves: Curves) -> _RunningMeans:
         return cast(_RunningMeans, cached)
     batch = curves.runs["batch_size"].to_numpy(float)
     run_of_row = np.repeat(np.arange(len(curves.runs)), curves.lengths)
-    out = _RunningMeans(curves.columns["b_simple_precond"], curves.columns["step"],
-                        curves.offsets[:-1], run_of_row, batch)
+    # A non-positive B_simple_P is a window whose G^T P G (or tr(P Sigma)) is not yet resolved
+    # above zero, not a batch size: such rows (logs written before the monitor made them NaN,
+    # a script's own log) carry no value, as NaN rows do.
+    values = curves.columns["b_simple_precond"]
+    with np.errstate(invalid="ignore"):
+        values = np.where(values > 0, values, np.nan)
+    out = _RunningMeans(values, curves.columns["step"], curves.offsets[:-1], run_of_row, batch)
     curves.derived["precond_sums"] = out
     return out
 

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from gnsweep import noise
+
 log = logging.getLogger("gnsweep.integrations")
 
 if TYPE_CHECKING:
@@ -57,6 +59,14 @@ class Watched(nn.Module):
             return self.call(self.inner, *args, **kwargs)
         return self.inner(*args, **kwargs)
 
+    def probe_forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The model run on what `count` was given (`gnsweep.measure.positions` runs it on a
+        few examples, without gradients, to find the embeddings looked up once for the whole
+        batch); a model that cannot be called so raises, and the probe gives no verdict."""
+        if self.call is not None:
+            return self.call(self.inner, *args, **kwargs)
+        return self.inner(*args, **kwargs)
+
     def count(self, batch: Any) -> bool:
         """Record one forward of the model on `batch`; False when it has no batch dimension."""
         first = first_tensor(batch)
@@ -91,27 +101,26 @@ def metrics(estimate: NoiseEstimate | None, *, with_b_noise: bool,
             log.warning("noise scale: b_simple is logged as NaN %s", text)
     if with_b_noise and math.isfinite(estimate.b_noise):
         out["b_noise"] = float(estimate.b_noise)
-    if math.isfinite(estimate.b_simple_precond):
-        # B_simple in the optimizer's preconditioner (docs/noise.md), once measured.
+    if math.isfinite(estimate.g2_precond):
+        # B_simple in the optimizer's preconditioner (docs/noise.md), once measured: NaN
+        # while it is not determined (`gnsweep.noise.with_precond`), said once with why.
         out["b_simple_precond"] = float(estimate.b_simple_precond)
+        if not math.isfinite(estimate.b_simple_precond):
+            why = noise.undetermined(estimate.g2_precond, estimate.trace_sigma_precond,
+                                     math.nan)
+            if why is not None and said is not None and f"precond {why[0]}" not in said:
+                said.add(f"precond {why[0]}")
+                log.warning("noise scale: b_simple_precond is logged as NaN %s",
+                            why[1].replace("|G|^2", "G^T P G").replace("tr(Sigma)",
+                                                                      "tr(P Sigma)"))
     return out
 
 
 def undetermined(estimate: NoiseEstimate) -> tuple[str, str] | None:
-    """(key, why and until when) B_simple is not determined yet, or None when it is: the EMA of
-    |G|^2 or of tr(Sigma) not positive (single estimates are unbiased and noisy, and their
-    window's mean is not yet resolved above zero: a ratio of them would be a negative or
-    infinite batch size), or a single measurement in the window (no standard error)."""
-    if not estimate.g2 > 0 or not estimate.trace_sigma > 0:
-        which, value = ("|G|^2", estimate.g2) if not estimate.g2 > 0 else \
-            ("tr(Sigma)", estimate.trace_sigma)
-        return ("negative", f"while the window's estimate of {which} is {value:.3g}, not yet "
-                "resolved above zero at this batch size: it will be once more measured steps "
-                "average it positive (sooner with a larger batch or a longer window)")
-    if not math.isfinite(estimate.b_simple_se):
-        return ("one", "until the window holds two measurements (one so far gives no standard "
-                "error): from the next measured step")
-    return None
+    """(key, why and until when) B_simple is not determined yet, or None when it is
+    (`gnsweep.noise.undetermined`: the EMA of |G|^2 or of tr(Sigma) not positive, or a single
+    measurement in the window)."""
+    return noise.undetermined(estimate.g2, estimate.trace_sigma, estimate.b_simple_se)
 
 
 def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:

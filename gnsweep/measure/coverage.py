@@ -71,6 +71,9 @@ class Coverage:
         self.handles: list[Any] = []
         self.probed: set[int] = set()
         """Batch sizes whose layout was checked."""
+        self.second: set[int] = set()
+        """Layers whose examples were taken along dim 1 (sequence-first, T != B): the layout
+        check holds their dim 1 to the batch."""
         self.reset()
         self.arm()
 
@@ -195,7 +198,8 @@ class Coverage:
             return {}
         self.probed.add(batch)
         full = [(name, m) for name, m in self.layers if self.first_dims.get(id(m)) == {batch}]
-        if not full:
+        second = [(name, m) for name, m in self.layers if id(m) in self.second]
+        if not full and not second:
             return {}
         half = batch // 2
         seen: dict[int, list[torch.Size]] = {}
@@ -204,7 +208,7 @@ class Coverage:
             if inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].dim() > 0:
                 seen.setdefault(id(module), []).append(inputs[0].shape)
 
-        handles = [m.register_forward_hook(record) for _, m in full]
+        handles = [m.register_forward_hook(record) for _, m in (*full, *second)]
         devices = sorted({p.device.index or 0 for p in self.params if p.device.type == "cuda"})
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=devices):
@@ -215,6 +219,14 @@ class Coverage:
             for handle in handles:
                 handle.remove()
         wrong: dict[str, str] = {}
+        for name, module in second:
+            shapes = seen.get(id(module))
+            if not shapes or all(len(s) > 1 and s[1] == half for s in shapes):
+                continue
+            shape = next(s for s in shapes if len(s) < 2 or s[1] != half)
+            wrong[name] = (f"input {tuple(shape)} on half the batch: its dim 1 was taken for "
+                           "the examples (a sequence-first layout) and does not follow the "
+                           "batch")
         for name, module in full:
             shapes = seen.get(id(module))
             if not shapes or all(s[0] == half for s in shapes):

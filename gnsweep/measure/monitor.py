@@ -112,10 +112,11 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
     `timed_auto`: the cheaper of per-example norms and micro-batches is kept after the
     first measured step (`gnsweep.measure.choice.AutoChoice`).
 
-    A layer whose gradient per-example norms cannot attribute to examples (its input has no
-    batch dimension: positions `wpe(torch.arange(T))`, `unattributed`) leaves the first
-    measured step unmeasured; `method="auto"` then measures with micro-batches (said once,
-    `choice` says why), an explicit `"per_example"` raises a ValueError.
+    A layer whose gradient per-example norms cannot attribute to examples (examples along
+    dim 1, a sequence-first layout; positions `wpe(torch.arange(T))` where the check of
+    `gnsweep.measure.positions` gives no verdict; `unattributed`) leaves the first measured
+    step unmeasured; `method="auto"` then measures with micro-batches (said once, `choice`
+    says why), an explicit `"per_example"` raises a ValueError.
     """
 
     def __init__(self, model: nn.Module, method: str = "auto", *, every: int | str = 1,

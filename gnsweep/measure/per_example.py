@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Collection
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
@@ -16,10 +17,13 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.modules.module import _global_forward_hooks
 
+from gnsweep.measure import attention as attention_route
+from gnsweep.measure.attention import Attention
 from gnsweep.measure.broadcast import Broadcast, candidates
 from gnsweep.measure.common import Gate, fp32, say_once, sq
 from gnsweep.measure.coverage import Coverage
 from gnsweep.measure.functional import functional_refusal, per_example_sq
+from gnsweep.measure.positions import shared_lookups
 from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like, own_forward
 from gnsweep.measure.source import Reading, StepNorms, unscale
 from gnsweep.noise import NormPair
@@ -64,10 +68,24 @@ class PerExample:
         self._positions: dict[int, bool] = {}
         self._names = {id(m): name or type(m).__name__ for name, m in model.named_modules()}
         self.excluded = dict(excluded or {})
-        excluded = self.excluded | read_functionally(model)
         wanted = {id(p) for p in measured}
         owners = Counter(id(p) for m in model.modules()
                          for p in m.parameters(recurse=False))
+        # nn.MultiheadAttention whole, as one leaf (`gnsweep.measure.attention`): its
+        # parameters are read inside F.multi_head_attention_forward, out_proj's too.
+        found_attention: list[tuple[str, nn.MultiheadAttention]] = []
+        whole: set[int] = set()
+        """Attention modules measured whole, and their out_proj layers."""
+        for name, module in model.named_modules():
+            if not isinstance(module, nn.MultiheadAttention):
+                continue
+            ids = {id(p) for _, p in attention_route.parameters(module)}
+            if ids and ids <= wanted and not ids & set(self.excluded) and \
+                    all(owners[i] == 1 for i in ids):
+                found_attention.append((name or type(module).__name__, module))
+                whole |= {id(module), id(module.out_proj)}
+                self.covered |= ids
+        excluded = self.excluded | read_functionally(model, whole)
         skipped: list[str] = []
         self.layers: list[tuple[str, nn.Module]] = []
         """The hooked layers (name, layer), those of tied parameters too."""
@@ -77,7 +95,7 @@ class PerExample:
         """Parameter id -> why: parameters of functional-route layers met in a call that route
         cannot take (the monitor moves them to micro-batches)."""
         # Parameters shared by several layers: the norm of the summed per-example gradient.
-        self.tied = Tied(gate, model, wanted - set(excluded))
+        self.tied = Tied(gate, model, wanted - set(excluded) - self.covered)
         self.covered |= self.tied.covered
         self.handles += self.tied.handles
         # Parameters of shape (1, ...) held by a layer of one's own beside its children (a
@@ -86,6 +104,8 @@ class PerExample:
                  if _own_kind(c[1]) and next(c[1].children(), None) is not None]
         spread = {id(c[3]) for c in found}
         for name, module in model.named_modules():
+            if id(module) in whole:
+                continue
             if id(module) in self.tied.modules:
                 self.layers.append((name or type(module).__name__, module))
                 continue
@@ -126,12 +146,24 @@ class PerExample:
         """The broadcast parameters measured through their expanded views."""
         self.handles += self.broadcast.handles
         self.covered |= spread
+        self.lookups = Lookups(model, {id(m): (name, m) for name, m in self.layers
+                                       if isinstance(m, nn.Embedding)
+                                       and id(m) not in self.tied.modules})
+        """The embeddings looked up once for the whole batch (positions)."""
+        self.attention = Attention(gate, found_attention, lambda: self.batch,
+                                   lambda: self.forward_id, lambda: self.values,
+                                   lambda: self.coverage.armed)
+        """The nn.MultiheadAttention modules measured whole (`gnsweep.measure.attention`)."""
+        self.handles += self.attention.handles
         self.skipped = skipped
         """The layers left to micro-batches, each with why (name (reason))."""
         by_forward = [name for name, m in self.layers if id(m) in self.functional]
         views = [name for name, _, _, _ in found]
-        self.routes = "; ".join(part for part in (
+        attending = [name for name, _ in found_attention]
+        self._routes = "; ".join(part for part in (
             f"by their own forward: {', '.join(by_forward)}" if by_forward else "",
+            f"nn.MultiheadAttention whole: {', '.join(attending)}" if attending
+            else "",
             f"through their views expanded along the batch: {', '.join(views)}" if views
             else "") if part)
         """What is measured per example another way than by the layer formulas (one line, ""
@@ -142,7 +174,7 @@ class PerExample:
                      "parameters are measured with micro-batches")
         self.params = [p for p in measured if id(p) in self.covered]
         self.coverage = Coverage(gate, model, self.layers, self.params, self.functional,
-                                 lambda: self.broadcast.implied)
+                                 lambda: self.broadcast.implied | self.attention.implied)
         """The run-time proof that these hooks see the covered parameters' whole gradients."""
 
     def reset(self) -> None:
@@ -157,6 +189,8 @@ class PerExample:
         if hasattr(self, "broadcast"):
             self.broadcast.implied = {}
             self.broadcast.restore()  # a forward that raised may have left its views in
+        if hasattr(self, "attention"):
+            self.attention.reset()
 
     def _forward(self, module: nn.Module, inputs: tuple, output: Any) -> Any:
         if not (self.gate.capturing and torch.is_grad_enabled()):
@@ -166,7 +200,26 @@ class PerExample:
         a = inputs[0]
         if not isinstance(a, torch.Tensor):
             return None
-        if self.batch > 1 and output.shape[0] != self.batch:
+        if self.batch > 1 and a.dim() == 1 and not self.lookups.probed and \
+                id(module) in self.lookups.embeddings:
+            self.lookups.probe()  # before any expanded output is used in training
+        if id(module) in self.lookups.refused:
+            self.invalid = True  # its weight goes to micro-batches (`verify`)
+            return None
+        if self.batch > 1 and id(module) in self.lookups.shared and a.dim() == 1:
+            # Looked up once for the whole batch (`gnsweep.measure.positions`): the output
+            # expanded along the batch, so that its hook receives each example's gradient.
+            a = a.unsqueeze(0).expand(self.batch, -1)
+            output = output.unsqueeze(0).expand(self.batch, *output.shape)
+        flipped = False
+        if self.batch > 1 and output.shape[0] != self.batch and \
+                _sequence_first(module, a, output, self.batch):
+            # Examples along dim 1 (a sequence-first layer, (T, B, ...), T != B): the same
+            # formulas on the views with the batch first; the layout check holds dim 1 to the
+            # batch (`Coverage.layout`).
+            self.coverage.second.add(id(module))
+            flipped = True
+        elif self.batch > 1 and output.shape[0] != self.batch:
             fitted = along_batch(module, a, output, self.batch)
             if fitted is None:
                 # Examples are not along dim 0 here (an input without the batch dimension,
@@ -174,7 +227,7 @@ class PerExample:
                 # wrong, so the step is not measured.
                 return self._unattributed(module, a, output)
             a, output = fitted
-        elif self.batch > 1 and self._positions_only(module, a):
+        elif self.batch > 1 and not self.lookups.known and self._positions_only(module, a):
             # (T,) positions whose count happens to equal the batch's: still not examples.
             return self._unattributed(module, a, output)
         if self._last_forward.get(id(module)) == self.forward_id:
@@ -193,13 +246,17 @@ class PerExample:
             self.positional.add(type(module).__name__)
             return _ConvWeightByExamples.apply(a, module.weight, module.bias, output.detach(),
                                                module, self)
-        saved = a.detach()
+        saved = a.detach().transpose(0, 1) if flipped else a.detach()
         sequence = isinstance(module, nn.Embedding) and saved[0].numel() > 1
         if linear_like(module) or sequence or isinstance(module, (nn.Conv1d, nn.Conv2d)):
             self.positional.add(type(module).__name__)
         if linear_like(module) or sequence:
             positions = saved[0].numel() if sequence else math.prod(saved.shape[1:-1])
             self.positions = max(self.positions, positions)
+        if flipped:
+            output.register_hook(lambda grad: self._backward(module, saved,
+                                                             grad.transpose(0, 1)))
+            return output
         output.register_hook(lambda grad: self._backward(module, saved, grad))
         return output
 
@@ -291,7 +348,7 @@ class PerExample:
         tied = self.tied.total()
         if tied is not None:
             self.values.append(tied)
-        if self.invalid or not (self.values or self.rows):
+        if self.invalid or self.attention.invalid or not (self.values or self.rows):
             return None
         # The rows' sum_i |a_i|^2 |d_i|^2 in one dot (and sum_i |d_i|^2 of their biases in one
         # sum), |G_big|^2's parameter gradients in one foreach norm, all in one transfer.
@@ -333,10 +390,14 @@ class PerExample:
     weighs = False
 
     def saw_forward(self, args: tuple, kwargs: dict, batch: int) -> None:
-        """The model's forward starts, on a batch of `batch` examples (the monitor counts)."""
+        """The model's forward starts, on a batch of `batch` examples (the monitor counts);
+        its arguments are kept for the check of the embeddings looked up once for the whole
+        batch, until it ran (`Lookups.probe`)."""
         self.forward_id += 1
         self.batch = batch
         self.coverage.saw_inputs(args, kwargs, batch)
+        if not self.lookups.probed:
+            self.lookups.inputs = (args, kwargs, batch)
 
     def verify(self, busy: AbstractContextManager[Any], loss_scale: float,
                grads_unscaled: bool) -> dict[int, str]:
@@ -347,6 +408,8 @@ class PerExample:
         and broadcast parameters the model does not broadcast along the batch (their own
         reason first). Any of them discards the step's per-example pair."""
         uncovered: dict[int, str] = {}
+        for key in self.lookups.shared:  # no batch dimension, known: not the layout's to judge
+            self.coverage.first_dims.pop(key, None)
         if self.coverage.armed:
             with busy:
                 wrong = self.coverage.layout()
@@ -358,9 +421,11 @@ class PerExample:
                 uncovered = self.coverage.check(loss_scale, 1.0 if grads_unscaled
                                                 else loss_scale)
                 self.invalid = self.invalid or bool(uncovered)
-        if self.refused or self.broadcast.refused:
+        self.refused.update(self.lookups.refused_parameters())
+        if self.refused or self.broadcast.refused or self.attention.refused:
             uncovered.update(self.refused)
             uncovered.update(self.broadcast.refused)
+            uncovered.update(self.attention.refused)
             self.invalid = True
         return uncovered
 
@@ -387,20 +452,69 @@ class PerExample:
         self.coverage.disarm()
         return None
 
+    @property
+    def routes(self) -> str:
+        """What is measured per example another way than by the layer formulas (one line, ""
+        when nothing): layers of one's own, attention modules whole, broadcast parameters and
+        embeddings looked up once for the whole batch, by name."""
+        shared = sorted(self.lookups.embeddings[key][0] for key in self.lookups.shared)
+        lookups = (f"looked up once for the batch, through their outputs expanded along it: "
+                   f"{', '.join(shared)}") if shared else ""
+        return "; ".join(part for part in (self._routes, lookups) if part)
+
     def describe(self) -> str:
         said = f"; {self.routes}" if self.routes else ""
         return f"per-example norms of {len(self.params)} parameters (b_small = 1){said}"
 
 
-def read_functionally(model: nn.Module) -> dict[int, str]:
+class Lookups:
+    """The embeddings of a model looked up once for the whole batch (`shared`, ids), found
+    once, when a measured forward first looks one up with a 1-d index
+    (`gnsweep.measure.positions.shared_lookups`): their outputs are expanded along the batch
+    on measured steps; those the model does not broadcast over the examples are `refused`
+    (id -> why), their weights left to micro-batches."""
+
+    def __init__(self, model: nn.Module, embeddings: dict[int, tuple[str, nn.Module]]) -> None:
+        self.model, self.embeddings = model, embeddings
+        self.shared: set[int] = set()
+        self.refused: dict[int, str] = {}
+        self.probed = not embeddings
+        self.inputs: tuple[tuple, dict, int] | None = None
+        """The model's current call (arguments and batch), kept until the check ran."""
+        self.known = False
+        """The probe ran: an embedding not in `shared` has the batch along dim 0."""
+
+    def probe(self) -> None:
+        """Find them, from the model's current call (`inputs`), the first time an embedding is
+        looked up with a 1-d index on a measured step (a model without one is never run
+        again): the model is run inside its own forward, without gradients, where no hook
+        of the monitor captures."""
+        self.probed = True
+        if self.inputs is None:
+            return
+        args, kwargs, batch = self.inputs
+        self.inputs = None
+        found = shared_lookups(self.model, self.embeddings, args, kwargs, batch)
+        if found is not None:
+            self.shared, self.refused = found
+            self.known = True
+
+    def refused_parameters(self) -> dict[int, str]:
+        """Parameter id -> why, for the weights of the refused lookups."""
+        return {id(p): why for key, why in self.refused.items()
+                for p in self.embeddings[key][1].parameters(recurse=False) if p.requires_grad}
+
+
+def read_functionally(model: nn.Module, measured: Collection[int] = ()) -> dict[int, str]:
     """Parameter id -> why, for the parameters of layers whose own forward never runs because
     their owner reads their parameters functionally: `nn.MultiheadAttention`'s `out_proj`
-    (`F.multi_head_attention_forward` takes `out_proj.weight` and `.bias`). Their hooks would
+    (`F.multi_head_attention_forward` takes `out_proj.weight` and `.bias`), where the attention
+    module is not measured whole (`measured`: the ids of those that are). Their hooks would
     never fire while their gradients count in `.grad`; `gnsweep.measure.coverage` catches the
     cases not known here."""
     found: dict[int, str] = {}
     for module in model.modules():
-        if isinstance(module, nn.MultiheadAttention):
+        if isinstance(module, nn.MultiheadAttention) and id(module) not in measured:
             for p in module.out_proj.parameters(recurse=False):
                 found[id(p)] = ("read by nn.MultiheadAttention's functional forward; its own "
                                 "forward never runs")
@@ -416,6 +530,23 @@ def positions_only(module: nn.Module, a: torch.Tensor) -> bool:
     if not isinstance(module, nn.Embedding) or a.dim() != 1 or a.numel() < 2:
         return False
     return bool((a[1:] - a[:-1] == 1).all())
+
+
+def _sequence_first(module: nn.Module, a: torch.Tensor, output: torch.Tensor, batch: int
+                    ) -> bool:
+    """Whether a layer's call looks sequence-first, (T, B, ...) with T != B: a linear layer or a
+    LayerNorm / RMSNorm over the last dimension of a 3-d or larger input, or an embedding of a
+    2-d or larger index, whose input and output hold the batch's `batch` examples along dim 1
+    and something else along dim 0 (PyTorch's transformer layers with batch_first=False).
+    `Coverage.layout` checks once per batch size that dim 1 is the batch's."""
+    if output.dim() < 3 or output.shape[1] != batch or output.shape[0] == batch:
+        return False
+    if a.dim() < 2 or a.shape[1] != batch or a.shape[0] != output.shape[0]:
+        return False
+    if isinstance(module, nn.Embedding):
+        return True
+    return a.dim() >= 3 and (linear_like(module) or isinstance(module, (nn.LayerNorm,
+                                                                       nn.RMSNorm)))
 
 
 def _row_sq(x: torch.Tensor) -> torch.Tensor:

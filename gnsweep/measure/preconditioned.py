@@ -12,7 +12,7 @@ from gnsweep.measure.ddp import DdpHook, RankGrads
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.precond import IDENTITY, kind, preconditioner
 from gnsweep.measure.source import Sources, unscale
-from gnsweep.noise import NoiseEstimate, NoiseScaleEma, NormPair, with_precond
+from gnsweep.noise import NoiseEstimate, NoiseScaleEma, NormPair, undetermined, with_precond
 
 
 class Preconditioned(Sources):
@@ -142,4 +142,11 @@ class Preconditioned(Sources):
             # B_simple_P stands on its own pairs: shown even where B_simple's were not complete.
             base = self.estimate if self.estimate is not None else NoiseEstimate(
                 *([math.nan] * 9))
-            self.estimate = with_precond(base, self.ema_precond.estimate())
+            estimate = self.ema_precond.estimate()
+            self.estimate = with_precond(base, estimate)
+            why = undetermined(estimate.g2, estimate.trace_sigma, estimate.b_simple_se)
+            if why is not None and why[0] == "negative":  # NaN (`with_precond`), said once
+                # (a single measurement, NaN at the first measured step only, goes unsaid)
+                self.warn_once(f"precond {why[0]}", "noise scale: b_simple_precond is NaN " +
+                               why[1].replace("|G|^2", "G^T P G").replace("tr(Sigma)",
+                                                                          "tr(P Sigma)"))
