@@ -120,9 +120,9 @@ def _config(model: str, noise: dict[str, Any], steps: int, precision: str) -> An
 
 
 def _one_run(model: str, noise: dict[str, Any], steps: int, precision: str
-             ) -> tuple[float, float, float]:
+             ) -> tuple[float, float, float, str]:
     """(seconds of the run's training loop, share of steps measured, B_simple's relative
-    standard error at its end)."""
+    standard error at its end, the method it measured with)."""
     from gnsweep.runs import RunSpec
     from gnsweep.training import build_run, run
 
@@ -135,16 +135,20 @@ def _one_run(model: str, noise: dict[str, Any], steps: int, precision: str
     estimate = state.estimate
     rel = math.nan if estimate is None or not estimate.b_simple else \
         estimate.b_simple_se / abs(estimate.b_simple)
-    return seconds, state.monitor.schedule.share, rel
+    return seconds, state.monitor.schedule.share, rel, state.monitor.measures
 
 
-def measure(model: str, steps: int, rounds: int, precision: str = "fp32") -> dict[str, Any]:
+def measure(model: str, steps: int, rounds: int, precision: str = "fp32",
+            only: tuple[str, ...] = tuple(VARIANTS)) -> dict[str, Any]:
     """One model's row: each variant's fastest run over the fastest run with measurement
-    off, the variants interleaved round by round."""
-    variants = dict(VARIANTS)
+    off, the variants interleaved round by round. `only`: the variants run (`none` and
+    `default` always; the others NaN)."""
+    variants = {name: VARIANTS[name] for name in VARIANTS
+                if name in only or name in ("none", "default")}
     best: dict[str, float] = {}
     shares: dict[str, float] = {}
     errors: dict[str, float] = {}
+    methods: dict[str, str] = {}
     for name in list(variants):  # a refused method (no norm layers) is left out: NaN
         try:
             _one_run(model, variants[name], 2, precision)  # warm-up, and the refusal
@@ -152,9 +156,9 @@ def measure(model: str, steps: int, rounds: int, precision: str = "fp32") -> dic
             del variants[name]
     for _ in range(rounds):
         for name, noise in variants.items():
-            seconds, share, rel = _one_run(model, noise, steps, precision)
+            seconds, share, rel, method = _one_run(model, noise, steps, precision)
             best[name] = min(best.get(name, math.inf), seconds)
-            shares[name], errors[name] = share, rel
+            shares[name], errors[name], methods[name] = share, rel, method
     base = best["none"]
     row: dict[str, Any] = {"model": model, "steps": steps, "none_s": round(base, 4)}
     for name in VARIANTS:
@@ -162,6 +166,7 @@ def measure(model: str, steps: int, rounds: int, precision: str = "fp32") -> dic
             row[name] = round(best[name] / base, 3) if name in best else math.nan
     row["default_share"] = round(shares["default"], 3)
     row["default_rel_se"] = round(errors["default"], 3)
+    row["default_method"] = methods["default"]
     return row
 
 
@@ -190,6 +195,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--more", action="store_true", help="200 steps a run, 5 rounds")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="the variants run (none and default always); the others NaN")
     parser.add_argument("--json", type=Path, default=None)
     args, _ = parser.parse_known_args(argv)
     models = [m for m in args.models.split(",") if m]
@@ -204,10 +211,15 @@ def main(argv: list[str]) -> dict[str, Any]:
         torch.set_num_threads(1)
     elif not torch.cuda.is_available():
         raise SystemExit("bench sweep_cost: --device cuda, but torch sees no GPU")
+    only = tuple(v for v in args.variants.split(",") if v)
+    wrong = [v for v in only if v not in VARIANTS]
+    if wrong:
+        raise SystemExit(f"bench sweep_cost: unknown variant {wrong[0]!r}; choose from "
+                         f"{', '.join(VARIANTS)}")
     with _gpus_hidden(args.device == "cpu"):
-        rows = [measure(m, steps, rounds, args.precision) for m in models]
+        rows = [measure(m, steps, rounds, args.precision, only) for m in models]
     columns = ["model", "steps", "none_s", *[v for v in VARIANTS if v != "none"],
-               "default_share", "default_rel_se"]
+               "default_share", "default_rel_se", "default_method"]
     print(f"sweep_cost: a run's training time / the same run with noise.method=none "
           f"({args.device}, {args.precision}, fastest of {rounds} interleaved rounds)")
     print("  ".join(f"{c:>14}" for c in columns))

@@ -44,10 +44,9 @@ def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int
     each measured step is cut into micro-batches anyway, for the preconditioned pair of an
     adaptive optimizer; the hooks then only add), or where some layer's per-example norm
     needs per-position work (`positional`: its kinds) and the batch is large enough for
-    micro-batches to cost less: at
-    least `MICROBATCH_FROM` examples with convolutions, or at least `SEQUENCE_MICROBATCH_TOKENS`
-    tokens (batch x `positions`, the most positions per example of a sequence layer) with
-    sequence layers; else per-example norms."""
+    micro-batches to cost less: at least `MICROBATCH_FROM` examples with convolutions, or at
+    least `SEQUENCE_MICROBATCH_TOKENS` tokens (batch x `positions`, the most positions per
+    example of a sequence layer) with sequence layers; else per-example norms."""
     if rest:
         return "microbatch", "layers without per-example norms need micro-batches anyway"
     if split:
