@@ -8,8 +8,9 @@ variants interleaved round by round; each variant's fastest round is kept (other
 machine only ever adds time) and divided by the fastest run with measurement off:
 
 - default: the settings a sweep runs with (`noise.method=auto`, `noise.every=auto`); its share
-  of steps measured (`default_share`) and its B_simple's relative standard error at the end
-  (`default_rel_se`) beside it;
+  of steps measured (`default_share`), its B_simple's relative standard error at the end
+  (`default_rel_se`) and the method it measured with (`default_method`: under Adam, whose
+  preconditioned pair cuts measured steps into micro-batches anyway, `microbatch`) beside it;
 - every_step: `noise.method=auto` with `noise.every=1` (what the checks compare B_simple with);
 - per_example, microbatch, norm_layers: each method on every step (NaN where it is refused for
   the model: norm_layers without LayerNorm/RMSNorm layers).
@@ -21,9 +22,12 @@ Llama-style transformer with a custom RMSNorm and a broadcast position-embedding
 (`bench.architectures.llama`, the same sizes; `--models llama`).
 
 Flags: `--models` (default mlp, cnn, gpt2, lm512: about 2 minutes on one loaded CPU core;
-lm4096 takes as long again), `--steps` (a run's steps; default 40), `--rounds` (default 3),
-`--more` (every model, 200 steps, 5 rounds), `--device` (cpu or cuda), `--precision` (fp32 or bf16),
-`--json PATH`. The per-step ratios are `gnsweep bench noise`'s.
+lm4096 takes as long again), `--steps` (a run's steps; default 40: too few for
+`noise.every=auto` to skip a step, so measure a sweep's share at 200 or more), `--rounds`
+(default 3), `--variants` (those run beside none and default, e.g. `--variants none` for long
+runs; the others NaN), `--more` (every model, 200 steps, 5 rounds), `--device` (cpu or cuda),
+`--precision` (fp32 or bf16), `--json PATH`. The per-step ratios are `gnsweep bench noise`'s;
+the numbers are in docs/performance.md.
 """
 
 from __future__ import annotations

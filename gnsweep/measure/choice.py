@@ -1,7 +1,9 @@
 """The choice of method of `NoiseScaleMonitor(method="auto", timed_auto=True)`: between
 per-example norms and micro-batches, where both measure the model right, the cheaper by
-`cheaper_method` after the first measured step (the crossovers `MICROBATCH_FROM` and
-`SEQUENCE_MICROBATCH_TOKENS`), its next `TIMED_STEPS` measured steps timed; and the fallbacks
+`cheaper_method` after the first measured step (micro-batches where the step is cut into them
+anyway: layers without per-example norms, or an adaptive optimizer's preconditioned pair;
+else the crossovers `MICROBATCH_FROM` and `SEQUENCE_MICROBATCH_TOKENS`), its next
+`TIMED_STEPS` measured steps timed; and the fallbacks
 (a batch that cannot be cut, layers per-example norms cannot attribute to examples).
 
 The numbers behind the crossovers (`gnsweep bench noise`) are in docs/noise.md, "The
