@@ -29,13 +29,17 @@ def _train(monitor: NoiseScaleMonitor, model: nn.Module, optimizer: torch.optim.
             optimizer.step()
 
 
-@pytest.mark.parametrize("method,k", [("per_example", 1), ("microbatch", 4)])
-def test_sgd_precond_equals_b_simple(method: str, k: int) -> None:
-    """SGD and momentum: P = I, so b_simple_precond is b_simple exactly, every measured step."""
+@pytest.mark.parametrize("method,k,every", [("per_example", 1, 1), ("microbatch", 4, 1),
+                                           ("per_example", 1, 3), ("microbatch", 4, 3)])
+def test_sgd_precond_equals_b_simple(method: str, k: int, every: int) -> None:
+    """SGD and momentum: P = I, so b_simple_precond is b_simple exactly, every measured step,
+    whatever steps are measured (a measurement weighs the steps it stands for in both windows:
+    the first of every=3 stands for one step, the next ones for three)."""
     task = LinReg(Options(dim=16), seed=0)
     model = task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    monitor = NoiseScaleMonitor(model, method, ema_fraction=0.2, optimizer=optimizer)
+    monitor = NoiseScaleMonitor(model, method, ema_fraction=0.2, optimizer=optimizer,
+                                every=every)
     assert not monitor.wants_microbatches
     gen = torch.Generator().manual_seed(1)
     for _ in range(30):
