@@ -91,8 +91,9 @@ def test_sweep_cost_bench_runs() -> None:
 
 def test_sweep_cost_runs_only_the_variants_asked_for() -> None:
     result = _run("sweep_cost", ["--rounds", "1", "--steps", "3", "--models", "mlp",
-                                 "--variants", "none"])
+                                 "--variants", "none", "--clock", "cpu"])
     row = result["rows"][0]
+    assert result["clock"] == "cpu" and _positive(row["none_s"])
     assert _positive(row["default"])  # always run, beside the baseline
     assert all(math.isnan(row[k]) for k in ("every_step", "per_example", "microbatch"))
 
