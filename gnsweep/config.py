@@ -195,9 +195,11 @@ class SweepConfig:
     converts it to the task's unit (128 x tokens a sequence for a language model,
     `in_task_units`); a value given is taken in the task's unit as before."""
     divergence_factor: float = 3.0
-    """A run diverges when its loss is NaN/inf or its smoothed loss exceeds this x its first
-    loss (a loss task only: a task with its own metric, cartpole's return, diverges only on a
-    NaN/inf loss)."""
+    """A run diverges when its loss is NaN/inf or its smoothed loss exceeds this x its initial
+    loss: the mean loss of its first steps until they hold 16 samples (an eighth of the loss
+    window; the first step alone from B = 16 up), not one small batch's, which at B = 2 can be
+    far below the loss by chance (`training.watch.LossWatch`). A loss task only: a task with
+    its own metric, cartpole's return, diverges only on a NaN/inf loss."""
     log_every: int = 1
     """Write a metrics row every this many steps."""
     eval_every: int = 0
@@ -798,20 +800,29 @@ class Config:
     def check(self) -> None:
         """The rules that span sections (each section checks its own values)."""
         world, method = self.executor.world_size(), self.noise.method
+        script = self.task.name == tasks.SCRIPT
+        # A script trains and measures itself (its own DDP, its own monitor's options:
+        # `current_run().monitor(model, method=...)`, the callbacks): the noise section and the
+        # split of B over DDP processes are not gnsweep's to check, and a method set here would
+        # be ignored, so it is refused rather than silently dropped.
+        if script and method != "auto":
+            raise ConfigError(f"noise.method={method} with task=script: the script measures "
+                              "the noise scale itself (gnsweep.current_run().monitor(model, "
+                              "method=...), or the Hugging Face/Lightning callback); leave "
+                              "noise.method unset")
         # With DDP only the communication hook sees the per-worker gradients; without DDP
         # there is no hook.
-        if world > 1 and method not in ("auto", "ddp"):
+        if not script and world > 1 and method not in ("auto", "ddp"):
             raise ConfigError(f"noise.method={method} with {world} DDP processes per run: use "
                               "noise.method=ddp (or auto)")
-        if world == 1 and method == "ddp":
+        if not script and world == 1 and method == "ddp":
             raise ConfigError("noise.method=ddp needs DDP: executor=torchrun (or slurm) with "
                               "executor.nproc_per_node >= 2, or noise.method=auto")
-        if self.task.name == tasks.SCRIPT and self.sweep.schedule != "constant":
+        if script and self.sweep.schedule != "constant":
             raise ConfigError(f"sweep.schedule={self.sweep.schedule} with task=script: a "
                               "script's batch size is the grid's, fixed for its run; use "
                               "sweep.schedule=constant")
-        if self.task.name == tasks.SCRIPT and self.executor.kind == "slurm" \
-                and self.executor.nodes > 1:
+        if script and self.executor.kind == "slurm" and self.executor.nodes > 1:
             raise ConfigError(f"executor.nodes={self.executor.nodes} with task=script: a "
                               "script's command runs under torchrun on one node (its job's); "
                               "use executor.nodes=1")
@@ -825,8 +836,9 @@ class Config:
             raise ConfigError(f"sweep.schedule={sweep.schedule} sets each step's rate by eps(B) "
                               "(eq. 2.7); drop train.warmup_steps/warmup_examples and use "
                               "train.decay=constant")
-        # Each DDP worker trains on B / world examples a step.
-        for batch in self.sweep.batch_sizes:
+        # Each DDP worker trains on B / world examples a step (a script gets the global B as
+        # `{batch_size}` and splits it over its ranks itself).
+        for batch in [] if script else self.sweep.batch_sizes:
             if batch % world:
                 raise ConfigError(f"sweep.batch_sizes: {batch} does not split over {world} "
                                   f"DDP processes; use multiples of {world}")

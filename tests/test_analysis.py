@@ -57,7 +57,9 @@ def test_first_step_at_or_below_the_target():
 
 
 def test_unreached_diverged_and_unfinished_runs_are_kept_and_marked():
-    runs, metrics = frames({"ok": [0.4], "div": [0.1, 0.1]},
+    # 64 a step: a target met by the first update counts as one step (at 8 a step it is met
+    # before the smoothing window holds 64 samples: outcome early, not counted).
+    runs, metrics = frames({"ok": [0.4], "div": [0.1, 0.1]}, batch=64,
                            states={"div": "diverged"})
     runs = pd.concat([runs, pd.DataFrame([
         {"run_id": "p", "batch_size": 8, "learning_rate": 0.1, "seed": 0, "state": "pending"},
@@ -161,7 +163,7 @@ def test_best_learning_rate_warnings_for_edges_and_single_learning_rates():
     assert 0.1 < best.loc[8, "lr_opt"] < 1.0
     assert best.loc[32, "lr_edge"] == "high" and best.loc[32, "lr_opt"] == 1.0
     assert best.loc[128, "n_lr_reached"] == 1
-    analysis = analyze_tables(None, curves_from_frames(*frames({"a": [0.1]})), [0.5])
+    analysis = analyze_tables(None, curves_from_frames(*frames({"a": [0.1]}, batch=64)), [0.5])
     assert analysis.fits.iloc[0]["refused"]  # one batch size: refused, with the reason
     from gnsweep.analysis.pipeline import _grid_warnings
     text = " | ".join(_grid_warnings(best.reset_index()))
@@ -379,7 +381,7 @@ def test_unreadable_tables_exit_2(tmp_path):
 def test_b_noise_flows_to_the_fits_when_measured():
     runs, metrics = frames({"a": [0.9, 0.4]}, batch=10)
     metrics["b_noise"] = [20.0, 20.0]
-    rows = steps_to_target(metrics, runs, [0.5])
+    rows = steps_to_target(metrics, runs, [0.5], loss="raw")  # met at 1 update: 10 samples
     assert rows.iloc[0]["b_noise_at_target"] == 20.0 and rows.iloc[0]["b_noise_mean"] == 20.0
     steps = pd.concat([rows.assign(batch_size=b, steps=100 + 6400 / b, run_id=f"r{b}")
                        for b in (8, 32, 128, 512)])

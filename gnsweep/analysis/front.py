@@ -211,8 +211,9 @@ def censored_points(steps: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["target", "batch_size", "budget"])
     outcome = steps["outcome"].astype(str)
     # Only a run that trained to its end without reaching the target bounds S; one still
-    # training, never started or diverged says nothing about the steps it would need.
-    finished = ~outcome.isin(("running", "pending", "no_metrics"))
+    # training, never started or diverged says nothing about the steps it would need, and one
+    # that met it before its smoothing window was whole (`early`) may have needed very few.
+    finished = ~outcome.isin(("running", "pending", "no_metrics", "early"))
     budget = steps["last_step"].astype(float).where(outcome.eq("not_reached"))
     grouped = (steps.assign(finished=finished, budget=budget)
                .groupby(["target", "batch_size"], as_index=False)

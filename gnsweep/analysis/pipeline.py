@@ -24,8 +24,8 @@ from gnsweep.analysis.front import (
 from gnsweep.analysis.loss_scaling import fit_loss_scaling
 from gnsweep.analysis.lr import fit_lr_table
 from gnsweep.analysis.results import Results
-from gnsweep.analysis.smoothing import SMOOTHING_FRACTION
-from gnsweep.analysis.steps import Curves, curves_from_frames, steps_to_target
+from gnsweep.analysis.smoothing import MIN_WINDOW_EXAMPLES, SMOOTHING_FRACTION
+from gnsweep.analysis.steps import EARLY, Curves, curves_from_frames, steps_to_target
 from gnsweep.analysis.temperature import fit_temperature
 from gnsweep.errors import StoreError
 from gnsweep.tables import BEST_VALUE, columns
@@ -122,6 +122,7 @@ def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int =
         raise AnalysisError(f"{where}: nothing to analyze (no runs or no targets)")
     # A target no run reached is left out, named with the best value reached; the others are
     # analysed. Only when none was reached is there nothing to analyse.
+    early = _early_warning(steps)
     unreached = [t for t in targets if not steps.loc[steps["target"] == t, "reached"].any()]
     closest = _closest(steps, Direction.from_meta(meta)) if unreached else ""
     if unreached and len(unreached) == len(targets):
@@ -136,7 +137,7 @@ def analyze_steps(steps: pd.DataFrame, targets: list[float], *, bootstrap: int =
         meta["targets_left_out"] = unreached
     best = best_per_batch(steps)
     front = pareto_front(best)
-    warnings = left_out + _grid_warnings(best)
+    warnings = early + left_out + _grid_warnings(best)
     lr_fits = fit_lr_table(front, targets)
     # Adam-like optimizers saturate (power law); SGD, with or without momentum, is linear in B.
     lr_model = "power" if optimizer in ("adam", "adamw") else "sgd"
@@ -162,6 +163,22 @@ def _closest(steps: pd.DataFrame, direction: Direction = FALLING) -> str:
     values = steps[BEST_VALUE].astype(float)
     row = steps.loc[(direction.as_loss(values)).idxmin()]
     return f" ({direction.best_label()} {row[BEST_VALUE]:.4g}, run {row['run_id']})"
+
+
+def _early_warning(steps: pd.DataFrame) -> list[str]:
+    """One line for the targets met before a run trained on MIN_WINDOW_EXAMPLES samples
+    (outcome `early`, `steps_to_target`): how many, where, and that they are not counted."""
+    if "outcome" not in steps:
+        return []
+    rows = steps[steps["outcome"].astype(str) == EARLY]
+    if not len(rows):
+        return []
+    named = ", ".join(f"{row.run_id} at {row.target:g}"
+                      for row in rows.head(3).itertuples(index=False))
+    more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
+    return [f"{len(rows)} run(s) met a target before training on {MIN_WINDOW_EXAMPLES:g} samples "
+            f"({named}{more}), where the smoothed loss is mostly their first rows': not "
+            "counted (outcome early in steps.parquet; a run that blew up reads low there)"]
 
 
 def _grid_warnings(best: pd.DataFrame) -> list[str]:

@@ -262,10 +262,13 @@ def settled_at_or_below(x: np.ndarray, y: np.ndarray, target: float, fraction: f
                         min_half_width: float = 0.0) -> bool:
     """Whether the centred smooth of y(x) (`centred_fit`) is at or below `target` at a point
     whose whole window lies inside the data: later points cannot move that value, so the
-    analysis will read the target as reached whatever comes after."""
+    analysis will read the target as reached whatever comes after. A window cut by the first
+    point (x - half-width before it) does not count: the analysis does not count a target met
+    there either (`steps.EARLY`)."""
     x = np.asarray(x, float)
     if len(x) == 0:
         return False
     smooth = centred_fit(x, y, fraction, min_half_width)
-    whole = x + np.maximum(fraction * np.abs(x), min_half_width) <= x[-1]
+    half = np.maximum(fraction * np.abs(x), min_half_width)
+    whole = (x + half <= x[-1]) & (x - half >= x[0])
     return bool(np.any(whole & (smooth <= target)))

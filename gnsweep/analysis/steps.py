@@ -6,7 +6,11 @@ default "smoothed" loss is a centred local-linear smooth of the raw training los
 (`analysis.smoothing.centred_fit`, half-width max(fraction x steps, MIN_WINDOW_EXAMPLES / samples
 a step)): no lag, unlike the training loop's causal EMA (`loss_smooth`, used only where no raw
 loss is logged or with `ema_examples`). A target is never read as reached before one update
-(`MIN_REACH_UPDATES`): not inside a run's first step.
+(`MIN_REACH_UPDATES`): not inside a run's first step. Nor is a smoothed loss read before the
+run trained on MIN_WINDOW_EXAMPLES samples: there the smallest window is cut by the run's start
+and the value is mostly its first rows' (the local line extrapolated to the window's edge; a
+causal EMA of a few batches). A target already met where the window becomes whole is not
+counted (outcome `early`).
 
 Works on `Curves`: every run's logged rows concatenated into flat numpy arrays with offsets, so a
 sweep of 1,000 runs x 2,000 steps is a handful of vectorized passes, not a Python loop per row.
@@ -36,6 +40,10 @@ LOSS_COLUMNS = {"smoothed": "loss_smooth", "raw": "loss", "eval": "eval_loss",
                 "metric": "metric"}
 """Which logged column decides a target; "metric" is a task's own (cartpole's return)."""
 RUN_COLUMNS = ["run_id", "batch_size", "learning_rate", "seed", "state"]
+EARLY = "early"
+"""The outcome of a loss target already met where the run's smoothing window first holds
+MIN_WINDOW_EXAMPLES samples: when it got there is unknown, so not counted (neither a point of
+the front nor a bound), said in one warning."""
 
 STEPS_COLUMNS = columns("steps")
 DRIFT_LIMIT = 2.0
@@ -209,6 +217,18 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     `lr_share`: the learning rate logged at the target over the run's largest logged one (NaN
     where no learning rate is logged, or when the target came before the peak, in a warmup): how
     far its schedule had decayed when it got there.
+
+    The smoothed loss is not read before the run trained on MIN_WINDOW_EXAMPLES (64) samples,
+    at fewer than 64 / samples-a-step updates: the smoothing's smallest window there is cut by
+    the run's start, so the value is mostly its first rows' (a run that blew up: the local line
+    through its rising first losses, extrapolated to step 0, lies far below any loss it
+    logged). A crossing is the first one after that. A target already met at the first row read
+    has reached=False, steps NaN and outcome `early` (EARLY): when the run got there is unknown.
+    Not a point, and not a bound either (`front.censored_points` leaves such a batch size out).
+    From 64 samples a step up nothing changes: the first update is 64 samples and
+    `MIN_REACH_UPDATES` already counts a target met by then as one step. A task's own metric
+    (already a window mean, read as logged) and the raw loss (one batch at every row, early or
+    late) are exempt.
     """
     curves = metrics if isinstance(metrics, Curves) else curves_from_frames(runs, metrics)
     x, values = loss_curve(curves, loss, ema_examples, smoothing)
@@ -224,6 +244,17 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     state = curves.runs["state"].astype(str).to_numpy()
     usable = has_rows & (state != "diverged")
     step = curves.columns["step"]
+    # Updates below which the smallest window is cut by the run's start: rows read from there
+    # on, where that lies past the first update (before it MIN_REACH_UPDATES rules: a target
+    # met there is met in one step). The raw loss (one batch at every row, the noise its reader
+    # chose) and a metric (read as logged) have no window.
+    settled_from = (np.zeros(n_runs) if loss in ("metric", "raw")
+                    else MIN_WINDOW_EXAMPLES / samples_per_step(curves.runs))
+    settled_from = np.where(settled_from > MIN_REACH_UPDATES, settled_from, 0.0)
+    read = x >= np.repeat(settled_from, curves.lengths) * (1 - 1e-9)
+    first_read = _first_true(read, curves.offsets)
+    # Met at the first row read: when the run got there is unknown (`EARLY`).
+    unresolved_start = settled_from > 0
 
     best_value = np.full(n_runs, np.nan)
     last_step = np.full(n_runs, np.nan)
@@ -250,14 +281,17 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     base = curves.runs[RUN_COLUMNS[:4]].reset_index(drop=True)
     parts = []
     for target in sorted(targets, reverse=True):
-        first = (_first_at_or_below(values, curves.offsets, sign * target) if usable.any()
-                 else ends)
+        first = (_first_at_or_below(values, curves.offsets, sign * target, read)
+                 if usable.any() else ends)
         reached = usable & (first < ends)
+        early = reached & (first == first_read) & unresolved_start
+        reached &= ~early
         at = np.where(reached, first, 0)
         steps = np.where(reached, _interpolated(x, values, at, starts, sign * target), np.nan)
         # Never inside the first step: at least one update (training losses sit at step - 1).
         steps = np.where(reached, np.maximum(steps, MIN_REACH_UPDATES), np.nan)
         outcome = np.where(reached, "reached", np.where(has_rows, "not_reached", "no_metrics"))
+        outcome = np.where(early, EARLY, outcome)
         outcome = np.where(state == "diverged", "diverged", outcome)
         # A run still training has not failed to reach what it has not reached yet.
         outcome = np.where((state == "running") & ~reached, "running", outcome)
@@ -293,14 +327,23 @@ def steps_to_target(metrics: pd.DataFrame | Curves, runs: pd.DataFrame | None, t
     return out[STEPS_COLUMNS]
 
 
-def _first_at_or_below(values: np.ndarray, offsets: np.ndarray, level: float) -> np.ndarray:
-    """Each run's first row whose value is at or below `level`; its end offset when none.
+def _first_at_or_below(values: np.ndarray, offsets: np.ndarray, level: float,
+                       read: np.ndarray | None = None) -> np.ndarray:
+    """Each run's first row whose value is at or below `level` (among the rows `read` where
+    given); its end offset when none."""
+    below = values <= level
+    if read is not None:
+        below &= read
+    return _first_true(below, offsets)
+
+
+def _first_true(below: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Each run's first True row of `below`; its end offset when none.
 
     A search per run that stops at the first hit (`argmax` of a boolean), all runs in one call
     when they have the same length (a grid's runs, usually), instead of a full-length index
     array per target."""
     starts, ends = offsets[:-1], offsets[1:]
-    below = values <= level
     lengths = ends - starts
     first = ends.copy()
     if not len(lengths):

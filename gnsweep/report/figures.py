@@ -435,7 +435,8 @@ def noise_over_training(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.Dat
 # ---- d. steps-to-target over the grid ------------------------------------------------------
 
 
-CELL_MARKS = {"not reached": "x", "diverged": "div", "failed": "fail", "corrupt": "bad",
+CELL_MARKS = {"not reached": "x", "diverged": "div", "early": "early", "failed": "fail",
+              "corrupt": "bad",
               "pending": "…", "running": "…"}
 
 
@@ -443,7 +444,7 @@ def steps_grid(steps: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
                unit: str = "examples") -> Figure:
     """Steps to reach each target over the batch size x learning rate grid, one panel per
     target; the best learning rate per batch size is boxed, cells that never reached the target
-    are hatched (x: not reached, div: diverged)."""
+    are hatched (x: not reached, div: diverged, early: met before 64 samples, not counted)."""
     if steps.empty:
         raise Skip("the steps table is empty; run `gnsweep analyze` first")
     cells = grid_cells(steps)

@@ -108,14 +108,16 @@ def best_runs(runs: pd.DataFrame, metrics: pd.DataFrame, front: pd.DataFrame,
 
 def grid_cells(steps: pd.DataFrame) -> pd.DataFrame:
     """Per (target, batch size, learning rate): mean steps over seeds where every seed reached
-    the target, and the cell's outcome: 'reached', 'diverged' (any seed) or 'not reached'."""
+    the target, and the cell's outcome: 'reached', 'diverged' or 'early' (any seed) or 'not
+    reached'."""
     def outcome(group: pd.DataFrame) -> pd.Series:
         if group["reached"].astype(bool).all():
             return pd.Series({"steps": group["steps"].mean(), "outcome": "reached"})
         states = set(group["state"]) if "state" in group else set()
         if "outcome" in group:  # newer steps tables say why a run did not reach it
             states |= set(group["outcome"])
-        worst = next((s for s in ("diverged", "failed", "corrupt", "pending", "running")
+        worst = next((s for s in ("diverged", "early", "failed", "corrupt", "pending",
+                                  "running")
                       if s in states), "not reached")
         return pd.Series({"steps": np.nan, "outcome": worst})
 

@@ -283,10 +283,8 @@ class RowLog:
         self.watch = LossWatch(self.config.sweep.loss_ema_examples,
                                self.config.sweep.divergence_factor)
         before = 0
-        for i, (step, examples, loss) in enumerate(zip(self.rows["step"], self.rows["examples"],
-                                                        self.rows["loss"], strict=True)):
-            if i == 0:
-                self.watch.first = float(loss)
+        for step, examples, loss in zip(self.rows["step"], self.rows["examples"],
+                                        self.rows["loss"], strict=True):
             with contextlib.suppress(Diverged):
                 self.watch.update(float(loss), max(1, int(examples) - before), int(step))
             before = int(examples)
@@ -338,8 +336,6 @@ class RowLog:
         row.update(step=step, examples=examples)
         if not math.isfinite(row["wall_time"]):
             row["wall_time"] = self.wall_before + time.monotonic() - self.started
-        if len(self.rows["step"]) == 0:
-            self.watch.first = loss
         try:
             row["loss_smooth"] = self.watch.update(loss, max(1, examples - before), step)
         except Diverged as err:
