@@ -8,8 +8,9 @@ variants interleaved round by round; each variant's fastest round is kept (other
 machine only ever adds time) and divided by the fastest run with measurement off:
 
 - default: the settings a sweep runs with (`noise.method=auto`, `noise.every=auto`); its share
-  of steps measured (`default_share`) and its B_simple's relative standard error at the end
-  (`default_rel_se`) beside it;
+  of steps measured (`default_share`), its B_simple's relative standard error at the end
+  (`default_rel_se`) and the method it measured with (`default_method`: under Adam, whose
+  preconditioned pair cuts measured steps into micro-batches anyway, `microbatch`) beside it;
 - every_step: `noise.method=auto` with `noise.every=1` (what the checks compare B_simple with);
 - per_example, microbatch, norm_layers: each method on every step (NaN where it is refused for
   the model: norm_layers without LayerNorm/RMSNorm layers).
@@ -21,9 +22,13 @@ Llama-style transformer with a custom RMSNorm and a broadcast position-embedding
 (`bench.architectures.llama`, the same sizes; `--models llama`).
 
 Flags: `--models` (default mlp, cnn, gpt2, lm512: about 2 minutes on one loaded CPU core;
-lm4096 takes as long again), `--steps` (a run's steps; default 40), `--rounds` (default 3),
-`--more` (every model, 200 steps, 5 rounds), `--device` (cpu or cuda), `--precision` (fp32 or bf16),
-`--json PATH`. The per-step ratios are `gnsweep bench noise`'s.
+lm4096 takes as long again), `--steps` (a run's steps; default 40: too few for
+`noise.every=auto` to skip a step, so measure a sweep's share at 200 or more), `--rounds`
+(default 3), `--variants` (those run beside none and default, e.g. `--variants none` for long
+runs; the others NaN), `--more` (every model, 200 steps, 5 rounds), `--device` (cpu or cuda),
+`--precision` (fp32 or bf16), `--clock` (`wall`, or `cpu`: the process's CPU time, what a
+run would take on an idle core where other jobs load the machine), `--json PATH`. The
+per-step ratios are `gnsweep bench noise`'s; the numbers are in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -119,32 +124,42 @@ def _config(model: str, noise: dict[str, Any], steps: int, precision: str) -> An
                   train=TrainConfig(optimizer=optimizer, precision=precision))
 
 
-def _one_run(model: str, noise: dict[str, Any], steps: int, precision: str
-             ) -> tuple[float, float, float]:
-    """(seconds of the run's training loop, share of steps measured, B_simple's relative
-    standard error at its end)."""
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+"""`--clock`: wall time, or this process's CPU time (on a machine loaded by other jobs, what
+the run would take on an idle core: the loop runs on one thread)."""
+
+
+def _one_run(model: str, noise: dict[str, Any], steps: int, precision: str,
+             clock: str = "wall") -> tuple[float, float, float, str]:
+    """(seconds of the run's training loop on `clock`, share of steps measured, B_simple's
+    relative standard error at its end, the method it measured with)."""
     from gnsweep.runs import RunSpec
     from gnsweep.training import build_run, run
 
     _, _, batch, lr, _ = MODELS[model]
     state = build_run(_config(model, noise, steps, precision),
                       RunSpec(batch_size=batch, learning_rate=lr))
-    start = time.perf_counter()
+    tick = CLOCKS[clock]
+    start = tick()
     run(state)
-    seconds = time.perf_counter() - start
+    seconds = tick() - start
     estimate = state.estimate
     rel = math.nan if estimate is None or not estimate.b_simple else \
         estimate.b_simple_se / abs(estimate.b_simple)
-    return seconds, state.monitor.schedule.share, rel
+    return seconds, state.monitor.schedule.share, rel, state.monitor.measures
 
 
-def measure(model: str, steps: int, rounds: int, precision: str = "fp32") -> dict[str, Any]:
+def measure(model: str, steps: int, rounds: int, precision: str = "fp32",
+            only: tuple[str, ...] = tuple(VARIANTS), clock: str = "wall") -> dict[str, Any]:
     """One model's row: each variant's fastest run over the fastest run with measurement
-    off, the variants interleaved round by round."""
-    variants = dict(VARIANTS)
+    off, the variants interleaved round by round. `only`: the variants run (`none` and
+    `default` always; the others NaN)."""
+    variants = {name: VARIANTS[name] for name in VARIANTS
+                if name in only or name in ("none", "default")}
     best: dict[str, float] = {}
     shares: dict[str, float] = {}
     errors: dict[str, float] = {}
+    methods: dict[str, str] = {}
     for name in list(variants):  # a refused method (no norm layers) is left out: NaN
         try:
             _one_run(model, variants[name], 2, precision)  # warm-up, and the refusal
@@ -152,9 +167,9 @@ def measure(model: str, steps: int, rounds: int, precision: str = "fp32") -> dic
             del variants[name]
     for _ in range(rounds):
         for name, noise in variants.items():
-            seconds, share, rel = _one_run(model, noise, steps, precision)
+            seconds, share, rel, method = _one_run(model, noise, steps, precision, clock)
             best[name] = min(best.get(name, math.inf), seconds)
-            shares[name], errors[name] = share, rel
+            shares[name], errors[name], methods[name] = share, rel, method
     base = best["none"]
     row: dict[str, Any] = {"model": model, "steps": steps, "none_s": round(base, 4)}
     for name in VARIANTS:
@@ -162,6 +177,7 @@ def measure(model: str, steps: int, rounds: int, precision: str = "fp32") -> dic
             row[name] = round(best[name] / base, 3) if name in best else math.nan
     row["default_share"] = round(shares["default"], 3)
     row["default_rel_se"] = round(errors["default"], 3)
+    row["default_method"] = methods["default"]
     return row
 
 
@@ -190,6 +206,10 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--more", action="store_true", help="200 steps a run, 5 rounds")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="the variants run (none and default always); the others NaN")
+    parser.add_argument("--clock", default="wall", choices=tuple(CLOCKS),
+                        help="wall time, or the process's CPU time (a loaded machine)")
     parser.add_argument("--json", type=Path, default=None)
     args, _ = parser.parse_known_args(argv)
     models = [m for m in args.models.split(",") if m]
@@ -204,17 +224,23 @@ def main(argv: list[str]) -> dict[str, Any]:
         torch.set_num_threads(1)
     elif not torch.cuda.is_available():
         raise SystemExit("bench sweep_cost: --device cuda, but torch sees no GPU")
+    only = tuple(v for v in args.variants.split(",") if v)
+    wrong = [v for v in only if v not in VARIANTS]
+    if wrong:
+        raise SystemExit(f"bench sweep_cost: unknown variant {wrong[0]!r}; choose from "
+                         f"{', '.join(VARIANTS)}")
     with _gpus_hidden(args.device == "cpu"):
-        rows = [measure(m, steps, rounds, args.precision) for m in models]
+        rows = [measure(m, steps, rounds, args.precision, only, args.clock) for m in models]
     columns = ["model", "steps", "none_s", *[v for v in VARIANTS if v != "none"],
-               "default_share", "default_rel_se"]
+               "default_share", "default_rel_se", "default_method"]
     print(f"sweep_cost: a run's training time / the same run with noise.method=none "
-          f"({args.device}, {args.precision}, fastest of {rounds} interleaved rounds)")
+          f"({args.device}, {args.precision}, {args.clock} clock, fastest of {rounds} "
+          "interleaved rounds)")
     print("  ".join(f"{c:>14}" for c in columns))
     for row in rows:
         print("  ".join(f"{row[c]:>14}" for c in columns))
     out = {"subject": "sweep_cost", "device": args.device, "precision": args.precision,
-           "rounds": rounds, "rows": rows}
+           "clock": args.clock, "rounds": rounds, "rows": rows}
     print(json.dumps(out))
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=1))

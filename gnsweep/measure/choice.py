@@ -1,7 +1,9 @@
 """The choice of method of `NoiseScaleMonitor(method="auto", timed_auto=True)`: between
 per-example norms and micro-batches, where both measure the model right, the cheaper by
-`cheaper_method` after the first measured step (the crossovers `MICROBATCH_FROM` and
-`SEQUENCE_MICROBATCH_TOKENS`), its next `TIMED_STEPS` measured steps timed; and the fallbacks
+`cheaper_method` after the first measured step (micro-batches where the step is cut into them
+anyway: layers without per-example norms, or an adaptive optimizer's preconditioned pair;
+else the crossovers `MICROBATCH_FROM` and `SEQUENCE_MICROBATCH_TOKENS`), its next
+`TIMED_STEPS` measured steps timed; and the fallbacks
 (a batch that cannot be cut, layers per-example norms cannot attribute to examples).
 
 The numbers behind the crossovers (`gnsweep bench noise`) are in docs/noise.md, "The
@@ -37,17 +39,22 @@ Candidates = dict[str, tuple[PerExample | None, Increments | None]]
 """`timed_auto`'s two ways to measure, by method: (per-example source, micro-batch source)."""
 
 
-def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int
-                   ) -> tuple[str, str]:
+def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int,
+                   split: bool = False) -> tuple[str, str]:
     """(per_example or microbatch, why) for a model both measure right: micro-batches where
-    per-example norms need them anyway (`rest`: layers without per-example norms; the hooks
-    then only add), or where some layer's per-example norm needs per-position work
-    (`positional`: its kinds) and the batch is large enough for micro-batches to cost less: at
-    least `MICROBATCH_FROM` examples with convolutions, or at least `SEQUENCE_MICROBATCH_TOKENS`
-    tokens (batch x `positions`, the most positions per example of a sequence layer) with
-    sequence layers; else per-example norms."""
+    per-example norms need them anyway (`rest`: layers without per-example norms; `split`:
+    each measured step is cut into micro-batches anyway, for the preconditioned pair of an
+    adaptive optimizer; the hooks then only add), or where some layer's per-example norm
+    needs per-position work (`positional`: its kinds) and the batch is large enough for
+    micro-batches to cost less: at least `MICROBATCH_FROM` examples with convolutions, or at
+    least `SEQUENCE_MICROBATCH_TOKENS` tokens (batch x `positions`, the most positions per
+    example of a sequence layer) with sequence layers; else per-example norms."""
     if rest:
         return "microbatch", "layers without per-example norms need micro-batches anyway"
+    if split:
+        return "microbatch", ("the optimizer's preconditioned noise scale (b_simple_precond) "
+                              "needs each measured step in micro-batches anyway, and "
+                              "per-example hooks would only add to them")
     if not positional:
         return "per_example", "no layer needs per-position work for its per-example norms"
     kinds = ", ".join(positional)
@@ -208,8 +215,11 @@ class AutoChoice(Sources):
         per_example = self._source(PerExample)
         assert per_example is not None
         rest = self._source(Increments) is not None
+        # An adaptive optimizer's P-norm pair (`Preconditioned.wants_microbatches`) splits
+        # every measured step: micro-batches then cost nothing more, per-example hooks do.
+        split = bool(getattr(self, "wants_microbatches", False))
         method, reason = cheaper_method(sorted(per_example.positional), batch, rest,
-                                        per_example.positions)
+                                        per_example.positions, split)
         if rest and per_example.skipped:  # name them: the reason kept in status.json
             reason = f"micro-batches are needed anyway, for {', '.join(per_example.skipped)}"
         elif method == "per_example" and per_example.routes:

@@ -28,6 +28,7 @@ class Preconditioned(Sources):
     _precond_kind: str | None
     _precond_increments: Increments | None
     _precond_since: tuple[float, float]
+    _step_examples: int
 
     def _init_precond(self, window: dict[str, float]) -> None:
         """B_simple_P's EMAs on B_simple's window (`window`: `ema_window`'s), no optimizer yet."""
@@ -131,12 +132,16 @@ class Preconditioned(Sources):
 
     def _fold_precond(self, precond: list[NormPair] | None) -> None:
         """Fold the P-norm pairs into B_simple_P's EMAs, on the clock of B_simple's (the
-        examples and steps since B_simple_P's last measurement), and put them on the estimate."""
+        examples and steps since B_simple_P's last measurement), each weighing the steps it
+        stands for as B_simple's do (`noise.every`), and put them on the estimate."""
         examples, steps = self._precond_since
         ok = bool(precond) and all(math.isfinite(x) and (i < 2 or x > 0)
                                    for p in precond or [] for i, x in enumerate(p))
         if ok and precond is not None and all(p.b_small < p.b_big for p in precond):
-            self.ema_precond.update_parts(list(precond), examples=examples, steps=steps)
+            step = self._step_examples
+            weight = examples / step if 0 < step < examples else 1.0
+            self.ema_precond.update_parts(list(precond), examples=examples, steps=steps,
+                                          weight=weight)
             self._precond_since = (0.0, 0.0)
         if self.ema_precond.seen_steps > 0:
             # B_simple_P stands on its own pairs: shown even where B_simple's were not complete.

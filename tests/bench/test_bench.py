@@ -84,6 +84,18 @@ def test_sweep_cost_bench_runs() -> None:
         assert row["default_share"] == 1.0  # 3 steps: the window holds too few to skip any
     # The MLP has no norm layers: norm_layers is refused there, timed on GPT-2.
     assert math.isnan(rows["mlp"]["norm_layers"]) and _positive(rows["gpt2"]["norm_layers"])
+    # GPT-2 trains with Adam, whose preconditioned pair splits measured steps anyway.
+    assert rows["mlp"]["default_method"] == "per_example"
+    assert rows["gpt2"]["default_method"] == "microbatch"
+
+
+def test_sweep_cost_runs_only_the_variants_asked_for() -> None:
+    result = _run("sweep_cost", ["--rounds", "1", "--steps", "3", "--models", "mlp",
+                                 "--variants", "none", "--clock", "cpu"])
+    row = result["rows"][0]
+    assert result["clock"] == "cpu" and _positive(row["none_s"])
+    assert _positive(row["default"])  # always run, beside the baseline
+    assert all(math.isnan(row[k]) for k in ("every_step", "per_example", "microbatch"))
 
 
 def test_noise_goals_name_the_rows_that_miss() -> None:

@@ -167,3 +167,45 @@ def test_the_monitor_counts_the_tokens_of_a_sequence_model():
         monitor.step()
         monitor.close()
         assert monitor.method == expected, (length, monitor.choice)
+
+
+def test_an_adaptive_optimizer_is_measured_with_the_microbatches_it_needs_anyway():
+    """Adam's preconditioned pair splits every measured step into micro-batches; per-example
+    hooks on top would only add, so auto keeps micro-batches, for B_simple too, whatever the
+    crossovers say (an MLP at a small batch would keep per-example norms under SGD)."""
+    torch.manual_seed(0)
+    model = _mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    monitor = NoiseScaleMonitor(model, "auto", ema_steps=10, timed_auto=True,
+                                optimizer=optimizer)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2 + TIMED_STEPS):
+        x = torch.randn(16, 1, 6, 6, generator=gen)
+        y = torch.randint(0, 3, (16,), generator=gen)
+        optimizer.zero_grad()
+        monitor._busy = True  # the reference pass is none of the run's
+        F.cross_entropy(model(x), y).backward()
+        monitor._busy = False
+        plain = [p.grad.clone() for p in model.parameters()]
+        optimizer.zero_grad()
+        backward(model, _Task(), (x, y), pieces(monitor, 0, 4, 16), monitor)
+        for p, want in zip(model.parameters(), plain, strict=True):
+            torch.testing.assert_close(p.grad, want, rtol=1e-5, atol=1e-7)
+        monitor.step()
+        optimizer.step()
+    monitor.close()
+    assert monitor.choice is not None and monitor.method == "microbatch"
+    assert "b_simple_precond" in monitor.choice["reason"]
+    assert monitor._per_example is None  # the per-example hooks are gone
+    assert monitor.estimate is not None and monitor.estimate.b_small == 4.0  # 16 / 4 pieces
+    # The same model under SGD (no preconditioner) keeps per-example norms.
+    sgd, _, _ = _train(_mlp(), 16, 2)
+    assert sgd.method == "per_example"
+
+
+def test_a_split_step_chooses_microbatches_before_any_crossover():
+    from gnsweep.measure.choice import cheaper_method
+
+    assert cheaper_method([], 8, False, 1, split=True)[0] == "microbatch"
+    assert cheaper_method(["Linear"], 2, False, 12, split=True)[0] == "microbatch"
+    assert cheaper_method([], 8, False, 1)[0] == "per_example"

@@ -29,14 +29,18 @@ def _train(monitor: NoiseScaleMonitor, model: nn.Module, optimizer: torch.optim.
             optimizer.step()
 
 
-@pytest.mark.parametrize("method,k", [("per_example", 1), ("microbatch", 4)])
-def test_sgd_precond_equals_b_simple(method: str, k: int) -> None:
-    """SGD and momentum: P = I, so b_simple_precond is b_simple exactly, every measured step
-    from the second (at the first, one measurement: NaN, not determined)."""
+@pytest.mark.parametrize("method,k,every", [("per_example", 1, 1), ("microbatch", 4, 1),
+                                           ("per_example", 1, 3), ("microbatch", 4, 3)])
+def test_sgd_precond_equals_b_simple(method: str, k: int, every: int) -> None:
+    """SGD and momentum: P = I, so b_simple_precond is b_simple exactly from the second
+    measurement on (after one, it is not determined: NaN), whatever steps are measured (a
+    measurement weighs the steps it stands for in both windows: the first of every=3 stands for
+    one step, the next ones for three)."""
     task = LinReg(Options(dim=16), seed=0)
     model = task.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    monitor = NoiseScaleMonitor(model, method, ema_fraction=0.2, optimizer=optimizer)
+    monitor = NoiseScaleMonitor(model, method, ema_fraction=0.2, optimizer=optimizer,
+                                every=every)
     assert not monitor.wants_microbatches
     gen = torch.Generator().manual_seed(1)
     for step in range(30):
@@ -47,10 +51,10 @@ def test_sgd_precond_equals_b_simple(method: str, k: int) -> None:
             monitor.accumulate()
         estimate = monitor.step()
         assert estimate is not None and math.isfinite(estimate.b_simple)
-        if step == 0:
+        if step < every:  # one measurement so far
             assert math.isnan(estimate.b_simple_precond)
-            continue
-        assert estimate.b_simple_precond == estimate.b_simple
+        else:
+            assert estimate.b_simple_precond == estimate.b_simple
         optimizer.step()
 
 

@@ -40,7 +40,9 @@ def test_status_and_analyze_see_a_running_run(tmp_path):
     # A target both runs passed early is used from both; one the finished run reached late waits
     # for the running run (not counted as missed).
     losses = store.read_table(store.run_dir(tmp_path, finished) / store.METRICS).to_pandas()
-    easy = float(np.max(losses["loss_smooth"][losses["step"] >= 8]))
+    # Both seeded runs' smoothed losses pass 2.5 by their eighth step, after the smoothing
+    # window first holds 64 samples (a reach before that is not counted: outcome early).
+    easy = 2.5
     hard = float(np.max(losses["loss_smooth"][losses["step"] >= 45]))
     assert hard < float(rows.column("loss_smooth").to_pylist()[-1])
     analysis = analyze_sweep(tmp_path, targets=[easy, hard], write=False)
