@@ -394,6 +394,15 @@ class PerExample:
 
     def _backward(self, module: nn.Module, saved: Any, grad: torch.Tensor) -> None:
         with torch.no_grad(), fp32(grad.device.type):
+            if self._weights is not None and linear_like(module) and saved.dim() > 2:
+                # Both norms from the same explicit per-example gradients.
+                weight, bias = _weight_p(module, self._p)
+                plain, weighted = pnorm.linear_both(
+                    saved.float().flatten(1, -2), grad.detach().float().flatten(1, -2),
+                    _trainable(module), weight, bias)
+                self.values.append(plain)
+                self.pvalues.append(weighted)
+                return
             self.values.append(_per_example_sq(module, saved, grad.detach()))
             if self._weights is not None:
                 self.pvalues.append(_per_example_psq(module, saved, grad.detach(), self._p))
@@ -455,8 +464,13 @@ class PerExample:
         weights = self._weights
         if weights is None or self.invalid or self.attention.invalid or not self.pvalues:
             return None
-        big = [torch.dot(weights[id(p)], p.grad.detach().reshape(-1).float().square())
-               for p in self.params if p.grad is not None]
+        grads = [p.grad.detach().reshape(-1).float() for p in self.params if p.grad is not None]
+        weights_of = [weights[id(p)] for p in self.params if p.grad is not None]
+        # G^T P G per parameter in three foreach ops: P g^2 >= 0, so its sum is its 1-norm.
+        products = torch._foreach_mul(grads, grads) if grads else []
+        if products:
+            torch._foreach_mul_(products, weights_of)
+        big = list(torch._foreach_norm(products, 1)) if products else []
         values = torch.stack([*big, *self.pvalues]).double().tolist()
         sq_big = math.fsum(values[:len(big)])
         total = math.fsum(values[len(big):])

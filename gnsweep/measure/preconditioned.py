@@ -10,7 +10,7 @@ import torch
 
 from gnsweep.measure.ddp import DdpHook, RankGrads
 from gnsweep.measure.microbatch import Increments
-from gnsweep.measure.precond import IDENTITY, kind, preconditioner
+from gnsweep.measure.precond import IDENTITY, kind, preconditioner, preconditioner_parts
 from gnsweep.measure.source import Sources, unscale
 from gnsweep.noise import NoiseEstimate, NoiseScaleEma, NormPair, undetermined, with_precond
 
@@ -81,11 +81,10 @@ class Preconditioned(Sources):
         """P as the optimizer holds it now, one flat fp32 tensor per measured parameter (by
         id); None before an adaptive optimizer's first update."""
         assert self.optimizer is not None
-        flat = preconditioner(self.optimizer, self.params)
-        if flat is None:
+        parts = preconditioner_parts(self.optimizer, self.params)
+        if parts is None:
             return None
-        return {id(p): part for p, part in
-                zip(self.params, flat.split([p.numel() for p in self.params]), strict=True)}
+        return {id(p): part.reshape(-1) for p, part in zip(self.params, parts, strict=True)}
 
     @property
     def _weighs_itself(self) -> bool:

@@ -58,6 +58,33 @@ def linear_sq(a: torch.Tensor, d: torch.Tensor, weight: torch.Tensor | None,
     return total
 
 
+def linear_both(a: torch.Tensor, d: torch.Tensor, trained: tuple[bool, bool],
+                weight: torch.Tensor | None, bias: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`sum_i |g_i|^2`, `sum_i |g_i|_P^2`) of a linear layer over positions, a (B, T, I),
+    d (B, T, O), from the same explicit per-example gradients (`linear_sq`): where the plain
+    norms would take the explicit form too, this costs one weighting more, not a second
+    gradient. `trained`: whether the weight and the bias are trained; `weight`, `bias`: their
+    P."""
+    plain = d.new_zeros(())
+    weighted = d.new_zeros(())
+    if trained[0]:
+        chunk = _chunk(a.shape[2] * d.shape[2], d.element_size())
+        for start in range(0, a.shape[0], chunk):
+            g = torch.bmm(d[start:start + chunk].transpose(1, 2), a[start:start + chunk])
+            g2 = (g * g).sum(0).reshape(-1)
+            plain = plain + g2.sum()
+            if weight is not None:
+                weighted = weighted + torch.dot(g2, weight.reshape(-1))
+    if trained[1]:
+        s = d.sum(1)
+        s2 = (s * s).sum(0)
+        plain = plain + s2.sum()
+        if bias is not None:
+            weighted = weighted + torch.dot(s2, bias)
+    return plain, weighted
+
+
 def embedding_sq(index: torch.Tensor, d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`sum_i |g_i|_P^2` of an embedding, index (B, T), d (B, T, C) (padding rows already
     zeroed), P of the weight (V, C): row k of example i's gradient is the sum of `d_it` over
