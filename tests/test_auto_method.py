@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.measure.choice import MICROBATCH_FROM, TIMED_STEPS
+from gnsweep.measure.shared import WEIGHED_NUMEL
 from gnsweep.training.backward import backward, pieces
 
 
@@ -193,7 +194,7 @@ def test_an_adaptive_optimizer_keeps_per_example_norms_that_weigh_by_p():
 
 
 def test_an_adaptive_optimizer_is_measured_with_the_microbatches_it_needs_anyway():
-    """A weight tied across layers has no P-weighted per-example norms, so Adam's
+    """A large weight tied across layers has no P-weighted per-example norms, so Adam's
     preconditioned pair splits every measured step into micro-batches; per-example hooks on
     top would only add, so auto keeps micro-batches, for B_simple too, whatever the crossovers
     say (a small model at a small batch would keep per-example norms under SGD)."""
@@ -225,11 +226,13 @@ def test_an_adaptive_optimizer_is_measured_with_the_microbatches_it_needs_anyway
 
 
 def _tied() -> nn.Module:
-    """An MLP whose two hidden layers share one weight (`measure.shared.Tied`)."""
-    first, second = nn.Linear(8, 8), nn.Linear(8, 8)
+    """An MLP whose two hidden layers share one weight (`measure.shared.Tied`) larger than
+    `shared.WEIGHED_NUMEL` (no P-weighted per-example norms)."""
+    width = 1 + int(WEIGHED_NUMEL ** 0.5)
+    first, second = nn.Linear(width, width), nn.Linear(width, width)
     second.weight = first.weight
-    return nn.Sequential(nn.Flatten(), nn.Linear(36, 8), nn.Tanh(), first, nn.Tanh(), second,
-                         nn.Tanh(), nn.Linear(8, 3))
+    return nn.Sequential(nn.Flatten(), nn.Linear(36, width), nn.Tanh(), first, nn.Tanh(), second,
+                         nn.Tanh(), nn.Linear(width, 3))
 
 def test_a_split_step_chooses_microbatches_before_any_crossover():
     from gnsweep.measure.choice import cheaper_method

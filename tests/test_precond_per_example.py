@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from gnsweep.measure import NoiseScaleMonitor
+from gnsweep.measure.shared import WEIGHED_NUMEL
 
 
 class OwnRMSNorm(nn.Module):
@@ -58,6 +59,20 @@ class TinyLM(nn.Module):
         return self.head(self.own(torch.tanh(self.block(self.norm(h)))))
 
 
+class TiedLM(nn.Module):
+    """A token embedding reused as the output layer (`measure.shared.Tied`), with a bias."""
+
+    def __init__(self, vocab: int = 11, dim: int = 8) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, vocab)
+        self.head.weight = self.tok.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mix(self.tok(x))))
+
+
 def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(5, 16), nn.LayerNorm(16), nn.Tanh(), nn.Linear(16, 3))
 
@@ -96,8 +111,9 @@ def _adam_p(optimizer: torch.optim.Adam, params: list[nn.Parameter]) -> list[tor
 
 def _brute_b_simple_p(model: nn.Module, optimizer: torch.optim.Adam, x: torch.Tensor,
                       y: torch.Tensor) -> tuple[float, float, float]:
-    """(mean_i |g_i|_P^2, |G|_P^2, B_simple_P): eq. A.2 in the P-norm with b_small = 1, b_big = B: each example's own gradient from its
-    own backward (on a copy of the model, out of the monitor's hooks), in float64."""
+    """(mean_i |g_i|_P^2, |G|_P^2, B_simple_P): eq. A.2 in the P-norm with b_small = 1,
+    b_big = B, each example's own gradient from its own backward (on a copy of the model, out
+    of the monitor's hooks), in float64."""
     weights = [w.double() for w in _adam_p(optimizer, list(model.parameters()))]
     model = copy.deepcopy(model)
     params = list(model.parameters())
@@ -119,6 +135,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[..., tuple]]] = {
     "mlp": (_mlp, lambda n, g: _classify(n, g, (5,))),
     "cnn": (_cnn, lambda n, g: _classify(n, g, (2, 7, 7))),
     "lm": (TinyLM, _tokens),
+    "tied_lm": (TiedLM, _tokens),
 }
 
 
@@ -160,12 +177,14 @@ def test_adam_b_simple_p_from_per_example_hooks_matches_brute_force(case: str, m
     monitor.close()
 
 
-def test_tied_parameters_still_split_for_b_simple_p() -> None:
-    """A weight tied across layers has no P-weighted per-example norm: the measured steps are
-    split into micro-batches for B_simple_P, as before."""
+def test_a_large_tied_weight_still_splits_for_b_simple_p() -> None:
+    """A weight tied across layers larger than `WEIGHED_NUMEL` has no P-weighted per-example
+    norm (it would need its explicit per-example gradients): the measured steps are split into
+    micro-batches for B_simple_P, as before."""
     torch.manual_seed(0)
-    emb = nn.Embedding(11, 8)
-    head = nn.Linear(8, 11, bias=False)
+    vocab = 1 + WEIGHED_NUMEL // 8
+    emb = nn.Embedding(vocab, 8)
+    head = nn.Linear(8, vocab, bias=False)
     head.weight = emb.weight
     model = nn.Sequential(emb, nn.Tanh(), head)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)

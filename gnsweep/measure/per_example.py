@@ -179,9 +179,10 @@ class PerExample:
             say_once(f"skipped {text}", f"noise scale: no per-example norms for {text}; their "
                      "parameters are measured with micro-batches")
         self.params = [p for p in measured if id(p) in self.covered]
-        self.weighable = not self.tied.covered and not found_attention
-        """Every hooked layer has P-norms (`gnsweep.measure.weighted`): not so for parameters
-        tied across layers, nor nn.MultiheadAttention measured whole."""
+        self.weighable = self.tied.weighable and not found_attention
+        """Every hooked layer has P-norms (`gnsweep.measure.weighted`): not so for
+        nn.MultiheadAttention measured whole, nor for parameters tied across layers larger
+        than `shared.WEIGHED_NUMEL`."""
         self.complete = len(self.params) == len(measured)
         """Every measured parameter is covered (no micro-batches for the rest)."""
         self.coverage = Coverage(gate, model, self.layers, self.params, self.functional,
@@ -417,9 +418,16 @@ class PerExample:
     def measure(self, examples: int) -> NormPair | None:
         """Eq. A.2's pair for b_small = 1 from this step's captures; None when it cannot be
         measured (no layer captured, or a step that had to be skipped)."""
-        tied = self.tied.total()
-        if tied is not None:
-            self.values.append(tied)
+        weights = self._weights_now() if self.tied.uses else None
+        if weights is not None:
+            both = self.tied.totals(weights)
+            if both is not None:
+                self.values.append(both[0])
+                self.pvalues.append(both[1])
+        else:
+            tied = self.tied.total()
+            if tied is not None:
+                self.values.append(tied)
         if self.invalid or self.attention.invalid or not (self.values or self.rows):
             return None
         # The rows' sum_i |a_i|^2 |d_i|^2 in one dot (and sum_i |d_i|^2 of their biases in one
