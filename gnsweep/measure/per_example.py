@@ -475,7 +475,7 @@ class PerExample:
         grads = [p.grad.detach().reshape(-1).float() for p in self.params if p.grad is not None]
         weights_of = [weights[id(p)] for p in self.params if p.grad is not None]
         # G^T P G per parameter in three foreach ops: P g^2 >= 0, so its sum is its 1-norm.
-        products = torch._foreach_mul(grads, grads) if grads else []
+        products = list(torch._foreach_mul(grads, grads)) if grads else []
         if products:
             torch._foreach_mul_(products, weights_of)
         big = list(torch._foreach_norm(products, 1)) if products else []
