@@ -41,7 +41,7 @@ Candidates = dict[str, tuple[PerExample | None, Increments | None]]
 
 
 def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int,
-                   split: bool = False) -> tuple[str, str]:
+                   split: bool = False, weighted: bool = False) -> tuple[str, str]:
     """(per_example or microbatch, why) for a model both measure right: micro-batches where
     per-example norms need them anyway (`rest`: layers without per-example norms; `split`:
     each measured step is cut into micro-batches anyway, for the preconditioned pair of an
@@ -51,8 +51,13 @@ def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int
     some layer's per-example norm needs per-position work (`positional`: its kinds) and the
     batch is large enough for micro-batches to cost less: at least `MICROBATCH_FROM` examples
     with convolutions, or at least `SEQUENCE_MICROBATCH_TOKENS` tokens (batch x `positions`,
-    the most positions per example of a sequence layer) with sequence layers; else
-    per-example norms."""
+    the most positions per example of a sequence layer) with sequence layers, or with any such
+    layer where the hooks weigh by an adaptive optimizer's P themselves (`weighted`: their
+    P-norms have no Gram form, so each of these layers builds its explicit per-example
+    gradients, and the bench's sequence models cost more so than with the split: docs/noise.md,
+    "Adam's noise scale"); else per-example norms (under an adaptive optimizer too, where no
+    layer needs per-position work: a linear layer's P-norms on rows need no per-example
+    gradient)."""
     if rest:
         return "microbatch", "layers without per-example norms need micro-batches anyway"
     if split:
@@ -62,6 +67,10 @@ def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int
     if not positional:
         return "per_example", "no layer needs per-position work for its per-example norms"
     kinds = ", ".join(positional)
+    if weighted:
+        return "microbatch", (f"{kinds} need per-position work, and explicit per-example "
+                              "gradients for the optimizer's preconditioned noise scale "
+                              "(b_simple_precond): micro-batches cost less")
     sizes = []  # (unit, size, where micro-batches start to cost less)
     if set(positional) & set(CONVOLUTIONS):
         sizes.append(("batch", batch, MICROBATCH_FROM))
@@ -223,8 +232,9 @@ class AutoChoice(Sources):
         # every measured step unless the per-example hooks weigh by P themselves: where it
         # splits, micro-batches cost nothing more, per-example hooks do.
         split = bool(getattr(self, "wants_microbatches", False))
+        weighted = per_example.weighs and per_example.weigh is not None
         method, reason = cheaper_method(sorted(per_example.positional), batch, rest,
-                                        per_example.positions, split)
+                                        per_example.positions, split, weighted)
         if rest and per_example.skipped:  # name them: the reason kept in status.json
             reason = f"micro-batches are needed anyway, for {', '.join(per_example.skipped)}"
         elif method == "per_example" and per_example.routes:
