@@ -21,8 +21,11 @@ from gnsweep import store
 from gnsweep.analysis.along import branch_point
 from gnsweep.compose import compose
 from gnsweep.config import Config, ConfigError
-from gnsweep.runs import RunSpec, read_run, verify_folder, write_run
+from gnsweep.folder import SweepFolder
+from gnsweep.paths import RunPaths, SweepPaths
+from gnsweep.runs import RunSpec, write_run
 from gnsweep.stall import bounded
+from gnsweep.tasks import about
 
 PROBE_SEED = 271_828
 """Seed of the batches on which the loss at a branch point is measured (the same at every
@@ -107,7 +110,8 @@ def branch_config(base: Config, overrides: list[str], *, has_eval: bool = False)
     config = compose(overrides, grid=("batch_sizes", "learning_rates"),
                      custom=base.task.name == CUSTOM)
     keys = [(o, o.lstrip("+~").split("=", 1)[0]) for o in overrides]
-    if has_eval and base.task.metric == "loss" and "analysis.loss" not in {k for _, k in keys}:
+    if has_eval and about(base.task).metric == "loss" \
+            and "analysis.loss" not in {k for _, k in keys}:
         config = dataclasses.replace(config, analysis=dataclasses.replace(config.analysis,
                                                                          loss="eval"))
     touched = [o for o, key in keys
@@ -177,8 +181,8 @@ def base_noise(run_dir: Path, at_step: int, at_examples: int, loss: str
     """The base run's smoothed loss, B_simple and B_noise at a checkpoint, from its logged rows
     (NaN where it logged none there)."""
     from gnsweep.analysis.along import base_curve
-    from gnsweep.analysis.load import load_run_curves
     from gnsweep.analysis.pipeline import AnalysisError
+    from gnsweep.folder import load_run_curves
 
     try:
         point = branch_point(base_curve(load_run_curves(run_dir), loss), at_step, at_examples)
@@ -197,7 +201,7 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
     base, base_spec = read_base(base_run)
     refuse_script(base)
     config = branch_config(base, overrides, has_eval=has_eval_loss(base, base_spec))
-    metric_task = config.task.metric != "loss"
+    metric_task = about(config.task).metric != "loss"
     loss = "metric" if metric_task else config.analysis.loss
     kept, asked = kept_checkpoints(base_run)
     chosen = sorted({branch_checkpoint(base_run, n, kept, asked) for n in at})
@@ -208,7 +212,7 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
         smoothed, b_simple, b_noise = base_noise(base_run, step, examples, loss)
         if metric_task:  # a return cannot be probed at fixed parameters: the logged one
             if not math.isfinite(smoothed):
-                raise ConfigError(f"{base_run}: its logged {config.task.metric} does not "
+                raise ConfigError(f"{base_run}: its logged {about(config.task).metric} does not "
                                   f"cover step {step}; a branch needs it there")
             at_loss = smoothed
         else:
@@ -239,13 +243,12 @@ def read_base(base_run: Path) -> tuple[Config, RunSpec]:
     """The base run's config and grid point (ConfigError: not a run folder of a sweep). Its
     record is checked against its sweep's config.yaml, as every reader does, before its task is
     built: a run file never names code of its own."""
-    if not (base_run / store.RUN_CONFIG).is_file() or base_run.parent.name != store.RUNS:
+    if not RunPaths(base_run).record.is_file() or base_run.parent.name != store.RUNS:
         raise ConfigError(f"{base_run}: not a run folder of a sweep (no {store.RUN_CONFIG} in "
                           f"<sweep>/{store.RUNS}/<run id>); give a run of a sweep, e.g. "
                           "runs/digits/runs/b00032_lr0.1_s0")
     base_sweep = store.sweep_of(base_run)
-    verify_folder(base_sweep)
-    return read_run(base_sweep, base_run.name)
+    return SweepFolder.open(base_sweep).read_run(base_run.name)
 
 
 def has_eval_loss(base: Config, base_spec: RunSpec) -> bool:
@@ -271,9 +274,9 @@ def plan_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: list[
     planned = []
     for examples, _path in chosen:
         for spec in _grid(config, examples):
-            run_path = sweep_dir / store.RUNS / spec.run_id
-            state = (read_state(run_path).state.value
-                     if (run_path / store.STATUS).is_file() else "pending")
+            run = SweepPaths(sweep_dir).run(spec.run_id)
+            state = (read_state(run.folder).state.value
+                     if run.status.is_file() else "pending")
             planned.append((spec, state))
     return config, planned
 
@@ -295,7 +298,7 @@ def resolve_along(config: Config, sweep_dir: Path) -> Config:
     if sweep.schedule != "along" or sweep.along_points:
         return config
     source = Path(sweep.along_from)
-    path = source / store.result_file("along")
+    path = SweepPaths(source).result("along")
     if not path.is_file():
         raise ConfigError(f"sweep.along_from={source}: no along.parquet there; run gnsweep "
                           f"branch into it, then gnsweep analyze {source}")

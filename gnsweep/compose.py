@@ -84,7 +84,8 @@ def compose(overrides: list[str] | None = None, *, grid: tuple[str, ...] | None 
         GlobalHydra.instance().clear()
     data = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(data, dict)
-    config = Config.from_dict({str(k): v for k, v in data.items()})
+    # Typed (each section checks its values), then the task checked against the registry.
+    config = tasks.checked(Config.from_dict({str(k): v for k, v in data.items()}))
     _check_custom_grid(config, sweep_file, given, GRID_FIELDS if grid is None else grid,
                        config.task.name in (tasks.CUSTOM, tasks.SCRIPT) if custom is None
                        else custom)
@@ -138,7 +139,8 @@ def _named_after_task(config: Config, sweep_file: str, overrides: list[str]) -> 
     if config.task.name == tasks.SCRIPT:  # named after its script: python train.py -> train
         name = script_sweep_name(str(config.task.options.get("command", "")))
     else:
-        name = re.sub(r"[^A-Za-z0-9._-]+", "_", config.task.label).strip("._") or tasks.CUSTOM
+        label = tasks.about(config.task).label
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._") or tasks.CUSTOM
     return dataclasses.replace(config, sweep=dataclasses.replace(config.sweep, name=name))
 
 

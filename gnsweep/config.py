@@ -1,23 +1,23 @@
 """Typed configuration: the dataclass schemas, one per section, each field documented and
-validated in `__post_init__`, and `Config.load`, the typed reader of a sweep's config.yaml.
+validated in `__post_init__`. The bottom floor: it imports only `errors`, `targets`, `noise`
+(the noise methods' names) and the standard library.
 
-Composition of `conf/` with Hydra lives above, in `gnsweep.compose`, in the CLI process only.
-Everything below the CLI receives these dataclasses (or their JSON form in a run folder), never
-a DictConfig: workers started by torchrun or Slurm load a run's `config.json` without Hydra.
-Names are validated against registries of names (tasks, trackers), never by building one.
+Above it: `gnsweep.compose` composes `conf/` with Hydra (the CLI process only);
+`gnsweep.tasks.checked` checks a task's name and options against the task registry and
+`gnsweep.tasks.about` says what its targets and batch sizes mean; `gnsweep.folder` reads a
+sweep folder's config.yaml (`read_config`, `SweepFolder.open`). Everything below the CLI
+receives these dataclasses (or their JSON form in a run folder), never a DictConfig: workers
+started by torchrun or Slurm load a run's `config.json` without Hydra.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import os
-import stat
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
-from gnsweep import redact, store, targets, tasks
+from gnsweep import targets
 from gnsweep.errors import ConfigError
 from gnsweep.errors import choice as _choice
 from gnsweep.errors import integer as _integer
@@ -25,7 +25,6 @@ from gnsweep.errors import number as _number
 from gnsweep.errors import positive_list as _positive_list
 from gnsweep.noise import DEFAULT_EMA_FRACTION, Method
 from gnsweep.targets import LOSS_EMA_SAMPLES
-from gnsweep.tasks.script import label as script_label
 
 __all__ = [
     "DECAYS",
@@ -35,6 +34,7 @@ __all__ = [
     "OPTIMIZERS",
     "PRECISIONS",
     "SCHEDULES",
+    "SCRIPT",
     "AnalysisConfig",
     "BranchConfig",
     "Config",
@@ -59,13 +59,20 @@ training run uses, and a larger one fails only later, by running out of memory."
 DECAYS = ("constant", "cosine", "linear", "step")
 PRECISIONS = ("fp32", "bf16", "fp16")
 KEEP_CHECKPOINTS = ("none", "log")
+SCRIPT = "script"
+"""The task name of a sweep that runs the user's own training command (task=script,
+docs/scripts.md): its rules span sections (`Config.check`), so the name lives here, on the
+bottom floor; `gnsweep.tasks` takes it from here."""
 MOVED = {("sweep", "optimizer"): "train.optimizer", ("sweep", "momentum"): "train.momentum"}
 """Settings that moved: the old name -> the new one (the old is refused, naming the new)."""
 
 
 @dataclass
 class TaskConfig:
-    """Which model and data a run trains; the task's own options are checked by the task."""
+    """Which model and data a run trains: a task's name and its options, as config.yaml holds
+    them. The task registry checks both where a config enters (`gnsweep.tasks.checked`, called
+    by the composition and by the sweep folder's open) and says what the task's targets and
+    batch sizes mean (`gnsweep.tasks.about`); this schema only checks their types."""
 
     name: str = "digits"
     """Registered task name (`gnsweep tasks` lists them)."""
@@ -73,76 +80,24 @@ class TaskConfig:
     """Task-specific options (hidden width, dimension, noise...), validated by the task."""
 
     def __post_init__(self) -> None:
-        for key, value in dict(self.options).items():
-            _secret_is_text(f"task.{key}", value)
-        self.options = tasks.validate_options(self.name, dict(self.options))
-
-    # The task's direction and unit come from the registry (no torch), not from config.yaml: a
-    # sweep folder names its task, and the task declares what its targets mean. A task outside
-    # the registry (a user's own, by import path) declares nothing there: its targets are
-    # losses and B counts its examples.
-    def _declared(self, name: str, default: Any) -> Any:
-        entry = tasks.REGISTRY.get(self.name)
-        return getattr(entry, name) if entry is not None else default
-
-    @property
-    def metric(self) -> str:
-        """What the targets are values of: "loss" or the task's metric (e.g. "return")."""
-        return str(self._declared("metric", "loss"))
-
-    @property
-    def direction(self) -> targets.Direction:
-        """Which way the targets are reached: the task's declared flag (`targets.KEY`), mapped
-        to the direction type here, once."""
-        return targets.Direction.of(self._declared(targets.KEY, False))
-
-    @property
-    def higher_is_better(self) -> bool:
-        """True when a target is reached by rising to it (a return), False for a loss."""
-        return self.direction.rises
-
-    @property
-    def unit(self) -> str:
-        """What a batch size counts: examples, tokens or environment steps. A custom task's is
-        its `unit` attribute, recorded at launch (`with_unit`)."""
-        if self.name == tasks.CUSTOM:
-            return str(self.options.get(tasks.UNIT) or "examples")
-        if self.name == tasks.SCRIPT:
-            return str(self.options.get("unit") or "examples")
-        return str(self._declared("unit", "examples"))
-
-    @property
-    def label(self) -> str:
-        """The task as a reader knows it: its name, or a custom task's `_target_`."""
-        if self.name == tasks.CUSTOM:
-            return str(self.options.get(tasks.TARGET) or self.name)
-        if self.name == tasks.SCRIPT:  # its script or program: `script train.py`
-            return f"script {script_label(str(self.options.get('command', '')))}"
-        return self.name
-
-    def with_unit(self, unit: str | None) -> TaskConfig:
-        """This task with a custom task's declared unit recorded (unchanged for a registered
-        task, whose registry entry says it, or for `unit` None)."""
-        if self.name != tasks.CUSTOM or unit is None:
-            return self
-        return TaskConfig(self.name, {**self.options, tasks.UNIT: unit})
-
-    def reached(self, value: float, target: float) -> bool:
-        """Whether a (smoothed) metric value has reached `target` in the task's direction."""
-        return self.direction.reached(value, target)
-
-    def hardest(self, values: list[float]) -> float:
-        """The target a run stops at: the largest return, the smallest loss."""
-        return self.direction.hardest(values)
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError(f"task.name: {self.name!r} is not a task name; give one that "
+                              "`gnsweep tasks` lists")
+        if not isinstance(self.options, dict):
+            raise ConfigError(f"task: {type(self.options).__name__} where the task's options "
+                              "(a mapping) belong")
+        self.options = {str(k): v for k, v in self.options.items()}
 
 
-def _secret_is_text(where: str, value: Any, holds_uri: bool = False) -> None:
-    """A setting whose name says secret (or that holds a URI, which may carry a password) is
-    a string or unset: a list or a number would be written and printed unmasked, or mangled
-    (a number loses its leading zeros). ConfigError naming the setting, never its value."""
+def secret_is_text(where: str, value: Any, holds_uri: bool = False,
+                   secret_name: bool = False) -> None:
+    """A setting that holds a secret (`secret_name`: its name says so, `gnsweep.redact`) or a
+    URI (which may carry a password) is a string or unset: a list or a number would be written
+    and printed unmasked, or mangled (a number loses its leading zeros). ConfigError naming the
+    setting, never its value."""
     if value is None or isinstance(value, str):
         return
-    if holds_uri or redact.is_secret_name(where):
+    if holds_uri or secret_name:
         raise ConfigError(f"{where}: a {type(value).__name__} where a string is expected (a "
                           f"secret or a URI is one string); quote it: '{where}=\"...\"'")
 
@@ -664,7 +619,7 @@ class LoggerConfig:
     def __post_init__(self) -> None:
         for name in ("tracking_uri", "experiment", "project", "entity", "mode"):
             value = getattr(self, name)
-            _secret_is_text(f"logger.{name}", value, holds_uri=True)
+            secret_is_text(f"logger.{name}", value, holds_uri=True)
         self.kind = _choice("logger.kind", self.kind, tuple(LOGGER_OPTIONS))
         self.flush_secs = _integer("logger.flush_secs", self.flush_secs)
         if self.flush_secs < 1:
@@ -800,7 +755,7 @@ class Config:
     def check(self) -> None:
         """The rules that span sections (each section checks its own values)."""
         world, method = self.executor.world_size(), self.noise.method
-        script = self.task.name == tasks.SCRIPT
+        script = self.task.name == SCRIPT
         # A script trains and measures itself (its own DDP, its own monitor's options:
         # `current_run().monitor(model, method=...)`, the callbacks): the noise section and the
         # split of B over DDP processes are not gnsweep's to check, and a method set here would
@@ -852,46 +807,6 @@ class Config:
         if unknown:
             raise ConfigError(f"unknown config section(s): {', '.join(sorted(unknown))}")
         return cls(**{k: _section(k, t, data.get(k) or {}) for k, t in SECTIONS.items()})
-
-    @classmethod
-    def load(cls, sweep_dir: Path) -> Config:
-        """The typed config of a sweep folder (its config.yaml); needs no torch and no Hydra.
-
-        StoreError names a missing or unreadable file; ConfigError one whose settings this
-        version of gnsweep does not accept (the message names the setting).
-        """
-        path = Path(sweep_dir) / store.SWEEP_CONFIG
-        key = _file_identity(path)
-        if key is not None and key in _LOADED:
-            return copy.deepcopy(_LOADED[key])
-        loaded = store.read_sweep_config(Path(sweep_dir))
-        try:
-            config = cls.from_dict(loaded)
-        except ConfigError as err:
-            raise ConfigError(f"{path}: {err}") from None
-        if key is not None:
-            if len(_LOADED) >= 8:
-                _LOADED.pop(next(iter(_LOADED)))
-            _LOADED[key] = copy.deepcopy(config)
-        return config
-
-
-_LOADED: dict[tuple[Any, ...], Config] = {}
-"""Each config.yaml this process has parsed and validated, by the file's identity: a worker
-serving many runs, and every reader of the folder, parse it once. A launch rewrites it by an
-atomic rename (a new inode), so a changed file is read again."""
-
-
-def _file_identity(path: Path) -> tuple[Any, ...] | None:
-    """(path, device, inode, size, modification time) of a regular file; None otherwise (the
-    reader then says what is wrong with it)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 SECTIONS: dict[str, type] = {

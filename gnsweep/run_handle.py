@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gnsweep import store, tables
+from gnsweep.paths import RunPaths
 from gnsweep.tasks.script import ENV_PREFIX
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class RunHandle:
     @property
     def checkpoint_dir(self) -> Path:
         """`<run_dir>/checkpoints`, a place for the script's own checkpoints."""
-        return self.run_dir / store.CHECKPOINTS
+        return RunPaths(self.run_dir).checkpoints
 
     @property
     def resuming(self) -> bool:
@@ -142,14 +143,14 @@ class RunHandle:
                 if value is not None and math.isfinite(float(value)):
                     row[name] = float(value)
         row.update({k: _number(v) for k, v in columns.items()})
-        store.append_line(self.run_dir / store.SCRIPT_ROWS, json.dumps(row) + "\n")
+        store.append_line(RunPaths(self.run_dir).script_rows, json.dumps(row) + "\n")
 
     def should_stop(self) -> bool:
         """Whether the run has what it needs: the sweep has seen every target reached (as the
         analysis reads it) or the budget spent, or asks the script to stop (Ctrl-C, a
         preemption: save a checkpoint and exit). Under torch.distributed the ranks agree (one
         small all-reduce: every rank calls it at the same step), so that all stop together."""
-        stop = (self.run_dir / store.SCRIPT_STOP).exists() \
+        stop = RunPaths(self.run_dir).script_stop.exists() \
             or bool(self.max_examples and self._examples >= self.max_examples) \
             or bool(self.max_steps and self._step >= self.max_steps)
         return _agreed(stop)
@@ -208,6 +209,6 @@ def current_run() -> RunHandle | None:
     if handle.writer:
         # Present from the start: the sweep then asks this script to stop through
         # should_stop() before it sends a signal (whatever it reads the rows from).
-        store.append_line(handle.run_dir / store.SCRIPT_ROWS, "")
+        store.append_line(RunPaths(handle.run_dir).script_rows, "")
     _current = handle
     return handle

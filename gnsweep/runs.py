@@ -1,8 +1,9 @@
 """Runs as data: the grid point (`RunSpec`), the grid's expansion (pure), a run's record (what a
 worker needs to train it, `runs/<id>/config.json`), its typed state and how retries are counted.
 
-A leaf under the orchestration: the sweep, the executors and training import it; it imports
-only the config and the store.
+A leaf under the orchestration: the sweep folder (`gnsweep.folder`), the sweep, the executors
+and training import it; it imports the config, the task registry (a record's task checked,
+`tasks.checked`) and the store.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from gnsweep import redact, store
+from gnsweep import redact, store, tasks
 from gnsweep.config import Config, ConfigError
+from gnsweep.paths import SweepPaths
 from gnsweep.store import FINISHED, RunState, RunStatus, StoreError
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "branch_budget",
     "check_record",
     "check_records",
+    "checked_record",
     "config_differences",
     "distinct_ids",
     "expand_grid",
@@ -35,13 +38,11 @@ __all__ = [
     "needs_running",
     "parse_run_record",
     "parse_spec",
-    "read_run",
     "read_state",
     "run_config",
     "run_record",
     "unmeasured_line",
     "unmeasured_share",
-    "verify_folder",
     "write_run",
 ]
 
@@ -177,7 +178,7 @@ def ids_free(sweep_dir: Path, specs: list[RunSpec]) -> None:
     """Refuse (ConfigError, before the folder's config.yaml changes) a grid point whose run id
     is taken in the folder by another grid point, one within the id's precision of it."""
     for spec in specs:
-        path = sweep_dir / store.RUNS / spec.run_id / store.RUN_CONFIG
+        path = SweepPaths(sweep_dir).run(spec.run_id).record
         if not store.is_regular(path):
             continue  # none yet, or refused with its reason where the record is read
         data = store.read_json(path)
@@ -204,7 +205,8 @@ def run_config(config: Config, spec: RunSpec) -> Config:
         steps, examples = branch_budget(config, spec.batch_size)
         changes.update(max_steps=steps or sweep.max_steps, max_examples=examples)
     else:
-        changes["targets"] = [config.task.direction.relative_target(point["at_loss"], f)
+        direction = tasks.about(config.task).direction
+        changes["targets"] = [direction.relative_target(point["at_loss"], f)
                               for f in branch.targets]
     if config.analysis.loss == "eval" and not (sweep.eval_every or sweep.eval_per_octave):
         changes["eval_per_octave"] = EVALS_PER_OCTAVE
@@ -322,35 +324,13 @@ def check_records(sweep_dir: Path, config: Config, run_ids: list[str]) -> None:
     expected = expected_record_config(config)
     accepted: set[str] = set()
     for run_id in sorted(set(store.run_ids(sweep_dir)) | set(run_ids)):
-        path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
+        path = SweepPaths(sweep_dir).run(run_id).record
         if not (path.exists() or path.is_symlink()):
             continue
-        _checked(store.read_json(path), path, run_id, expected, accepted)
+        checked_record(store.read_json(path), path, run_id, expected, accepted)
 
 
-def verify_folder(sweep_dir: Path) -> tuple[Config, dict[str, RunSpec]]:
-    """What every command that reads a sweep folder calls before it builds anything from it:
-    the folder is a sweep, its config.yaml reads, and every run file is checked against
-    config.yaml (`check_record`, and its config must be one this version accepts). A run file
-    holding only a grid point (no config: written by another tool for the analysis) is
-    type-checked; it names no code. Returns (the sweep's config, each run's grid point by
-    id); StoreError or ConfigError (exit 2) naming the first file that disagrees."""
-    store.require_sweep(sweep_dir)
-    config = Config.load(sweep_dir)
-    expected = expected_record_config(config)
-    specs = {}
-    accepted: set[str] = set()  # the runs of one launch share their config: typed once
-    for run_id in store.run_ids(sweep_dir):
-        path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
-        data = store.read_json(path)
-        if isinstance(data, dict) and "config" not in data and "run_id" not in data:
-            specs[run_id] = parse_spec(data.get("run"), path)
-            continue
-        specs[run_id] = _checked(data, path, run_id, expected, accepted)
-    return config, specs
-
-
-def _checked(data: Any, path: Path, run_id: str, expected: dict[str, Any],
+def checked_record(data: Any, path: Path, run_id: str, expected: dict[str, Any],
              accepted: set[str] | None = None) -> RunSpec:
     """`check_record`, and the record's config typed (`Config.from_dict`) unless one equal to
     it is in `accepted` (which it then joins)."""
@@ -361,7 +341,7 @@ def _checked(data: Any, path: Path, run_id: str, expected: dict[str, Any],
     if accepted is not None and key in accepted:
         return spec
     try:  # a setting only the run file has, or of the wrong type, that the sweep lacks
-        Config.from_dict(data["config"])
+        tasks.checked(Config.from_dict(data["config"]))
     except ConfigError as err:
         raise StoreError(f"{path}: {err}; remove {path.parent} and relaunch to write it "
                          "again") from None
@@ -395,14 +375,14 @@ def _typed(config: dict[str, Any]) -> Config:
     if key not in _TYPED:
         if len(_TYPED) >= 8:
             _TYPED.pop(next(iter(_TYPED)))
-        _TYPED[key] = Config.from_dict(config)
+        _TYPED[key] = tasks.checked(Config.from_dict(config))
     return copy.deepcopy(_TYPED[key])
 
 
 def write_run(sweep_dir: Path, config: Config, spec: RunSpec) -> None:
     """Write a run's record unless it exists (a run's record never changes once written);
     an existing one is checked against the sweep (`check_record`)."""
-    path = store.run_dir(sweep_dir, spec.run_id) / store.RUN_CONFIG
+    path = SweepPaths(sweep_dir).run(spec.run_id).record
     if path.exists() or path.is_symlink():
         recorded = check_record(store.read_json(path), path, spec.run_id,
                                 expected_record_config(config))
@@ -410,17 +390,6 @@ def write_run(sweep_dir: Path, config: Config, spec: RunSpec) -> None:
             distinct_ids([recorded, spec])
     else:
         store.write_json(path, run_record(config, spec))
-
-
-def read_run(sweep_dir: Path, run_id: str) -> tuple[Config, RunSpec]:
-    """A run's record, checked against the sweep's config.yaml (`check_record`): the config
-    it trains with and its grid point. Nothing in a run file that config.yaml does not say is
-    ever used (a task's `_target_` above all: it names code to import)."""
-    sweep = Config.load(sweep_dir)
-    path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
-    data = store.read_json(path)
-    check_record(data, path, run_id, expected_record_config(sweep))
-    return parse_run_record(data)
 
 
 def read_state(run_path: Path) -> RunStatus:

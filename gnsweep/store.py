@@ -727,8 +727,7 @@ def require_sweep(sweep_dir: Path) -> None:
 def read_sweep_config(sweep_dir: Path) -> dict[str, Any]:
     """The sweep's config.yaml as plain data; StoreError names a bad file.
 
-    Only `Config.load` (the typed reader) and the relaunch check (which compares raw settings,
-    also those of another version's schema) read it.
+    Only `folder.read_config` (the typed reader, called where the folder is opened) reads it.
     """
     path = sweep_dir / SWEEP_CONFIG
     try:
@@ -983,7 +982,7 @@ def read_result_tables(sweep_dir: Path) -> dict[str, Any]:
     """The tables and fits.json an analysis wrote into a sweep folder, as plain data: each table
     present by name (a DataFrame; steps, front and fits must exist, the others are left out
     where an older version did not write them), `warnings` and `meta` from fits.json.
-    `gnsweep.analysis.results.read_results` makes them one `Results`. StoreError when the files
+    `gnsweep.folder.read_results` makes them one `Results`. StoreError when the files
     come from two analyses (their generation ids differ): never a mix read in silence."""
     generations: dict[str, str | None] = {}
 

@@ -10,6 +10,8 @@ from typing import Any
 
 from gnsweep import notices, redact, store, tasks
 from gnsweep.config import Config, ConfigError
+from gnsweep.folder import SweepFolder, read_config
+from gnsweep.paths import SweepPaths
 from gnsweep.runs import (
     FINISHED,
     RELAUNCH_MAY_CHANGE,
@@ -40,7 +42,7 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
     way that changes what runs train.
     """
     new = config.to_dict()
-    if not (sweep_dir / store.SWEEP_CONFIG).is_file():
+    if not SweepPaths(sweep_dir).config_file.is_file():
         if store.run_ids(sweep_dir):
             raise ConfigError(
                 f"{sweep_dir} holds runs but no {store.SWEEP_CONFIG}, so nothing says how they "
@@ -49,7 +51,7 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
         return new
     # Typed: an older folder's missing settings read as their defaults, unknown ones are named.
     # Compared as written (secrets masked on both sides).
-    old = redact.config(Config.load(sweep_dir).to_dict())
+    old = redact.config(read_config(sweep_dir).to_dict())
     changed = [d for d in config_differences(old, redact.config(new))
                if not d.split(":")[0].startswith(RELAUNCH_MAY_CHANGE)]
     if changed:
@@ -80,7 +82,7 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
     # An along run (docs/along.md) takes the same rule, eq. 2.7 with the fit's B_noise.
     if sweep.schedule not in ("adaptive", "along") or (sweep.eps_max > 0 and not need_noise):
         return config
-    path = sweep_dir / store.FITS
+    path = SweepPaths(sweep_dir).result("fits")
     if not path.is_file():
         raise ConfigError(f"sweep.schedule={sweep.schedule} needs eps_max (and the B_noise of "
                           f"eq. 2.7), and {path} does not exist: set sweep.eps_max=... and "
@@ -88,7 +90,8 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
                           f"grid first (gnsweep analyze {sweep_dir})")
     fits = store.read_table(path, columns=["target", "eps_max", "b_noise_lr"]).to_pylist()
     # The hardest target first: its fit speaks for the whole run.
-    order = config.task.direction.in_training_order(fits, key=lambda row: row["target"])[::-1]
+    direction = tasks.about(config.task).direction
+    order = direction.in_training_order(fits, key=lambda row: row["target"])[::-1]
     found = [row for row in order
              if all(row[k] is not None and math.isfinite(row[k]) and row[k] > 0
                     for k in ("eps_max", "b_noise_lr"))]
@@ -102,40 +105,50 @@ def resolve_adaptive_lr(config: Config, sweep_dir: Path) -> Config:
         sweep, eps_max=eps_max, adaptive_lr_noise=lr_noise))
 
 
-def prepare_folder(sweep_dir: Path, config: Config, specs: list[RunSpec] | None = None) -> None:
+def prepare_folder(sweep_dir: Path, config: Config,
+                   specs: list[RunSpec] | None = None) -> SweepFolder:
     """Create the sweep folder or check that it matches (ConfigError if runs would train
     differently; StoreError naming a run file of `specs` that disagrees with the sweep), and
-    write its config.yaml (the grid: the union of the old and new grids)."""
+    write its config.yaml (the grid: the union of the old and new grids). Returns the folder
+    opened with the config it now holds (typed from what was written, not read back)."""
     from omegaconf import OmegaConf
 
+    config = tasks.checked(config)  # the task's options complete, as config.yaml holds them
     if not sweep_dir.is_dir():
         _check_relaunch(sweep_dir, config)  # a new folder: nothing of it exists before this
         sweep_dir.mkdir(parents=True, exist_ok=True)
     # Read, merge and write config.yaml under the folder's lock: two launchers with different
     # grids at once leave the union of both (each reads what the other wrote).
-    with store.exclusive(sweep_dir / store.CLAIMS_LOCK):
+    with store.exclusive(SweepPaths(sweep_dir).lock):
         merged = _check_relaunch(sweep_dir, config)
         # Before anything is written: a run file that disagrees with the sweep (of this grid
         # or another run of the folder) refuses the whole launch (exit 2, nothing run).
         check_records(sweep_dir, config, [s.run_id for s in specs or []])
         store.subdir(sweep_dir, store.RUNS)
-        store.write_text(sweep_dir / store.SWEEP_CONFIG,
+        store.write_text(SweepPaths(sweep_dir).config_file,
                          OmegaConf.to_yaml(redact.config(merged)))
+    return SweepFolder(sweep_dir, tasks.checked(Config.from_dict(merged)))
 
 
 def prepare(sweep_dir: Path, config: Config) -> list[RunSpec]:
+    """The grid's run specs, the folder made ready (`prepare_opened`)."""
+    return prepare_opened(sweep_dir, config)[1]
+
+
+def prepare_opened(sweep_dir: Path, config: Config) -> tuple[SweepFolder, list[RunSpec]]:
     """Create the sweep folder (or check it matches), write every run's config; return the grid.
 
     An existing sweep folder keeps its runs: relaunching with a larger grid adds runs (the
     folder's config.yaml lists the union), and the runs already finished are never touched. A
     relaunch whose settings would train runs differently is refused (ConfigError).
     """
+    config = tasks.checked(config)  # a config built in code enters here: its task checked
     specs = expand_grid(config)
     ids_free(sweep_dir, specs)
-    prepare_folder(sweep_dir, config, specs)
+    folder = prepare_folder(sweep_dir, config, specs)
     for spec in specs:
         write_run(sweep_dir, config, spec)
-    return specs
+    return folder, specs
 
 
 def remaining(sweep_dir: Path, specs: list[RunSpec], *,
@@ -161,9 +174,12 @@ def remaining(sweep_dir: Path, specs: list[RunSpec], *,
 
 
 def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
-              show_progress: bool = True, wait: bool = True) -> Any:
+              show_progress: bool = True, wait: bool = True,
+              folder: SweepFolder | None = None) -> Any:
     """Hand the runs (records written) that have not finished to the configured executor;
-    returns its summary. `launch` runs the grid with it, `gnsweep plan` its chosen runs."""
+    returns its summary. `launch` runs the grid with it, `gnsweep plan` its chosen runs.
+    `folder`: the sweep folder as `prepare_folder` returned it (else its config.yaml is read
+    here, once); the executor and its workers get it."""
     import os
     import uuid
 
@@ -171,7 +187,6 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
     from gnsweep.executors.base import stop_on_signals
     from gnsweep.executors.registry import executor_for
     from gnsweep.progress import SweepProgress
-    from gnsweep.runs import read_run
 
     # Every worker inherits it and records it with each attempt: the summary can then say
     # which runs this launch ran and which another launch on the same folder did.
@@ -181,7 +196,8 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
     # Nothing gnsweep writes into may be a link: refused here (exit 2), before a run is
     # claimed, rather than half-way through one.
     store.check_links(sweep_dir)
-    specs = [read_run(sweep_dir, r)[1] for r in run_ids]  # each checked against config.yaml
+    folder = folder or SweepFolder.of_config(sweep_dir)
+    specs = [folder.read_run(r)[1] for r in run_ids]  # each checked against config.yaml
     # Runs another launcher holds stay in: every executor waits for them (and runs them should
     # their owner die), but none starts them while their owner lives.
     todo = [spec.run_id for spec in remaining(sweep_dir, specs)]
@@ -191,7 +207,7 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
                            enabled=show_progress) as progress:
             run = executor_for(config.executor.kind, script=config.task.name == tasks.SCRIPT)
             with stop_on_signals():
-                return run(sweep_dir, todo, config.executor,
+                return run(folder, todo, config.executor,
                            max_retries=config.sweep.max_retries, progress=progress, wait=wait)
     finally:
         if wait:  # its workers are done: the launch's notice markers go (gnsweep.notices)
@@ -205,9 +221,9 @@ def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,
     Safe to call again at any time, also while another launch runs: runs are claimed before they
     start, so none runs twice. `wait=False` (Slurm only) returns once the jobs are submitted.
     """
-    specs = prepare(sweep_dir, config)
+    folder, specs = prepare_opened(sweep_dir, config)
     return run_specs(config, sweep_dir, [spec.run_id for spec in specs],
-                     show_progress=show_progress, wait=wait)
+                     show_progress=show_progress, wait=wait, folder=folder)
 
 
 def unmeasured_runs(sweep_dir: Path, run_ids: list[str] | None = None) -> str | None:

@@ -25,8 +25,8 @@ from gnsweep.analysis.along import (
     window_efficiencies,
 )
 from gnsweep.analysis.pipeline import AnalysisError
-from gnsweep.analysis.results import read_results
 from gnsweep.analysis.steps import curves_from_frames
+from gnsweep.folder import read_results
 from gnsweep.linreg_exact import Problem, local_truth, simulate_sgd
 from gnsweep.targets import RISING, relative_target
 from gnsweep.tasks import make_task

@@ -29,7 +29,7 @@ def test_a_default_branch_sweep_on_a_token_lm_answers_at_each_point(tmp_path):
 
     from gnsweep.branching import prepare_branch
     from gnsweep.commands.analyze import analyze_sweep
-    from gnsweep.runs import read_run
+    from gnsweep.folder import read_run
     from gnsweep.training import train
 
     base = make_base_run(tmp_path / "base", [*TINY_LM, "sweep.batch_sizes=[4]",

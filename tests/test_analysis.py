@@ -317,7 +317,7 @@ def test_example_steps_table_recovers_its_truth(tmp_path):
 
 
 def test_loss_curve_table_as_csv_and_parquet(sweep, tmp_path):
-    from gnsweep.analysis.load import load_sweep
+    from gnsweep.folder import load_sweep
 
     runs, metrics = load_sweep(sweep)
     table = metrics.merge(runs, on="run_id")[

@@ -209,3 +209,67 @@ def test_the_floor_rule_sees_a_climb():
     floors = _floors()
     assert _floor_of("gnsweep.store", floors) < _floor_of("gnsweep.analysis.pipeline", floors)
     assert _floor_of("gnsweep.analysis.fit", floors) < _floor_of("gnsweep.analysis", floors)
+
+
+FOLDER_READERS = ("gnsweep.store", "gnsweep.runs", "gnsweep.folder", "gnsweep.executors")
+"""What reads or writes a sweep folder: the analysis imports none of them."""
+FILE_CALLS = {"open", "read_text", "read_bytes", "read_json", "read_table", "ParquetFile",
+              "read_metrics", "iterdir", "glob", "rglob", "scandir", "listdir"}
+"""Calls that open or list files."""
+
+
+def _analysis_sources() -> dict[str, Path]:
+    return {str(p.relative_to(PACKAGE)): p for p in sorted((PACKAGE / "analysis").rglob("*.py"))}
+
+
+def test_the_analysis_reads_no_folder():
+    # The folder object reads the runs and hands the analysis frames and curves.
+    reach = {path: sorted(m for m in _imports(p) if m.startswith(FOLDER_READERS))
+             for path, p in _analysis_sources().items()}
+    assert not {path: m for path, m in reach.items() if m}
+    # ... and opens no file itself, but the user's own table given by path (`--table FILE`).
+    opened = {}
+    for path, p in _analysis_sources().items():
+        if path == "analysis/external.py":
+            continue
+        calls = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+                 for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Call)}
+        if calls & FILE_CALLS:
+            opened[path] = sorted(calls & FILE_CALLS)
+    assert not opened
+
+
+def test_the_config_sits_on_the_bottom_floor():
+    # The schemas import the errors, a target's direction and the noise methods, nothing else
+    # of gnsweep (no task registry, no store): every floor may read a config.
+    assert not {m for m in _imports(PACKAGE / "config.py")
+                if m != "gnsweep" and m.split(".")[1] not in ("errors", "targets", "noise")}
+    assert _floors()["config.py"] == 0
+
+
+def test_no_module_but_the_folder_parses_the_sweep_config():
+    readers = {path for path, text in _sources().items() if "read_sweep_config(" in text}
+    # store defines it; the folder (`read_config`) reads it, once per open.
+    assert readers <= {"store.py", "folder.py"}, readers
+
+
+def test_only_the_paths_join_the_folders_file_names():
+    # Every path of the sweep folder is derived in paths.py (SweepPaths, RunPaths) from the
+    # names in store.py: `x / store.STATUS` anywhere else is a second home for the layout.
+    names = {"RUNS", "SWEEP_CONFIG", "RUN_CONFIG", "STATUS", "METRICS", "METRIC_PARTS",
+             "HISTORY", "CLAIM", "CLAIMS_LOCK", "CHECKPOINTS", "SCRIPT_ROWS", "SCRIPT_STOP",
+             "PLAN", "SLURM", "FIGURES", "JOBS", "FITS", "FITS_JSON", "REPORT", "SCALE"}
+    assert names <= set(dir(store))
+    joined = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(PACKAGE))
+        if rel in ("store.py", "paths.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                right = node.right
+                name = right.attr if isinstance(right, ast.Attribute) else getattr(right, "id", "")
+                if name in names:
+                    joined.append(f"{rel}:{node.lineno} / {name}")
+    assert not joined, joined
+

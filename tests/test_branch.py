@@ -20,6 +20,7 @@ from gnsweep.config import (
     TaskConfig,
     TrainConfig,
 )
+from gnsweep.folder import read_config
 from gnsweep.runs import RunSpec, parse_run_record, run_config
 from gnsweep.training import StopRequested, TrainState, build_run, run, train
 from gnsweep.training.branch import start_branch
@@ -167,7 +168,7 @@ def test_branch_sweep_end_to_end_and_resumed(base_run, tmp_path):
     assert result.exit_code == 0, result.output
     ids = store.run_ids(out)
     assert len(ids) == 12 and {i.split("_")[0] for i in ids} == {"at160", "at640"}
-    config = Config.load(out)
+    config = read_config(out)
     assert [p["at_step"] for p in config.branch.points] == [10, 40]
     config_run, spec = parse_run_record(store.read_json(store.run_dir(out, ids[0])
                                                         / store.RUN_CONFIG))
@@ -202,8 +203,8 @@ def test_branch_runs_find_the_exact_local_b_crit_on_linreg(tmp_path):
     from gnsweep import store
     from gnsweep.branching import prepare_branch
     from gnsweep.commands.analyze import analyze_sweep
+    from gnsweep.folder import read_run
     from gnsweep.linreg_exact import local_truth
-    from gnsweep.runs import read_run
     from gnsweep.tasks import make_task
 
     task = ["task=linreg", "task.dim=32", "task.teacher_power=1.0", "sweep=linreg",
@@ -246,7 +247,7 @@ def test_branch_dry_run_lists_done_and_pending_runs_and_writes_nothing(base_run,
     from gnsweep import store
     from gnsweep.branching import prepare_branch
     from gnsweep.cli import app
-    from gnsweep.runs import read_run
+    from gnsweep.folder import read_run
 
     out = tmp_path / "branch"
     grid = ["sweep.batch_sizes=[4,16]", "sweep.learning_rates=[0.3]"]
@@ -274,7 +275,7 @@ def test_automatic_branch_runs_train_one_window_of_examples(base_run, tmp_path):
     of the largest batch size's examples (a batch 4x smaller: 4x the steps), evaluating about
     32 times; with branch.targets a run still stops at its point's hardest one."""
     from gnsweep.branching import prepare_branch
-    from gnsweep.runs import read_run
+    from gnsweep.folder import read_run
 
     out = tmp_path / "branch"
     config, specs = prepare_branch(base_run, [700], out, [

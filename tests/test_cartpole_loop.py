@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gnsweep import store
-from gnsweep.analysis.results import read_results
 from gnsweep.cli import app
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
+from gnsweep.folder import read_results
 from gnsweep.runs import RunSpec
 from gnsweep.training import Diverged, LossWatch, train
 

@@ -11,7 +11,8 @@ import pytest
 
 from gnsweep import store
 from gnsweep.compose import compose
-from gnsweep.config import Config, ConfigError
+from gnsweep.config import ConfigError
+from gnsweep.folder import read_config
 from gnsweep.sweep import prepare
 
 BLOCK_TORCH = textwrap.dedent("""
@@ -44,24 +45,24 @@ def test_config_load_works_where_torch_cannot_be_imported(tmp_path):
     prepare(tmp_path, config)
     result = _run(f"""
         from pathlib import Path
-        from gnsweep.config import Config
+        from gnsweep.folder import read_config
         import gnsweep.tasks, gnsweep.store, gnsweep.errors
-        config = Config.load(Path({str(tmp_path)!r}))
+        config = read_config(Path({str(tmp_path)!r}))
         print(config.task.name, config.task.options["dim"], config.noise.hessian_every,
               config.sweep.batch_sizes)
         assert "torch" not in sys.modules
         """)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["linreg", "4", "7", "[8,", "32,", "128]"]
-    assert Config.load(tmp_path) == config
+    assert read_config(tmp_path) == config
 
 
 def test_config_load_names_a_missing_or_broken_file(tmp_path):
     with pytest.raises(store.StoreError, match=r"config\.yaml: missing"):
-        Config.load(tmp_path)
+        read_config(tmp_path)
     (tmp_path / store.SWEEP_CONFIG).write_text("sweep: {max_steps: -3}\n")
     with pytest.raises(ConfigError, match=r"config\.yaml: sweep\.max_steps: -3"):
-        Config.load(tmp_path)
+        read_config(tmp_path)
 
 
 @pytest.mark.process

@@ -251,19 +251,20 @@ def test_the_watchdog_fires_once_after_the_bound_and_never_after_stop():
 def test_a_worker_parses_the_sweep_config_once_for_all_its_runs(tmp_path, monkeypatch):
     import gnsweep.config as config_module
     from gnsweep import runs
+    from gnsweep.folder import SweepFolder
 
     specs = prepare(tmp_path, compose(["sweep=tiny", "sweep.batch_sizes=[8,16,32]",
                                        "sweep.learning_rates=[0.3]", "sweep.max_steps=5",
                                        "executor.workers=1"]))
-    config_module._LOADED.clear()
     runs._TYPED.clear()
     parsed, typed = [], []
     real_read, real_from_dict = store.read_sweep_config, config_module.Config.from_dict.__func__
     monkeypatch.setattr(store, "read_sweep_config", lambda d: parsed.append(d) or real_read(d))
     monkeypatch.setattr(config_module.Config, "from_dict", classmethod(
         lambda cls, data: typed.append(1) or real_from_dict(cls, data)))
+    folder = SweepFolder.of_config(tmp_path)  # the worker's start: the folder opened once
     for spec in specs:
-        assert execute_run(tmp_path, spec.run_id).state == "done"
+        assert execute_run(folder, spec.run_id).state == "done"
     # Three runs, one parse of config.yaml and one validation of each distinct config (the
     # sweep's and the run records' shared one), however many times the runs read them.
     assert len(parsed) == 1

@@ -11,9 +11,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gnsweep.analysis.load import _read_metrics
 from gnsweep.analysis.smoothing import RunSmoother, centred_fit, first_reach
 from gnsweep.analysis.steps import CURVE_COLUMNS, MIN_REACH_UPDATES, Curves, steps_to_target
+from gnsweep.folder import read_metrics_file as _read_metrics
 
 
 def test_every_run_at_once_equals_run_by_run() -> None:

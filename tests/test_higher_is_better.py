@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from gnsweep import store, tasks
 from gnsweep.analysis.pipeline import analyze_tables
-from gnsweep.analysis.results import read_results
 from gnsweep.analysis.steps import steps_to_target
 from gnsweep.cli import app
+from gnsweep.folder import read_results
 from gnsweep.targets import FALLING, RISING
 
 A, C = 2.0, 400.0
@@ -165,7 +165,7 @@ def test_metrics_without_a_metric_column_read_as_nan(tiny_sweep, tmp_path):
     """Files written before the metric column existed still load, with metric NaN."""
     import shutil
 
-    from gnsweep.analysis.load import load_curves
+    from gnsweep.folder import load_curves
 
     old = tmp_path / "old"
     shutil.copytree(tiny_sweep, old)
@@ -190,13 +190,13 @@ def test_prepared_cartpole_entry_matches_the_task():
 def test_task_config_declares_direction_unit_and_stop(monkeypatch):
     from gnsweep.config import TaskConfig
 
-    digits = TaskConfig("digits")
+    digits = tasks.about(TaskConfig("digits"))
     assert (digits.metric, digits.higher_is_better, digits.unit) == ("loss", False, "examples")
     assert digits.hardest(TARGETS) == 50.0
     assert digits.reached(40.0, 50.0) and not digits.reached(60.0, 50.0)
     entry = dataclasses.replace(tasks.REGISTRY["cartpole"], requires=())
     monkeypatch.setitem(tasks.REGISTRY, "cartpole", entry)
-    cartpole = TaskConfig("cartpole")
+    cartpole = tasks.about(TaskConfig("cartpole"))
     assert (cartpole.metric, cartpole.higher_is_better) == ("return", True)
     assert cartpole.unit == "environment steps"
     assert cartpole.hardest(TARGETS) == 200.0

@@ -20,9 +20,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gnsweep.analysis.recommend import PREFERENCES, TRADEOFF_MULTIPLES, recommend, tradeoff
-from gnsweep.analysis.results import read_results
 from gnsweep.analysis.setting import Setting
 from gnsweep.cli import app
+from gnsweep.folder import read_results
 
 LINREG = {"dim": 32, "condition": 100.0, "noise": 0.5, "teacher_power": 1.0, "eval_size": 0}
 """The linreg_truth experiment's task (conf/experiment/linreg_truth.yaml)."""

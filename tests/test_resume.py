@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gnsweep import store
-from gnsweep.runs import read_run
+from gnsweep.folder import read_run
 from gnsweep.training import train
 from gnsweep.training.checkpoint import FOLDER
 

@@ -15,7 +15,7 @@ from gnsweep import redact, store
 from gnsweep.cli import app
 from gnsweep.compose import compose
 from gnsweep.executors import log_event, process_logger
-from gnsweep.runs import read_run
+from gnsweep.folder import read_run
 from gnsweep.sweep import prepare
 
 ONE_RUN = ["sweep=tiny", "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.3]",

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep.analysis.load import load_sweep
 from gnsweep.analysis.smoothing import centred_fit, settled_at_or_below
 from gnsweep.analysis.steps import steps_to_target
 from gnsweep.cli import app
-from gnsweep.config import Config
+from gnsweep.folder import load_sweep, read_config
 
 
 def test_settled_needs_the_centred_value_below_with_its_window_whole():
@@ -32,7 +31,7 @@ def test_settled_needs_the_centred_value_below_with_its_window_whole():
 
 
 def test_every_run_stopped_at_the_target_is_read_as_reaching_it(tiny_sweep):
-    hardest = min(Config.load(tiny_sweep).sweep.targets)
+    hardest = min(read_config(tiny_sweep).sweep.targets)
     runs, metrics = load_sweep(tiny_sweep)
     reasons = {folder.name: json.loads((folder / "status.json").read_text())["reason"]
                for folder in (tiny_sweep / "runs").iterdir()}

@@ -96,5 +96,6 @@ def test_short_training_learns(task):
 def test_the_registry_counts_chars_batches_in_tokens():
     """compare's table and axis labels take the unit from the registry."""
     from gnsweep.config import TaskConfig
+    from gnsweep.tasks import about
 
-    assert TaskConfig("chars").unit == "tokens"
+    assert about(TaskConfig("chars")).unit == "tokens"

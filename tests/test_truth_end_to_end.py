@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gnsweep.config import Config
+from gnsweep.folder import read_config
 from gnsweep.linreg_exact import exact_truth
 from gnsweep.tasks import make_task
 
@@ -49,7 +49,7 @@ def sweep(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def exact(sweep):
-    config = Config.load(sweep)
+    config = read_config(sweep)
     task = make_task(config.task.name, config.task.options, 0)
     truth = exact_truth(task.exact_problem(), config.sweep.batch_sizes, config.sweep.targets,
                         limits=False)

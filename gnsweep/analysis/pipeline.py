@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gnsweep import store
 from gnsweep.analysis.auto_targets import NoAutoTargets, auto_targets
 from gnsweep.analysis.bounds import FIT, REFUSED
 from gnsweep.analysis.fit import FitRefused, fit_hyperbola, predict_steps
@@ -39,9 +38,6 @@ WINDOW_SPREAD_WARNING = 0.2
 """Warn when B_crit moves more than this (relative) between half and double smoothing windows."""
 DRIFT_SHARE_WARNING = 0.25
 """Warn when the drift flag is up on more than this share of the best runs' steps to a target."""
-OUTPUT_FILES = (*(store.result_file(name) for name in ("steps", "front", "fits", "lr_fits",
-                                                       "loss_scaling", "temperature")),
-                store.FITS_JSON)
 
 
 class AnalysisError(StoreError):

@@ -1,6 +1,6 @@
 """The one results type of an analysis: the tables `gnsweep analyze` derives from a sweep
 (steps, front, fits, lr_fits, loss_scaling), its warnings and provenance, and, for figures and
-the report, the runs and metrics they came from. Pure but for `read_results`, which makes one
+the report, the runs and metrics they came from. Pure: `gnsweep.folder.read_results` makes one
 from the tables `gnsweep.store` reads; the tables' columns are `gnsweep.tables`'.
 """
 
@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from gnsweep import store
 from gnsweep.tables import columns
 
 ADAPTIVE_COLUMNS = columns("adaptive")
@@ -100,10 +98,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.bool_):
         return bool(value)
     return value
-
-
-def read_results(sweep_dir: Path) -> Results:
-    """The results an analysis wrote into a sweep folder (`store.read_result_tables`). Tables
-    that an older version did not write (lr_fits, loss_scaling) read as empty; steps, front and
-    fits must exist."""
-    return Results(**store.read_result_tables(sweep_dir))

@@ -30,6 +30,7 @@ from gnsweep import store, tables
 from gnsweep.analysis.load import METRIC_COLUMNS
 from gnsweep.analysis.steps import CURVE_COLUMNS
 from gnsweep.commands.analyze import analyze_sweep
+from gnsweep.paths import RunPaths, SweepPaths
 
 TARGETS = (1.0, 0.5, 0.25)
 
@@ -39,7 +40,7 @@ def write_sweep(root: Path, n_runs: int, n_steps: int, seed: int = 0) -> None:
     S = S_min + E_min/B at eps_opt(B) (eq. 2.11), with noise."""
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
-    (root / store.SWEEP_CONFIG).write_text(
+    SweepPaths(root).config_file.write_text(
         f"sweep:\n  targets: {list(TARGETS)}\ntrain:\n  optimizer: sgd\n")
     batches = [2 ** k for k in range(3, 13)]
     lrs = list(np.geomspace(0.05, 5.0, 10))
@@ -49,7 +50,7 @@ def write_sweep(root: Path, n_runs: int, n_steps: int, seed: int = 0) -> None:
     for b, lr, s in grid:
         run_id = f"b{b:05d}_lr{lr:.4g}_s{s}"
         path = store.run_dir(root, run_id)
-        store.write_json(path / store.RUN_CONFIG, {"run": {
+        store.write_json(RunPaths(path).record, {"run": {
             "batch_size": b, "learning_rate": float(lr), "seed": s}})
         # Steps to halve the loss: the hyperbola at the best learning rate, a bowl around it.
         best = 2.0 / (1 + 64 / b)
@@ -62,8 +63,8 @@ def write_sweep(root: Path, n_runs: int, n_steps: int, seed: int = 0) -> None:
                     lr=np.full(n_steps, lr), b_simple=50 + rng.normal(0, 5, n_steps),
                     wall_time=step * 1e-3)
         table = store.metrics_table({k: np.asarray(v).tolist() for k, v in rows.items()})
-        store.write_table(path / store.METRICS, table)
-        store.write_json(path / store.STATUS, {"state": "done", "attempts": 1})
+        store.write_table(RunPaths(path).metrics, table)
+        store.write_json(RunPaths(path).status, {"state": "done", "attempts": 1})
 
 
 GOAL = 2.5
@@ -76,7 +77,7 @@ def time_read(root: Path, columns: list[str] | None = None, threads: bool = Fals
     those of CURVE_COLUMNS each file has, what the analysis reads)."""
     start = time.perf_counter()
     for run_id in store.run_ids(root):
-        file = pq.ParquetFile(store.run_dir(root, run_id) / store.METRICS)
+        file = pq.ParquetFile(SweepPaths(root).run(run_id).metrics)
         names = file.schema_arrow.names
         file.read(columns=columns or [c for c in CURVE_COLUMNS if c in names],
                   use_threads=threads)
@@ -99,7 +100,7 @@ def main(argv: list[str]) -> dict:
     root = args.keep or Path(tempfile.mkdtemp(prefix="gnsweep-bench-")) / "sweep"
     load = os.getloadavg()[0]
     try:
-        if not (root / store.SWEEP_CONFIG).exists():
+        if not SweepPaths(root).config_file.exists():
             start = time.perf_counter()
             write_sweep(root, args.runs, args.steps)
             print(f"wrote {args.runs} runs x {args.steps} steps in "

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from gnsweep import store
 from gnsweep.compose import compose
+from gnsweep.paths import RunPaths
 from gnsweep.sweep import launch, prepare
 
 GOAL = 1.15
@@ -35,14 +36,14 @@ GOAL = 1.15
 
 def _attempts(sweep_dir: Path) -> list[dict]:
     """(pid, start, end, train seconds) of every run, in order of start, from the attempt logs."""
-    from gnsweep.executors import HISTORY
 
     out = []
     for run_id in store.run_ids(sweep_dir):
         path = store.run_dir(sweep_dir, run_id)
-        if not (path / HISTORY).exists():  # prepared, not run (--torchrun-runs below the grid)
+        history = RunPaths(path).history
+        if not history.exists():  # prepared, not run (--torchrun-runs below the grid)
             continue
-        events = [json.loads(line) for line in (path / HISTORY).read_text().splitlines()]
+        events = [json.loads(line) for line in history.read_text().splitlines()]
         out.append({"pid": events[0]["pid"], "start": events[0]["time"],
                     "end": events[-1]["time"],
                     "train": store.read_status(path).train_seconds or 0.0})

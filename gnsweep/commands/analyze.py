@@ -21,7 +21,9 @@ from gnsweep.analysis.recommend import recommend
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.steps import Curves
 from gnsweep.commands import Echo
+from gnsweep.folder import SweepFolder
 from gnsweep.targets import AUTO
+from gnsweep.tasks import about
 
 if TYPE_CHECKING:
     from gnsweep.config import Config
@@ -32,7 +34,8 @@ def write_outputs(out_dir: Path, analysis: Results) -> None:
     store.write_results(out_dir, analysis)
 
 
-def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool = False, *,
+def analyze_sweep(sweep_dir: Path | SweepFolder, loss: str | None = None,
+                  skip_corrupt: bool = False, *,
                   bootstrap: int | None = None, ema_examples: float | None = None,
                   targets: list[float] | str | None = None, out_dir: Path | None = None,
                   write: bool = True) -> Results:
@@ -44,10 +47,12 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
     warning; the others are analysed. A task that declares its own metric (cartpole's return)
     has its targets decided on the logged `metric` column, in the task's direction.
     """
-    from gnsweep.analysis.load import load_curves
-    from gnsweep.config import Config, ConfigError
+    from gnsweep.config import ConfigError
 
-    curves = load_curves(sweep_dir, skip_corrupt=skip_corrupt)
+    # Opened once: config.yaml parsed, every run file checked; everything below reads from it.
+    folder = sweep_dir if isinstance(sweep_dir, SweepFolder) else SweepFolder.open(sweep_dir)
+    sweep_dir = folder.root
+    curves = folder.curves(skip_corrupt=skip_corrupt)
     nothing_yet(sweep_dir, curves)
     # Adaptive runs (appendix D) stay out of the fits of eq. 2.11; they are measured against them.
     fixed, adaptive = split_adaptive(curves)
@@ -59,7 +64,7 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
             "the fixed-batch grid's fit (eq. 2.11): launch the grid into this folder first "
             f"(gnsweep launch --sweep-dir {sweep_dir}, the same overrides without "
             "sweep.schedule=adaptive), then analyze again")
-    config = Config.load(sweep_dir)
+    config = folder.config
     if config.branch.points:  # runs branched from a base run's checkpoints: local B_crit
         analysis = analyze_branch_sweep(sweep_dir, config, curves, loss=loss,
                                         ema_examples=ema_examples, bootstrap=bootstrap)
@@ -67,7 +72,7 @@ def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool =
             write_outputs(out_dir or sweep_dir, analysis)
         return analysis
     chosen: list[float] | str = targets or config.sweep.targets or AUTO
-    task = config.task
+    task = about(config.task)
     if task.metric != "loss":
         if loss is not None or ema_examples is not None:
             raise ConfigError(f"task {task.name}: its targets are values of its {task.metric}, "
@@ -168,9 +173,9 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
     grouped by `at_examples`, with the local B_crit table (`analysis.along`) and the base run's
     noise scale over training where its folder is still there (for the figure)."""
     from gnsweep.analysis.along import BranchPoint, analyze_along, base_curve
-    from gnsweep.analysis.load import load_run_curves
+    from gnsweep.folder import load_run_curves
 
-    task, branch = config.task, config.branch
+    task, branch = about(config.task), config.branch
     if task.metric != "loss":
         loss = "metric"
     loss = loss or config.analysis.loss

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gnsweep.commands import Echo
+from gnsweep.tasks import about
 
 if TYPE_CHECKING:
     from gnsweep.config import Config
@@ -59,7 +60,7 @@ def describe_plan(config: Config, planned: list[tuple[RunSpec, str]], sweep_dir:
     branch = config.branch
     done = sum(state in ("done", "diverged") for _, state in planned)
     if branch.automatic:
-        window = (f"{branch.window:,} examples ({config.task.unit})" if branch.window
+        window = (f"{branch.window:,} examples ({about(config.task).unit})" if branch.window
                   else f"{branch.window_steps} steps of the largest batch size")
         targets = f"automatic targets, one window of {window} a run"
     else:
@@ -67,7 +68,7 @@ def describe_plan(config: Config, planned: list[tuple[RunSpec, str]], sweep_dir:
     lines = [f"branch sweep -> {sweep_dir}: {len(planned)} runs ({done} done, "
              f"{len(planned) - done} to run); {targets}; read on the "
              f"{config.analysis.loss} loss",
-             f"{'run_id':<34}{f'from ({config.task.unit})':>16}{'batch_size':>12}"
+             f"{'run_id':<34}{f'from ({about(config.task).unit})':>16}{'batch_size':>12}"
              f"{'learning_rate':>15}{'seed':>6}  state"]
     for spec, state in planned:
         lines.append(f"{spec.run_id:<34}{spec.at_examples:>16,}{spec.batch_size:>12}"

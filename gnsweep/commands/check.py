@@ -8,14 +8,15 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.commands import Echo
+from gnsweep.paths import SweepPaths
 
 
 def fits_of(folder: Path, echo: Echo) -> tuple[Any, str | None]:
     """Fresh fits of a sweep folder (analyzed now, nothing written), or a folder's fits.parquet;
     with the column the fits are grouped by (`analyze --group-by`), else None."""
     from gnsweep.analysis.groups import group_of
-    from gnsweep.analysis.results import read_results
     from gnsweep.commands.analyze import analyze_sweep
+    from gnsweep.folder import read_results
 
     if store.is_sweep(folder):
         analysis = analyze_sweep(folder, write=False)
@@ -23,7 +24,7 @@ def fits_of(folder: Path, echo: Echo) -> tuple[Any, str | None]:
             if "left out" in warning:  # runs missing from these fits: never in silence
                 echo(f"warning: {warning}", err=True)
         return analysis.fits, None
-    if (folder / "fits.parquet").is_file():
+    if SweepPaths(folder).result("fits").is_file():
         results = read_results(folder)
         return results.fits, group_of(results)
     store.require_sweep(folder)  # raises with the usual message

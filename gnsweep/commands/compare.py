@@ -18,16 +18,18 @@ from gnsweep import store
 from gnsweep.analysis.compare import SweepFits, compare_rows
 from gnsweep.commands import Echo
 from gnsweep.errors import ConfigError, StoreError
+from gnsweep.paths import SweepPaths
+from gnsweep.tasks import about
 
 FORMATS = ("png", "pdf")
 
 
 def load_sweep_fits(sweep_dir: Path) -> SweepFits:
-    """An analysed sweep's fits with what its task declares (through Config.load, no torch).
+    """An analysed sweep's fits with what its task declares (the folder opened, no torch).
 
     StoreError in one line for a folder that is not a sweep or not analysed yet.
     """
-    from gnsweep.runs import verify_folder
+    from gnsweep.folder import SweepFolder
 
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
@@ -36,12 +38,13 @@ def load_sweep_fits(sweep_dir: Path) -> SweepFits:
     if not store.is_sweep(sweep_dir):
         raise StoreError(f"{sweep_dir}: not a sweep folder (no {store.SWEEP_CONFIG} and "
                          f"{store.RUNS}/); give folders written by `gnsweep launch`")
-    if not (sweep_dir / "fits.parquet").is_file():
+    fits_file = SweepPaths(sweep_dir).result("fits")
+    if not fits_file.is_file():
         raise StoreError(f"{sweep_dir}: not an analysed sweep (no fits.parquet); run "
                          f"`gnsweep analyze {sweep_dir}` first")
-    config, _ = verify_folder(sweep_dir)  # its run files checked, as every reader does
-    fits = store.read_table(sweep_dir / "fits.parquet").to_pandas()
-    task = config.task
+    config = SweepFolder.open(sweep_dir).config  # its run files checked, as every reader does
+    fits = store.read_table(fits_file).to_pandas()
+    task = about(config.task)
     return SweepFits(task=task.label, sweep=sweep_dir.name, sweep_dir=str(sweep_dir),
                      metric=task.metric, direction=task.direction,
                      unit=task.unit, fits=fits)

@@ -10,6 +10,8 @@ from gnsweep import store
 from gnsweep.commands import Echo
 from gnsweep.commands.preflight import compose_config, preflight
 from gnsweep.config import Config
+from gnsweep.paths import SweepPaths
+from gnsweep.tasks import about
 
 
 def grid_line(config: Any, specs: list[Any], sweep_dir: Path) -> str:
@@ -23,7 +25,7 @@ def grid_line(config: Any, specs: list[Any], sweep_dir: Path) -> str:
             f"{listed(sweep.learning_rates)} x seeds {listed(sweep.seeds)}")
     if sweep.schedule == "adaptive":
         grid += f", adaptive at exchange rates {listed(sweep.exchange_rates)}"
-    return (f"sweep {sweep.name}: task {config.task.label}, {len(specs)} runs ({grid}; "
+    return (f"sweep {sweep.name}: task {about(config.task).label}, {len(specs)} runs ({grid}; "
             f"targets {listed(sweep.targets) if sweep.targets else 'auto (from the runs)'}) -> "
             f"{sweep_dir}")
 
@@ -32,12 +34,11 @@ def run_states(sweep_dir: Path, specs: list[Any]) -> dict[str, str]:
     """Each run's state in the sweep folder as a launch would act on it (done, diverged,
     failed, running, pending: a run not written yet, or recorded finished with its metrics
     lost)."""
-    from gnsweep import store
     from gnsweep.runs import read_state
 
     out = {}
     for spec in specs:
-        path = sweep_dir / store.RUNS / spec.run_id
+        path = SweepPaths(sweep_dir).run(spec.run_id).folder
         out[spec.run_id] = read_state(path).state.value if path.is_dir() else "pending"
     return out
 
@@ -81,7 +82,7 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
     if not sweep_dir.exists() or store.is_sweep(sweep_dir) or not any(sweep_dir.iterdir()):
         # The model size N for `gnsweep laws`; a folder that is not a sweep is refused below.
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        store.write_json(sweep_dir / store.SCALE, scale)
+        store.write_json(SweepPaths(sweep_dir).scale, scale)
     for line in budget_lines(config, per_sample):
         echo(line)
     summary = run_sweep(config, sweep_dir, show_progress=not quiet, wait=not detach)

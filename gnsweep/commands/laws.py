@@ -31,6 +31,7 @@ from gnsweep.analysis.laws.family import (
 from gnsweep.analysis.pipeline import AnalysisError
 from gnsweep.commands import Echo
 from gnsweep.errors import ConfigError
+from gnsweep.paths import SweepPaths
 from gnsweep.tables import LAWS_SCHEMAS
 
 FORMATS = ("png", "pdf")
@@ -40,17 +41,16 @@ def sweep_runs(sweep_dir: Path) -> pd.DataFrame:
     """One fixed-budget sweep folder as rows N, D, batch_size, learning_rate, loss: N from
     the scale recorded at launch (scale.json), D from sweep.max_examples."""
     from gnsweep.analysis.laws.sweeps import final_losses
-    from gnsweep.analysis.load import load_sweep
-    from gnsweep.config import Config
+    from gnsweep.folder import SweepFolder
 
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise ConfigError(f"{sweep_dir}: no such folder; give sweep folders written by "
                           "`gnsweep launch`, or --table FILE")
-    store.require_sweep(sweep_dir)
-    config = Config.load(sweep_dir)
+    folder = SweepFolder.open(sweep_dir)  # config.yaml parsed and run files checked, once
+    config = folder.config
     scale = read_scale(sweep_dir)
-    runs, metrics = load_sweep(sweep_dir)
+    runs, metrics = folder.tables()
     rows = final_losses(str(sweep_dir), runs, metrics, float(config.sweep.max_examples))
     # B in the task's unit, as D is (tokens for a language model: samples x tokens a sample).
     rows["batch_size"] = rows["batch_size"] * scale["per_sample"]
@@ -61,7 +61,7 @@ def sweep_runs(sweep_dir: Path) -> pd.DataFrame:
 def read_scale(sweep_dir: Path) -> dict[str, float]:
     """The model size a launch recorded (store.SCALE) and the task's examples a sample, as
     {"N": ..., "per_sample": ...}; one line when absent."""
-    path = sweep_dir / store.SCALE
+    path = SweepPaths(sweep_dir).scale
     if not path.is_file():
         raise AnalysisError(f"{sweep_dir}: no {store.SCALE} (the model size counted at launch): "
                             "relaunch the sweep with this gnsweep (finished runs are kept), or "

@@ -19,8 +19,11 @@ from typing import Any
 from gnsweep import store
 from gnsweep.commands import Echo
 from gnsweep.config import Config, ConfigError
+from gnsweep.folder import SweepFolder
+from gnsweep.paths import SweepPaths
 from gnsweep.planner.rules import SPREAD, Decision, PlanError, Proposal, RunOutcome, decide
-from gnsweep.runs import RunSpec, read_run, write_run
+from gnsweep.runs import RunSpec, write_run
+from gnsweep.tasks import about
 
 PLAN_FILE = store.PLAN
 """The plan's record in the sweep folder: every round decided, its runs and why."""
@@ -73,7 +76,7 @@ def plan(config: Config, sweep_dir: Path, *, show_progress: bool = True,
             decision = decide(outcomes, config.sweep.batch_sizes,
                               config.sweep.learning_rates, config.sweep.targets,
                               config.sweep.max_steps,
-                              direction=config.task.direction)
+                              direction=about(config.task).direction)
             proposed = {run["run_id"] for earlier in rounds for run in earlier["runs"]}
             if decision.proposals and all(RunSpec(p.batch_size, p.learning_rate, seed).run_id
                                           in proposed for p in decision.proposals):
@@ -144,15 +147,17 @@ def _plan_record(record: Any) -> bool:
 def read_outcomes(sweep_dir: Path, config: Config) -> list[RunOutcome]:
     """Every finished run of the folder at `seed`, as the rules see it (steps-to-target on the
     sweep's loss, B_simple's S_min-weighted mean up to each target)."""
-    from gnsweep.analysis.load import load_curves
     from gnsweep.analysis.steps import steps_to_target
+    from gnsweep.folder import SweepFolder
 
     if not store.run_ids(sweep_dir):
         return []
     seed = config.sweep.seeds[0]
-    curves = load_curves(sweep_dir)
+    # The folder as it stands after this round's launch (its config.yaml merged, its runs).
+    folder = SweepFolder.open(sweep_dir)
+    curves = folder.curves()
     steps = steps_to_target(curves, None, config.sweep.targets, loss=config.analysis.loss,
-                            direction=config.task.direction)
+                            direction=about(config.task).direction)
     out = []
     for run in curves.runs.itertuples(index=False):
         if run.state not in ("done", "diverged", "failed") or run.seed != seed:
@@ -160,10 +165,10 @@ def read_outcomes(sweep_dir: Path, config: Config) -> list[RunOutcome]:
         rows = steps[(steps["run_id"] == run.run_id) & steps["reached"]]
         # The grid point as the config names it: the analysis's runs table counts the batch in
         # the task's unit (tokens), the grid in samples per step.
-        run_config, spec = read_run(sweep_dir, str(run.run_id))
+        run_config, spec = folder.read_run(str(run.run_id))
         b_simple = {float(r.target): float(r.b_simple_mean) for r in rows.itertuples()
                     if math.isfinite(r.b_simple_mean)}
-        ran = store.read_status(store.run_dir(sweep_dir, str(run.run_id))).steps
+        ran = store.read_status(folder.run(str(run.run_id)).folder).steps
         out.append(RunOutcome(int(spec.batch_size), float(spec.learning_rate), str(run.state),
                               run_config.sweep.max_steps,
                               {float(r.target): float(r.steps) for r in rows.itertuples()},
@@ -175,9 +180,9 @@ def examples_processed(sweep_dir: Path, run_ids: list[str] | None = None) -> int
     """Compute of the runs: examples processed (steps x batch size), diverged runs included."""
     total = 0
     for run_id in run_ids if run_ids is not None else store.run_ids(sweep_dir):
-        run_path = store.run_dir(sweep_dir, run_id)
-        batch = int(store.read_json(run_path / store.RUN_CONFIG)["run"]["batch_size"])
-        total += (store.read_status(run_path).steps or 0) * batch
+        run = SweepPaths(sweep_dir).run(run_id)
+        batch = int(store.read_json(run.record)["run"]["batch_size"])
+        total += (store.read_status(run.folder).steps or 0) * batch
     return total
 
 
@@ -185,8 +190,9 @@ def explain(decision: Decision, config: Config) -> list[str]:
     """What the plan decided from the pilot and why, in a few lines."""
     assert decision.pilot is not None
     b_pilot, lr_pilot = decision.pilot
-    order = config.task.direction.in_training_order(decision.b_noise)
-    noise = ", ".join(f"{decision.b_noise[t]:.4g} ({config.task.metric} {t:g})" for t in order)
+    declared = about(config.task)
+    order = declared.direction.in_training_order(decision.b_noise)
+    noise = ", ".join(f"{decision.b_noise[t]:.4g} ({declared.metric} {t:g})" for t in order)
     grid = sorted(config.sweep.batch_sizes)
     finite = [v for v in decision.b_noise.values() if math.isfinite(v) and v > 0]
     k = SPREAD
@@ -253,8 +259,7 @@ def next_grids(sweep_dir: Path, *, workers: int | None = None, show_progress: bo
     from gnsweep.report.views import quantity
     from gnsweep.sweep import prepare_folder, run_specs
 
-    store.require_sweep(sweep_dir)
-    config = Config.load(sweep_dir)
+    config = SweepFolder.open(sweep_dir).config  # config.yaml parsed, run files checked, once
     if config.branch.points:
         raise PlanError(f"{sweep_dir}: a branch sweep; its next batch sizes are read from "
                         f"`gnsweep analyze {sweep_dir}` per branch point")

@@ -11,27 +11,34 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gnsweep import store
-from gnsweep.analysis.results import Results, read_results
+from gnsweep.analysis.results import Results
 from gnsweep.commands import Echo
+from gnsweep.folder import SweepFolder, read_results
+from gnsweep.paths import SweepPaths
 
 FORMATS = ("png", "pdf")
 
 
-def load_tables(sweep_dir: Path, analyze: bool = True) -> Results:
+def load_tables(sweep_dir: Path | SweepFolder, analyze: bool = True) -> Results:
     """The results of an analyzed sweep with its runs and metrics; runs `gnsweep analyze`
-    first when they are missing."""
-    from gnsweep.analysis.load import load_sweep
+    first when they are missing. A sweep folder is opened once (`SweepFolder.open`) unless
+    given opened."""
     from gnsweep.commands.analyze import analyze_sweep
 
-    if (not store.is_sweep(sweep_dir) and not os.path.lexists(sweep_dir / store.SWEEP_CONFIG)
-            and (sweep_dir / "fits.parquet").is_file()):
+    if isinstance(sweep_dir, SweepFolder):
+        folder: SweepFolder | None = sweep_dir
+        sweep_dir = sweep_dir.root
+    else:
+        folder = None
+    if folder is None and not store.is_sweep(sweep_dir) \
+            and not os.path.lexists(SweepPaths(sweep_dir).config_file) \
+            and SweepPaths(sweep_dir).result("fits").is_file():
         return read_results(sweep_dir)  # `analyze --table` output: no runs, no curves
-    store.require_sweep(sweep_dir)
-    if analyze and not all((sweep_dir / name).exists() for name in (
-            "steps.parquet", "front.parquet", "fits.parquet")):
-        analyze_sweep(sweep_dir)
+    folder = folder or SweepFolder.open(sweep_dir)
+    if analyze and not all(folder.result(name).exists() for name in ("steps", "front", "fits")):
+        analyze_sweep(folder)
     results = read_results(sweep_dir)
-    runs, metrics = load_sweep(sweep_dir, skip_corrupt=True)
+    runs, metrics = folder.tables(skip_corrupt=True)
     # Adaptive runs are drawn from the adaptive table (along runs, sweep.schedule=along, are in
     # along_schedule); the curves figures show grid runs.
     varying = runs.get("exchange_rate", 0.0 * runs["batch_size"]) > 0
@@ -90,7 +97,7 @@ def write_figures(sweep_dir: Path, formats: tuple[str, ...] = FORMATS) -> Writte
         if isinstance(result, str):
             skipped[name] = result
         else:
-            paths += save(result, name, sweep_dir / store.FIGURES, formats)
+            paths += save(result, name, SweepPaths(sweep_dir).figures, formats)
     return Written(paths, skipped, notes)
 
 

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from gnsweep.config import Config
+from gnsweep.tasks import about, checked_task, with_unit
 
 
 def compose_config(overrides: list[str] | None, workers: int | None) -> Config:
@@ -37,7 +38,7 @@ def preflight(config: Config, overrides: list[str] | None = None
 
     checked = check_task(config.task.name, config.task.options, config.sweep.seeds[0],
                          config.sweep.stall_seconds, noise_method=config.noise.method)
-    config = dataclasses.replace(config, task=config.task.with_unit(checked.unit))
+    config = dataclasses.replace(config, task=with_unit(config.task, checked.unit))
     return (in_task_units(config, checked.per_sample, list(overrides or [])),
             checked.per_sample, scale_record(config, checked))
 
@@ -50,7 +51,7 @@ def scale_record(config: Config, checked: Any) -> dict[str, Any]:
     return {"params": given or checked.params_non_embedding,
             "params_source": "sweep.scale.params" if given else "counted (non-embedding)",
             "params_total": checked.params, "params_non_embedding": checked.params_non_embedding,
-            "max_examples": config.sweep.max_examples, "unit": config.task.unit,
+            "max_examples": config.sweep.max_examples, "unit": about(config.task).unit,
             "per_sample": checked.per_sample}
 
 
@@ -72,13 +73,13 @@ def _script(config: Config, overrides: list[str] | None
 
         raise ConfigError(f"task.cwd={options.cwd}: no such folder")
     check_command(options, cwd)
-    task = TaskConfig(config.task.name, {**config.task.options, "cwd": cwd})
+    task = checked_task(TaskConfig(config.task.name, {**config.task.options, "cwd": cwd}))
     config = dataclasses.replace(config, task=task)
     per_sample = options.examples_per_sample
     given = config.sweep.scale.params
     scale = {"params": given, "params_source": "sweep.scale.params" if given
              else "not counted (task=script: the model is the script's)",
              "params_total": given, "params_non_embedding": given,
-             "max_examples": config.sweep.max_examples, "unit": config.task.unit,
+             "max_examples": config.sweep.max_examples, "unit": about(config.task).unit,
              "per_sample": per_sample}
     return in_task_units(config, per_sample, list(overrides or [])), per_sample, scale

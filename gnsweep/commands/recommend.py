@@ -10,10 +10,12 @@ from pathlib import Path
 
 from gnsweep import store
 from gnsweep.analysis.recommend import PREFERENCES, Recommendation, recommend
-from gnsweep.analysis.results import Results, read_results
+from gnsweep.analysis.results import Results
 from gnsweep.analysis.setting import Setting
 from gnsweep.commands import Echo
 from gnsweep.errors import ConfigError
+from gnsweep.folder import read_results
+from gnsweep.paths import SweepPaths
 
 
 def load(sweep_dir: Path) -> Results:
@@ -24,7 +26,7 @@ def load(sweep_dir: Path) -> Results:
     if not sweep_dir.is_dir():
         raise store.StoreError(f"{sweep_dir}: no such folder; give a sweep folder or the --out "
                                "folder of `gnsweep analyze --table`")
-    if (sweep_dir / store.result_file("fits")).is_file():
+    if SweepPaths(sweep_dir).result("fits").is_file():
         return read_results(sweep_dir)
     store.require_sweep(sweep_dir)
     return analyze_sweep(sweep_dir)
@@ -39,9 +41,9 @@ def setting_of(sweep_dir: Path, results: Results) -> Setting:
     from dataclasses import replace
 
     from gnsweep.commands.analyze import setting_meta
-    from gnsweep.config import Config
+    from gnsweep.folder import read_config
 
-    meta = setting_meta(Config.load(sweep_dir), results.runs)
+    meta = setting_meta(read_config(sweep_dir), results.runs)
     return replace(setting, data_parallel=int(meta["data_parallel"]),
                    batch_sizes=tuple(meta["grid"]["batch_sizes"]),
                    learning_rates=tuple(meta["grid"]["learning_rates"]))

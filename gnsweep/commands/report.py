@@ -9,6 +9,8 @@ from gnsweep import store
 from gnsweep.analysis.results import Results
 from gnsweep.commands import Echo
 from gnsweep.config import Config
+from gnsweep.paths import SweepPaths
+from gnsweep.tasks import about
 
 
 def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
@@ -20,20 +22,23 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
 
     from gnsweep.analysis.groups import split
     from gnsweep.commands.plot import load_tables
+    from gnsweep.folder import SweepFolder
     from gnsweep.report import figures as plots
     from gnsweep.report.figures import png_bytes
     from gnsweep.report.html import render
 
-    tables = load_tables(sweep_dir)
+    # A sweep folder is opened once (config.yaml parsed, run files checked) and passed down.
+    opened = SweepFolder.open(sweep_dir) if store.is_sweep(sweep_dir) else None
+    tables = load_tables(opened or sweep_dir)
     measured = None
-    if store.is_sweep(sweep_dir):
+    if opened is not None:
         from gnsweep.commands.status import sweep_measurement_note
 
         measured = sweep_measurement_note(sweep_dir)
-        loaded = Config.load(sweep_dir)
+        loaded = opened.config
         config: Config | None = loaded
-        config_text = store.read_text(sweep_dir / store.SWEEP_CONFIG)
-        name = loaded.task.label  # what was trained, not the sweep file's name ("tiny")
+        config_text = store.read_text(opened.config_file)
+        name = about(loaded.task).label  # what was trained, not the sweep file's name ("tiny")
     else:
         config, name = None, sweep_dir.name
         config_text = json.dumps(tables.meta, indent=2, sort_keys=True, default=str)
@@ -72,7 +77,7 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
     else:
         text = render(tables, {}, config, config_text, title, groups=sections,
                       along_figures=along)
-    path = sweep_dir / store.REPORT
+    path = SweepPaths(sweep_dir).report
     store.write_text(path, text)
     return path, skipped, all_notes
 

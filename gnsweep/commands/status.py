@@ -8,7 +8,8 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.commands import Echo
-from gnsweep.runs import read_state, unmeasured_line, verify_folder
+from gnsweep.folder import SweepFolder
+from gnsweep.runs import read_state, unmeasured_line
 
 UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
 """States whose rows so far `gnsweep status` shows (step, examples, smoothed loss)."""
@@ -29,7 +30,7 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
     from gnsweep.executors import claims, requeues, unrecorded_error
     from gnsweep.executors.slurm import job_ids, queue_states
 
-    verify_folder(sweep_dir)  # run files checked against config.yaml, as every reader does
+    SweepFolder.open(sweep_dir)  # run files checked against config.yaml, as every reader does
     submitted = job_ids(sweep_dir)
     queued = queue_states(list(submitted.values()))
     rows = []

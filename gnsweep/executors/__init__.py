@@ -4,6 +4,10 @@ Every executor takes a run the same way (`take_run`: claim it, then check it sti
 and records it the same way (`run_taken`: train, write the final status atomically, release the
 claim), so that any mix of executors and relaunches runs each run once. Under torch.distributed
 only rank 0 claims, writes and logs; the other ranks train alongside it.
+
+A worker opens the sweep folder once at its start (`folder.SweepFolder.of_config`: config.yaml
+parsed once) and hands the opened folder to every function here; each run's record is read
+from it (`SweepFolder.read_run`). A function given a folder's path instead opens it there.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from gnsweep import redact, store
 from gnsweep.errors import ScriptFailed, StopRequested
 from gnsweep.executors import claims
 from gnsweep.executors.watchdog import STALLED, Watchdog
-from gnsweep.runs import OUT_OF_SPACE, RunState, needs_running, read_run, read_state
+from gnsweep.folder import SweepFolder
+from gnsweep.paths import RunPaths
+from gnsweep.runs import OUT_OF_SPACE, RunState, needs_running, read_state
 from gnsweep.tracking import METRICS, RunLogger, make_logger
 
 runnable = needs_running
@@ -66,7 +72,7 @@ def log_event(run_path: Path, event: str, **fields: Any) -> None:
                        "pid": os.getpid(), "slurm_job_id": claims.slurm_job_id(),
                        "launch": os.environ.get(LAUNCH_ENV), **fields},
                       default=str) + "\n"
-    store.append_line(run_path / HISTORY, line)  # never through a link
+    store.append_line(RunPaths(run_path).history, line)  # never through a link
 
 
 def history_lines(run_path: Path) -> list[str]:
@@ -74,7 +80,7 @@ def history_lines(run_path: Path) -> list[str]:
     not JSON (a torn write, an edit) reads as text its readers skip; a FIFO or other special
     file in its place is refused (StoreError, `store.read_bytes`), never opened to block."""
     try:
-        data = store.read_bytes(run_path / HISTORY)
+        data = store.read_bytes(RunPaths(run_path).history)
     except FileNotFoundError:
         return []
     return data.decode("utf-8", errors="replace").splitlines()
@@ -109,7 +115,16 @@ def requeues(run_path: Path) -> int:
     return count
 
 
-def process_logger(sweep_dir: Path) -> RunLogger:
+def open_folder(sweep_dir: Path) -> SweepFolder | Path:
+    """A worker's sweep folder, opened once at its start (config.yaml parsed once); the path
+    itself when the config cannot be read: each run then fails with the reason."""
+    try:
+        return SweepFolder.of_config(sweep_dir)
+    except Exception:
+        return sweep_dir
+
+
+def process_logger(sweep: SweepFolder | Path) -> RunLogger:
     """The run logger of this worker process (the sweep's `logger=` setting), made once at
     worker start and reused for every run it trains; rank 0 alone logs under torch.distributed.
 
@@ -117,19 +132,20 @@ def process_logger(sweep_dir: Path) -> RunLogger:
     logging on for the runs still to do. It never raises (a sweep config this process cannot
     read fails the runs themselves, with the reason).
     """
-    from gnsweep.config import Config
+    from gnsweep.config import LoggerConfig
 
     if rank() != 0:
         return RunLogger()
     try:
+        folder = SweepFolder.at(sweep)
         # config.yaml holds secrets masked: the real values come from the launcher's
         # environment (`gnsweep.redact`); a value still masked is left to the tracker's own
         # environment variables (MLFLOW_TRACKING_URI, WANDB_API_KEY...).
-        data = redact.restore(Config.load(sweep_dir).to_dict(), redact.exported())
-        settings = Config.from_dict(data).logger
+        data = redact.restore(folder.config.to_dict(), redact.exported())
+        settings = LoggerConfig(**data["logger"])
         options = {k: v for k, v in settings.options().items()
                    if not (isinstance(v, str) and redact.MASK in v)}
-        return make_logger(settings.kind, sweep_dir, **options)
+        return make_logger(settings.kind, folder.root, **options)
     except Exception:
         return RunLogger()
 
@@ -158,7 +174,7 @@ def take_run(sweep_dir: Path, run_id: str, max_retries: int) -> tuple[claims.Cla
     return claim, "claimed"
 
 
-def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
+def run_taken(sweep: SweepFolder | Path, run_id: str, claim: claims.Claim | None,
               should_stop: Callable[[], bool] | None = None,
               logger: RunLogger | None = None) -> store.RunStatus:
     """Train a run this process (rank 0: `claim`) has taken; record how it ended on rank 0.
@@ -169,7 +185,9 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
     Nothing is half-written: rows and checkpoints are written atomically as the run goes
     (`gnsweep.training.checkpoint`), metrics.parquet at the end.
     """
-    path = store.run_dir(sweep_dir, run_id)
+    if not isinstance(sweep, SweepFolder):
+        sweep = open_folder(Path(sweep))  # a path given: opened here, once for this run
+    path = store.run_dir(sweep.root if isinstance(sweep, SweepFolder) else sweep, run_id)
     writer = rank() == 0
     attempts = 0
     watchdog = None
@@ -187,11 +205,11 @@ def run_taken(sweep_dir: Path, run_id: str, claim: claims.Claim | None,
         except BaseException:
             claim.release()  # refused before it started (a link, a full disk): not held
             raise
-        watchdog = start_watchdog(path, attempts, claim)
+        watchdog = start_watchdog(path, attempts, claim, stall_seconds(sweep))
         claims.heartbeat().add(claim, alive=watchdog.alive)
     try:
-        return _train_and_record(path, attempts, writer, should_stop, logger or RunLogger(),
-                                 watchdog)
+        return _train_and_record(sweep, path, attempts, writer, should_stop,
+                                 logger or RunLogger(), watchdog)
     finally:
         # Released only after the final status is written: whoever claims next sees it.
         if writer and claim is not None:
@@ -226,22 +244,23 @@ def placed() -> dict[str, Any]:
     return {"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "device": str(placement()[2])}
 
 
-def stall_seconds(sweep_dir: Path) -> float:
+def stall_seconds(sweep: SweepFolder | Path) -> float:
     """The sweep's `sweep.stall_seconds` (its config.yaml, which the latest launch wrote); the
     default when it cannot be read (the run then fails with the reason)."""
-    from gnsweep.config import Config, SweepConfig
+    from gnsweep.config import SweepConfig
 
     try:
-        return Config.load(sweep_dir).sweep.stall_seconds
+        return SweepFolder.at(sweep).config.sweep.stall_seconds
     except Exception:
         return SweepConfig.stall_seconds
 
 
-def start_watchdog(run_path: Path, attempt: int, claim: claims.Claim) -> Watchdog:
-    """The stall watchdog of a run this process (rank 0) trains: on a stall it records the
-    attempt failed (reason "stalled", retried like any failure), releases the claim, and ends
-    the process (`gnsweep.executors.watchdog`)."""
-    limit = stall_seconds(store.sweep_of(run_path))
+def start_watchdog(run_path: Path, attempt: int, claim: claims.Claim,
+                   limit: float) -> Watchdog:
+    """The stall watchdog of a run this process (rank 0) trains: on a stall (no step logged
+    for `limit` seconds, sweep.stall_seconds) it records the attempt failed (reason "stalled",
+    retried like any failure), releases the claim, and ends the process
+    (`gnsweep.executors.watchdog`)."""
 
     def on_stall(idle: float) -> None:
         error = (f"stalled: no step logged for {idle:.0f} s (sweep.stall_seconds={limit:g}); "
@@ -346,11 +365,11 @@ def watch_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _train_and_record(path: Path, attempts: int, writer: bool,
+def _train_and_record(sweep: SweepFolder | Path, path: Path, attempts: int, writer: bool,
                       should_stop: Callable[[], bool] | None,
                       logger: RunLogger, watchdog: Watchdog | None = None) -> store.RunStatus:
     try:
-        config, spec = read_run(store.sweep_of(path), path.name)
+        config, spec = SweepFolder.at(sweep).read_run(path.name)
         train = trainer(config.task.name)
 
         def on_row(row: dict[str, float]) -> None:
@@ -416,7 +435,7 @@ def trainer(task: str) -> Callable[..., Any]:
     return train
 
 
-def warm_up(sweep_dir: Path, run_id: str, stall_s: float = 0.0) -> None:
+def warm_up(sweep: SweepFolder | Path, run_id: str, stall_s: float = 0.0) -> None:
     """Import the training code and the task's data libraries once, before the first run.
 
     The first optimizer a process builds imports torch._dynamo (over a second here): build one.
@@ -431,7 +450,7 @@ def warm_up(sweep_dir: Path, run_id: str, stall_s: float = 0.0) -> None:
         _warm_imports()
     try:
         bounded(stall_s, f"task of run {run_id}: building it in a worker before its first run",
-                lambda: _warm_task(sweep_dir, run_id))
+                lambda: _warm_task(sweep, run_id))
     except Stalled:
         raise
     except Exception:  # the run itself reports the error
@@ -446,19 +465,21 @@ def _warm_imports() -> None:
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
-def _warm_task(sweep_dir: Path, run_id: str) -> None:
+def _warm_task(sweep: SweepFolder | Path, run_id: str) -> None:
     from gnsweep.tasks import SCRIPT, make_task
 
-    config, spec = read_run(sweep_dir, run_id)
+    config, spec = SweepFolder.at(sweep).read_run(run_id)
     if config.task.name == SCRIPT:  # a command: nothing to build in this process
         return
     make_task(config.task.name, config.task.options, spec.seed)
 
 
-def execute_run(sweep_dir: Path, run_id: str, should_stop: Callable[[], bool] | None = None,
-                max_retries: int = 0, logger: RunLogger | None = None) -> Outcome:
+def execute_run(sweep: SweepFolder | Path, run_id: str,
+                should_stop: Callable[[], bool] | None = None, max_retries: int = 0,
+                logger: RunLogger | None = None) -> Outcome:
     """Take one run and train it in this process (no torch.distributed)."""
-    claim, why = take_run(sweep_dir, run_id, max_retries)
+    root = sweep.root if isinstance(sweep, SweepFolder) else Path(sweep)
+    claim, why = take_run(root, run_id, max_retries)
     if claim is None:
         return Outcome(why, ran=False)
-    return Outcome(run_taken(sweep_dir, run_id, claim, should_stop, logger).state.value, ran=True)
+    return Outcome(run_taken(sweep, run_id, claim, should_stop, logger).state.value, ran=True)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
+from gnsweep.paths import RunPaths
 
 CLAIM = store.CLAIM
 LOCK = store.CLAIMS_LOCK
@@ -66,7 +67,7 @@ def owner() -> dict[str, Any]:
 
 def read_claim(run_path: Path) -> dict[str, Any] | None:
     """The claim on a run (with its file's age as `age_s`), or None when unclaimed."""
-    path = run_path / CLAIM
+    path = RunPaths(run_path).claim
     try:
         data = store.parse_json(store.read_text(path), path)
         if not isinstance(data, dict):
@@ -111,11 +112,11 @@ class Claim:
         current = read_claim(self.run_path)
         if current is not None and current.get("token") == self.token:
             with contextlib.suppress(FileNotFoundError):
-                (self.run_path / CLAIM).unlink()
+                RunPaths(self.run_path).claim.unlink()
 
     def touch(self) -> None:
         with contextlib.suppress(FileNotFoundError):
-            os.utime(self.run_path / CLAIM)
+            os.utime(RunPaths(self.run_path).claim)
 
 
 def _sweep_lock(run_path: Path) -> contextlib.AbstractContextManager[None]:
@@ -145,7 +146,7 @@ def try_claim(run_path: Path, stale_after: float = STALE_AFTER_S,
         with _sweep_lock(run_path):
             again = read_claim(run_path)
             if again is not None and again.get("token") == current.get("token"):
-                (run_path / CLAIM).unlink()
+                RunPaths(run_path).claim.unlink()
                 broken = current
     return None, read_claim(run_path)
 
@@ -156,7 +157,7 @@ def _link_new(run_path: Path, info: dict[str, Any]) -> bool:
     with os.fdopen(fd, "w") as out:
         out.write(json.dumps(info, sort_keys=True) + "\n")
     try:
-        os.link(tmp, run_path / CLAIM)
+        os.link(tmp, RunPaths(run_path).claim)
     except FileExistsError:
         return False
     finally:

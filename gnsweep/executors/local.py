@@ -36,11 +36,13 @@ from gnsweep.errors import StopRequested
 from gnsweep.executors import (
     LAUNCH_ENV,
     Outcome,
+    open_folder,
     stopped_by_launcher,
     warm_up,
 )
 from gnsweep.executors.base import Summary
 from gnsweep.executors.gpus import GpuPlan, launcher_gpus, plan
+from gnsweep.folder import SweepFolder
 from gnsweep.notices import once_per_launch
 from gnsweep.progress import SweepProgress
 from gnsweep.runs import FINISHED, max_attempts, needs_running, read_state
@@ -60,7 +62,7 @@ class _Worker:
     run_id: str | None = None
 
 
-def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: int,
+def _worker_main(inbox: Any, outbox: Any, sweep: SweepFolder | str, threads: int, parent: int,
                  max_retries: int, env: dict[str, str]) -> None:
     # Before anything can initialise CUDA: which GPUs this worker sees (CUDA reads it then).
     os.environ.update(env)
@@ -83,12 +85,15 @@ def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: 
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     torch.set_num_threads(threads)
     allocator.tune()  # a step's temporaries stay on the heap (gnsweep.allocator)
-    once_per_launch(Path(sweep_dir), os.environ.get(LAUNCH_ENV))  # a notice once, not per run
+    sweep_dir = sweep.root if isinstance(sweep, SweepFolder) else Path(sweep)
+    once_per_launch(sweep_dir, os.environ.get(LAUNCH_ENV))  # a notice once, not per run
 
     def should_stop() -> bool:
         return stop or os.getppid() != parent
 
-    logger = process_logger(Path(sweep_dir))  # one per worker, reused for each of its runs
+    # The folder the launcher opened (its config parsed there, once), else opened here, once.
+    folder = sweep if isinstance(sweep, SweepFolder) else open_folder(sweep_dir)
+    logger = process_logger(folder)  # one per worker, reused for each of its runs
     while not should_stop():
         try:
             run_id = inbox.get(timeout=0.5)
@@ -97,7 +102,7 @@ def _worker_main(inbox: Any, outbox: Any, sweep_dir: str, threads: int, parent: 
         if run_id is None:
             break
         try:
-            outcome = execute_run(Path(sweep_dir), run_id, should_stop, max_retries, logger)
+            outcome = execute_run(folder, run_id, should_stop, max_retries, logger)
         except (KeyboardInterrupt, StopRequested):
             break
         except Exception as err:  # the run's files are unreadable: it cannot even be recorded
@@ -110,14 +115,18 @@ def _context() -> Any:
     return mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
-def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int = 1,
+def run_local(sweep: SweepFolder | Path, run_ids: list[str], *, workers: int, threads: int = 1,
               max_retries: int = 2, progress: SweepProgress | None = None,
               gpus: GpuPlan | None = None) -> Summary:
     """Run `run_ids` on `workers` processes; failed runs are retried up to `max_retries` times.
     Worker i gets the environment `gpus.env(i)` (its CUDA_VISIBLE_DEVICES; None: inherited).
 
-    Returns when every run has finished here or elsewhere, or is out of retries.
+    Returns when every run has finished here or elsewhere, or is out of retries. `sweep`: the
+    folder the launch opened, handed to every worker (config.yaml is not parsed again there);
+    a path is opened here, once.
     """
+    folder = sweep if isinstance(sweep, SweepFolder) else open_folder(Path(sweep))
+    sweep_dir = folder.root if isinstance(folder, SweepFolder) else folder
     ctx = _context()
     outbox = ctx.Queue()
     pending = deque(run_ids)
@@ -131,7 +140,8 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
         # Not daemonic: a daemonic process cannot start children, and a run's DataLoader starts
         # worker processes (train.loader_workers). Every exit below stops the workers instead.
         process = ctx.Process(target=_worker_main, daemon=False,
-                              args=(inbox, outbox, str(sweep_dir), threads, os.getpid(),
+                              args=(inbox, outbox, folder if isinstance(folder, SweepFolder)
+                                    else str(sweep_dir), threads, os.getpid(),
                                     max_retries, env))
         process.start()
         return _Worker(process, inbox, slot)
@@ -153,7 +163,7 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
     if ctx.get_start_method() == "fork" and run_ids:
         # Forked workers inherit it. It builds the task the launcher's pre-check has built
         # already, under its bound (`check_task`, sweep.stall_seconds).
-        warm_up(sweep_dir, run_ids[0])
+        warm_up(folder, run_ids[0])
     pool = [start_worker(slot) for slot in range(min(workers, len(pending)))]
     try:
         while pending or later or any(w.run_id for w in pool):
@@ -195,7 +205,7 @@ def run_local(sweep_dir: Path, run_ids: list[str], *, workers: int, threads: int
     return summary
 
 
-def launch(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *, max_retries: int,
+def launch(sweep: SweepFolder, run_ids: list[str], executor: ExecutorConfig, *, max_retries: int,
            progress: SweepProgress | None, wait: bool = True) -> Summary:
     """The registry's entry (`gnsweep.executors.registry`). With GPUs to share out and
     `executor.workers=0`, one worker per GPU; more workers than GPUs share them round-robin
@@ -205,12 +215,12 @@ def launch(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *, max
     gpu_plan, note = plan(gpus, workers, 1, what="worker", setting=executor.gpus)
     if note and run_ids:
         print(note, file=sys.stderr)
-    return run_local(sweep_dir, run_ids, workers=workers,
+    return run_local(sweep, run_ids, workers=workers,
                      threads=executor.threads_per_worker, max_retries=max_retries,
                      progress=progress, gpus=gpu_plan)
 
 
-def launch_scripts_under_torchrun(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig,
+def launch_scripts_under_torchrun(sweep: SweepFolder, run_ids: list[str], executor: ExecutorConfig,
                                   *, max_retries: int, progress: SweepProgress | None,
                                   wait: bool = True) -> Summary:
     """task=script with executor=torchrun: each worker starts its run's command under torchrun
@@ -222,7 +232,7 @@ def launch_scripts_under_torchrun(sweep_dir: Path, run_ids: list[str], executor:
     gpu_plan, note = plan(gpus, workers, nproc, what="torchrun job", setting=executor.gpus)
     if note and run_ids:
         print(note, file=sys.stderr)
-    return run_local(sweep_dir, run_ids, workers=workers,
+    return run_local(sweep, run_ids, workers=workers,
                      threads=executor.threads_per_worker, max_retries=max_retries,
                      progress=progress, gpus=gpu_plan)
 

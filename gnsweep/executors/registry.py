@@ -7,17 +7,17 @@ Slurm backend needs submitit, the local one nothing beyond torch).
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from typing import Protocol
 
 from gnsweep.config import EXECUTORS, ExecutorConfig
 from gnsweep.errors import ConfigError
 from gnsweep.executors.base import Summary
+from gnsweep.folder import SweepFolder
 from gnsweep.progress import SweepProgress
 
 
 class Launch(Protocol):
-    def __call__(self, sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *,
+    def __call__(self, sweep: SweepFolder, run_ids: list[str], executor: ExecutorConfig, *,
                  max_retries: int, progress: SweepProgress | None,
                  wait: bool = True) -> Summary: ...
 

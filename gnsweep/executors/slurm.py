@@ -19,17 +19,21 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gnsweep import redact, store
 from gnsweep.config import ExecutorConfig
 from gnsweep.executors import PREEMPTED
 from gnsweep.executors.base import Summary, Watcher, run_rounds
 from gnsweep.executors.torchrun import worker_command, write_runs_file
+from gnsweep.paths import SweepPaths
 from gnsweep.progress import SweepProgress
 
+if TYPE_CHECKING:
+    from gnsweep.folder import SweepFolder
+
 FOLDER = store.SLURM
-JOBS = store.JOBS
+
 POLL_S = 2.0
 RDZV_PORT = 29400
 
@@ -160,20 +164,20 @@ def submit(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig,
     record = job_ids(sweep_dir)
     for job, part in zip(jobs, parts, strict=True):
         record.update(dict.fromkeys(part, job.job_id))
-    store.write_json(folder / JOBS, record)
+    store.write_json(SweepPaths(sweep_dir).jobs, record)
     return jobs
 
 
 def _script_sweep(sweep_dir: Path) -> bool:
-    from gnsweep.config import Config
+    from gnsweep.folder import read_config
     from gnsweep.tasks import SCRIPT
 
-    return Config.load(sweep_dir).task.name == SCRIPT
+    return read_config(sweep_dir).task.name == SCRIPT
 
 
 def job_ids(sweep_dir: Path) -> dict[str, str]:
     """Run id -> the Slurm job id it was last submitted to."""
-    path = sweep_dir / FOLDER / JOBS
+    path = SweepPaths(sweep_dir).jobs
     return dict(store.read_json(path)) if path.is_file() else {}
 
 
@@ -209,10 +213,10 @@ def run_slurm(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *,
     return summary
 
 
-def launch(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *, max_retries: int,
+def launch(sweep: SweepFolder, run_ids: list[str], executor: ExecutorConfig, *, max_retries: int,
            progress: SweepProgress | None, wait: bool = True) -> Summary:
     """The registry's entry (`gnsweep.executors.registry`)."""
-    return run_slurm(sweep_dir, run_ids, executor, max_retries=max_retries, progress=progress,
+    return run_slurm(sweep.root, run_ids, executor, max_retries=max_retries, progress=progress,
                      wait=wait)
 
 

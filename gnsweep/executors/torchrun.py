@@ -23,13 +23,16 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gnsweep import store
 from gnsweep.config import ExecutorConfig
 from gnsweep.executors.base import Summary, Watcher, run_rounds
 from gnsweep.executors.gpus import GpuPlan, launcher_gpus, plan
 from gnsweep.progress import SweepProgress
+
+if TYPE_CHECKING:
+    from gnsweep.folder import SweepFolder
 
 POLL_S = 0.3
 QUEUE = "queue"
@@ -80,10 +83,10 @@ def run_torchrun(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, 
     return watcher.summary()
 
 
-def launch(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig, *, max_retries: int,
+def launch(sweep: SweepFolder, run_ids: list[str], executor: ExecutorConfig, *, max_retries: int,
            progress: SweepProgress | None, wait: bool = True) -> Summary:
     """The registry's entry (`gnsweep.executors.registry`)."""
-    return run_torchrun(sweep_dir, run_ids, executor, max_retries=max_retries,
+    return run_torchrun(sweep.root, run_ids, executor, max_retries=max_retries,
                         progress=progress)
 
 

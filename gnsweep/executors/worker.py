@@ -31,6 +31,7 @@ from gnsweep.errors import StopRequested
 from gnsweep.executors import (
     LAUNCH_ENV,
     PREEMPTED,
+    open_folder,
     process_logger,
     run_taken,
     stall_seconds,
@@ -38,6 +39,7 @@ from gnsweep.executors import (
     warm_up,
 )
 from gnsweep.executors.watchdog import STALLED_EXIT
+from gnsweep.folder import SweepFolder
 from gnsweep.notices import once_per_launch
 from gnsweep.stall import Stalled
 from gnsweep.store import RunState
@@ -75,15 +77,16 @@ def init_process_group() -> bool:
     return True
 
 
-def serve(sweep_dir: Path, run_ids: list[str], max_retries: int,
+def serve(sweep: SweepFolder | Path, run_ids: list[str], max_retries: int,
           should_stop: Callable[[], bool]) -> int:
     """Train `run_ids` in turn (each once, failed ones again while retries last); returns how
-    many this process group trained."""
+    many this process group trained. `sweep`: the folder opened at the worker's start."""
+    sweep_dir = sweep.root if isinstance(sweep, SweepFolder) else sweep
     distributed = dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
     queue = deque(run_ids)
     trained = 0
-    logger = process_logger(sweep_dir)  # one per process group (rank 0 logs), for every run
+    logger = process_logger(sweep)  # one per process group (rank 0 logs), for every run
     while True:
         run_id, claim = None, None
         if rank == 0 and not should_stop():
@@ -97,7 +100,7 @@ def serve(sweep_dir: Path, run_ids: list[str], max_retries: int,
             run_id = box[0]
         if run_id is None:
             return trained
-        status = run_taken(sweep_dir, run_id, claim, should_stop, logger)
+        status = run_taken(sweep, run_id, claim, should_stop, logger)
         trained += 1
         if status.state is RunState.FAILED:
             queue.append(run_id)  # take_run decides whether it has retries left
@@ -141,16 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     should_stop = StopFlag(args.stop_with)
     run_ids = [line.strip() for line in args.runs_file.read_text().splitlines() if line.strip()]
     init_process_group()
+    folder = open_folder(args.sweep_dir)  # config.yaml parsed once, for every run served here
     if run_ids:
         try:  # before claiming: a claimed run starts at once
-            warm_up(args.sweep_dir, run_ids[0], stall_seconds(args.sweep_dir))
+            warm_up(folder, run_ids[0], stall_seconds(folder))
         except Stalled as err:  # the task blocks: end, rather than hang the job
             print(f"gnsweep: {err}", file=sys.stderr, flush=True)
             close_process_group(False)
             return STALLED_EXIT
     stopped = clean = False
     try:
-        serve(args.sweep_dir, run_ids, args.max_retries, should_stop)
+        serve(folder, run_ids, args.max_retries, should_stop)
         clean = True
     except (KeyboardInterrupt, StopRequested):
         stopped = True  # the run in flight is checkpointed and back to pending

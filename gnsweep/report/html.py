@@ -25,6 +25,7 @@ from gnsweep.report.answers import along_answers, answers, interval_of
 from gnsweep.report.views import preconditioned, quantity
 from gnsweep.report.views import unit as unit_of
 from gnsweep.targets import Direction
+from gnsweep.tasks import about
 
 
 def collect_warnings(tables: Results) -> list[str]:
@@ -276,7 +277,7 @@ def grid_summary(config: Config, runs: pd.DataFrame) -> str:
     (the analysis's runs table counts them so), with the samples per step the config names
     beside them where the unit differs (an LM's windows)."""
     sweep = config.sweep
-    unit = config.task.unit
+    unit = about(config.task).unit
     batches = ", ".join(map(str, sweep.batch_sizes))
     counted = sorted({int(b) for b in runs["batch_size"]}) if len(runs) and \
         "batch_size" in runs else []
@@ -285,13 +286,13 @@ def grid_summary(config: Config, runs: pd.DataFrame) -> str:
                    f"({batches} samples per step)")
     elif unit != "examples":
         batches = f"{batches} {unit}"
-    items = [("task", config.task.label),
+    items = [("task", about(config.task).label),
              ("training", recipe_words(config.train, unit)),
              ("batch sizes", batches),
              ("learning rates", ", ".join(f"{x:g}" for x in sweep.learning_rates)),
              ("seeds", ", ".join(map(str, sweep.seeds))),
-             ("target " + ("losses" if config.task.metric == "loss" else
-                           f"{config.task.metric}s"),
+             ("target " + ("losses" if about(config.task).metric == "loss" else
+                           f"{about(config.task).metric}s"),
               ", ".join(map(str, sweep.targets)) or "auto (from the runs)"),
              ("max steps per run", sweep.max_steps)]
     states = runs["state"].value_counts().to_dict() if len(runs) else {}

@@ -13,9 +13,11 @@ import importlib
 import importlib.util
 import os
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from gnsweep import redact, targets
+from gnsweep.config import Config, TaskConfig, secret_is_text
 from gnsweep.errors import ConfigError
 from gnsweep.tasks.options import (
     CartpoleOptions,
@@ -27,6 +29,7 @@ from gnsweep.tasks.options import (
 )
 from gnsweep.tasks.protocol import Batch, Task, examples_of
 from gnsweep.tasks.script import SCRIPT, ScriptOptions
+from gnsweep.tasks.script import label as script_label
 
 __all__ = [
     "CUSTOM",
@@ -38,6 +41,10 @@ __all__ = [
     "ScriptOptions",
     "Task",
     "TaskEntry",
+    "TaskFacts",
+    "about",
+    "checked",
+    "checked_task",
     "describe",
     "entry",
     "examples_of",
@@ -47,6 +54,7 @@ __all__ = [
     "resolve_custom",
     "task_names",
     "validate_options",
+    "with_unit",
 ]
 
 CUSTOM = "custom"
@@ -154,6 +162,84 @@ def validate_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"task.{key}: not an option of task {name}; "
                           f"known: {', '.join(sorted(known))}")
     return asdict(schema(**options))
+
+
+def checked_task(task: TaskConfig) -> TaskConfig:
+    """A config's task checked against the registry where the config enters (the composition,
+    the sweep folder's open, a run record): its name is a task, its options are the task's
+    (complete with their defaults), a secret among them is a string. ConfigError names what is
+    wrong."""
+    for key, value in task.options.items():
+        secret_is_text(f"task.{key}", value, secret_name=redact.is_secret_name(f"task.{key}"))
+    return TaskConfig(task.name, validate_options(task.name, dict(task.options)))
+
+
+def checked(config: Config) -> Config:
+    """`config` with its task checked (`checked_task`); the rules that tie a task to the other
+    sections (a training script's) are `Config.check`'s."""
+    return replace(config, task=checked_task(config.task))
+
+
+@dataclass(frozen=True)
+class TaskFacts:
+    """What a configured task declares: what its targets are values of, which way they are
+    reached, what a batch size counts, and its name as a reader knows it. From the registry
+    (no torch), not from config.yaml: a sweep folder names its task, and the task declares what
+    its targets mean. A task outside the registry (a user's own, by import path) declares
+    nothing there: its targets are losses and B counts its examples (or its recorded unit)."""
+
+    name: str
+    """The task's registered name (custom, script or a registry entry)."""
+    label: str
+    """The task as a reader knows it: its name, a custom task's `_target_`, `script train.py`."""
+    unit: str
+    """What a batch size counts: examples, tokens or environment steps."""
+    metric: str
+    """What the targets are values of: "loss" or the task's metric (e.g. "return")."""
+    direction: targets.Direction
+    """Which way the targets are reached: the task's declared flag (`targets.KEY`), mapped to
+    the direction type here, once."""
+
+    @property
+    def higher_is_better(self) -> bool:
+        """True when a target is reached by rising to it (a return), False for a loss."""
+        return self.direction.rises
+
+    def reached(self, value: float, target: float) -> bool:
+        """Whether a (smoothed) metric value has reached `target` in the task's direction."""
+        return self.direction.reached(value, target)
+
+    def hardest(self, values: list[float]) -> float:
+        """The target a run stops at: the largest return, the smallest loss."""
+        return self.direction.hardest(values)
+
+
+def about(task: TaskConfig) -> TaskFacts:
+    """What the configured `task` declares (`TaskFacts`)."""
+    registered = REGISTRY.get(task.name)
+
+    def declared(name: str, default: Any) -> Any:
+        return getattr(registered, name) if registered is not None else default
+
+    if task.name == CUSTOM:
+        unit = str(task.options.get(UNIT) or "examples")
+        label = str(task.options.get(TARGET) or task.name)
+    elif task.name == SCRIPT:  # its script or program: `script train.py`
+        unit = str(task.options.get("unit") or "examples")
+        label = f"script {script_label(str(task.options.get('command', '')))}"
+    else:
+        unit, label = str(declared("unit", "examples")), task.name
+    return TaskFacts(name=task.name, label=label, unit=unit,
+                     metric=str(declared("metric", "loss")),
+                     direction=targets.Direction.of(declared(targets.KEY, False)))
+
+
+def with_unit(task: TaskConfig, unit: str | None) -> TaskConfig:
+    """`task` with a custom task's declared unit recorded (unchanged for a registered task,
+    whose registry entry says it, or for `unit` None)."""
+    if task.name != CUSTOM or unit is None:
+        return task
+    return TaskConfig(task.name, {**task.options, UNIT: unit})
 
 
 def _known(name: str, options: dict[str, Any], schema: type) -> dict[str, Any]:

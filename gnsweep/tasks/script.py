@@ -25,10 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gnsweep.config import SCRIPT
 from gnsweep.errors import ConfigError
-
-SCRIPT = "script"
-"""The task name of a sweep whose runs are the user's command."""
 
 PLACEHOLDERS: dict[str, str] = {
     "batch_size": "the run's batch size (samples a step, the grid's B)",

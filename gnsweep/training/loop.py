@@ -5,8 +5,8 @@ Stopping and smoothing follow the paper's appendix A: a target counts as reached
 exponentially smoothed training loss falls to it. The run then trains on until the analysis's
 centred window there is whole, and stops only once that centred reading (what `gnsweep analyze`
 uses, free of the EMA's lag) has the hardest target reached too. A task with its own metric
-(cartpole's return, `config.task.metric`) has it logged in the `metric` column and its targets
-reached on it, in the task's direction.
+(cartpole's return, `tasks.about(config.task).metric`) has it logged in the `metric` column
+and its targets reached on it, in the task's direction.
 
 The run's parts and counters live in a `TrainState` (`gnsweep.training.state`): `train` builds
 one and `run` advances it, so a run can be continued from its `state_dict()`.
@@ -37,7 +37,7 @@ from gnsweep.measure.probe import overrun_steps
 from gnsweep.noise import NoiseEstimate
 from gnsweep.runs import RunSpec, unmeasured_share
 from gnsweep.schedule import Progress
-from gnsweep.tasks import Task, examples_of
+from gnsweep.tasks import Task, about, examples_of
 from gnsweep.tasks.protocol import first_dim
 from gnsweep.training.backward import backward, in_task_units, pieces
 from gnsweep.training.branch import start_branch
@@ -126,11 +126,12 @@ def run(state: TrainState, out_dir: Path | None = None,
     config, spec, task = state.config, state.spec, state.task
     sweep, world = config.sweep, state.world
     # A metric task's targets are values of task.metric(model), reached in its direction.
-    metric_task = config.task.metric != "loss"
+    declared = about(config.task)
+    metric_task = declared.metric != "loss"
     # A branch run with automatic targets trains its window and stops at no target; so does a
     # run of a sweep whose targets the analysis chooses (sweep.targets=auto): its budget.
     hardest = None if (config.branch.points and config.branch.automatic) or sweep.auto_targets \
-        else config.task.hardest(sweep.targets)
+        else declared.hardest(sweep.targets)
     params = [p for p in state.model.parameters() if p.requires_grad]
     start = time.perf_counter() - state.elapsed
     outcome, reason = "done", "max_steps"
@@ -193,7 +194,7 @@ def run(state: TrainState, out_dir: Path | None = None,
             smooth = state.watch.update(loss, n_examples, state.step)
             # Past the hardest target, train on until the analysis's centred window is whole
             # (a metric is read as logged, no window: stop at once). NaN reaches nothing.
-            if state.stop_at is None and hardest is not None and config.task.reached(
+            if state.stop_at is None and hardest is not None and declared.reached(
                     metric if metric_task else smooth, hardest):
                 state.stop_at = state.step + (0 if metric_task else overrun_steps(
                     state.step, size, SMOOTHING_FRACTION, MIN_WINDOW_EXAMPLES))

@@ -53,7 +53,9 @@ from gnsweep.analysis.smoothing import (
 from gnsweep.config import Config
 from gnsweep.errors import ScriptFailed, StopRequested
 from gnsweep.measure.probe import overrun_steps
+from gnsweep.paths import RunPaths
 from gnsweep.runs import RunSpec
+from gnsweep.tasks import about
 from gnsweep.tasks.script import (
     ENV_PREFIX,
     PLACEHOLDERS,
@@ -94,8 +96,8 @@ def placeholder_values(config: Config, spec: RunSpec, run_path: Path, resume_ste
         "sweep_dir": str(store.sweep_of(run_path)),
         # sweep.targets=auto: none (the analysis chooses them; the run trains its budget).
         "targets": ",".join(f"{t:g}" for t in sweep.targets),
-        "target": config.task.hardest(sweep.targets) if sweep.targets else "",
-        "checkpoint_dir": str(run_path / store.CHECKPOINTS),
+        "target": about(config.task).hardest(sweep.targets) if sweep.targets else "",
+        "checkpoint_dir": str(RunPaths(run_path).checkpoints),
         "resume": int(resume_step > 0), "resume_step": resume_step, "attempt": attempt}
     assert set(values) == set(PLACEHOLDERS)
     return values
@@ -268,7 +270,8 @@ class RowLog:
         self.per_sample = options.examples_per_sample
         self.step_offset = options.step_offset
         self.hardest = None if config.sweep.auto_targets \
-            else config.task.hardest(config.sweep.targets)
+            else about(config.task).hardest(config.sweep.targets)
+        self.direction = about(config.task).direction
         self.stop_at: int | None = None
         self.reason: str | None = None
         self.diverged: str | None = None
@@ -364,7 +367,7 @@ class RowLog:
         sweep = self.config.sweep
         smooth = self.rows["loss_smooth"][-1]
         if self.hardest is not None and self.stop_at is None \
-                and self.config.task.reached(smooth, self.hardest):
+                and self.direction.reached(smooth, self.hardest):
             self.stop_at = step + overrun_steps(step, self.spec.batch_size, SMOOTHING_FRACTION,
                                                 MIN_WINDOW_EXAMPLES)
         if self.stop_at is not None and self.hardest is not None and step >= self.stop_at:

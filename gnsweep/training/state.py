@@ -26,7 +26,7 @@ from gnsweep.measure.probe import RunProbes
 from gnsweep.noise import NoiseEstimate, estimate_state, load_estimate
 from gnsweep.runs import RunSpec, run_config
 from gnsweep.schedule import AdaptiveBatch, AlongBatch, BatchSchedule, ConstantBatch
-from gnsweep.tasks import Task, make_task
+from gnsweep.tasks import Task, about, make_task
 from gnsweep.training.data import DatasetSource, DataSource, as_dataset, make_data
 from gnsweep.training.lr_schedule import LrSchedule
 from gnsweep.training.recipe import Precision, make_optimizer
@@ -155,7 +155,7 @@ def build_run(config: Config, spec: RunSpec) -> TrainState:
     probes = RunProbes(config.noise, task, spec.seed)  # frozen-parameter probes, exact truth
     data = make_data(task, spec.seed, world, rank, device, config.train.loader_workers)
     # A metric task's loss (A2C's) has no scale to diverge from: only a non-finite one diverges.
-    metric_task = config.task.metric != "loss"
+    metric_task = about(config.task).metric != "loss"
     watch = LossWatch(sweep.loss_ema_examples, None if metric_task else sweep.divergence_factor)
     eval_build = getattr(task, "eval_dataset", None)
     eval_set = None if eval_build is None else as_dataset(eval_build(), "eval_dataset()")
