@@ -78,10 +78,15 @@ class Broadcast:
     step and put the parameters back after it."""
 
     def __init__(self, gate: Gate, found: list[tuple[str, nn.Module, str, nn.Parameter]],
-                 batch: Callable[[], int], values: Callable[[], list[torch.Tensor]]) -> None:
+                 batch: Callable[[], int], values: Callable[[], list[torch.Tensor]],
+                 weighted: Callable[[nn.Parameter, torch.Tensor], None] | None = None
+                 ) -> None:
         """`batch()`: the examples of the model's current forward; `values()`: the list each
-        example's squared gradient norm is appended to."""
+        example's squared gradient norm is appended to; `weighted(p, grads)`: given each
+        parameter's per-example gradients (B, ...) too (the P-norms of an adaptive
+        optimizer's preconditioner)."""
         self.gate, self.found, self.batch, self.values = gate, found, batch, values
+        self.weighted = weighted
         self.params = [p for _, _, _, p in found]
         self.checked: set[int] = set()
         """Owners whose expanded views were checked (`check`)."""
@@ -162,6 +167,8 @@ class Broadcast:
             g = grad.detach().float()
             flat = g.reshape(-1)
             self.values().append(torch.dot(flat, flat))
+            if self.weighted is not None:
+                self.weighted(p, g)
             summed = g.sum(0, keepdim=True)
             known = self.implied.get(id(p))
             self.implied[id(p)] = summed if known is None else known + summed

@@ -1,7 +1,8 @@
 """The choice of method of `NoiseScaleMonitor(method="auto", timed_auto=True)`: between
 per-example norms and micro-batches, where both measure the model right, the cheaper by
 `cheaper_method` after the first measured step (micro-batches where the step is cut into them
-anyway: layers without per-example norms, or an adaptive optimizer's preconditioned pair;
+anyway: layers without per-example norms, or an adaptive optimizer's preconditioned pair
+where some layer has no P-weighted per-example norms, `gnsweep.measure.weighted`;
 else the crossovers `MICROBATCH_FROM` and `SEQUENCE_MICROBATCH_TOKENS`), its next
 `TIMED_STEPS` measured steps timed; and the fallbacks
 (a batch that cannot be cut, layers per-example norms cannot attribute to examples).
@@ -40,15 +41,23 @@ Candidates = dict[str, tuple[PerExample | None, Increments | None]]
 
 
 def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int,
-                   split: bool = False) -> tuple[str, str]:
+                   split: bool = False, weighted: bool = False) -> tuple[str, str]:
     """(per_example or microbatch, why) for a model both measure right: micro-batches where
     per-example norms need them anyway (`rest`: layers without per-example norms; `split`:
     each measured step is cut into micro-batches anyway, for the preconditioned pair of an
-    adaptive optimizer; the hooks then only add), or where some layer's per-example norm
-    needs per-position work (`positional`: its kinds) and the batch is large enough for
-    micro-batches to cost less: at least `MICROBATCH_FROM` examples with convolutions, or at
-    least `SEQUENCE_MICROBATCH_TOKENS` tokens (batch x `positions`, the most positions per
-    example of a sequence layer) with sequence layers; else per-example norms."""
+    adaptive optimizer, where some measured parameter's layer has no P-weighted per-example
+    norms (`PerExample.weighs` false: parameters tied across layers, nn.MultiheadAttention
+    measured whole, parameters left to micro-batches); the hooks then only add), or where
+    some layer's per-example norm needs per-position work (`positional`: its kinds) and the
+    batch is large enough for micro-batches to cost less: at least `MICROBATCH_FROM` examples
+    with convolutions, or at least `SEQUENCE_MICROBATCH_TOKENS` tokens (batch x `positions`,
+    the most positions per example of a sequence layer) with sequence layers, or with any such
+    layer where the hooks weigh by an adaptive optimizer's P themselves (`weighted`: their
+    P-norms have no Gram form, so each of these layers builds its explicit per-example
+    gradients, and the bench's sequence models cost more so than with the split: docs/noise.md,
+    "Adam's noise scale"); else per-example norms (under an adaptive optimizer too, where no
+    layer needs per-position work: a linear layer's P-norms on rows need no per-example
+    gradient)."""
     if rest:
         return "microbatch", "layers without per-example norms need micro-batches anyway"
     if split:
@@ -58,6 +67,10 @@ def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int
     if not positional:
         return "per_example", "no layer needs per-position work for its per-example norms"
     kinds = ", ".join(positional)
+    if weighted:
+        return "microbatch", (f"{kinds} need per-position work, and explicit per-example "
+                              "gradients for the optimizer's preconditioned noise scale "
+                              "(b_simple_precond): micro-batches cost less")
     sizes = []  # (unit, size, where micro-batches start to cost less)
     if set(positional) & set(CONVOLUTIONS):
         sizes.append(("batch", batch, MICROBATCH_FROM))
@@ -216,10 +229,12 @@ class AutoChoice(Sources):
         assert per_example is not None
         rest = self._source(Increments) is not None
         # An adaptive optimizer's P-norm pair (`Preconditioned.wants_microbatches`) splits
-        # every measured step: micro-batches then cost nothing more, per-example hooks do.
+        # every measured step unless the per-example hooks weigh by P themselves: where it
+        # splits, micro-batches cost nothing more, per-example hooks do.
         split = bool(getattr(self, "wants_microbatches", False))
+        weighted = per_example.weighs and per_example.weigh is not None
         method, reason = cheaper_method(sorted(per_example.positional), batch, rest,
-                                        per_example.positions, split)
+                                        per_example.positions, split, weighted)
         if rest and per_example.skipped:  # name them: the reason kept in status.json
             reason = f"micro-batches are needed anyway, for {', '.join(per_example.skipped)}"
         elif method == "per_example" and per_example.routes:
@@ -259,6 +274,7 @@ class AutoChoice(Sources):
         assert old is not None
         self._unhook(old)
         source = PerExample(cast(Gate, self), self.module, self.params, old.excluded | uncovered)
+        source.weigh = old.weigh  # weighs only where it still covers every parameter
         source.coverage.measured, source.coverage.probed = old.coverage.measured, \
             old.coverage.probed
         source.coverage.after_step(False)

@@ -54,17 +54,29 @@ def own_parameters(module: nn.Module) -> tuple[list[str], list[nn.Parameter]]:
     return [n for n, _ in pairs], [p for _, p in pairs]
 
 
-def per_example_sq(module: nn.Module, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+def per_example_sq(module: nn.Module, a: torch.Tensor, d: torch.Tensor,
+                   weights: list[torch.Tensor | None] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Sum over the examples (dim 0) of `|g_i|^2`, `g_i` example i's gradient of the layer's own
-    parameters, from its input `a` and output gradient `d`, in float32 (float64 kept)."""
-    total, _ = per_example(module, a, d, summed=False)
-    return total
+    parameters, from its input `a` and output gradient `d`, in float32 (float64 kept); with
+    `weights` (the optimizer's P of each own parameter, `own_parameters`' order, None for one
+    without), also `sum_i |g_i|_P^2` (else None)."""
+    total, _, weighted = _per_example(module, a, d, summed=False, weights=weights)
+    return total, weighted
 
 
 def per_example(module: nn.Module, a: torch.Tensor, d: torch.Tensor, *, summed: bool
                 ) -> tuple[torch.Tensor, list[tuple[nn.Parameter, torch.Tensor]]]:
     """(`sum_i |g_i|^2`, and with `summed` each parameter's `sum_i g_i`: the batch gradient the
     layer received) from every example's own gradient, in chunks of examples."""
+    total, sums, _ = _per_example(module, a, d, summed=summed, weights=None)
+    return total, sums
+
+
+def _per_example(module: nn.Module, a: torch.Tensor, d: torch.Tensor, *, summed: bool,
+                 weights: list[torch.Tensor | None] | None
+                 ) -> tuple[torch.Tensor, list[tuple[nn.Parameter, torch.Tensor]],
+                            torch.Tensor | None]:
     names, params = own_parameters(module)
     dtype = torch.float64 if params[0].dtype == torch.float64 else torch.float32
     values = tuple(p.detach().to(dtype) for p in params)
@@ -77,6 +89,7 @@ def per_example(module: nn.Module, a: torch.Tensor, d: torch.Tensor, *, summed: 
     numel = sum(p.numel() for p in params)
     chunk = max(1, (64 << 20) // (numel * g.element_size()))
     total = g.new_zeros(())
+    weighted = g.new_zeros(()) if weights is not None else None
     sums = [torch.zeros_like(v) for v in values] if summed else []
     with torch.enable_grad():
         for start in range(0, x.shape[0], chunk):
@@ -84,9 +97,13 @@ def per_example(module: nn.Module, a: torch.Tensor, d: torch.Tensor, *, summed: 
             for i, grad in enumerate(grads):
                 flat = grad.reshape(-1)
                 total = total + torch.dot(flat, flat)
+                if weights is not None and weights[i] is not None:
+                    weight = weights[i]
+                    assert weight is not None and weighted is not None
+                    weighted = weighted + ((grad * grad).sum(0) * weight.to(grad.dtype)).sum()
                 if summed:
                     sums[i] += grad.sum(0)
-    return total, list(zip(params, sums, strict=False)) if summed else []
+    return total, list(zip(params, sums, strict=False)) if summed else [], weighted
 
 
 def fits(module: nn.Module, a: Any) -> bool:

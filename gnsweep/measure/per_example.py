@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
@@ -18,11 +18,12 @@ from torch.nn import functional as F
 from torch.nn.modules.module import _global_forward_hooks
 
 from gnsweep.measure import attention as attention_route
+from gnsweep.measure import weighted as pnorm
 from gnsweep.measure.attention import Attention
 from gnsweep.measure.broadcast import Broadcast, candidates
 from gnsweep.measure.common import Gate, fp32, say_once, sq
 from gnsweep.measure.coverage import Coverage
-from gnsweep.measure.functional import functional_refusal, per_example_sq
+from gnsweep.measure.functional import functional_refusal, own_parameters, per_example_sq
 from gnsweep.measure.positions import shared_lookups
 from gnsweep.measure.shared import Tied, along_batch, is_conv1d, linear_like, own_forward
 from gnsweep.measure.source import Reading, StepNorms, unscale
@@ -46,6 +47,10 @@ class PerExample:
         -> why per-example norms are wrong for it (`gnsweep.measure.coverage`): its layer is
         left to micro-batches, said with that reason."""
         self.gate = gate
+        self.weigh: Callable[[], dict[int, torch.Tensor] | None] | None = None
+        """The optimizer's diagonal preconditioner P by parameter id (set by the monitor for
+        an adaptive optimizer, `Preconditioned.precondition`), read once a measured step: the
+        hooks then also sum the P-norms `sum_i |g_i|_P^2` (`gnsweep.measure.weighted`)."""
         self.forward_id = 0
         self.batch = 0
         """Examples in the current forward of the model (set by the monitor)."""
@@ -142,7 +147,8 @@ class PerExample:
             self.covered.update(id(p) for p in params)
             self.handles.append(module.register_forward_hook(self._forward))
             self.layers.append((name or type(module).__name__, module))
-        self.broadcast = Broadcast(gate, found, lambda: self.batch, lambda: self.values)
+        self.broadcast = Broadcast(gate, found, lambda: self.batch, lambda: self.values,
+                                   self._broadcast_weighted)
         """The broadcast parameters measured through their expanded views."""
         self.handles += self.broadcast.handles
         self.covered |= spread
@@ -173,6 +179,12 @@ class PerExample:
             say_once(f"skipped {text}", f"noise scale: no per-example norms for {text}; their "
                      "parameters are measured with micro-batches")
         self.params = [p for p in measured if id(p) in self.covered]
+        self.weighable = self.tied.weighable and not found_attention
+        """Every hooked layer has P-norms (`gnsweep.measure.weighted`): not so for
+        nn.MultiheadAttention measured whole, nor for parameters tied across layers larger
+        than `shared.WEIGHED_NUMEL`."""
+        self.complete = len(self.params) == len(measured)
+        """Every measured parameter is covered (no micro-batches for the rest)."""
         self.coverage = Coverage(gate, model, self.layers, self.params, self.functional,
                                  lambda: self.broadcast.implied | self.attention.implied)
         """The run-time proof that these hooks see the covered parameters' whole gradients."""
@@ -184,6 +196,11 @@ class PerExample:
         """The linear layers with one example per row (`_stash`): `|a_i|^2` (None for a frozen
         weight), whether the bias is trained, and `|d_i|^2` of each output gradient."""
         self.invalid = False
+        self.pvalues: list[torch.Tensor] = []
+        """Sums over examples of `|g_i|_P^2` of the layers measured during backward, while
+        P is known (`weigh`)."""
+        self._weights: dict[int, torch.Tensor] | None = None
+        self._weights_read = False
         if hasattr(self, "tied"):
             self.tied.reset()
         if hasattr(self, "broadcast"):
@@ -191,6 +208,29 @@ class PerExample:
             self.broadcast.restore()  # a forward that raised may have left its views in
         if hasattr(self, "attention"):
             self.attention.reset()
+
+    @property
+    def weighs(self) -> bool:
+        """This source gives B_simple_P's P-norm pair itself, with no micro-batches: every
+        measured parameter covered by layers with P-norms."""
+        return self.weighable and self.complete
+
+    def _weights_now(self) -> dict[int, torch.Tensor] | None:
+        """P by parameter id for this measured step (read once a step), or None (no
+        adaptive optimizer, or before its first update)."""
+        if self.weigh is None or not self.weighs:
+            return None
+        if not self._weights_read:
+            self._weights, self._weights_read = self.weigh(), True
+        return self._weights
+
+    def _p(self, p: Any) -> torch.Tensor | None:
+        """P of parameter `p` in its shape, or None (not trained, or P not known)."""
+        weights = self._weights
+        if weights is None or not isinstance(p, torch.Tensor) or not p.requires_grad:
+            return None
+        part = weights.get(id(p))
+        return None if part is None else part.view(p.shape)
 
     def _forward(self, module: nn.Module, inputs: tuple, output: Any) -> Any:
         if not (self.gate.capturing and torch.is_grad_enabled()):
@@ -238,11 +278,14 @@ class PerExample:
                                 "skip such steps")
             return None
         self._last_forward[id(module)] = self.forward_id
+        weighing = self._weights_now() is not None
         if a.dim() == 2 and linear_like(module):
+            if weighing:
+                output.register_hook(partial(self._rows_weighted, module, a.detach()))
             self._stash(module, a.detach(), output)
             return output
-        if isinstance(module, (nn.Conv1d, nn.Conv2d)) and _fusable(module, a, output) \
-                and _first_hook(module, self._forward):
+        if isinstance(module, (nn.Conv1d, nn.Conv2d)) and not weighing and \
+                _fusable(module, a, output) and _first_hook(module, self._forward):
             self.positional.add(type(module).__name__)
             return _ConvWeightByExamples.apply(a, module.weight, module.bias, output.detach(),
                                                module, self)
@@ -293,7 +336,13 @@ class PerExample:
                              ) -> None:
         try:
             with torch.no_grad(), fp32(grad.device.type):
-                self.values.append(per_example_sq(module, a, grad.detach()))
+                weights = None
+                if self._weights_now() is not None:
+                    weights = [self._p(p) for p in own_parameters(module)[1]]
+                total, weighted = per_example_sq(module, a, grad.detach(), weights)
+                self.values.append(total)
+                if weighted is not None:
+                    self.pvalues.append(weighted)
         except Exception as err:  # a forward vmap cannot run (random ops, data-dependent
             # control flow): its parameters go to micro-batches, with the reason
             name = self._names.get(id(module), type(module).__name__)
@@ -338,16 +387,47 @@ class PerExample:
         self.rows.append((a_sq, bias is not None and bias.requires_grad, grad_sq))
         output.register_hook(partial(_grad_row_sq, grad_sq))
 
+    def _rows_weighted(self, module: nn.Module, a: torch.Tensor, d: torch.Tensor) -> None:
+        """A backward hook of a linear layer with one example per row: its P-norms."""
+        with torch.no_grad(), fp32(d.device.type):
+            weight, bias = _weight_p(module, self._p)
+            self.pvalues.append(pnorm.rows_sq(a.float(), d.detach().float(), weight, bias))
+
     def _backward(self, module: nn.Module, saved: Any, grad: torch.Tensor) -> None:
         with torch.no_grad(), fp32(grad.device.type):
+            if self._weights is not None and linear_like(module) and saved.dim() > 2:
+                # Both norms from the same explicit per-example gradients.
+                weight, bias = _weight_p(module, self._p)
+                plain, weighted = pnorm.linear_both(
+                    saved.float().flatten(1, -2), grad.detach().float().flatten(1, -2),
+                    _trainable(module), weight, bias)
+                self.values.append(plain)
+                self.pvalues.append(weighted)
+                return
             self.values.append(_per_example_sq(module, saved, grad.detach()))
+            if self._weights is not None:
+                self.pvalues.append(_per_example_psq(module, saved, grad.detach(), self._p))
+
+    def _broadcast_weighted(self, p: nn.Parameter, grad: torch.Tensor) -> None:
+        """The P-norms of a broadcast parameter from its expanded view's gradient (B, ...)."""
+        if self._weights_now() is not None:
+            weight = self._p(p)
+            if weight is not None:
+                self.pvalues.append(pnorm.explicit_sq(grad, weight))
 
     def measure(self, examples: int) -> NormPair | None:
         """Eq. A.2's pair for b_small = 1 from this step's captures; None when it cannot be
         measured (no layer captured, or a step that had to be skipped)."""
-        tied = self.tied.total()
-        if tied is not None:
-            self.values.append(tied)
+        weights = self._weights_now() if self.tied.uses else None
+        if weights is not None:
+            both = self.tied.totals(weights)
+            if both is not None:
+                self.values.append(both[0])
+                self.pvalues.append(both[1])
+        else:
+            tied = self.tied.total()
+            if tied is not None:
+                self.values.append(tied)
         if self.invalid or self.attention.invalid or not (self.values or self.rows):
             return None
         # The rows' sum_i |a_i|^2 |d_i|^2 in one dot (and sum_i |d_i|^2 of their biases in one
@@ -385,9 +465,27 @@ class PerExample:
         total = math.fsum(values[len(norms):])
         return NormPair(total * examples, sq_big, 1.0, float(examples))
 
+    def measure_weighted(self, examples: int) -> NormPair | None:
+        """Eq. A.2's pair for b_small = 1 in the P-norm (B_simple_P), from this step's
+        P-norms and `G^T P G` of `.grad`; None where P was not known for the step, or the step
+        could not be measured. (Call after `measure`.)"""
+        weights = self._weights
+        if weights is None or self.invalid or self.attention.invalid or not self.pvalues:
+            return None
+        grads = [p.grad.detach().reshape(-1).float() for p in self.params if p.grad is not None]
+        weights_of = [weights[id(p)] for p in self.params if p.grad is not None]
+        # G^T P G per parameter in three foreach ops: P g^2 >= 0, so its sum is its 1-norm.
+        products = list(torch._foreach_mul(grads, grads)) if grads else []
+        if products:
+            torch._foreach_mul_(products, weights_of)
+        big = list(torch._foreach_norm(products, 1)) if products else []
+        values = torch.stack([*big, *self.pvalues]).double().tolist()
+        sq_big = math.fsum(values[:len(big)])
+        total = math.fsum(values[len(big):])
+        return NormPair(total * examples, sq_big, 1.0, float(examples))
+
 
     splits = False
-    weighs = False
 
     def saw_forward(self, args: tuple, kwargs: dict, batch: int) -> None:
         """The model's forward starts, on a batch of `batch` examples (the monitor counts);
@@ -439,7 +537,10 @@ class PerExample:
             return Reading()
         part = self.measure(step.examples)
         if part is not None:
-            return Reading([unscale(part, step.small_scale, step.big_scale)])
+            pair = self.measure_weighted(step.examples)
+            weighted = None if pair is None else [unscale(pair, step.small_scale,
+                                                         step.big_scale)]
+            return Reading([unscale(part, step.small_scale, step.big_scale)], weighted=weighted)
         return Reading(complete=not self.params)
 
     def state_dict(self) -> dict[str, Any]:
@@ -611,6 +712,82 @@ def _per_example_sq(module: nn.Module, saved: Any, d: torch.Tensor) -> torch.Ten
         return _embedding_sq(module, saved, d)
     assert isinstance(module, (nn.LayerNorm, nn.RMSNorm))
     return _norm_sq(module, saved.float(), d, weight, bias)
+
+
+def _weight_p(module: nn.Module, p_of: Callable[[Any], torch.Tensor | None]
+              ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """P of a linear-like layer's weight as (out, in) (transformers' Conv1D holds it
+    transposed) and of its bias, each None where not trained."""
+    own = module._parameters
+    weight, bias = p_of(own.get("weight")), p_of(own.get("bias"))
+    if weight is not None and is_conv1d(module):
+        weight = weight.t()
+    return weight, bias
+
+
+def _per_example_psq(module: nn.Module, saved: Any, d: torch.Tensor,
+                     p_of: Callable[[Any], torch.Tensor | None]) -> torch.Tensor:
+    """Sum over examples of this layer's `|g_i|_P^2` (`gnsweep.measure.weighted`), P of each
+    parameter by `p_of`."""
+    d = d.float()
+    own = module._parameters
+    if linear_like(module):
+        weight, bias = _weight_p(module, p_of)
+        a = saved.float()
+        if a.dim() == 2:
+            return pnorm.rows_sq(a, d, weight, bias)
+        return pnorm.linear_sq(a.flatten(1, -2), d.flatten(1, -2), weight, bias)
+    if isinstance(module, (nn.Conv1d, nn.Conv2d)):
+        return _conv_psq(module, saved.float(), d, p_of(own.get("weight")),
+                         p_of(own.get("bias")))
+    if isinstance(module, nn.Embedding):
+        weight = p_of(own.get("weight"))
+        index = saved.reshape(saved.shape[0], -1)
+        d = d.reshape(index.shape[0], index.shape[1], -1)
+        if module.padding_idx is not None:
+            d = d * (index != module.padding_idx).unsqueeze(-1)
+        return pnorm.embedding_sq(index, d, weight) if weight is not None else d.new_zeros(())
+    assert isinstance(module, (nn.LayerNorm, nn.RMSNorm))
+    return _norm_psq(module, saved.float(), d, p_of(own.get("weight")), p_of(own.get("bias")))
+
+
+def _norm_psq(module: nn.LayerNorm | nn.RMSNorm, x: torch.Tensor, d: torch.Tensor,
+              weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """`_norm_sq` in the P-norm: the same explicit per-example gradients, weighted."""
+    shape = tuple(module.normalized_shape)
+    dims = tuple(range(1, d.dim() - len(shape)))
+    total = d.new_zeros(())
+    if weight is not None:
+        ones = x.new_ones(shape)
+        if isinstance(module, nn.LayerNorm):
+            x_hat = F.layer_norm(x, shape, ones, None, module.eps)
+        else:
+            x_hat = F.rms_norm(x, shape, ones, module.eps)
+        x_hat.mul_(d)
+        total = total + pnorm.explicit_sq(x_hat.sum(dims) if dims else x_hat, weight)
+    if bias is not None:
+        total = total + pnorm.explicit_sq(d.sum(dims) if dims else d, bias)
+    return total
+
+
+def _conv_psq(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor, d: torch.Tensor,
+              weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """A conv's `sum_i |g_i|_P^2`: the explicit per-example weight gradients (the backend's
+    grouped kernel, `_conv_per_example_grad`) in chunks of at most
+    `weighted.GRADIENT_BYTES`, weighted by P; the bias's from the output gradient summed over
+    positions."""
+    n = x.shape[0]
+    total = d.new_zeros(())
+    if bias is not None:
+        s = d.flatten(2).sum(2)  # (B, out)
+        total = total + pnorm.explicit_sq(s, bias)
+    if weight is not None:
+        chunk = max(1, pnorm.GRADIENT_BYTES // (d.element_size() * weight.numel()))
+        for start in range(0, n, chunk):
+            xs, ds = x[start:start + chunk], d[start:start + chunk]
+            grads = _conv_per_example_grad(module, xs, ds).reshape(xs.shape[0], *weight.shape)
+            total = total + pnorm.explicit_sq(grads, weight)
+    return total
 
 
 def _dot(x: torch.Tensor) -> torch.Tensor:

@@ -47,19 +47,44 @@ def preconditioner(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]
     """P over `params`, flattened in their order (fp32), from the optimizer's current state;
     None when some parameter has no state yet (before the first update) or the optimizer is
     not one of `ADAPTIVE`."""
+    parts = preconditioner_parts(optimizer, params)
+    return None if parts is None else torch.cat([part.reshape(-1) for part in parts])
+
+
+@torch.no_grad()
+def preconditioner_parts(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]
+                         ) -> list[torch.Tensor] | None:
+    """`preconditioner`, one fp32 tensor per parameter in its shape; Adam's family in a few
+    `foreach` ops for all parameters (per tensor on the CPU, each op costs microseconds)."""
     if not isinstance(optimizer, ADAPTIVE):
         return None
     groups = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+    adam = isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam))
     parts = []
+    moments, scales, eps = [], [], []
     for p in params:
         group, state = groups.get(id(p)), optimizer.state.get(p)
         if group is None or not state:
             return None
+        if adam:
+            v = state.get("max_exp_avg_sq") if group.get("amsgrad") else state.get("exp_avg_sq")
+            step = float(state["step"]) if v is not None else 0.0
+            if v is None or step < 1:
+                return None
+            moments.append(v.float())
+            scales.append(1.0 / (1.0 - group["betas"][1] ** step))
+            eps.append(float(group["eps"]))
+            continue
         diagonal = _diagonal(optimizer, group, state)
         if diagonal is None:
             return None
-        parts.append(diagonal.reshape(-1).float())
-    return torch.cat(parts)
+        parts.append(diagonal.float())
+    if adam:  # 1 / (sqrt(v / (1 - beta2^step)) + eps)
+        parts = list(torch._foreach_mul(moments, scales))
+        torch._foreach_sqrt_(parts)
+        torch._foreach_add_(parts, eps)
+        torch._foreach_reciprocal_(parts)
+    return parts
 
 
 def _diagonal(optimizer: torch.optim.Optimizer, group: dict, state: dict

@@ -10,7 +10,7 @@ import torch
 
 from gnsweep.measure.ddp import DdpHook, RankGrads
 from gnsweep.measure.microbatch import Increments
-from gnsweep.measure.precond import IDENTITY, kind, preconditioner
+from gnsweep.measure.precond import IDENTITY, kind, preconditioner, preconditioner_parts
 from gnsweep.measure.source import Sources, unscale
 from gnsweep.noise import NoiseEstimate, NoiseScaleEma, NormPair, undetermined, with_precond
 
@@ -44,20 +44,23 @@ class Preconditioned(Sources):
     def precondition(self, optimizer: torch.optim.Optimizer) -> None:
         """Measure B_simple_P (`b_simple_precond`) in `optimizer`'s diagonal preconditioner
         (`gnsweep.measure.precond`) beside B_simple. SGD: P = I, the same pairs as B_simple.
-        Adam-like: P does not factor through per-example norms' Gram form, so the P-norm pair
-        comes from micro-batches (eq. A.2 with b_small = B / k): the method's own where it
-        splits, else the loop splits measured steps (`wants_microbatches`) and the pair is
-        read from the increments of `.grad`. Under DDP each worker's gradient is weighted by
-        P in the communication hook (b_small = the worker's batch), as B_simple's is squared,
-        or in the parameter hooks under a DDP the monitor cannot hook (the Trainers',
-        accelerate). Not measured (NaN, said once) under FSDP, or for an optimizer without a
+        Adam-like: a source that weighs by P in its own hooks gives the P-norm pair (`weighs`,
+        P read by `weigh`): per-example norms where every measured parameter's layer has
+        P-norms (`gnsweep.measure.weighted`; b_small = 1, no split), and under DDP each
+        worker's gradient weighted by P in the communication hook (b_small = the worker's
+        batch), or in the parameter hooks under a DDP the monitor cannot hook (the Trainers',
+        accelerate). Elsewhere (parameters tied across layers, nn.MultiheadAttention measured
+        whole, parameters left to micro-batches) the pair comes from micro-batches (eq. A.2
+        with b_small = B / k): the method's own where it splits, else the loop splits
+        measured steps (`wants_microbatches`) and the pair is read from the increments of
+        `.grad`. Not measured (NaN, said once) under FSDP, or for an optimizer without a
         known diagonal P."""
         self.optimizer = optimizer
         self._precond_kind = kind(optimizer)
         if self._precond_kind is None:
             self.warn_once("precond", f"noise scale: {type(optimizer).__name__} has no known "
                            "diagonal preconditioner; b_simple_precond is not measured (NaN)")
-        elif self._precond_kind != IDENTITY and any(s.weighs for s in self.sources):
+        elif self._precond_kind != IDENTITY and self.method == "ddp":
             for source in self.sources:
                 if source.weighs:
                     cast(DdpHook | RankGrads, source).weigh = self._weights_by_parameter
@@ -66,28 +69,40 @@ class Preconditioned(Sources):
                            "FSDP yet (NaN); micro-batches or DDP measure it")
             self._precond_kind = None
         elif self._precond_kind != IDENTITY:
+            # Per-example sources with P-norms weigh in their own hooks (those `auto` may keep
+            # too); the increments measure it wherever the step is split instead.
+            candidates = getattr(self, "_candidates", {})
+            for source in [*self.sources, *(s for pair in candidates.values() for s in pair)]:
+                if source is not None and source.weighs:
+                    cast(Any, source).weigh = self._weights_by_parameter
             self._precond_increments = Increments(self.params)
 
     def _weights_by_parameter(self) -> dict[int, torch.Tensor] | None:
         """P as the optimizer holds it now, one flat fp32 tensor per measured parameter (by
         id); None before an adaptive optimizer's first update."""
         assert self.optimizer is not None
-        flat = preconditioner(self.optimizer, self.params)
-        if flat is None:
+        parts = preconditioner_parts(self.optimizer, self.params)
+        if parts is None:
             return None
-        return {id(p): part for p, part in
-                zip(self.params, flat.split([p.numel() for p in self.params]), strict=True)}
+        return {id(p): part.reshape(-1) for p, part in zip(self.params, parts, strict=True)}
+
+    @property
+    def _weighs_itself(self) -> bool:
+        """A source in use gives the P-norm pair from its own hooks (`weighs`)."""
+        return any(source.weighs for source in self.sources)
 
     @property
     def wants_microbatches(self) -> bool:
         """The preconditioned pair needs this step in micro-batches (`accumulate()` after
-        each): an adaptive optimizer and a method that does not split anyway."""
-        return self._precond_increments is not None and self.method != "microbatch"
+        each): an adaptive optimizer, a method that does not split anyway, and no source
+        that weighs by P itself."""
+        return self._precond_increments is not None and self.method != "microbatch" and \
+            not self._weighs_itself
 
     def _precond_source(self) -> Increments | None:
         """The micro-batch increments the P-norm pair is read from: the method's own when they
         cover every measured parameter (method microbatch), else the monitor's."""
-        if self._precond_increments is None:
+        if self._precond_increments is None or self._weighs_itself:
             return None
         own = self._source(Increments)
         if self.method == "microbatch" and own is not None:

@@ -106,6 +106,10 @@ class Tied:
                 self.modules.update(id(m) for m in group)
                 self.covered |= group_params
                 self.handles += [m.register_forward_hook(self._forward) for m in group]
+        sizes = {id(p): p.numel() for m in model.modules() for p in m.parameters(recurse=False)}
+        self.weighable = all(sizes[pid] <= WEIGHED_NUMEL for pid in self.covered)
+        """P-norms (an adaptive optimizer's preconditioner) are given for every covered
+        parameter (`totals`): each is at most `WEIGHED_NUMEL` elements."""
         self.reset()
 
     def reset(self) -> None:
@@ -145,6 +149,23 @@ class Tied:
         if bias is not None and bias.requires_grad:
             self.uses[id(bias)].append(_Use(d.new_ones(n, d.shape[1], 1), u=d))
 
+    def totals(self, weights: dict[int, torch.Tensor]
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(`total`, the same in the P-norm `sum_i |g_i|_P^2`), P by parameter id in `weights`
+        (flat), both from the explicit per-example gradients (the P-norm has no Gram form);
+        None before any use was captured."""
+        if not self.uses:
+            return None
+        device = next(iter(self.uses.values()))[0].v.device
+        with torch.no_grad(), fp32(device.type):
+            plain, weighted = [], []
+            for pid, uses in self.uses.items():
+                a, b = _explicit(uses, weights[pid])
+                assert b is not None
+                plain.append(a)
+                weighted.append(b)
+            return torch.stack(plain).sum(), torch.stack(weighted).sum()
+
     def total(self) -> torch.Tensor | None:
         """Sum over examples and shared parameters of the squared per-example gradient norm
         (of the captured loss); None before any use was captured."""
@@ -152,7 +173,7 @@ class Tied:
             return None
         device = next(iter(self.uses.values()))[0].v.device
         with torch.no_grad(), fp32(device.type):
-            parts = [_explicit(uses) if _explicit_cheaper(uses) else _gram(uses)
+            parts = [_explicit(uses)[0] if _explicit_cheaper(uses) else _gram(uses)
                      for uses in self.uses.values()]
             return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
 
@@ -181,21 +202,34 @@ embedding has one per example of vocabulary x width (154 MB for GPT-2's 50257 x 
 the batch goes through in chunks of examples."""
 
 
-def _explicit(uses: list[_Use]) -> torch.Tensor:
+WEIGHED_NUMEL = 1 << 16
+"""Most elements of a tied parameter whose P-norms (`Tied.totals`) the per-example hooks give:
+they need its explicit per-example gradients at every measured step (a batch of 128 of a
+65,536-element weight is 32 MB in fp32, built in chunks), where the Gram form of the plain norms
+needs none. A language model's tied embedding (GPT-2's 50257 x 768 is 590x that) is left to the
+micro-batch split, which costs a few flat copies of the gradients a step."""
+
+
+def _explicit(uses: list[_Use], weight: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`sum_i |g_i|^2` from the per-example gradients summed over the uses, (n, rows, cols),
     built a chunk of examples at a time (`EXPLICIT_BYTES`); a dense use's product first makes
-    a chunk's gradients (no zero fill)."""
+    a chunk's gradients (no zero fill); with `weight` (P of the parameter, any shape of its
+    numel) also `sum_i |g_i|_P^2`, else None."""
     dense = sorted(uses, key=lambda use: use.index is not None)
     first = dense[0]
     n, cols = first.v.shape[0], first.v.shape[2]
     rows = first.rows if first.u is None else first.u.shape[2]
     chunk = max(1, EXPLICIT_BYTES // (rows * cols * first.v.element_size()))
-    total = None
+    total = weighted = None
+    w = None if weight is None else weight.reshape(rows, cols).float()
     for start in range(0, n, chunk):
-        part = _explicit_sq([_slice(use, start, start + chunk) for use in dense])
+        part, p_part = _explicit_sq([_slice(use, start, start + chunk) for use in dense], w)
         total = part if total is None else total + part
+        if p_part is not None:
+            weighted = p_part if weighted is None else weighted + p_part
     assert total is not None
-    return total
+    return total, weighted
 
 
 def _slice(use: _Use, start: int, stop: int) -> _Use:
@@ -204,8 +238,10 @@ def _slice(use: _Use, start: int, stop: int) -> _Use:
                 None if use.index is None else use.index[start:stop], use.rows)
 
 
-def _explicit_sq(dense: list[_Use]) -> torch.Tensor:
-    """`sum_i |g_i|^2` of these examples' gradients, dense uses first."""
+def _explicit_sq(dense: list[_Use], weight: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sum_i |g_i|^2` of these examples' gradients, dense uses first, and with `weight`
+    (rows, cols) their P-norms."""
     first = dense[0]
     n, cols = first.v.shape[0], first.v.shape[2]
     if first.u is not None:
@@ -221,7 +257,9 @@ def _explicit_sq(dense: list[_Use]) -> torch.Tensor:
             assert use.u is not None
             grad.baddbmm_(use.u.transpose(1, 2), use.v)
     flat = grad.view(-1)
-    return torch.dot(flat, flat)
+    if weight is None:
+        return torch.dot(flat, flat), None
+    return torch.dot(flat, flat), torch.dot((grad * weight).view(-1), flat)
 
 
 def _gram(uses: list[_Use]) -> torch.Tensor:

@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.measure.choice import MICROBATCH_FROM, TIMED_STEPS
+from gnsweep.measure.shared import WEIGHED_NUMEL
 from gnsweep.training.backward import backward, pieces
 
 
@@ -142,6 +143,11 @@ def test_sequence_layers_switch_by_tokens_and_convolutions_by_examples():
         == "per_example"
     # A conv front-end under a transformer (speech): either rule switches it.
     assert cheaper_method(["Conv1d", "Linear"], 64, False, 1500)[0] == "microbatch"
+    # Hooks that weigh by Adam's P: per-position layers need explicit per-example gradients
+    # (micro-batches, however few tokens); layers on rows need none (per-example norms).
+    assert cheaper_method(["Embedding", "Linear"], 2, False, 4, weighted=True)[0] == \
+        "microbatch"
+    assert cheaper_method([], 4096, False, 0, weighted=True)[0] == "per_example"
     assert cheaper_method(["Conv1d", "Linear"], 16, False, 12)[0] == "per_example"
 
 
@@ -169,12 +175,36 @@ def test_the_monitor_counts_the_tokens_of_a_sequence_model():
         assert monitor.method == expected, (length, monitor.choice)
 
 
-def test_an_adaptive_optimizer_is_measured_with_the_microbatches_it_needs_anyway():
-    """Adam's preconditioned pair splits every measured step into micro-batches; per-example
-    hooks on top would only add, so auto keeps micro-batches, for B_simple too, whatever the
-    crossovers say (an MLP at a small batch would keep per-example norms under SGD)."""
+def test_an_adaptive_optimizer_keeps_per_example_norms_that_weigh_by_p():
+    """Under Adam the per-example hooks give the preconditioned pair themselves (every layer of
+    this MLP has P-norms): auto keeps per-example norms and no measured step is split."""
     torch.manual_seed(0)
     model = _mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    monitor = NoiseScaleMonitor(model, "auto", ema_steps=10, timed_auto=True,
+                                optimizer=optimizer)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2 + TIMED_STEPS):
+        x = torch.randn(16, 1, 6, 6, generator=gen)
+        y = torch.randint(0, 3, (16,), generator=gen)
+        optimizer.zero_grad()
+        assert monitor.microbatches(4, 16) == 1
+        F.cross_entropy(model(x), y).backward()
+        monitor.step()
+        optimizer.step()
+    monitor.close()
+    assert monitor.choice is not None and monitor.method == "per_example"
+    assert monitor.estimate is not None and monitor.estimate.b_small == 1.0
+    assert monitor.ema_precond.estimate().b_small == 1.0  # the hooks' P-norm pair
+
+
+def test_an_adaptive_optimizer_is_measured_with_the_microbatches_it_needs_anyway():
+    """A large weight tied across layers has no P-weighted per-example norms, so Adam's
+    preconditioned pair splits every measured step into micro-batches; per-example hooks on
+    top would only add, so auto keeps micro-batches, for B_simple too, whatever the crossovers
+    say (a small model at a small batch would keep per-example norms under SGD)."""
+    torch.manual_seed(0)
+    model = _tied()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     monitor = NoiseScaleMonitor(model, "auto", ema_steps=10, timed_auto=True,
                                 optimizer=optimizer)
@@ -198,10 +228,16 @@ def test_an_adaptive_optimizer_is_measured_with_the_microbatches_it_needs_anyway
     assert "b_simple_precond" in monitor.choice["reason"]
     assert monitor._per_example is None  # the per-example hooks are gone
     assert monitor.estimate is not None and monitor.estimate.b_small == 4.0  # 16 / 4 pieces
-    # The same model under SGD (no preconditioner) keeps per-example norms.
-    sgd, _, _ = _train(_mlp(), 16, 2)
-    assert sgd.method == "per_example"
 
+
+def _tied() -> nn.Module:
+    """An MLP whose two hidden layers share one weight (`measure.shared.Tied`) larger than
+    `shared.WEIGHED_NUMEL` (no P-weighted per-example norms)."""
+    width = 1 + int(WEIGHED_NUMEL ** 0.5)
+    first, second = nn.Linear(width, width), nn.Linear(width, width)
+    second.weight = first.weight
+    return nn.Sequential(nn.Flatten(), nn.Linear(36, width), nn.Tanh(), first, nn.Tanh(), second,
+                         nn.Tanh(), nn.Linear(width, 3))
 
 def test_a_split_step_chooses_microbatches_before_any_crossover():
     from gnsweep.measure.choice import cheaper_method

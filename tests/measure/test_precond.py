@@ -66,8 +66,8 @@ def test_adam_precond_matches_closed_form_on_linreg() -> None:
     model = task.model()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     warm = NoiseScaleMonitor(model, "per_example", ema_fraction=0.2, optimizer=optimizer)
-    assert warm.wants_microbatches  # per-example norms: P needs the micro-batch split
-    _train(warm, model, optimizer, task, steps=20, batch=32, k=4)
+    assert not warm.wants_microbatches  # the per-example hooks weigh by P themselves
+    _train(warm, model, optimizer, task, steps=20, batch=32, k=1)
     warm.close()
     p = preconditioner(optimizer, list(model.parameters()))
     assert p is not None and p.shape == (17,)
@@ -81,6 +81,12 @@ def test_adam_precond_matches_closed_form_on_linreg() -> None:
     assert abs(exact_p / exact - 1) > 0.3  # the two differ: the test tells them apart
     assert estimate.b_simple_precond == pytest.approx(exact_p, rel=0.1)
     assert estimate.b_simple == pytest.approx(exact, rel=0.1)
+    # The per-example hooks' P-norms (b_small = 1, no split) pool to the same closed form.
+    hooks = NoiseScaleMonitor(model, "per_example", ema_examples=math.inf, optimizer=optimizer)
+    _train(hooks, model, optimizer, task, steps=300, batch=64, k=1, update=False, seed=8)
+    estimate = hooks.estimate
+    assert estimate is not None and estimate.b_small == 1.0
+    assert estimate.b_simple_precond == pytest.approx(exact_p, rel=0.1)
 
 
 def test_adam_precond_with_per_example_norms_and_unknown_optimizer() -> None:
