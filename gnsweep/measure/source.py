@@ -158,10 +158,12 @@ class Sources:
         return next((s for s in self.sources if isinstance(s, kind)), None)
 
     def warn_once(self, key: str, message: str) -> None:
-        """Log `message` the first time `key` is seen (the keys are checkpointed)."""
+        """Log `message` the first time `key` is seen (the keys are checkpointed). In a sweep,
+        once per launch by `key` (`gnsweep.notices`): every run's monitor would say it, with its
+        own numbers."""
         if key not in self._warned:
             self._warned.add(key)
-            log.warning(message)
+            log.warning(message, extra={"once": f"noise monitor: {key}"})
 
     @contextmanager
     def _own_pass(self) -> Iterator[None]:
