@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import torch
 
+from gnsweep.measure.common import say_once
 from gnsweep.measure.ddp import DdpHook, RankGrads
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.precond import IDENTITY, kind, preconditioner, preconditioner_parts
@@ -165,8 +166,9 @@ class Preconditioned(Sources):
             estimate = self.ema_precond.estimate()
             self.estimate = with_precond(base, estimate)
             why = undetermined(estimate.g2, estimate.trace_sigma, estimate.b_simple_se)
-            if why is not None and why[0] == "negative":  # NaN (`with_precond`), said once
-                # (a single measurement, NaN at the first measured step only, goes unsaid)
-                self.warn_once(f"precond {why[0]}", "noise scale: b_simple_precond is NaN " +
-                               why[1].replace("|G|^2", "G^T P G").replace("tr(Sigma)",
-                                                                          "tr(P Sigma)"))
+            if why is not None and why[0] == "negative":  # NaN (`with_precond`), said once a
+                # process and a launch (a monitor per run would repeat it); a single
+                # measurement, NaN at the first measured step only, goes unsaid
+                said = why[1].replace("|G|^2", "G^T P G").replace("tr(Sigma)", "tr(P Sigma)")
+                say_once("precond negative", f"noise scale: b_simple_precond is NaN {said}",
+                         per_launch=True)
