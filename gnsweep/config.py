@@ -756,15 +756,14 @@ class Config:
         """The rules that span sections (each section checks its own values)."""
         world, method = self.executor.world_size(), self.noise.method
         script = self.task.name == SCRIPT
-        # A script trains and measures itself (its own DDP, its own monitor's options:
-        # `current_run().monitor(model, method=...)`, the callbacks): the noise section and the
-        # split of B over DDP processes are not gnsweep's to check, and a method set here would
-        # be ignored, so it is refused rather than silently dropped.
-        if script and method != "auto":
-            raise ConfigError(f"noise.method={method} with task=script: the script measures "
-                              "the noise scale itself (gnsweep.current_run().monitor(model, "
-                              "method=...), or the Hugging Face/Lightning callback); leave "
-                              "noise.method unset")
+        # A script trains itself (its own DDP): gnsweep measures it from inside its process
+        # (auto: its backward passes, `gnsweep.inscript`) or not at all (none); a method of
+        # gnsweep's own loop would be ignored, so it is refused rather than silently dropped.
+        if script and method not in ("auto", "none"):
+            raise ConfigError(f"noise.method={method} with task=script: gnsweep measures a "
+                              "script from its backward passes (noise.method=auto, the "
+                              "default) or not at all (none); a script may also measure "
+                              "itself (gnsweep.current_run().monitor(model, method=...))")
         # With DDP only the communication hook sees the per-worker gradients; without DDP
         # there is no hook.
         if not script and world > 1 and method not in ("auto", "ddp"):

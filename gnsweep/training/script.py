@@ -56,6 +56,7 @@ from gnsweep.measure.probe import overrun_steps
 from gnsweep.paths import RunPaths
 from gnsweep.runs import RunSpec
 from gnsweep.tasks import about
+from gnsweep.errors import ConfigError
 from gnsweep.tasks.script import (
     ENV_PREFIX,
     PLACEHOLDERS,
@@ -64,8 +65,10 @@ from gnsweep.tasks.script import (
     command_args,
     fill,
     log_format,
+    microbatch_size,
     pattern_columns,
 )
+from gnsweep.training import script_noise
 from gnsweep.training.loop import RunResult
 from gnsweep.training.watch import Diverged, LossWatch
 
@@ -99,6 +102,12 @@ def placeholder_values(config: Config, spec: RunSpec, run_path: Path, resume_ste
         "target": about(config.task).hardest(sweep.targets) if sweep.targets else "",
         "checkpoint_dir": str(RunPaths(run_path).checkpoints),
         "resume": int(resume_step > 0), "resume_step": resume_step, "attempt": attempt}
+    accumulation = ScriptOptions(**config.task.options).accumulation
+    try:
+        values.update(accumulation=accumulation,
+                      microbatch_size=microbatch_size(spec.batch_size, accumulation))
+    except ConfigError as err:
+        raise ScriptFailed(str(err)) from None
     assert set(values) == set(PLACEHOLDERS)
     return values
 
@@ -113,6 +122,9 @@ def environment(values: dict[str, Any], config: Config, options: ScriptOptions) 
     env[ENV_PREFIX + "LOG_SOURCE"] = source_of(options)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", str(config.executor.threads_per_worker))
+    env.update(script_noise.probe_environment(  # B_simple measured inside the script
+        config, values, options.examples_per_sample, options.accumulation,
+        Path(values["run_dir"])))
     return env
 
 
@@ -487,6 +499,8 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
     for fd in outputs.values():
         os.write(fd, f"--- gnsweep attempt {attempt}: {shlex.join(args)}\n".encode())
     child = Child(args, cwd, env)
+    probe = script_noise.ProbeRows(out_dir, options.examples_per_sample) \
+        if script_noise.measures(config) else None
     stopped = False
     error: ScriptFailed | None = None
 
@@ -532,6 +546,8 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
                         take(where, raw, restarted)
             except ScriptFailed as err:
                 error = error or err
+            if probe is not None:  # the probe's B_simple joins the rows not yet on disk
+                probe.join(rows.rows, rows.flushed)
             rows.flush()
             if child.ended():
                 break
@@ -575,13 +591,14 @@ def _finished(rows: RowLog, out_dir: Path) -> RunResult:
     """The run's end: metrics.parquet written, its result."""
     reason = rows.reason or "script ended"
     state = "diverged" if rows.diverged else "done"
+    measured = script_noise.finish(rows.config, out_dir, rows.rows, rows.per_sample)
     store.end_metrics(out_dir, rows.rows)
     logged = rows.rows["step"]
     return RunResult(state, int(logged[-1]) if logged else 0,
                      rows.diverged if rows.diverged else reason,
                      float(rows.rows["loss"][-1]) if logged else math.nan,
                      rows.wall_before + time.monotonic() - rows.started,
-                     {"method": "script", "reason": "measured by the script, if at all"},
+                     measured,
                      None, rows=len(logged), examples=int(rows.rows["examples"][-1])
                      if logged else None)
 
