@@ -151,8 +151,8 @@ class Probe:
             probe._guard(probe.skipped, optimizer)
             return zero(optimizer, *args, **kwargs)
 
-        cls.add_param_group = add_param_group  # type: ignore[method-assign]
-        cls.zero_grad = zero_grad  # type: ignore[method-assign]
+        cls.add_param_group = add_param_group  # type: ignore[method-assign,assignment]
+        cls.zero_grad = zero_grad  # type: ignore[method-assign,assignment]
         module.register_optimizer_step_pre_hook(
             lambda optimizer, args, kwargs: self._guard(self.before_step, optimizer))
 
@@ -345,6 +345,7 @@ def _sq_sum(grads: list[Any]) -> Any:
 
     if not grads:
         return None
+    norms: Any
     try:
         norms = torch._foreach_norm(grads)
     except (RuntimeError, TypeError):

@@ -51,12 +51,11 @@ from gnsweep.analysis.smoothing import (
     settled_at_or_below,
 )
 from gnsweep.config import Config
-from gnsweep.errors import ScriptFailed, StopRequested
+from gnsweep.errors import ConfigError, ScriptFailed, StopRequested
 from gnsweep.measure.probe import overrun_steps
 from gnsweep.paths import RunPaths
 from gnsweep.runs import RunSpec
 from gnsweep.tasks import about
-from gnsweep.errors import ConfigError
 from gnsweep.tasks.script import (
     ENV_PREFIX,
     PLACEHOLDERS,

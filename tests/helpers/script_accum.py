@@ -33,7 +33,11 @@ parser.add_argument("--scaler", action="store_true")
 parser.add_argument("--ddp", action="store_true")
 parser.add_argument("--sum", action="store_true")
 parser.add_argument("--clip", type=float, default=0.0)
+parser.add_argument("--scaled-seeds", default="",
+                    help="seeds run as --scaler --sum --clip=0.5 (two kinds in one sweep)")
 args = parser.parse_args()
+if str(args.seed) in args.scaled_seeds.split(","):
+    args.scaler, args.sum, args.clip = True, True, 0.5
 
 rank, world = 0, 1
 if args.ddp:
