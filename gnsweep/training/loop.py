@@ -44,7 +44,12 @@ from gnsweep.training.branch import start_branch
 from gnsweep.training.checkpoint import Checkpointer
 from gnsweep.training.data import mean_loss
 from gnsweep.training.recipe import clip_gradients, set_learning_rate
-from gnsweep.training.state import TrainState, build_run, fall_back_if_unsplittable
+from gnsweep.training.state import (
+    TrainState,
+    build_run,
+    fall_back_if_unsplittable,
+    ride_accumulation,
+)
 from gnsweep.training.watch import Diverged
 
 log = logging.getLogger("gnsweep.training")
@@ -150,6 +155,7 @@ def run(state: TrainState, out_dir: Path | None = None,
             n_examples = examples_of(task, batch) * world
             if state.step == 0:
                 fall_back_if_unsplittable(state, batch)
+                ride_accumulation(state, batch)  # micro-batches the step is cut into anyway
             state.per_sample = n_examples / size
             # This step's rate: where it brings the run (steps, examples) on the warmup and
             # decay, or the adaptive rule's eps(B).
