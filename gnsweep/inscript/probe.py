@@ -36,7 +36,6 @@ import json
 import math
 import os
 import sys
-from dataclasses import asdict
 from typing import Any
 
 from gnsweep.noise import NoiseScaleEma
@@ -122,7 +121,7 @@ class Probe:
         self.one_pass = 0
         self.passes: list[Any] = []
         """This step's backward passes: each one's squared gradient norm (a tensor)."""
-        self.pass_norms: list[Any] = []
+        self.pass_grads: list[Any] = []
         self.in_pass = False
         self.big: Any = None
         self.said: set[str] = set()
@@ -189,8 +188,10 @@ class Probe:
             if not self.in_pass:
                 self.in_pass = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._pass_ended)
-            self.pass_norms.append(torch.linalg.vector_norm(grad.detach(),
-                                                            dtype=torch.float32))
+            # Kept, not measured here: the pass's end takes every norm in one foreach call.
+            # The tensor is not written to before then (accumulation adds it into `.grad`, or
+            # takes it as `.grad` when there is none; DDP copies it into its buckets).
+            self.pass_grads.append(grad)
         except Exception as err:
             self.fail(err)
 
@@ -201,9 +202,9 @@ class Probe:
             import torch
 
             self.in_pass = False
-            if self.pass_norms:
-                self.passes.append(torch.stack(self.pass_norms).square().sum())
-            self.pass_norms = []
+            grads, self.pass_grads = self.pass_grads, []
+            if grads:
+                self.passes.append(_sq_sum(grads))
             torch.autograd.Variable._execution_engine.queue_callback(self._after_pass)
         except Exception as err:
             self.fail(err)
@@ -295,7 +296,7 @@ class Probe:
         estimate = self.ema.update(sq_small, sq_big, self.batch / total, self.batch,
                                    examples=self.batch)
         self.measured += 1
-        self.write({"step": self.base + self.steps, **asdict(estimate)})
+        self.write({"step": self.base + self.steps, **vars(estimate)})
 
     # ---- output ----------------------------------------------------------------------------
 
@@ -335,12 +336,13 @@ class Probe:
         for handle in self.handles:
             with contextlib.suppress(Exception):
                 handle.remove()
-        self.handles, self.passes, self.pass_norms = [], [], []
+        self.handles, self.passes, self.pass_grads = [], [], []
         self.say("off", why if not error or "probe" in why else f"not measured: {why}")
 
 
 def _sq_sum(grads: list[Any]) -> Any:
-    """Sum of the squared norms of `grads` (fp32 whatever their dtype)."""
+    """Sum of the squared norms of `grads` (fp32 whatever their dtype), in one foreach call
+    where it can."""
     import torch
 
     if not grads:
