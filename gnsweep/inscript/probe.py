@@ -349,9 +349,9 @@ def _sq_sum(grads: list[Any]) -> Any:
         return None
     norms: Any
     try:
-        norms = torch._foreach_norm(grads)
-    except (RuntimeError, TypeError):
-        norms = [torch.linalg.vector_norm(g) for g in grads]
+        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+    except (RuntimeError, TypeError):  # an older torch, or tensors it cannot group
+        norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
     return torch.stack([n.float() for n in norms]).square().sum()
 
 
