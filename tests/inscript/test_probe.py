@@ -160,3 +160,25 @@ def test_the_rows_join_by_step_in_the_tasks_unit_and_the_scripts_own_value_wins(
     assert rows["b_big"][1] == 16 * 32 and rows["g2"][1] == 1.0
     assert rows["trace_sigma"][1] == 3.0 * 32
     assert probe.notes == ["said"]
+
+
+@pytest.mark.process
+def test_the_startup_hook_chains_to_the_sitecustomize_it_hides(tmp_path):
+    """gnsweep's sitecustomize.py runs the interpreter's own (the next one on the path) and,
+    with the probe's settings in the environment, waits for torch.optim (no torch imported
+    at startup); without them it only chains."""
+    from gnsweep.training.script_noise import BOOT
+
+    own = tmp_path / "site"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import builtins\nbuiltins.OWN_SITE = True\n")
+    code = ("import builtins, sys\n"
+            "print(getattr(builtins, 'OWN_SITE', False), 'torch' in sys.modules,\n"
+            "      any(type(f).__name__ == '_Watch' for f in sys.meta_path))\n")
+    for settings, watching in (('{"rows": "x", "batch_size": 8}', "True"), ("", "False")):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BOOT), str(own), str(ROOT)]),
+               "GNSWEEP_NOISE_PROBE": settings}
+        done = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=env,
+                              timeout=60, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["True", "False", watching], done.stdout + done.stderr
