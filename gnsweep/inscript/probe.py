@@ -111,6 +111,9 @@ class Probe:
         self.on = True
         self.broken: str | None = None
         self.params: dict[int, Any] = {}
+        self.optimizers: set[int] = set()
+        """ids of the optimizers whose parameters are hooked: another one's step is not this
+        probe's (an optimizer built before the probe started)."""
         self.handles: list[Any] = []
         self.primary: Any = None
         self.base = 0
@@ -165,6 +168,7 @@ class Probe:
 
     def watch(self, optimizer: Any) -> None:
         """Hook each trainable parameter of `optimizer` not hooked yet."""
+        self.optimizers.add(id(optimizer))
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if id(p) in self.params or not getattr(p, "requires_grad", False):
@@ -226,7 +230,8 @@ class Probe:
     def skipped(self, optimizer: Any) -> None:
         """`zero_grad` with backward passes since the last step and no step: a step the script
         skipped (a GradScaler's inf), left out and counted."""
-        if self.passes and not self.in_pass and optimizer is (self.primary or optimizer):
+        if self.passes and not self.in_pass and optimizer is (self.primary or optimizer) \
+                and id(optimizer) in self.optimizers:
             self.steps += 1
             self._clear()
 
@@ -237,6 +242,8 @@ class Probe:
         """Close this step's pair (eq. A.2) and fold it into the EMAs; a row to the file."""
         import torch
 
+        if id(optimizer) not in self.optimizers:
+            return
         if self.primary is None:
             self.primary = optimizer
             self.base = _optimizer_steps(optimizer)
