@@ -123,7 +123,7 @@ class Probe:
         self.measured = 0
         self.one_pass = 0
         self.passes: list[Any] = []
-        """This step's backward passes: each one's squared gradient norm (a tensor)."""
+        """This step's backward passes: each one's gradient norms, a tensor a parameter."""
         self.pass_grads: list[Any] = []
         self.in_pass = False
         self.big: Any = None
@@ -212,8 +212,8 @@ class Probe:
 
             self.in_pass = False
             grads, self.pass_grads = self.pass_grads, []
-            if grads:
-                self.passes.append(_sq_sum(grads))
+            if grads:  # summed at the step, with the other passes' (fewer small ops)
+                self.passes.append(_norms(grads))
             if self.expected is None or len(self.passes) >= self.expected:
                 torch.autograd.Variable._execution_engine.queue_callback(self._after_pass)
         except Exception as err:
@@ -268,8 +268,9 @@ class Probe:
         ok = self.broken is None and big is not None and bool(passes)
         own = float(len(passes))
         local: Any = None
-        if ok:
-            local = torch.stack(passes).sum() * own * own
+        if ok:  # every pass of this rank has the factor own^2: one sum over all their norms
+            local = torch.stack([n for norms in passes for n in norms]).square().sum() \
+                * own * own
         if world > 1:
             device = big.device if big is not None else next(iter(self.params.values())).device
             pack = torch.stack([local.double().to(device) if ok else
@@ -356,19 +357,21 @@ class Probe:
         self.say("off", why if not error or "probe" in why else f"not measured: {why}")
 
 
-def _sq_sum(grads: list[Any]) -> Any:
-    """Sum of the squared norms of `grads` (fp32 whatever their dtype), in one foreach call
-    where it can."""
+def _norms(grads: list[Any]) -> Any:
+    """The norms of `grads` (fp32 whatever their dtype), in one foreach call where it can."""
     import torch
 
-    if not grads:
-        return None
-    norms: Any
     try:
-        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+        return torch._foreach_norm(grads, 2, dtype=torch.float32)
     except (RuntimeError, TypeError):  # an older torch, or tensors it cannot group
-        norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
-    return torch.stack([n.float() for n in norms]).square().sum()
+        return [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
+
+
+def _sq_sum(grads: list[Any]) -> Any:
+    """Sum of the squared norms of `grads`."""
+    import torch
+
+    return torch.stack(list(_norms(grads))).square().sum() if grads else None
 
 
 def _world() -> tuple[int, Any]:
