@@ -164,6 +164,11 @@ class AutoChoice(Sources):
             self._commit({"method": method, "reason": reason, "batch": None,
                           "step_seconds": None})
 
+    def rides_pieces(self, reason: str) -> None:
+        """The loop cuts every step into micro-batches anyway (`reason`: why, for the run's
+        status): `auto` measures from them from the first step on, a few norms a step."""
+        self.keep("microbatch", reason)
+
     def unsplittable(self) -> str | None:
         """The run's first batch cannot be cut along dim 0: this monitor's fallback. With
         `timed_auto` it keeps per-example norms (micro-batches are no candidate) and needs

@@ -231,9 +231,9 @@ def ride_accumulation(state: TrainState, batch: Any) -> None:
     micro-batch), which costs a few norms a step, instead of adding per-example hooks."""
     size, samples = state.config.train.microbatch_size, first_dim(batch)
     if size and samples and samples > size and split_batch(batch, 2) is not None:
-        state.monitor.keep("microbatch", f"train.microbatch_size={size} cuts each step of "
-                           f"{samples} samples into micro-batches anyway: B_simple from them "
-                           "costs a few norms a step")
+        state.monitor.rides_pieces(f"train.microbatch_size={size} cuts each step of {samples} "
+                                   "samples into micro-batches anyway: B_simple from them "
+                                   "costs a few norms a step")
 
 
 def _rebuilt_monitor(state: TrainState, method: str) -> NoiseScaleMonitor:
