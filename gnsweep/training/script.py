@@ -597,8 +597,8 @@ def _finished(rows: RowLog, out_dir: Path) -> RunResult:
                      rows.diverged if rows.diverged else reason,
                      float(rows.rows["loss"][-1]) if logged else math.nan,
                      rows.wall_before + time.monotonic() - rows.started,
-                     measured,
-                     None, rows=len(logged), examples=int(rows.rows["examples"][-1])
+                     measured, script_noise.nan_share(measured, rows.rows),
+                     rows=len(logged), examples=int(rows.rows["examples"][-1])
                      if logged else None)
 
 

@@ -26,6 +26,7 @@ from gnsweep.config import Config
 from gnsweep.inscript.probe import ENV
 from gnsweep.measure.common import say_once
 from gnsweep.noise import NoiseEstimate
+from gnsweep.runs import unmeasured_share
 from gnsweep.tables import METRICS_SCHEMA
 from gnsweep.training.backward import in_task_units
 
@@ -120,6 +121,15 @@ class ProbeRows:
             if found is not None:
                 for name, value in found.items():
                     rows[name][i] = value
+
+
+def nan_share(measured: dict[str, Any], rows: dict[str, list]) -> float | None:
+    """The share of the rows whose B_simple is NaN where the probe measured (the status'
+    `b_simple_nan_share`, which `gnsweep status` and `analyze` warn on); None where it was off,
+    by design."""
+    if measured.get("method") != "inscript":
+        return None
+    return unmeasured_share(list(rows["b_simple"]))
 
 
 def finish(config: Config, run_path: Path, rows: dict[str, list], per_sample: float

@@ -123,6 +123,7 @@ def test_a_script_without_accumulation_gets_nan_and_says_so_once(tmp_path):
             if "no second batch size" in line]
     assert len(said) == 1, said
     assert "no second batch size" in result.noise_method["reason"]
+    assert result.b_simple_nan_share == 1.0  # said by status and analyze as any run's NaN
 
 
 def test_noise_method_none_starts_no_probe_and_b_must_divide_into_micro_batches(tmp_path):
