@@ -140,9 +140,11 @@ def finish(config: Config, run_path: Path, rows: dict[str, list], per_sample: fl
         return {"method": "none", "reason": "noise.method=none: the script is not measured"}
     probe = ProbeRows(run_path, per_sample)
     probe.join(rows)
+    measured = sum(1 for value in rows["b_simple"] if math.isfinite(value))
+    if measured and not probe.by_step:  # its own monitor (current_run().monitor, a callback)
+        return {"method": "script", "reason": "the script logged its own b_simple"}
     for note in probe.notes:
         say_once(f"probe {note}", f"noise scale: run {run_path.name}: {note}", per_launch=True)
-    measured = sum(1 for value in rows["b_simple"] if math.isfinite(value))
     reason = probe.notes[0] if probe.notes else (
         f"measured in the script's process from its backward passes, {len(probe.by_step)} "
         "steps" if probe.by_step else "the script ran no optimizer step the probe saw")
