@@ -183,3 +183,17 @@ def test_the_startup_hook_chains_to_the_sitecustomize_it_hides(tmp_path):
                               timeout=60, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["True", "False", watching], done.stdout + done.stderr
+
+
+def test_launch_refuses_a_batch_that_does_not_divide_into_micro_batches(tmp_path):
+    from typer.testing import CliRunner
+
+    from gnsweep.cli import app
+
+    out = tmp_path / "sweep"
+    result = CliRunner().invoke(app, [
+        "launch", "--sweep-dir", str(out), "task=script", f"task.command={_command()}",
+        "task.accumulation=5", "sweep.batch_sizes=[40,48]", *GRID])
+    assert result.exit_code == 2, result.output
+    assert "48 does not divide into task.accumulation=5 micro-batches" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not out.exists()
