@@ -7,9 +7,10 @@ given to it (`add_param_group`), and registers a global optimizer-step pre-hook:
 
 - each backward pass: a hook on each parameter reads the gradient the pass computed, before
   it is accumulated into `.grad` (and before DDP all-reduces it), and adds its squared norm:
-  `|g_j|^2` of micro-batch j, up to the script's own scale; at the end of the pass (an autograd
-  engine callback queued behind DDP's own) `|.grad|^2` is the running sum's, after the last
-  pass the whole batch's `|G_big|^2` (under DDP, the all-reduced mean);
+  `|g_j|^2` of micro-batch j, up to the script's own scale (the norms of a pass in one foreach
+  call at its end); after the step's last pass (an autograd engine callback queued behind
+  DDP's own; once the passes a step are known, after that many only) `|.grad|^2` is the whole
+  batch's `|G_big|^2` (under DDP, the all-reduced mean);
 - each optimizer step closes the pair of eq. A.2: b_small = B / (the passes of the step over
   all ranks), b_big = B (the run's batch size, `{batch_size}`), `|G_small|^2` the mean over
   passes and ranks of `(passes of the rank)^2 |g_j|^2` (each pass adds its micro-batch's mean
