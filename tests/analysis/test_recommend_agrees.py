@@ -123,3 +123,28 @@ def test_recommend_cli_says_one_sequence(tmp_path):
     assert data["batch_size_low"] <= data["batch_size"] <= data["batch_size_high"]
     text = " ".join(lines(json.loads(json.dumps(data))))
     assert "(1 sequence a step)" in text and "1 sequences" not in text
+
+
+def test_an_edge_rate_moves_at_least_the_grid_factor(tmp_path):
+    """Rates a factor 2 apart at each batch size, but centred 15% apart from one batch size to
+    the next (as next grids leave them: their union is dense), and every best rate on the high
+    edge: the run beyond each edge is a factor 2 up, not 15%."""
+    rows = []
+    for i, b in enumerate((4, 8, 16, 32, 64)):
+        centre = 1.15 ** i
+        for lr in (centre / 2, centre, 2 * centre):
+            bowl = 1 + 0.3 * math.log2(lr / (4 * centre)) ** 2
+            rows.append((b, round(lr, 4), 1.0, 100 * (1 + 500 / b) * bowl))
+    table = tmp_path / "steps.csv"
+    pd.DataFrame(rows, columns=["batch_size", "learning_rate", "target", "steps"]).to_csv(
+        table, index=False)
+    result = CliRunner().invoke(app, ["analyze", "--table", str(table), "--out",
+                                      str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    rec = recommend(read_results(tmp_path / "out"), setting=Setting())
+    assert rec.next_grid is not None
+    edges = [r for r in rec.next_grid.runs if "high edge" in r.why]
+    assert len(edges) == 5
+    best = {b: round(2 * 1.15 ** i, 4) for i, b in enumerate((4, 8, 16, 32, 64))}
+    for run in edges:
+        assert run.learning_rate / best[run.batch_size] >= 2 * 0.99, run
