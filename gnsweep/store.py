@@ -74,6 +74,8 @@ SCRIPT_OUTPUT = ("stdout.log", "stderr.log")
 """A `task=script` run's command output, every attempt's, appended."""
 PLAN = "plan.json"
 """`gnsweep plan`'s record of its rounds."""
+ANSWERS = "answers.json"
+"""Each command's last answer and the runs it used (`gnsweep.answer_record`)."""
 NEXT_GRIDS = "next_grids.json"
 """`gnsweep plan DIR`'s record: its budget, its rounds of next grids, why it stopped."""
 SLURM = "slurm"
