@@ -278,8 +278,9 @@ def recommend(
         "--target", help="The target to recommend for (default: the hardest whose B_crit is "
                          "well determined).")] = None,
     prefer: Annotated[str, typer.Option(
-        "--prefer", help="time (4 B_crit), balanced (B_crit: 2 S_min, 2 E_min) or compute "
-                         "(B_crit/4).")] = "balanced",
+        "--prefer", help="time (4 B_crit: 1.25 S_min, 5 E_min), balanced (B_crit: 2 S_min, "
+                         "2 E_min) or compute (B_crit/4: 5 S_min, 1.25 E_min); eq. 2.11.")
+    ] = "balanced",
     as_json: Annotated[bool, typer.Option("--json", help="Print the recommendation as JSON.")
                        ] = False,
 ) -> None:

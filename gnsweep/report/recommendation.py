@@ -87,8 +87,8 @@ def summary(rec: dict[str, Any], what: str = "loss") -> str:
         interval = (f" (B_crit's 95% interval gives {rounded(lo)}..{rounded(hi)})"
                     if math.isfinite(lo) and math.isfinite(hi) else "")
         cost = (f"about {rounded(steps)} steps and {rounded(examples)} {unit} "
-                f"({_num(rec.get('steps_over_min')):.2g} S_min, "
-                f"{_num(rec.get('examples_over_min')):.2g} E_min, eq. 2.11)")
+                f"({_num(rec.get('steps_over_min')):.3g} S_min, "
+                f"{_num(rec.get('examples_over_min')):.3g} E_min, eq. 2.11)")
         if status == "fit":
             return (f"Train at {at} ({rec.get('prefer')}) with batch size {batch_text(rec)}"
                     f"{interval} and {lr_text(rec)}: {cost}.{clipped_text(rec)}")
