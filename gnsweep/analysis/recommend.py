@@ -455,6 +455,26 @@ def _below_smallest(row: Any, setting: Setting, rec: Recommendation) -> None:
         rec.reason += f"; {rec.lr_reason}"
 
 
+BELOW_ADVICE = "the sweep only bounds it, add batch sizes below"
+"""How the analysis's warning ends for a B_crit below its smallest batch size."""
+
+
+def floor_warnings(results: Results, setting: Setting) -> list[str]:
+    """The analysis's warnings, where a B_crit below the smallest batch size is at the smallest
+    batch a run can take (nothing smaller can run): said so instead of "add batch sizes below"."""
+    out = []
+    for warning in results.warnings:
+        if BELOW_ADVICE in warning and warning.startswith("target "):
+            target = float(warning.split(":")[0].removeprefix("target "))
+            rows = _target_rows(results.front, target)
+            if len(rows) and float(rows["batch_size"].min()) <= setting.smallest * (1 + 1e-9):
+                warning = warning.replace(BELOW_ADVICE, (
+                    "no smaller batch can run (one sample per process): every batch from there "
+                    "up takes about the same steps; choose the batch size for throughput"))
+        out.append(warning)
+    return out
+
+
 def _learning_rate(results: Results, row: Any, rec: Recommendation) -> None:
     """The learning rate at rec.batch_size (module doc): fills learning_rate[_low/_high],
     lr_status and lr_reason."""

@@ -17,8 +17,9 @@ from gnsweep.analysis.adaptive import analyze_adaptive, split_adaptive
 from gnsweep.analysis.along import compare_schedule, split_along
 from gnsweep.analysis.pipeline import AnalysisError, analyze_tables
 from gnsweep.analysis.recipe import recipe_warnings
-from gnsweep.analysis.recommend import recommend
+from gnsweep.analysis.recommend import floor_warnings, recommend
 from gnsweep.analysis.results import Results
+from gnsweep.analysis.setting import Setting
 from gnsweep.analysis.steps import Curves
 from gnsweep.answer_record import runs_on_record
 from gnsweep.commands import Echo
@@ -143,6 +144,7 @@ def analyze_sweep(sweep_dir: Path | SweepFolder, loss: str | None = None,
     analysis.warnings += unreadable_warnings(sweep_dir)
     if config.noise.method != "none":  # measurement off: B_simple absent by design
         analysis.warnings += unmeasured_warnings(curves)
+    analysis.warnings = floor_warnings(analysis, Setting.from_meta(analysis.meta))
     analysis.recommendation = recommend(analysis).to_json()
     if write:
         write_outputs(out_dir or sweep_dir, analysis)
@@ -296,6 +298,7 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
                                ema_examples=ema_examples, bootstrap=bootstrap or 0,
                                optimizer=optimizer, group_by=group_by)
         if group_by is None:  # one workload: one decision
+            result.warnings = floor_warnings(result, Setting.from_meta(result.meta))
             result.recommendation = recommend(result).to_json()
         write_outputs(out, result)
     else:

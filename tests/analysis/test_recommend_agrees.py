@@ -98,6 +98,8 @@ def test_a_bcrit_below_the_smallest_batch_is_said_in_words_with_the_measured_rat
         assert "smaller batch sizes" not in text and "learning rate 2" in text
     paragraphs = " ".join(answers(results.fits, results.front, smallest=1.0))
     assert "Add smaller" not in paragraphs and "throughput" in paragraphs
+    assert not any("add batch sizes below" in w for w in results.warnings)
+    assert any("no smaller batch can run" in w for w in results.warnings)
 
 
 def test_no_next_grid_below_the_data_parallel_size(tmp_path):
