@@ -562,7 +562,8 @@ def lr_interval(batch_sizes: np.ndarray, lrs: np.ndarray, b: float,
     """95% interval of eps_opt(b) from the eq. 2.7 fit to (batch_sizes, lrs): the delta method
     on log eps_opt with the fit's covariance sigma^2 (J^T J)^-1 (sigma^2 = RSS / dof), or, with
     `bootstrap` > 0, percentiles of a residual bootstrap of that many refits (at most
-    MAX_LR_BOOTSTRAP). NaN where the fit has no degrees of freedom left."""
+    MAX_LR_BOOTSTRAP; used only where it holds eps_opt(b) itself). NaN where the fit has no
+    degrees of freedom left."""
     eps_max, b_noise, alpha = params
     n_params = 3 if model == "power" else 2
     ok = np.isfinite(batch_sizes) & np.isfinite(lrs) & (batch_sizes > 0) & (lrs > 0)
@@ -588,9 +589,11 @@ def lr_interval(batch_sizes: np.ndarray, lrs: np.ndarray, b: float,
             except FitRefused:
                 continue
             draws.append(float(lr_law.eps_opt(b, fit.eps_max, fit.b_noise, fit.alpha)))
+        centre_lr = float(lr_law.eps_opt(b, eps_max, b_noise, alpha))
         if len(draws) >= 20:
             lo, hi = np.percentile(draws, (2.5, 97.5))
-            return float(lo), float(hi)
+            if lo <= centre_lr <= hi:  # else the delta method's, which holds its value
+                return float(lo), float(hi)
     step = 1e-6
     jac = np.empty((len(x), n_params))
     grad = np.empty(n_params)
