@@ -53,6 +53,10 @@ ENV_PREFIX = "GNSWEEP_"
 LOG_FORMATS = ("auto", "csv", "jsonl")
 REQUIRED = ("step", "loss")
 """The columns every row must have: the optimizer step and the training loss (batch mean)."""
+EPOCH_COLUMNS = ("epoch", "total")
+"""What a log may give beyond the metrics columns (a pattern's named groups, a log file's
+columns): the epoch a row belongs to, whose `step` then counts within the epoch, and the steps
+an epoch has (`gnsweep.training.epochs`)."""
 
 
 @dataclass
@@ -156,9 +160,9 @@ def metrics_columns() -> tuple[str, ...]:
 
 
 def _metrics_column(name: str, where: str) -> None:
-    if name not in metrics_columns():
+    if name not in metrics_columns() and name not in EPOCH_COLUMNS:
         raise ConfigError(f"{where}: {name!r} is not a metrics column; known: "
-                          f"{', '.join(metrics_columns())}")
+                          f"{', '.join((*metrics_columns(), *EPOCH_COLUMNS))}")
 
 
 def example_values() -> dict[str, Any]:
@@ -221,6 +225,10 @@ def pattern_columns(pattern: str) -> re.Pattern[str]:
                           "e.g. 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\deE]+)'")
     for name in compiled.groupindex:
         _metrics_column(name, "task.log_pattern group")
+    if "total" in compiled.groupindex and "epoch" not in compiled.groupindex:
+        raise ConfigError("task.log_pattern: a total group (the steps an epoch has) needs an "
+                          "epoch group, e.g. 'epoch (?P<epoch>\\d+) \\| (?P<step>\\d+)/"
+                          "(?P<total>\\d+) batches'")
     return compiled
 
 
