@@ -356,13 +356,25 @@ def plot(
 @app.command()
 def report(
     sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder written by `gnsweep launch`.")],
+    watch: Annotated[bool, typer.Option(
+        "--watch", help="Keep report.html current while the sweep runs: progress and every "
+                        "run's loss curve so far, the page reloading itself; ends when no run "
+                        "is left to run, or on Ctrl-C.")] = False,
+    every: Annotated[float, typer.Option(
+        "--every", min=0.5, help="With --watch: seconds between two looks.")] = 5.0,
 ) -> None:
     """Write DIR/report.html: the answer per target, warnings, fits, figures, grid, config.
 
     One self-contained file (figures embedded): open it in a browser or send it around.
     Runs `gnsweep analyze` first when its tables are missing.
     Example: gnsweep report runs/digits
+    Live, while a launch runs: gnsweep report runs/digits --watch
     """
+    if watch:
+        from gnsweep.commands.watch import watch as keep_current
+
+        keep_current(sweep_dir, every, typer.echo)
+        return
     from gnsweep.commands.report import run
 
     run(sweep_dir, typer.echo)

@@ -16,7 +16,7 @@ from gnsweep import store
 from gnsweep.analysis.adaptive import analyze_adaptive, split_adaptive
 from gnsweep.analysis.along import compare_schedule, split_along
 from gnsweep.analysis.pipeline import AnalysisError, analyze_tables
-from gnsweep.analysis.recipe import recipe_warnings
+from gnsweep.analysis.recipe import recipe_of, recipe_warnings
 from gnsweep.analysis.recommend import recommend
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.steps import Curves
@@ -82,7 +82,8 @@ def analyze_sweep(sweep_dir: Path | SweepFolder, loss: str | None = None,
     if bootstrap is None:
         bootstrap = config.analysis.bootstrap
     analysis = analyze_tables(None, fixed, chosen, loss=loss, ema_examples=ema_examples,
-                              bootstrap=bootstrap, optimizer=config.train.optimizer,
+                              bootstrap=bootstrap,
+                              optimizer=recipe_of(config).optimizer or "sgd",
                               source=str(sweep_dir), direction=task.direction)
     # The targets analysed: chosen from the runs, or the given ones that some run reached.
     targets = [float(t) for t in analysis.fits["target"]]

@@ -98,13 +98,24 @@ class ScriptOptions:
     cwd: str = ""
     """The folder the command runs in: the one `gnsweep launch` was started from (recorded
     at launch when not given)."""
+    optimizer: str = ""
+    """The script's optimizer as you name it (sgd, momentum, adam, adamw, lion...; empty:
+    not said). gnsweep does not train a script, so its own `train.*` settings describe
+    nothing here: this is what the report shows, and what decides whether the learning-rate
+    law of plain SGD (eq. 2.7) applies."""
+    grad_clip: float | None = None
+    """The gradient-norm clipping the script applies (0: none; unset: not said)."""
+    schedule: str = ""
+    """The script's learning-rate schedule in your words (constant, cosine, warmup 2000
+    steps then cosine...; empty: not said)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.command, str) or not self.command.strip():
             raise ConfigError("task=script needs the command to run: task.command='python "
                               "train.py --batch_size={batch_size} --lr={learning_rate}' "
                               "(docs/scripts.md)")
-        for name in ("log_pattern", "log_file", "resume_args", "cwd", "unit", "log_format"):
+        for name in ("log_pattern", "log_file", "resume_args", "cwd", "unit", "log_format",
+                     "optimizer", "schedule"):
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(f"task.{name}: {getattr(self, name)!r} must be a string")
         command_args(self.command, "task.command")
@@ -146,6 +157,13 @@ class ScriptOptions:
         if isinstance(self.step_offset, bool) or not isinstance(self.step_offset, int):
             raise ConfigError(f"task.step_offset: {self.step_offset!r} must be an integer "
                               "(1 for a script whose first step is 0)")
+        if self.grad_clip is not None:
+            if isinstance(self.grad_clip, bool) or not isinstance(self.grad_clip, (int, float)) \
+                    or not (math.isfinite(self.grad_clip) and self.grad_clip >= 0):
+                raise ConfigError(f"task.grad_clip: {self.grad_clip!r} must be a number >= 0 "
+                                  "(the norm the script clips gradients at; 0: no clipping)")
+            self.grad_clip = float(self.grad_clip)
+        self.optimizer = self.optimizer.strip().lower()
         if isinstance(self.stderr_lines, bool) or not isinstance(self.stderr_lines, int) \
                 or self.stderr_lines < 0:
             raise ConfigError(f"task.stderr_lines: {self.stderr_lines!r} must be an integer "
