@@ -32,6 +32,7 @@ parser.add_argument("--log-interval", type=int, default=10, metavar="N", help="r
 parser.add_argument("--tokens", type=int, default=20000, help="training tokens")
 parser.add_argument("--vocab", type=int, default=16)
 parser.add_argument("--save", type=str, default="model.npy", help="path to save the model")
+parser.add_argument("--sleep", type=float, default=0.0, help="seconds to wait after each line")
 args = parser.parse_args()
 
 # The corpus: one fixed chain for every run (the data), sampled once.
@@ -87,12 +88,13 @@ for epoch in range(1, args.epochs + 1):
         if batch % args.log_interval == 0 and batch > 0:
             cur_loss = total_loss / args.log_interval
             elapsed = time.time() - start_time
-            print("| epoch {:3d} | {:5d}/{:5d} batches | lr {:02.2f} | ms/batch {:5.2f} | "
-                  "loss {:5.2f} | ppl {:8.2f}".format(
-                      epoch, batch, batches, lr, elapsed * 1000 / args.log_interval, cur_loss,
-                      math.exp(cur_loss)), flush=True)
+            ms = elapsed * 1000 / args.log_interval
+            print(f"| epoch {epoch:3d} | {batch:5d}/{batches:5d} batches | lr {lr:02.2f} | "
+                  f"ms/batch {ms:5.2f} | loss {cur_loss:5.2f} | ppl {math.exp(cur_loss):8.2f}",
+                  flush=True)
             total_loss = 0.0
             start_time = time.time()
+            time.sleep(args.sleep)
     print("-" * 89)
     print(f"| end of epoch {epoch:3d} |")
     print("-" * 89)
