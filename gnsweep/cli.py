@@ -367,17 +367,11 @@ def report(
 
     One self-contained file (figures embedded): open it in a browser or send it around.
     Runs `gnsweep analyze` first when its tables are missing.
-    Example: gnsweep report runs/digits
-    Live, while a launch runs: gnsweep report runs/digits --watch
+    Example: gnsweep report runs/digits (live, while a launch runs: --watch)
     """
-    if watch:
-        from gnsweep.commands.watch import watch as keep_current
+    from gnsweep.commands.watch import report_once_or_watch
 
-        keep_current(sweep_dir, every, typer.echo)
-        return
-    from gnsweep.commands.report import run
-
-    run(sweep_dir, typer.echo)
+    report_once_or_watch(sweep_dir, typer.echo, watch, every)
 
 
 @app.command()

@@ -97,3 +97,13 @@ def watch(sweep_dir: Path, every: float, echo: Echo,
             sleep(every)
     except KeyboardInterrupt:
         echo(f"stopped watching; the last page: {page}")
+
+
+def report_once_or_watch(sweep_dir: Path, echo: Echo, watch_it: bool, every: float) -> None:
+    """`gnsweep report DIR [--watch]`: the report written once, or kept current."""
+    if watch_it:
+        watch(sweep_dir, every, echo)
+        return
+    from gnsweep.commands.report import run
+
+    run(sweep_dir, echo)
