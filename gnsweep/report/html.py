@@ -81,6 +81,11 @@ pre { background: #f7f7f7; padding: 0.7em; font-size: 0.82em; overflow-x: auto; 
 """
 
 
+PAGE_WIDE_PX = 1300
+"""A figure this many pixels wide was drawn a page wide (report.figures.PAGE inches at 200
+dpi is 1400): the report shows it across the page."""
+
+
 def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
@@ -412,7 +417,9 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
             skipped.append(f"{name}: {item}")
             continue
         width, height = png_size(item)
-        wide = " class=wide" if width > 1.6 * height else ""
+        # A wide figure, or one drawn a page wide (a grid with many rows), takes the full width:
+        # in half of it its text would be too small to read.
+        wide = " class=wide" if width > 1.6 * height or width >= PAGE_WIDE_PX else ""
         data = base64.b64encode(item).decode("ascii")
         caption = captions.get(name, name)
         parts.append(f"<figure{wide} id={esc(name)}><img alt='{esc(caption)}' "
