@@ -240,8 +240,12 @@ def branch_budget(config: Config, batch_size: int) -> tuple[int, int]:
 
 def run_record(config: Config, spec: RunSpec) -> dict[str, Any]:
     """What a worker needs to train one run, as JSON: the sweep's resolved config (secrets
-    masked, `gnsweep.redact`) and the grid point."""
-    return {"run_id": spec.run_id, "run": asdict(spec), "config": redact.config(config.to_dict())}
+    masked, `gnsweep.redact`) and the grid point. A script run's has no `train` section: gnsweep's
+    own loop's recipe describes nothing its command does (its recipe is `task.optimizer` ...)."""
+    written = config.to_dict()
+    if config.task.name == tasks.SCRIPT:
+        written.pop("train", None)
+    return {"run_id": spec.run_id, "run": asdict(spec), "config": redact.config(written)}
 
 
 def parse_spec(data: Any, where: Path | str) -> RunSpec:
