@@ -69,7 +69,8 @@ class ScriptOptions:
     log_pattern: str = ""
     """A regular expression matched (re.search) against each line the command prints (stdout
     and stderr), with named groups `step` and `loss` and optionally other metrics columns
-    (`examples`, `eval_loss`, `lr`, `grad_norm` ...). Lines that do not match are ignored."""
+    (`examples`, `eval_loss`, `lr`, `grad_norm` ...), and `epoch` (the step then counts within
+    its epoch) with `total` (the steps an epoch has). Lines that do not match are ignored."""
     log_file: str = ""
     """A CSV (header line first) or JSON-lines file the command writes, one row a line; may
     hold placeholders (`{run_dir}/log.csv`); relative to `cwd`."""
