@@ -340,12 +340,12 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config | No
         f"<h1>{esc(title)}</h1>",
         "<p class=meta>Critical batch size from a batch size x learning rate sweep "
         "(McCandlish et al. 2018, eq. 2.11-2.12). Written by <code>gnsweep report</code>.</p>",
-        *(live or []),
     ]
     law = lr_law(config)[1] if config is not None else ""
     if config is not None and config.task.name == SCRIPT:
         command = redact.text(str(config.task.options.get("command", "")))
         parts.append(f"<p class=meta id=command>Command: <code>{esc(command)}</code></p>")
+    parts += live or []
     along_caption = ""
     if len(tables.along):
         from gnsweep.report.figures import ALONG_FIGURE
