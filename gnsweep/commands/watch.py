@@ -21,6 +21,10 @@ from gnsweep.folder import SweepFolder, live_metrics
 
 DEFAULT_EVERY = 5.0
 """Seconds between two looks at the sweep (and the page's reload period)."""
+BUSY_SHARE = 0.5
+"""The share of the time the watch may spend writing pages: a page that took t seconds (the
+analysis and every figure) is written again no sooner than t / BUSY_SHARE later, so that a
+watch beside a sweep never takes the CPU its runs train on."""
 
 
 def curves_of(folder: SweepFolder, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -81,13 +85,16 @@ def watch(sweep_dir: Path, every: float, echo: Echo,
     echo(f"watching {sweep_dir}: {page} (written when a run moves; Ctrl-C to stop)")
     seen: Any = None
     said = ""
+    not_before = 0.0
     try:
         while True:
             rows = sweep_status(sweep_dir)
             over = not any(r["state"] in LIVE_STATES for r in rows)
             moved = [(r["run_id"], r["state"], r["step"]) for r in rows]
-            if moved != seen:
+            if moved != seen and (over or time.monotonic() >= not_before):
+                started = time.monotonic()
                 reason = write_page(sweep_dir, rows, every, over)
+                not_before = started + (time.monotonic() - started) / BUSY_SHARE
                 if reason and reason != said:
                     echo(f"no answer yet: {reason}", err=True)
                 said, seen = reason, moved

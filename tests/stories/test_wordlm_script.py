@@ -51,8 +51,8 @@ def _batches(batch_size: int, tokens: int = 20000, bptt: int = 8) -> int:
 @pytest.mark.slow
 def test_an_epoch_counter_sweeps_to_a_recommendation_with_the_recipe_shown(tmp_path):
     sweep_dir = tmp_path / "wordlm"
-    done = _launch(sweep_dir, *RECIPE, "sweep.batch_sizes=[1,4,16,64]",
-                   "sweep.learning_rates=[3,10,30]", "sweep.max_steps=600",
+    done = _launch(sweep_dir, *RECIPE, "sweep.batch_sizes=[2,8,64]",
+                   "sweep.learning_rates=[3,10,30]", "sweep.max_steps=400",
                    "executor.workers=2")
     assert done.returncode == 0, done.stderr[-3000:]
     for run_id in store.run_ids(sweep_dir):
@@ -65,7 +65,7 @@ def test_an_epoch_counter_sweeps_to_a_recommendation_with_the_recipe_shown(tmp_p
     per_epoch = _batches(64)
     steps = table.column("step").to_pylist()
     expected = [e * per_epoch + b + 1 for e in range(40) for b in (10, 20, 30)]
-    assert steps == [s for s in expected if s <= steps[-1]] and steps[-1] >= 600 - 10
+    assert steps == [s for s in expected if s <= steps[-1]] and steps[-1] >= 400 - 10
     assert table.column("examples").to_pylist()[0] == 11 * 64 * 8
 
     analysed = runner.invoke(app, ["analyze", str(sweep_dir)])
@@ -102,14 +102,27 @@ def test_failures_that_would_repeat_are_tried_once_and_said_whole(tmp_path):
     # The whole reason, wrapped over lines: every word of it is there, in order.
     assert " ".join(shown.output.split()).count(" ".join(status["error"].split())) == 1
 
-    # A bad-input exit (argparse's usage error, exit 2) repeats too; a crash would be retried.
-    bad = tmp_path / "badinput"
-    done = _launch(bad, "sweep.batch_sizes=[64]", "sweep.learning_rates=[10]",
-                   "sweep.max_retries=2", command=COMMAND + " --no-such-flag")
-    (run_id,) = store.run_ids(bad)
-    status = store.read_status(store.run_dir(bad, run_id))
-    assert status["state"] == "failed" and status["attempts"] == 1
-    assert "exit status 2: script_wordlm.py: error: unrecognized arguments" in status["error"]
+
+@pytest.mark.process
+@pytest.mark.parametrize(("args", "repeats", "said"), [
+    (["--no-such-flag"], True, "exit status 2: script_wordlm.py: error: unrecognized arguments"),
+    (["--tokens", "-1"], False, "exit status 1: "),  # a crash (numpy refuses): retried
+])
+def test_a_bad_input_exit_repeats_and_a_crash_may_not(tmp_path, args, repeats, said):
+    from gnsweep.config import Config
+    from gnsweep.errors import ScriptFailed
+    from gnsweep.runs import RunSpec
+    from gnsweep.training.script import run_script
+
+    command = " ".join([COMMAND.replace(" --epochs 40", " --epochs 1"), *args])
+    config = Config.from_dict({"task": {"name": "script", "command": command,
+                                        "log_pattern": PATTERN, "cwd": str(tmp_path)},
+                               "sweep": {"batch_sizes": [64], "learning_rates": [10.0]}})
+    run_dir = tmp_path / "sweep" / "runs" / "b00064_lr10_s0"
+    run_dir.mkdir(parents=True)
+    with pytest.raises(ScriptFailed) as failed:
+        run_script(config, RunSpec(64, 10.0), run_dir)
+    assert failed.value.repeats is repeats and said in str(failed.value)
 
 
 def _chromium() -> str:
@@ -127,12 +140,12 @@ def test_the_live_view_shows_progress_and_curves_in_a_browser(tmp_path):
     sweep_dir = tmp_path / "live"
     launcher = subprocess.Popen(
         [PY, "-m", "gnsweep", "launch", "--sweep-dir", str(sweep_dir), "-q", "task=script",
-         f"task.command={COMMAND} --sleep 0.05", f"task.log_pattern={PATTERN}", *RECIPE,
-         "sweep.batch_sizes=[16,64]", "sweep.learning_rates=[10,30]", "sweep.max_steps=400",
+         f"task.command={COMMAND} --sleep 0.3", f"task.log_pattern={PATTERN}", *RECIPE,
+         "sweep.batch_sizes=[16,64]", "sweep.learning_rates=[10]", "sweep.max_steps=600",
          "executor.workers=1"], cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240
         while not (sweep_dir / "config.yaml").exists():
             assert time.monotonic() < deadline and launcher.poll() is None
             time.sleep(0.1)
@@ -159,7 +172,7 @@ def test_the_live_view_shows_progress_and_curves_in_a_browser(tmp_path):
                               "--virtual-time-budget=500", "--dump-dom", snapshot.as_uri()],
                              capture_output=True, text=True, timeout=120)
         assert dom.returncode == 0, dom.stderr[-2000:]
-        assert 'id="progress"' in dom.stdout and "4 runs:" in dom.stdout
+        assert 'id="progress"' in dom.stdout and "2 runs:" in dom.stdout
         assert 'data-images-loaded="' in dom.stdout
         loaded = int(dom.stdout.split('data-images-loaded="')[1].split('"')[0])
         assert loaded >= 1  # the curves figure decoded in the browser
