@@ -362,16 +362,22 @@ def plot(
 @app.command()
 def report(
     sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder written by `gnsweep launch`.")],
+    watch: Annotated[bool, typer.Option(
+        "--watch", help="Keep report.html current while the sweep runs: progress and every "
+                        "run's loss curve so far, the page reloading itself; ends when no run "
+                        "is left to run, or on Ctrl-C.")] = False,
+    every: Annotated[float, typer.Option(
+        "--every", min=0.5, help="With --watch: seconds between two looks.")] = 5.0,
 ) -> None:
     """Write DIR/report.html: the answer per target, warnings, fits, figures, grid, config.
 
     One self-contained file (figures embedded): open it in a browser or send it around.
     Runs `gnsweep analyze` first when its tables are missing.
-    Example: gnsweep report runs/digits
+    Example: gnsweep report runs/digits (live, while a launch runs: --watch)
     """
-    from gnsweep.commands.report import run
+    from gnsweep.commands.watch import report_once_or_watch
 
-    run(sweep_dir, typer.echo)
+    report_once_or_watch(sweep_dir, typer.echo, watch, every)
 
 
 @app.command()
