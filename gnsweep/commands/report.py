@@ -18,6 +18,16 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
 
     The folder is a sweep, or the output of `gnsweep analyze --table` (one section per group
     when it was grouped; skipped figures and notes are then named `<group>/<figure>`)."""
+    text, skipped, notes = report_text(sweep_dir)
+    path = SweepPaths(sweep_dir).report
+    store.write_text(path, text)
+    return path, skipped, notes
+
+
+def report_text(sweep_dir: Path, live: list[str] | None = None, refresh: float | None = None
+                ) -> tuple[str, dict[str, str], list[str]]:
+    """The report's HTML, its skipped figures and its notes (`write_report`); `live` and
+    `refresh`: the live view's section and reload period (`gnsweep.commands.watch`)."""
     import json
 
     from gnsweep.analysis.groups import split
@@ -73,13 +83,12 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
     title = f"gnsweep report: {name} ({sweep_dir})"
     if list(sections) == [""]:
         part, figures, notes = sections[""]
-        text = render(tables, figures, config, config_text, title, notes, along_figures=along)
+        text = render(tables, figures, config, config_text, title, notes, along_figures=along,
+                      live=live, refresh=refresh)
     else:
         text = render(tables, {}, config, config_text, title, groups=sections,
-                      along_figures=along)
-    path = SweepPaths(sweep_dir).report
-    store.write_text(path, text)
-    return path, skipped, all_notes
+                      along_figures=along, live=live, refresh=refresh)
+    return text, skipped, all_notes
 
 
 def run(sweep_dir: Path, echo: Echo) -> None:

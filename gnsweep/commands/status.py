@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,12 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
     from gnsweep.executors import claims, requeues, unrecorded_error
     from gnsweep.executors.slurm import job_ids, queue_states
 
-    SweepFolder.open(sweep_dir)  # run files checked against config.yaml, as every reader does
+    # Run files checked against config.yaml, as every reader does.
+    specs = SweepFolder.open(sweep_dir).specs
     submitted = job_ids(sweep_dir)
     queued = queue_states(list(submitted.values()))
     rows = []
-    for run_id in store.run_ids(sweep_dir):
+    for run_id in sorted(store.run_ids(sweep_dir), key=lambda r: grid_order(r, specs)):
         path = store.run_dir(sweep_dir, run_id)
         status = read_state(path)
         state, job = status.state.value, status.slurm_job_id or submitted.get(run_id)
@@ -69,6 +71,15 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
                      "b_simple_nan_share": None, "step": None, "examples": None,
                      "loss_smooth": None})
     return rows
+
+
+def grid_order(run_id: str, specs: dict[str, Any]) -> tuple[Any, ...]:
+    """A run's place in the listing: by batch size, then learning rate, then seed, as numbers
+    (lr5 before lr10 before lr20); a run without a spec after them, by its id."""
+    spec = specs.get(run_id)
+    if spec is None:
+        return (1, 0.0, 0.0, 0, run_id)
+    return (0, float(spec.batch_size), float(spec.learning_rate), int(spec.seed), run_id)
 
 
 def measurement_note(rows: list[dict[str, Any]]) -> str | None:
@@ -114,6 +125,22 @@ def progress_of(row: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+INFO_WIDTH = 60
+"""The info column's width on a run's line; a longer reason goes on below it, whole."""
+INFO_INDENT = 6
+WRAP_WIDTH = 100
+
+
+def info_lines(info: str) -> list[str]:
+    """A run's info, whole: its head on the run's line, the rest wrapped below, indented."""
+    if len(info) <= INFO_WIDTH:
+        return [info]
+    head = textwrap.wrap(info, INFO_WIDTH, break_long_words=True, break_on_hyphens=False)[0]
+    rest = info[len(head):].strip()
+    return [head, *textwrap.wrap(rest, WRAP_WIDTH - INFO_INDENT, break_long_words=True,
+                                 break_on_hyphens=False)]
+
+
 def run(sweep_dir: Path, all_runs: bool, echo: Echo) -> None:
     """`gnsweep status DIR [--all]`: one line a run not done (every run with --all), then the
     counts per state."""
@@ -122,10 +149,11 @@ def run(sweep_dir: Path, all_runs: bool, echo: Echo) -> None:
     if shown:
         echo(f"{'run_id':<28}{'state':<10}{'tries':>5}  {'slurm job':<12}{'owner':<18}info")
     for r in shown:
-        info = progress_of(r) or r["info"]
-        info = info if len(info) <= 60 else info[:57] + "..."
+        lines = info_lines(progress_of(r) or r["info"])
         echo(f"{r['run_id']:<28}{r['state']:<10}{r['attempts']:>5}  "
-             f"{r['slurm_job_id']:<12}{r['owner']:<18}{info}")
+             f"{r['slurm_job_id']:<12}{r['owner']:<18}{lines[0]}")
+        for line in lines[1:]:
+            echo(f"{'':<{INFO_INDENT}}{line}")
     counts = Counter(r["state"] for r in rows)
     requeued = sum(r["requeues"] for r in rows)
     echo(f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in ORDER if counts[s])
