@@ -227,6 +227,7 @@ LAWS_SCHEMAS: dict[str, pa.Schema] = {
         ("near_lr_high", pa.float64()), ("b_crit", pa.float64()),
         ("b_crit_status", pa.large_string()), ("batch_size_usable", pa.bool_()),
         ("learning_rate_usable", pa.bool_()), ("b_crit_usable", pa.bool_()),
+        ("widened", pa.large_string()), ("seeds", pa.float64()), ("seed_sd", pa.float64()),
     ]),
     "laws": pa.schema([
         ("quantity", pa.large_string()), ("form", pa.large_string()), ("target", pa.float64()),

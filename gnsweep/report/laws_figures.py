@@ -17,7 +17,7 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from gnsweep.analysis.laws.cells import configurations
+from gnsweep.analysis.laws.cells import configurations, relative_excess
 from gnsweep.analysis.laws.family import FIXED_BUDGET, Laws
 from gnsweep.report.figures import COLORS, COLUMN, STYLE, Skip
 
@@ -100,7 +100,7 @@ def laws_landscapes(result: Laws, runs: pd.DataFrame) -> Figure:
                                             rows["learning_rate"].to_numpy(float),
                                             rows["loss"].to_numpy(float))
             finite = np.isfinite(loss)
-            excess = loss[finite] / cell.best_loss - 1
+            excess = relative_excess(loss[finite], cell.best_loss)
             scatter = ax.scatter(b[finite], lr[finite], c=np.maximum(excess, 1e-5), s=10,
                                  cmap="viridis", norm=LogNorm(1e-4, 1.0))
             ax.scatter(b[~finite], lr[~finite], marker="x", color="grey", s=8)

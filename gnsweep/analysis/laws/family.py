@@ -23,16 +23,23 @@ import numpy as np
 import pandas as pd
 
 from gnsweep.analysis.fit import FitRefused, fit_hyperbola
-from gnsweep.analysis.laws.cells import CellOptimum, CellRefused, cell_optimum, configurations
+from gnsweep.analysis.laws.cells import (
+    CellOptimum,
+    CellRefused,
+    cell_optimum,
+    configurations,
+    relative_excess,
+)
 from gnsweep.analysis.laws.power import LawRefused, PowerLaw, fit_power_law
 from gnsweep.errors import ConfigError
 from gnsweep.tables import columns
 
 FIXED_BUDGET = "fixed_budget"
 STEPS = "steps_to_target"
-DEFAULT_TOLERANCE = 0.01
-"""Relative loss tolerance of the near-optimal set and of the fixed-budget critical batch size
-(Step Law uses 0.25% on language-model losses; a small noisy grid needs more)."""
+DEFAULT_TOLERANCE = 0.0025
+"""Relative loss tolerance of the near-optimal set and of the fixed-budget critical batch size:
+Step Law's (Li et al. 2025) 0.25% of the best loss. A grid whose seed-to-seed noise is larger
+needs more (`--tolerance`); the cells report that noise (`seed_sd`) where seeds repeat."""
 DEFAULT_BOOTSTRAP = 200
 QUANTITIES = ("batch_size", "learning_rate", "b_crit")
 """B_opt, lr_opt and the critical batch size: the `quantity` of a law."""
@@ -96,6 +103,9 @@ def parse_point(text: str) -> tuple[float, float]:
         if not sep or key not in ("N", "D"):
             raise ConfigError(f"--predict {text}: give N=<parameters>,D=<examples or tokens>, "
                               "e.g. --predict N=7e9,D=1.4e12")
+        if key in values:
+            raise ConfigError(f"--predict {text}: {key} given twice; give each of N and D "
+                              "once, e.g. --predict N=7e9,D=1.4e12")
         try:
             value = float(raw)
         except ValueError:
@@ -243,7 +253,8 @@ def _cell_row(n: float, d: float, opt: CellOptimum) -> dict[str, Any]:
             "n_configs": opt.n_configs, "n_diverged": opt.n_diverged, "n_near": opt.n_near,
             "near_batch_low": opt.near_batch_low, "near_batch_high": opt.near_batch_high,
             "near_lr_low": opt.near_lr_low, "near_lr_high": opt.near_lr_high,
-            "b_crit": opt.b_crit, "b_crit_status": opt.b_crit_status}
+            "b_crit": opt.b_crit, "b_crit_status": opt.b_crit_status, "widened": opt.widened,
+            "seeds": opt.seeds, "seed_sd": opt.seed_sd}
 
 
 def _held_out_loss(result: Laws, runs: pd.DataFrame) -> dict[str, Any] | None:
@@ -270,7 +281,7 @@ def _held_out_loss(result: Laws, runs: pd.DataFrame) -> dict[str, Any] | None:
     return {"N": hb["N"], "D": hb["D"], "batch_size": float(b[nearest]),
             "learning_rate": float(lr[nearest]), "grid_steps_away": float(distance[nearest]),
             "loss": float(loss[nearest]), "best_loss": best,
-            "excess": float(loss[nearest] / best - 1)}
+            "excess": float(relative_excess(loss[nearest], best))}
 
 
 # -- steps to target ------------------------------------------------------------------------
