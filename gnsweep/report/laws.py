@@ -45,6 +45,8 @@ def format_laws(data: dict[str, Any]) -> str:
                                  for k, v in law["coefficients"].items())
         lines.append(f"{name}{target} = {law['form']}: {coefficients}  "
                      f"({law['n_points']} cells, rmse log {law['rmse_log']:.3f}; 95% bootstrap)")
+        for reason in law.get("form_reason", []):
+            lines.append(f"  form: {reason}")
         held = law["held_out"]
         if held.get("predicted") is not None:
             predicted = _interval(held["predicted"], held["predicted_low"],

@@ -71,7 +71,8 @@ def laws_json(result: Laws) -> dict[str, Any]:
     laws = []
     for law in result.laws:
         laws.append({"quantity": law.quantity, "form": law.law.form,
-                     "target": law.target, "coefficients": law.law.coefficients(),
+                     "form_reason": law.form_reason, "target": law.target,
+                     "coefficients": law.law.coefficients(),
                      "held_out": law.held_out, "n_points": law.law.n_points,
                      "rmse_log": law.law.rmse_log})
     cells = result.cells.drop(columns=[c for c in ("target",) if result.cells[c].isna().all()])

@@ -30,7 +30,7 @@ from gnsweep.analysis.laws.cells import (
     configurations,
     relative_excess,
 )
-from gnsweep.analysis.laws.power import LawRefused, PowerLaw, fit_power_law
+from gnsweep.analysis.laws.power import LawRefused, PowerLaw, select_form
 from gnsweep.errors import ConfigError
 from gnsweep.tables import columns
 
@@ -67,7 +67,10 @@ class Law:
     law: PowerLaw
     target: float | None
     held_out: dict[str, Any]
-    """{N, D, predicted, predicted_low, predicted_high, measured, ratio} or with `refused`."""
+    """{N, D, predicted, predicted_low, predicted_high, measured, ratio, form} or with
+    `refused`."""
+    form_reason: list[str] = field(default_factory=list)
+    """Why each variable's exponent was kept or left out (`power.select_form`)."""
 
 
 @dataclass
@@ -160,14 +163,16 @@ def fit_family(cells: pd.DataFrame, draws: dict[str, np.ndarray], *, bootstrap: 
                                           "needs at least 3"})
                 continue
             try:
-                law = fit_power_law(quantity, variables, n, d, y, point_draws,
-                                    bootstrap=bootstrap, seed=seed)
+                if not variables:
+                    raise LawRefused("neither N nor D varies across the cells")
+                law, why = select_form(quantity, variables, n, d, y, point_draws,
+                                       bootstrap=bootstrap, seed=seed)
             except LawRefused as err:
                 refused.append({"quantity": quantity, "target": target,
                                 "reason": f"{_usable_line(cells, quantity, target)}: {err}"})
                 continue
             laws.append(Law(quantity, law, target, _held_out(
-                quantity, variables, n, d, y, point_draws, bootstrap, seed)))
+                quantity, variables, n, d, y, point_draws, bootstrap, seed), why))
     return laws, refused
 
 
@@ -180,7 +185,8 @@ def _usable_line(cells: pd.DataFrame, quantity: str, target: float | None) -> st
 def _held_out(quantity: str, variables: tuple[str, ...], n: np.ndarray, d: np.ndarray,
               y: np.ndarray, point_draws: np.ndarray | None, bootstrap: int, seed: int
               ) -> dict[str, Any]:
-    """Fit without the largest cell, predict it: {N, D, predicted, ..., measured}."""
+    """Fit without the largest cell (its form chosen again without it), predict it:
+    {N, D, predicted, ..., measured, form}."""
     top = int(_scale_order(n, d)[0])
     keep = np.arange(len(y)) != top
     out: dict[str, Any] = {"N": float(n[top]), "D": float(d[top]), "predicted": None,
@@ -192,15 +198,15 @@ def _held_out(quantity: str, variables: tuple[str, ...], n: np.ndarray, d: np.nd
             v for v in variables if v not in kept) + " takes one value only")
         return out
     try:
-        law = fit_power_law(quantity, variables, n[keep], d[keep], y[keep],
-                            None if point_draws is None else point_draws[:, keep],
-                            bootstrap=bootstrap, seed=seed)
+        law, _ = select_form(quantity, variables, n[keep], d[keep], y[keep],
+                             None if point_draws is None else point_draws[:, keep],
+                             bootstrap=bootstrap, seed=seed)
     except LawRefused as err:
         out["refused"] = f"without the largest cell: {err}"
         return out
     value, low, high = law.predict(n[top], d[top])
     out.update(predicted=value, predicted_low=low, predicted_high=high,
-               ratio=value / float(y[top]))
+               ratio=value / float(y[top]), form=law.form)
     return out
 
 

@@ -52,9 +52,14 @@ def test_fixed_budget_table_writes_the_contract(tmp_path):
     assert "data:image/png;base64" in (out / "laws.html").read_text()
     data = json.loads((out / "laws.json").read_text())
     assert {law["quantity"] for law in data["laws"]} == {"batch_size", "learning_rate", "b_crit"}
+    forms = {law["quantity"]: law["form"] for law in data["laws"]}
+    # B_opt = 0.5 D^0.5 has no N: the form the data determine leaves N out; lr_opt keeps both.
+    assert forms["batch_size"] == "c * D^b" and forms["learning_rate"] == "c * N^a * D^b"
     for law in data["laws"]:
-        assert law["form"] == "c * N^a * D^b"
-        assert set(law["coefficients"]) == {"c", "a", "b"}
+        names = {"c"} | {"a" for v in ("N^a",) if v in law["form"]} | {
+            "b" for v in ("D^b",) if v in law["form"]}
+        assert set(law["coefficients"]) == names
+        assert law["form_reason"]
         for coef in law["coefficients"].values():
             assert set(coef) >= {"value", "low", "high"}
             assert coef["low"] <= coef["value"] <= coef["high"]
