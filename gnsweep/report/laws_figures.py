@@ -41,16 +41,18 @@ def _law_panel(ax, result: Laws, law) -> None:
     cells = result.cells
     if law.target is not None:
         cells = cells[cells["target"] == law.target]
-    along = "D" if "D" in law.law.variables else "N"
+    # A law in the target loss L (Kaplan's B_crit(L)) is drawn against each cell's target.
+    along = "L" if "L" in law.law.variables else "D" if "D" in law.law.variables else "N"
+    column = "target" if along == "L" else along
     other = "N" if along == "D" else "D"
-    groups = sorted(cells[other].dropna().unique()) or [math.nan]
+    groups = ([] if along == "L" else sorted(cells[other].dropna().unique())) or [math.nan]
     held = law.held_out
     for i, value in enumerate(groups):
         color = COLORS[i % len(COLORS)]
         rows = cells if math.isnan(value) else cells[cells[other] == value]
         usable = rows[f"{law.quantity}_usable"] if f"{law.quantity}_usable" in rows else ~rows[
             "edge"]
-        x, y = rows[along].to_numpy(float), rows[law.quantity].to_numpy(float)
+        x, y = rows[column].to_numpy(float), rows[law.quantity].to_numpy(float)
         used = usable.to_numpy(bool)
         is_held = (rows["N"].to_numpy(float) == held["N"]) & (np.nan_to_num(
             rows["D"].to_numpy(float), nan=1.0) == (held["D"] if held["D"] == held["D"] else 1.0))
@@ -60,21 +62,22 @@ def _law_panel(ax, result: Laws, law) -> None:
         ax.scatter(x[~used], y[~used], color=color, marker="x", s=14, zorder=3)
         ax.scatter(x[used & is_held], y[used & is_held], facecolors="none", edgecolors=color,
                    s=30, zorder=3)
-        grid = np.geomspace(np.nanmin(cells[along]) / 1.5, np.nanmax(cells[along]) * 1.5, 50)
+        grid = np.geomspace(np.nanmin(cells[column]) / 1.5, np.nanmax(cells[column]) * 1.5, 50)
         fixed = value if not math.isnan(value) else 1.0
-        points = [law.law.predict(*(fixed, g) if along == "D" else (g, fixed)) for g in grid]
+        points = [law.law.predict(*(fixed, g) if along in ("D", "L") else (g, fixed))
+                  for g in grid]
         mid, low, high = (np.array(p) for p in zip(*points, strict=True))
         ax.plot(grid, mid, color=color, lw=1)
         ax.fill_between(grid, low, high, color=color, alpha=0.15, lw=0)
     if held.get("predicted") is not None:
-        x_held = held[along]
+        x_held = held["target" if along == "L" else along]
         ax.errorbar([x_held], [held["predicted"]], yerr=[[held["predicted"]
                      - held["predicted_low"]], [held["predicted_high"] - held["predicted"]]],
                     fmt="D", color="black", ms=3, capsize=2, zorder=4,
                     label="held out: predicted")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(along)
+    ax.set_xlabel("target loss" if along == "L" else along)
     coefs = law.law.coefficients()
     exps = ", ".join(f"{k}={v['value']:.3g}" for k, v in coefs.items() if k != "c")
     target = f" (target {law.target:g})" if law.target is not None else ""

@@ -71,6 +71,9 @@ class Law:
     `refused`."""
     form_reason: list[str] = field(default_factory=list)
     """Why each variable's exponent was kept or left out (`power.select_form`)."""
+    scope: str = ""
+    """Which cells: "" for those at `target` (or every cell), OWN_TARGETS for cells each at
+    its own target loss."""
 
 
 @dataclass
@@ -183,19 +186,20 @@ def _usable_line(cells: pd.DataFrame, quantity: str, target: float | None) -> st
 
 
 def _held_out(quantity: str, variables: tuple[str, ...], n: np.ndarray, d: np.ndarray,
-              y: np.ndarray, point_draws: np.ndarray | None, bootstrap: int, seed: int
-              ) -> dict[str, Any]:
+              y: np.ndarray, point_draws: np.ndarray | None, bootstrap: int, seed: int,
+              top: int | None = None) -> dict[str, Any]:
     """Fit without the largest cell (its form chosen again without it), predict it:
     {N, D, predicted, ..., measured, form}."""
-    top = int(_scale_order(n, d)[0])
+    top = int(_scale_order(n, d)[0]) if top is None else top
     keep = np.arange(len(y)) != top
     out: dict[str, Any] = {"N": float(n[top]), "D": float(d[top]), "predicted": None,
                            "predicted_low": None, "predicted_high": None,
                            "measured": float(y[top]), "ratio": None}
-    kept = _variables(n[keep], d[keep])
-    if kept != variables:
-        out["refused"] = ("without the largest cell " + " and ".join(
-            v for v in variables if v not in kept) + " takes one value only")
+    # A law's second variable is D, or the target loss L for a law in L (power._row).
+    single = [v for v in variables if len(np.unique((n if v == "N" else d)[keep])) < 2]
+    if single:
+        out["refused"] = ("without the largest cell " + " and ".join(single)
+                          + " takes one value only")
         return out
     try:
         law, _ = select_form(quantity, variables, n[keep], d[keep], y[keep],
@@ -330,8 +334,11 @@ def steps_laws(runs: pd.DataFrame, *, bootstrap: int = DEFAULT_BOOTSTRAP, seed: 
                            .to_numpy(float), nan=0.0)
     noise = np.random.default_rng(seed).standard_normal((max(bootstrap, 1), len(cells)))
     draws = {"b_crit": np.log(cells["b_crit"].to_numpy(float)) + noise * spread}
-    laws, refused = fit_family(cells, draws, bootstrap=bootstrap, seed=seed,
-                               quantities=("b_crit",))
+    if _own_targets(cells):
+        laws, refused = _own_target_laws(cells, draws["b_crit"], bootstrap=bootstrap, seed=seed)
+    else:
+        laws, refused = fit_family(cells, draws, bootstrap=bootstrap, seed=seed,
+                                   quantities=("b_crit",))
     return Laws(STEPS, math.nan, bootstrap, cells.reindex(columns=columns("law_cells")), laws,
                 refused, warnings)
 
@@ -370,3 +377,52 @@ def predict(result: Laws, n: float, d: float, runs_n: np.ndarray, runs_d: np.nda
 STEP_LAW = {"batch_size": lambda n, d: 0.58 * d ** 0.571,
             "learning_rate": lambda n, d: 1.79 * n ** -0.713 * d ** 0.307}
 """Li et al. 2025's fitted laws (their eq. for B(D) and eta(N, D)), as in REFERENCES."""
+
+
+OWN_TARGETS = "each model at its own target"
+"""The scope of a B_crit law fitted across models that each reached their own target loss."""
+
+
+def _own_targets(cells: pd.DataFrame) -> bool:
+    """Each model size at its own target (more than one target, one target per N among the
+    usable cells): the shape Zhang et al. 2024 and Kaplan et al. 2020 publish."""
+    usable = cells[cells["b_crit_usable"]]
+    return (usable["target"].nunique() > 1
+            and bool((usable.groupby("N")["target"].nunique() == 1).all()))
+
+
+def _own_target_laws(cells: pd.DataFrame, draws: np.ndarray, *, bootstrap: int, seed: int
+                     ) -> tuple[list[Law], list[dict[str, Any]]]:
+    """B_crit across models at their own targets: against N (`c * N^a`), and against the target
+    loss L as Kaplan et al. 2020's `B_crit(L) = B* / L^(1/alpha_B)` (`c * L^g`, g = -1/alpha_B),
+    each with the largest model held out and predicted."""
+    where = np.flatnonzero(cells["b_crit_usable"].to_numpy(bool))
+    n = cells["N"].to_numpy(float)[where]
+    loss = cells["target"].to_numpy(float)[where]
+    y = cells["b_crit"].to_numpy(float)[where]
+    point_draws = draws[:, where]
+    top = int(np.argmax(n))
+    laws, refused = [], []
+    used = f"{len(where)} of {len(cells)} cell(s) usable, {OWN_TARGETS}"
+    for variable, second in (("N", np.ones_like(n)), ("L", loss)):
+        if variable == "L" and not (loss > 0).all():
+            refused.append({"quantity": "b_crit", "target": None, "scope": OWN_TARGETS,
+                            "reason": f"{used}: B_crit(L) needs positive target losses"})
+            continue
+        if len(where) < 3:
+            refused.append({"quantity": "b_crit", "target": None, "scope": OWN_TARGETS,
+                            "reason": f"{used}; a law needs at least 3"})
+            break
+        try:
+            law, why = select_form("b_crit", (variable,), n, second, y, point_draws,
+                                   bootstrap=bootstrap, seed=seed)
+        except LawRefused as err:
+            refused.append({"quantity": "b_crit", "target": None, "scope": OWN_TARGETS,
+                            "reason": f"{used}: {err}"})
+            continue
+        held = _held_out("b_crit", (variable,), n, second, y, point_draws, bootstrap, seed,
+                         top=top)
+        held = {**held, "D": float(cells["D"].to_numpy(float)[where][top]),
+                "target": float(loss[top])}
+        laws.append(Law("b_crit", law, None, held, why, scope=OWN_TARGETS))
+    return laws, refused

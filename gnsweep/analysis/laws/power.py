@@ -69,11 +69,13 @@ class PowerLaw:
         return value, float(min(low, value)), float(max(high, value))
 
 
-EXPONENT = {"N": "a", "D": "b"}
-"""Step Law's names: lr = c N^a D^b, B = c D^b."""
+EXPONENT = {"N": "a", "D": "b", "L": "g"}
+"""Step Law's names: lr = c N^a D^b, B = c D^b; and B_crit = c L^g for Kaplan et al. 2020's
+B_crit(L) = B* / L^(1/alpha_B) against the target loss L (g = -1/alpha_B)."""
 
 
 def _row(variables: tuple[str, ...], n: float, d: float) -> np.ndarray:
+    """(1, log N?, log D?) -- a law in the target loss L has no D, and L takes D's place."""
     return np.array([1.0, *(math.log(n if v == "N" else d) for v in variables)])
 
 

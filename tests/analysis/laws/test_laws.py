@@ -163,3 +163,53 @@ def test_cell_optimum_inside_and_on_edges():
     located = cell_optimum(b, lr, steep, tolerance=0.002, bootstrap=0)
     assert not located.edge and located.loss >= 2.0 - 1e-9
     assert located.batch_size == pytest.approx(6.0, rel=0.05)
+
+
+ZHANG_N = (85e6, 151e6, 302e6, 604e6, 1.2e9)
+"""Zhang et al. 2024's five model sizes, each with B_crit at its own (Chinchilla) target:
+2191, 3240, 5433, 7907, 11131 sequences, which B_crit = 0.0282 N^0.619 follows within 8%."""
+
+
+def _zhang_shaped(path: Path, rng: np.random.Generator) -> Path:
+    """Steps to target from eq. 2.11 for five models, each at its own target loss
+    L = 12 N^-0.1 (so B_crit = 0.0282 N^0.619 is exactly B* L^g with g = -6.19), two learning
+    rates, 1% noise on the steps."""
+    rows = []
+    for n in ZHANG_N:
+        b_crit = 0.0282 * n ** 0.619
+        s_min, target = 2000.0, 12 * n ** -0.1
+        for b in 2.0 ** np.arange(8, 17):
+            for lr, slower in ((3e-4, 1.0), (6e-4, 1.2)):
+                steps = (s_min + s_min * b_crit / b) * slower * math.exp(
+                    0.01 * rng.standard_normal())
+                rows.append({"N": n, "D": 20 * n, "target": target, "batch_size": b,
+                             "steps": steps, "learning_rate": lr})
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_models_each_at_their_own_target_fit_a_bcrit_law(tmp_path):
+    """Each model at its own target: one cell per target, yet a B_crit law across models,
+    against N and against the target loss (Kaplan's B_crit(L) = B* / L^(1/alpha_B)), with the
+    largest model held out and predicted within a factor 1.5."""
+    table = _zhang_shaped(tmp_path / "zhang.csv", np.random.default_rng(4))
+    out = tmp_path / "out"
+    result = _invoke("--table", table, "--out", out, "--bootstrap", "100",
+                     "--predict", "N=2.4e9,D=4.8e10")
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "laws.json").read_text())
+    by_form = {law["form"]: law for law in data["laws"]}
+    assert set(by_form) == {"c * N^a", "c * L^g"}, data["refused"]
+    truth = {"c * N^a": ("a", 0.619), "c * L^g": ("g", -6.19)}
+    for form, (name, value) in truth.items():
+        law = by_form[form]
+        assert law["scope"] == "each model at its own target" and law["n_points"] == 5
+        coef = law["coefficients"][name]
+        assert coef["low"] <= value <= coef["high"], (form, coef)
+        held = law["held_out"]
+        assert held["N"] == 1.2e9
+        assert 1 / 1.5 < held["predicted"] / (0.0282 * 1.2e9 ** 0.619) < 1.5, held
+    alpha = by_form["c * L^g"]["alpha_B"]
+    assert alpha["low"] <= 1 / 6.19 <= alpha["high"]
+    assert data["prediction"]["b_crit"] == pytest.approx(0.0282 * 2.4e9 ** 0.619, rel=0.2)
+    assert "alpha_B" in result.output and "each model at its own target" in result.output
