@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep.analysis.laws.cells import cell_optimum
+from gnsweep.analysis.laws.cells import cell_optimum, configuration_table
 from gnsweep.cli import app
 
 CELL_KEYS = {"N", "D", "batch_size", "learning_rate", "loss", "edge"}
@@ -108,6 +108,7 @@ def test_steps_table_by_model_size_fits_bcrit_against_n(tmp_path):
     (["--predict", "N=1e8"], "D missing"),
     (["--predict", "N=1e8,D=x"], "D=x is not a number"),
     (["--tolerance", "2"], "--tolerance 2"),
+    (["--predict", "N=1e8,D=1e9,N=5"], "N given twice"),
 ])
 def test_bad_options_fail_in_one_line(tmp_path, args, reason):
     table = _fixed_budget(tmp_path / "grid.csv", np.random.default_rng(0))
@@ -213,3 +214,44 @@ def test_models_each_at_their_own_target_fit_a_bcrit_law(tmp_path):
     assert alpha["low"] <= 1 / 6.19 <= alpha["high"]
     assert data["prediction"]["b_crit"] == pytest.approx(0.0282 * 2.4e9 ** 0.619, rel=0.2)
     assert "alpha_B" in result.output and "each model at its own target" in result.output
+
+
+def test_negative_losses_are_compared_by_differences(tmp_path):
+    """A loss below zero (a negative log-likelihood, a -ELBO) is still a number to minimise:
+    the same grid shifted below zero locates the same optima."""
+    rng = np.random.default_rng(0)
+    positive = pd.read_csv(_fixed_budget(tmp_path / "grid.csv", rng))
+    negative = positive.assign(loss=positive["loss"] - 10.0)
+    negative.to_csv(tmp_path / "negative.csv", index=False)
+    result = _invoke("--table", tmp_path / "negative.csv", "--out", tmp_path / "out",
+                     "--bootstrap", "20", "--tolerance", "0.005")
+    assert result.exit_code == 0, result.output
+    cells = json.loads((tmp_path / "out" / "laws.json").read_text())["cells"]
+    assert len(cells) == 9 and not any(cell["edge"] for cell in cells)
+    for cell in cells:
+        assert cell["best_loss"] < 0
+        assert cell["batch_size"] == pytest.approx(0.5 * cell["D"] ** 0.5, rel=0.1)
+    zero = positive.assign(loss=positive["loss"] - positive["loss"].min())
+    zero.to_csv(tmp_path / "zero.csv", index=False)
+    result = _invoke("--table", tmp_path / "zero.csv", "--out", tmp_path / "zero")
+    assert result.exit_code == 0 and "best loss is exactly 0" in result.output
+
+
+def test_repeated_configurations_are_averaged_with_their_spread():
+    """Seeds of one configuration: their mean and standard deviation, in any row order; a
+    diverged seed makes the configuration diverged."""
+    rng = np.random.default_rng(1)
+    rows = [(b, lr, 2.0 + 0.1 * b + lr + 0.01 * k) for b in (8.0, 16.0) for lr in (0.1, 0.2)
+            for k in range(5)]
+    rows.append((32.0, 0.1, 1.0))
+    rows += [(32.0, 0.2, 1.0), (32.0, 0.2, math.inf)]
+    order = rng.permutation(len(rows))
+    b, lr, loss = (np.array([rows[i][j] for i in order]) for j in range(3))
+    sizes, rates, mean, seeds, spread = configuration_table(b, lr, loss)
+    assert list(zip(sizes, rates, strict=True))[:4] == [(8, 0.1), (8, 0.2), (16, 0.1), (16, 0.2)]
+    expected = [2.0 + 0.1 * s + r + 0.02 for s, r in zip(sizes[:4], rates[:4], strict=True)]
+    assert mean[:4] == pytest.approx(expected)
+    assert spread[:4] == pytest.approx([np.std([0.01 * k for k in range(5)], ddof=1)] * 4)
+    assert list(seeds) == [5, 5, 5, 5, 1, 2]
+    assert mean[4] == 1.0 and math.isnan(spread[4])
+    assert mean[5] == math.inf
