@@ -86,6 +86,10 @@ def _law_panel(ax, result: Laws, law) -> None:
     ax.legend(loc="best")
 
 
+MAX_POINTS = 4000
+"""Configurations drawn per cell of the landscapes figure: the lowest losses."""
+
+
 def laws_landscapes(result: Laws, runs: pd.DataFrame) -> Figure:
     """Each cell's loss landscape with its optimum and near-optimal set (module docstring)."""
     if result.kind != FIXED_BUDGET:
@@ -102,6 +106,11 @@ def laws_landscapes(result: Laws, runs: pd.DataFrame) -> Figure:
             b, lr, loss, _ = configurations(rows["batch_size"].to_numpy(float),
                                             rows["learning_rate"].to_numpy(float),
                                             rows["loss"].to_numpy(float))
+            if len(loss) > MAX_POINTS:
+                # A dense grid (100,000 configurations a cell) is drawn by its valley: the
+                # configurations of lowest loss, so that a figure costs the same at any size.
+                keep = np.argsort(loss, kind="stable")[:MAX_POINTS]
+                b, lr, loss = b[keep], lr[keep], loss[keep]
             finite = np.isfinite(loss)
             excess = relative_excess(loss[finite], cell.best_loss)
             scatter = ax.scatter(b[finite], lr[finite], c=np.maximum(excess, 1e-5), s=10,
