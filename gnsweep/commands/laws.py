@@ -111,8 +111,8 @@ def fit(sweep_dirs: list[Path], table: Path | None, *, tolerance: float, bootstr
     except CellRefused as err:
         raise AnalysisError(f"{table or 'the sweeps'}: {err}") from None
     if where is not None:
-        result.prediction = predict(result, *where, runs["N"].to_numpy(float),
-                                    runs["D"].to_numpy(float))
+        result.prediction = predict(result, where[0], where[1], runs["N"].to_numpy(float),
+                                    runs["D"].to_numpy(float), flops_per_token=where[2])
         per_sample = runs["per_sample"].unique() if "per_sample" in runs else []
         if len(per_sample) == 1 and result.prediction.get("batch_size") is not None:
             # B also in samples (sequences for a language model), as a launch takes it.

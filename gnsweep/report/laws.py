@@ -91,6 +91,11 @@ def format_laws(data: dict[str, Any]) -> str:
             lines.append(f"  for reference only, Step Law (AdamW language models, tokens) at "
                          f"this N, D: B {_g(refs.get('step_law_batch_size'))}, lr "
                          f"{_g(refs.get('step_law_learning_rate'))}")
+        if refs.get("deepseek_batch_size") is not None:
+            lines.append(f"  for reference only, DeepSeek LLM (AdamW language models, tokens) at "
+                         f"C = M D = {_g(refs['compute'])} FLOPs: B "
+                         f"{_g(refs['deepseek_batch_size'])}, lr "
+                         f"{_g(refs['deepseek_learning_rate'])}")
         for note in prediction.get("notes", []):
             lines.append(f"  note: {note}")
     if data.get("references"):

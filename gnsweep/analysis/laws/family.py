@@ -100,18 +100,20 @@ class Laws:
         return None
 
 
-def parse_point(text: str) -> tuple[float, float]:
-    """`N=7e9,D=1.4e12` -> (N, D); ConfigError in one line otherwise."""
+def parse_point(text: str) -> tuple[float, float, float | None]:
+    """`N=7e9,D=1.4e12[,M=4.2e10]` -> (N, D, M or None); ConfigError in one line otherwise.
+    M is the non-embedding FLOPs a token (DeepSeek LLM's M), for DeepSeek's law at C = M D."""
     values: dict[str, float] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         key, sep, raw = part.partition("=")
         key = key.strip()
-        if not sep or key not in ("N", "D"):
-            raise ConfigError(f"--predict {text}: give N=<parameters>,D=<examples or tokens>, "
-                              "e.g. --predict N=7e9,D=1.4e12")
+        if not sep or key not in ("N", "D", "M"):
+            raise ConfigError(f"--predict {text}: give N=<parameters>,D=<examples or tokens> "
+                              "(and optionally M=<non-embedding FLOPs a token>), e.g. "
+                              "--predict N=7e9,D=1.4e12")
         if key in values:
-            raise ConfigError(f"--predict {text}: {key} given twice; give each of N and D "
-                              "once, e.g. --predict N=7e9,D=1.4e12")
+            raise ConfigError(f"--predict {text}: {key} given twice; give each key once, e.g. "
+                              "--predict N=7e9,D=1.4e12")
         try:
             value = float(raw)
         except ValueError:
@@ -123,7 +125,7 @@ def parse_point(text: str) -> tuple[float, float]:
     if missing:
         raise ConfigError(f"--predict {text}: {' and '.join(missing)} missing; give both, e.g. "
                           "--predict N=7e9,D=1.4e12")
-    return values["N"], values["D"]
+    return values["N"], values["D"], values.get("M")
 
 
 def _variables(n: np.ndarray, d: np.ndarray) -> tuple[str, ...]:
@@ -343,9 +345,11 @@ def steps_laws(runs: pd.DataFrame, *, bootstrap: int = DEFAULT_BOOTSTRAP, seed: 
                 refused, warnings)
 
 
-def predict(result: Laws, n: float, d: float, runs_n: np.ndarray, runs_d: np.ndarray
-            ) -> dict[str, Any]:
-    """The laws at (N, D) with their 95% intervals and how far beyond the family it reaches."""
+def predict(result: Laws, n: float, d: float, runs_n: np.ndarray, runs_d: np.ndarray,
+            flops_per_token: float | None = None) -> dict[str, Any]:
+    """The laws at (N, D) with their 95% intervals and how far beyond the family it reaches;
+    the published references at the same point (DeepSeek's where the FLOPs a token are
+    given)."""
     out: dict[str, Any] = {"N": n, "D": d}
     for quantity in ("batch_size", "learning_rate"):
         law = result.law(quantity)
@@ -365,13 +369,29 @@ def predict(result: Laws, n: float, d: float, runs_n: np.ndarray, runs_d: np.nda
     for quantity in ("batch_size", "learning_rate", "b_crit"):
         law = result.law(quantity)
         if law is not None and "N" not in law.law.variables and n != top_n:
-            notes.append(f"{quantity}: one model size swept, N does not enter the law")
+            why = ("one model size swept" if len(np.unique(runs_n)) < 2
+                   else "its exponent is not determined by the cells (form_reason)")
+            notes.append(f"{quantity}: N does not enter the law ({why})")
     out["notes"] = notes
     # Step Law's laws at the same (N, D), for comparison only (AdamW language models, N
     # without the vocabulary's parameters, D and B in tokens).
     out["references"] = {"step_law_batch_size": STEP_LAW["batch_size"](n, d),
                          "step_law_learning_rate": STEP_LAW["learning_rate"](n, d)}
+    if flops_per_token is not None:
+        compute = flops_per_token * d
+        out["references"].update(
+            flops_per_token=flops_per_token, compute=compute,
+            deepseek_batch_size=DEEPSEEK["batch_size"](compute),
+            deepseek_learning_rate=DEEPSEEK["learning_rate"](compute))
+    else:
+        notes.append("DeepSeek's law needs the non-embedding FLOPs a token: give "
+                     "--predict N=..,D=..,M=<FLOPs a token>")
     return out
+
+
+DEEPSEEK = {"batch_size": lambda c: 0.2920 * c ** 0.3271,
+            "learning_rate": lambda c: 0.3118 * c ** -0.1250}
+"""DeepSeek LLM's (Bi et al. 2024, eq. 1) laws in the compute C = M D, as in REFERENCES."""
 
 
 STEP_LAW = {"batch_size": lambda n, d: 0.58 * d ** 0.571,

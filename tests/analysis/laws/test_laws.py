@@ -45,7 +45,7 @@ def _invoke(*args: object):
 def test_fixed_budget_table_writes_the_contract(tmp_path):
     table = _fixed_budget(tmp_path / "grid.csv", np.random.default_rng(0))
     out = tmp_path / "out"
-    result = _invoke("--table", table, "--out", out, "--predict", "N=1e8,D=1e10",
+    result = _invoke("--table", table, "--out", out, "--predict", "N=1e8,D=1e10,M=6e8",
                      "--bootstrap", "60", "--tolerance", "0.005", "--json")
     assert result.exit_code == 0, result.output
     assert (out / "laws.parquet").is_file() and (out / "laws_fits.png").is_file()
@@ -70,6 +70,10 @@ def test_fixed_budget_table_writes_the_contract(tmp_path):
     prediction = data["prediction"]
     assert set(prediction) >= PREDICTION_KEYS
     assert prediction["extrapolation"] == pytest.approx(1e10 / 16e8)
+    # DeepSeek LLM's law at C = M D (eq. 1), given the FLOPs a token: a reference only.
+    refs = prediction["references"]
+    assert refs["deepseek_batch_size"] == pytest.approx(0.2920 * (6e8 * 1e10) ** 0.3271)
+    assert refs["deepseek_learning_rate"] == pytest.approx(0.3118 * (6e8 * 1e10) ** -0.125)
     assert prediction["batch_size_low"] <= 0.5 * 1e10 ** 0.5 <= prediction["batch_size_high"]
     true_lr = 2 * 1e8 ** -0.5 * 1e10 ** 0.2
     assert prediction["learning_rate_low"] <= true_lr <= prediction["learning_rate_high"]
