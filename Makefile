@@ -66,7 +66,7 @@ paper: $(STAMP)
 
 laws: $(STAMP)
 	for d in $(LAWS_BUDGETS); do \
-	  $(BIN)/gnsweep launch task=linreg sweep=laws sweep.max_examples=$$d \
+	  $(BIN)/gnsweep launch task=linreg sweep=laws sweep.budget=$$d \
 	    --sweep-dir $(LAWS_DIR)/d$$d -q || exit $$?; \
 	done
 	$(BIN)/gnsweep laws $(addprefix $(LAWS_DIR)/d,$(LAWS_BUDGETS)) --out $(LAWS_DIR)/laws \
