@@ -259,3 +259,18 @@ def test_repeated_configurations_are_averaged_with_their_spread():
     assert list(seeds) == [5, 5, 5, 5, 1, 2]
     assert mean[4] == 1.0 and math.isnan(spread[4])
     assert mean[5] == math.inf
+
+
+def test_a_located_optimum_whose_near_set_reaches_an_edge_is_used_with_a_wider_interval():
+    """A minimum inside the grid (B = 3 on 1...64) in a valley so shallow in B that the
+    near-optimal set reaches the smallest batch size: the cell is used (not an edge), its
+    optimum found, and its interval widened down to that batch size."""
+    b, lr = np.meshgrid(2.0 ** np.arange(0, 7), 0.1 * 2.0 ** np.arange(-3, 4), indexing="ij")
+    b, lr = b.ravel(), lr.ravel()
+    loss = 2 + 0.002 * np.log(b / 3.0) ** 2 + 0.08 * np.log(lr / 0.13) ** 2
+    cell = cell_optimum(b, lr, loss, tolerance=0.0025, bootstrap=50)
+    assert not cell.edge and cell.method == "quadratic"
+    assert cell.near_batch_low == 1.0 and "smallest batch size 1" in cell.widened
+    assert cell.batch_size == pytest.approx(3.0, rel=1e-6)
+    assert cell.batch_size_low == 1.0 <= cell.batch_size <= cell.batch_size_high
+    assert np.exp(cell.draws[:, 0]).min() < 1.5  # the law's draws carry the wider interval
