@@ -51,9 +51,9 @@ def sweep_runs(sweep_dir: Path) -> pd.DataFrame:
     config = folder.config
     scale = read_scale(sweep_dir)
     runs, metrics = folder.tables()
+    # The runs table has B in the task's unit already, as D is (tokens for a language model:
+    # samples x tokens a sample; its `samples` column keeps the samples).
     rows = final_losses(str(sweep_dir), runs, metrics, float(config.sweep.max_examples))
-    # B in the task's unit, as D is (tokens for a language model: samples x tokens a sample).
-    rows["batch_size"] = rows["batch_size"] * scale["per_sample"]
     return rows.assign(N=float(scale["N"]), D=float(config.sweep.max_examples),
                        per_sample=scale["per_sample"], sweep=sweep_dir.name)
 

@@ -177,7 +177,8 @@ def fit_family(cells: pd.DataFrame, draws: dict[str, np.ndarray], *, bootstrap: 
                                 "reason": f"{_usable_line(cells, quantity, target)}: {err}"})
                 continue
             laws.append(Law(quantity, law, target, _held_out(
-                quantity, variables, n, d, y, point_draws, bootstrap, seed), why))
+                quantity, variables, n, d, y, point_draws, bootstrap, seed,
+                chosen=law.variables), why))
     return laws, refused
 
 
@@ -189,7 +190,8 @@ def _usable_line(cells: pd.DataFrame, quantity: str, target: float | None) -> st
 
 def _held_out(quantity: str, variables: tuple[str, ...], n: np.ndarray, d: np.ndarray,
               y: np.ndarray, point_draws: np.ndarray | None, bootstrap: int, seed: int,
-              top: int | None = None) -> dict[str, Any]:
+              top: int | None = None, chosen: tuple[str, ...] | None = None
+              ) -> dict[str, Any]:
     """Fit without the largest cell (its form chosen again without it), predict it:
     {N, D, predicted, ..., measured, form}."""
     top = int(_scale_order(n, d)[0]) if top is None else top
@@ -197,18 +199,25 @@ def _held_out(quantity: str, variables: tuple[str, ...], n: np.ndarray, d: np.nd
     out: dict[str, Any] = {"N": float(n[top]), "D": float(d[top]), "predicted": None,
                            "predicted_low": None, "predicted_high": None,
                            "measured": float(y[top]), "ratio": None}
-    # A law's second variable is D, or the target loss L for a law in L (power._row).
-    single = [v for v in variables if len(np.unique((n if v == "N" else d)[keep])) < 2]
-    if single:
-        out["refused"] = ("without the largest cell " + " and ".join(single)
-                          + " takes one value only")
-        return out
-    try:
-        law, _ = select_form(quantity, variables, n[keep], d[keep], y[keep],
-                             None if point_draws is None else point_draws[:, keep],
-                             bootstrap=bootstrap, seed=seed)
-    except LawRefused as err:
-        out["refused"] = f"without the largest cell: {err}"
+    # The form is chosen again from every variable; where the cells left cannot carry that
+    # many coefficients, from the form chosen on all of them.
+    candidates = [variables] + ([chosen] if chosen is not None and chosen != variables else [])
+    why = ""
+    for form in candidates:
+        # A law's second variable is D, or the target loss L for a law in L (power._row).
+        single = [v for v in form if len(np.unique((n if v == "N" else d)[keep])) < 2]
+        if single:
+            why = "without the largest cell " + " and ".join(single) + " takes one value only"
+            continue
+        try:
+            law, _ = select_form(quantity, form, n[keep], d[keep], y[keep],
+                                 None if point_draws is None else point_draws[:, keep],
+                                 bootstrap=bootstrap, seed=seed)
+            break
+        except LawRefused as err:
+            why = f"without the largest cell: {err}"
+    else:
+        out["refused"] = why
         return out
     value, low, high = law.predict(n[top], d[top])
     out.update(predicted=value, predicted_low=low, predicted_high=high,
