@@ -159,8 +159,7 @@ def cell_optimum(batch_size: np.ndarray, learning_rate: np.ndarray, loss: np.nda
     best_loss = float(values[best])
     if best_loss == 0:
         raise CellRefused("the best loss is exactly 0, so a tolerance relative to it is empty; "
-                          "shift the losses (e.g. add a constant so that the best is the "
-                          "entropy floor or 1)")
+                          "shift the losses by a constant (e.g. loss + 1)")
     near = finite & (values <= ceiling(best_loss, tolerance))
     rng = np.random.default_rng(seed)
     model = _local_quadratic(x, y, values, finite, best, bootstrap, rng)

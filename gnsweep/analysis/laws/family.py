@@ -248,7 +248,8 @@ def fixed_budget_laws(runs: pd.DataFrame, *, tolerance: float = DEFAULT_TOLERANC
         rows.append(_cell_row(float(n), float(d), opt))
         optima.append(opt)
     if not rows:
-        raise CellRefused("no cell has a finite loss")
+        raise CellRefused(f"no cell can be used ({warnings[0]})" if warnings
+                          else "no cell has a finite loss")
     cells = pd.DataFrame(rows)
     cells = cells.assign(batch_size_usable=~cells["edge"], learning_rate_usable=~cells["edge"],
                          b_crit_usable=cells["b_crit_status"] == "fit")
