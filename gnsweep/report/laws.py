@@ -24,6 +24,8 @@ def format_laws(data: dict[str, Any]) -> str:
     head = f"laws across scale ({kind.replace('_', ' ')}"
     head += f", near-optimal within {tolerance:.2%} of the best loss)" if tolerance else ")"
     lines.append(head)
+    if data.get("tolerance_source"):
+        lines.append(f"tolerance: {data['tolerance_source']}")
     lines.append(f"{'N':>10} {'D':>10} {'target':>8} {'B_opt':>10} {'lr_opt':>10} {'loss':>9} "
                  f"{'B_crit':>10}  note")
     for cell in data["cells"]:

@@ -88,7 +88,8 @@ def laws_json(result: Laws) -> dict[str, Any]:
         laws.append(entry)
     cells = result.cells.drop(columns=[c for c in ("target",) if result.cells[c].isna().all()])
     data: dict[str, Any] = {
-        "kind": result.kind, "tolerance": result.tolerance, "bootstrap": result.bootstrap,
+        "kind": result.kind, "tolerance": result.tolerance,
+        "tolerance_source": result.tolerance_source, "bootstrap": result.bootstrap,
         "laws": laws, "refused": result.refused,
         "cells": cells.to_dict(orient="records"), "held_out_loss": result.held_out_loss,
         "warnings": result.warnings,

@@ -93,6 +93,14 @@ class Laws:
     """Fixed budget: the loss the held-out cell's grid has at the predicted (B, lr)."""
     prediction: dict[str, Any] | None = None
 
+    @property
+    def tolerance_source(self) -> str:
+        """Whose tolerance this is: the published method's default, or the one given."""
+        if self.kind != FIXED_BUDGET:
+            return ""
+        return ("the published method's default: Step Law's 0.25% of the best loss (Li et al. "
+                "2025)" if self.tolerance == DEFAULT_TOLERANCE else "given (--tolerance)")
+
     def law(self, quantity: str, target: float | None = None) -> Law | None:
         for law in self.laws:
             if law.quantity == quantity and (target is None or law.target == target):
@@ -259,6 +267,14 @@ def fixed_budget_laws(runs: pd.DataFrame, *, tolerance: float = DEFAULT_TOLERANC
              "learning_rate": np.stack([o.draws[np.arange(n_draws) % len(o.draws), 1]
                                         for o in optima], axis=1)}
     laws, refused = fit_family(cells, draws, bootstrap=bootstrap, seed=seed)
+    # The standard error of a configuration's mean loss over its seeds: two configurations a
+    # tolerance apart cannot be told apart where it is above half the tolerance.
+    error = cells["seed_sd"] / np.sqrt(cells["seeds"])
+    noisy = cells[error.notna() & (2 * error > tolerance * cells["best_loss"].abs())]
+    if len(noisy):
+        warnings.append(f"{len(noisy)} cell(s) have a standard error of a configuration's mean "
+                        f"loss over its seeds above half the tolerance ({tolerance:g} of the "
+                        "best loss): give a larger --tolerance, or more seeds")
     result = Laws(FIXED_BUDGET, tolerance, bootstrap, cells.reindex(columns=columns("law_cells")),
                   laws, refused, warnings)
     result.held_out_loss = _held_out_loss(result, runs)

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gnsweep.analysis.laws.cells import CellRefused, cell_optimum, configuration_table
+from gnsweep.analysis.laws.family import fixed_budget_laws
 from gnsweep.cli import app
 
 CELL_KEYS = {"N", "D", "batch_size", "learning_rate", "loss", "edge"}
@@ -261,6 +262,27 @@ def test_repeated_configurations_are_averaged_with_their_spread():
     assert list(seeds) == [5, 5, 5, 5, 1, 2]
     assert mean[4] == 1.0 and math.isnan(spread[4])
     assert mean[5] == math.inf
+
+
+
+def test_a_tolerance_below_the_seed_noise_is_said():
+    """Two seeds a configuration, each loss with 1% noise: a configuration's mean is known to
+    about 0.7%, far above half of Step Law's 0.25%; the laws say so and report the spread."""
+    rng = np.random.default_rng(2)
+    b, lr = np.meshgrid(2.0 ** np.arange(0, 7), 0.1 * 2.0 ** np.arange(-3, 4), indexing="ij")
+    b, lr = np.repeat(b.ravel(), 2), np.repeat(lr.ravel(), 2)
+    loss = (2 + 0.05 * np.log(b / 6.0) ** 2 + 0.08 * np.log(lr / 0.13) ** 2) * (
+        1 + 0.01 * rng.standard_normal(len(b)))
+    runs = pd.DataFrame({"N": 1.0, "D": 1.0, "batch_size": b, "learning_rate": lr,
+                         "loss": loss})
+    result = fixed_budget_laws(runs, bootstrap=0)
+    assert result.tolerance == 0.0025 and "Step Law" in result.tolerance_source
+    (cell,) = result.cells.itertuples()
+    assert cell.seeds == 2 and 0.004 < cell.seed_sd / 2 < 0.015  # about 1% of a loss of 2
+    assert any("above half the tolerance" in w for w in result.warnings)
+    quiet = fixed_budget_laws(runs, tolerance=0.05, bootstrap=0)
+    assert quiet.tolerance_source == "given (--tolerance)"
+    assert not any("above half the tolerance" in w for w in quiet.warnings)
 
 
 def test_a_located_optimum_whose_near_set_reaches_an_edge_is_used_with_a_wider_interval():
