@@ -77,6 +77,9 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
     else:
         text = render(tables, {}, config, config_text, title, groups=sections,
                       along_figures=along)
+    from gnsweep.commands.laws import report_section
+
+    text = text.replace("</body>", report_section(sweep_dir) + "</body>", 1)
     path = SweepPaths(sweep_dir).report
     store.write_text(path, text)
     return path, skipped, all_notes

@@ -101,3 +101,9 @@ def test_fixed_budget_sweep_folder(tmp_path):
     assert cell["edge"] is True  # a 2 x 2 grid brackets nothing
     assert {r["quantity"] for r in data["refused"]} == {"batch_size", "learning_rate", "b_crit"}
     assert data["laws"] == []
+    # The sweep's own report shows the laws of the family it is a cell of.
+    reported = CliRunner().invoke(app, ["report", str(sweep)])
+    assert reported.exit_code == 0, reported.output
+    page = (sweep / "report.html").read_text()
+    assert "Laws across scale" in page and str((tmp_path / "out").resolve()) in page
+    assert "B_opt: no law" in page
