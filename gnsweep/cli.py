@@ -146,6 +146,9 @@ def plan(
     workers: Annotated[int | None, typer.Option(
         "--workers", min=1, help="Worker processes (default: one a GPU, else a core).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    budget: Annotated[int | None, typer.Option(
+        "--budget", help="`gnsweep plan DIR`: examples its rounds may process (default: what "
+        "the folder's runs had processed when the plan began).")] = None,
 ) -> None:
     """Find B_crit at a fraction of the grid's compute: a pilot run's B_simple picks the batch
     sizes, eq. 2.7 the first learning rate at each, and only the rates that can still win run.
@@ -154,12 +157,14 @@ def plan(
     DIR/plan.json records each decision, and re-running the same command resumes.
 
     `gnsweep plan DIR` (an analysed sweep folder, no overrides): while `gnsweep recommend DIR`
-    is a bound, run exactly its next grid in DIR and analyse again (3 rounds at most).
+    is a bound, run exactly its next grid in DIR and analyse again, round after round up to
+    --budget examples; DIR/next_grids.json records each round before it runs.
     Examples: gnsweep plan --sweep-dir runs/digits-plan; gnsweep plan runs/digits
     """
     from gnsweep.commands.plan import run
 
-    run(overrides, sweep_dir=sweep_dir, workers=workers, quiet=quiet, echo=typer.echo)
+    run(overrides, sweep_dir=sweep_dir, workers=workers, quiet=quiet, echo=typer.echo,
+        budget=budget)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -273,8 +278,9 @@ def recommend(
         "--target", help="The target to recommend for (default: the hardest whose B_crit is "
                          "well determined).")] = None,
     prefer: Annotated[str, typer.Option(
-        "--prefer", help="time (4 B_crit), balanced (B_crit: 2 S_min, 2 E_min) or compute "
-                         "(B_crit/4).")] = "balanced",
+        "--prefer", help="time (4 B_crit: 1.25 S_min, 5 E_min), balanced (B_crit: 2 S_min, "
+                         "2 E_min) or compute (B_crit/4: 5 S_min, 1.25 E_min); eq. 2.11.")
+    ] = "balanced",
     as_json: Annotated[bool, typer.Option("--json", help="Print the recommendation as JSON.")
                        ] = False,
 ) -> None:

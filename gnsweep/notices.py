@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 NOTICES = ".notices"
@@ -48,7 +49,9 @@ class OncePerLaunch(logging.Filter):
 
 def once_per_launch(sweep_dir: Path, launch: str | None) -> None:
     """In this worker process: gnsweep's warnings go to stderr once per launch `launch` (the
-    launch id every worker inherits; None: every time, as before)."""
+    launch id every worker inherits; None: every time, as before). Called again, it replaces
+    its handler. It changes gnsweep's logger for the rest of the process: a worker's entry
+    point that may be called in-process undoes it with `kept_logging`."""
     if not launch:
         return
     logger = logging.getLogger("gnsweep")
@@ -60,6 +63,24 @@ def once_per_launch(sweep_dir: Path, launch: str | None) -> None:
     handler.gnsweep_notices = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.propagate = False
+
+
+@contextlib.contextmanager
+def kept_logging() -> Iterator[None]:
+    """gnsweep's logger as it was before the block, after it: its handlers, filters, level and
+    propagation. A worker's entry point called in-process (by a test, or a program of its own)
+    hands the caller's logging back: records stop reaching the root logger's handlers otherwise
+    (the caller's own, or pytest's capture)."""
+    logger = logging.getLogger("gnsweep")
+    handlers, filters = list(logger.handlers), list(logger.filters)
+    level, propagate, disabled = logger.level, logger.propagate, logger.disabled
+    try:
+        yield
+    finally:
+        logger.handlers[:] = handlers
+        logger.filters[:] = filters
+        logger.setLevel(level)
+        logger.propagate, logger.disabled = propagate, disabled
 
 
 def forget(sweep_dir: Path, launch: str) -> None:

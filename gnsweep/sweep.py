@@ -189,7 +189,9 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
     from gnsweep.progress import SweepProgress
 
     # Every worker inherits it and records it with each attempt: the summary can then say
-    # which runs this launch ran and which another launch on the same folder did.
+    # which runs this launch ran and which another launch on the same folder did. Put back
+    # after: what this process starts later is no part of a launch that has ended.
+    before = os.environ.get(LAUNCH_ENV)
     os.environ[LAUNCH_ENV] = uuid.uuid4().hex
     # The real values of the secrets masked on disk, for this launch's workers only.
     redact.export(config.to_dict())
@@ -212,6 +214,10 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
     finally:
         if wait:  # its workers are done: the launch's notice markers go (gnsweep.notices)
             notices.forget(sweep_dir, os.environ[LAUNCH_ENV])
+        if before is None:
+            os.environ.pop(LAUNCH_ENV, None)
+        else:
+            os.environ[LAUNCH_ENV] = before
 
 
 def launch(config: Config, sweep_dir: Path, *, show_progress: bool = True,

@@ -1,5 +1,7 @@
+import logging
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -7,6 +9,51 @@ import pytest
 # and one thread keeps the tiny sweep deterministic (the committed fit baseline relies on it).
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+# ---- each test starts from the same process-wide state -------------------------------------
+# Tests share an xdist worker in an order that changes from run to run: what one leaves in the
+# process (gnsweep's logger made to stop propagating by a worker served in-process, a launch's
+# id in the environment, a warning said once a process) must not change what the next sees,
+# e.g. whether `caplog` gets a warning.
+_KEPT_ENV = ("GNSWEEP_LAUNCH", "GNSWEEP_SECRETS")
+"""Set by a launch in the launcher's process (gnsweep.sweep.run_specs, gnsweep.redact)."""
+
+
+def _gnsweep_loggers() -> dict[str, logging.Logger]:
+    loggers = {name: item for name, item in logging.Logger.manager.loggerDict.items()
+               if isinstance(item, logging.Logger)
+               and (name == "gnsweep" or name.startswith("gnsweep."))}
+    return {"gnsweep": logging.getLogger("gnsweep"), **loggers}
+
+
+def _logger_state(logger: logging.Logger) -> tuple:
+    return (list(logger.handlers), list(logger.filters), logger.level, logger.propagate,
+            logger.disabled)
+
+
+@pytest.fixture(autouse=True)
+def _process_state_restored():
+    """After each test: gnsweep's loggers as before it (handlers, filters, levels, propagation;
+    a logger made during the test as Python makes one), the launch variables of the
+    environment as before it, and no warning remembered as said (gnsweep.measure.common)."""
+    loggers = {name: _logger_state(item) for name, item in _gnsweep_loggers().items()}
+    env = {name: os.environ.get(name) for name in _KEPT_ENV}
+    yield
+    for name, logger in _gnsweep_loggers().items():
+        handlers, filters, level, propagate, disabled = loggers.get(
+            name, ([], [], logging.NOTSET, True, False))
+        logger.handlers[:], logger.filters[:] = handlers, filters
+        logger.setLevel(level)
+        logger.propagate, logger.disabled = propagate, disabled
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    common = sys.modules.get("gnsweep.measure.common")  # imported only where a test needs it
+    if common is not None:
+        common._SAID.clear()
 
 
 @pytest.fixture(scope="session")

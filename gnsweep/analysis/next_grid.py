@@ -15,6 +15,12 @@ fit where it stands; else the best rate at the grid's edge batch size carried wi
 eps_opt(B) = eps_max / (1 + B_noise/B), B_noise from the lr fit, else B_simple, else the bound),
 spaced like the grid's rates, so the best rate there is bracketed. A best rate on the grid's
 edge gets one run one grid step beyond it, at that batch size.
+
+The grid's step is the grid's factor (`grid_factor`): the median ratio of neighbouring rates *at
+one batch size*, not over the union of every rate run. Next grids add rates predicted per batch
+size, and the union of those is dense (rates 15% apart), so a step read from it would move an
+edge rate 15% a round and never bracket it; at one batch size the rates stay a factor apart, so
+an edge rate moves at least that factor each round until it is bracketed.
 """
 
 from __future__ import annotations
@@ -87,6 +93,21 @@ def lr_ratio(learning_rates: list[float] | tuple[float, ...]) -> float:
     return float(np.median(np.array(rates[1:]) / np.array(rates[:-1])))
 
 
+def grid_factor(steps: pd.DataFrame, batch_size: float | None = None) -> float:
+    """The grid's learning-rate factor (module doc): the median ratio of neighbouring rates run
+    at `batch_size`, or the median of that over every batch size with two rates or more; 1.0
+    where no batch size has two."""
+    if not len(steps) or not {"batch_size", "learning_rate"} <= set(steps):
+        return 1.0
+    frame = steps[["batch_size", "learning_rate"]].astype(float)
+    if batch_size is not None:
+        frame = frame[np.isclose(frame["batch_size"], batch_size, rtol=1e-9, atol=0)]
+    ratios = [lr_ratio(group["learning_rate"].tolist())
+              for _, group in frame.groupby("batch_size")
+              if group["learning_rate"].nunique() > 1]
+    return float(np.median(ratios)) if ratios else 1.0
+
+
 def _round_lr(value: float) -> float:
     return float(f"{value:.3g}")
 
@@ -108,7 +129,7 @@ def next_grid(results: Results, target: float, setting: Setting, side: str | Non
     grid_lrs = setting.learning_rates or tuple(
         pd.unique(results.steps["learning_rate"].astype(float)) if "learning_rate" in
         results.steps else points["learning_rate"].astype(float))
-    ratio = lr_ratio(grid_lrs)
+    ratio = max(lr_ratio(grid_lrs), grid_factor(results.steps))
     samples = sorted(setting.batch_sizes) or sorted(
         {max(1, round(float(b) / per)) for b in points["batch_size"]})
     runs: list[NextRun] = []
@@ -132,7 +153,8 @@ def next_grid(results: Results, target: float, setting: Setting, side: str | Non
         if not bool(point.lr_on_edge):
             continue
         lr = float(point.learning_rate)
-        beyond = _round_lr(lr * ratio if point.lr_edge == "high" else lr / ratio)
+        step = max(ratio, grid_factor(results.steps, float(point.batch_size)))
+        beyond = _round_lr(lr * step if point.lr_edge == "high" else lr / step)
         b = setting.samples(float(point.batch_size))
         runs.append(NextRun(b, beyond, f"best rate {lr:g} at {b} is on the grid's "
                                        f"{point.lr_edge} edge"))

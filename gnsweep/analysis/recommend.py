@@ -8,7 +8,9 @@ Eq. 2.11 with E = B S: training at batch size B to a target costs
 so B = B_crit (`balanced`) costs 2 S_min and 2 E_min; `time` takes PREFERENCES["time"] x B_crit
 (S within 25% of S_min, at 5 E_min) and `compute` PREFERENCES["compute"] x B_crit (E within 25%
 of E_min, at 5 S_min). The batch size is said in the task's unit and in samples per step,
-rounded to a multiple of the data-parallel size (what a user can set).
+rounded to a multiple of the data-parallel size (what a user can set). Where the preference's
+multiple of B_crit lies below the smallest batch a run can take (one sample per process) the batch
+is that smallest one, `clipped` says so, and its costs are eq. 2.11's there, not the preference's.
 
 The learning rate at that batch size comes from the eq. 2.7 fit of the best learning rates
 (`analysis.lr`, the fits row's model) only where that fit stands and the batch size lies inside
@@ -16,7 +18,13 @@ the batch sizes it was fitted on (interpolation); else from the measured best ra
 batch sizes around it; else it is a bound or nothing, with the reason. Its interval is the lr
 fit's 95% interval at that batch size (delta method, or a residual bootstrap when the analysis
 was bootstrapped); the batch size's interval is B_crit's (bootstrap or delta method) times the
-preference's multiple.
+preference's multiple, rounded to batch sizes a run can take as the batch size is (so it always
+contains it).
+
+B_crit below the smallest batch a run can take, and no smaller one to measure: every batch from
+that size up takes about S_min steps (S = S_min (1 + B_crit/B) with B_crit/B < 1), so a larger
+batch buys almost no steps; that smallest batch, at its measured best learning rate, is the
+answer (status `fit`, `bcrit_status` `below_smallest`) and the choice above it is throughput's.
 
 Status: `fit` (B from a well-determined B_crit, the learning rate interpolated), `bound` (B_crit
 only bounded, extrapolated, fitted on fewer than MIN_BATCH_SIZES batch sizes, or the learning
@@ -91,6 +99,13 @@ class Recommendation:
     """B_crit's own verdict: fit (well determined), thin (fitted on too few batch sizes to
     settle it: the setting is the fit's, the status a bound), bound (only bounded or
     extrapolated) or law (a target not analysed, through B_crit(L))."""
+    batch_size_preferred: float = math.nan
+    """The preference's multiple of B_crit before rounding (task unit)."""
+    smallest: float = math.nan
+    """The smallest batch a run can take (task unit): one sample per process."""
+    clipped: bool = False
+    """The preferred batch lies below `smallest`: the batch is `smallest`, its costs eq. 2.11's
+    there (not the preference's)."""
     batch_size_side: str = ""
     """For a bound: "at_least" (B_crit above the grid) or "at_most" (below it)."""
     b_crit: float = math.nan
@@ -142,14 +157,21 @@ def tradeoff(b_crit: float, s_min: float, e_min: float, setting: Setting,
              multiples: tuple[float, ...] = TRADEOFF_MULTIPLES) -> list[dict[str, float]]:
     """Eq. 2.11 at `multiples` x B_crit: each row's batch size (task unit, and samples rounded
     as `Setting.samples`), steps S_min (1 + B_crit/B) and examples E_min (1 + B/B_crit) at the
-    rounded batch size, and both relative to their minimum."""
+    rounded batch size, and both relative to their minimum. `b_over_bcrit` is the rounded
+    batch's own multiple; multiples that round to one batch (below the smallest a run can take)
+    give one row, the first."""
     rows = []
+    seen: set[int] = set()
     for m in multiples:
         samples = setting.samples(m * b_crit)
+        if samples in seen:
+            continue
+        seen.add(samples)
         b = samples * setting.per_sample
         steps = s_min * (1 + b_crit / b)
         examples = e_min * (1 + b / b_crit)
-        rows.append({"multiple": m, "batch_size": b, "batch_size_samples": samples,
+        rows.append({"multiple": m, "b_over_bcrit": b / b_crit, "batch_size": b,
+                     "batch_size_samples": samples,
                      "steps": steps, "examples": examples, "steps_over_min": steps / s_min,
                      "examples_over_min": examples / e_min})
     return rows
@@ -298,8 +320,13 @@ def recommend(results: Results, prefer: str = "balanced", target: float | None =
         rec = _from_bound(results, row, setting, start(BOUND_STATUS, t, why))
     else:
         return start(REFUSED_STATUS, t, why)
+    side = side_of(row, results.front, kind) if kind else None
+    if (kind in ("bound", "extrapolated") and side == "below" and rec.status != REFUSED_STATUS
+            and setting.samples(rec.batch_size) <= setting.data_parallel):
+        _below_smallest(row, setting, rec)
+        side = None  # nothing smaller to measure: only a best rate on the grid's edge to place
     if rec.status == BOUND_STATUS:
-        rec.next_grid = next_grid(results, t, setting, side_of(row, results.front, kind))
+        rec.next_grid = next_grid(results, t, setting, side)
     rec.launch = launch_line(rec)
     return rec
 
@@ -346,9 +373,17 @@ def _from_fit(results: Results, row: Any, setting: Setting, rec: Recommendation
     rec.b_crit, rec.b_crit_low, rec.b_crit_high, rec.s_min, rec.e_min = b_crit, lo, hi, s_min, \
         e_min
     rec.bcrit_status = FIT_STATUS
-    rec.batch_size_samples = setting.samples(rec.multiple * b_crit)
+    rec.batch_size_preferred = rec.multiple * b_crit
+    rec.smallest = setting.smallest
+    rec.clipped = rec.batch_size_preferred < setting.smallest
+    rec.batch_size_samples = setting.samples(rec.batch_size_preferred)
     rec.batch_size = rec.batch_size_samples * setting.per_sample
-    rec.batch_size_low, rec.batch_size_high = rec.multiple * lo, rec.multiple * hi
+    if math.isfinite(lo) and math.isfinite(hi):
+        # Rounded as the batch size is (monotone), so the interval holds it.
+        rec.batch_size_low = min(setting.samples(rec.multiple * lo) * setting.per_sample,
+                                 rec.batch_size)
+        rec.batch_size_high = max(setting.samples(rec.multiple * hi) * setting.per_sample,
+                                  rec.batch_size)
     rec.steps = s_min * (1 + b_crit / rec.batch_size)  # eq. 2.11 at the rounded batch size
     rec.examples = e_min * (1 + rec.batch_size / b_crit)
     rec.steps_over_min, rec.examples_over_min = rec.steps / s_min, rec.examples / e_min
@@ -395,6 +430,49 @@ def _from_bound(results: Results, row: Any, setting: Setting, rec: Recommendatio
         rec.lr_status, rec.learning_rate_low, rec.learning_rate_high = "measured", lr, lr
         rec.lr_reason = f"the grid's best learning rate at {rec.batch_size:g}"
     return rec
+
+
+def _below_smallest(row: Any, setting: Setting, rec: Recommendation) -> None:
+    """B_crit below the grid's smallest batch, which is the smallest a run can take (module
+    doc): an answer, said in words, at the measured best learning rate there."""
+    rec.smallest = setting.smallest
+    rec.bcrit_status = "below_smallest"
+    bound = float(row.get("b_crit_bound", math.nan))
+    if not math.isfinite(bound) or str(row.get("bcrit_status", "")) == FIT:
+        bound = min(float(row.get("b_crit", math.nan)), rec.batch_size)
+    rec.b_crit_high = bound if math.isfinite(bound) and bound > 0 else rec.batch_size
+    at = setting.said(rec.batch_size)
+    rec.reason = (f"B_crit lies below the smallest batch a run can take ({at}): from that size "
+                  "up every batch takes about the same steps (S = S_min (1 + B_crit/B), "
+                  "B_crit/B < 1), so a larger batch buys almost no steps and costs examples; "
+                  "choose the batch size for throughput (the smallest that keeps the device "
+                  "busy)")
+    if rec.lr_status == "measured":
+        rec.status = FIT_STATUS
+        rec.reason += f"; the measured best learning rate at {at} is {rec.learning_rate:.3g}"
+    else:
+        rec.status = BOUND_STATUS
+        rec.reason += f"; {rec.lr_reason}"
+
+
+BELOW_ADVICE = "the sweep only bounds it, add batch sizes below"
+"""How the analysis's warning ends for a B_crit below its smallest batch size."""
+
+
+def floor_warnings(results: Results, setting: Setting) -> list[str]:
+    """The analysis's warnings, where a B_crit below the smallest batch size is at the smallest
+    batch a run can take (nothing smaller can run): said so instead of "add batch sizes below"."""
+    out = []
+    for warning in results.warnings:
+        if BELOW_ADVICE in warning and warning.startswith("target "):
+            target = float(warning.split(":")[0].removeprefix("target "))
+            rows = _target_rows(results.front, target)
+            if len(rows) and float(rows["batch_size"].min()) <= setting.smallest * (1 + 1e-9):
+                warning = warning.replace(BELOW_ADVICE, (
+                    "no smaller batch can run (one sample per process): every batch from there "
+                    "up takes about the same steps; choose the batch size for throughput"))
+        out.append(warning)
+    return out
 
 
 def _learning_rate(results: Results, row: Any, rec: Recommendation) -> None:
@@ -484,7 +562,8 @@ def lr_interval(batch_sizes: np.ndarray, lrs: np.ndarray, b: float,
     """95% interval of eps_opt(b) from the eq. 2.7 fit to (batch_sizes, lrs): the delta method
     on log eps_opt with the fit's covariance sigma^2 (J^T J)^-1 (sigma^2 = RSS / dof), or, with
     `bootstrap` > 0, percentiles of a residual bootstrap of that many refits (at most
-    MAX_LR_BOOTSTRAP). NaN where the fit has no degrees of freedom left."""
+    MAX_LR_BOOTSTRAP; used only where it holds eps_opt(b) itself). NaN where the fit has no
+    degrees of freedom left."""
     eps_max, b_noise, alpha = params
     n_params = 3 if model == "power" else 2
     ok = np.isfinite(batch_sizes) & np.isfinite(lrs) & (batch_sizes > 0) & (lrs > 0)
@@ -510,9 +589,11 @@ def lr_interval(batch_sizes: np.ndarray, lrs: np.ndarray, b: float,
             except FitRefused:
                 continue
             draws.append(float(lr_law.eps_opt(b, fit.eps_max, fit.b_noise, fit.alpha)))
+        centre_lr = float(lr_law.eps_opt(b, eps_max, b_noise, alpha))
         if len(draws) >= 20:
             lo, hi = np.percentile(draws, (2.5, 97.5))
-            return float(lo), float(hi)
+            if lo <= centre_lr <= hi:  # else the delta method's, which holds its value
+                return float(lo), float(hi)
     step = 1e-6
     jac = np.empty((len(x), n_params))
     grad = np.empty(n_params)

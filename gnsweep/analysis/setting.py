@@ -34,6 +34,19 @@ class Setting:
                    batch_sizes=tuple(int(b) for b in grid.get("batch_sizes") or ()),
                    learning_rates=tuple(float(x) for x in grid.get("learning_rates") or ()))
 
+    @property
+    def smallest(self) -> float:
+        """The smallest batch a run can take, in the task's unit: one sample per process."""
+        return self.data_parallel * self.per_sample
+
+    def said(self, units: float) -> str:
+        """A batch in words, singular where it is one: '1 example', '70 tokens (2 sequences)',
+        '35 tokens (1 sequence)'."""
+        text = counted(units, self.unit)
+        if self.unit != "examples" and self.per_sample != 1.0:
+            text += f" ({counted(units / self.per_sample, 'sequences')})"
+        return text
+
     def samples(self, units: float) -> int:
         """Samples per step for `units` of the task's unit, rounded to the nearest multiple of
         the data-parallel size (at least one multiple)."""
@@ -41,3 +54,11 @@ class Setting:
             return 0
         dp = self.data_parallel
         return max(dp, dp * round(units / self.per_sample / dp))
+
+
+def counted(value: float, unit: str) -> str:
+    """'1 sequence', '2 sequences', '0.6 sequences': the unit singular only for exactly one."""
+    if not math.isfinite(value):
+        return f"? {unit}"
+    number = f"{value:,.0f}" if abs(value) >= 10 or value == round(value) else f"{value:.2g}"
+    return f"{number} {unit[:-1] if number == '1' and unit.endswith('s') else unit}"

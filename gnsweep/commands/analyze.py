@@ -17,11 +17,14 @@ from gnsweep.analysis.adaptive import analyze_adaptive, split_adaptive
 from gnsweep.analysis.along import compare_schedule, split_along
 from gnsweep.analysis.pipeline import AnalysisError, analyze_tables
 from gnsweep.analysis.recipe import recipe_warnings
-from gnsweep.analysis.recommend import recommend
+from gnsweep.analysis.recommend import floor_warnings, recommend
 from gnsweep.analysis.results import Results
+from gnsweep.analysis.setting import Setting
 from gnsweep.analysis.steps import Curves
+from gnsweep.answer_record import runs_on_record
 from gnsweep.commands import Echo
 from gnsweep.folder import SweepFolder
+from gnsweep.paths import SweepPaths
 from gnsweep.targets import AUTO
 from gnsweep.tasks import about
 
@@ -52,6 +55,8 @@ def analyze_sweep(sweep_dir: Path | SweepFolder, loss: str | None = None,
     # Opened once: config.yaml parsed, every run file checked; everything below reads from it.
     folder = sweep_dir if isinstance(sweep_dir, SweepFolder) else SweepFolder.open(sweep_dir)
     sweep_dir = folder.root
+    # Read before the rows: a run that moves after this reads as newer than the analysis.
+    used = runs_on_record(sweep_dir)
     curves = folder.curves(skip_corrupt=skip_corrupt)
     nothing_yet(sweep_dir, curves)
     # Adaptive runs (appendix D) stay out of the fits of eq. 2.11; they are measured against them.
@@ -68,6 +73,7 @@ def analyze_sweep(sweep_dir: Path | SweepFolder, loss: str | None = None,
     if config.branch.points:  # runs branched from a base run's checkpoints: local B_crit
         analysis = analyze_branch_sweep(sweep_dir, config, curves, loss=loss,
                                         ema_examples=ema_examples, bootstrap=bootstrap)
+        analysis.meta["runs_used"] = used
         if write:
             write_outputs(out_dir or sweep_dir, analysis)
         return analysis
@@ -81,9 +87,28 @@ def analyze_sweep(sweep_dir: Path | SweepFolder, loss: str | None = None,
     loss = loss or config.analysis.loss
     if bootstrap is None:
         bootstrap = config.analysis.bootstrap
-    analysis = analyze_tables(None, fixed, chosen, loss=loss, ema_examples=ema_examples,
-                              bootstrap=bootstrap, optimizer=config.train.optimizer,
-                              source=str(sweep_dir), direction=task.direction)
+    held = held_targets(out_dir or sweep_dir) if targets is None and chosen == AUTO else []
+    fitted: Results | None = None
+    held_note = ""
+    if held:  # automatic targets do not move when runs are added
+        try:
+            fitted = analyze_tables(None, fixed, held, loss=loss, ema_examples=ema_examples,
+                                    bootstrap=bootstrap, optimizer=config.train.optimizer,
+                                    source=str(sweep_dir), direction=task.direction)
+        except AnalysisError as err:
+            held_note = f"the automatic targets held until now ({err}): chosen again"
+        else:
+            previous = store.read_json(SweepPaths(out_dir or sweep_dir).fits_json)["meta"]
+            fitted.meta["targets_auto"] = previous.get("targets_auto")
+            held_note = ("automatic targets held from the earlier analysis (runs added do not "
+                         "move them); `gnsweep analyze DIR --targets auto` chooses them again")
+    analysis = fitted or analyze_tables(None, fixed, chosen, loss=loss,
+                                        ema_examples=ema_examples, bootstrap=bootstrap,
+                                        optimizer=config.train.optimizer,
+                                        source=str(sweep_dir), direction=task.direction)
+    if held:
+        analysis.meta["targets_held"] = held_note
+    analysis.meta["runs_used"] = used
     # The targets analysed: chosen from the runs, or the given ones that some run reached.
     targets = [float(t) for t in analysis.fits["target"]]
     if adaptive is not None:
@@ -119,10 +144,30 @@ def analyze_sweep(sweep_dir: Path | SweepFolder, loss: str | None = None,
     analysis.warnings += unreadable_warnings(sweep_dir)
     if config.noise.method != "none":  # measurement off: B_simple absent by design
         analysis.warnings += unmeasured_warnings(curves)
+    analysis.warnings = floor_warnings(analysis, Setting.from_meta(analysis.meta))
     analysis.recommendation = recommend(analysis).to_json()
     if write:
         write_outputs(out_dir or sweep_dir, analysis)
     return analysis
+
+
+def held_targets(out_dir: Path) -> list[float]:
+    """The targets an earlier analysis of the folder chose automatically (fits.json), which a
+    later automatic analysis keeps; [] where there is none."""
+    path = SweepPaths(out_dir).fits_json
+    try:
+        saved = store.read_json(path) if path.is_file() else None
+    except store.StoreError:
+        return []
+    meta = saved.get("meta") if isinstance(saved, dict) else None
+    if not (isinstance(meta, dict) and meta.get("targets_auto")):
+        return []
+    rows = saved.get("fits") if isinstance(saved, dict) else None
+    targets = [row.get("target") for row in rows if isinstance(row, dict)] \
+        if isinstance(rows, list) else []
+    if not (targets and all(isinstance(t, int | float) and t > 0 for t in targets)):
+        return []
+    return [float(t) for t in targets if t is not None]
 
 
 def nothing_yet(sweep_dir: Path, curves: Curves) -> None:
@@ -253,6 +298,7 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
                                ema_examples=ema_examples, bootstrap=bootstrap or 0,
                                optimizer=optimizer, group_by=group_by)
         if group_by is None:  # one workload: one decision
+            result.warnings = floor_warnings(result, Setting.from_meta(result.meta))
             result.recommendation = recommend(result).to_json()
         write_outputs(out, result)
     else:
@@ -261,6 +307,14 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
                                ema_examples=ema_examples, bootstrap=bootstrap,
                                targets=target_list, out_dir=out)
         out = out or sweep_dir
+    if result.meta.get("targets_held"):
+        echo(str(result.meta["targets_held"]), err=as_json)
+    if sweep_dir is not None and out is sweep_dir and result.recommendation is not None:
+        from gnsweep.answer_record import remember
+
+        for line in remember(sweep_dir, "analyze", result.recommendation, result.meta,
+                             result.fits):
+            echo(line, err=as_json)
     if result.recommendation is not None:  # the decision first, then what it rests on
         from gnsweep.report.recommendation import lines
         from gnsweep.report.views import quantity

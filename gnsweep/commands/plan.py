@@ -225,9 +225,12 @@ __all__ = ["PLAN_FILE", "PlanSummary", "Proposal", "examples_processed", "explai
            "read_outcomes"]
 
 
-NEXT_GRID_ROUNDS = 3
-"""`gnsweep plan DIR`: at most this many rounds of next grids (each run exactly, then the folder
-analysed again) before it stops and says what is still a bound."""
+NEXT_GRIDS_FILE = store.NEXT_GRIDS
+"""`gnsweep plan DIR`'s record in the sweep folder: its budget, every round of next grids (its
+runs written before any of them starts) and why it stopped."""
+UNFINISHED = ("pending", "running")
+"""States of a recorded round's run that a resumed plan runs (a failed run stays failed, as the
+executor left it after its retries)."""
 
 
 def folder_argument(overrides: list[str] | None) -> Path | None:
@@ -242,14 +245,44 @@ def folder_argument(overrides: list[str] | None) -> Path | None:
     return None
 
 
+def _next_grids_record(record: Any) -> bool:
+    """Whether next_grids.json holds what `next_grids` writes: {"budget": int, "rounds": [{"runs":
+    [{batch_size, learning_rate, seed, run_id}...]}...]}."""
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) \
+            and math.isfinite(value)
+
+    if not (isinstance(record, dict) and isinstance(record.get("rounds"), list)
+            and number(record.get("budget"))):
+        return False
+    return all(isinstance(entry, dict) and isinstance(entry.get("runs"), list) and all(
+        isinstance(run, dict) and isinstance(run.get("run_id"), str)
+        and all(number(run.get(k)) for k in ("batch_size", "learning_rate", "seed"))
+        for run in entry["runs"]) for entry in record["rounds"])
+
+
+def _state(sweep_dir: Path, run_id: str) -> str:
+    """A run's state as a resumed plan acts on it (pending where its record was never written)."""
+    from gnsweep.runs import read_state
+
+    path = SweepPaths(sweep_dir).run(run_id).folder
+    return str(read_state(path).state) if path.is_dir() else "pending"
+
+
 def next_grids(sweep_dir: Path, *, workers: int | None = None, show_progress: bool = True,
-               rounds: int = NEXT_GRID_ROUNDS, echo: Callable[[str], None] = print
-               ) -> list[str]:
+               budget: int | None = None, echo: Callable[[str], None] = print) -> list[str]:
     """`gnsweep plan DIR`: while the folder's recommendation (`analysis.recommend`) is a bound,
     run exactly the runs of its next grid (`analysis.next_grid`: every seed of the sweep, the
-    folder's grid widened to hold them) and analyse again; at most `rounds` rounds. Returns the
-    run ids it ran. A re-run resumes: the next grid is derived from the finished runs again,
-    and runs already finished are not run twice."""
+    folder's grid widened to hold them) and analyse again, round after round while the runs of
+    the plan have processed fewer examples than its budget (`budget`, else the one recorded,
+    else the examples the folder's runs had processed when the plan began: the plan at most
+    about doubles the sweep). Stops with its reason: the answer settled, nothing left to run,
+    or the budget spent. Returns the run ids of its rounds.
+
+    Each round is recorded in DIR/next_grids.json before any of its runs is written or starts.
+    A re-run (after a kill, even mid-round) first runs what its recorded rounds left unfinished,
+    then derives the next round from the finished runs, exactly as an uninterrupted plan would:
+    the same runs, none twice, none lost."""
     import dataclasses
 
     from gnsweep.analysis.recommend import recommend
@@ -263,21 +296,79 @@ def next_grids(sweep_dir: Path, *, workers: int | None = None, show_progress: bo
     if config.branch.points:
         raise PlanError(f"{sweep_dir}: a branch sweep; its next batch sizes are read from "
                         f"`gnsweep analyze {sweep_dir}` per branch point")
+    if budget is not None and budget <= 0:
+        raise ConfigError(f"--budget: {budget} examples; give a positive number of examples")
     if workers is not None:
         config = dataclasses.replace(
             config, executor=dataclasses.replace(config.executor, workers=workers))
+    path = SweepPaths(sweep_dir).root / NEXT_GRIDS_FILE
+    record: Any = store.read_json(path) if os.path.lexists(path) else None
+    if record is not None and not _next_grids_record(record):
+        raise store.StoreError(f"{path}: not a record of `gnsweep plan DIR` (a budget and a "
+                               "list of rounds, each a list of runs); restore it or remove it")
+    if record is None:
+        record = {"budget": budget or max(examples_processed(sweep_dir), 1),
+                  "before": examples_processed(sweep_dir), "rounds": []}
+        how = "--budget" if budget else ("the examples the folder's runs processed before it: "
+                                         "at most about doubling the sweep; --budget N to change")
+    else:
+        how = "recorded when the plan began"
+        if budget is not None:
+            record["budget"], how = budget, "--budget"
+    record.pop("stopped", None)
+    store.write_json(path, record)
+    limit = int(record["budget"])
+    echo(f"budget: {limit:,} examples ({how}); a round starts while the plan's runs have "
+         "processed fewer")
+
+    def run_round(entry: dict[str, Any]) -> list[str]:
+        nonlocal config
+        specs = [RunSpec(int(r["batch_size"]), float(r["learning_rate"]), int(r["seed"]))
+                 for r in entry["runs"]]
+        sweep = config.sweep
+        config = dataclasses.replace(config, sweep=dataclasses.replace(
+            sweep, batch_sizes=sorted({*sweep.batch_sizes, *(s.batch_size for s in specs)}),
+            learning_rates=sorted({*sweep.learning_rates, *(s.learning_rate for s in specs)})))
+        prepare_folder(sweep_dir, config, specs)
+        for spec in specs:
+            write_run(sweep_dir, config, spec)
+        ids = [spec.run_id for spec in specs]
+        run_specs(config, sweep_dir, ids, show_progress=show_progress)
+        return ids
+
     ran: list[str] = []
-    for index in range(rounds + 1):
+    for index, entry in enumerate(record["rounds"]):  # what a killed plan left unfinished
+        ids = [str(r["run_id"]) for r in entry["runs"]]
+        left = [i for i in ids if _state(sweep_dir, i) in UNFINISHED]
+        if left:
+            echo(f"next grid, round {index + 1} (recorded): {len(left)} of {len(ids)} run(s) "
+                 "left to run")
+            run_round(entry)
+        ran += ids
+    while True:
         results = analyze_sweep(sweep_dir)
         rec = recommend(results, setting=setting_of(sweep_dir, results))
-        if rec.status != "bound" or rec.next_grid is None or not rec.next_grid.runs:
-            echo(summary(rec.to_json(), quantity(results.meta)))
-            return ran
-        if index == rounds:
-            echo(f"still a bound after {rounds} round(s): {summary(rec.to_json())} Run "
-                 f"`gnsweep plan {sweep_dir}` again for more")
+        spent = examples_processed(sweep_dir, ran)
+        said = summary(rec.to_json(), quantity(results.meta))
+        if rec.status != "bound":
+            stopped = f"the answer is {rec.status}"
+        elif rec.next_grid is None or not rec.next_grid.runs:
+            stopped = ("still a bound and nothing left to run: "
+                       + (rec.next_grid.reason if rec.next_grid is not None else rec.reason))
+        elif spent >= limit:
+            stopped = (f"budget spent: the plan's runs processed {spent:,} of {limit:,} examples "
+                       f"and the answer is still a bound; `gnsweep plan {sweep_dir} --budget "
+                       f"{2 * limit}` runs more")
+        else:
+            stopped = ""
+        if stopped:
+            record["stopped"] = stopped
+            store.write_json(path, record)
+            echo(said)
+            echo(f"plan stopped after {len(record['rounds'])} round(s): {stopped}")
             return ran
         grid = rec.next_grid
+        assert grid is not None
         specs = [RunSpec(r.batch_size, r.learning_rate, seed)
                  for r in grid.runs for seed in config.sweep.seeds]
         known = set(store.run_ids(sweep_dir))
@@ -287,24 +378,20 @@ def next_grids(sweep_dir: Path, *, workers: int | None = None, show_progress: bo
             again = ", ".join(spec.run_id for spec in specs[:4])
             raise PlanError(f"the next grid proposes again runs the folder has ({again}...): "
                             f"check `gnsweep status {sweep_dir}`")
-        echo(f"next grid, round {index + 1} ({len(specs)} run(s): {grid.reason})")
+        entry = {"reason": grid.reason,
+                 "runs": [{"batch_size": s.batch_size, "learning_rate": s.learning_rate,
+                           "seed": s.seed, "run_id": s.run_id} for s in specs]}
+        record["rounds"].append(entry)
+        store.write_json(path, record)  # decided before anything of it is written or runs
+        echo(f"next grid, round {len(record['rounds'])} ({len(specs)} run(s): {grid.reason}; "
+             f"{spent:,} of {limit:,} examples spent)")
         for r in grid.runs:
             echo(f"  b={r.batch_size} lr={r.learning_rate:g}: {r.why}")
-        sweep = config.sweep
-        config = dataclasses.replace(config, sweep=dataclasses.replace(
-            sweep, batch_sizes=sorted({*sweep.batch_sizes, *grid.batch_sizes}),
-            learning_rates=sorted({*sweep.learning_rates, *grid.learning_rates})))
-        prepare_folder(sweep_dir, config, specs)
-        for spec in specs:
-            write_run(sweep_dir, config, spec)
-        ids = [spec.run_id for spec in specs]
-        run_specs(config, sweep_dir, ids, show_progress=show_progress)
-        ran += ids
-    return ran
+        ran += run_round(entry)
 
 
 def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | None,
-        quiet: bool, echo: Echo) -> None:
+        quiet: bool, echo: Echo, budget: int | None = None) -> None:
     """`gnsweep plan`: the config and its checks as for `gnsweep launch`, then the plan's rounds;
     ends with what it ran and pruned. `gnsweep plan DIR` (an analysed sweep folder): the next
     grids of its recommendation (`next_grids`)."""
@@ -314,11 +401,15 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
     if folder is not None:
         if sweep_dir is not None:
             raise PlanError("gnsweep plan DIR runs the next grid inside DIR; drop --sweep-dir")
-        ids = next_grids(folder, workers=workers, show_progress=not quiet, echo=echo)
+        ids = next_grids(folder, workers=workers, show_progress=not quiet, budget=budget,
+                         echo=echo)
         echo(f"plan {folder}: {len(ids)} run(s) of next grids, "
              f"{examples_processed(folder, ids):,} examples processed")
         echo(f"next: gnsweep recommend {folder}")
         return
+    if budget is not None:
+        raise PlanError("--budget bounds the rounds of `gnsweep plan DIR` (an analysed sweep "
+                        "folder); a plan from overrides runs only the grid it is given")
 
     # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
     config, _, _ = preflight(compose_config(overrides, workers), overrides)

@@ -35,8 +35,9 @@ def load_tables(sweep_dir: Path | SweepFolder, analyze: bool = True) -> Results:
             and SweepPaths(sweep_dir).result("fits").is_file():
         return read_results(sweep_dir)  # `analyze --table` output: no runs, no curves
     folder = folder or SweepFolder.open(sweep_dir)
-    if analyze and not all(folder.result(name).exists() for name in ("steps", "front", "fits")):
-        analyze_sweep(folder)
+    if analyze and (not all(folder.result(name).exists() for name in ("steps", "front", "fits"))
+                    or _stale(sweep_dir)):
+        analyze_sweep(folder)  # none yet, or older than the runs on record
     results = read_results(sweep_dir)
     runs, metrics = folder.tables(skip_corrupt=True)
     # Adaptive runs are drawn from the adaptive table (along runs, sweep.schedule=along, are in
@@ -48,6 +49,16 @@ def load_tables(sweep_dir: Path | SweepFolder, analyze: bool = True) -> Results:
     results.runs = runs[~runs["run_id"].isin(adaptive)].reset_index(drop=True)
     results.metrics = metrics[~metrics["run_id"].isin(adaptive)].reset_index(drop=True)
     return results
+
+
+def _stale(sweep_dir: Path) -> bool:
+    """Whether the folder's analysis does not cover every run on record as it stands."""
+    from gnsweep.answer_record import stale
+
+    try:
+        return bool(stale(sweep_dir, store.read_json(SweepPaths(sweep_dir).fits_json)["meta"]))
+    except (store.StoreError, KeyError, TypeError):
+        return True
 
 
 def save(fig, stem: str, out_dir: Path, formats: tuple[str, ...] = FORMATS) -> list[Path]:

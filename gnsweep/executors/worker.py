@@ -40,7 +40,7 @@ from gnsweep.executors import (
 )
 from gnsweep.executors.watchdog import STALLED_EXIT
 from gnsweep.folder import SweepFolder
-from gnsweep.notices import once_per_launch
+from gnsweep.notices import kept_logging, once_per_launch
 from gnsweep.stall import Stalled
 from gnsweep.store import RunState
 
@@ -130,6 +130,11 @@ class StopFlag:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with kept_logging():  # called in-process, the caller's logging is as it was after
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gnsweep.executors.worker")
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--runs-file", type=Path, required=True, help="One run id a line.")

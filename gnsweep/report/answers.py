@@ -153,8 +153,15 @@ def robustness(row: Any, judged: Verdict) -> str:
             f"{rounded(hi)} (a {spread:.0%} spread; {label}).")
 
 
+SMALLEST_WORDS = ("every batch from there up takes about the same steps (S = S_min (1 + "
+                  "B_crit/B) with B_crit/B < 1), so choose the batch size for throughput")
+"""Said where B_crit lies below the smallest batch a run can take: there is nothing smaller to
+add."""
+
+
 def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
-            unit: str = "examples", direction: Direction | bool | None = None) -> list[str]:
+            unit: str = "examples", direction: Direction | bool | None = None,
+            smallest: float = math.nan) -> list[str]:
     """One plain paragraph per target, earliest in training first; `what` names the targets'
     quantity (loss, or a task's own metric such as return); `direction` which way it is reached
     (default: a loss falls, any other metric rises).
@@ -162,7 +169,9 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
     Each from its `verdict`: a refusal says why; a bound says its side; a B_crit outside the
     batch sizes that reached its target (the range the analysis's warning names) is always
     called an extrapolation, and more than a factor EXTRAPOLATION outside it is said as a
-    bound, not as a number.
+    bound, not as a number. `smallest`: the smallest batch a run can take (task unit, one
+    sample per process); a B_crit below it is said as such, never with "add smaller batch
+    sizes".
     """
     out = []
     rises = what != "loss" if direction is None else Direction.of(direction).rises
@@ -175,6 +184,10 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
             side = ("above the largest batch size measured" if status == "lower_bound"
                     else "below the smallest batch size measured")
             more = "larger" if status == "lower_bound" else "smaller"
+            if status == "upper_bound" and float(row.b_crit_bound) <= smallest * (1 + 1e-9):
+                out.append(f"At {what} {row.target:g} the largest useful batch size is below "
+                           f"the smallest batch a run can take ({edge}): {SMALLEST_WORDS}.")
+                continue
             out.append(f"At {what} {row.target:g} the sweep only bounds the largest useful "
                        f"batch size: it is {side} ({edge}), and the fit cannot place it. Add "
                        f"{more} batch sizes to measure it.")
@@ -205,6 +218,11 @@ def answers(fits: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
                        f"largest one that reached it ({high:g}): the fit puts it near "
                        f"{rounded(b_crit)} (95% interval {interval}), an extrapolation. Add "
                        f"larger batch sizes to pin it down.{measured}")
+            continue
+        if judged.extrapolated and b_crit < low and low <= smallest * (1 + 1e-9):
+            out.append(f"At {what} {row.target:g} the largest useful batch size is below the "
+                       f"smallest batch a run can take ({low:g}): the fit puts it near "
+                       f"{rounded(b_crit)}, an extrapolation; {SMALLEST_WORDS}.{measured}")
             continue
         if judged.extrapolated and b_crit < low / EXTRAPOLATION:
             out.append(f"At {what} {row.target:g} the largest useful batch size is below the "

@@ -20,6 +20,7 @@ from gnsweep import redact
 from gnsweep.analysis.along import tolerance_answer
 from gnsweep.analysis.bounds import bound_text
 from gnsweep.analysis.results import Results
+from gnsweep.analysis.setting import Setting
 from gnsweep.config import Config, TrainConfig
 from gnsweep.report.answers import along_answers, answers, interval_of
 from gnsweep.report.views import preconditioned, quantity
@@ -375,7 +376,8 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
         *recommendation_box(tables),
         *(f"<p class=answer>{esc(a)}</p>"
           for a in answers(tables.fits, tables.front, quantity(tables.meta), unit,
-                              Direction.from_meta(tables.meta))),
+                              Direction.from_meta(tables.meta),
+                              Setting.from_meta(tables.meta).smallest)),
         f"<h2>Warnings ({len(warnings)})</h2>",
         _list(warnings, "warn") if warnings else "<p>None.</p>",
         "<h2>Fits of eq. 2.11: (S/S_min − 1)(E/E_min − 1) = 1</h2>",

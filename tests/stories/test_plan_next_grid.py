@@ -60,7 +60,8 @@ def test_plan_runs_the_next_grid_and_turns_the_bound_into_a_fit(tmp_path):
     assert after["learning_rate"] == pytest.approx(float(best_lr[0]), rel=0.3)
     # Nothing left to run: a second plan only says the answer.
     again = invoke("plan", sweep, "-q")
-    assert again.exit_code == 0 and "0 run(s) of next grids" in again.output
+    assert again.exit_code == 0 and "round(s): the answer is fit" in again.output
+    assert set(store.run_ids(sweep)) == ran_before | added
 
 
 def test_plan_dir_on_a_folder_that_is_not_a_sweep_is_one_line(tmp_path):
