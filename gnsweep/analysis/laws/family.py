@@ -9,6 +9,10 @@ Two kinds of input (docs/laws.md):
   optional `target` and `learning_rate`; each cell's B_crit comes from the fit of eq. 2.11
   (`analysis.fit.fit_hyperbola`) on the fewest steps per batch size.
 
+Each law keeps a variable's exponent only where the data determine it (`power.select_form`).
+Steps-to-target tables whose models each reached their own target give B_crit laws across
+models at their targets, against N and against the target loss (Kaplan's B_crit(L)).
+
 Held out by default: each law is fitted again without the largest usable cell (largest N*D),
 which it then predicts; `held_out` holds predicted against measured. Pure: no files.
 """
