@@ -184,6 +184,7 @@ def fit_family(cells: pd.DataFrame, draws: dict[str, np.ndarray], *, bootstrap: 
                     raise LawRefused("neither N nor D varies across the cells")
                 law, why = select_form(quantity, variables, n, d, y, point_draws,
                                        bootstrap=bootstrap, seed=seed)
+                _scales(law, why)
             except LawRefused as err:
                 refused.append({"quantity": quantity, "target": target,
                                 "reason": f"{_usable_line(cells, quantity, target)}: {err}"})
@@ -192,6 +193,14 @@ def fit_family(cells: pd.DataFrame, draws: dict[str, np.ndarray], *, bootstrap: 
                 quantity, variables, n, d, y, point_draws, bootstrap, seed,
                 chosen=law.variables), why))
     return laws, refused
+
+
+def _scales(law: PowerLaw, why: list[str]) -> None:
+    """A law across scale must keep a variable: where the cells determine no exponent (a flat
+    valley's optima are noise, plain SGD's at a fixed budget), a constant fitted through them
+    would be a headline the data do not support. LawRefused with the reasons otherwise."""
+    if not law.variables:
+        raise LawRefused("the cells determine no exponent (" + "; ".join(why) + ")")
 
 
 def _usable_line(cells: pd.DataFrame, quantity: str, target: float | None) -> str:
@@ -466,6 +475,7 @@ def _own_target_laws(cells: pd.DataFrame, draws: np.ndarray, *, bootstrap: int, 
         try:
             law, why = select_form("b_crit", (variable,), n, second, y, point_draws,
                                    bootstrap=bootstrap, seed=seed)
+            _scales(law, why)
         except LawRefused as err:
             refused.append({"quantity": "b_crit", "target": None, "scope": OWN_TARGETS,
                             "reason": f"{used}: {err}"})
