@@ -408,9 +408,10 @@ def laws(
         help="Fixed-budget sweep folders, one per model size N and budget D.")] = None,
     table: Annotated[Path | None, typer.Option("--table", help="CSV or parquet made elsewhere: "
         "N, D, batch_size, learning_rate, loss; or N, batch_size, steps.")] = None,
-    predict: Annotated[str | None, typer.Option(help="A new scale: N=7e9,D=1.4e12.")] = None,
-    tolerance: Annotated[float, typer.Option(help="Near-optimal: within this relative loss."
-                                             )] = 0.01,
+    predict: Annotated[str | None, typer.Option(help="A new scale: N=7e9,D=1.4e12 (and "
+        "M=<FLOPs a token> for DeepSeek's law).")] = None,
+    tolerance: Annotated[float, typer.Option(help="Near-optimal: within this relative loss "
+                                             "(Step Law's 0.25%).")] = 0.0025,
     bootstrap: Annotated[int, typer.Option(min=0, help="Draws for 95% intervals.")] = 200,
     as_json: Annotated[bool, typer.Option("--json", help="laws.json on stdout.")] = False,
 ) -> None:

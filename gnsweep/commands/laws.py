@@ -51,9 +51,9 @@ def sweep_runs(sweep_dir: Path) -> pd.DataFrame:
     config = folder.config
     scale = read_scale(sweep_dir)
     runs, metrics = folder.tables()
+    # The runs table has B in the task's unit already, as D is (tokens for a language model:
+    # samples x tokens a sample; its `samples` column keeps the samples).
     rows = final_losses(str(sweep_dir), runs, metrics, float(config.sweep.max_examples))
-    # B in the task's unit, as D is (tokens for a language model: samples x tokens a sample).
-    rows["batch_size"] = rows["batch_size"] * scale["per_sample"]
     return rows.assign(N=float(scale["N"]), D=float(config.sweep.max_examples),
                        per_sample=scale["per_sample"], sweep=sweep_dir.name)
 
@@ -111,8 +111,8 @@ def fit(sweep_dirs: list[Path], table: Path | None, *, tolerance: float, bootstr
     except CellRefused as err:
         raise AnalysisError(f"{table or 'the sweeps'}: {err}") from None
     if where is not None:
-        result.prediction = predict(result, *where, runs["N"].to_numpy(float),
-                                    runs["D"].to_numpy(float))
+        result.prediction = predict(result, where[0], where[1], runs["N"].to_numpy(float),
+                                    runs["D"].to_numpy(float), flops_per_token=where[2])
         per_sample = runs["per_sample"].unique() if "per_sample" in runs else []
         if len(per_sample) == 1 and result.prediction.get("batch_size") is not None:
             # B also in samples (sequences for a language model), as a launch takes it.
@@ -161,6 +161,9 @@ def run(sweep_dirs: list[Path], *, table: Path | None, out: Path, point: str | N
     result, runs = fit(sweep_dirs, table, tolerance=tolerance, bootstrap=bootstrap,
                        point=point)
     paths, skipped = write(result, runs, out, formats=("png", "svg" if svg else "pdf"))
+    for sweep_dir in sweep_dirs:  # each cell's own report shows the family's laws
+        store.write_json(SweepPaths(Path(sweep_dir)).laws_family,
+                         {"laws": str(Path(out).resolve())})
     data = laws_json(result)
     echo(format_laws(data), err=as_json)
     if as_json:
@@ -171,3 +174,31 @@ def run(sweep_dirs: list[Path], *, table: Path | None, out: Path, point: str | N
         echo(str(path), err=as_json)
 
 
+
+
+def report_section(sweep_dir: Path) -> str:
+    """The HTML section `gnsweep report` adds for a sweep that is a cell of a laws family
+    (`gnsweep laws` recorded where it wrote them): the printed laws and the fits figure; ""
+    when the sweep is in no family."""
+    import base64
+    import html
+
+    from gnsweep.report.laws import format_laws
+
+    pointer = SweepPaths(Path(sweep_dir)).laws_family
+    if not pointer.is_file():
+        return ""
+    recorded = store.read_json(pointer)
+    out = Path(str(recorded.get("laws", ""))) if isinstance(recorded, dict) else Path()
+    head = "<h2>Laws across scale</h2>"
+    if not (out / store.LAWS_JSON).is_file():
+        return (f"{head}<p>This sweep is a cell of the laws written to "
+                f"<code>{html.escape(str(out))}</code>, which are no longer there; run "
+                "<code>gnsweep laws</code> again.</p>")
+    text = format_laws(store.read_json(out / store.LAWS_JSON))
+    figure = out / "laws_fits.png"
+    image = (f'<img alt="laws" src="data:image/png;base64,'
+             f'{base64.b64encode(figure.read_bytes()).decode()}">' if figure.is_file() else "")
+    return (f"{head}<p>This sweep is a cell of a family whose laws <code>gnsweep laws</code> "
+            f"wrote to <code>{html.escape(str(out))}</code> (docs/laws.md).</p>{image}"
+            f"<pre>{html.escape(text)}</pre>")

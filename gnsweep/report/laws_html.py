@@ -41,9 +41,11 @@ def render_laws(data: dict[str, Any], figures: dict[str, bytes | str]) -> str:
         predicted = (f"{_g(held['predicted'])} [{_g(held['predicted_low'])}, "
                      f"{_g(held['predicted_high'])}]" if held.get("predicted") is not None
                      else esc(held.get("refused", "")))
-        target = f" (target {law['target']:g})" if law.get("target") is not None else ""
+        target = (f" (target {law['target']:g})" if law.get("target") is not None
+                  else f" ({law['scope']})" if law.get("scope") else "")
         parts.append(f"<tr><td>{esc(QUANTITY_NAMES.get(law['quantity'], law['quantity']))}"
-                     f"{esc(target)}</td><td>{esc(law['form'])}</td><td>{coefs}</td>"
+                     f"{esc(target)}</td><td>{esc(law['form'])}<br><small>"
+                     f"{esc('; '.join(law.get('form_reason', [])))}</small></td><td>{coefs}</td>"
                      f"<td>{_g(held['N'])}, {_g(held['D'])}</td><td>{predicted}</td>"
                      f"<td>{_g(held['measured'])}</td></tr>")
     parts.append("</table>")

@@ -134,9 +134,10 @@ def run(state: TrainState, out_dir: Path | None = None,
     declared = about(config.task)
     metric_task = declared.metric != "loss"
     # A branch run with automatic targets trains its window and stops at no target; so does a
-    # run of a sweep whose targets the analysis chooses (sweep.targets=auto): its budget.
-    hardest = None if (config.branch.points and config.branch.automatic) or sweep.auto_targets \
-        else declared.hardest(sweep.targets)
+    # run of a sweep whose targets the analysis chooses (sweep.targets=auto), or of a
+    # fixed-budget sweep (sweep.budget): its budget.
+    hardest = None if (config.branch.points and config.branch.automatic) \
+        or not sweep.stops_at_target else declared.hardest(sweep.targets)
     params = [p for p in state.model.parameters() if p.requires_grad]
     start = time.perf_counter() - state.elapsed
     outcome, reason = "done", "max_steps"

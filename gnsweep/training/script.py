@@ -104,7 +104,8 @@ def placeholder_values(config: Config, spec: RunSpec, run_path: Path, resume_ste
         "sweep_dir": str(store.sweep_of(run_path)),
         # sweep.targets=auto: none (the analysis chooses them; the run trains its budget).
         "targets": ",".join(f"{t:g}" for t in sweep.targets),
-        "target": about(config.task).hardest(sweep.targets) if sweep.targets else "",
+        "target": (about(config.task).hardest(sweep.targets) if sweep.stops_at_target
+                   else ""),
         "checkpoint_dir": str(RunPaths(run_path).checkpoints),
         "resume": int(resume_step > 0), "resume_step": resume_step, "attempt": attempt}
     accumulation = ScriptOptions(**config.task.options).accumulation
@@ -291,7 +292,7 @@ class RowLog:
         self.first = True  # the attempt's first row may go back (a resume)
         self.per_sample = options.examples_per_sample
         self.step_offset = options.step_offset
-        self.hardest = None if config.sweep.auto_targets \
+        self.hardest = None if not config.sweep.stops_at_target \
             else about(config.task).hardest(config.sweep.targets)
         self.direction = about(config.task).direction
         self.stop_at: int | None = None

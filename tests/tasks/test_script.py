@@ -474,6 +474,22 @@ def test_automatic_targets_train_the_budget(tmp_path):
     assert values["target"] == "" and values["targets"] == ""
 
 
+def test_a_fixed_budget_trains_past_its_targets(tmp_path):
+    """sweep.budget: the targets stay (for the analysis) but no run stops at them; the run
+    trains its budget in examples, and {target} is empty, {max_examples} the budget."""
+    from gnsweep.runs import RunSpec
+    from gnsweep.training.script import placeholder_values
+
+    make, path = _row_log(tmp_path, budget=480)  # 8 samples x 2 examples a step: 30 steps
+    rows = make()
+    for step in range(1, 31):
+        rows.add("x", {"step": step, "loss": 0.001})  # far below the target 0.5
+        assert rows.reason == (None if step < 30 else "max_examples")
+    values = placeholder_values(rows.config, RunSpec(8, 0.1), path, 0, 1)
+    assert values["target"] == "" and values["targets"] == "0.5"
+    assert values["max_examples"] == 480
+
+
 def test_rows_an_earlier_attempt_printed_but_never_wrote_are_recovered(tmp_path):
     """A worker killed between two flushes: its run's stdout.log still holds the lines; they
     are read as the run read them live (a step going back is a resume)."""
