@@ -72,6 +72,9 @@ SCRIPT_STOP = "stop"
 """A `task=script` run's flag: present once the run should stop (`should_stop()` reads it)."""
 SCRIPT_OUTPUT = ("stdout.log", "stderr.log")
 """A `task=script` run's command output, every attempt's, appended."""
+SCRIPT_PROCESS = "process.json"
+"""A `task=script` run's running command: its process group's leader (pid and start time),
+ended by the next attempt if it is still there."""
 PLAN = "plan.json"
 """`gnsweep plan`'s record of its rounds."""
 SLURM = "slurm"
@@ -791,7 +794,7 @@ WRITTEN_INTO = (CLAIMS_LOCK, ".notices", "queue", SLURM, FIGURES, "tensorboard",
                 "wandb")
 """Sweep-level names gnsweep writes into or locks: a link there is refused before a launch."""
 RUN_WRITTEN_INTO = (HISTORY, CHECKPOINTS, METRIC_PARTS, CLAIM, STATUS, METRICS, SCRIPT_ROWS,
-                    SCRIPT_STOP, *SCRIPT_OUTPUT)
+                    SCRIPT_STOP, SCRIPT_PROCESS, *SCRIPT_OUTPUT)
 """Names of a run folder gnsweep appends to or writes into."""
 RUN_FILES = (HISTORY, CLAIM, STATUS, METRICS)
 """Those of RUN_WRITTEN_INTO that are files: anything else there (a FIFO) is refused."""
