@@ -219,3 +219,122 @@ def test_a_record_of_another_process_is_left_alone(tmp_path):
     assert not process_tree.end_earlier(path, 0.1)
     path.write_text("{not json")
     assert not process_tree.end_earlier(path, 0.1)
+
+
+# ---- the log file and the lines ---------------------------------------------------------------
+
+
+def test_a_log_file_that_is_a_fifo_fails_at_once_in_one_line(tmp_path):
+    from gnsweep.training.script import TableLog
+
+    path = tmp_path / "log.csv"
+    os.mkfifo(path)
+    with pytest.raises(ScriptFailed, match=r"log\.csv: the log file is a FIFO"):
+        TableLog(path, "csv", {}, skip_existing=True)
+    log = TableLog(tmp_path / "later.csv", "csv", {}, skip_existing=True)
+    os.mkfifo(tmp_path / "later.csv")  # made by the command after the run started
+    with pytest.raises(ScriptFailed, match="is a FIFO"):
+        list(log.rows())
+
+
+@pytest.mark.process
+def test_a_command_whose_log_file_is_a_fifo_fails_at_once(tmp_path):
+    config, run = _config(tmp_path, """
+        import os, sys, time
+        out = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--out=")][0]
+        os.mkfifo(os.path.join(out, "log.csv"))
+        time.sleep(60)
+    """, log_file="{run_dir}/log.csv")
+    with pytest.raises(ScriptFailed, match="the log file is a FIFO"):
+        _run(config, run)
+
+
+def test_lines_that_cannot_be_read_are_named(tmp_path):
+    from gnsweep.training.script import TableLog
+
+    path = tmp_path / "log.csv"
+    path.write_text("step,loss\n1,0.5\n2," + "9" * 140_000 + "\n")
+    rows = TableLog(path, "csv", {}, skip_existing=False).rows()
+    assert next(rows)[1] == {"step": "1", "loss": "0.5"}
+    with pytest.raises(ScriptFailed, match=r"log\.csv:3: not a CSV row \(field larger"):
+        next(rows)
+    deep = tmp_path / "log.jsonl"
+    deep.write_text('{"step": 1, "loss": 0.5}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    rows = TableLog(deep, "jsonl", {}, skip_existing=False).rows()
+    next(rows)
+    with pytest.raises(ScriptFailed, match=r"log\.jsonl:2: a JSON value nested too deep"):
+        next(rows)
+
+
+def test_a_line_over_the_limit_is_named_and_skipped(tmp_path, capsys):
+    from gnsweep.training.log_reader import MAX_LINE_BYTES, LineReader
+
+    path = tmp_path / "log.csv"
+    path.write_bytes(b"a\n" + b"x" * (MAX_LINE_BYTES + 10) + b"\nb\n" + b"y" * 10)
+    reader = LineReader(path, skip_existing=False)
+    assert [(n, text) for n, text, _ in reader.lines()] == [(1, "a"), (3, "b")]
+    assert f"{path}:2: a line over {MAX_LINE_BYTES} bytes, skipped" in capsys.readouterr().err
+    with path.open("ab") as handle:
+        handle.write(b"y\nc\n")
+    assert [(n, text) for n, text, _ in reader.lines()] == [(4, "y" * 11), (5, "c")]
+    again = LineReader(path, skip_existing=True)  # a later attempt: from the end, counted
+    with path.open("ab") as handle:
+        handle.write(b"d\n")
+    assert [(n, text) for n, text, _ in again.lines()] == [(6, "d")]
+
+
+@pytest.mark.process
+def test_a_long_unterminated_tail_is_read_in_bounded_memory(tmp_path):
+    """A log whose rows end in a 256 MiB sparse tail without a newline (a preallocated file;
+    the same holds for 1 GB, slower to read): the rows are read and the tail is named and
+    skipped, in a process whose peak memory stays far below the tail's size."""
+    path = tmp_path / "log.csv"
+    path.write_text("step,loss\n" + "".join(f"{s},{1 / s}\n" for s in range(1, 21)))
+    with path.open("r+b") as handle:
+        handle.truncate(path.stat().st_size + (1 << 28))
+    code = textwrap.dedent(f"""
+        import resource, sys
+        from pathlib import Path
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        from gnsweep.training.log_reader import LineReader
+        lines = list(LineReader(Path({str(path)!r}), skip_existing=False).lines())
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        print(len(lines), grown)
+    """)
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    lines, grown_kib = map(int, done.stdout.split())
+    assert lines == 21
+    assert grown_kib < 64 * 1024  # KiB: under 64 MiB for a 256 MiB tail
+    assert f"{path}:22: a line over" in done.stderr
+
+
+def test_a_step_beyond_range_is_a_named_error_of_its_line(tmp_path):
+    config, run = _config(tmp_path, "")
+    from gnsweep.training.script import RowLog
+
+    rows = RowLog(config, RunSpec(8, 0.1), run, store.clear_metrics(run, 0),
+                  ScriptOptions(**config.task.options))
+    rows.add("log.csv:2", {"step": "1", "loss": "0.5"})
+    for step in ("1e30", "1e400"):
+        with pytest.raises(ScriptFailed, match=r"log\.csv:3: step .* (beyond range|not a whole)"):
+            rows.add("log.csv:3", {"step": step, "loss": "0.4"})
+
+
+@pytest.mark.process
+def test_a_relaunch_after_the_script_is_fixed_runs_it(tmp_path):
+    """An attempt that printed a step beyond range fails naming the line; the fixed script's
+    attempt is not failed again by the old line in the run's stdout.log."""
+    config, run = _config(tmp_path, """
+        print("step 1 loss 0.5", flush=True)
+        print("step 1e30 loss 0.4", flush=True)
+    """, log_pattern=r"step (?P<step>\S+) loss (?P<loss>\S+)")
+    with pytest.raises(ScriptFailed, match=r"stdout line 2: step 1e30 is beyond range"):
+        _run(config, run)
+    (tmp_path / "train.py").write_text("".join(f"print('step {s} loss {1 / s}')\n"
+                                               for s in range(1, 6)))
+    result = _run(config, run)
+    assert result.state == "done" and result.rows == 5
+    table = store.read_metrics(run)
+    assert table is not None and table.column("step").to_pylist() == [1, 2, 3, 4, 5]
