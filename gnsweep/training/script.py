@@ -44,7 +44,7 @@ from typing import IO, Any
 import numpy as np
 import regex
 
-from gnsweep import store, tables
+from gnsweep import redact, store, tables
 from gnsweep.analysis.smoothing import (
     MIN_WINDOW_EXAMPLES,
     SMOOTHING_FRACTION,
@@ -494,7 +494,8 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
     outputs = {name.removesuffix(".log"): store.open_nofollow(
         out_dir / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT) for name in store.SCRIPT_OUTPUT}
     for fd in outputs.values():
-        os.write(fd, f"--- gnsweep attempt {attempt}: {shlex.join(args)}\n".encode())
+        os.write(fd, f"--- gnsweep attempt {attempt}: {redact.text(shlex.join(args))}\n"
+                 .encode())
     child = Child(args, cwd, env, options.stop_seconds)
     process_tree.record(out_dir / store.SCRIPT_PROCESS, child.process.pid)
     stopped = False
