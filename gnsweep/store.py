@@ -603,7 +603,7 @@ def log_every(run_path: Path) -> int:
 
 
 
-def metrics_table(rows: dict[str, list]) -> pa.Table:
+def metrics_table(rows: dict[str, Any]) -> pa.Table:
     n = len(rows["step"])
     columns = {}
     for f in METRICS_SCHEMA:
@@ -699,7 +699,23 @@ def clear_metrics(path: Path, keep_through: int | None = None) -> dict[str, list
     return kept
 
 
-def end_metrics(path: Path, rows: dict[str, list]) -> None:
+def compact_metrics(path: Path) -> None:
+    """A training run's metrics parts rewritten as one (the same rows), table to table: no
+    Python object a value."""
+    old = metric_parts(path)
+    table = read_metrics(path) if old else None
+    if table is None or not table.num_rows:
+        return
+    steps = table.column("step")
+    target = subdir(path, METRIC_PARTS) / \
+        f"{int(steps[0].as_py()):012d}-{int(steps[-1].as_py()):012d}.parquet"
+    write_table(target, table.cast(METRICS_SCHEMA) if table.schema != METRICS_SCHEMA else table)
+    for part in old:
+        if part != target:
+            part.unlink(missing_ok=True)
+
+
+def end_metrics(path: Path, rows: dict[str, Any]) -> None:
     """A run's final rows as metrics.parquet (atomic), then its parts removed."""
     write_table(path / METRICS, metrics_table(rows))
     for part in metric_parts(path):
