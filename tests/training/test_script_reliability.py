@@ -371,3 +371,58 @@ def test_rows_are_kept_packed_and_written_in_bounded_batches(tmp_path, monkeypat
     assert len(store.metric_parts(run)) < script.COMPACT_PARTS
     table = store.read_metrics(run)
     assert table is not None and table.column("step").to_pylist() == list(range(1, n + 1))
+
+
+# ---- fuzzing: any bytes a script prints or writes --------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PIECES = st.sampled_from(["step", "loss", ",", "\n", "\r\n", "1", "-1", "0", "1e30", "1e400",
+                           "nan", "inf", "-inf", '"', "{", "}", "[", "]", ":", " ", "\x00",
+                           "\xff", "é", "9" * 40, "step,loss\n", '{"step": 1, "loss": 2}\n',
+                           "2,0.5\n", "true", "null"])
+_TEXT = st.lists(st.one_of(_PIECES, st.text(max_size=8)), max_size=40).map("".join)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(content=_TEXT, fmt=st.sampled_from(["csv", "jsonl"]))
+def test_no_content_of_a_log_file_fails_other_than_in_one_named_line(tmp_path_factory, content,
+                                                                      fmt):
+    """A log file's bytes, whatever they are: rows, or one ScriptFailed naming the file."""
+    from gnsweep.training.script import RowLog, TableLog
+
+    folder = tmp_path_factory.mktemp("fuzz")
+    config, run = _config(folder, "")
+    path = folder / f"log.{fmt}"
+    path.write_bytes(content.encode("utf-8", "surrogatepass"))
+    rows = RowLog(config, RunSpec(8, 0.1), run, store.clear_metrics(run, 0),
+                  ScriptOptions(**config.task.options))
+    try:
+        for where, raw, _ in TableLog(path, fmt, {}, skip_existing=False).rows():
+            rows.add(where, raw)
+        rows.flush(force=True)
+    except ScriptFailed as err:
+        assert "\n" not in str(err) and str(path) in str(err)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(lines=st.lists(_TEXT, max_size=10))
+def test_no_printed_line_fails_other_than_in_one_named_line(tmp_path_factory, lines):
+    """Printed lines, whatever they hold, matched by a loose pattern: rows, or one
+    ScriptFailed naming the line."""
+    from gnsweep.tasks.script import match_row, pattern_columns
+    from gnsweep.training.script import RowLog
+
+    config, run = _config(tmp_path_factory.mktemp("fuzz"), "")
+    rows = RowLog(config, RunSpec(8, 0.1), run, store.clear_metrics(run, 0),
+                  ScriptOptions(**config.task.options))
+    pattern = pattern_columns(r"(?P<step>\S+)\s*[,:]?\s*(?P<loss>\S+)")
+    try:
+        for number, line in enumerate(lines, 1):
+            found = match_row(pattern, line, f"stdout line {number}")
+            if found is not None:
+                rows.add(f"stdout line {number}", found)
+        rows.flush(force=True)
+    except ScriptFailed as err:
+        assert "\n" not in str(err) and str(err).startswith("stdout line ")
