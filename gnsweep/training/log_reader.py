@@ -10,6 +10,7 @@ preallocated or sparse file) costs a bounded amount of memory, whatever its size
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterator
@@ -138,13 +139,32 @@ class LineReader:
             yield self.line, raw.decode("utf-8", "replace").rstrip("\r")
 
 
+NEWLINES = re.compile(rb"\r\n|\r|\n")
+"""Where a printed line ends: a lone carriage return too (a progress bar's updates are lines,
+as Python's text mode reads them)."""
+
+
 def read_lines(stream: IO[bytes]) -> Iterator[tuple[str, bool]]:
     """The lines of a pipe, each at most `MAX_LINE_BYTES`: (text, whether it was cut). A cut
-    line's text is its first `MAX_LINE_BYTES`; the rest is read and dropped."""
-    while raw := stream.readline(MAX_LINE_BYTES + 1):
-        cut = len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n")
-        if cut:
-            raw = raw[:MAX_LINE_BYTES]
-            while (more := stream.readline(MAX_LINE_BYTES)) and not more.endswith(b"\n"):
-                pass
-        yield raw.decode("utf-8", "replace").rstrip("\n").rstrip("\r"), cut
+    line's text is its first `MAX_LINE_BYTES`; the rest is read and dropped. Reads what the
+    pipe holds (`read1`), so a line is handed on as soon as it is complete."""
+    partial, cutting = b"", False
+    read = getattr(stream, "read1", stream.read)
+    while chunk := read(CHUNK_BYTES):
+        data = partial + chunk
+        hold = b"\r" if data.endswith(b"\r") else b""  # perhaps the first half of \r\n
+        *complete, partial = NEWLINES.split(data[:len(data) - len(hold)])
+        partial += hold
+        for raw in complete:
+            if cutting:  # the end of a line already handed on cut
+                cutting = False
+                continue
+            cut = len(raw) > MAX_LINE_BYTES
+            yield raw[:MAX_LINE_BYTES].decode("utf-8", "replace"), cut
+        if len(partial) > MAX_LINE_BYTES:
+            if not cutting:
+                yield partial[:MAX_LINE_BYTES].decode("utf-8", "replace"), True
+            partial, cutting = b"", True
+    partial = partial.rstrip(b"\r")
+    if partial and not cutting:
+        yield partial.decode("utf-8", "replace"), False

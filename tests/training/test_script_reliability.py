@@ -426,3 +426,19 @@ def test_no_printed_line_fails_other_than_in_one_named_line(tmp_path_factory, li
         rows.flush(force=True)
     except ScriptFailed as err:
         assert "\n" not in str(err) and str(err).startswith("stdout line ")
+
+
+def test_printed_lines_end_at_any_newline_and_a_long_one_is_cut():
+    """A progress bar's carriage returns end lines (as Python's text mode reads them); a line
+    over the limit is handed on cut, the rest of it dropped, without holding it whole."""
+    import io
+
+    from gnsweep.training.log_reader import MAX_LINE_BYTES, read_lines
+
+    printed = b"step 1 loss 2\r\n 10%|#\r 20%|##\rstep 2 loss 1\n"
+    assert list(read_lines(io.BytesIO(printed))) == [
+        ("step 1 loss 2", False), (" 10%|#", False), (" 20%|##", False),
+        ("step 2 loss 1", False)]
+    long = b"x" * (3 * MAX_LINE_BYTES) + b"\nstep 3 loss 0.5"
+    assert [(len(text), cut) for text, cut in read_lines(io.BytesIO(long))] == \
+        [(MAX_LINE_BYTES, True), (len("step 3 loss 0.5"), False)]
