@@ -487,8 +487,8 @@ class Child:
         if self.left is None:
             self.left = now
             self.signal(signal.SIGTERM)
-        elif now - self.left >= self.grace or self.open == 0:
-            self.signal(signal.SIGKILL)
+        if now - self.left >= self.grace or self.open == 0:
+            self.signal(signal.SIGKILL)  # before the guard is reaped: its group id is still ours
         if self.open > 0:
             return False
         self.process.wait()

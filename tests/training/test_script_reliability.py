@@ -114,23 +114,26 @@ def test_a_pattern_that_backtracks_fails_the_run_naming_the_line(tmp_path):
 HELPER = """
     import os, subprocess, sys, time
     out = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--out=")][0]
-    helper = subprocess.Popen([sys.executable, "-c",
-        "import time, pathlib, sys; time.sleep(2); pathlib.Path(sys.argv[1]).write_text('x')",
-        os.path.join(out, "helper-survived")])
-    open(os.path.join(out, "pids"), "w").write(f"{os.getpid()} {helper.pid}")
+    code = ("import time, pathlib, signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "time.sleep(2); pathlib.Path(sys.argv[1]).write_text('x')")
+    helper = subprocess.Popen([sys.executable, "-c", code, os.path.join(out, "helper-survived")])
+    quiet = subprocess.Popen([sys.executable, "-c", code, os.path.join(out, "quiet-survived")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    open(os.path.join(out, "pids"), "w").write(f"{os.getpid()} {helper.pid} {quiet.pid}")
     print("step 1 loss 0.5", flush=True)
 """
 
 
 @pytest.mark.process
-def test_a_helper_holding_stdout_neither_keeps_the_run_open_nor_outlives_it(tmp_path):
+def test_helpers_left_behind_neither_keep_the_run_open_nor_outlive_it(tmp_path):
+    """One helper holds the command's stdout, one does not; both ignore SIGTERM."""
     config, run = _config(tmp_path, HELPER, log_pattern=PATTERN)
     result = _run(config, run)
     assert result.state == "done" and result.reason == "script ended"
-    helper = int((run / "pids").read_text().split()[1])
-    assert _wait_gone(helper, 1)
+    _, helper, quiet = map(int, (run / "pids").read_text().split())
+    assert _wait_gone(helper, 1) and _wait_gone(quiet, 1)  # SIGTERM ignored: killed
     time.sleep(2.5)
-    assert not (run / "helper-survived").exists()
+    assert not (run / "helper-survived").exists() and not (run / "quiet-survived").exists()
     assert not (run / store.SCRIPT_PROCESS).exists()
 
 
