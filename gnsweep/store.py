@@ -699,20 +699,52 @@ def clear_metrics(path: Path, keep_through: int | None = None) -> dict[str, list
     return kept
 
 
+def _merge_parts(path: Path, target: Path) -> bool:
+    """A training run's metrics parts written as one parquet file at `target` (atomic), part
+    by part (one row group each): memory holds one part, not the run. Each step once, in
+    order (a step a resume left in two parts is the same row). False when there is no part."""
+    parts = metric_parts(path)
+    if not parts:
+        return False
+    last: int | None = None
+    with atomic_path(target) as tmp, pq.ParquetWriter(tmp, METRICS_SCHEMA) as writer:
+        for part in parts:
+            table = read_table(part)
+            if last is not None:
+                table = table.filter(pc.greater(table.column("step"), last))
+            if table.num_rows:
+                for f in METRICS_SCHEMA:  # a part an older version wrote, without a column
+                    if f.name not in table.column_names:
+                        table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+                writer.write_table(table.select(METRICS_SCHEMA.names).cast(METRICS_SCHEMA))
+                last = int(table.column("step")[-1].as_py())
+    return True
+
+
 def compact_metrics(path: Path) -> None:
-    """A training run's metrics parts rewritten as one (the same rows), table to table: no
-    Python object a value."""
+    """A training run's metrics parts rewritten as one (the same rows), part by part."""
     old = metric_parts(path)
-    table = read_metrics(path) if old else None
-    if table is None or not table.num_rows:
+    if len(old) < 2:
         return
-    steps = table.column("step")
-    target = subdir(path, METRIC_PARTS) / \
-        f"{int(steps[0].as_py()):012d}-{int(steps[-1].as_py()):012d}.parquet"
-    write_table(target, table.cast(METRICS_SCHEMA) if table.schema != METRICS_SCHEMA else table)
+    first = old[0].name.split("-")[0]
+    last = old[-1].name.split("-")[-1]
+    target = subdir(path, METRIC_PARTS) / f"{first}-{last}"
+    if not _merge_parts(path, target):
+        return
     for part in old:
         if part != target:
             part.unlink(missing_ok=True)
+
+
+def end_parts(path: Path) -> None:
+    """A run's metrics parts as its metrics.parquet (atomic, part by part: `_merge_parts`),
+    then the parts removed; an empty metrics.parquet when it has none."""
+    if not _merge_parts(path, path / METRICS):
+        write_table(path / METRICS, metrics_table({f.name: [] for f in METRICS_SCHEMA}))
+    for part in metric_parts(path):
+        part.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (path / METRIC_PARTS).rmdir()
 
 
 def end_metrics(path: Path, rows: dict[str, Any]) -> None:

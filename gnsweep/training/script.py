@@ -635,8 +635,8 @@ def _finished(rows: RowLog, out_dir: Path) -> RunResult:
     """The run's end: metrics.parquet written, its result."""
     reason = rows.reason or "script ended"
     state = "diverged" if rows.diverged else "done"
-    # As numpy views of the packed columns: the table is built without a Python object a value.
-    store.end_metrics(out_dir, {name: np.asarray(values) for name, values in rows.rows.items()})
+    rows.flush(force=True)
+    store.end_parts(out_dir)  # from the parts on disk, part by part: not the run whole
     logged = rows.rows["step"]
     return RunResult(state, int(logged[-1]) if logged else 0,
                      rows.diverged if rows.diverged else reason,
