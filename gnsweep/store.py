@@ -49,7 +49,7 @@ from gnsweep.tables import (  # noqa: F401
 )
 
 # Every file name of a sweep folder, once (docs/storage.md draws the layout):
-#   <sweep>/config.yaml, plan.json, .claims.lock, <table>.parquet, fits.json, slurm/jobs.json
+#   <sweep>/config.yaml, plan.json, noise_plan.json, .claims.lock, <table>.parquet, fits.json, slurm/jobs.json
 #   <sweep>/runs/<run_id>/config.json, status.json, metrics.parquet, metrics.parts/,
 #                         attempts.jsonl, claim.json, checkpoints/
 RUNS = "runs"
@@ -74,6 +74,8 @@ SCRIPT_OUTPUT = ("stdout.log", "stderr.log")
 """A `task=script` run's command output, every attempt's, appended."""
 PLAN = "plan.json"
 """`gnsweep plan`'s record of its rounds."""
+NOISE_PLAN = "noise_plan.json"
+"""Which runs measure the noise scale and why (`gnsweep.noise_plan`), each decided once."""
 SLURM = "slurm"
 """The sweep folder's Slurm job files (`executors.slurm`)."""
 FIGURES = "figures"

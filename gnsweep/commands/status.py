@@ -8,7 +8,9 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.commands import Echo
+from gnsweep.errors import ConfigError
 from gnsweep.folder import SweepFolder
+from gnsweep.paths import SweepPaths
 from gnsweep.runs import read_state, unmeasured_line
 
 UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
@@ -92,11 +94,33 @@ def measurement_note(rows: list[dict[str, Any]]) -> str | None:
 
 
 def sweep_measurement_note(sweep_dir: Path) -> str | None:
-    """`measurement_note` from the runs' status.json files alone (what `analyze` and `report`
-    say beside their figures)."""
+    """`measurement_note` from the runs' status.json files alone, and the noise plan's lines
+    (`noise_plan_lines`): what `analyze` and `report` say beside their figures."""
     rows = [{"noise": store.read_status(store.run_dir(sweep_dir, run_id)).noise_measured}
             for run_id in store.run_ids(sweep_dir)]
-    return measurement_note(rows)
+    lines = [line for line in (measurement_note(rows), *noise_plan_lines(sweep_dir)) if line]
+    return "\n".join(lines) or None
+
+
+def noise_plan_lines(sweep_dir: Path, shown: int = 8) -> list[str]:
+    """Which runs measure the noise scale and why (the folder's noise_plan.json,
+    `gnsweep.noise_plan`): its summary, then the measuring runs by reason (`shown` ids at
+    most); none where no plan is recorded."""
+    from gnsweep.noise_plan import OFF, summary
+
+    try:
+        plan = SweepFolder.of_config(sweep_dir).noise_plan()
+    except (store.StoreError, ConfigError) as err:
+        return [f"noise plan: unreadable ({err})"]
+    if not plan:
+        return []
+    lines = [summary(plan)]
+    measuring = sorted(r for r, a in plan.items() if a.role != OFF)
+    if len(measuring) < len(plan):
+        more = f" and {len(measuring) - shown} more" if len(measuring) > shown else ""
+        lines.append(f"  measuring: {', '.join(measuring[:shown])}{more} "
+                     f"({SweepPaths(sweep_dir).noise_plan.name} says why for each run)")
+    return lines
 
 
 def progress_of(row: dict[str, Any]) -> str:
@@ -133,6 +157,8 @@ def run(sweep_dir: Path, all_runs: bool, echo: Echo) -> None:
     note = measurement_note(rows)
     if note:
         echo(note)
+    for line in noise_plan_lines(sweep_dir):
+        echo(line)
     unmeasured = unmeasured_line({r["run_id"]: r["b_simple_nan_share"] for r in rows
                                   if r["state"] in ("done", "diverged")})
     if unmeasured:

@@ -1,0 +1,131 @@
+"""The sweep's measurement plan (`gnsweep.noise_plan`): pure, no process."""
+
+import math
+
+import pytest
+
+from gnsweep.config import Config, NoiseConfig, TaskConfig
+from gnsweep.errors import ConfigError
+from gnsweep.noise_plan import (
+    ALL,
+    DENSE,
+    NEEDED,
+    OFF,
+    Assignment,
+    Outcome,
+    best_rates,
+    measured_as_planned,
+    middle_rate,
+    plan_runs,
+    summary,
+)
+from gnsweep.runs import RunSpec
+
+RATES = [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4]
+BATCHES = [8, 64, 512]
+
+
+def grid(seeds=(0,), rates=RATES, batches=BATCHES):
+    return [RunSpec(b, lr, s) for b in batches for lr in rates for s in seeds]
+
+
+def measuring(plan):
+    return {(r.split("_")[0], r.split("_")[1]) for r, a in plan.items() if a.measures}
+
+
+def test_runs_all_measures_every_run():
+    specs = grid(seeds=(0, 1))
+    plan = plan_runs(specs, "all", {})
+    assert set(plan) == {s.run_id for s in specs}
+    assert all(a.role == ALL and a.measures for a in plan.values())
+
+
+def test_auto_measures_the_two_rates_nearest_the_grids_middle_at_each_batch_size():
+    specs = grid(seeds=(0, 1))
+    plan = plan_runs(specs, "auto", {})
+    assert set(plan) == {s.run_id for s in specs}  # every run has a part and a reason
+    on = [s for s in specs if plan[s.run_id].measures]
+    # The middle of 0.1..6.4 in log space is 0.8; its nearer neighbour ties (0.4, 1.6): the
+    # larger, faster rate. The first seed only.
+    assert middle_rate(RATES) == pytest.approx(0.8)
+    assert sorted((s.batch_size, s.learning_rate, s.seed) for s in on) == sorted(
+        (b, lr, 0) for b in BATCHES for lr in (0.8, 1.6))
+    assert all(plan[s.run_id].role == DENSE for s in on)
+    assert all(a.why for a in plan.values())
+
+
+def test_auto_follows_the_best_rate_known_per_batch_size():
+    specs = grid()
+    best = {(0, 8): 0.2, (0, 64): 1.6, (0, 512): 6.4}
+    plan = plan_runs(specs, "auto", {}, best)
+    on = {(s.batch_size, s.learning_rate) for s in specs if plan[s.run_id].measures}
+    assert on == {(8, 0.2), (8, 0.4), (64, 1.6), (64, 3.2), (512, 6.4), (512, 3.2)}
+    assert "best learning rate so far" in plan[RunSpec(8, 0.2).run_id].why
+
+
+def test_a_planned_run_keeps_its_part_and_a_later_round_adds_its_nearest_run():
+    first = grid(rates=[0.1, 0.4, 1.6])
+    plan = plan_runs(first, "auto", {})
+    # The planner's next round adds rates near the best found (0.1 at every batch size).
+    later = first + grid(rates=[0.05, 0.2])
+    planned = dict(plan)
+    fresh = plan_runs(later, "auto", planned, {(0, b): 0.1 for b in BATCHES})
+    assert not set(fresh) & set(planned)  # decided once: never planned again
+    assert set(fresh) == {s.run_id for s in later} - set(planned)
+    for b in BATCHES:
+        # 0.1 and 0.05/0.2 are the nearest now; 0.1 was planned off in round one and stays
+        # so, but each batch size still gets dense runs among the nearest.
+        dense = [r for r, a in {**planned, **fresh}.items()
+                 if a.role == DENSE and r.startswith(f"b{b:05d}")]
+        assert len(dense) >= 2
+        assert any(fresh.get(RunSpec(b, lr).run_id, Assignment(OFF, "")).role == DENSE
+                   for lr in (0.05, 0.2))
+    # Planning the same runs again changes nothing.
+    assert plan_runs(later, "auto", {**planned, **fresh}) == {}
+
+
+def test_adaptive_and_along_runs_always_measure_and_branch_points_are_planned_apart():
+    specs = [RunSpec(0, 0.5, 0, exchange_rate=1000.0), RunSpec(0, 0.5, 0, along=True)]
+    specs += [RunSpec(64, lr, 0, at_examples=at) for lr in (0.1, 0.4, 1.6, 6.4)
+              for at in (1000, 8000)]
+    plan = plan_runs(specs, "auto", {})
+    assert plan[specs[0].run_id].role == NEEDED and plan[specs[1].run_id].role == NEEDED
+    for at in (1000, 8000):
+        on = sorted(s.learning_rate for s in specs[2:]
+                    if s.at_examples == at and plan[s.run_id].measures)
+        assert on == [0.4, 1.6]
+
+
+def test_best_rates_fewest_steps_among_runs_that_reached_else_lowest_loss():
+    outcomes = [Outcome(8, 0.1, 0, 900, 0.029, True), Outcome(8, 0.4, 0, 300, 0.03, True),
+                Outcome(8, 1.6, 0, 50, 2.3, False),
+                Outcome(64, 0.1, 0, 500, 0.5, False), Outcome(64, 0.4, 0, 500, 0.2, False),
+                Outcome(64, 6.4, 0, 500, math.nan, False)]
+    assert best_rates(outcomes) == {(0, 8): 0.4, (0, 64): 0.4}
+    # A metric that rises (a return): the highest final value is the best.
+    assert best_rates(outcomes[3:5], falling=False) == {(0, 64): 0.1}
+
+
+def test_unknown_runs_value_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="noise.runs: 'some' is not one of auto, all"):
+        NoiseConfig(runs="some")
+    with pytest.raises(ValueError, match="noise.runs"):
+        plan_runs([], "some", {})
+
+
+def test_a_run_planned_off_trains_with_measurement_off_and_the_others_as_configured():
+    config = Config(task=TaskConfig(name="digits"))
+    off = measured_as_planned(config, Assignment(OFF, "x"))
+    assert off.noise.method == "none" and config.noise.method == "auto"
+    assert off.sweep == config.sweep and off.train == config.train
+    assert measured_as_planned(config, Assignment(DENSE, "x")) is config
+    assert measured_as_planned(config, None) is config
+    script = Config(task=TaskConfig(name="script", options={"command": "python x.py"}))
+    assert measured_as_planned(script, Assignment(OFF, "x")).noise.method == "none"
+
+
+def test_summary_counts_what_measures():
+    plan = plan_runs(grid(), "auto", {})
+    line = summary(plan)
+    assert "6 of 21 runs measure" in line and "15 off" in line
+    assert "every run measures" in summary(plan_runs(grid(), "all", {}))
