@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from gnsweep import store, tasks
 from gnsweep.config import Config
 from gnsweep.errors import ConfigError, StoreError
-from gnsweep.noise_plan import Assignment, Outcome, best_rates, measured_as_planned, plan_runs
+from gnsweep.noise_plan import ALL, Assignment, Outcome, best_rates, measured_as_planned, plan_runs
 from gnsweep.paths import RunPaths, SweepPaths
 from gnsweep.runs import (
     RunSpec,
@@ -131,11 +131,11 @@ class SweepFolder(SweepPaths):
         data = store.read_json(path)
         check_record(data, path, run_id, expected_record_config(self.config))
         config, spec = parse_run_record(data)
-        return measured_as_planned(config, self.noise_plan().get(run_id)), spec
+        return measured_as_planned(config, self.read_noise_plan().get(run_id)), spec
 
     # ---- which runs measure the noise scale (`gnsweep.noise_plan`) -------------------------
 
-    def noise_plan(self) -> dict[str, Assignment]:
+    def read_noise_plan(self) -> dict[str, Assignment]:
         """Each planned run's part in the measurement (`noise_plan.Assignment`), by id; empty
         where none is recorded (a folder of an older version: every run measured).
         StoreError naming the file where it is not a plan gnsweep wrote."""
@@ -157,12 +157,12 @@ class SweepFolder(SweepPaths):
         atomically, before any of them starts; returns the whole plan. A run's part never
         changes once recorded. Nothing is planned under noise.method=none."""
         if self.config.noise.method == "none":
-            return self.noise_plan()
+            return self.read_noise_plan()
         from gnsweep import tasks
 
         falling = not tasks.about(self.config.task).direction.rises
         with store.exclusive(self.lock):
-            planned = self.noise_plan()
+            planned = self.read_noise_plan()
             if all(r in planned for r in run_ids):
                 return planned
             specs, outcomes = [], []
@@ -172,15 +172,22 @@ class SweepFolder(SweepPaths):
                                   self.run(run_id).record)
                 specs.append(spec)
                 status = store.read_status(self.run(run_id).folder)
+                if run_id in run_ids and run_id not in planned and status.attempts:
+                    # Begun before the sweep planned its measurement (a folder of an older
+                    # version): its checkpoint goes on measuring as it began.
+                    planned[run_id] = Assignment(ALL, "began before the measurement was planned")
                 if status.state in store.FINISHED and status.steps:
                     outcomes.append(Outcome(spec.batch_size, spec.learning_rate,
                                             spec.at_examples, float(status.steps),
                                             _number(status.final_loss),
                                             status.reason == "target"))
-            fresh = plan_runs(specs, self.config.noise.runs, planned,
+            # Runs of the folder outside this call and never planned (finished by an older
+            # version) measured as configured then.
+            known = {**{s.run_id: Assignment(ALL, "") for s in specs}, **planned}
+            fresh = plan_runs(specs, self.config.noise.runs,
+                              {k: a for k, a in known.items() if k not in run_ids or k in planned},
                               best_rates(outcomes, falling))
-            fresh = {k: v for k, v in fresh.items() if k in run_ids}
-            planned.update(fresh)
+            planned.update({k: v for k, v in fresh.items() if k in run_ids})
             store.write_json(SweepPaths(self.root).noise_plan,
                              {"runs": {k: a.as_dict() for k, a in sorted(planned.items())}})
         return planned

@@ -7,8 +7,9 @@ nothing, and almost all of it was spent on runs whose noise scale no answer read
 badly tuned learning rates, which are also the longest runs. So, under `noise.runs=auto`:
 
 - `dense`: in each group of runs that share a batch size (and a branch point), the
-  `DENSE_PER_BATCH` runs of the first seed nearest the best learning rate known (in log
-  distance; ties go to the larger, faster rate) measure on the steps `noise.every` says;
+  `DENSE_PER_BATCH` learning rates nearest the best known (in log distance; ties go to the
+  larger, faster rate) are measured by one run each (one seed), on the steps `noise.every`
+  says;
 - `needed`: a run whose own schedule reads its noise scale (adaptive, along) measures as
   `noise.every` says;
 - `off`: every other run measures nothing (`noise.method=none` for that run).
@@ -18,7 +19,8 @@ target every one of them reached at that batch size, else the lowest final loss)
 nothing has finished (a first launch), the middle of the grid's rates at that batch size. A
 run's assignment is decided once, when it is first handed to an executor, and never changes
 after (it may have trained): a relaunch, a resume or a requeue keeps it, and the planner's
-later rounds give their new runs nearest the best rate the dense place (`plan_runs`).
+later rounds measure their new runs nearest the best rate, and a relaunch that adds a seed
+measures the nearest rates a first guess left unmeasured (`plan_runs`).
 
 The analysis reads, at each target and batch size, the best run's B_simple where it was
 measured, else that of the measured run nearest its learning rate at the same batch size
@@ -35,10 +37,13 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from gnsweep.config import NOISE_RUNS, Config
 from gnsweep.noise import Method
+
+if TYPE_CHECKING:
+    from gnsweep.runs import RunSpec
 
 RUNS_CHOICES = NOISE_RUNS
 DENSE_PER_BATCH = 2
@@ -48,19 +53,6 @@ still holds one of the rates the front uses at most batch sizes."""
 
 ALL, DENSE, NEEDED, OFF = "all", "dense", "needed", "off"
 ROLES = (ALL, DENSE, NEEDED, OFF)
-
-
-class Spec(Protocol):
-    """What the plan reads of a run (`runs.RunSpec`)."""
-
-    @property
-    def run_id(self) -> str: ...
-    batch_size: int
-    learning_rate: float
-    seed: int
-    exchange_rate: float
-    along: bool
-    at_examples: int
 
 
 @dataclass(frozen=True)
@@ -96,24 +88,24 @@ def middle_rate(rates: Iterable[float]) -> float:
     return math.sqrt(min(positive) * max(positive))
 
 
-def _group(spec: Spec) -> tuple[int, int]:
+def _group(spec: RunSpec) -> tuple[int, int]:
     return spec.at_examples, spec.batch_size
 
 
-def plan_runs(specs: Iterable[Spec], runs: str, planned: Mapping[str, Assignment],
+def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignment],
               best_lr: Mapping[tuple[int, int], float] | None = None,
               dense_per_batch: int = DENSE_PER_BATCH) -> dict[str, Assignment]:
     """The assignment of every run of `specs` not yet in `planned` (those keep theirs: a run
     planned once may have trained with it).
 
-    `specs`: every run of the sweep (the ones already planned included: they count towards
-    their batch size's dense runs). `runs`: `noise.runs`. `best_lr`: the best learning rate
-    known per (at_examples, batch_size) group (`best_rates`); a group without one takes its
-    grid's middle rate (`middle_rate`). Per group, among the first seed's runs, the
-    `dense_per_batch` nearest the best rate in log distance (ties: the larger rate) are
-    dense; a new run is made dense only while its group has fewer dense runs among those
-    nearest than `dense_per_batch` (one planned dense before at a rate now known to be worse
-    keeps its place, and a new nearer one still measures)."""
+    `specs`: every run of the sweep (the ones already planned included). `runs`:
+    `noise.runs`. `best_lr`: the best learning rate known per (at_examples, batch_size) group
+    (`best_rates`); a group without one takes its grid's middle rate (`middle_rate`). Per
+    group, the `dense_per_batch` rates nearest the best in log distance (ties: the larger
+    rate) are measured, each by one run: the lowest seed not yet planned, unless a run at
+    that rate measures already. So a later round's runs nearer the best measure, and a
+    relaunch that adds a seed measures the nearest rates that an earlier guess left
+    unmeasured."""
     if runs not in RUNS_CHOICES:
         raise ValueError(f"noise.runs={runs!r}: choose one of {', '.join(RUNS_CHOICES)}")
     specs = list(specs)
@@ -121,7 +113,7 @@ def plan_runs(specs: Iterable[Spec], runs: str, planned: Mapping[str, Assignment
     if runs == ALL:
         return {s.run_id: Assignment(ALL, "noise.runs=all") for s in specs
                 if s.run_id not in planned}
-    groups: dict[tuple[int, int], list[Spec]] = defaultdict(list)
+    groups: dict[tuple[int, int], list[RunSpec]] = defaultdict(list)
     for spec in specs:
         if spec.exchange_rate > 0 or spec.along:
             if spec.run_id not in planned:
@@ -131,31 +123,30 @@ def plan_runs(specs: Iterable[Spec], runs: str, planned: Mapping[str, Assignment
         groups[_group(spec)].append(spec)
     known = best_lr or {}
     for key, members in groups.items():
-        first_seed = min(s.seed for s in members)
         best = known.get(key, math.nan)
         told = "the best learning rate so far" if math.isfinite(best) else "the grid's middle"
         if not math.isfinite(best):
             best = middle_rate(s.learning_rate for s in members)
-        rates = sorted({s.learning_rate for s in members if s.seed == first_seed},
-                       key=lambda lr: (_distance(lr, best), -lr))
-        nearest = set(rates[:dense_per_batch])
-        taken = sum(1 for s in members if s.seed == first_seed and s.learning_rate in nearest
-                    and (a := planned.get(s.run_id)) is not None and a.role == DENSE)
-        for spec in sorted(members, key=lambda s: (_distance(s.learning_rate, best),
-                                                   -s.learning_rate, s.seed)):
+        order = sorted(members, key=lambda s: (_distance(s.learning_rate, best),
+                                               -s.learning_rate, s.seed))
+        nearest = list(dict.fromkeys(s.learning_rate for s in order))[:dense_per_batch]
+        measured = {s.learning_rate for s in members
+                    if (a := planned.get(s.run_id)) is not None and a.measures}
+        for spec in order:
             if spec.run_id in planned:
                 continue
-            if spec.seed == first_seed and spec.learning_rate in nearest \
-                    and taken < dense_per_batch:
-                taken += 1
+            lr = spec.learning_rate
+            if lr in nearest and lr not in measured:
+                measured.add(lr)
                 out[spec.run_id] = Assignment(
                     DENSE, f"nearest {told} ({best:.3g}) at batch {spec.batch_size}")
+            elif lr in nearest:
+                out[spec.run_id] = Assignment(OFF, f"another run measures rate {lr:g} at "
+                                                   f"batch {spec.batch_size}")
             else:
-                why = ("another seed of a measured rate" if spec.seed != first_seed
-                       and spec.learning_rate in nearest else
-                       f"{dense_per_batch} runs nearer {told} measure at batch "
-                       f"{spec.batch_size}")
-                out[spec.run_id] = Assignment(OFF, why)
+                out[spec.run_id] = Assignment(
+                    OFF, f"the {dense_per_batch} rates nearer {told} ({best:.3g}) measure at "
+                         f"batch {spec.batch_size}")
     return out
 
 
@@ -198,14 +189,15 @@ def best_rates(outcomes: Iterable[Outcome], falling: bool = True) -> dict[tuple[
 
 def measured_as_planned(config: Config, assignment: Assignment | None) -> Config:
     """The config a run trains with under its assignment: `config` itself unless the run is
-    planned off, then a copy with noise.method=none (a script's run alike: whatever measures
-    inside the script reads its run's noise section)."""
+    planned off, then a copy with noise.method=none and no B_noise or probes either (a
+    script's run alike: whatever measures inside the script reads its run's noise section)."""
     if assignment is None or assignment.measures:
         return config
     out = copy.copy(config)
     # Set, not `replace`d: the cross-section check refuses a method for a script sweep that
     # the plan, not the user, chose.
-    out.noise = replace(config.noise, method=str(Method.NONE))
+    out.noise = replace(config.noise, method=str(Method.NONE), hessian_every=0,
+                        probe_per_octave=0.0)
     return out
 
 

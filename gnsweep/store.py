@@ -49,7 +49,8 @@ from gnsweep.tables import (  # noqa: F401
 )
 
 # Every file name of a sweep folder, once (docs/storage.md draws the layout):
-#   <sweep>/config.yaml, plan.json, noise_plan.json, .claims.lock, <table>.parquet, fits.json, slurm/jobs.json
+#   <sweep>/config.yaml, plan.json, noise_plan.json, .claims.lock, <table>.parquet, fits.json,
+#           slurm/jobs.json
 #   <sweep>/runs/<run_id>/config.json, status.json, metrics.parquet, metrics.parts/,
 #                         attempts.jsonl, claim.json, checkpoints/
 RUNS = "runs"

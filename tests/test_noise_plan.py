@@ -107,9 +107,9 @@ def test_best_rates_fewest_steps_among_runs_that_reached_else_lowest_loss():
 
 
 def test_unknown_runs_value_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match="noise.runs: 'some' is not one of auto, all"):
+    with pytest.raises(ConfigError, match=r"noise\.runs: 'some' is not one of auto, all"):
         NoiseConfig(runs="some")
-    with pytest.raises(ValueError, match="noise.runs"):
+    with pytest.raises(ValueError, match=r"noise\.runs"):
         plan_runs([], "some", {})
 
 
@@ -129,3 +129,17 @@ def test_summary_counts_what_measures():
     line = summary(plan)
     assert "6 of 21 runs measure" in line and "15 off" in line
     assert "every run measures" in summary(plan_runs(grid(), "all", {}))
+
+
+def test_a_relaunch_adding_a_seed_measures_the_best_rates_the_first_guess_missed():
+    first = grid()
+    planned = plan_runs(first, "auto", {})  # the grid's middle: 0.8 and 1.6
+    seeds = first + grid(seeds=(1,))
+    best = {(0, 8): 0.2, (0, 64): 1.6, (0, 512): 6.4}
+    fresh = plan_runs(seeds, "auto", planned, best)
+    on = {(RunSpec.__name__, r) for r, a in fresh.items() if a.measures}
+    assert {r for _, r in on} == {RunSpec(8, 0.2, 1).run_id, RunSpec(8, 0.4, 1).run_id,
+                                   RunSpec(512, 6.4, 1).run_id, RunSpec(512, 3.2, 1).run_id,
+                                   RunSpec(64, 3.2, 1).run_id}
+    # 1.6 at batch 64 is measured by seed 0 already: its seed-1 run stays off, and says why.
+    assert "another run measures rate 1.6" in fresh[RunSpec(64, 1.6, 1).run_id].why

@@ -257,7 +257,7 @@ def measure_sweep(sweep: str, rounds: int, work: Path) -> dict[str, Any]:
     from gnsweep.folder import SweepFolder
     from gnsweep.noise_plan import OFF
 
-    plan = SweepFolder.of_config(work / f"{sweep}_default_{last}").noise_plan()
+    plan = SweepFolder.of_config(work / f"{sweep}_default_{last}").read_noise_plan()
     return {"sweep": sweep, "none_s": round(totals["none"], 2),
             "default": round(totals["default"] / totals["none"], 3),
             "full": round(totals["full"] / totals["none"], 3),

@@ -301,7 +301,7 @@ def planned_off(sweep_dir: Path) -> set[str]:
     """The runs the folder's noise plan leaves unmeasured (`gnsweep.noise_plan`)."""
     from gnsweep.noise_plan import OFF
 
-    plan = SweepFolder.of_config(sweep_dir).noise_plan()
+    plan = SweepFolder.of_config(sweep_dir).read_noise_plan()
     return {run_id for run_id, a in plan.items() if a.role == OFF}
 
 

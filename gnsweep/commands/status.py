@@ -109,7 +109,7 @@ def noise_plan_lines(sweep_dir: Path, shown: int = 8) -> list[str]:
     from gnsweep.noise_plan import OFF, summary
 
     try:
-        plan = SweepFolder.of_config(sweep_dir).noise_plan()
+        plan = SweepFolder.of_config(sweep_dir).read_noise_plan()
     except (store.StoreError, ConfigError) as err:
         return [f"noise plan: unreadable ({err})"]
     if not plan:
