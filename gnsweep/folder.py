@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # the analysis (pandas) is imported where rows are read, not 
     from gnsweep.analysis.steps import Curves
 
 __all__ = ["RunPaths", "SweepFolder", "SweepPaths", "load_curves", "load_run_curves", "load_sweep",
-           "read_config", "read_results", "read_run", "verify_folder"]
+           "read_config", "read_noise_plan", "read_results", "read_run", "verify_folder"]
 
 
 def read_config(root: Path) -> Config:
@@ -136,20 +136,8 @@ class SweepFolder(SweepPaths):
     # ---- which runs measure the noise scale (`gnsweep.noise_plan`) -------------------------
 
     def read_noise_plan(self) -> dict[str, Assignment]:
-        """Each planned run's part in the measurement (`noise_plan.Assignment`), by id; empty
-        where none is recorded (a folder of an older version: every run measured).
-        StoreError naming the file where it is not a plan gnsweep wrote."""
-        path = SweepPaths(self.root).noise_plan
-        if not (path.exists() or path.is_symlink()):
-            return {}
-        data = store.read_json(path)
-        runs = data.get("runs") if isinstance(data, dict) else None
-        plan = {k: Assignment.of(v) for k, v in runs.items()} if isinstance(runs, dict) else {}
-        if not isinstance(runs, dict) or any(a is None for a in plan.values()):
-            raise StoreError(f"{path}: not a noise plan of gnsweep (an object whose \"runs\" "
-                             "maps run ids to a role and a reason); remove it and relaunch to "
-                             "plan the runs not yet trained again")
-        return {k: a for k, a in plan.items() if a is not None}
+        """`read_noise_plan(self.root)`."""
+        return read_noise_plan(self.root)
 
     def plan_noise(self, run_ids: list[str]) -> dict[str, Assignment]:
         """Record the part of every run of `run_ids` not yet planned (`noise_plan.plan_runs`,
@@ -382,6 +370,24 @@ def live_metrics(run_dir: Path) -> pa.Table | None:
         if name not in table.column_names:
             table = table.append_column(name, pa.array(np.full(table.num_rows, np.nan)))
     return table
+
+
+def read_noise_plan(root: Path) -> dict[str, Assignment]:
+    """Each planned run's part in the noise measurement (`noise_plan.Assignment`), by id;
+    empty where none is recorded (a folder of an older version: every run measured). Reads
+    the plan file alone (no config.yaml). StoreError naming the file where it is not a plan
+    gnsweep wrote."""
+    path = SweepPaths(root).noise_plan
+    if not (path.exists() or path.is_symlink()):
+        return {}
+    data = store.read_json(path)
+    runs = data.get("runs") if isinstance(data, dict) else None
+    plan = {k: Assignment.of(v) for k, v in runs.items()} if isinstance(runs, dict) else {}
+    if not isinstance(runs, dict) or any(a is None for a in plan.values()):
+        raise StoreError(f"{path}: not a noise plan of gnsweep (an object whose \"runs\" "
+                         "maps run ids to a role and a reason); remove it and relaunch to "
+                         "plan the runs not yet trained again")
+    return {k: a for k, a in plan.items() if a is not None}
 
 
 def _number(value: object) -> float:

@@ -37,13 +37,10 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gnsweep.config import NOISE_RUNS, Config
 from gnsweep.noise import Method
-
-if TYPE_CHECKING:
-    from gnsweep.runs import RunSpec
 
 RUNS_CHOICES = NOISE_RUNS
 DENSE_PER_BATCH = 2
@@ -53,6 +50,25 @@ still holds one of the rates the front uses at most batch sizes."""
 
 ALL, DENSE, NEEDED, OFF = "all", "dense", "needed", "off"
 ROLES = (ALL, DENSE, NEEDED, OFF)
+
+
+class RunSpec(Protocol):
+    """What the plan reads of a run (`runs.RunSpec`, which it cannot import: a floor above)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def learning_rate(self) -> float: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def exchange_rate(self) -> float: ...
+    @property
+    def along(self) -> bool: ...
+    @property
+    def at_examples(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -254,10 +254,10 @@ def measure_sweep(sweep: str, rounds: int, work: Path) -> dict[str, Any]:
         targets.append({"target": target, "b_simple": round(value, 4), "se": round(se, 4),
                         "full": round(ref, 4), "full_se": round(ref_se, 4),
                         "ratio": round(ratio, 3), "agrees": agrees})
-    from gnsweep.folder import SweepFolder
+    from gnsweep.folder import read_noise_plan
     from gnsweep.noise_plan import OFF
 
-    plan = SweepFolder.of_config(work / f"{sweep}_default_{last}").read_noise_plan()
+    plan = read_noise_plan(work / f"{sweep}_default_{last}")
     return {"sweep": sweep, "none_s": round(totals["none"], 2),
             "default": round(totals["default"] / totals["none"], 3),
             "full": round(totals["full"] / totals["none"], 3),

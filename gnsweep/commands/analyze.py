@@ -21,7 +21,7 @@ from gnsweep.analysis.recommend import recommend
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.steps import Curves
 from gnsweep.commands import Echo
-from gnsweep.folder import SweepFolder
+from gnsweep.folder import SweepFolder, read_noise_plan
 from gnsweep.targets import AUTO
 from gnsweep.tasks import about
 
@@ -301,7 +301,7 @@ def planned_off(sweep_dir: Path) -> set[str]:
     """The runs the folder's noise plan leaves unmeasured (`gnsweep.noise_plan`)."""
     from gnsweep.noise_plan import OFF
 
-    plan = SweepFolder.of_config(sweep_dir).read_noise_plan()
+    plan = read_noise_plan(sweep_dir)
     return {run_id for run_id, a in plan.items() if a.role == OFF}
 
 

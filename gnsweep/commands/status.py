@@ -8,8 +8,7 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.commands import Echo
-from gnsweep.errors import ConfigError
-from gnsweep.folder import SweepFolder
+from gnsweep.folder import SweepFolder, read_noise_plan
 from gnsweep.paths import SweepPaths
 from gnsweep.runs import read_state, unmeasured_line
 
@@ -109,8 +108,8 @@ def noise_plan_lines(sweep_dir: Path, shown: int = 8) -> list[str]:
     from gnsweep.noise_plan import OFF, summary
 
     try:
-        plan = SweepFolder.of_config(sweep_dir).read_noise_plan()
-    except (store.StoreError, ConfigError) as err:
+        plan = read_noise_plan(sweep_dir)
+    except store.StoreError as err:
         return [f"noise plan: unreadable ({err})"]
     if not plan:
         return []
