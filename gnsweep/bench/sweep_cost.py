@@ -184,10 +184,15 @@ def measure(model: str, steps: int, rounds: int, precision: str = "fp32",
 SWEEPS: dict[str, list[str]] = {
     # The default sweep (`make demo`): digits, 8 batch sizes x 7 learning rates, 3 targets.
     "digits": [],
-    # A small language-model sweep: the character LM (Adam), 3 batch sizes x 3 rates.
+    # A small language-model sweep: the character LM (Adam), 3 batch sizes x 5 rates a
+    # factor 2 apart (the chars sweep's rates and one below, one above).
     "lm": ["task=chars", "sweep=chars", "sweep.name=chars_bench",
-           "sweep.batch_sizes=[4,16,64]", "sweep.learning_rates=[0.004,0.008,0.016]",
+           "sweep.batch_sizes=[4,16,64]",
+           "sweep.learning_rates=[0.002,0.004,0.008,0.016,0.032]",
            "sweep.targets=[2.9,2.6]", "sweep.max_steps=800"],
+    # For the bench's own test: a few seconds.
+    "tiny": ["sweep=tiny", "sweep.batch_sizes=[32]", "sweep.targets=[0.5]",
+             "sweep.max_steps=80"],
 }
 """`--sweeps`: whole sweeps launched as a user launches them (`gnsweep launch`)."""
 SWEEP_VARIANTS: dict[str, list[str]] = {
@@ -200,6 +205,19 @@ and the full measurement (every run, every step) the default's B_simple is compa
 B_SIMPLE_TOLERANCE = 0.15
 """A target's B_simple agrees with the full measurement's within this share, or within two of
 the two standard errors combined."""
+
+
+def agreement(value: float, se: float, full: float, full_se: float) -> dict[str, Any]:
+    """A target's B_simple against the full measurement's: their ratio, and whether they agree
+    (within `B_SIMPLE_TOLERANCE`, or within two of their standard errors combined in
+    quadrature, the finite ones). A NaN on either side never agrees."""
+    ratio = value / full if full > 0 and math.isfinite(value) else math.nan
+    errors = [e for e in (se, full_se) if math.isfinite(e)]
+    both = math.hypot(*errors) if errors else math.nan
+    agrees = bool(abs(ratio - 1) <= B_SIMPLE_TOLERANCE
+                  or (math.isfinite(both) and abs(value - full) <= 2 * both))
+    return {"b_simple": round(value, 4), "se": round(se, 4), "full": round(full, 4),
+            "full_se": round(full_se, 4), "ratio": round(ratio, 3), "agrees": agrees}
 
 
 def _launch(sweep: str, variant: str, folder: Path) -> float:
@@ -243,17 +261,9 @@ def measure_sweep(sweep: str, rounds: int, work: Path) -> dict[str, Any]:
     last = rounds - 1
     default = _b_simple(work / f"{sweep}_default_{last}")
     full = _b_simple(work / f"{sweep}_full_{last}")
-    targets = []
-    for target, (value, se) in sorted(default.items()):
-        ref, ref_se = full.get(target, (math.nan, math.nan))
-        ratio = value / ref if ref > 0 else math.nan
-        both = math.hypot(*(e for e in (se, ref_se) if math.isfinite(e))) \
-            if math.isfinite(se) or math.isfinite(ref_se) else math.nan
-        agrees = bool(abs(ratio - 1) <= B_SIMPLE_TOLERANCE
-                      or (math.isfinite(both) and abs(value - ref) <= 2 * both))
-        targets.append({"target": target, "b_simple": round(value, 4), "se": round(se, 4),
-                        "full": round(ref, 4), "full_se": round(ref_se, 4),
-                        "ratio": round(ratio, 3), "agrees": agrees})
+    targets = [{"target": target, **agreement(value, se, *full.get(target, (math.nan,
+                                                                          math.nan)))}
+               for target, (value, se) in sorted(default.items())]
     from gnsweep.folder import read_noise_plan
     from gnsweep.noise_plan import OFF
 
@@ -325,7 +335,7 @@ def main(argv: list[str]) -> dict[str, Any]:
                         help="wall time, or the process's CPU time (a loaded machine)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--sweeps", default="",
-                        help="whole sweeps instead of runs: digits, lm (comma-separated)")
+                        help="whole sweeps instead of runs: digits, lm, tiny (comma-separated)")
     args, _ = parser.parse_known_args(argv)
     if args.sweeps:
         return sweeps_main([n for n in args.sweeps.split(",") if n],
