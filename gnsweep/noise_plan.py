@@ -14,8 +14,8 @@ badly tuned learning rates, which are also the longest runs. So, under `noise.ru
   `noise.every` says;
 - `off`: every other run measures nothing (`noise.method=none` for that run).
 
-The best learning rate known is that of the finished runs (fewest steps to the hardest
-target every one of them reached at that batch size, else the lowest final loss), or, where
+The best learning rate known is that of the finished runs (of those at that batch size that
+stopped at the hardest target, the fewest steps; else the lowest final loss), or, where
 nothing has finished (a first launch), the middle of the grid's rates at that batch size. A
 run's assignment is decided once, when it is first handed to an executor, and never changes
 after (it may have trained): a relaunch, a resume or a requeue keeps it, and the planner's
@@ -44,8 +44,8 @@ from gnsweep.noise import Method
 
 RUNS_CHOICES = NOISE_RUNS
 DENSE_PER_BATCH = 2
-"""Runs per batch size (and branch point) that measure under `noise.runs=auto`: the best
-learning rate's and its nearest neighbour, so that a first launch's guess (the grid's middle)
+"""Learning rates per batch size (and branch point) measured under `noise.runs=auto`: the
+best known and its nearest neighbour, so that a first launch's guess (the grid's middle)
 still holds one of the rates the front uses at most batch sizes."""
 
 ALL, DENSE, NEEDED, OFF = "all", "dense", "needed", "off"
