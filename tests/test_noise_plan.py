@@ -174,5 +174,5 @@ def test_the_folder_records_the_plan_once_and_a_worker_reads_its_run_with_it(tmp
     assert off.noise.method == "none" and on.noise.method == "auto"
     # A file gnsweep cannot have written: refused in one line naming it.
     (tmp_path / store.NOISE_PLAN).write_text('{"runs": {"x": {"role": "sometimes"}}}')
-    with pytest.raises(store.StoreError, match="noise_plan.json: not a noise plan"):
+    with pytest.raises(store.StoreError, match=r"noise_plan\.json: not a noise plan"):
         folder.read_run(RunSpec(64, 0.1).run_id)
