@@ -220,21 +220,29 @@ def agreement(value: float, se: float, full: float, full_se: float) -> dict[str,
             "full_se": round(full_se, 4), "ratio": round(ratio, 3), "agrees": agrees}
 
 
-def _launch(sweep: str, variant: str, folder: Path) -> float:
-    """Launch one whole sweep in `folder` (a fresh one) as a user would; the sum of its runs'
-    training time (each run's status.json `train_seconds`)."""
+def _launch(sweep: str, variant: str, folder: Path) -> tuple[float, float]:
+    """Launch one whole sweep in `folder` (a fresh one) as a user would: (the sum of its runs'
+    training time, each run's status.json `train_seconds`; the CPU time of the launch and
+    all its workers, which other jobs on the machine do not inflate)."""
+    import resource
     import subprocess
     import sys
 
     from gnsweep import store
 
+    def cpu() -> float:
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return used.ru_utime + used.ru_stime
+
     command = [sys.executable, "-m", "gnsweep", "launch", "--sweep-dir", str(folder), "--quiet",
                *SWEEPS[sweep], *SWEEP_VARIANTS[variant]]
+    before = cpu()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"sweep {sweep} ({variant}) failed: {done.stderr.strip()[-400:]}")
-    return sum(store.read_status(store.run_dir(folder, r)).train_seconds or 0.0
-               for r in store.run_ids(folder))
+    seconds = sum(store.read_status(store.run_dir(folder, r)).train_seconds or 0.0
+                  for r in store.run_ids(folder))
+    return seconds, cpu() - before
 
 
 def _b_simple(folder: Path) -> dict[float, tuple[float, float]]:
@@ -253,11 +261,14 @@ def measure_sweep(sweep: str, rounds: int, work: Path) -> dict[str, Any]:
     import shutil
 
     totals: dict[str, float] = {}
+    cpus: dict[str, float] = {}
     for index in range(rounds):
         for variant in SWEEP_VARIANTS:
             folder = work / f"{sweep}_{variant}_{index}"
             shutil.rmtree(folder, ignore_errors=True)
-            totals[variant] = min(totals.get(variant, math.inf), _launch(sweep, variant, folder))
+            seconds, cpu = _launch(sweep, variant, folder)
+            totals[variant] = min(totals.get(variant, math.inf), seconds)
+            cpus[variant] = min(cpus.get(variant, math.inf), cpu)
     last = rounds - 1
     default = _b_simple(work / f"{sweep}_default_{last}")
     full = _b_simple(work / f"{sweep}_full_{last}")
@@ -271,6 +282,9 @@ def measure_sweep(sweep: str, rounds: int, work: Path) -> dict[str, Any]:
     return {"sweep": sweep, "none_s": round(totals["none"], 2),
             "default": round(totals["default"] / totals["none"], 3),
             "full": round(totals["full"] / totals["none"], 3),
+            "none_cpu_s": round(cpus["none"], 2),
+            "default_cpu": round(cpus["default"] / cpus["none"], 3),
+            "full_cpu": round(cpus["full"] / cpus["none"], 3),
             "runs_measured": f"{sum(a.role != OFF for a in plan.values())}/{len(plan)}",
             "targets": targets}
 
@@ -287,12 +301,15 @@ def sweeps_main(names: list[str], rounds: int, json_path: Path | None) -> dict[s
     with tempfile.TemporaryDirectory(prefix="gnsweep-sweep-cost-") as work:
         rows = [measure_sweep(name, rounds, Path(work)) for name in names]
     print(f"sweep_cost --sweeps: the sum of a whole sweep's runs' training time / the same "
-          f"sweep with noise.method=none (wall clock, fastest of {rounds}; load average "
+          f"sweep with noise.method=none (wall clock, and the CPU time of the whole launch; "
+          f"fastest of {rounds}; load average "
           f"{load:.2f} on {os.cpu_count()} cores at the start); B_simple at each target "
           "against noise.runs=all noise.every=1")
     for row in rows:
         print(f"  {row['sweep']}: default {row['default']}x, full {row['full']}x "
-              f"(none {row['none_s']} s; {row['runs_measured']} runs measured)")
+              f"(none {row['none_s']} s; {row['runs_measured']} runs measured); CPU time "
+              f"of the launch and its workers: default {row['default_cpu']}x, full "
+              f"{row['full_cpu']}x (none {row['none_cpu_s']} s)")
         for t in row["targets"]:
             print(f"    target {t['target']:g}: B_simple {t['b_simple']:.4g} +- {t['se']:.2g}, "
                   f"full {t['full']:.4g} +- {t['full_se']:.2g} (ratio {t['ratio']}; "
