@@ -84,7 +84,8 @@ def measurement_note(rows: list[dict[str, Any]]) -> str | None:
     measured = sum(int(n.get("measured") or 0) for n in known if n.get("method") != "none")
     parts = []
     if off:
-        parts.append(f"{off} run(s) with noise measurement off (noise.method=none): no B_simple")
+        parts.append(f"{off} run(s) with noise measurement off (noise.method=none, or planned "
+                     "off by noise.runs=auto): no B_simple")
     if steps:
         everys = sorted({str(n.get("every")) for n in known if n.get("method") != "none"})
         parts.append(f"noise scale measured on {measured / steps:.0%} of {steps} steps "
