@@ -9,7 +9,8 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.commands import Echo
-from gnsweep.folder import SweepFolder
+from gnsweep.folder import SweepFolder, read_noise_plan
+from gnsweep.paths import SweepPaths
 from gnsweep.runs import read_state, unmeasured_line
 
 UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
@@ -94,7 +95,8 @@ def measurement_note(rows: list[dict[str, Any]]) -> str | None:
     measured = sum(int(n.get("measured") or 0) for n in known if n.get("method") != "none")
     parts = []
     if off:
-        parts.append(f"{off} run(s) with noise measurement off (noise.method=none): no B_simple")
+        parts.append(f"{off} run(s) with noise measurement off (noise.method=none, or planned "
+                     "off by noise.runs=auto): no B_simple")
     if steps:
         everys = sorted({str(n.get("every")) for n in known if n.get("method") != "none"})
         parts.append(f"noise scale measured on {measured / steps:.0%} of {steps} steps "
@@ -103,11 +105,33 @@ def measurement_note(rows: list[dict[str, Any]]) -> str | None:
 
 
 def sweep_measurement_note(sweep_dir: Path) -> str | None:
-    """`measurement_note` from the runs' status.json files alone (what `analyze` and `report`
-    say beside their figures)."""
+    """`measurement_note` from the runs' status.json files alone, and the noise plan's lines
+    (`noise_plan_lines`): what `analyze` and `report` say beside their figures."""
     rows = [{"noise": store.read_status(store.run_dir(sweep_dir, run_id)).noise_measured}
             for run_id in store.run_ids(sweep_dir)]
-    return measurement_note(rows)
+    lines = [line for line in (measurement_note(rows), *noise_plan_lines(sweep_dir)) if line]
+    return "\n".join(lines) or None
+
+
+def noise_plan_lines(sweep_dir: Path, shown: int = 8) -> list[str]:
+    """Which runs measure the noise scale and why (the folder's noise_plan.json,
+    `gnsweep.noise_plan`): its summary, then the measuring runs by reason (`shown` ids at
+    most); none where no plan is recorded."""
+    from gnsweep.noise_plan import OFF, summary
+
+    try:
+        plan = read_noise_plan(sweep_dir)
+    except store.StoreError as err:
+        return [f"noise plan: unreadable ({err})"]
+    if not plan:
+        return []
+    lines = [summary(plan)]
+    measuring = sorted(r for r, a in plan.items() if a.role != OFF)
+    if len(measuring) < len(plan):
+        more = f" and {len(measuring) - shown} more" if len(measuring) > shown else ""
+        lines.append(f"  measuring: {', '.join(measuring[:shown])}{more} "
+                     f"({SweepPaths(sweep_dir).noise_plan.name} says why for each run)")
+    return lines
 
 
 def progress_of(row: dict[str, Any]) -> str:
@@ -161,6 +185,8 @@ def run(sweep_dir: Path, all_runs: bool, echo: Echo) -> None:
     note = measurement_note(rows)
     if note:
         echo(note)
+    for line in noise_plan_lines(sweep_dir):
+        echo(line)
     unmeasured = unmeasured_line({r["run_id"]: r["b_simple_nan_share"] for r in rows
                                   if r["state"] in ("done", "diverged")})
     if unmeasured:
