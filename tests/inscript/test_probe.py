@@ -41,7 +41,7 @@ PATTERN = (r"task.log_pattern=step (?P<step>\d+) loss (?P<loss>\S+) "
 
 def _launch(sweep_dir: Path, command: str, *overrides: str) -> subprocess.CompletedProcess:
     args = [PY, "-m", "gnsweep", "launch", "--sweep-dir", str(sweep_dir), "-q", "task=script",
-            f"task.command={command}", PATTERN, *GRID, *overrides]
+            f"task.command={command}", PATTERN, *GRID, "noise.runs=all", *overrides]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT),
                                                          os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(args, capture_output=True, text=True, timeout=400,
@@ -66,7 +66,8 @@ def _command(*extra: str) -> str:
 def test_a_script_with_accumulation_and_one_with_a_loss_scale_get_the_exact_b_simple(tmp_path):
     """Two runs of an unmodified script, 4 micro-batches a step: one dividing its loss by the
     passes, one under a GradScaler (loss x 1024, then x 512 after the overflow it skips at
-    step 7) that also clips: B_simple is the exact one in both, the scale is never known."""
+    step 7) that also clips: B_simple is the exact one in both, the scale is never known.
+    Both are measured (`_launch` sets noise.runs=all: the plan would measure one seed)."""
     sweep_dir = tmp_path / "sweep"
     done = _launch(sweep_dir, _command("--scaled-seeds=1"), "task.accumulation=4",
                    "sweep.batch_sizes=[64]", "sweep.seeds=[0,1]", "executor.workers=2")
