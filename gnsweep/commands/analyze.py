@@ -15,9 +15,9 @@ import pandas as pd
 from gnsweep import store
 from gnsweep.analysis.adaptive import analyze_adaptive, split_adaptive
 from gnsweep.analysis.along import compare_schedule, split_along
+from gnsweep.analysis.decision import floor_warnings, recommend
 from gnsweep.analysis.pipeline import AnalysisError, analyze_tables
-from gnsweep.analysis.recipe import recipe_warnings
-from gnsweep.analysis.recommend import floor_warnings, recommend
+from gnsweep.analysis.recipe_warnings import recipe_warnings
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.setting import Setting
 from gnsweep.analysis.steps import Curves

@@ -1,4 +1,4 @@
-"""`gnsweep compare`: the I/O around the pure comparison (`gnsweep.analysis.compare`) and its
+"""`gnsweep compare`: the I/O around the pure comparison (`gnsweep.analysis.crit_vs_simple`) and its
 figures (`gnsweep.report.compare_figures`).
 
     <out>/compare.parquet                    one row per sweep x target (store.COMPARE_SCHEMA)
@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from gnsweep import store
-from gnsweep.analysis.compare import SweepFits, compare_rows
+from gnsweep.analysis.crit_vs_simple import SweepFits, compare_rows
 from gnsweep.commands import Echo
 from gnsweep.errors import ConfigError, StoreError
 from gnsweep.paths import SweepPaths

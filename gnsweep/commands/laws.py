@@ -1,5 +1,5 @@
 """`gnsweep laws`: read a family of fixed-budget sweeps (or a table made elsewhere), fit the
-laws across scale (`gnsweep.analysis.laws`), write them, print them (`gnsweep.report.laws`).
+laws across scale (`gnsweep.analysis.laws`), write them, print them (`gnsweep.report.laws_text`).
 
     <out>/laws.parquet        one row per law (tables.LAWS_SCHEMAS["laws"])
     <out>/law_cells.parquet   one row per (N, D) cell
@@ -156,7 +156,7 @@ def run(sweep_dirs: list[Path], *, table: Path | None, out: Path, point: str | N
     laws.json on stdout), then the files written."""
     import json
 
-    from gnsweep.report.laws import format_laws
+    from gnsweep.report.laws_text import format_laws
 
     result, runs = fit(sweep_dirs, table, tolerance=tolerance, bootstrap=bootstrap,
                        point=point)

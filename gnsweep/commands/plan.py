@@ -1,5 +1,5 @@
 """`gnsweep plan`: check the task as a launch does (`preflight`), read the finished runs, ask
-`rules.decide` for the next round, record it in D/plan.json (atomically, before any of its runs
+`pilot.decide` for the next round, record it in D/plan.json (atomically, before any of its runs
 starts), write the runs' records and hand them to the executors exactly as `gnsweep launch`
 does; repeat until nothing is left to decide.
 
@@ -21,7 +21,7 @@ from gnsweep.commands import Echo
 from gnsweep.config import Config, ConfigError
 from gnsweep.folder import SweepFolder
 from gnsweep.paths import SweepPaths
-from gnsweep.planner.rules import SPREAD, Decision, PlanError, Proposal, RunOutcome, decide
+from gnsweep.planner.pilot import SPREAD, Decision, PlanError, Proposal, RunOutcome, decide
 from gnsweep.runs import RunSpec, write_run
 from gnsweep.tasks import about
 
@@ -271,8 +271,8 @@ def _state(sweep_dir: Path, run_id: str) -> str:
 
 def next_grids(sweep_dir: Path, *, workers: int | None = None, show_progress: bool = True,
                budget: int | None = None, echo: Callable[[str], None] = print) -> list[str]:
-    """`gnsweep plan DIR`: while the folder's recommendation (`analysis.recommend`) is a bound,
-    run exactly the runs of its next grid (`analysis.next_grid`: every seed of the sweep, the
+    """`gnsweep plan DIR`: while the folder's recommendation (`analysis.decision`) is a bound,
+    run exactly the runs of its next grid (`planner.next_grid`: every seed of the sweep, the
     folder's grid widened to hold them) and analyse again, round after round while the runs of
     the plan have processed fewer examples than its budget (`budget`, else the one recorded,
     else the examples the folder's runs had processed when the plan began: the plan at most
@@ -285,7 +285,7 @@ def next_grids(sweep_dir: Path, *, workers: int | None = None, show_progress: bo
     the same runs, none twice, none lost."""
     import dataclasses
 
-    from gnsweep.analysis.recommend import recommend
+    from gnsweep.analysis.decision import recommend
     from gnsweep.commands.analyze import analyze_sweep
     from gnsweep.commands.recommend import setting_of
     from gnsweep.report.recommendation import summary

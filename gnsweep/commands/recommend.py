@@ -1,5 +1,5 @@
 """`gnsweep recommend`: an analysed sweep folder (or `analyze --table` output) in, the batch size
-and learning rate to train with out (`analysis.recommend`). Runs `gnsweep analyze` first where
+and learning rate to train with out (`analysis.decision`). Runs `gnsweep analyze` first where
 the folder has not been analysed; writes nothing else.
 """
 
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from gnsweep import store
-from gnsweep.analysis.recommend import PREFERENCES, Recommendation, recommend
+from gnsweep.analysis.decision import PREFERENCES, Recommendation, recommend
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.setting import Setting
 from gnsweep.commands import Echo

@@ -422,12 +422,12 @@ def _train_and_record(sweep: SweepFolder | Path, path: Path, attempts: int, writ
 
 def trainer(task: str) -> Callable[..., Any]:
     """What trains a run of `task`: `training.train` (gnsweep's loop), or for task=script
-    `training.script.run_script` (the user's command as a process); both take (config, spec,
+    `training.script_runner.run_script` (the user's command as a process); both take (config, spec,
     out_dir, should_stop=, on_row=) and return a `RunResult`."""
     from gnsweep.tasks import SCRIPT
 
     if task == SCRIPT:
-        from gnsweep.training.script import run_script
+        from gnsweep.training.script_runner import run_script
 
         return run_script
     from gnsweep.training import train

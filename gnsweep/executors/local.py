@@ -40,8 +40,8 @@ from gnsweep.executors import (
     stopped_by_launcher,
     warm_up,
 )
-from gnsweep.executors.base import Summary
 from gnsweep.executors.gpus import GpuPlan, launcher_gpus, plan
+from gnsweep.executors.rounds import Summary
 from gnsweep.folder import SweepFolder
 from gnsweep.notices import once_per_launch
 from gnsweep.progress import SweepProgress
@@ -224,7 +224,7 @@ def launch_scripts_under_torchrun(sweep: SweepFolder, run_ids: list[str], execut
                                   *, max_retries: int, progress: SweepProgress | None,
                                   wait: bool = True) -> Summary:
     """task=script with executor=torchrun: each worker starts its run's command under torchrun
-    with `executor.nproc_per_node` processes (`training.script.torchrun_args`), which share
+    with `executor.nproc_per_node` processes (`training.script_runner.torchrun_args`), which share
     the worker's GPUs; `executor.workers` runs at once (0: as many as the GPUs hold, else 1)."""
     gpus = launcher_gpus(executor.gpus)
     nproc = executor.nproc_per_node

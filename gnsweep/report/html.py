@@ -352,9 +352,9 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config | No
 
 
 def recommendation_box(tables: Results) -> list[str]:
-    """The setting to train with (`analysis.recommend`, balanced), first in the answer box;
+    """The setting to train with (`analysis.decision`, balanced), first in the answer box;
     nothing for a branch sweep (its answer is per branch point) or without fits."""
-    from gnsweep.analysis.recommend import recommend
+    from gnsweep.analysis.decision import recommend
     from gnsweep.report.recommendation import summary
 
     if len(tables.along) or not len(tables.fits):

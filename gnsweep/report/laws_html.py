@@ -8,7 +8,7 @@ import base64
 from typing import Any
 
 from gnsweep.report.html import CSS, esc
-from gnsweep.report.laws import QUANTITY_NAMES, format_laws
+from gnsweep.report.laws_text import QUANTITY_NAMES, format_laws
 
 CAPTIONS = {
     "laws_fits": "Each law against D (or N): the cells it was fitted on (filled), cells left "

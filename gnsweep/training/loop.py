@@ -40,7 +40,7 @@ from gnsweep.schedule import Progress
 from gnsweep.tasks import Task, about, examples_of
 from gnsweep.tasks.protocol import first_dim
 from gnsweep.training.backward import backward, in_task_units, pieces
-from gnsweep.training.branch import start_branch
+from gnsweep.training.branch_start import start_branch
 from gnsweep.training.checkpoint import Checkpointer
 from gnsweep.training.data import mean_loss
 from gnsweep.training.recipe import clip_gradients, set_learning_rate

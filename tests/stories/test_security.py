@@ -173,7 +173,7 @@ def test_a_secret_task_option_is_masked_on_disk_and_real_in_the_run(tmp_path, mo
 
 
 def test_printed_errors_and_tracker_warnings_mask_credentials(tmp_path, caplog):
-    from gnsweep.tracking.base import RunLogger, SafeLogger
+    from gnsweep.tracking.run_logger import RunLogger, SafeLogger
 
     class Failing(RunLogger):
         kind = "mlflow"

@@ -1,4 +1,4 @@
-"""Branch runs (gnsweep.training.branch): a run built for a branch point starts from the base
+"""Branch runs (gnsweep.training.branch_start): a run built for a branch point starts from the base
 run's saved model and optimizer state, at its own learning rate, with its own counters, smoother,
 monitor and data; its first update is the one the base run's optimizer state dictates."""
 
@@ -23,7 +23,7 @@ from gnsweep.config import (
 from gnsweep.folder import read_config
 from gnsweep.runs import RunSpec, parse_run_record, run_config
 from gnsweep.training import StopRequested, TrainState, build_run, run, train
-from gnsweep.training.branch import start_branch
+from gnsweep.training.branch_start import start_branch
 from gnsweep.training.checkpoint import Checkpointer
 from gnsweep.training.data import DataSource
 
