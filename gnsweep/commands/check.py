@@ -15,8 +15,8 @@ def fits_of(folder: Path, echo: Echo) -> tuple[Any, str | None]:
     """Fresh fits of a sweep folder (analyzed now, nothing written), or a folder's fits.parquet;
     with the column the fits are grouped by (`analyze --group-by`), else None."""
     from gnsweep.analysis.groups import group_of
-    from gnsweep.commands.analyze import analyze_sweep
     from gnsweep.folder import read_results
+    from gnsweep.sweep_analysis import analyze_sweep
 
     if store.is_sweep(folder):
         analysis = analyze_sweep(folder, write=False)

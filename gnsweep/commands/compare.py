@@ -63,7 +63,7 @@ def compare_sweeps(sweep_dirs: list[Path], out_dir: Path,
                    formats: tuple[str, ...] = FORMATS) -> Compared:
     """Read every sweep (all of them first: a bad folder stops before anything is written),
     then write compare.parquet and the figures into `out_dir`."""
-    from gnsweep.commands.plot import save
+    from gnsweep.figure_files import save
     from gnsweep.report import compare_figures as compare_plots
 
     if not sweep_dirs:

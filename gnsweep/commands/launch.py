@@ -8,9 +8,9 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.commands import Echo
-from gnsweep.commands.preflight import compose_config, preflight
 from gnsweep.config import Config
 from gnsweep.paths import SweepPaths
+from gnsweep.preflight import compose_config, preflight
 from gnsweep.tasks import about
 
 

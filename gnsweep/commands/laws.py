@@ -124,7 +124,7 @@ def fit(sweep_dirs: list[Path], table: Path | None, *, tolerance: float, bootstr
 def write(result: Laws, runs: pd.DataFrame, out_dir: Path,
           formats: tuple[str, ...] = FORMATS) -> tuple[list[Path], dict[str, str]]:
     """laws.parquet, law_cells.parquet, laws.json and the figures; (paths, skipped figures)."""
-    from gnsweep.commands.plot import save
+    from gnsweep.figure_files import save
     from gnsweep.report.laws_figures import draw_all
     from gnsweep.report.laws_html import render_laws
 

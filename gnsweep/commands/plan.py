@@ -286,11 +286,10 @@ def next_grids(sweep_dir: Path, *, workers: int | None = None, show_progress: bo
     import dataclasses
 
     from gnsweep.analysis.decision import recommend
-    from gnsweep.commands.analyze import analyze_sweep
-    from gnsweep.commands.recommend import setting_of
     from gnsweep.report.recommendation import summary
     from gnsweep.report.views import quantity
     from gnsweep.sweep import prepare_folder, run_specs
+    from gnsweep.sweep_analysis import analyze_sweep, setting_of
 
     config = SweepFolder.open(sweep_dir).config  # config.yaml parsed, run files checked, once
     if config.branch.points:
@@ -395,7 +394,7 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
     """`gnsweep plan`: the config and its checks as for `gnsweep launch`, then the plan's rounds;
     ends with what it ran and pruned. `gnsweep plan DIR` (an analysed sweep folder): the next
     grids of its recommendation (`next_grids`)."""
-    from gnsweep.commands.preflight import compose_config, preflight
+    from gnsweep.preflight import compose_config, preflight
 
     folder = folder_argument(overrides)
     if folder is not None:

@@ -21,18 +21,18 @@ def write_report(sweep_dir: Path) -> tuple[Path, dict[str, str], list[str]]:
     import json
 
     from gnsweep.analysis.groups import split
-    from gnsweep.commands.plot import load_tables
     from gnsweep.folder import SweepFolder
     from gnsweep.report import figures as plots
     from gnsweep.report.figures import png_bytes
     from gnsweep.report.html import render
+    from gnsweep.sweep_analysis import load_tables
 
     # A sweep folder is opened once (config.yaml parsed, run files checked) and passed down.
     opened = SweepFolder.open(sweep_dir) if store.is_sweep(sweep_dir) else None
     tables = load_tables(opened or sweep_dir)
     measured = None
     if opened is not None:
-        from gnsweep.commands.status import sweep_measurement_note
+        from gnsweep.runs import sweep_measurement_note
 
         measured = sweep_measurement_note(sweep_dir)
         loaded = opened.config

@@ -9,7 +9,7 @@ from typing import Any
 from gnsweep import store
 from gnsweep.commands import Echo
 from gnsweep.folder import SweepFolder
-from gnsweep.runs import read_state, unmeasured_line
+from gnsweep.runs import measurement_note, read_state, unmeasured_line
 
 UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
 """States whose rows so far `gnsweep status` shows (step, examples, smoothed loss)."""
@@ -69,34 +69,6 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
                      "b_simple_nan_share": None, "step": None, "examples": None,
                      "loss_smooth": None})
     return rows
-
-
-def measurement_note(rows: list[dict[str, Any]]) -> str | None:
-    """One line on what the finished runs measured (`sweep_status` rows, their status.json's
-    `noise_measured`): measurement off (`noise.method=none`: B_simple absent by design), or
-    the share of steps measured over the runs; None before any run has finished."""
-    known = [r["noise"] for r in rows if isinstance(r.get("noise"), dict)]
-    if not known:
-        return None
-    off = sum(1 for n in known if n.get("method") == "none")
-    steps = sum(int(n.get("steps") or 0) for n in known if n.get("method") != "none")
-    measured = sum(int(n.get("measured") or 0) for n in known if n.get("method") != "none")
-    parts = []
-    if off:
-        parts.append(f"{off} run(s) with noise measurement off (noise.method=none): no B_simple")
-    if steps:
-        everys = sorted({str(n.get("every")) for n in known if n.get("method") != "none"})
-        parts.append(f"noise scale measured on {measured / steps:.0%} of {steps} steps "
-                     f"(noise.every={', '.join(everys)})")
-    return "; ".join(parts) if parts else None
-
-
-def sweep_measurement_note(sweep_dir: Path) -> str | None:
-    """`measurement_note` from the runs' status.json files alone (what `analyze` and `report`
-    say beside their figures)."""
-    rows = [{"noise": store.read_status(store.run_dir(sweep_dir, run_id)).noise_measured}
-            for run_id in store.run_ids(sweep_dir)]
-    return measurement_note(rows)
 
 
 def progress_of(row: dict[str, Any]) -> str:

@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from gnsweep import store
 from gnsweep.cli import app
-from gnsweep.commands.analyze import analyze_sweep
 from gnsweep.compose import compose
 from gnsweep.executors import execute_run
 from gnsweep.sweep import prepare
+from gnsweep.sweep_analysis import analyze_sweep
 from gnsweep.training import StopRequested, train
 
 

@@ -202,9 +202,9 @@ def test_branch_runs_find_the_exact_local_b_crit_on_linreg(tmp_path):
 
     from gnsweep import store
     from gnsweep.branching import prepare_branch
-    from gnsweep.commands.analyze import analyze_sweep
     from gnsweep.folder import read_run
     from gnsweep.linreg_exact import local_truth
+    from gnsweep.sweep_analysis import analyze_sweep
     from gnsweep.tasks import make_task
 
     task = ["task=linreg", "task.dim=32", "task.teacher_power=1.0", "sweep=linreg",
