@@ -109,11 +109,14 @@ def os_error_message(err: OSError) -> str:
 class ScriptFailed(RuntimeError):
     """A `task=script` run failed: its command exited non-zero, logged no row, or logged one
     that cannot be read (the message names the file and line). `stderr`: the command's last
-    lines of stderr, kept in the run's status.json."""
+    lines of stderr, kept in the run's status.json. `repeats`: every attempt would fail alike
+    (a parse rule broken, the program not found, a bad-input exit), so none is retried."""
 
-    def __init__(self, message: str, stderr: list[str] | None = None) -> None:
+    def __init__(self, message: str, stderr: list[str] | None = None,
+                 repeats: bool = False) -> None:
         super().__init__(message)
         self.stderr = list(stderr or [])
+        self.repeats = repeats
 
 
 class StopRequested(Exception):

@@ -23,6 +23,7 @@ __all__ = [
     "FINISHED",
     "OUT_OF_SPACE",
     "RELAUNCH_MAY_CHANGE",
+    "WILL_REPEAT",
     "RunSpec",
     "RunState",
     "branch_budget",
@@ -49,6 +50,11 @@ __all__ = [
 OUT_OF_SPACE = "out_of_space"
 """The `reason` of a run that failed because the disk (or its quota) was full: the launch it
 failed in does not retry it (the next attempt would fail alike); a relaunch tries it again."""
+
+WILL_REPEAT = "will_repeat"
+"""The `reason` of a run whose failure every attempt would repeat (a script's output breaking
+a parse rule, its program not found, a bad-input exit): recorded failed after one attempt,
+not retried by its launch; a relaunch (after the fix) tries it again."""
 
 UNMEASURED_SHARE = 0.1
 """A run whose B_simple is NaN on more than this share of its logged steps is named by the
@@ -234,8 +240,12 @@ def branch_budget(config: Config, batch_size: int) -> tuple[int, int]:
 
 def run_record(config: Config, spec: RunSpec) -> dict[str, Any]:
     """What a worker needs to train one run, as JSON: the sweep's resolved config (secrets
-    masked, `gnsweep.redact`) and the grid point."""
-    return {"run_id": spec.run_id, "run": asdict(spec), "config": redact.config(config.to_dict())}
+    masked, `gnsweep.redact`) and the grid point. A script run's has no `train` section: gnsweep's
+    own loop's recipe describes nothing its command does (its recipe is `task.optimizer` ...)."""
+    written = config.to_dict()
+    if config.task.name == tasks.SCRIPT:
+        written.pop("train", None)
+    return {"run_id": spec.run_id, "run": asdict(spec), "config": redact.config(written)}
 
 
 def parse_spec(data: Any, where: Path | str) -> RunSpec:
@@ -416,8 +426,8 @@ def needs_running(status: RunStatus, max_retries: int) -> bool:
         return False
     if status.state is RunState.FAILED:
         tries = status.attempts - status.retry_base
-        if status.reason == OUT_OF_SPACE:
-            return tries <= 0  # the disk was full: a retry now fails alike; a relaunch tries
+        if status.reason in (OUT_OF_SPACE, WILL_REPEAT):
+            return tries <= 0  # a retry now fails alike (a full disk, a parse rule); a relaunch
         return tries <= max_retries
     return True
 

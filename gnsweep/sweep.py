@@ -125,8 +125,13 @@ def prepare_folder(sweep_dir: Path, config: Config,
         # or another run of the folder) refuses the whole launch (exit 2, nothing run).
         check_records(sweep_dir, config, [s.run_id for s in specs or []])
         store.subdir(sweep_dir, store.RUNS)
+        written = dict(merged)
+        if config.task.name == tasks.SCRIPT:
+            # gnsweep's own loop's recipe describes nothing a script does (its recipe is the
+            # task's optimizer, grad_clip, schedule): not written where it would read as one.
+            written.pop("train", None)
         store.write_text(SweepPaths(sweep_dir).config_file,
-                         OmegaConf.to_yaml(redact.config(merged)))
+                         OmegaConf.to_yaml(redact.config(written)))
     return SweepFolder(sweep_dir, tasks.checked(Config.from_dict(merged)))
 
 

@@ -18,7 +18,7 @@ from gnsweep.analysis.adaptive import analyze_adaptive, split_adaptive
 from gnsweep.analysis.along import compare_schedule, split_along
 from gnsweep.analysis.decision import floor_warnings, recommend
 from gnsweep.analysis.pipeline import AnalysisError, analyze_tables
-from gnsweep.analysis.recipe_warnings import recipe_warnings
+from gnsweep.analysis.recipe_warnings import recipe_of, recipe_warnings
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.setting import Setting
 from gnsweep.analysis.steps import Curves
@@ -87,13 +87,14 @@ def analyze_sweep(sweep_dir: Path | SweepFolder, loss: str | None = None,
     loss = loss or config.analysis.loss
     if bootstrap is None:
         bootstrap = config.analysis.bootstrap
+    optimizer = recipe_of(config).optimizer or "sgd"
     held = held_targets(out_dir or sweep_dir) if targets is None and chosen == AUTO else []
     fitted: Results | None = None
     held_note = ""
     if held:  # automatic targets do not move when runs are added
         try:
             fitted = analyze_tables(None, fixed, held, loss=loss, ema_examples=ema_examples,
-                                    bootstrap=bootstrap, optimizer=config.train.optimizer,
+                                    bootstrap=bootstrap, optimizer=optimizer,
                                     source=str(sweep_dir), direction=task.direction)
         except AnalysisError as err:
             held_note = f"the automatic targets held until now ({err}): chosen again"
@@ -104,7 +105,7 @@ def analyze_sweep(sweep_dir: Path | SweepFolder, loss: str | None = None,
                          "move them); `gnsweep analyze DIR --targets auto` chooses them again")
     analysis = fitted or analyze_tables(None, fixed, chosen, loss=loss,
                                         ema_examples=ema_examples, bootstrap=bootstrap,
-                                        optimizer=config.train.optimizer,
+                                        optimizer=optimizer,
                                         source=str(sweep_dir), direction=task.direction)
     if held:
         analysis.meta["targets_held"] = held_note

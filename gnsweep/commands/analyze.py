@@ -7,7 +7,9 @@ the whole analysis has succeeded.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+import typer
 
 from gnsweep.analysis.decision import floor_warnings, recommend
 from gnsweep.analysis.setting import Setting
@@ -121,3 +123,45 @@ def run(sweep_dir: Path | None, *, table: Path | None, out: Path | None, targets
         echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
 
 
+def command(
+    sweep_dir: Annotated[Path | None, typer.Argument(
+        help="A sweep folder written by `gnsweep launch` (or use --table).")] = None,
+    table: Annotated[Path | None, typer.Option(
+        "--table", help="CSV or parquet of measurements made elsewhere: steps-to-target rows "
+                        "or loss curves (docs/analysis.md).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Folder for the tables (default: the sweep folder; required with "
+                      "--table).")] = None,
+    targets: Annotated[str | None, typer.Option(
+        "--targets", help="Comma-separated loss targets, or auto: levels chosen from the "
+                          "runs (default: the sweep's; required for loss curves).")] = None,
+    loss: Annotated[str | None, typer.Option(
+        help="Loss deciding a target: smoothed, raw or eval (default: the sweep's "
+             "analysis.loss, else smoothed).")] = None,
+    ema_examples: Annotated[float | None, typer.Option(
+        "--ema-examples", min=1e-9, help="Re-smooth the raw loss with an EMA of this many "
+                                         "examples (default: the logged smoothed loss).")] = None,
+    bootstrap: Annotated[int | None, typer.Option(
+        "--bootstrap", min=0, help="Bootstrap resamples for 95% intervals (default: the "
+                                   "sweep's analysis.bootstrap, else 0).")] = None,
+    optimizer: Annotated[str, typer.Option(
+        help="For --table: sgd, momentum, adam or adamw (picks the eps_opt(B) model).")] = "sgd",
+    group_by: Annotated[str | None, typer.Option(
+        "--group-by", help="For --table: a column naming the workload; one fit per value, "
+                           "that column in every output table (a target column is then "
+                           "optional).")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print fits.json's content on stdout; the table goes to stderr.")] = False,
+    skip_corrupt: Annotated[bool, typer.Option(
+        "--skip-corrupt", help="Leave out runs whose metrics file is unreadable.")] = False,
+) -> None:
+    """Steps-to-target, best learning rates, Pareto fronts, the fit of eq. 2.11, B_crit against
+    B_simple, eps_opt(B) and B_crit(L).
+
+    Writes steps, front, fits, lr_fits and loss_scaling (.parquet) and fits.json.
+    Examples: gnsweep analyze runs/digits --bootstrap 1000;
+    gnsweep analyze --table docs/examples/steps.csv --out /tmp/ext
+    """
+    run(sweep_dir, table=table, out=out, targets=targets, loss=loss, ema_examples=ema_examples,
+        bootstrap=bootstrap, optimizer=optimizer, group_by=group_by, as_json=as_json,
+        skip_corrupt=skip_corrupt, echo=typer.echo)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import pandas as pd
+import typer
 
 from gnsweep import store
 from gnsweep.analysis.crit_vs_simple import SweepFits, compare_rows
@@ -107,3 +109,20 @@ def run(sweep_dirs: list[Path], out: Path, svg: bool, echo: Echo) -> None:
         echo(f"skipped {name}: {reason}", err=True)
     for path in result.paths:
         echo(str(path))
+
+
+def command(
+    sweep_dirs: Annotated[list[Path], typer.Argument(
+        help="Analysed sweep folders (`gnsweep analyze` wrote their fits.parquet).")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for compare.parquet and the "
+                                                    "figures.")],
+    svg: Annotated[bool, typer.Option("--svg", help="SVG instead of PDF beside each PNG.")
+                   ] = False,
+) -> None:
+    """B_crit against the noise scale B_simple across sweeps (the paper's headline figure).
+
+    Writes OUT/compare.parquet (one row per sweep x target), bcrit_vs_noise_scale.png/.pdf and
+    noise_scale_vs_target.png/.pdf (docs/compare.md).
+    Example: gnsweep compare runs/paper/digits runs/paper/linreg --out runs/paper/compare
+    """
+    run(sweep_dirs, out, svg, typer.echo)

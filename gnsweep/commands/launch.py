@@ -4,7 +4,9 @@ the grid, check the task (`preflight`), then run what has not finished (`gnsweep
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from gnsweep import store
 from gnsweep.commands import Echo
@@ -61,15 +63,29 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
     if dry_run:
         from collections import Counter
 
+        from gnsweep.tasks import SCRIPT
+
+        script = config.task.name == SCRIPT
+        per_sample = 1.0
+        if script:  # its command checked as a launch checks it; its examples a sample
+            config, per_sample, _ = preflight(config, overrides)
         echo(grid_line(config, specs, sweep_dir))
+        for line in [budget_line(config), *budget_lines(config, per_sample)]:
+            echo(line)
         echo(f"{'run_id':<28}{'batch_size':>16}{'learning_rate':>16}{'seed':>6}  state")
         states = run_states(sweep_dir, specs)
-        for spec in specs:
+        shown = specs[:COMMANDS_SHOWN] if script else specs
+        for spec in shown:
             # An adaptive run's batch size follows the noise scale, its rate is eps_max (eq. 2.7).
             batch, lr = ((f"adaptive r={spec.exchange_rate:g}", f"eps_max {spec.learning_rate:g}")
                          if spec.adaptive else ("along B_crit", f"eps_max {spec.learning_rate:g}")
                          if spec.along else (str(spec.batch_size), f"{spec.learning_rate:g}"))
             echo(f"{spec.run_id:<28}{batch:>16}{lr:>16}{spec.seed:>6}  {states[spec.run_id]}")
+            if script:
+                echo(f"    $ {filled_command(config, spec, sweep_dir)}")
+        if len(shown) < len(specs):
+            echo(f"... and {len(specs) - len(shown)} more runs, each its command with its own "
+                 "batch size, learning rate and seed")
         counts = Counter(states.values())
         echo(f"{len(specs)} runs: " + ", ".join(f"{n} {state}" for state, n in
                                               sorted(counts.items()))
@@ -104,6 +120,35 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
     return 1 if summary.failed else 0
 
 
+COMMANDS_SHOWN = 10
+"""A script sweep's dry run shows this many runs, each with its filled-in command."""
+
+
+def filled_command(config: Config, spec: Any, sweep_dir: Path) -> str:
+    """The command a script run's first attempt starts, every placeholder filled (under
+    torchrun for executor=torchrun), as a shell would take it."""
+    import shlex
+
+    from gnsweep.training.script_runner import command, placeholder_values
+
+    run_path = SweepPaths(sweep_dir).run(spec.run_id).folder
+    return shlex.join(command(config, placeholder_values(config, spec, run_path, 0, 1)))
+
+
+def budget_line(config: Config) -> str:
+    """What each run may spend and when it ends: the step and example budgets, the targets
+    it stops at, its retries."""
+    sweep = config.sweep
+    unit = about(config.task).unit
+    examples = (f"sweep.max_examples={sweep.max_examples:,} {unit}" if sweep.max_examples
+                else "sweep.max_examples=0 (no limit in examples)")
+    stop = (f"stops at target {about(config.task).hardest(sweep.targets):g} (the hardest)"
+            if sweep.targets else "trains its whole budget (targets auto)")
+    return (f"budget a run: sweep.max_steps={sweep.max_steps:,} steps, {examples}; each run "
+            f"{stop}; a failed run is retried up to sweep.max_retries={sweep.max_retries} "
+            "times (a failure that would repeat is not)")
+
+
 def budget_lines(config: Config, per_sample: float) -> list[str]:
     """A line where `sweep.max_steps` ends some batch sizes' runs before `sweep.max_examples`
     would (their budget in examples is then smaller than the larger batches'), naming them;
@@ -119,3 +164,37 @@ def budget_lines(config: Config, per_sample: float) -> list[str]:
             f"sweep.max_examples={sweep.max_examples:,} (at batch size {short[-1]}, "
             f"{sweep.max_steps:,} steps train {round(sweep.max_steps * short[-1] * per_sample):,}"
             " examples); raise sweep.max_steps to give them the same budget in examples"]
+
+
+def command(
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="Hydra overrides, e.g. task=digits sweep.batch_sizes=[16,64,256]")] = None,
+    sweep_dir: Annotated[Path | None, typer.Option(
+        "--sweep-dir", help="Sweep folder (default: runs/<sweep name>).")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="Worker processes (default: one a GPU, else a core).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid and exit.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    detach: Annotated[bool, typer.Option(
+        "--detach", help="executor=slurm: return once the jobs are submitted.")] = False,
+) -> None:
+    """Run (or resume) a batch-size x learning-rate sweep.
+
+    Exit codes: 0 every run ended done or diverged; 1 a run failed (named on stderr; `gnsweep
+    status` shows why); 2 bad input (config, task that fails its check, sweep folder); 130
+    interrupted (Ctrl-C; relaunch to continue).
+
+    Relaunching on the same folder runs only what is missing (also while an earlier launch or
+    its Slurm jobs still run: runs are claimed, none runs twice). Executors: executor=local
+    (default), executor=torchrun executor.nproc_per_node=2, executor=slurm
+    executor.partition=gpu executor.gpus_per_node=8 executor.nproc_per_node=8.
+
+    Adaptive batch size runs beside the grid (appendix D, docs/adaptive.md): sweep.schedule=adaptive
+    sweep.exchange_rates=[30,300] (eps_max from the folder's fit, or sweep.eps_max=...).
+
+    Example: gnsweep launch task=digits sweep.batch_sizes=[16,64,256] sweep.learning_rates=[0.1,0.3]
+    """
+    code = run(overrides, sweep_dir=sweep_dir, workers=workers, dry_run=dry_run, quiet=quiet,
+               detach=detach, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Annotated
 
 import pandas as pd
+import typer
 
 from gnsweep import store
 from gnsweep.analysis.laws.cells import CellRefused
@@ -171,3 +173,22 @@ def run(sweep_dirs: list[Path], *, table: Path | None, out: Path, point: str | N
         echo(str(path), err=as_json)
 
 
+def command(
+    out: Annotated[Path, typer.Option("--out", help="Folder for laws.json and the rest.")],
+    sweep_dirs: Annotated[list[Path] | None, typer.Argument(
+        help="Fixed-budget sweep folders, one per model size N and budget D.")] = None,
+    table: Annotated[Path | None, typer.Option("--table", help="CSV or parquet made elsewhere: "
+        "N, D, batch_size, learning_rate, loss; or N, batch_size, steps.")] = None,
+    predict: Annotated[str | None, typer.Option(help="A new scale: N=7e9,D=1.4e12.")] = None,
+    tolerance: Annotated[float, typer.Option(help="Near-optimal: within this relative loss."
+                                             )] = 0.01,
+    bootstrap: Annotated[int, typer.Option(min=0, help="Draws for 95% intervals.")] = 200,
+    as_json: Annotated[bool, typer.Option("--json", help="laws.json on stdout.")] = False,
+) -> None:
+    """Batch size and learning rate laws across model size N and data D (docs/laws.md): each
+    cell's optimum, power laws c * N^a * D^b with 95% intervals, the largest cell held out.
+
+    Example: gnsweep laws runs/d1k runs/d2k runs/d4k runs/d8k --out runs/laws --predict N=17,D=65536
+    """
+    run(list(sweep_dirs or []), table=table, out=out, point=predict, tolerance=tolerance,
+        bootstrap=bootstrap, as_json=as_json, echo=typer.echo)

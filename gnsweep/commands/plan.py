@@ -14,7 +14,9 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from gnsweep import store
 from gnsweep.commands import Echo
@@ -420,3 +422,31 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
          f"{len(set(summary.capped))} with a smaller step budget); "
          f"{examples_processed(sweep_dir, ids):,} examples processed")
     echo(f"next: gnsweep analyze {sweep_dir}")
+
+
+def command(
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="Hydra overrides, as for `gnsweep launch`; the grid bounds what the plan runs")
+    ] = None,
+    sweep_dir: Annotated[Path | None, typer.Option(
+        "--sweep-dir", help="Sweep folder (default: runs/<sweep name>-plan).")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="Worker processes (default: one a GPU, else a core).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    budget: Annotated[int | None, typer.Option(
+        "--budget", help="`gnsweep plan DIR`: examples its rounds may process (default: what "
+        "the folder's runs had processed when the plan began).")] = None,
+) -> None:
+    """Find B_crit at a fraction of the grid's compute: a pilot run's B_simple picks the batch
+    sizes, eq. 2.7 the first learning rate at each, and only the rates that can still win run.
+
+    Every run lives under DIR/runs like a launch's (analyze, plot and report work unchanged);
+    DIR/plan.json records each decision, and re-running the same command resumes.
+
+    `gnsweep plan DIR` (an analysed sweep folder, no overrides): while `gnsweep recommend DIR`
+    is a bound, run exactly its next grid in DIR and analyse again, round after round up to
+    --budget examples; DIR/next_grids.json records each round before it runs.
+    Examples: gnsweep plan --sweep-dir runs/digits-plan; gnsweep plan runs/digits
+    """
+    run(overrides, sweep_dir=sweep_dir, workers=workers, quiet=quiet, echo=typer.echo,
+        budget=budget)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from gnsweep import store
 from gnsweep.commands import Echo
@@ -70,3 +73,17 @@ def run(sweep_dir: Path, svg: bool, echo: Echo) -> None:
         echo(f"note: {note}", err=True)
     for path in written.paths:
         echo(str(path))
+
+
+def command(
+    sweep_dir: Annotated[Path, typer.Argument(help="An analyzed sweep folder.")],
+    svg: Annotated[bool, typer.Option("--svg", help="SVG instead of PDF beside each PNG.")
+                   ] = False,
+) -> None:
+    """Draw every figure the sweep supports into DIR/figures (PNG and PDF).
+
+    A figure the sweep cannot support is skipped with one line saying why (docs/figures.md).
+    Runs `gnsweep analyze` first when its tables are missing.
+    Example: gnsweep plot runs/digits
+    """
+    run(sweep_dir, svg, typer.echo)

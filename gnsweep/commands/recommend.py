@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from gnsweep import store
 from gnsweep.analysis.decision import PREFERENCES, Recommendation, recommend
@@ -59,3 +62,30 @@ def run(sweep_dir: Path, *, target: float | None, prefer: str, as_json: bool,
                 and store.is_sweep(sweep_dir):
             echo(f"to run exactly those {len(rec.next_grid.runs)} runs: gnsweep plan {sweep_dir}")
     return 0
+
+
+def command(
+    sweep_dir: Annotated[Path, typer.Argument(
+        help="A sweep folder (analysed now if it was not) or `analyze --table`'s --out folder.")],
+    target: Annotated[float | None, typer.Option(
+        "--target", help="The target to recommend for (default: the hardest whose B_crit is "
+                         "well determined).")] = None,
+    prefer: Annotated[str, typer.Option(
+        "--prefer", help="time (4 B_crit: 1.25 S_min, 5 E_min), balanced (B_crit: 2 S_min, "
+                         "2 E_min) or compute (B_crit/4: 5 S_min, 1.25 E_min); eq. 2.11.")
+    ] = "balanced",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the recommendation as JSON.")
+                       ] = False,
+) -> None:
+    """The batch size and learning rate to train with, what they cost in steps and examples
+    (eq. 2.11), the tradeoff from B_crit/4 to 4 B_crit, and the next grid when the sweep only
+    bounds the answer.
+
+    JSON fields: batch_size (the task's unit), batch_size_samples, learning_rate,
+    learning_rate_low, learning_rate_high, steps, examples, target, status (fit, bound or
+    refused), next_grid (a bound: the runs to add; `gnsweep plan DIR` runs them).
+    Example: gnsweep recommend runs/digits --prefer time --json
+    """
+    code = run(sweep_dir, target=target, prefer=prefer, as_json=as_json, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)

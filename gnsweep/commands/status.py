@@ -2,73 +2,20 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from gnsweep import store
+import typer
+
 from gnsweep.commands import Echo
-from gnsweep.folder import SweepFolder
-from gnsweep.runs import measurement_note, read_state, unmeasured_line
+from gnsweep.runs import measurement_note, unmeasured_line
+from gnsweep.status_rows import sweep_status
 
-UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
-"""States whose rows so far `gnsweep status` shows (step, examples, smoothed loss)."""
 ORDER = ("done", "diverged", "failed", "running", "queued", "pending", "died", "rerun",
          "unreadable")
 """The states in the summary line's order."""
-
-
-def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row a run: id, state, attempts, Slurm job, owner, why it ended, how often Slurm
-    requeued it (`requeues`), where its last attempt trained (`gpus`: the CUDA_VISIBLE_DEVICES
-    it was given, `device`; None before its first), and where it stands on disk (`step`,
-    `examples`, `loss_smooth` of its last row written; None before its first).
-
-    A `running` run whose owner is gone shows as `died` (a relaunch runs it again); a pending
-    run waiting in a Slurm queue shows as `queued`.
-    """
-    from gnsweep.executors import claims, requeues, unrecorded_error
-    from gnsweep.executors.slurm import job_ids, queue_states
-
-    SweepFolder.open(sweep_dir)  # run files checked against config.yaml, as every reader does
-    submitted = job_ids(sweep_dir)
-    queued = queue_states(list(submitted.values()))
-    rows = []
-    for run_id in store.run_ids(sweep_dir):
-        path = store.run_dir(sweep_dir, run_id)
-        status = read_state(path)
-        state, job = status.state.value, status.slurm_job_id or submitted.get(run_id)
-        if status.lost:
-            state = "rerun"  # recorded finished, but its metrics are gone: a launch reruns it
-        claim = claims.read_claim(path)
-        owner = ""
-        if state == "running":
-            if claim is None or claims.is_stale(claim):
-                state = "died"
-            else:
-                owner, job = f"{claim['host']}:{claim['pid']}", claim.get("slurm_job_id") or job
-        elif state == "pending" and job and (queued.get(job) or queued.get(job.split("_")[0])):
-            state = "queued"
-        info = status.lost or status.error or status.reason or ""
-        if state == "died":  # its end may be in its attempt log where status.json had no room
-            info = unrecorded_error(path) or info
-        # Where an unfinished run stands (a finished run's whole file is not read for it).
-        last = store.last_metrics_row(path) if state in UNFINISHED_SHOWN else None
-        rows.append({"run_id": run_id, "state": state, "attempts": status.attempts,
-                     "slurm_job_id": job or "", "owner": owner, "info": str(info),
-                     "requeues": requeues(path),
-                     "gpus": status.gpus, "device": status.device,
-                     "noise": status.noise_measured,
-                     "b_simple_nan_share": status.b_simple_nan_share,
-                     **{k: (last or {}).get(k) for k in ("step", "examples", "loss_smooth")}})
-    for run_id, why in store.unreadable_runs(sweep_dir).items():
-        # A folder of runs/ without a readable record: shown, never left out of the count.
-        rows.append({"run_id": run_id, "state": "unreadable", "attempts": 0, "slurm_job_id": "",
-                     "owner": "", "info": f"{why}; a relaunch writes it again",
-                     "requeues": 0, "gpus": None, "device": None, "noise": None,
-                     "b_simple_nan_share": None, "step": None, "examples": None,
-                     "loss_smooth": None})
-    return rows
 
 
 def progress_of(row: dict[str, Any]) -> str:
@@ -86,6 +33,22 @@ def progress_of(row: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+INFO_WIDTH = 60
+"""The info column's width on a run's line; a longer reason goes on below it, whole."""
+INFO_INDENT = 6
+WRAP_WIDTH = 100
+
+
+def info_lines(info: str) -> list[str]:
+    """A run's info, whole: its head on the run's line, the rest wrapped below, indented."""
+    if len(info) <= INFO_WIDTH:
+        return [info]
+    head = textwrap.wrap(info, INFO_WIDTH, break_long_words=True, break_on_hyphens=False)[0]
+    rest = info[len(head):].strip()
+    return [head, *textwrap.wrap(rest, WRAP_WIDTH - INFO_INDENT, break_long_words=True,
+                                 break_on_hyphens=False)]
+
+
 def run(sweep_dir: Path, all_runs: bool, echo: Echo) -> None:
     """`gnsweep status DIR [--all]`: one line a run not done (every run with --all), then the
     counts per state."""
@@ -94,10 +57,11 @@ def run(sweep_dir: Path, all_runs: bool, echo: Echo) -> None:
     if shown:
         echo(f"{'run_id':<28}{'state':<10}{'tries':>5}  {'slurm job':<12}{'owner':<18}info")
     for r in shown:
-        info = progress_of(r) or r["info"]
-        info = info if len(info) <= 60 else info[:57] + "..."
+        lines = info_lines(progress_of(r) or r["info"])
         echo(f"{r['run_id']:<28}{r['state']:<10}{r['attempts']:>5}  "
-             f"{r['slurm_job_id']:<12}{r['owner']:<18}{info}")
+             f"{r['slurm_job_id']:<12}{r['owner']:<18}{lines[0]}")
+        for line in lines[1:]:
+            echo(f"{'':<{INFO_INDENT}}{line}")
     counts = Counter(r["state"] for r in rows)
     requeued = sum(r["requeues"] for r in rows)
     echo(f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in ORDER if counts[s])
@@ -109,3 +73,18 @@ def run(sweep_dir: Path, all_runs: bool, echo: Echo) -> None:
                                   if r["state"] in ("done", "diverged")})
     if unmeasured:
         echo(unmeasured)
+
+
+def command(
+    sweep_dir: Annotated[Path, typer.Argument(help="A sweep folder written by `gnsweep launch`.")],
+    all_runs: Annotated[bool, typer.Option(
+        "--all", help="List every run, not only those not done.")] = False,
+) -> None:
+    """Show pending, queued, running, done, failed and diverged runs, with their Slurm job ids.
+
+    `died`: a run whose worker is gone (kill -9, node lost); a relaunch runs it again.
+    `rerun`: a run recorded done or diverged whose metrics file is missing or unreadable; the
+    next launch runs it again (the analysis leaves it out and says so).
+    Example: gnsweep status runs/digits
+    """
+    run(sweep_dir, all_runs, typer.echo)

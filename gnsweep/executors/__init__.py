@@ -33,7 +33,7 @@ from gnsweep.executors import claims
 from gnsweep.executors.watchdog import STALLED, Watchdog
 from gnsweep.folder import SweepFolder
 from gnsweep.paths import RunPaths
-from gnsweep.runs import OUT_OF_SPACE, RunState, needs_running, read_state
+from gnsweep.runs import OUT_OF_SPACE, WILL_REPEAT, RunState, needs_running, read_state
 from gnsweep.tracking import METRICS, RunLogger, make_logger
 
 runnable = needs_running
@@ -280,12 +280,16 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 def _failed(path: Path, attempts: int, writer: bool, err: BaseException,
             error: str | None = None) -> store.RunStatus:
     """Record a run that raised `err` as failed, with its error (masked: an error may quote a
-    URI with its password) and traceback; an out-of-space error with reason OUT_OF_SPACE."""
+    URI with its password) and traceback; an out-of-space error with reason OUT_OF_SPACE, a
+    script failure that would repeat with WILL_REPEAT (neither retried by this launch)."""
     error = redact.text(error or f"{type(err).__name__}: {err}")
     no_space = isinstance(err, OSError) and err.errno in _NO_SPACE
-    extra = {"reason": OUT_OF_SPACE if no_space else None}
+    repeats = isinstance(err, ScriptFailed) and err.repeats
+    extra = {"reason": OUT_OF_SPACE if no_space else WILL_REPEAT if repeats else None}
     if no_space:
         error += " (out of space: not retried in this launch; free space and relaunch)"
+    elif repeats:
+        error += " (not retried: every attempt would fail alike; fix it and relaunch)"
     status = store.RunStatus(state=RunState.FAILED, error=error, reason=extra["reason"])
     if writer:
         # A script's own last stderr lines say why it failed; gnsweep's traceback would not.

@@ -440,6 +440,21 @@ CELL_MARKS = {"not reached": "x", "diverged": "div", "early": "early", "failed":
               "pending": "…", "running": "…"}
 
 
+def tick_labels(values: list[float]) -> list[str]:
+    """Axis labels of a grid's values with the fewest significant digits (3 to 6) that keep them
+    apart: a planned grid's 14.205 and 16.336 read 14.2 and 16.3, not six digits each."""
+    for digits in range(3, 7):
+        labels = [f"{v:.{digits}g}" for v in values]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [f"{v:g}" for v in values]
+
+
+GRID_COLUMNS_A_ROW = 24
+"""Grid columns (batch sizes) drawn side by side on one row of panels: past it, fewer panels a
+row, so that each cell keeps room for its number."""
+
+
 def steps_grid(steps: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
                unit: str = "examples") -> Figure:
     """Steps to reach each target over the batch size x learning rate grid, one panel per
@@ -457,7 +472,8 @@ def steps_grid(steps: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
     reached = reached[np.isfinite(reached) & (reached > 0)]
     norm = LogNorm(reached.min(), max(reached.max(), reached.min() * 1.01)) if len(reached) \
         else LogNorm(1, 10)
-    ncols = min(len(targets), 3)
+    # Panels side by side while their cells stay wide enough for a number each.
+    ncols = max(1, min(len(targets), 3, GRID_COLUMNS_A_ROW // max(1, len(batches))))
     nrows = -(-len(targets) // ncols)
     width = PAGE if ncols > 1 else COLUMN + 0.6
     height = max(2.0, 0.28 * len(lrs) + 0.9) * nrows
@@ -492,7 +508,7 @@ def steps_grid(steps: pd.DataFrame, front: pd.DataFrame, what: str = "loss",
                 ax.add_patch(plt.Rectangle((x - 0.42, y - 0.4), 0.84, 0.8, fill=False,
                                            edgecolor="#D55E00", lw=1.4))
             ax.set_xticks(range(len(batches)), [f"{b:g}" for b in batches], rotation=90)
-            ax.set_yticks(range(len(lrs)), [f"{lr:g}" for lr in lrs])
+            ax.set_yticks(range(len(lrs)), tick_labels(lrs))
             ax.grid(False)
             ax.set_xlabel(f"batch size B ({unit})")
             if ax in axes[:, 0]:

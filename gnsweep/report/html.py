@@ -19,9 +19,10 @@ import pandas as pd
 from gnsweep import redact
 from gnsweep.analysis.along import tolerance_answer
 from gnsweep.analysis.bounds import bound_text
+from gnsweep.analysis.recipe_warnings import lr_law, recipe_of
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.setting import Setting
-from gnsweep.config import Config, TrainConfig
+from gnsweep.config import SCRIPT, Config, TrainConfig
 from gnsweep.report.answers import along_answers, answers, interval_of
 from gnsweep.report.views import preconditioned, quantity
 from gnsweep.report.views import unit as unit_of
@@ -81,8 +82,18 @@ pre { background: #f7f7f7; padding: 0.7em; font-size: 0.82em; overflow-x: auto; 
 """
 
 
+PAGE_WIDE_PX = 1300
+"""A figure this many pixels wide was drawn a page wide (report.figures.PAGE inches at 200
+dpi is 1400): the report shows it across the page."""
+
+
 def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
+
+
+def refresh_tag(seconds: float) -> str:
+    """The head's tag that reloads the page every `seconds` (the live view)."""
+    return f"<meta http-equiv=refresh content='{max(1, round(seconds))}'>"
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -287,8 +298,11 @@ def grid_summary(config: Config, runs: pd.DataFrame) -> str:
                    f"({batches} samples per step)")
     elif unit != "examples":
         batches = f"{batches} {unit}"
+    script = config.task.name == SCRIPT
     items = [("task", about(config.task).label),
-             ("training", recipe_words(config.train, unit)),
+             *([("command", str(config.task.options.get("command", "")))] if script else []),
+             ("training", recipe_of(config).words() if script
+              else recipe_words(config.train, unit)),
              ("batch sizes", batches),
              ("learning rates", ", ".join(f"{x:g}" for x in sweep.learning_rates)),
              ("seeds", ", ".join(map(str, sweep.seeds))),
@@ -310,13 +324,17 @@ def _list(items: list[str], cls: str) -> str:
 def render(tables: Results, figures: dict[str, bytes | str], config: Config | None,
            config_text: str, title: str, notes: list[str] | None = None,
            groups: dict[str, tuple[Results, dict[str, bytes | str], list[str]]] | None = None,
-           along_figures: dict[str, bytes | str] | None = None) -> str:
+           along_figures: dict[str, bytes | str] | None = None, *,
+           live: list[str] | None = None, refresh: float | None = None) -> str:
     """The report as one HTML string. `figures` maps a figure name to PNG bytes or to the
     one-line reason it was skipped; images are embedded as base64 data URIs. `groups` (an
     analysis `--group-by`): one section per group, each with its own tables, figures and notes.
-    Without `config` (measurements from a table) the grid is the table's source."""
+    Without `config` (measurements from a table) the grid is the table's source. `live`: the
+    live view's progress section (`report.live`) after the title; `refresh`: the page reloads
+    itself every that many seconds (while a sweep runs)."""
     parts = [
         "<!DOCTYPE html>", "<html lang=en><head><meta charset=utf-8>",
+        *([refresh_tag(refresh)] if refresh else []),
         f"<title>{esc(title)}</title>",
         "<meta name=viewport content='width=device-width, initial-scale=1'>",
         f"<style>{CSS}</style></head><body>",
@@ -324,6 +342,11 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config | No
         "<p class=meta>Critical batch size from a batch size x learning rate sweep "
         "(McCandlish et al. 2018, eq. 2.11-2.12). Written by <code>gnsweep report</code>.</p>",
     ]
+    law = lr_law(config)[1] if config is not None else ""
+    if config is not None and config.task.name == SCRIPT:
+        command = redact.text(str(config.task.options.get("command", "")))
+        parts.append(f"<p class=meta id=command>Command: <code>{esc(command)}</code></p>")
+    parts += live or []
     along_caption = ""
     if len(tables.along):
         from gnsweep.report.figures import ALONG_FIGURE
@@ -335,9 +358,9 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config | No
         column = tables.meta.get("group_by", "group")
         for name, (part, part_figures, part_notes) in groups.items():
             parts += [f"<h1 class=group id='{esc(name)}'>{esc(column)} {esc(name)}</h1>",
-                      *_section(part, part_figures, part_notes)]
+                      *_section(part, part_figures, part_notes, law)]
     else:
-        parts += _section(tables, figures, notes)
+        parts += _section(tables, figures, notes, law)
     if config is not None:
         parts += ["<h2>Grid</h2>", grid_summary(config, tables.runs),
                   "<h2>Resolved configuration</h2>", f"<pre>{esc(redact.text(config_text))}</pre>"]
@@ -363,9 +386,10 @@ def recommendation_box(tables: Results) -> list[str]:
     return [f"<p class=answer><b>{esc(summary(rec, quantity(tables.meta)))}</b></p>"]
 
 
-def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] | None
-             ) -> list[str]:
-    """Answer, warnings, fits and figures of one analysis."""
+def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] | None,
+             law: str = "") -> list[str]:
+    """Answer, warnings, fits and figures of one analysis; `law`: whether the learning-rate
+    law of eq. 2.7 applies to the runs' recipe (`analysis.recipe_warnings.lr_law`)."""
     from gnsweep.report.figures import FIGURES  # captions; matplotlib only once a report is drawn
 
     captions = {spec.name: spec.caption_for(tables) for spec in FIGURES}
@@ -384,6 +408,7 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
         "<p class=meta>Standard errors from the least-squares Jacobian on log S; "
         "B_crit = E_min/S_min (eq. 2.12), its error by the delta method.</p>",
         fit_table(tables.fits, quantity(tables.meta), unit),
+        *([f"<p class=meta id=lr-law>{esc(law[0].upper() + law[1:])}.</p>"] if law else []),
         *lr_form_lines(tables.lr_fits),
         *adaptive_section(tables.adaptive, unit),
         "<h2>Figures</h2><div class=figures>",
@@ -394,7 +419,9 @@ def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] 
             skipped.append(f"{name}: {item}")
             continue
         width, height = png_size(item)
-        wide = " class=wide" if width > 1.6 * height else ""
+        # A wide figure, or one drawn a page wide (a grid with many rows), takes the full width:
+        # in half of it its text would be too small to read.
+        wide = " class=wide" if width > 1.6 * height or width >= PAGE_WIDE_PX else ""
         data = base64.b64encode(item).decode("ascii")
         caption = captions.get(name, name)
         parts.append(f"<figure{wide} id={esc(name)}><img alt='{esc(caption)}' "

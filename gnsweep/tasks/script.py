@@ -53,6 +53,10 @@ ENV_PREFIX = "GNSWEEP_"
 LOG_FORMATS = ("auto", "csv", "jsonl")
 REQUIRED = ("step", "loss")
 """The columns every row must have: the optimizer step and the training loss (batch mean)."""
+EPOCH_COLUMNS = ("epoch", "total")
+"""What a log may give beyond the metrics columns (a pattern's named groups, a log file's
+columns): the epoch a row belongs to, whose `step` then counts within the epoch, and the steps
+an epoch has (`gnsweep.training.epochs`)."""
 
 
 @dataclass
@@ -65,7 +69,8 @@ class ScriptOptions:
     log_pattern: str = ""
     """A regular expression matched (re.search) against each line the command prints (stdout
     and stderr), with named groups `step` and `loss` and optionally other metrics columns
-    (`examples`, `eval_loss`, `lr`, `grad_norm` ...). Lines that do not match are ignored."""
+    (`examples`, `eval_loss`, `lr`, `grad_norm` ...), and `epoch` (the step then counts within
+    its epoch) with `total` (the steps an epoch has). Lines that do not match are ignored."""
     log_file: str = ""
     """A CSV (header line first) or JSON-lines file the command writes, one row a line; may
     hold placeholders (`{run_dir}/log.csv`); relative to `cwd`."""
@@ -94,13 +99,24 @@ class ScriptOptions:
     cwd: str = ""
     """The folder the command runs in: the one `gnsweep launch` was started from (recorded
     at launch when not given)."""
+    optimizer: str = ""
+    """The script's optimizer as you name it (sgd, momentum, adam, adamw, lion...; empty:
+    not said). gnsweep does not train a script, so its own `train.*` settings describe
+    nothing here: this is what the report shows, and what decides whether the learning-rate
+    law of plain SGD (eq. 2.7) applies."""
+    grad_clip: float | None = None
+    """The gradient-norm clipping the script applies (0: none; unset: not said)."""
+    schedule: str = ""
+    """The script's learning-rate schedule in your words (constant, cosine, warmup 2000
+    steps then cosine...; empty: not said)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.command, str) or not self.command.strip():
             raise ConfigError("task=script needs the command to run: task.command='python "
                               "train.py --batch_size={batch_size} --lr={learning_rate}' "
                               "(docs/scripts.md)")
-        for name in ("log_pattern", "log_file", "resume_args", "cwd", "unit", "log_format"):
+        for name in ("log_pattern", "log_file", "resume_args", "cwd", "unit", "log_format",
+                     "optimizer", "schedule"):
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(f"task.{name}: {getattr(self, name)!r} must be a string")
         command_args(self.command, "task.command")
@@ -142,6 +158,13 @@ class ScriptOptions:
         if isinstance(self.step_offset, bool) or not isinstance(self.step_offset, int):
             raise ConfigError(f"task.step_offset: {self.step_offset!r} must be an integer "
                               "(1 for a script whose first step is 0)")
+        if self.grad_clip is not None:
+            if isinstance(self.grad_clip, bool) or not isinstance(self.grad_clip, (int, float)) \
+                    or not (math.isfinite(self.grad_clip) and self.grad_clip >= 0):
+                raise ConfigError(f"task.grad_clip: {self.grad_clip!r} must be a number >= 0 "
+                                  "(the norm the script clips gradients at; 0: no clipping)")
+            self.grad_clip = float(self.grad_clip)
+        self.optimizer = self.optimizer.strip().lower()
         if isinstance(self.stderr_lines, bool) or not isinstance(self.stderr_lines, int) \
                 or self.stderr_lines < 0:
             raise ConfigError(f"task.stderr_lines: {self.stderr_lines!r} must be an integer "
@@ -156,9 +179,9 @@ def metrics_columns() -> tuple[str, ...]:
 
 
 def _metrics_column(name: str, where: str) -> None:
-    if name not in metrics_columns():
+    if name not in metrics_columns() and name not in EPOCH_COLUMNS:
         raise ConfigError(f"{where}: {name!r} is not a metrics column; known: "
-                          f"{', '.join(metrics_columns())}")
+                          f"{', '.join((*metrics_columns(), *EPOCH_COLUMNS))}")
 
 
 def example_values() -> dict[str, Any]:
@@ -221,6 +244,10 @@ def pattern_columns(pattern: str) -> re.Pattern[str]:
                           "e.g. 'iter (?P<step>\\d+): loss (?P<loss>[-+.\\deE]+)'")
     for name in compiled.groupindex:
         _metrics_column(name, "task.log_pattern group")
+    if "total" in compiled.groupindex and "epoch" not in compiled.groupindex:
+        raise ConfigError("task.log_pattern: a total group (the steps an epoch has) needs an "
+                          "epoch group, e.g. 'epoch (?P<epoch>\\d+) \\| (?P<step>\\d+)/"
+                          "(?P<total>\\d+) batches'")
     return compiled
 
 

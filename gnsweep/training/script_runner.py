@@ -58,6 +58,7 @@ from gnsweep.runs import RunSpec
 from gnsweep.tasks import about
 from gnsweep.tasks.script import (
     ENV_PREFIX,
+    EPOCH_COLUMNS,
     PLACEHOLDERS,
     REQUIRED,
     ScriptOptions,
@@ -66,6 +67,7 @@ from gnsweep.tasks.script import (
     log_format,
     pattern_columns,
 )
+from gnsweep.training.epochs import EpochError, EpochSteps
 from gnsweep.training.loop import RunResult
 from gnsweep.training.watch import Diverged, LossWatch
 
@@ -82,6 +84,10 @@ COMPACT_PARTS = 64
 """Once a run has this many metrics parts they are rewritten as one (a long run flushes
 thousands of times; a reader reads every part)."""
 PR_SET_PDEATHSIG = 1
+BAD_INPUT_EXITS = (2, 126, 127)
+"""Exit statuses that say the command was given bad input, which every attempt repeats: a
+usage error (argparse, getopt and Python's own `can't open file` exit 2), a program that
+cannot be executed (126) or found (127, a shell's). Any other failure may pass on a retry."""
 
 
 def placeholder_values(config: Config, spec: RunSpec, run_path: Path, resume_step: int,
@@ -248,7 +254,7 @@ class TableLog:
 
     def _mapped(self, record: dict[str, Any]) -> dict[str, Any]:
         out = {}
-        for column in tables.METRICS_SCHEMA.names:
+        for column in (*tables.METRICS_SCHEMA.names, *EPOCH_COLUMNS):
             name = self.columns.get(column, column)
             if name in record and record[name] not in ("", None):
                 out[column] = record[name]
@@ -260,8 +266,13 @@ class RowLog:
     metrics parts, and the reason to stop once it has one (target, budget, diverged)."""
 
     def __init__(self, config: Config, spec: RunSpec, run_path: Path, kept: dict[str, list],
-                 options: ScriptOptions) -> None:
+                 options: ScriptOptions, epochs: EpochSteps | None = None) -> None:
         self.config, self.spec, self.path = config, spec, run_path
+        self.source = source_of(options)
+        self.epochs = epochs or EpochSteps()
+        """Each epoch's offset, learned from every attempt's rows (a counter that restarts
+        every epoch)."""
+        self.said = len(self.epochs.notes)
         self.rows = kept
         self.flushed = len(kept["step"])
         self.parts = 1
@@ -310,6 +321,8 @@ class RowLog:
         if not (math.isfinite(step) and step == int(step)):
             raise ScriptFailed(f"{where}: step {raw['step']!r} is not a whole number")
         step = int(step) + self.step_offset
+        if "epoch" in values:
+            step = self._global_step(where, values, step)
         if step < 1:
             raise ScriptFailed(f"{where}: step {step}; steps count optimizer steps from 1 (the "
                                "loss of the first step's batch is step 1's): a script that "
@@ -318,7 +331,7 @@ class RowLog:
         if step <= last:
             if not self.first:
                 raise ScriptFailed(f"{where}: steps go backwards (step {step} after step {last}) "
-                                   "outside a resume; a run's steps must grow")
+                                   f"outside a resume; a run's steps must grow{self._fix(values)}")
             self._resume_at(step)
         elif self.first and last and step > last + 1:
             # Resumed from a checkpoint ahead of the rows on disk (the worker was killed before
@@ -348,6 +361,35 @@ class RowLog:
         if self.reason is None:
             self._check_done(step, examples)
         return row
+
+    def _global_step(self, where: str, values: dict[str, float], step: int) -> int:
+        """The run's step of a row whose step counts within its epoch."""
+        epoch, total = values["epoch"], values.get("total")
+        for name, value in (("epoch", epoch), ("total", total)):
+            if value is not None and not (math.isfinite(value) and value == int(value)):
+                raise ScriptFailed(f"{where}: {name} {value!r} is not a whole number")
+        try:
+            step = self.epochs.step(int(epoch), step, None if total is None else int(total))
+        except EpochError as err:
+            raise ScriptFailed(f"{where}: {err}") from None
+        for note in self.epochs.notes[self.said:]:
+            print(f"gnsweep: run {self.path.name}: {note}", file=sys.stderr, flush=True)
+        self.said = len(self.epochs.notes)
+        return step
+
+    def _fix(self, values: dict[str, float]) -> str:
+        """How to read a step counter that restarts every epoch, where the log has no epoch."""
+        if "epoch" in values:
+            return ""
+        if self.source == "pattern":
+            return ("; a step counter that restarts every epoch needs an epoch group in "
+                    "task.log_pattern, e.g. 'epoch (?P<epoch>\\d+)' (and (?P<total>\\d+) for "
+                    "the steps an epoch has, where the script prints it)")
+        if self.source == "file":
+            return ("; a step counter that restarts every epoch needs an epoch column in the "
+                    "log file (task.columns={epoch:NAME} where it has another name; a total "
+                    "column for the steps an epoch has)")
+        return "; log the run's step, counted over the whole run, not within an epoch"
 
     def _resume_at(self, step: int) -> None:
         """The attempt's first row is at `step`: the rows from it on are replaced (on disk
@@ -428,8 +470,9 @@ class Child:
                 stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1,
                 start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-        except OSError as err:
-            raise ScriptFailed(f"cannot start {args[0]}: {err.strerror or err}") from None
+        except OSError as err:  # not found, not executable: every attempt alike
+            raise ScriptFailed(f"cannot start {args[0]}: {err.strerror or err}",
+                               repeats=True) from None
         self.open = 2
         for stream, name in ((self.process.stdout, "stdout"), (self.process.stderr, "stderr")):
             threading.Thread(target=_pump, args=(stream, name, self.lines), daemon=True).start()
@@ -460,12 +503,14 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
     cwd = options.cwd or os.getcwd()
     attempt = max(1, int(store.read_status(out_dir).get("attempts", 1)))
     kept = store.clear_metrics(out_dir, _last_step(out_dir))
-    rows = RowLog(config, spec, out_dir, kept, options)
     pattern = pattern_columns(options.log_pattern) if options.log_pattern else None
     # The rows an earlier attempt logged but did not write to disk before it was killed: its
-    # output, log file or API rows hold them.
-    for where, raw in recovered(options, placeholder_values(config, spec, out_dir, 0, attempt),
-                                cwd, out_dir, pattern, rows.kept_step):
+    # output, log file or API rows hold them (and where each epoch of theirs began).
+    epochs = EpochSteps()
+    lost = recovered(options, placeholder_values(config, spec, out_dir, 0, attempt), cwd,
+                     out_dir, pattern, int(kept["step"][-1]) if kept["step"] else 0, epochs)
+    rows = RowLog(config, spec, out_dir, kept, options, epochs)
+    for where, raw in lost:
         try:
             rows.add(where, raw)
         except ScriptFailed:
@@ -556,8 +601,8 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
         with contextlib.suppress(OSError):
             (out_dir / STOP_FLAG).unlink(missing_ok=True)  # the command has ended
     rows.flush(force=True)
-    if error is not None:
-        raise ScriptFailed(str(error), list(stderr))
+    if error is not None:  # the output broke a parse rule: it would again
+        raise ScriptFailed(str(error), list(stderr), repeats=True)
     if stopped:
         raise StopRequested
     code = child.process.returncode
@@ -565,9 +610,10 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
         if code != 0:
             said = next((line for line in reversed(stderr) if line.strip()), "")
             raise ScriptFailed(f"exit status {code}"
-                               + (f": {said.strip()[:300]}" if said else ""), list(stderr))
-        if not rows.rows["step"]:
-            raise ScriptFailed(_no_rows(options, table), list(stderr))
+                               + (f": {said.strip()[:300]}" if said else ""), list(stderr),
+                               repeats=code in BAD_INPUT_EXITS)
+        if not rows.rows["step"]:  # it ended well but logged nothing readable: it would again
+            raise ScriptFailed(_no_rows(options, table), list(stderr), repeats=True)
     return _finished(rows, out_dir)
 
 
@@ -587,12 +633,15 @@ def _finished(rows: RowLog, out_dir: Path) -> RunResult:
 
 
 def recovered(options: ScriptOptions, values: dict[str, Any], cwd: str, run_path: Path,
-              pattern: re.Pattern[str] | None, after: int) -> list[tuple[str, dict[str, Any]]]:
+              pattern: re.Pattern[str] | None, after: int,
+              epochs: EpochSteps | None = None) -> list[tuple[str, dict[str, Any]]]:
     """Rows after step `after` that earlier attempts logged but never wrote to the run's
     metrics (a worker killed with -9 between two flushes): from the run's stdout.log and
     stderr.log (`task.log_pattern`), the log file, or the API's rows file. Read as the run
     reads them live (a step going back replaces the rows from it on: a resume), so that they
-    are the rows of an uninterrupted run."""
+    are the rows of an uninterrupted run. `epochs` learns where each epoch of theirs began
+    (a step counter that restarts every epoch)."""
+    epochs = epochs if epochs is not None else EpochSteps()
     found: list[tuple[str, dict[str, Any]]] = []
     try:
         if pattern is not None:
@@ -616,7 +665,11 @@ def recovered(options: ScriptOptions, values: dict[str, Any], cwd: str, run_path
     for where, raw in found:
         try:
             step = int(float(raw["step"])) + options.step_offset
-        except (KeyError, TypeError, ValueError):
+            if "epoch" in raw:
+                total = raw.get("total")
+                step = epochs.step(int(float(raw["epoch"])), step,
+                                   None if total is None else int(float(total)))
+        except (KeyError, TypeError, ValueError):  # EpochError is a ValueError
             continue
         if "loss" not in raw:
             continue

@@ -287,3 +287,29 @@ def test_log_axis_labels_of_large_counts_are_short():
     assert [plain_number(x) for x in (0.6, 300.0, 8192.0, 40_000.0, 300_000.0, 1_200_000.0,
                                       3e9)] == ["0.6", "300", "8192", "40k", "300k", "1.2M",
                                                 "3G"]
+
+
+def test_a_planned_grid_of_21_learning_rates_stays_readable():
+    """A grid `gnsweep plan` grew (rates 15% apart): short distinct labels, each number in its
+    cell, and the report gives the page-wide figure the page's width."""
+    from gnsweep.report.figures import png_bytes, steps_grid, tick_labels
+    from gnsweep.report.html import PAGE_WIDE_PX, png_size
+
+    lrs = [9.34 * 1.15**i for i in range(21)]
+    labels = tick_labels(lrs)
+    assert len(set(labels)) == 21 and max(map(len, labels)) <= 4  # 9.34, 10.7, ..., 153
+    rows = [{"target": t, "batch_size": b, "learning_rate": lr, "seed": 0, "run_id": "r",
+             "steps": 1000 / b + 50, "reached": True, "state": "done", "outcome": "reached"}
+            for t in (2.3, 2.0) for b in (1, 4, 16, 64) for lr in lrs]
+    steps = pd.DataFrame(rows)
+    front = steps.groupby(["target", "batch_size"]).head(1)
+    fig = steps_grid(steps, front)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == labels
+    width, _ = png_size(png_bytes(fig))
+    assert width >= PAGE_WIDE_PX
+    many = pd.DataFrame([{**r, "batch_size": b} for r in rows if r["batch_size"] == 1
+                         for b in [2**i for i in range(20)]])
+    stacked = steps_grid(many, many.groupby(["target", "batch_size"]).head(1))
+    first, second = (ax.get_position() for ax in stacked.axes[:2])
+    # 20 batch sizes: one panel a row, the second target's below the first's.
+    assert first.x0 == pytest.approx(second.x0) and second.y0 < first.y0
