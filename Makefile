@@ -20,8 +20,17 @@ LAWS_DIR ?= runs/laws
 LAWS_BUDGETS ?= 1024 2048 4096 8192
 LAWS_PREDICT ?= N=17,D=65536
 LAWS_TOLERANCE ?= 0.03
+# `make laws-lm`: the same for the character-level LM (Adam) on the CPU: widths x token budgets,
+# each a fixed-budget sweep (conf/sweep/laws_lm.yaml), then the laws with the largest cell held
+# out and a prediction at the next width and budget. Resumable.
+LAWS_LM_DIR ?= runs/laws-lm
+LAWS_LM_WIDTHS ?= 16 32
+LAWS_LM_BUDGETS ?= 16384 32768 65536
+LAWS_LM_PREDICT ?= N=1e5,D=131072
+LAWS_LM_TOLERANCE ?= 0.005
+LAWS_LM_ARGS ?=
 
-.PHONY: install demo test test-fast lint bench paper laws slurm-up slurm-down clean
+.PHONY: install demo test test-fast lint bench paper laws laws-lm slurm-up slurm-down clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -66,12 +75,22 @@ paper: $(STAMP)
 
 laws: $(STAMP)
 	for d in $(LAWS_BUDGETS); do \
-	  $(BIN)/gnsweep launch task=linreg sweep=laws sweep.max_examples=$$d \
+	  $(BIN)/gnsweep launch task=linreg sweep=laws sweep.budget=$$d \
 	    --sweep-dir $(LAWS_DIR)/d$$d -q || exit $$?; \
 	done
 	$(BIN)/gnsweep laws $(addprefix $(LAWS_DIR)/d,$(LAWS_BUDGETS)) --out $(LAWS_DIR)/laws \
 	  --predict $(LAWS_PREDICT) --tolerance $(LAWS_TOLERANCE)
 	@echo "Laws: $(LAWS_DIR)/laws/laws.json  Figures: $(LAWS_DIR)/laws/laws_fits.png"
+
+laws-lm: $(STAMP)
+	for w in $(LAWS_LM_WIDTHS); do for d in $(LAWS_LM_BUDGETS); do \
+	  $(BIN)/gnsweep launch task=chars sweep=laws_lm task.width=$$w sweep.budget=$$d \
+	    $(LAWS_LM_ARGS) --sweep-dir $(LAWS_LM_DIR)/w$$w-d$$d -q || exit $$?; \
+	done; done
+	$(BIN)/gnsweep laws $(foreach w,$(LAWS_LM_WIDTHS),$(foreach d,$(LAWS_LM_BUDGETS),\
+	  $(LAWS_LM_DIR)/w$(w)-d$(d))) --out $(LAWS_LM_DIR)/laws \
+	  --predict $(LAWS_LM_PREDICT) --tolerance $(LAWS_LM_TOLERANCE)
+	@echo "Laws: $(LAWS_LM_DIR)/laws/laws.json  Figures: $(LAWS_LM_DIR)/laws/laws_fits.png"
 
 bench: $(DEV_STAMP)
 	$(BIN)/python -m gnsweep.bench

@@ -143,6 +143,12 @@ class SweepConfig:
     """Step budget of one run."""
     max_examples: int = 0
     """Example budget of one run (0: none)."""
+    budget: int = 0
+    """A fixed-budget sweep (0: not one): every run trains exactly this many examples (the
+    task's unit: tokens for a language model) with no early stop at a target, and is read by
+    its final smoothed (or eval) loss (`gnsweep laws`, docs/laws.md). Sets max_examples to it
+    and max_steps high enough for the smallest batch size; the targets are then read by the
+    analysis only (`stops_at_target`)."""
     loss_ema_examples: float = LOSS_EMA_SAMPLES
     """Time constant of the smoothed training loss, in examples (the task's unit): per-step
     decay exp(-B/this), so every batch size averages over the same number of examples (same
@@ -210,6 +216,12 @@ class SweepConfig:
         at no target."""
         return not self.targets
 
+    @property
+    def stops_at_target(self) -> bool:
+        """Whether a run stops once it reaches the hardest target: not with automatic targets,
+        nor in a fixed-budget sweep (`budget`), where the targets serve the analysis only."""
+        return not self.auto_targets and not self.budget
+
     def __post_init__(self) -> None:
         self.batch_sizes = _positive_list("sweep.batch_sizes", self.batch_sizes, _integer)
         self.learning_rates = _positive_list("sweep.learning_rates", self.learning_rates, _number)
@@ -228,6 +240,7 @@ class SweepConfig:
         if self.max_steps < 1:
             raise ConfigError(f"sweep.max_steps: {self.max_steps} is not allowed; must be >= 1")
         self.max_examples = _integer("sweep.max_examples", self.max_examples)
+        self._check_budget()
         if isinstance(self.scale, dict):
             unknown = sorted(set(self.scale) - {"params"})
             if unknown:
@@ -251,6 +264,19 @@ class SweepConfig:
                               f"beyond what one step can hold (at most {MAX_BATCH}); use "
                               "smaller batch sizes")
         self._check_adaptive()
+
+    def _check_budget(self) -> None:
+        self.budget = _integer("sweep.budget", self.budget)
+        if self.budget < 0:
+            raise ConfigError(f"sweep.budget: {self.budget} must be >= 0 (0: no fixed budget)")
+        if not self.budget:
+            return
+        if self.max_examples not in (0, self.budget):
+            raise ConfigError(f"sweep.budget={self.budget} and sweep.max_examples="
+                              f"{self.max_examples} disagree; give the budget alone")
+        self.max_examples = self.budget
+        # One step trains at least one sample, which holds at least one example.
+        self.max_steps = max(self.max_steps, -(-self.budget // min(self.batch_sizes)))
 
     def _check_adaptive(self) -> None:
         self.schedule = _choice("sweep.schedule", self.schedule, SCHEDULES)
@@ -756,15 +782,14 @@ class Config:
         """The rules that span sections (each section checks its own values)."""
         world, method = self.executor.world_size(), self.noise.method
         script = self.task.name == SCRIPT
-        # A script trains and measures itself (its own DDP, its own monitor's options:
-        # `current_run().monitor(model, method=...)`, the callbacks): the noise section and the
-        # split of B over DDP processes are not gnsweep's to check, and a method set here would
-        # be ignored, so it is refused rather than silently dropped.
-        if script and method != "auto":
-            raise ConfigError(f"noise.method={method} with task=script: the script measures "
-                              "the noise scale itself (gnsweep.current_run().monitor(model, "
-                              "method=...), or the Hugging Face/Lightning callback); leave "
-                              "noise.method unset")
+        # A script trains itself (its own DDP): gnsweep measures it from inside its process
+        # (auto: its backward passes, `gnsweep.inscript`) or not at all (none); a method of
+        # gnsweep's own loop would be ignored, so it is refused rather than silently dropped.
+        if script and method not in ("auto", "none"):
+            raise ConfigError(f"noise.method={method} with task=script: gnsweep measures a "
+                              "script from its backward passes (noise.method=auto, the "
+                              "default) or not at all (none); a script may also measure "
+                              "itself (gnsweep.current_run().monitor(model, method=...))")
         # With DDP only the communication hook sees the per-worker gradients; without DDP
         # there is no hook.
         if not script and world > 1 and method not in ("auto", "ddp"):

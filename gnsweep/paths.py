@@ -140,3 +140,8 @@ class SweepPaths:
     @property
     def scale(self) -> Path:
         return self.root / store.SCALE
+
+    @property
+    def laws_family(self) -> Path:
+        """Where the laws of a family this sweep is a cell of were written."""
+        return self.root / store.LAWS_FAMILY

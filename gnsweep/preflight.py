@@ -64,7 +64,7 @@ def _script(config: Config, overrides: list[str] | None
 
     from gnsweep.compose import in_task_units
     from gnsweep.config import TaskConfig
-    from gnsweep.tasks.script import ScriptOptions, check_command
+    from gnsweep.tasks.script import ScriptOptions, check_command, microbatch_size
 
     options = ScriptOptions(**config.task.options)
     cwd = os.path.abspath(options.cwd or os.getcwd())
@@ -73,6 +73,8 @@ def _script(config: Config, overrides: list[str] | None
 
         raise ConfigError(f"task.cwd={options.cwd}: no such folder")
     check_command(options, cwd)
+    for batch in config.sweep.batch_sizes:  # {microbatch_size}: B / task.accumulation
+        microbatch_size(batch, options.accumulation)
     task = checked_task(TaskConfig(config.task.name, {**config.task.options, "cwd": cwd}))
     config = dataclasses.replace(config, task=task)
     per_sample = options.examples_per_sample

@@ -68,6 +68,9 @@ CHECKPOINTS = "checkpoints"
 """A run folder's checkpoints (`training.checkpoint`)."""
 SCRIPT_ROWS = "script_rows.jsonl"
 """A `task=script` run's rows logged through `gnsweep.current_run().log` (rank 0 appends)."""
+NOISE_PROBE_ROWS = "noise_probe.jsonl"
+"""A `task=script` run's noise scale measured inside its process (`gnsweep.inscript`), one
+JSON line a measured step, joined to the script's rows by step (rank 0 appends)."""
 SCRIPT_STOP = "stop"
 """A `task=script` run's flag: present once the run should stop (`should_stop()` reads it)."""
 SCRIPT_OUTPUT = ("stdout.log", "stderr.log")
@@ -795,7 +798,7 @@ WRITTEN_INTO = (CLAIMS_LOCK, ".notices", "queue", SLURM, FIGURES, "tensorboard",
                 "wandb")
 """Sweep-level names gnsweep writes into or locks: a link there is refused before a launch."""
 RUN_WRITTEN_INTO = (HISTORY, CHECKPOINTS, METRIC_PARTS, CLAIM, STATUS, METRICS, SCRIPT_ROWS,
-                    SCRIPT_STOP, *SCRIPT_OUTPUT)
+                    SCRIPT_STOP, *SCRIPT_OUTPUT, NOISE_PROBE_ROWS)
 """Names of a run folder gnsweep appends to or writes into."""
 RUN_FILES = (HISTORY, CLAIM, STATUS, METRICS)
 """Those of RUN_WRITTEN_INTO that are files: anything else there (a FIFO) is refused."""
@@ -890,6 +893,9 @@ LAW_CELLS = "law_cells.parquet"
 LAWS_HTML = "laws.html"
 SCALE = "scale.json"
 """The sweep's model size, counted at launch (`gnsweep laws` reads N from it)."""
+LAWS_FAMILY = "laws_family.json"
+"""In a sweep folder: where `gnsweep laws` last wrote the laws of a family it is a cell of
+(`gnsweep report` shows them)."""
 """`gnsweep laws --out OUT`: the laws, their JSON (docs/laws.md) and the cells' optima."""
 FITS_JSON = "fits.json"
 REPORT = "report.html"

@@ -227,13 +227,16 @@ LAWS_SCHEMAS: dict[str, pa.Schema] = {
         ("near_lr_high", pa.float64()), ("b_crit", pa.float64()),
         ("b_crit_status", pa.large_string()), ("batch_size_usable", pa.bool_()),
         ("learning_rate_usable", pa.bool_()), ("b_crit_usable", pa.bool_()),
+        ("widened", pa.large_string()), ("seeds", pa.float64()), ("seed_sd", pa.float64()),
     ]),
     "laws": pa.schema([
         ("quantity", pa.large_string()), ("form", pa.large_string()), ("target", pa.float64()),
         ("n_points", pa.int64()), ("rmse_log", pa.float64()), ("c", pa.float64()),
         ("c_low", pa.float64()), ("c_high", pa.float64()), ("a", pa.float64()),
         ("a_low", pa.float64()), ("a_high", pa.float64()), ("b", pa.float64()),
-        ("b_low", pa.float64()), ("b_high", pa.float64()), ("held_out_N", pa.float64()),
+        ("b_low", pa.float64()), ("b_high", pa.float64()), ("g", pa.float64()),
+        ("g_low", pa.float64()), ("g_high", pa.float64()), ("scope", pa.large_string()),
+        ("held_out_N", pa.float64()),
         ("held_out_D", pa.float64()), ("held_out_predicted", pa.float64()),
         ("held_out_low", pa.float64()), ("held_out_high", pa.float64()),
         ("held_out_measured", pa.float64()), ("held_out_ratio", pa.float64()),
@@ -242,7 +245,8 @@ LAWS_SCHEMAS: dict[str, pa.Schema] = {
 }
 """`gnsweep laws` (docs/laws.md): law_cells.parquet, one row per (N, D) cell (and target for
 steps-to-target input), and laws.parquet, one row per law (coefficients c, a for N, b for D,
-each with its 95% interval, NaN where the law lacks it; a refused law has its reason)."""
+g for the target loss L, each with its 95% interval, NaN where the law lacks it; `scope` says
+when the cells are each at their own target; a refused law has its reason)."""
 RESULT_TABLES = tuple(RESULT_SCHEMAS)
 """Results fields written as <name>.parquet; fits.json holds the rest (warnings, meta)."""
 

@@ -2,4 +2,4 @@
 as JSON. One module per subject, each with `main(argv: list[str]) -> dict`."""
 
 SUBJECTS = ("noise", "sweep_cost", "probe", "analysis", "executors", "planner", "recipe",
-            "checkpoint")
+            "checkpoint", "script_probe")

@@ -53,9 +53,9 @@ def sweep_runs(sweep_dir: Path) -> pd.DataFrame:
     config = folder.config
     scale = read_scale(sweep_dir)
     runs, metrics = folder.tables()
+    # The runs table has B in the task's unit already, as D is (tokens for a language model:
+    # samples x tokens a sample; its `samples` column keeps the samples).
     rows = final_losses(str(sweep_dir), runs, metrics, float(config.sweep.max_examples))
-    # B in the task's unit, as D is (tokens for a language model: samples x tokens a sample).
-    rows["batch_size"] = rows["batch_size"] * scale["per_sample"]
     return rows.assign(N=float(scale["N"]), D=float(config.sweep.max_examples),
                        per_sample=scale["per_sample"], sweep=sweep_dir.name)
 
@@ -113,8 +113,8 @@ def fit(sweep_dirs: list[Path], table: Path | None, *, tolerance: float, bootstr
     except CellRefused as err:
         raise AnalysisError(f"{table or 'the sweeps'}: {err}") from None
     if where is not None:
-        result.prediction = predict(result, *where, runs["N"].to_numpy(float),
-                                    runs["D"].to_numpy(float))
+        result.prediction = predict(result, where[0], where[1], runs["N"].to_numpy(float),
+                                    runs["D"].to_numpy(float), flops_per_token=where[2])
         per_sample = runs["per_sample"].unique() if "per_sample" in runs else []
         if len(per_sample) == 1 and result.prediction.get("batch_size") is not None:
             # B also in samples (sequences for a language model), as a launch takes it.
@@ -163,6 +163,9 @@ def run(sweep_dirs: list[Path], *, table: Path | None, out: Path, point: str | N
     result, runs = fit(sweep_dirs, table, tolerance=tolerance, bootstrap=bootstrap,
                        point=point)
     paths, skipped = write(result, runs, out, formats=("png", "svg" if svg else "pdf"))
+    for sweep_dir in sweep_dirs:  # each cell's own report shows the family's laws
+        store.write_json(SweepPaths(Path(sweep_dir)).laws_family,
+                         {"laws": str(Path(out).resolve())})
     data = laws_json(result)
     echo(format_laws(data), err=as_json)
     if as_json:
@@ -179,9 +182,10 @@ def command(
         help="Fixed-budget sweep folders, one per model size N and budget D.")] = None,
     table: Annotated[Path | None, typer.Option("--table", help="CSV or parquet made elsewhere: "
         "N, D, batch_size, learning_rate, loss; or N, batch_size, steps.")] = None,
-    predict: Annotated[str | None, typer.Option(help="A new scale: N=7e9,D=1.4e12.")] = None,
-    tolerance: Annotated[float, typer.Option(help="Near-optimal: within this relative loss."
-                                             )] = 0.01,
+    predict: Annotated[str | None, typer.Option(help="A new scale: N=7e9,D=1.4e12 (and "
+        "M=<FLOPs a token> for DeepSeek's law).")] = None,
+    tolerance: Annotated[float, typer.Option(help="Near-optimal: within this relative loss "
+                                             "(Step Law's 0.25%).")] = 0.0025,
     bootstrap: Annotated[int, typer.Option(min=0, help="Draws for 95% intervals.")] = 200,
     as_json: Annotated[bool, typer.Option("--json", help="laws.json on stdout.")] = False,
 ) -> None:

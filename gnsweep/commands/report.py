@@ -102,6 +102,9 @@ def report_text(sweep_dir: Path, live: list[str] | None = None, refresh: float |
     else:
         text = render(tables, {}, config, config_text, title, groups=sections,
                       along_figures=along, live=live, refresh=refresh)
+    from gnsweep.report.laws_html import report_section
+
+    text = text.replace("</body>", report_section(sweep_dir) + "</body>", 1)
     return text, skipped, all_notes
 
 

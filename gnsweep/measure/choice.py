@@ -156,12 +156,18 @@ class AutoChoice(Sources):
         """Built with `timed_auto` where both per-example norms and micro-batches are right."""
         return bool(self._candidates)
 
-    def keep(self, method: str) -> None:
+    def keep(self, method: str, reason: str = "the batch cannot be split") -> None:
         """`timed_auto`: measure with `method` from the next step on, without choosing (the
-        loop's batch cannot be split: per-example norms)."""
+        loop's batch cannot be split: per-example norms; the loop accumulates micro-batches
+        anyway: micro-batches, whose pair then costs a few norms)."""
         if self.timed and self.choice is None:
-            self._commit({"method": method, "reason": "the batch cannot be split",
-                          "batch": None, "step_seconds": None})
+            self._commit({"method": method, "reason": reason, "batch": None,
+                          "step_seconds": None})
+
+    def rides_pieces(self, reason: str) -> None:
+        """The loop cuts every step into micro-batches anyway (`reason`: why, for the run's
+        status): `auto` measures from them from the first step on, a few norms a step."""
+        self.keep("microbatch", reason)
 
     def unsplittable(self) -> str | None:
         """The run's first batch cannot be cut along dim 0: this monitor's fallback. With

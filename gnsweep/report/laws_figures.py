@@ -17,7 +17,7 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from gnsweep.analysis.laws.cells import configurations
+from gnsweep.analysis.laws.cells import configurations, relative_excess
 from gnsweep.analysis.laws.family import FIXED_BUDGET, Laws
 from gnsweep.report.figures import COLORS, COLUMN, STYLE, Skip
 
@@ -41,16 +41,18 @@ def _law_panel(ax, result: Laws, law) -> None:
     cells = result.cells
     if law.target is not None:
         cells = cells[cells["target"] == law.target]
-    along = "D" if "D" in law.law.variables else "N"
+    # A law in the target loss L (Kaplan's B_crit(L)) is drawn against each cell's target.
+    along = "L" if "L" in law.law.variables else "D" if "D" in law.law.variables else "N"
+    column = "target" if along == "L" else along
     other = "N" if along == "D" else "D"
-    groups = sorted(cells[other].dropna().unique()) or [math.nan]
+    groups = ([] if along == "L" else sorted(cells[other].dropna().unique())) or [math.nan]
     held = law.held_out
     for i, value in enumerate(groups):
         color = COLORS[i % len(COLORS)]
         rows = cells if math.isnan(value) else cells[cells[other] == value]
         usable = rows[f"{law.quantity}_usable"] if f"{law.quantity}_usable" in rows else ~rows[
             "edge"]
-        x, y = rows[along].to_numpy(float), rows[law.quantity].to_numpy(float)
+        x, y = rows[column].to_numpy(float), rows[law.quantity].to_numpy(float)
         used = usable.to_numpy(bool)
         is_held = (rows["N"].to_numpy(float) == held["N"]) & (np.nan_to_num(
             rows["D"].to_numpy(float), nan=1.0) == (held["D"] if held["D"] == held["D"] else 1.0))
@@ -60,27 +62,32 @@ def _law_panel(ax, result: Laws, law) -> None:
         ax.scatter(x[~used], y[~used], color=color, marker="x", s=14, zorder=3)
         ax.scatter(x[used & is_held], y[used & is_held], facecolors="none", edgecolors=color,
                    s=30, zorder=3)
-        grid = np.geomspace(np.nanmin(cells[along]) / 1.5, np.nanmax(cells[along]) * 1.5, 50)
+        grid = np.geomspace(np.nanmin(cells[column]) / 1.5, np.nanmax(cells[column]) * 1.5, 50)
         fixed = value if not math.isnan(value) else 1.0
-        points = [law.law.predict(*(fixed, g) if along == "D" else (g, fixed)) for g in grid]
+        points = [law.law.predict(*(fixed, g) if along in ("D", "L") else (g, fixed))
+                  for g in grid]
         mid, low, high = (np.array(p) for p in zip(*points, strict=True))
         ax.plot(grid, mid, color=color, lw=1)
         ax.fill_between(grid, low, high, color=color, alpha=0.15, lw=0)
     if held.get("predicted") is not None:
-        x_held = held[along]
+        x_held = held["target" if along == "L" else along]
         ax.errorbar([x_held], [held["predicted"]], yerr=[[held["predicted"]
                      - held["predicted_low"]], [held["predicted_high"] - held["predicted"]]],
                     fmt="D", color="black", ms=3, capsize=2, zorder=4,
                     label="held out: predicted")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(along)
+    ax.set_xlabel("target loss" if along == "L" else along)
     coefs = law.law.coefficients()
     exps = ", ".join(f"{k}={v['value']:.3g}" for k, v in coefs.items() if k != "c")
     target = f" (target {law.target:g})" if law.target is not None else ""
     ax.set_ylabel(NAMES.get(law.quantity, law.quantity))
     ax.set_title(f"{NAMES.get(law.quantity)}{target} = {law.law.form}; {exps}")
     ax.legend(loc="best")
+
+
+MAX_POINTS = 4000
+"""Configurations drawn per cell of the landscapes figure: the lowest losses."""
 
 
 def laws_landscapes(result: Laws, runs: pd.DataFrame) -> Figure:
@@ -99,8 +106,13 @@ def laws_landscapes(result: Laws, runs: pd.DataFrame) -> Figure:
             b, lr, loss, _ = configurations(rows["batch_size"].to_numpy(float),
                                             rows["learning_rate"].to_numpy(float),
                                             rows["loss"].to_numpy(float))
+            if len(loss) > MAX_POINTS:
+                # A dense grid (100,000 configurations a cell) is drawn by its valley: the
+                # configurations of lowest loss, so that a figure costs the same at any size.
+                keep = np.argsort(loss, kind="stable")[:MAX_POINTS]
+                b, lr, loss = b[keep], lr[keep], loss[keep]
             finite = np.isfinite(loss)
-            excess = loss[finite] / cell.best_loss - 1
+            excess = relative_excess(loss[finite], cell.best_loss)
             scatter = ax.scatter(b[finite], lr[finite], c=np.maximum(excess, 1e-5), s=10,
                                  cmap="viridis", norm=LogNorm(1e-4, 1.0))
             ax.scatter(b[~finite], lr[~finite], marker="x", color="grey", s=8)

@@ -24,6 +24,8 @@ def format_laws(data: dict[str, Any]) -> str:
     head = f"laws across scale ({kind.replace('_', ' ')}"
     head += f", near-optimal within {tolerance:.2%} of the best loss)" if tolerance else ")"
     lines.append(head)
+    if data.get("tolerance_source"):
+        lines.append(f"tolerance: {data['tolerance_source']}")
     lines.append(f"{'N':>10} {'D':>10} {'target':>8} {'B_opt':>10} {'lr_opt':>10} {'loss':>9} "
                  f"{'B_crit':>10}  note")
     for cell in data["cells"]:
@@ -40,16 +42,26 @@ def format_laws(data: dict[str, Any]) -> str:
     lines.append("")
     for law in data["laws"]:
         name = QUANTITY_NAMES.get(law["quantity"], law["quantity"])
-        target = f" (target {law['target']:g})" if law.get("target") is not None else ""
+        target = (f" (target {law['target']:g})" if law.get("target") is not None
+                  else f" ({law['scope']})" if law.get("scope") else "")
         coefficients = ", ".join(f"{k} = {_interval(v['value'], v['low'], v['high'])}"
                                  for k, v in law["coefficients"].items())
         lines.append(f"{name}{target} = {law['form']}: {coefficients}  "
                      f"({law['n_points']} cells, rmse log {law['rmse_log']:.3f}; 95% bootstrap)")
+        if law.get("alpha_B"):
+            alpha = law["alpha_B"]
+            lines.append(f"  Kaplan's B_crit(L) = B* / L^(1/alpha_B): B* = "
+                         f"{_g(law['coefficients']['c']['value'])}, alpha_B = "
+                         f"{_interval(alpha['value'], alpha['low'], alpha['high'])}")
+        for reason in law.get("form_reason", []):
+            lines.append(f"  form: {reason}")
         held = law["held_out"]
         if held.get("predicted") is not None:
             predicted = _interval(held["predicted"], held["predicted_low"],
                                   held["predicted_high"])
-            lines.append(f"  held out N={_g(held['N'])} D={_g(held['D'])}: predicted "
+            lines.append(f"  held out N={_g(held['N'])} D={_g(held['D'])}"
+                         + (f" target {_g(held['target'])}" if held.get("target") else "")
+                         + ": predicted "
                          f"{predicted}, measured {_g(held['measured'])} "
                          f"(ratio {held['ratio']:.3g})")
         else:
@@ -81,6 +93,11 @@ def format_laws(data: dict[str, Any]) -> str:
             lines.append(f"  for reference only, Step Law (AdamW language models, tokens) at "
                          f"this N, D: B {_g(refs.get('step_law_batch_size'))}, lr "
                          f"{_g(refs.get('step_law_learning_rate'))}")
+        if refs.get("deepseek_batch_size") is not None:
+            lines.append(f"  for reference only, DeepSeek LLM (AdamW language models, tokens) at "
+                         f"C = M D = {_g(refs['compute'])} FLOPs: B "
+                         f"{_g(refs['deepseek_batch_size'])}, lr "
+                         f"{_g(refs['deepseek_learning_rate'])}")
         for note in prediction.get("notes", []):
             lines.append(f"  note: {note}")
     if data.get("references"):

@@ -44,6 +44,8 @@ PLACEHOLDERS: dict[str, str] = {
               "if you have one), else 0",
     "resume_step": "the last step the run has on record (0 for a fresh run)",
     "attempt": "which attempt of the run this is (1, 2 ...)",
+    "microbatch_size": "the run's batch size over task.accumulation: samples a micro-batch",
+    "accumulation": "task.accumulation: micro-batches a step",
 }
 """Every placeholder a command (and `log_file`, `resume_args`) may hold, with its meaning; each
 is also in the environment as GNSWEEP_<NAME upper-cased>."""
@@ -99,6 +101,10 @@ class ScriptOptions:
     cwd: str = ""
     """The folder the command runs in: the one `gnsweep launch` was started from (recorded
     at launch when not given)."""
+    accumulation: int = 1
+    """Micro-batches the script accumulates a step, over all its ranks (nanoGPT's
+    `gradient_accumulation_steps`): `{microbatch_size}` is the batch size over this, and
+    every batch size of the grid must divide by it."""
     optimizer: str = ""
     """The script's optimizer as you name it (sgd, momentum, adam, adamw, lion...; empty:
     not said). gnsweep does not train a script, so its own `train.*` settings describe
@@ -158,6 +164,10 @@ class ScriptOptions:
         if isinstance(self.step_offset, bool) or not isinstance(self.step_offset, int):
             raise ConfigError(f"task.step_offset: {self.step_offset!r} must be an integer "
                               "(1 for a script whose first step is 0)")
+        if isinstance(self.accumulation, bool) or not isinstance(self.accumulation, int) \
+                or self.accumulation < 1:
+            raise ConfigError(f"task.accumulation: {self.accumulation!r} must be an integer "
+                              ">= 1 (micro-batches the script accumulates a step)")
         if self.grad_clip is not None:
             if isinstance(self.grad_clip, bool) or not isinstance(self.grad_clip, (int, float)) \
                     or not (math.isfinite(self.grad_clip) and self.grad_clip >= 0):
@@ -189,7 +199,18 @@ def example_values() -> dict[str, Any]:
     return {"batch_size": 8, "learning_rate": 0.1, "seed": 0, "run_dir": "/run",
             "max_examples": 0, "max_steps": 1, "run_id": "b00008_lr0.1_s0",
             "sweep_dir": "/sweep", "targets": "1", "target": 1.0,
-            "checkpoint_dir": "/run/checkpoints", "resume": 0, "resume_step": 0, "attempt": 1}
+            "checkpoint_dir": "/run/checkpoints", "resume": 0, "resume_step": 0, "attempt": 1,
+            "microbatch_size": 8, "accumulation": 1}
+
+
+def microbatch_size(batch_size: int, accumulation: int) -> int:
+    """The samples of one micro-batch (`{microbatch_size}`); ConfigError, one line, where the
+    batch size does not divide by `task.accumulation`."""
+    if batch_size % accumulation:
+        raise ConfigError(f"sweep.batch_sizes: {batch_size} does not divide into "
+                          f"task.accumulation={accumulation} micro-batches; use multiples of "
+                          f"{accumulation}")
+    return batch_size // accumulation
 
 
 def placeholders(template: str, where: str) -> list[str]:

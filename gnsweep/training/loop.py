@@ -44,7 +44,12 @@ from gnsweep.training.branch_start import start_branch
 from gnsweep.training.checkpoint import Checkpointer
 from gnsweep.training.data import mean_loss
 from gnsweep.training.recipe import clip_gradients, set_learning_rate
-from gnsweep.training.state import TrainState, build_run, fall_back_if_unsplittable
+from gnsweep.training.state import (
+    TrainState,
+    build_run,
+    fall_back_if_unsplittable,
+    ride_accumulation,
+)
 from gnsweep.training.watch import Diverged
 
 log = logging.getLogger("gnsweep.training")
@@ -129,9 +134,10 @@ def run(state: TrainState, out_dir: Path | None = None,
     declared = about(config.task)
     metric_task = declared.metric != "loss"
     # A branch run with automatic targets trains its window and stops at no target; so does a
-    # run of a sweep whose targets the analysis chooses (sweep.targets=auto): its budget.
-    hardest = None if (config.branch.points and config.branch.automatic) or sweep.auto_targets \
-        else declared.hardest(sweep.targets)
+    # run of a sweep whose targets the analysis chooses (sweep.targets=auto), or of a
+    # fixed-budget sweep (sweep.budget): its budget.
+    hardest = None if (config.branch.points and config.branch.automatic) \
+        or not sweep.stops_at_target else declared.hardest(sweep.targets)
     params = [p for p in state.model.parameters() if p.requires_grad]
     start = time.perf_counter() - state.elapsed
     outcome, reason = "done", "max_steps"
@@ -150,6 +156,7 @@ def run(state: TrainState, out_dir: Path | None = None,
             n_examples = examples_of(task, batch) * world
             if state.step == 0:
                 fall_back_if_unsplittable(state, batch)
+                ride_accumulation(state, batch)  # micro-batches the step is cut into anyway
             state.per_sample = n_examples / size
             # This step's rate: where it brings the run (steps, examples) on the warmup and
             # decay, or the adaptive rule's eps(B).

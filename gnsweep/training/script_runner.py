@@ -51,7 +51,7 @@ from gnsweep.analysis.smoothing import (
     settled_at_or_below,
 )
 from gnsweep.config import Config
-from gnsweep.errors import ScriptFailed, StopRequested
+from gnsweep.errors import ConfigError, ScriptFailed, StopRequested
 from gnsweep.measure.probe import overrun_steps
 from gnsweep.paths import RunPaths
 from gnsweep.runs import RunSpec
@@ -65,8 +65,10 @@ from gnsweep.tasks.script import (
     command_args,
     fill,
     log_format,
+    microbatch_size,
     pattern_columns,
 )
+from gnsweep.training import script_noise
 from gnsweep.training.epochs import EpochError, EpochSteps
 from gnsweep.training.loop import RunResult
 from gnsweep.training.watch import Diverged, LossWatch
@@ -102,9 +104,16 @@ def placeholder_values(config: Config, spec: RunSpec, run_path: Path, resume_ste
         "sweep_dir": str(store.sweep_of(run_path)),
         # sweep.targets=auto: none (the analysis chooses them; the run trains its budget).
         "targets": ",".join(f"{t:g}" for t in sweep.targets),
-        "target": about(config.task).hardest(sweep.targets) if sweep.targets else "",
+        "target": (about(config.task).hardest(sweep.targets) if sweep.stops_at_target
+                   else ""),
         "checkpoint_dir": str(RunPaths(run_path).checkpoints),
         "resume": int(resume_step > 0), "resume_step": resume_step, "attempt": attempt}
+    accumulation = ScriptOptions(**config.task.options).accumulation
+    try:
+        values.update(accumulation=accumulation,
+                      microbatch_size=microbatch_size(spec.batch_size, accumulation))
+    except ConfigError as err:
+        raise ScriptFailed(str(err)) from None
     assert set(values) == set(PLACEHOLDERS)
     return values
 
@@ -119,6 +128,9 @@ def environment(values: dict[str, Any], config: Config, options: ScriptOptions) 
     env[ENV_PREFIX + "LOG_SOURCE"] = source_of(options)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", str(config.executor.threads_per_worker))
+    env.update(script_noise.probe_environment(  # B_simple measured inside the script
+        config, values, options.examples_per_sample, options.accumulation,
+        Path(values["run_dir"])))
     return env
 
 
@@ -280,7 +292,7 @@ class RowLog:
         self.first = True  # the attempt's first row may go back (a resume)
         self.per_sample = options.examples_per_sample
         self.step_offset = options.step_offset
-        self.hardest = None if config.sweep.auto_targets \
+        self.hardest = None if not config.sweep.stops_at_target \
             else about(config.task).hardest(config.sweep.targets)
         self.direction = about(config.task).direction
         self.stop_at: int | None = None
@@ -532,6 +544,8 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
     for fd in outputs.values():
         os.write(fd, f"--- gnsweep attempt {attempt}: {shlex.join(args)}\n".encode())
     child = Child(args, cwd, env)
+    probe = script_noise.ProbeRows(out_dir, options.examples_per_sample) \
+        if script_noise.measures(config) else None
     stopped = False
     error: ScriptFailed | None = None
 
@@ -577,6 +591,8 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
                         take(where, raw, restarted)
             except ScriptFailed as err:
                 error = error or err
+            if probe is not None:  # the probe's B_simple joins the rows not yet on disk
+                probe.join(rows.rows, rows.flushed)
             rows.flush()
             if child.ended():
                 break
@@ -621,14 +637,15 @@ def _finished(rows: RowLog, out_dir: Path) -> RunResult:
     """The run's end: metrics.parquet written, its result."""
     reason = rows.reason or "script ended"
     state = "diverged" if rows.diverged else "done"
+    measured = script_noise.finish(rows.config, out_dir, rows.rows, rows.per_sample)
     store.end_metrics(out_dir, rows.rows)
     logged = rows.rows["step"]
     return RunResult(state, int(logged[-1]) if logged else 0,
                      rows.diverged if rows.diverged else reason,
                      float(rows.rows["loss"][-1]) if logged else math.nan,
                      rows.wall_before + time.monotonic() - rows.started,
-                     {"method": "script", "reason": "measured by the script, if at all"},
-                     None, rows=len(logged), examples=int(rows.rows["examples"][-1])
+                     measured, script_noise.nan_share(measured, rows.rows),
+                     rows=len(logged), examples=int(rows.rows["examples"][-1])
                      if logged else None)
 
 

@@ -27,6 +27,7 @@ from gnsweep.noise import NoiseEstimate, estimate_state, load_estimate
 from gnsweep.runs import RunSpec, run_config
 from gnsweep.schedule import AdaptiveBatch, AlongBatch, BatchSchedule, ConstantBatch
 from gnsweep.tasks import Task, about, make_task
+from gnsweep.tasks.protocol import first_dim
 from gnsweep.training.data import DatasetSource, DataSource, as_dataset, make_data
 from gnsweep.training.lr_schedule import LrSchedule
 from gnsweep.training.recipe import Precision, make_optimizer
@@ -222,6 +223,17 @@ def fall_back_if_unsplittable(state: TrainState, batch: Any) -> None:
     method = state.monitor.unsplittable()
     if method is not None:
         state.monitor = _rebuilt_monitor(state, method)
+
+
+def ride_accumulation(state: TrainState, batch: Any) -> None:
+    """A step the loop cuts into micro-batches anyway (`train.microbatch_size` smaller than the
+    batch): method auto measures from those micro-batches (eq. A.2 with b_small = the
+    micro-batch), which costs a few norms a step, instead of adding per-example hooks."""
+    size, samples = state.config.train.microbatch_size, first_dim(batch)
+    if size and samples and samples > size and split_batch(batch, 2) is not None:
+        state.monitor.rides_pieces(f"train.microbatch_size={size} cuts each step of {samples} "
+                                   "samples into micro-batches anyway: B_simple from them "
+                                   "costs a few norms a step")
 
 
 def _rebuilt_monitor(state: TrainState, method: str) -> NoiseScaleMonitor:

@@ -25,6 +25,7 @@ QUICKEST = {
     "planner": ["--workers", "1", "--set", "sweep=tiny"],
     "recipe": ["--quick", "--batch-sizes", "64"],
     "checkpoint": ["--rounds", "1", "--runs", "1", "--steps", "20", "--every", "10"],
+    "script_probe": ["--rounds", "1", "--steps", "3", "--models", "mlp"],
 }
 
 
@@ -158,3 +159,10 @@ def test_ddp_bench_sets_up_and_tears_down_cleanly() -> None:
     result = _run("noise", ["--rounds", "1", "--steps", "2", "--batch-sizes", "32",
                             "--models", "mlp"])
     assert _positive(result["rows"][0]["ddp"])
+
+
+@pytest.mark.process
+def test_script_probe_bench_runs() -> None:
+    (row,) = _run("script_probe", QUICKEST["script_probe"])["rows"]
+    assert row["model"] == "mlp"
+    assert all(_positive(row[key]) for key in ("plain_ms", "probed_ms", "ratio"))

@@ -115,9 +115,10 @@ def test_launch_refuses_bad_input_in_one_line_and_runs_nothing(tmp_path, command
 
 
 def test_gnsweeps_noise_and_ddp_rules_do_not_apply_to_a_script_that_trains_itself(tmp_path):
-    """A script does its own DDP and measures with its own monitor: the grid need not split
-    over the processes by gnsweep's rule, and a noise.method (which the script would never
-    see) is refused in one line instead of the DDP advice meant for gnsweep's own loop."""
+    """A script does its own DDP: the grid need not split over the processes by gnsweep's
+    rule, and a noise.method of gnsweep's own loop (which the script would never see) is
+    refused in one line instead of the DDP advice meant for that loop; auto and none (the
+    in-script probe on or off) are taken."""
     torchrun = ["executor=torchrun", "executor.nproc_per_node=2"]
     command = "task.command=python t.py --bs={batch_size}"
     config = compose(["task=script", command, *torchrun, "sweep.batch_sizes=[3,10]",
@@ -126,10 +127,13 @@ def test_gnsweeps_noise_and_ddp_rules_do_not_apply_to_a_script_that_trains_itsel
     with pytest.raises(ConfigError, match="3 does not split over 2"):  # gnsweep's own loop
         compose(["task=linreg", *torchrun, "sweep.batch_sizes=[3,10]", *GRID[1:]])
     for executor in ([], torchrun):
-        for method in ("ddp", "per_example", "none"):
+        for method in ("ddp", "per_example", "microbatch"):
             with pytest.raises(ConfigError, match=rf"noise.method={method} with task=script: "
-                                                  r"the script measures the noise scale itself"):
+                                                  r"gnsweep measures a script from its backward"):
                 compose(["task=script", command, *executor, f"noise.method={method}", *GRID])
+        for method in ("auto", "none"):
+            config = compose(["task=script", command, *executor, f"noise.method={method}", *GRID])
+            assert config.noise.method == method
     # From the command line: one line, exit 2, nothing written.
     out = tmp_path / "sweep"
     result = runner.invoke(app, ["launch", "--sweep-dir", str(out), "task=script", command,
@@ -468,6 +472,22 @@ def test_automatic_targets_train_the_budget(tmp_path):
         assert rows.reason == (None if step < 30 else "max_steps")
     values = placeholder_values(rows.config, RunSpec(8, 0.1), path, 0, 1)
     assert values["target"] == "" and values["targets"] == ""
+
+
+def test_a_fixed_budget_trains_past_its_targets(tmp_path):
+    """sweep.budget: the targets stay (for the analysis) but no run stops at them; the run
+    trains its budget in examples, and {target} is empty, {max_examples} the budget."""
+    from gnsweep.runs import RunSpec
+    from gnsweep.training.script_runner import placeholder_values
+
+    make, path = _row_log(tmp_path, budget=480)  # 8 samples x 2 examples a step: 30 steps
+    rows = make()
+    for step in range(1, 31):
+        rows.add("x", {"step": step, "loss": 0.001})  # far below the target 0.5
+        assert rows.reason == (None if step < 30 else "max_examples")
+    values = placeholder_values(rows.config, RunSpec(8, 0.1), path, 0, 1)
+    assert values["target"] == "" and values["targets"] == "0.5"
+    assert values["max_examples"] == 480
 
 
 def test_rows_an_earlier_attempt_printed_but_never_wrote_are_recovered(tmp_path):

@@ -126,8 +126,11 @@ DIGITS = TaskConfig("digits")
 
 
 def test_accumulation_in_four_pieces_logs_the_whole_batch_losses():
-    whole = _run(DIGITS, 64, 0.4, 50, TrainConfig())
+    # auto measures from the pieces (`ride_accumulation`): the same as a whole batch split
+    # into 4 micro-batches only to measure.
+    whole = _run(DIGITS, 64, 0.4, 50, TrainConfig(), NoiseConfig(method="microbatch"))
     pieces = _run(DIGITS, 64, 0.4, 50, TrainConfig(microbatch_size=16))
+    assert pieces.monitor.method == "microbatch"
     np.testing.assert_allclose(pieces.rows["loss"], whole.rows["loss"], rtol=1e-5)
     np.testing.assert_allclose(pieces.rows["b_simple"], whole.rows["b_simple"], rtol=1e-3)
 
@@ -139,6 +142,19 @@ def test_the_micro_batch_noise_estimate_reuses_the_pieces_and_matches_linregs_cl
                  TrainConfig(microbatch_size=16),
                  NoiseConfig(method="microbatch", microbatches=2, ema_fraction=0.0,
                              ema_steps=1e9))
+    assert set(state.rows["b_small"]) == {16.0} and set(state.rows["b_big"]) == {64.0}
+    assert state.rows["b_simple"][-1] == pytest.approx(state.rows["b_simple_true"][-1], rel=0.1)
+
+
+def test_auto_rides_the_accumulation_pieces_and_matches_linregs_closed_form():
+    # A step cut into pieces by train.microbatch_size: method auto measures from them from the
+    # first step (no per-example hooks), b_small the piece; nearly fixed parameters and a
+    # plain mean of the measurements, against the closed form at the run's parameters.
+    state = _run(TaskConfig("linreg", {"dim": 8}), 64, 1e-7, 300,
+                 TrainConfig(microbatch_size=16), NoiseConfig(ema_fraction=0.0, ema_steps=1e9))
+    assert state.monitor.choice is not None
+    assert state.monitor.choice["method"] == "microbatch"
+    assert "train.microbatch_size=16" in state.monitor.choice["reason"]
     assert set(state.rows["b_small"]) == {16.0} and set(state.rows["b_big"]) == {64.0}
     assert state.rows["b_simple"][-1] == pytest.approx(state.rows["b_simple_true"][-1], rel=0.1)
 
@@ -293,9 +309,9 @@ def test_a_run_takes_the_gpu_of_its_local_rank_when_cuda_is_present(monkeypatch)
 
 def test_auto_measures_what_per_example_norms_miss_on_the_pieces_with_no_extra_pass(
         monkeypatch):
-    # The scale factor has no per-example norms: noise.method=auto measures it on micro-batches.
-    # With train.microbatch_size those are the accumulation pieces (4 of 8), not a second split
-    # into noise.microbatches: 4 forward passes a step, and the estimate of the 4-way split.
+    # With train.microbatch_size, noise.method=auto measures on the accumulation pieces (4 of
+    # 8), not a second split into noise.microbatches: 4 forward passes a step, and the estimate
+    # of the 4-way split.
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     task = TaskConfig("custom", {"_target_": "protocol_tasks.uncovered"})
@@ -310,12 +326,13 @@ def test_auto_measures_what_per_example_norms_miss_on_the_pieces_with_no_extra_p
     monkeypatch.setattr(sys.modules[__name__], "build_run", counting)
     pieces = _run(task, 32, 0.05, 10, TrainConfig(microbatch_size=8),
                   NoiseConfig(microbatches=2))
-    # 4 a step, and the layout check's one forward without gradients on half a piece, once
-    # per batch size (gnsweep.measure.coverage).
-    assert len(forwards) == 4 * 10 + 1
-    split = _run(task, 32, 0.05, 10, TrainConfig(), NoiseConfig(microbatches=4))
+    # 4 a step, and no per-example hooks (nor their layout check's forward).
+    assert len(forwards) == 4 * 10
+    split = _run(task, 32, 0.05, 10, TrainConfig(),
+                 NoiseConfig(method="microbatch", microbatches=4))
     np.testing.assert_allclose(pieces.rows["b_simple"], split.rows["b_simple"], rtol=1e-6)
     assert all(math.isfinite(b) for b in pieces.rows["b_simple"])
     # ...which is not what a 2-way split measures: the pieces, not noise.microbatches, count.
-    halves = _run(task, 32, 0.05, 10, TrainConfig(), NoiseConfig(microbatches=2))
+    halves = _run(task, 32, 0.05, 10, TrainConfig(),
+                  NoiseConfig(method="microbatch", microbatches=2))
     assert not np.allclose(halves.rows["b_simple"], split.rows["b_simple"], rtol=1e-3)

@@ -13,13 +13,15 @@ examples (or tokens), its final loss compared across batch size B and learning r
   interval of B_opt and lr_opt; without residual degrees of freedom the draws come from the
   near-optimal set instead.
 - The near-optimal set (Li et al. 2025, "Step Law") is every configuration whose loss is within
-  a relative `tolerance` of the best: loss <= best * (1 + tolerance).
-- An optimum on the grid's edge (the smallest or largest batch size, or the smallest or largest
-  learning rate tried at its batch size) is only a bound: `edge` is set and the law fits leave
-  the cell out. So is one whose near-optimal set reaches the grid's smallest or largest batch
-  size, or an end of the learning rates tried at the best batch size: the loss is flat to the
-  edge within the tolerance and the best point inside is noise. A larger learning rate that
-  diverged brackets the optimum from above.
+  a relative `tolerance` of the best: loss <= best + tolerance * |best| (best * (1 +
+  tolerance) for a positive loss; a negative one, a -ELBO, is compared by differences).
+- A fitted minimum at or beyond the grid's edge (the smallest or largest batch size, or the
+  smallest or largest learning rate tried at the batch size nearest it) is only a bound:
+  `edge` is set and the law fits leave the cell out. A minimum inside the grid is located and
+  used; where the near-optimal set reaches the grid's smallest or largest batch size, or an
+  end of the learning rates tried at the best batch size, the loss is flat to that edge within
+  the tolerance, so its interval (and its bootstrap draws) are widened to the edge (`widened`).
+  A larger learning rate that diverged brackets the optimum from above.
 - The fixed-budget critical batch size: the largest batch size whose best loss (over lr) stays
   within the tolerance of the cell's best, interpolated in log B between the last batch size
   inside and the first outside. Beyond a small-batch regime where only the ratio lr/B matters
@@ -66,7 +68,9 @@ class CellOptimum:
     """`quadratic` (the local model's minimum) or `grid` (the best grid point)."""
     edge: bool
     edge_reason: str
-    """Which edge the best grid point sits on ("" when inside)."""
+    """Why the optimum is only a bound ("" when located inside the grid)."""
+    widened: str
+    """Why a located optimum's interval was widened to an edge ("" when not)."""
     n_runs: int
     n_configs: int
     n_diverged: int
@@ -80,6 +84,11 @@ class CellOptimum:
     """Largest batch size within the tolerance of the best loss (NaN when refused)."""
     b_crit_status: str
     """fit, lower_bound (every larger batch size stays inside) or refused."""
+    seeds: float
+    """Median number of runs (seeds) per configuration, averaged into its loss."""
+    seed_sd: float
+    """Median standard deviation of a repeated configuration's loss over its seeds (NaN
+    without repeats): the noise the tolerance should stand above."""
     draws: np.ndarray = field(repr=False)
     """Bootstrap draws of (log B_opt, log lr_opt), shape (n, 2)."""
 
@@ -88,63 +97,108 @@ class CellRefused(ValueError):
     """The cell's runs cannot give an optimum; the message says why."""
 
 
+def configuration_table(batch_size: np.ndarray, learning_rate: np.ndarray, loss: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One row per (B, lr), in (B, lr) order: (B, lr, mean loss over its seeds -- inf where any
+    seed diverged, a non-finite loss --, seeds, the seeds' standard deviation -- NaN with one
+    seed or a diverged one). One sort: a million rows take about a second."""
+    b = np.asarray(batch_size, float)
+    lr = np.asarray(learning_rate, float)
+    values = np.asarray(loss, float)
+    order = np.lexsort((lr, b))
+    b, lr, values = b[order], lr[order], values[order]
+    starts = np.flatnonzero(np.r_[True, (np.diff(b) != 0) | (np.diff(lr) != 0)])
+    counts = np.diff(np.r_[starts, len(b)])
+    finite = np.isfinite(values)
+    bad = np.add.reduceat((~finite).astype(np.int64), starts) > 0
+    clean = np.where(finite, values, 0.0)
+    # Differences from each configuration's first seed: the variance without cancellation.
+    shifted = clean - np.repeat(clean[starts], counts)
+    total = np.add.reduceat(shifted, starts)
+    squares = np.add.reduceat(shifted * shifted, starts)
+    mean = clean[starts] + total / counts
+    with np.errstate(invalid="ignore", divide="ignore"):
+        spread = np.sqrt(np.maximum(squares - total * total / counts, 0.0) / (counts - 1))
+    spread[(counts < 2) | bad] = math.nan
+    mean[bad] = math.inf
+    return b[starts], lr[starts], mean, counts, spread
+
+
 def configurations(batch_size: np.ndarray, learning_rate: np.ndarray, loss: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """One row per (B, lr): the mean loss over its seeds, inf where any seed diverged (a
     non-finite loss). Returns (B, lr, loss, runs)."""
-    b = np.asarray(batch_size, float)
-    lr = np.asarray(learning_rate, float)
-    values = np.asarray(loss, float)
-    keys = np.stack([b, lr], axis=1)
-    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    out = np.empty(len(unique))
-    for k in range(len(unique)):
-        chosen = values[inverse == k]
-        out[k] = chosen.mean() if np.isfinite(chosen).all() else math.inf
-    return unique[:, 0], unique[:, 1], out, len(values)
+    b, lr, mean, _, _ = configuration_table(batch_size, learning_rate, loss)
+    return b, lr, mean, len(np.asarray(loss))
+
+
+def ceiling(best: float, tolerance: float) -> float:
+    """The highest loss within a relative `tolerance` of `best`: best + tolerance * |best|.
+    A loss is a number to minimise, so a negative one (a negative log-likelihood, a -ELBO) is
+    compared by its difference from the best, relative to the best's size."""
+    return best + tolerance * abs(best)
+
+
+def relative_excess(values: np.ndarray | float, best: float) -> np.ndarray:
+    """(loss - best) / |best|: how far above the best, relative to its size (`ceiling`)."""
+    return (np.asarray(values, float) - best) / abs(best)
 
 
 def cell_optimum(batch_size: np.ndarray, learning_rate: np.ndarray, loss: np.ndarray, *,
                  tolerance: float, bootstrap: int = 200, seed: int = 0) -> CellOptimum:
     """The cell's optimum, near-optimal set and fixed-budget critical batch size (module
-    docstring). Raises CellRefused when no configuration has a finite loss."""
-    b, lr, values, n_runs = configurations(batch_size, learning_rate, loss)
+    docstring). Raises CellRefused when no configuration has a finite loss, or the best loss
+    is exactly 0 (no relative tolerance around it)."""
+    b, lr, values, seeds, spread = configuration_table(batch_size, learning_rate, loss)
+    n_runs = len(np.asarray(loss))
     finite = np.isfinite(values)
     if not finite.any():
         raise CellRefused("every run diverged (no finite loss)")
     x, y = np.log(b), np.log(lr)
     best = int(np.argmin(np.where(finite, values, np.inf)))
     best_loss = float(values[best])
-    near = finite & (values <= best_loss * (1 + tolerance))
-    edge_reason = _edge(b, lr, best) or _near_edge(b, lr, near, best)
+    if best_loss == 0:
+        raise CellRefused("the best loss is exactly 0, so a tolerance relative to it is empty; "
+                          "shift the losses by a constant (e.g. loss + 1)")
+    near = finite & (values <= ceiling(best_loss, tolerance))
     rng = np.random.default_rng(seed)
     model = _local_quadratic(x, y, values, finite, best, bootstrap, rng)
+    widened = ""
     if model is None:
         # A grid point is a located optimum only when the smooth model agrees that there is
         # a minimum there: in a flat or noisy valley the best point is noise.
-        edge_reason = edge_reason or ("the local quadratic model has no minimum near the best "
-                                      "point: the optimum is not located (a flat or noisy "
-                                      "valley)")
+        edge_reason = _edge(b, lr, best) or (
+            "the local quadratic model has no minimum near the best point: the optimum is not "
+            "located (a flat or noisy valley)")
         method, opt, model_loss = GRID, np.array([x[best], y[best]]), best_loss
         pool = np.flatnonzero(near)
         draws = np.stack([x[pool], y[pool]], axis=1)[rng.integers(0, len(pool), max(bootstrap,
                                                                                      1))]
     else:
         method, (opt, model_loss, draws) = QUADRATIC, model
+        # Only a minimum at or beyond the grid's edge is a bound; one inside is located, and
+        # a near-optimal set reaching an edge only widens its interval (below).
+        edge_reason = _beyond(b, lr, opt)
     low, high = (np.percentile(draws, q, axis=0) for q in (2.5, 97.5))
+    low, high = np.minimum(low, opt), np.maximum(high, opt)
+    if not edge_reason:
+        widened, low, high, draws = _widen(b, lr, near, best, low, high, draws, rng)
     b_crit, b_crit_status = _fixed_budget_bcrit(b, y, values, finite, best_loss, tolerance)
+    repeated = seeds > 1
     return CellOptimum(
         batch_size=math.exp(opt[0]), learning_rate=math.exp(opt[1]), loss=float(model_loss),
-        best_loss=best_loss, batch_size_low=math.exp(min(low[0], opt[0])),
-        batch_size_high=math.exp(max(high[0], opt[0])),
-        learning_rate_low=math.exp(min(low[1], opt[1])),
-        learning_rate_high=math.exp(max(high[1], opt[1])), method=method,
-        edge=bool(edge_reason), edge_reason=edge_reason, n_runs=n_runs, n_configs=len(b),
-        n_diverged=int((~finite).sum()), n_near=int(near.sum()),
+        best_loss=best_loss, batch_size_low=math.exp(low[0]), batch_size_high=math.exp(high[0]),
+        learning_rate_low=math.exp(low[1]), learning_rate_high=math.exp(high[1]),
+        method=method, edge=bool(edge_reason), edge_reason=edge_reason, widened=widened,
+        n_runs=n_runs, n_configs=len(b), n_diverged=int((~finite).sum()),
+        n_near=int(near.sum()),
         near_batch_low=float(b[near].min()), near_batch_high=float(b[near].max()),
         near_lr_low=float(lr[near].min()), near_lr_high=float(lr[near].max()),
-        b_crit=b_crit, b_crit_status=b_crit_status, draws=draws)
+        b_crit=b_crit, b_crit_status=b_crit_status,
+        seeds=float(np.median(seeds)),
+        seed_sd=(float(np.nanmedian(spread[repeated])) if np.isfinite(spread[repeated]).any()
+                 else math.nan),
+        draws=draws)
 
 
 def _edge(b: np.ndarray, lr: np.ndarray, best: int) -> str:
@@ -162,24 +216,65 @@ def _edge(b: np.ndarray, lr: np.ndarray, best: int) -> str:
     return "; ".join(reasons)
 
 
-def _near_edge(b: np.ndarray, lr: np.ndarray, near: np.ndarray, best: int) -> str:
-    """Why the grid does not bracket the near-optimal set ("" when it does): a configuration
-    within the tolerance at the grid's smallest or largest batch size, or at the smallest or
-    largest learning rate tried at the best configuration's batch size. The loss is then flat
-    to the edge (plain SGD at a fixed budget is as good at every batch size below its critical
-    one), and the best point inside is noise. Other batch sizes' learning-rate ranges are not
-    asked: a grid may try fewer rates far from the optimum."""
-    for i in np.flatnonzero(near):
-        if b[i] in (b.min(), b.max()):
-            side = "smallest" if b[i] == b.min() else "largest"
-            return f"the near-optimal set reaches the {side} batch size {b[i]:g}"
-    tried = lr[b == b[best]]
-    for i in np.flatnonzero(near & (b == b[best])):
-        if lr[i] in (tried.min(), tried.max()):
-            side = "smallest" if lr[i] == tried.min() else "largest"
-            return (f"the near-optimal set reaches the {side} learning rate {lr[i]:g} tried at "
-                    f"batch size {b[i]:g}")
-    return ""
+def _beyond(b: np.ndarray, lr: np.ndarray, opt: np.ndarray) -> str:
+    """Why the fitted minimum (log B, log lr) is only a bound ("" when it lies inside the grid):
+    at or beyond the smallest or largest batch size, or the smallest or largest learning rate
+    tried at the grid's batch size nearest it (a diverged rate counts as tried: it brackets)."""
+    reasons = []
+    x = np.log(b)
+    if len(np.unique(b)) < 2 or opt[0] <= x.min():
+        reasons.append(f"the fitted minimum lies at or beyond the smallest batch size "
+                       f"{b.min():g}")
+    elif opt[0] >= x.max():
+        reasons.append(f"the fitted minimum lies at or beyond the largest batch size "
+                       f"{b.max():g}")
+    nearest = b[int(np.argmin(np.abs(x - opt[0])))]
+    tried = np.log(lr[b == nearest])
+    if len(tried) < 2 or opt[1] <= tried.min():
+        reasons.append(f"the fitted minimum lies at or beyond the smallest learning rate "
+                       f"{math.exp(tried.min()):g} tried at batch size {nearest:g}")
+    elif opt[1] >= tried.max():
+        reasons.append(f"the fitted minimum lies at or beyond the largest learning rate "
+                       f"{math.exp(tried.max()):g} tried at batch size {nearest:g}")
+    return "; ".join(reasons)
+
+
+def _widen(b: np.ndarray, lr: np.ndarray, near: np.ndarray, best: int, low: np.ndarray,
+           high: np.ndarray, draws: np.ndarray, rng: np.random.Generator
+           ) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    """A located optimum whose near-optimal set reaches an edge of the grid (`_near_edge`):
+    the loss is flat to that edge within the tolerance, so the interval is widened to the edge
+    and the draws on that axis spread uniformly (in log) over the widened interval, which the
+    laws' intervals then carry. Returns (what was widened, low, high, draws)."""
+    found = _near_edge(b, lr, near, best)
+    if found is None:
+        return "", low, high, draws
+    reason, axis, value = found
+    low, high, draws = low.copy(), high.copy(), draws.copy()
+    edge = math.log(value)
+    low[axis], high[axis] = min(low[axis], edge), max(high[axis], edge)
+    draws[:, axis] = rng.uniform(low[axis], high[axis], len(draws))
+    return f"interval widened: {reason}", low, high, draws
+
+
+def _near_edge(b: np.ndarray, lr: np.ndarray, near: np.ndarray, best: int
+               ) -> tuple[str, int, float] | None:
+    """Where the grid does not bracket the near-optimal set (None when it does): a
+    configuration within the tolerance at the grid's smallest or largest batch size, or at the
+    smallest or largest learning rate tried at the best configuration's batch size. The loss
+    is then flat to the edge (plain SGD at a fixed budget is as good at every batch size below
+    its critical one). Other batch sizes' learning-rate ranges are not asked: a grid may try
+    fewer rates far from the optimum. Returns (why, axis 0 for B or 1 for lr, the edge)."""
+    for side, value in (("smallest", b.min()), ("largest", b.max())):
+        if (near & (b == value)).any():
+            return f"the near-optimal set reaches the {side} batch size {value:g}", 0, value
+    at_best = b == b[best]
+    tried = lr[at_best]
+    for side, value in (("smallest", tried.min()), ("largest", tried.max())):
+        if (near & at_best & (lr == value)).any():
+            return (f"the near-optimal set reaches the {side} learning rate {value:g} tried at "
+                    f"batch size {b[best]:g}", 1, value)
+    return None
 
 
 def _spacing(values: np.ndarray) -> float:
@@ -212,7 +307,7 @@ def _local_quadratic(x: np.ndarray, y: np.ndarray, values: np.ndarray, finite: n
     # has no minimum inside (a valley steeper on one side than a quadratic).
     # A neighbour far above the best (near divergence, or off the valley) is another regime:
     # a quadratic through it would misplace the minimum.
-    valley = finite & (values <= values[best] * (1 + OFF_VALLEY))
+    valley = finite & (values <= ceiling(float(values[best]), OFF_VALLEY))
     for box in (1.01, 2.01):
         chosen = valley & (np.abs(u) <= box) & (np.abs(v) <= box)
         if chosen.sum() < MIN_QUADRATIC_POINTS or len(np.unique(u[chosen])) < 3 or len(
@@ -262,7 +357,7 @@ def _per_batch_best(y: np.ndarray, values: np.ndarray, tolerance: float) -> floa
     i = int(np.argmin(values))
     lo, hi = max(i - 2, 0), min(i + 3, len(y))
     near = np.arange(lo, hi)
-    near = near[values[near] <= values[i] * (1 + LOCAL * tolerance)]
+    near = near[values[near] <= ceiling(float(values[i]), LOCAL * tolerance)]
     if len(near) >= 3 and near.min() < i < near.max():
         a, b, c = np.polyfit(y[near], values[near], 2)
         if a > 0:
@@ -291,7 +386,7 @@ def _fixed_budget_bcrit(b: np.ndarray, y: np.ndarray, values: np.ndarray, finite
         _per_batch_best(y[(b == s) & finite], values[(b == s) & finite], tolerance)
         if ((b == s) & finite).any() else math.inf for s in sizes])
     start = int(np.argmin(bests))
-    excess = bests / bests[start] - 1
+    excess = relative_excess(bests, float(bests[start]))
     if not (excess[start + 1:] > tolerance).any():
         return float(sizes[-1]), "lower_bound"
     k = start + 1 + int(np.argmax(excess[start + 1:] > tolerance))
@@ -320,21 +415,21 @@ def _floor_power_crossing(sizes: np.ndarray, bests: np.ndarray, tolerance: float
     x, v = np.log(sizes[ok] / sizes[0]), bests[ok]
     if len(v) < 4:
         return None
-    scale = float(v.min())
+    scale = abs(float(v.min()))
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         floor, log_k, p = theta
         return (floor + np.exp(log_k + p * x) - v) / scale
 
-    start = np.array([v.min() * 0.999, math.log(max(v.max() - v.min(), 1e-12 * scale)) - 2.0,
-                      1.0])
+    start = np.array([v.min() - 0.001 * scale,
+                      math.log(max(v.max() - v.min(), 1e-12 * scale)) - 2.0, 1.0])
     try:
         fit = least_squares(residuals, start, bounds=([-np.inf, -np.inf, 0.25], [np.inf, 50, 8]))
     except ValueError:
         return None
     floor, log_k, p = fit.x
     level = floor + math.exp(log_k)  # the curve at the first size (x = 0)
-    rise = (1 + tolerance) * level - floor
+    rise = ceiling(level, tolerance) - floor
     if not (fit.success and rise > 0 and math.isfinite(log_k)):
         return None
     crossing = (math.log(rise) - log_k) / p

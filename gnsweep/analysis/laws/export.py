@@ -40,7 +40,7 @@ def laws_frame(result: Laws) -> pd.DataFrame:
         row: dict[str, Any] = {"quantity": law.quantity, "form": law.law.form,
                                "target": math.nan if law.target is None else law.target,
                                "n_points": law.law.n_points, "rmse_log": law.law.rmse_log,
-                               "refused": ""}
+                               "refused": "", "scope": law.scope}
         for name, coef in law.law.coefficients().items():
             row.update({name: coef["value"], f"{name}_low": coef["low"],
                         f"{name}_high": coef["high"]})
@@ -54,10 +54,11 @@ def laws_frame(result: Laws) -> pd.DataFrame:
     for refused in result.refused:
         rows.append({"quantity": refused["quantity"], "form": "",
                      "target": math.nan if refused["target"] is None else refused["target"],
-                     "n_points": 0, "refused": refused["reason"]})
+                     "n_points": 0, "refused": refused["reason"],
+                     "scope": refused.get("scope", "")})
     frame = pd.DataFrame(rows).reindex(columns=columns("laws"))
     frame["n_points"] = frame["n_points"].fillna(0).astype(int)
-    for name in ("quantity", "form", "refused"):
+    for name in ("quantity", "form", "refused", "scope"):
         frame[name] = frame[name].fillna("").astype(str)
     return frame
 
@@ -70,13 +71,25 @@ def laws_json(result: Laws) -> dict[str, Any]:
     """The content of laws.json (module docstring)."""
     laws = []
     for law in result.laws:
-        laws.append({"quantity": law.quantity, "form": law.law.form,
-                     "target": law.target, "coefficients": law.law.coefficients(),
-                     "held_out": law.held_out, "n_points": law.law.n_points,
-                     "rmse_log": law.law.rmse_log})
+        entry: dict[str, Any] = {"quantity": law.quantity, "form": law.law.form,
+                                 "form_reason": law.form_reason, "target": law.target,
+                                 "coefficients": law.law.coefficients(),
+                                 "held_out": law.held_out, "n_points": law.law.n_points,
+                                 "rmse_log": law.law.rmse_log}
+        if law.scope:
+            entry["scope"] = law.scope
+        if "L" in law.law.variables:
+            # Kaplan's B_crit(L) = B* / L^(1/alpha_B): alpha_B = -1/g, B* = c.
+            g = law.law.coefficients()["g"]
+            ends = sorted(-1 / v if v else math.inf for v in (g["low"], g["high"]))
+            entry["alpha_B"] = {"value": -1 / g["value"] if g["value"] else math.inf,
+                                "low": ends[0] if g["low"] * g["high"] > 0 else None,
+                                "high": ends[1] if g["low"] * g["high"] > 0 else None}
+        laws.append(entry)
     cells = result.cells.drop(columns=[c for c in ("target",) if result.cells[c].isna().all()])
     data: dict[str, Any] = {
-        "kind": result.kind, "tolerance": result.tolerance, "bootstrap": result.bootstrap,
+        "kind": result.kind, "tolerance": result.tolerance,
+        "tolerance_source": result.tolerance_source, "bootstrap": result.bootstrap,
         "laws": laws, "refused": result.refused,
         "cells": cells.to_dict(orient="records"), "held_out_loss": result.held_out_loss,
         "warnings": result.warnings,

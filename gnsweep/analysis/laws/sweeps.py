@@ -27,8 +27,7 @@ def final_losses(sweep: str, runs: pd.DataFrame, metrics: pd.DataFrame, max_exam
     that did not train to the budget."""
     if max_examples <= 0:
         raise AnalysisError(f"{sweep}: not a fixed-budget sweep (sweep.max_examples is 0); "
-                            "launch every run to the same budget: sweep.max_examples=<examples> "
-                            "sweep.targets=[<a loss no run reaches>]")
+                            "launch every run to the same budget: sweep.budget=<examples>")
     rows = []
     by_run = dict(tuple(metrics.groupby("run_id", sort=False))) if len(metrics) else {}
     unfinished = runs[~runs["state"].isin(["done", "diverged"])]
@@ -48,7 +47,8 @@ def final_losses(sweep: str, runs: pd.DataFrame, metrics: pd.DataFrame, max_exam
             raise AnalysisError(
                 f"{sweep}: run {run.run_id} stopped at {float(last['examples']):,.0f} examples, "
                 f"before sweep.max_examples={max_examples:,.0f} (a target was reached): a "
-                "fixed-budget sweep trains every run to its budget; give targets no run reaches")
+                "fixed-budget sweep trains every run to its budget: launch it with "
+                "sweep.budget=<examples>")
         evaluated = rows_of[np.isfinite(rows_of["eval_loss"].to_numpy(float))] if (
             "eval_loss" in rows_of) else rows_of.iloc[:0]
         final_eval = (evaluated.sort_values("step").iloc[-1] if len(evaluated) else None)

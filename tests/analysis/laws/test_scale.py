@@ -68,15 +68,29 @@ def test_launch_records_the_scale_and_a_sweep_without_a_budget_is_refused(tiny_s
     assert result.exit_code == 2 and "sweep.scale.params=" in result.output
 
 
+def test_a_fixed_budget_is_a_setting():
+    """sweep.budget: max_examples follows it, max_steps holds the smallest batch's steps, and
+    the runs stop at no target (the targets stay for the analysis)."""
+    sweep = SweepConfig(batch_sizes=[4, 16], targets=[0.5], max_steps=10, budget=256)
+    assert sweep.max_examples == 256 and sweep.max_steps == 64
+    assert sweep.targets == [0.5] and not sweep.stops_at_target
+    assert SweepConfig(targets=[0.5]).stops_at_target
+    with pytest.raises(ConfigError, match=r"sweep\.budget=256 and sweep\.max_examples=128"):
+        SweepConfig(budget=256, max_examples=128)
+    with pytest.raises(ConfigError, match=r"sweep\.budget: -1"):
+        SweepConfig(budget=-1)
+
+
 @pytest.mark.slow
 def test_fixed_budget_sweep_folder(tmp_path):
-    """A real 4-run linreg sweep at a fixed budget: N = 16 weights + 1 bias from scale.json,
-    D = sweep.max_examples, one cell (no law across one cell, said in one line each)."""
+    """A real 4-run linreg sweep at a fixed budget (sweep.budget, with targets the runs reach
+    on the way: none stops there): N = 16 weights + 1 bias from scale.json, D = the budget,
+    one cell (no law across one cell, said in one line each)."""
     sweep = tmp_path / "d256"
     launched = CliRunner().invoke(app, [
         "launch", "task=linreg", "sweep=laws", "sweep.batch_sizes=[4,16]",
-        "sweep.learning_rates=[0.2,0.8]", "sweep.max_examples=256", "--sweep-dir", str(sweep),
-        "--workers", "2", "--quiet"])
+        "sweep.learning_rates=[0.2,0.8]", "sweep.targets=[0.5]", "sweep.budget=256",
+        "--sweep-dir", str(sweep), "--workers", "2", "--quiet"])
     assert launched.exit_code == 0, launched.output
     result = CliRunner().invoke(app, ["laws", str(sweep), "--out", str(tmp_path / "out"),
                                       "--bootstrap", "20"])
@@ -87,3 +101,9 @@ def test_fixed_budget_sweep_folder(tmp_path):
     assert cell["edge"] is True  # a 2 x 2 grid brackets nothing
     assert {r["quantity"] for r in data["refused"]} == {"batch_size", "learning_rate", "b_crit"}
     assert data["laws"] == []
+    # The sweep's own report shows the laws of the family it is a cell of.
+    reported = CliRunner().invoke(app, ["report", str(sweep)])
+    assert reported.exit_code == 0, reported.output
+    page = (sweep / "report.html").read_text()
+    assert "Laws across scale" in page and str((tmp_path / "out").resolve()) in page
+    assert "B_opt: no law" in page
