@@ -37,12 +37,18 @@ def write_outputs(out_dir: Path, analysis: Results) -> None:
     store.write_results(out_dir, analysis)
 
 
-def analyze_sweep(sweep_dir: Path | SweepFolder, loss: str | None = None,
-                  skip_corrupt: bool = False, *,
-                  bootstrap: int | None = None, ema_examples: float | None = None,
-                  targets: list[float] | str | None = None, out_dir: Path | None = None,
-                  write: bool = True) -> Results:
-    """Load a sweep, analyze it, write its tables into the sweep folder (or `out_dir`).
+def analyze_sweep(sweep_dir: Path, loss: str | None = None, skip_corrupt: bool = False,
+                  **options: Any) -> Results:
+    """`analyze_folder` of the sweep folder at `sweep_dir`, opened (and verified) here."""
+    return analyze_folder(SweepFolder.open(sweep_dir), loss, skip_corrupt, **options)
+
+
+def analyze_folder(folder: SweepFolder, loss: str | None = None,
+                   skip_corrupt: bool = False, *,
+                   bootstrap: int | None = None, ema_examples: float | None = None,
+                   targets: list[float] | str | None = None, out_dir: Path | None = None,
+                   write: bool = True) -> Results:
+    """Analyze an opened sweep folder, write its tables into it (or into `out_dir`).
 
     `loss` and `bootstrap` default to the sweep's `analysis` config (else smoothed and 0),
     `targets` to the sweep's targets; "auto" (or a sweep with `sweep.targets=auto`) chooses
@@ -52,8 +58,7 @@ def analyze_sweep(sweep_dir: Path | SweepFolder, loss: str | None = None,
     """
     from gnsweep.config import ConfigError
 
-    # Opened once: config.yaml parsed, every run file checked; everything below reads from it.
-    folder = sweep_dir if isinstance(sweep_dir, SweepFolder) else SweepFolder.open(sweep_dir)
+    # Opened once (config.yaml parsed, every run file checked); everything below reads from it.
     sweep_dir = folder.root
     # Read before the rows: a run that moves after this reads as newer than the analysis.
     used = runs_on_record(sweep_dir)
@@ -272,23 +277,23 @@ def unmeasured_warnings(curves: Curves) -> list[str]:
     return [line.removeprefix("WARNING: ")] if line else []
 
 
-def load_tables(sweep_dir: Path | SweepFolder, analyze: bool = True) -> Results:
-    """The results of an analyzed sweep with its runs and metrics; runs `gnsweep analyze`
-    first when they are missing. A sweep folder is opened once (`SweepFolder.open`) unless
-    given opened."""
-    if isinstance(sweep_dir, SweepFolder):
-        folder: SweepFolder | None = sweep_dir
-        sweep_dir = sweep_dir.root
-    else:
-        folder = None
-    if folder is None and not store.is_sweep(sweep_dir) \
+def load_tables(sweep_dir: Path, analyze: bool = True) -> Results:
+    """The results of an analyzed folder: an `analyze --table` output's tables, or a sweep
+    folder's (`folder_tables`, the folder opened here, once)."""
+    if not store.is_sweep(sweep_dir) \
             and not os.path.lexists(SweepPaths(sweep_dir).config_file) \
             and SweepPaths(sweep_dir).result("fits").is_file():
         return read_results(sweep_dir)  # `analyze --table` output: no runs, no curves
-    folder = folder or SweepFolder.open(sweep_dir)
+    return folder_tables(SweepFolder.open(sweep_dir), analyze)
+
+
+def folder_tables(folder: SweepFolder, analyze: bool = True) -> Results:
+    """The results of an opened sweep folder with its runs and metrics; runs `gnsweep analyze`
+    first when they are missing or older than the runs on record."""
+    sweep_dir = folder.root
     if analyze and (not all(folder.result(name).exists() for name in ("steps", "front", "fits"))
                     or _stale(sweep_dir)):
-        analyze_sweep(folder)  # none yet, or older than the runs on record
+        analyze_folder(folder)  # none yet, or older than the runs on record
     results = read_results(sweep_dir)
     runs, metrics = folder.tables(skip_corrupt=True)
     # Adaptive runs are drawn from the adaptive table (along runs, sweep.schedule=along, are in

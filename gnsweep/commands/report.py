@@ -49,11 +49,11 @@ def report_text(sweep_dir: Path, live: list[str] | None = None, refresh: float |
     from gnsweep.report import figures as plots
     from gnsweep.report.figures import png_bytes
     from gnsweep.report.html import render
-    from gnsweep.sweep_analysis import load_tables
+    from gnsweep.sweep_analysis import folder_tables, load_tables
 
     # A sweep folder is opened once (config.yaml parsed, run files checked) and passed down.
     opened = SweepFolder.open(sweep_dir) if store.is_sweep(sweep_dir) else None
-    tables = load_tables(opened or sweep_dir)
+    tables = folder_tables(opened) if opened is not None else load_tables(sweep_dir)
     measured = None
     if opened is not None:
         from gnsweep.runs import sweep_measurement_note
@@ -151,7 +151,7 @@ def write_page(sweep_dir: Path, rows: list[dict[str, Any]], every: float, over: 
     from gnsweep.paths import SweepPaths
     from gnsweep.report.figures import png_bytes
     from gnsweep.report.live import curves_figure, progress_parts, waiting_page
-    from gnsweep.sweep_analysis import analyze_sweep
+    from gnsweep.sweep_analysis import analyze_folder
 
     folder = SweepFolder.open(sweep_dir)  # the grid may have grown (a relaunch, a plan)
     figure = curves_figure(curves_of(folder, rows))
@@ -163,7 +163,7 @@ def write_page(sweep_dir: Path, rows: list[dict[str, Any]], every: float, over: 
     refresh = None if over else every
     reason = ""
     try:
-        analyze_sweep(folder)  # what the runs have reached by now
+        analyze_folder(folder)  # what the runs have reached by now
         text, _, _ = report_text(sweep_dir, live, refresh)
     except Exception as err:  # no run has reached anything yet, a fit not yet possible
         reason = str(err) or type(err).__name__
