@@ -1,10 +1,17 @@
 """Secrets out of everything gnsweep writes or prints: `***` in place of credentials.
 
 What counts as a secret: the password of a URI (`scheme://user:PASSWORD@host`, also a bare
-`scheme://TOKEN@host`), and the value of any setting whose name says token, key, secret or
-password (`api_key`, `auth_token`...). The run itself still needs the real values: the launcher
-hands them to its workers through the environment (`SECRETS_ENV`, inherited by local workers,
-torchrun and Slurm jobs), never through a file; `restore` puts them back.
+`scheme://TOKEN@host`), the value of any setting whose name says token, key, secret or
+password (`api_key`, `auth_token`...), and in a command the value of such a flag, given as
+`--api-key=VALUE` or `--api-key VALUE`. Only values are masked: gnsweep's own words
+(`key=value` in a message that explains a syntax) are left as they are.
+
+The run itself still needs the real values: the launcher hands them to its workers through the
+environment (`SECRETS_ENV`, inherited by local workers, torchrun and Slurm jobs, kept by a
+Slurm requeue); `restore` puts them back. So that a later `gnsweep launch DIR` or `gnsweep plan
+DIR` runs the real command too, the launcher also keeps them in a file only its user can read,
+outside the sweep folder (`remember`, `recall`: `SECRET_DIR`); where that file is missing (the
+sweep folder copied to another machine) the launch is refused in one line.
 
 A leaf: no gnsweep imports.
 """
@@ -15,6 +22,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 MASK = "***"
@@ -33,6 +41,11 @@ _QUERY_SECRET = re.compile(r"(?P<name>[?&;][^=&;#\s]*(?:token|key|secret|passw(?
 # echoed back, JSON). After ": " only a quoted value is one: "task.password: not an option"
 # is a message about the setting, not its value. An unquoted value runs to a space, a quote
 # or a closing bracket (a comma may be part of a password).
+# --flag VALUE in a command, the flag's name saying secret (checked by `is_secret_name`).
+_FLAG_SECRET = re.compile(r"(?P<name>(?<![^\s\"'])--?(?P<flag>[A-Za-z][\w.-]*)\s+)"
+                          r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s\"'-][^\s\"']*)")
+_PLACEHOLDER_WORDS = {"value", "values", "...", "<value>", "VALUE", "VALUES"}
+"""Words gnsweep's own messages put where a value goes (`key=value`): never a secret."""
 _TEXT_SECRET = re.compile(r"(?P<name>\b(?:[\w.-]*[._-])?"
                           r"(?:token|key|secret|passw(?:or)?d|credentials?)"
                           r"[\"']?(?:\s*=\s*[\"']?|:[\"']?|:\s+[\"']))"
@@ -55,13 +68,43 @@ def _uri(match: re.Match[str]) -> str:
     return match[0]
 
 
+def _flag(match: re.Match[str]) -> str:
+    if not is_secret_name(match["flag"]) or match["value"].strip("\"'") == MASK:
+        return match[0]
+    quote = match["value"][0] if match["value"][0] in "\"'" else ""
+    return f"{match['name']}{quote}{MASK}{quote}"
+
+
+def _pair(match: re.Match[str]) -> str:
+    if match["value"] == MASK or match["value"] in _PLACEHOLDER_WORDS:
+        return match[0]
+    return f"{match['name']}{MASK}"
+
+
 def _by_pattern(value: str) -> str:
-    """`value` with the credentials its own form shows masked: URIs, query strings and
-    `name=value` pairs."""
+    """`value` with the credentials its own form shows masked: URIs, query strings,
+    `name=value` pairs and `--secret-flag VALUE` arguments."""
     out = _URI_USERINFO.sub(_uri, value)
     out = _QUERY_SECRET.sub(lambda m: f"{m['name']}{MASK}", out)
-    return _TEXT_SECRET.sub(
-        lambda m: m[0] if m["value"] == MASK else f"{m['name']}{MASK}", out)
+    out = _FLAG_SECRET.sub(_flag, out)
+    return _TEXT_SECRET.sub(_pair, out)
+
+
+def _spans(value: str) -> list[str]:
+    """The secrets inside `value` that `_by_pattern` masks, each on its own (a command with
+    two credentials holds two, not the stretch between them)."""
+    out = []
+    for match in _URI_USERINFO.finditer(value):
+        if match["password"] is not None:
+            out.append(match["password"])
+        elif match["user"]:
+            out.append(match["user"])
+    out += [m["value"] for m in _QUERY_SECRET.finditer(value)]
+    out += [m["value"].strip("\"'") for m in _FLAG_SECRET.finditer(value)
+            if is_secret_name(m["flag"])]
+    out += [m["value"] for m in _TEXT_SECRET.finditer(value)
+            if m["value"] not in _PLACEHOLDER_WORDS]
+    return [span for span in out if span and span != MASK]
 
 
 def text(value: str) -> str:
@@ -112,22 +155,11 @@ def _known_values() -> set[str]:
     """The secret part of each value the launcher handed down: all of a setting whose name
     says secret, the stretch its own masking hides of any other (a URI's password, not the
     URI around it, whose pieces are no secret)."""
-    out = set()
+    out: set[str] = set()
     for name, item in exported().items():
         real = str(item)
-        shown = MASK if is_secret_name(str(name)) else _by_pattern(real)
-        if shown == real:
-            continue
-        start = 0
-        while start < min(len(real), len(shown)) and real[start] == shown[start]:
-            start += 1
-        end = 0
-        while (end < min(len(real), len(shown)) - start
-               and real[len(real) - 1 - end] == shown[len(shown) - 1 - end]):
-            end += 1
-        secret = real[start:len(real) - end]
-        if len(secret) >= 4 and secret != MASK:
-            out.add(secret)
+        found = [real] if is_secret_name(str(name)) else _spans(real)
+        out.update(secret for secret in found if len(secret) >= 4 and secret != MASK)
     return out
 
 
@@ -178,13 +210,82 @@ def restore(data: dict[str, Any], real: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def export(data: Mapping[str, Any]) -> None:
-    """Hand this config's real secret values to the workers this process starts."""
+def export(data: Mapping[str, Any], sweep_dir: Path | None = None) -> None:
+    """Hand this config's real secret values to the workers this process starts. With
+    `sweep_dir`: those given now are kept for the sweep (`remember`), and where none is given
+    (a config read back from the folder, masked) the ones kept earlier are handed down."""
     found = secrets(data)
+    if sweep_dir is not None:
+        if found:
+            remember(sweep_dir, found)
+        else:
+            found = {k: v for k, v in recall(sweep_dir).items() if _masks(data, k, v)}
     if found:
         os.environ[SECRETS_ENV] = json.dumps(found, default=str)
     else:
         os.environ.pop(SECRETS_ENV, None)
+
+
+def _masks(data: Mapping[str, Any], name: str, real: Any) -> bool:
+    """Whether `data` holds, at dotted `name`, the masked form of `real`."""
+    node: Any = data
+    *parents, last = name.split(".")
+    for part in parents:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return isinstance(node, Mapping) and node.get(last) == value(last, real)
+
+
+def masked_settings(data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted names of the settings of `data` that still hold a masked value (`***`)."""
+    out = []
+    for key, item in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(item, Mapping):
+            out += masked_settings(item, f"{name}.")
+        elif isinstance(item, str) and MASK in item:
+            out.append(name)
+    return out
+
+
+SECRET_DIR_ENV = "GNSWEEP_SECRET_DIR"
+"""Where the real values are kept (default: $XDG_STATE_HOME/gnsweep/secrets, else
+~/.local/state/gnsweep/secrets): one file a sweep folder, readable by its user alone."""
+
+
+def _secret_file(sweep_dir: Path) -> Path:
+    import hashlib
+
+    base = os.environ.get(SECRET_DIR_ENV) or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"),
+        "gnsweep", "secrets")
+    key = hashlib.sha256(str(Path(sweep_dir).resolve()).encode()).hexdigest()[:32]
+    return Path(base, f"{key}.json")
+
+
+def remember(sweep_dir: Path, found: Mapping[str, Any]) -> None:
+    """Keep the real values of a sweep's masked settings, for its later launches and plans,
+    in a file only this user can read (mode 0600, its folder 0700), outside the sweep
+    folder. A failure to write it is no error: a later launch then asks for the values."""
+    path = _secret_file(sweep_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        kept = {**recall(sweep_dir), **found}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(kept, handle, default=str)
+        os.replace(tmp, path)
+    except OSError:
+        return
+
+
+def recall(sweep_dir: Path) -> dict[str, Any]:
+    """The real values `remember` kept for this sweep folder ({} when none)."""
+    try:
+        found = json.loads(_secret_file(sweep_dir).read_text())
+    except (OSError, ValueError):
+        return {}
+    return dict(found) if isinstance(found, dict) else {}
 
 
 def exported() -> dict[str, Any]:

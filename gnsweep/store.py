@@ -75,6 +75,9 @@ SCRIPT_STOP = "stop"
 """A `task=script` run's flag: present once the run should stop (`should_stop()` reads it)."""
 SCRIPT_OUTPUT = ("stdout.log", "stderr.log")
 """A `task=script` run's command output, every attempt's, appended."""
+SCRIPT_PROCESS = "process.json"
+"""A `task=script` run's running command: its process group's leader (pid and start time),
+ended by the next attempt if it is still there."""
 PLAN = "plan.json"
 """`gnsweep plan`'s record of its rounds."""
 ANSWERS = "answers.json"
@@ -607,7 +610,7 @@ def log_every(run_path: Path) -> int:
 
 
 
-def metrics_table(rows: dict[str, list]) -> pa.Table:
+def metrics_table(rows: dict[str, Any]) -> pa.Table:
     n = len(rows["step"])
     columns = {}
     for f in METRICS_SCHEMA:
@@ -703,7 +706,55 @@ def clear_metrics(path: Path, keep_through: int | None = None) -> dict[str, list
     return kept
 
 
-def end_metrics(path: Path, rows: dict[str, list]) -> None:
+def _merge_parts(path: Path, target: Path) -> bool:
+    """A training run's metrics parts written as one parquet file at `target` (atomic), part
+    by part (one row group each): memory holds one part, not the run. Each step once, in
+    order (a step a resume left in two parts is the same row). False when there is no part."""
+    parts = metric_parts(path)
+    if not parts:
+        return False
+    last: int | None = None
+    with atomic_path(target) as tmp, pq.ParquetWriter(tmp, METRICS_SCHEMA) as writer:
+        for part in parts:
+            table = read_table(part)
+            if last is not None:
+                table = table.filter(pc.greater(table.column("step"), last))
+            if table.num_rows:
+                for f in METRICS_SCHEMA:  # a part an older version wrote, without a column
+                    if f.name not in table.column_names:
+                        table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+                writer.write_table(table.select(METRICS_SCHEMA.names).cast(METRICS_SCHEMA))
+                last = int(table.column("step")[-1].as_py())
+    return True
+
+
+def compact_metrics(path: Path) -> None:
+    """A training run's metrics parts rewritten as one (the same rows), part by part."""
+    old = metric_parts(path)
+    if len(old) < 2:
+        return
+    first = old[0].name.split("-")[0]
+    last = old[-1].name.split("-")[-1]
+    target = subdir(path, METRIC_PARTS) / f"{first}-{last}"
+    if not _merge_parts(path, target):
+        return
+    for part in old:
+        if part != target:
+            part.unlink(missing_ok=True)
+
+
+def end_parts(path: Path) -> None:
+    """A run's metrics parts as its metrics.parquet (atomic, part by part: `_merge_parts`),
+    then the parts removed; an empty metrics.parquet when it has none."""
+    if not _merge_parts(path, path / METRICS):
+        write_table(path / METRICS, metrics_table({f.name: [] for f in METRICS_SCHEMA}))
+    for part in metric_parts(path):
+        part.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (path / METRIC_PARTS).rmdir()
+
+
+def end_metrics(path: Path, rows: dict[str, Any]) -> None:
     """A run's final rows as metrics.parquet (atomic), then its parts removed."""
     write_table(path / METRICS, metrics_table(rows))
     for part in metric_parts(path):
@@ -798,7 +849,7 @@ WRITTEN_INTO = (CLAIMS_LOCK, ".notices", "queue", SLURM, FIGURES, "tensorboard",
                 "wandb")
 """Sweep-level names gnsweep writes into or locks: a link there is refused before a launch."""
 RUN_WRITTEN_INTO = (HISTORY, CHECKPOINTS, METRIC_PARTS, CLAIM, STATUS, METRICS, SCRIPT_ROWS,
-                    SCRIPT_STOP, *SCRIPT_OUTPUT, NOISE_PROBE_ROWS)
+                    SCRIPT_STOP, SCRIPT_PROCESS, *SCRIPT_OUTPUT, NOISE_PROBE_ROWS)
 """Names of a run folder gnsweep appends to or writes into."""
 RUN_FILES = (HISTORY, CLAIM, STATUS, METRICS)
 """Those of RUN_WRITTEN_INTO that are files: anything else there (a FIFO) is refused."""

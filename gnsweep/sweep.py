@@ -198,8 +198,15 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
     # after: what this process starts later is no part of a launch that has ended.
     before = os.environ.get(LAUNCH_ENV)
     os.environ[LAUNCH_ENV] = uuid.uuid4().hex
-    # The real values of the secrets masked on disk, for this launch's workers only.
-    redact.export(config.to_dict())
+    # The real values of the secrets masked on disk, for this launch's workers only (those
+    # given now, else those kept for this folder when they were given).
+    redact.export(config.to_dict(), sweep_dir)
+    left = [name for name in redact.masked_settings(
+        redact.restore(config.to_dict(), redact.exported())) if name.startswith("task.")]
+    if left:
+        raise ConfigError(f"{left[0]} holds a credential masked as {redact.MASK} whose real "
+                          "value is not kept on this machine for this user: give the setting "
+                          "again with its real value (e.g. task.command='...')")
     # Nothing gnsweep writes into may be a link: refused here (exit 2), before a run is
     # claimed, rather than half-way through one.
     store.check_links(sweep_dir)

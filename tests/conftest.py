@@ -9,6 +9,12 @@ import pytest
 # and one thread keeps the tiny sweep deterministic (the committed fit baseline relies on it).
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The real values of a sweep's masked secrets are kept per user (gnsweep.redact.remember): the
+# tests keep theirs in a folder of their own, never the user's.
+if "GNSWEEP_SECRET_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["GNSWEEP_SECRET_DIR"] = tempfile.mkdtemp(prefix="gnsweep-test-secrets-")
 
 
 # ---- each test starts from the same process-wide state -------------------------------------

@@ -98,8 +98,9 @@ def scratch_name(stem: str) -> str:
 
 def remove_stale_scratch(sweep_dir: Path) -> list[Path]:
     """Remove the scratch folders of rounds whose launcher, on this host, is gone (killed
-    before its round could remove them); those of live launchers, and of other hosts sharing
-    the folder, stay. Returns what was removed."""
+    before its round could remove them), with the round's runs file (`<round>.txt`) and its
+    jobs' logs (`<round>.<i>.log`); those of live launchers, and of other hosts sharing the
+    folder, stay. Returns what was removed."""
     import shutil
 
     folder = sweep_dir / QUEUE
@@ -115,6 +116,11 @@ def remove_stale_scratch(sweep_dir: Path) -> list[Path]:
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
+        stem = path.name.split(".", 1)[0]
+        for leftover in [folder / f"{stem}.txt", *sorted(folder.glob(f"{stem}.*.log"))]:
+            if leftover.is_file() and not leftover.is_symlink():
+                leftover.unlink(missing_ok=True)
+                removed.append(leftover)
     return removed
 
 

@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import regex
+
 from gnsweep.config import SCRIPT
-from gnsweep.errors import ConfigError
+from gnsweep.errors import ConfigError, ScriptFailed
 
 PLACEHOLDERS: dict[str, str] = {
     "batch_size": "the run's batch size (samples a step, the grid's B)",
@@ -53,6 +55,14 @@ is also in the environment as GNSWEEP_<NAME upper-cased>."""
 ENV_PREFIX = "GNSWEEP_"
 
 LOG_FORMATS = ("auto", "csv", "jsonl")
+MATCH_SECONDS = 1.0
+"""The longest `task.log_pattern` may take on one line: a pattern that backtracks without end
+(a nested repeat such as `(a+)+$`) fails the run naming the line, instead of holding it."""
+MAX_FORMAT_WIDTH = 64
+"""The largest width or precision a placeholder's format spec may give (`{seed:>8}`): a larger
+one makes an argument nobody needs (`{seed:>1000000000}` is a 1 GB argument)."""
+MAX_REPEAT = 100_000
+"""The largest repetition count `task.log_pattern` may hold (`\\d{1,12}`)."""
 REQUIRED = ("step", "loss")
 """The columns every row must have: the optimizer step and the training loss (batch mean)."""
 EPOCH_COLUMNS = ("epoch", "total")
@@ -69,10 +79,11 @@ class ScriptOptions:
     """The command run once per grid point, with `{placeholders}` (`PLACEHOLDERS`); split like
     a shell would and run without one, in `cwd`."""
     log_pattern: str = ""
-    """A regular expression matched (re.search) against each line the command prints (stdout
-    and stderr), with named groups `step` and `loss` and optionally other metrics columns
-    (`examples`, `eval_loss`, `lr`, `grad_norm` ...), and `epoch` (the step then counts within
-    its epoch) with `total` (the steps an epoch has). Lines that do not match are ignored."""
+    """A regular expression searched for in each line the command prints (stdout and stderr),
+    with named groups `step` and `loss` and optionally other metrics columns (`examples`,
+    `eval_loss`, `lr`, `grad_norm` ...), and `epoch` (the step then counts within its epoch)
+    with `total` (the steps an epoch has). Lines that do not match are ignored. Python's `re`
+    syntax, matched by the `regex` package with a time limit a line (`MATCH_SECONDS`)."""
     log_file: str = ""
     """A CSV (header line first) or JSON-lines file the command writes, one row a line; may
     hold placeholders (`{run_dir}/log.csv`); relative to `cwd`."""
@@ -226,6 +237,12 @@ def placeholders(template: str, where: str) -> list[str]:
         if name not in PLACEHOLDERS:
             raise ConfigError(f"{where}: unknown placeholder {{{name}}}; known: "
                               + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS))
+    for _, field_name, spec, _ in string.Formatter().parse(template):
+        if field_name is not None and spec and any(int(n) > MAX_FORMAT_WIDTH
+                                                   for n in re.findall(r"\d+", spec)):
+            raise ConfigError(f"{where}: the format spec {{{field_name}:{spec}}} asks for more "
+                              f"than {MAX_FORMAT_WIDTH} characters; give a width and precision "
+                              f"of at most {MAX_FORMAT_WIDTH}")
     return names
 
 
@@ -252,13 +269,19 @@ def command_args(template: str, where: str, values: dict[str, Any] | None = None
     return [fill(part, filled, where) for part in parts]
 
 
-def pattern_columns(pattern: str) -> re.Pattern[str]:
-    """The compiled `task.log_pattern`; ConfigError when it does not compile, lacks a named
-    group `step` or `loss`, or names a group that is no metrics column."""
+def pattern_columns(pattern: str) -> regex.Pattern[str]:
+    """The compiled `task.log_pattern` (the `regex` package, whose search takes a time limit:
+    `MATCH_SECONDS`); ConfigError when it does not compile, repeats more than `MAX_REPEAT`
+    times, lacks a named group `step` or `loss`, or names a group that is no metrics column."""
     try:
-        compiled = re.compile(pattern)
-    except re.error as err:
+        re.compile(pattern)  # Python's own syntax: what the docs promise
+        compiled = regex.compile(pattern)
+    except (re.error, regex.error, OverflowError, RecursionError) as err:
         raise ConfigError(f"task.log_pattern: not a regular expression ({err})") from None
+    counts = re.findall(r"(?<!\\)\{(\d*),?(\d*)\}", pattern)
+    if any(n and int(n) > MAX_REPEAT for pair in counts for n in pair):
+        raise ConfigError(f"task.log_pattern: a repetition count above {MAX_REPEAT} in "
+                          f"{pattern!r}; no log line needs one")
     missing = [name for name in REQUIRED if name not in compiled.groupindex]
     if missing:
         raise ConfigError(f"task.log_pattern: no named group {' or '.join(missing)}; write "
@@ -270,6 +293,20 @@ def pattern_columns(pattern: str) -> re.Pattern[str]:
                           "epoch group, e.g. 'epoch (?P<epoch>\\d+) \\| (?P<step>\\d+)/"
                           "(?P<total>\\d+) batches'")
     return compiled
+
+
+def match_row(pattern: regex.Pattern[str], line: str, where: str) -> dict[str, str] | None:
+    """The named groups `pattern` finds in `line` (None: no match). ScriptFailed naming `where`
+    when the match takes longer than `MATCH_SECONDS` (a pattern that backtracks)."""
+    try:
+        match = pattern.search(line, timeout=MATCH_SECONDS)
+    except TimeoutError:
+        raise ScriptFailed(f"{where}: task.log_pattern did not finish matching this line in "
+                           f"{MATCH_SECONDS:g} s (a pattern that backtracks, such as a nested "
+                           "repeat like (a+)+: write it without one)") from None
+    if match is None:
+        return None
+    return {k: v for k, v in match.groupdict().items() if v is not None}
 
 
 def check_command(options: ScriptOptions, cwd: str) -> None:

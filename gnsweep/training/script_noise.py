@@ -17,6 +17,7 @@ import bisect
 import json
 import math
 import os
+from array import array
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,7 @@ class ProbeRows:
             return None
         return self.by_step[self.steps[i - 1]]
 
-    def join(self, rows: dict[str, list], start: int = 0) -> None:
+    def join(self, rows: dict[str, Any], start: int = 0) -> None:
         """Fill the noise columns of rows `start:` whose `b_simple` the script did not log."""
         self.read()
         if not self.by_step:
@@ -120,7 +121,10 @@ class ProbeRows:
             found = self.at(int(rows["step"][i]))
             if found is not None:
                 for name, value in found.items():
-                    rows[name][i] = value
+                    column = rows[name]
+                    if not hasattr(column, "__setitem__"):  # a blank column until now
+                        column = rows[name] = array("d", column)
+                    column[i] = value
 
 
 def nan_share(measured: dict[str, Any], rows: dict[str, list]) -> float | None:
@@ -132,7 +136,7 @@ def nan_share(measured: dict[str, Any], rows: dict[str, list]) -> float | None:
     return unmeasured_share(list(rows["b_simple"]))
 
 
-def finish(config: Config, run_path: Path, rows: dict[str, list], per_sample: float
+def finish(config: Config, run_path: Path, rows: dict[str, Any], per_sample: float
            ) -> dict[str, Any]:
     """At the run's end: every row joined, the probe's notes said once a launch; the run's
     measurement for its status.json."""

@@ -25,26 +25,27 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import io
 import json
 import math
 import os
 import queue
-import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
+import regex
 
-from gnsweep import store, tables
+from gnsweep import redact, store, tables
 from gnsweep.analysis.smoothing import (
     MIN_WINDOW_EXAMPLES,
     SMOOTHING_FRACTION,
@@ -65,11 +66,13 @@ from gnsweep.tasks.script import (
     command_args,
     fill,
     log_format,
+    match_row,
     microbatch_size,
     pattern_columns,
 )
-from gnsweep.training import script_noise
+from gnsweep.training import process_tree, script_noise
 from gnsweep.training.epochs import EpochError, EpochSteps
+from gnsweep.training.log_reader import MAX_LINE_BYTES, LineReader, read_lines, skipped
 from gnsweep.training.loop import RunResult
 from gnsweep.training.watch import Diverged, LossWatch
 
@@ -85,11 +88,13 @@ that prints faster than they are read must not keep its rows from the disk."""
 COMPACT_PARTS = 64
 """Once a run has this many metrics parts they are rewritten as one (a long run flushes
 thousands of times; a reader reads every part)."""
-PR_SET_PDEATHSIG = 1
 BAD_INPUT_EXITS = (2, 126, 127)
 """Exit statuses that say the command was given bad input, which every attempt repeats: a
 usage error (argparse, getopt and Python's own `can't open file` exit 2), a program that
 cannot be executed (126) or found (127, a shell's). Any other failure may pass on a retry."""
+MAX_COUNT = 2**53
+"""The largest step or examples count a row may hold: beyond it a float no longer holds each
+whole number (and int64 soon overflows)."""
 
 
 def placeholder_values(config: Config, spec: RunSpec, run_path: Path, resume_step: int,
@@ -168,45 +173,6 @@ def command(config: Config, values: dict[str, Any]) -> list[str]:
 # ---- reading the rows ---------------------------------------------------------------------
 
 
-class LineReader:
-    """A file another process appends to, read line by line as it grows: from its end when it
-    exists already (an earlier attempt's lines), from its start when it is new or rewritten."""
-
-    def __init__(self, path: Path, *, skip_existing: bool) -> None:
-        self.path = path
-        self.offset, self.line, self.inode = 0, 0, None
-        self.partial = b""
-        if skip_existing:
-            with contextlib.suppress(OSError):
-                data = path.read_bytes()
-                self.inode = os.stat(path).st_ino
-                complete = data.rfind(b"\n") + 1
-                self.offset, self.line = complete, data[:complete].count(b"\n")
-
-    def lines(self) -> Iterator[tuple[int, str, bool]]:
-        """New complete lines: (line number, text, whether the file started over here)."""
-        try:
-            stat = os.stat(self.path)
-        except OSError:
-            return
-        restarted = False
-        if (self.inode is not None and stat.st_ino != self.inode) or stat.st_size < self.offset:
-            self.offset, self.line, self.partial, restarted = 0, 0, b"", True
-        self.inode = stat.st_ino
-        if stat.st_size == self.offset:
-            return
-        with open(self.path, "rb") as handle:
-            handle.seek(self.offset)
-            data = handle.read()
-        self.offset += len(data)
-        data = self.partial + data
-        *complete, self.partial = data.split(b"\n")
-        for raw in complete:
-            self.line += 1
-            yield self.line, raw.decode("utf-8", "replace").rstrip("\r"), restarted
-            restarted = False
-
-
 class TableLog:
     """A CSV or JSON-lines log as raw rows (metrics column -> text or number), columns mapped
     by `task.columns`."""
@@ -218,15 +184,17 @@ class TableLog:
         self.header: list[str] | None = None
         self.seen: list[str] = []
         """The names the log had (for a message when no row could be read)."""
-        if fmt == "csv" and skip_existing:
-            with contextlib.suppress(OSError), open(path, encoding="utf-8",
-                                                     errors="replace") as handle:
-                first = handle.readline()
-                if first.endswith("\n"):
-                    self._set_header(first)
+        if fmt == "csv" and skip_existing and self.reader.inode is not None:
+            with contextlib.suppress(OSError), open(path, "rb") as handle:
+                first = handle.readline(MAX_LINE_BYTES + 1)
+                if first.endswith(b"\n"):
+                    self._set_header(first.decode("utf-8", "replace"))
 
     def _set_header(self, line: str) -> None:
-        self.header = next(csv.reader([line.strip()]))
+        try:
+            self.header = next(csv.reader([line.strip()]))
+        except csv.Error as err:
+            raise ScriptFailed(f"{self.path}: its header is not a CSV row ({err})") from None
         self.seen = self.header
         names = set(self.header)
         for column, name in self.columns.items():
@@ -251,11 +219,16 @@ class TableLog:
                 if self.header is None:
                     self._set_header(line)
                     continue
-                cells = next(csv.reader([line]))
+                try:
+                    cells = next(csv.reader([line]))
+                except csv.Error as err:
+                    raise ScriptFailed(f"{where}: not a CSV row ({err})") from None
                 record: dict[str, Any] = dict(zip(self.header, cells, strict=False))
             else:
                 try:
                     record = json.loads(line)
+                except RecursionError:
+                    raise ScriptFailed(f"{where}: a JSON value nested too deep to read") from None
                 except ValueError:
                     raise ScriptFailed(f"{where}: not a JSON object (task.log_file is read as "
                                        "JSON lines; set task.log_format=csv for a CSV)") from None
@@ -285,7 +258,7 @@ class RowLog:
         """Each epoch's offset, learned from every attempt's rows (a counter that restarts
         every epoch)."""
         self.said = len(self.epochs.notes)
-        self.rows = kept
+        self.rows = _columns(kept)
         self.flushed = len(kept["step"])
         self.parts = 1
         self.kept_step = int(kept["step"][-1]) if kept["step"] else 0
@@ -329,6 +302,10 @@ class RowLog:
                     from None
         if "step" not in values:
             raise ScriptFailed(f"{where}: a row without its step")
+        for name in ("step", "examples"):  # whole numbers the metrics store as int64
+            if name in values and abs(values[name]) > MAX_COUNT:
+                raise ScriptFailed(f"{where}: {name} {str(raw[name])[:40]} is beyond range (at "
+                                   f"most {MAX_COUNT:.0e})")
         step = values["step"]
         if not (math.isfinite(step) and step == int(step)):
             raise ScriptFailed(f"{where}: step {raw['step']!r} is not a whole number")
@@ -407,7 +384,7 @@ class RowLog:
         """The attempt's first row is at `step`: the rows from it on are replaced (on disk
         too)."""
         self.flush(force=True)
-        self.rows = store.clear_metrics(self.path, step - 1)
+        self.rows = _columns(store.clear_metrics(self.path, step - 1))
         self.flushed = len(self.rows["step"])
         self.stop_at = None
         self._replay()
@@ -415,7 +392,13 @@ class RowLog:
     def _append(self, row: dict[str, float]) -> None:
         for name in tables.METRICS_SCHEMA.names:
             value = row[name]
-            self.rows[name].append(int(value) if name in ("step", "examples") else float(value))
+            column = self.rows[name]
+            if isinstance(column, _Blank):
+                if math.isnan(value):
+                    column.n += 1
+                    continue
+                column = self.rows[name] = array("d", [math.nan]) * column.n
+            column.append(int(value) if name in ("step", "examples") else float(value))
 
     def _check_done(self, step: int, examples: int) -> None:
         sweep = self.config.sweep
@@ -448,40 +431,81 @@ class RowLog:
         self.last_flush = time.monotonic()
         self.parts += 1
         if self.parts >= COMPACT_PARTS:
-            store.clear_metrics(self.path, int(self.rows["step"][-1]))  # the same rows, one part
+            store.compact_metrics(self.path)  # the same rows, one part
             self.parts = 1
+
+
+class _Blank:
+    """A metrics column with no value yet (NaN in every row): its length only. Most of the
+    metrics columns (the noise scale's) stay blank in a script run."""
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return np.full(len(range(*index.indices(self.n))), math.nan)
+        if not -self.n <= index < self.n:
+            raise IndexError(index)
+        return math.nan
+
+    def __iter__(self) -> Iterator[float]:
+        return iter([math.nan] * self.n)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.full(self.n, math.nan, dtype=dtype or float)
+
+
+def _columns(rows: dict[str, list]) -> dict[str, Any]:
+    """Rows by column as packed arrays (8 bytes a value, not a Python object each) and the
+    columns without a value as their length alone: a script that logs a million rows keeps
+    them in tens of megabytes, not gigabytes."""
+    out: dict[str, Any] = {}
+    for name in tables.METRICS_SCHEMA.names:
+        values = [math.nan if v is None else v for v in rows.get(name, ())]
+        if name in ("step", "examples"):
+            out[name] = array("q", values)
+        elif all(math.isnan(v) for v in values):
+            out[name] = _Blank(len(values))
+        else:
+            out[name] = array("d", values)
+    return out
 
 
 # ---- the process ---------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """In the child: SIGTERM when the worker that started it dies (kill -9 included), so that
-    no command outlives its run's owner and writes into a run another worker took."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+Line = tuple[str, int, str, bool]
+"""A printed line: stdout or stderr, its number, its text, whether it was cut (too long)."""
+QUEUED_LINES = 4096
+"""Lines read but not yet handled, at most: a command that prints faster than its lines are
+handled waits on its pipe, instead of the worker's memory growing with its output."""
 
 
-def _pump(stream: io.TextIOBase, name: str, lines: queue.Queue[tuple[str, int, str] | None],
-          ) -> None:
-    for number, line in enumerate(stream, 1):
-        lines.put((name, number, line.rstrip("\n")))
+def _pump(stream: IO[bytes], name: str, lines: queue.Queue[Line | None]) -> None:
+    for number, (line, cut) in enumerate(read_lines(stream), 1):
+        lines.put((name, number, line, cut))
     lines.put(None)
 
 
 class Child:
-    """The command's process (its own process group), its output pumped into `lines`."""
+    """The command's process tree: the command under its guard (`process_tree.GUARD`), in a
+    process group of its own, its output pumped into `lines`."""
 
-    def __init__(self, args: list[str], cwd: str, env: dict[str, str]) -> None:
-        self.lines: queue.Queue[tuple[str, int, str] | None] = queue.Queue()
+    def __init__(self, args: list[str], cwd: str, env: dict[str, str], grace: float) -> None:
+        self.lines: queue.Queue[Line | None] = queue.Queue(QUEUED_LINES)
+        if shutil.which(args[0], path=env.get("PATH")) is None and not Path(cwd, args[0]).is_file():
+            raise ScriptFailed(f"cannot start {args[0]}: command not found", repeats=True)
+        self.grace = grace
         try:
             self.process = subprocess.Popen(
-                args, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+                process_tree.guarded(args, grace), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=process_tree.die_with_parent if sys.platform.startswith("linux")
+                else None)
         except OSError as err:  # not found, not executable: every attempt alike
             raise ScriptFailed(f"cannot start {args[0]}: {err.strerror or err}",
                                repeats=True) from None
@@ -490,13 +514,39 @@ class Child:
             threading.Thread(target=_pump, args=(stream, name, self.lines), daemon=True).start()
         self.asked: float | None = None
         self.termed: float | None = None
+        self.left: float | None = None  # when the command exited, leaving its group behind
 
     def signal(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signum)
 
+    def exited(self) -> bool:
+        """Whether the command (its guard) has exited. Not reaped yet: until then its pid,
+        and so its group's id, cannot be another process's."""
+        if self.process.returncode is not None:
+            return True
+        try:
+            return os.waitid(os.P_PID, self.process.pid,
+                             os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
     def ended(self) -> bool:
-        return self.open == 0 and self.process.poll() is not None
+        """Whether the run's command is over: it exited and its output is read. What it left
+        in its group (a helper holding its stdout) is ended then, SIGKILL `grace` s after
+        SIGTERM: the command's own exit ends the run."""
+        if not self.exited():
+            return False
+        now = time.monotonic()
+        if self.left is None:
+            self.left = now
+            self.signal(signal.SIGTERM)
+        if now - self.left >= self.grace or self.open == 0:
+            self.signal(signal.SIGKILL)  # before the guard is reaped: its group id is still ours
+        if self.open > 0:
+            return False
+        self.process.wait()
+        return True
 
 
 def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
@@ -514,6 +564,11 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
     options = ScriptOptions(**config.task.options)
     cwd = options.cwd or os.getcwd()
     attempt = max(1, int(store.read_status(out_dir).get("attempts", 1)))
+    # An earlier attempt's command still running (its worker was killed and its guard is in
+    # its grace, or a relaunch came first): ended before this one starts, never two writers.
+    if process_tree.end_earlier(out_dir / store.SCRIPT_PROCESS, options.stop_seconds):
+        print(f"gnsweep: run {out_dir.name}: an earlier attempt's command was still running; "
+              "it was ended first", file=sys.stderr, flush=True)
     kept = store.clear_metrics(out_dir, _last_step(out_dir))
     pattern = pattern_columns(options.log_pattern) if options.log_pattern else None
     # The rows an earlier attempt logged but did not write to disk before it was killed: its
@@ -542,8 +597,10 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
     outputs = {name.removesuffix(".log"): store.open_nofollow(
         out_dir / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT) for name in store.SCRIPT_OUTPUT}
     for fd in outputs.values():
-        os.write(fd, f"--- gnsweep attempt {attempt}: {shlex.join(args)}\n".encode())
-    child = Child(args, cwd, env)
+        os.write(fd, f"--- gnsweep attempt {attempt}: {redact.text(shlex.join(args))}\n"
+                 .encode())
+    child = Child(args, cwd, env, options.stop_seconds)
+    process_tree.record(out_dir / store.SCRIPT_PROCESS, child.process.pid)
     probe = script_noise.ProbeRows(out_dir, options.examples_per_sample) \
         if script_noise.measures(config) else None
     stopped = False
@@ -569,16 +626,16 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
                     if item is None:
                         child.open -= 1
                     else:
-                        name, number, line = item
+                        name, number, line, cut = item
                         os.write(outputs[name], (line + "\n").encode("utf-8", "replace"))
-                        if name == "stderr":
+                        if cut:
+                            skipped(f"{name} line {number}")
+                        elif name == "stderr":
                             stderr.append(line)
-                        if pattern is not None and error is None:
-                            match = pattern.search(line)
-                            if match:
-                                take(f"{name} line {number}",
-                                     {k: v for k, v in match.groupdict().items()
-                                      if v is not None})
+                        if pattern is not None and error is None and not cut:
+                            found = match_row(pattern, line, f"{name} line {number}")
+                            if found is not None:
+                                take(f"{name} line {number}", found)
                     drained += 1
                     if drained >= DRAIN_LINES:  # flush and look at the stop now and then
                         break
@@ -616,6 +673,8 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
             os.close(fd)
         with contextlib.suppress(OSError):
             (out_dir / STOP_FLAG).unlink(missing_ok=True)  # the command has ended
+            if child.process.returncode is not None:
+                (out_dir / store.SCRIPT_PROCESS).unlink(missing_ok=True)
     rows.flush(force=True)
     if error is not None:  # the output broke a parse rule: it would again
         raise ScriptFailed(str(error), list(stderr), repeats=True)
@@ -638,7 +697,11 @@ def _finished(rows: RowLog, out_dir: Path) -> RunResult:
     reason = rows.reason or "script ended"
     state = "diverged" if rows.diverged else "done"
     measured = script_noise.finish(rows.config, out_dir, rows.rows, rows.per_sample)
-    store.end_metrics(out_dir, rows.rows)
+    rows.flush(force=True)
+    if measured.get("method") == "inscript":  # the probe's late rows joined rows on disk too
+        store.end_metrics(out_dir, {name: values[0:] for name, values in rows.rows.items()})
+    else:
+        store.end_parts(out_dir)  # from the parts on disk, part by part: not the run whole
     logged = rows.rows["step"]
     return RunResult(state, int(logged[-1]) if logged else 0,
                      rows.diverged if rows.diverged else reason,
@@ -650,7 +713,7 @@ def _finished(rows: RowLog, out_dir: Path) -> RunResult:
 
 
 def recovered(options: ScriptOptions, values: dict[str, Any], cwd: str, run_path: Path,
-              pattern: re.Pattern[str] | None, after: int,
+              pattern: regex.Pattern[str] | None, after: int,
               epochs: EpochSteps | None = None) -> list[tuple[str, dict[str, Any]]]:
     """Rows after step `after` that earlier attempts logged but never wrote to the run's
     metrics (a worker killed with -9 between two flushes): from the run's stdout.log and
@@ -664,12 +727,12 @@ def recovered(options: ScriptOptions, values: dict[str, Any], cwd: str, run_path
         if pattern is not None:
             for name in store.SCRIPT_OUTPUT:
                 with contextlib.suppress(OSError):
-                    lines = (run_path / name).read_text(errors="replace").splitlines()
-                    found = [(f"{run_path / name}:{number}",
-                              {k: v for k, v in match.groupdict().items() if v is not None})
-                             for number, line in enumerate(lines, 1)
+                    reader = LineReader(run_path / name, skip_existing=False)
+                    found = [(where, raw) for number, line, _ in reader.lines()
                              if not line.startswith("--- gnsweep attempt")
-                             and (match := pattern.search(line))]
+                             and (raw := match_row(pattern, line,
+                                                   where := f"{run_path / name}:{number}"))
+                             is not None]
                 if found:
                     break
         else:
@@ -686,7 +749,7 @@ def recovered(options: ScriptOptions, values: dict[str, Any], cwd: str, run_path
                 total = raw.get("total")
                 step = epochs.step(int(float(raw["epoch"])), step,
                                    None if total is None else int(float(total)))
-        except (KeyError, TypeError, ValueError):  # EpochError is a ValueError
+        except (KeyError, TypeError, ValueError, OverflowError):  # EpochError is a ValueError
             continue
         if "loss" not in raw:
             continue
@@ -728,7 +791,7 @@ def _ask_to_stop(child: Child, run_path: Path) -> None:
 
 def _escalate(child: Child, grace: float, run_path: Path) -> None:
     """SIGTERM `grace` seconds after the flag, SIGKILL `grace` seconds after SIGTERM."""
-    if child.asked is None or child.process.poll() is not None:
+    if child.asked is None or child.exited():
         return
     now = time.monotonic()
     if child.termed is None and now - child.asked >= grace:
@@ -740,11 +803,11 @@ def _escalate(child: Child, grace: float, run_path: Path) -> None:
 
 def _kill(child: Child) -> None:
     child.signal(signal.SIGTERM)
-    try:
-        child.process.wait(5)
-    except subprocess.TimeoutExpired:
-        child.signal(signal.SIGKILL)
-        child.process.wait()
+    deadline = time.monotonic() + 5
+    while not child.exited() and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    child.signal(signal.SIGKILL)  # the command's children too, before its pid is released
+    child.process.wait()
 
 
 def _no_rows(options: ScriptOptions, table: TableLog | None) -> str:

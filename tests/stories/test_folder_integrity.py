@@ -377,8 +377,19 @@ def test_torchrun_scratch_of_a_killed_launcher_is_removed_by_the_next_launch(tmp
     other = queue / f"abcdef012345.some-other-host.{gone.pid}.tmp"
     for folder in (dead, live, other):
         (folder / "torchelastic_x").mkdir(parents=True)
-    assert remove_stale_scratch(tmp_path) == [dead]
+    # The killed round's runs file and job logs; a live round's, and a finished round's
+    # kept log of a failed job (no scratch left), stay.
+    files = {name: queue / name for name in ("0123456789ab.txt", "0123456789ab.0.log",
+                                             "0123456789ab.1.log", "ba9876543210.txt",
+                                             "ba9876543210.0.log", "fedcba987654.0.log")}
+    for path in files.values():
+        path.write_text("x\n")
+    assert remove_stale_scratch(tmp_path) == [dead, files["0123456789ab.txt"],
+                                              files["0123456789ab.0.log"],
+                                              files["0123456789ab.1.log"]]
     assert not dead.exists() and live.exists() and other.exists()
+    assert sorted(p.name for p in files.values() if p.exists()) == \
+        ["ba9876543210.0.log", "ba9876543210.txt", "fedcba987654.0.log"]
 
 
 def test_a_yaml_alias_in_the_conf_folder_is_refused_before_hydra_expands_it(tmp_path,

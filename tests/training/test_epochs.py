@@ -78,8 +78,8 @@ def test_epoch_rows_become_global_steps_and_examples(tmp_path):
         for batch in (10, 20):
             rows.add("x", {"epoch": str(epoch), "step": str(batch), "total": "25",
                            "loss": "1.0"})
-    assert rows.rows["step"] == [11, 21, 36, 46]
-    assert rows.rows["examples"] == [s * 4 * 8 for s in (11, 21, 36, 46)]
+    assert list(rows.rows["step"]) == [11, 21, 36, 46]
+    assert list(rows.rows["examples"]) == [s * 4 * 8 for s in (11, 21, 36, 46)]
 
 
 def test_a_log_file_epoch_column_is_mapped_and_read(tmp_path):
@@ -93,7 +93,7 @@ def test_a_log_file_epoch_column_is_mapped_and_read(tmp_path):
                     columns={"epoch": "ep", "step": "it", "loss": "train_loss"})
     for where, raw, _ in log.rows():
         rows.add(where, raw)
-    assert rows.rows["step"] == [1, 2, 3]
+    assert list(rows.rows["step"]) == [1, 2, 3]
 
 
 def test_a_resumed_attempt_in_a_later_epoch_keeps_the_earlier_epochs_offsets(tmp_path):
