@@ -46,14 +46,8 @@ import numpy as np
 import regex
 
 from gnsweep import redact, store, tables
-from gnsweep.analysis.smoothing import (
-    MIN_WINDOW_EXAMPLES,
-    SMOOTHING_FRACTION,
-    settled_at_or_below,
-)
 from gnsweep.config import Config
 from gnsweep.errors import ConfigError, ScriptFailed, StopRequested
-from gnsweep.measure.probe import overrun_steps
 from gnsweep.paths import RunPaths
 from gnsweep.runs import RunSpec
 from gnsweep.tasks import about
@@ -74,6 +68,7 @@ from gnsweep.training import process_tree, script_noise
 from gnsweep.training.epochs import EpochError, EpochSteps
 from gnsweep.training.log_reader import MAX_LINE_BYTES, LineReader, read_lines, skipped
 from gnsweep.training.loop import RunResult
+from gnsweep.training.stop_rule import analysis_reached, stop_step
 from gnsweep.training.watch import Diverged, LossWatch
 
 API_ROWS = store.SCRIPT_ROWS
@@ -405,13 +400,10 @@ class RowLog:
         smooth = self.rows["loss_smooth"][-1]
         if self.hardest is not None and self.stop_at is None \
                 and self.direction.reached(smooth, self.hardest):
-            self.stop_at = step + overrun_steps(step, self.spec.batch_size, SMOOTHING_FRACTION,
-                                                MIN_WINDOW_EXAMPLES)
+            self.stop_at = stop_step(step, self.spec.batch_size)
         if self.stop_at is not None and self.hardest is not None and step >= self.stop_at:
-            x = np.asarray(self.rows["step"], float) - 1.0
-            if settled_at_or_below(x, np.asarray(self.rows["loss"], float), self.hardest,
-                                   SMOOTHING_FRACTION,
-                                   MIN_WINDOW_EXAMPLES / self.spec.batch_size):
+            if analysis_reached(self.rows["step"], self.rows["loss"], self.hardest,
+                                self.spec.batch_size):
                 self.reason = "target"
                 return
             self.stop_at = None  # the centred reading has not crossed: look again later
