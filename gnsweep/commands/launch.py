@@ -129,7 +129,7 @@ def filled_command(config: Config, spec: Any, sweep_dir: Path) -> str:
     torchrun for executor=torchrun), as a shell would take it."""
     import shlex
 
-    from gnsweep.training.script_runner import command, placeholder_values
+    from gnsweep.training.script_command import command, placeholder_values
 
     run_path = SweepPaths(sweep_dir).run(spec.run_id).folder
     return shlex.join(command(config, placeholder_values(config, spec, run_path, 0, 1)))

@@ -220,7 +220,7 @@ def launch_scripts_under_torchrun(sweep: SweepFolder, run_ids: list[str], execut
                                   *, max_retries: int, progress: SweepProgress | None,
                                   wait: bool = True) -> Summary:
     """task=script with executor=torchrun: each worker starts its run's command under torchrun
-    with `executor.nproc_per_node` processes (`training.script_runner.torchrun_args`), which share
+    with `executor.nproc_per_node` processes (`training.script_command.torchrun_args`), which share
     the worker's GPUs; `executor.workers` runs at once (0: as many as the GPUs hold, else 1)."""
     gpus = launcher_gpus(executor.gpus)
     nproc = executor.nproc_per_node

@@ -48,7 +48,7 @@ def _row_log(tmp_path: Path, **task):
     from gnsweep.config import Config
     from gnsweep.runs import RunSpec
     from gnsweep.tasks.script import ScriptOptions
-    from gnsweep.training.script_runner import RowLog
+    from gnsweep.training.script_rows import RowLog
 
     config = Config.from_dict({"task": {"name": "script", "command": "python t.py", **task},
                                "sweep": {"batch_sizes": [4], "learning_rates": [0.1],
@@ -83,7 +83,7 @@ def test_epoch_rows_become_global_steps_and_examples(tmp_path):
 
 
 def test_a_log_file_epoch_column_is_mapped_and_read(tmp_path):
-    from gnsweep.training.script_runner import TableLog
+    from gnsweep.training.script_rows import TableLog
 
     path = tmp_path / "log.csv"
     path.write_text("ep,it,train_loss\n1,1,0.5\n1,2,0.4\n2,1,0.3\n")
