@@ -53,6 +53,8 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 EXECUTORS = ("local", "torchrun", "slurm")
 LOSS_KINDS = ("smoothed", "raw", "eval")
 SCHEDULES = ("constant", "adaptive", "along")
+NOISE_RUNS = ("auto", "all")
+"""`noise.runs`: the sweep plans which runs measure (`gnsweep.noise_plan`), or every run does."""
 MAX_BATCH = 2**24
 """Largest batch size (samples a step) a sweep accepts: 16.8M sequences is more than any
 training run uses, and a larger one fails only later, by running out of memory."""
@@ -452,6 +454,10 @@ class NoiseConfig:
     """Measure every this many steps (1: every step), or auto: the steps needed to keep
     B_simple's standard error within 4% of a measurement on every step, at least one in 16
     (docs/noise.md, "Measuring a subset of steps")."""
+    runs: str = "auto"
+    """Which runs measure: auto (the sweep plans it: at each batch size the runs nearest the
+    best learning rate known measure on the steps `every` says, the others not at all;
+    `gnsweep.noise_plan`, docs/noise.md) or all (every run)."""
     ema_steps: float = 0.0
     """EMA time constant of G2 and S in steps (0: use ema_examples)."""
     ema_examples: float = 2048.0
@@ -473,6 +479,7 @@ class NoiseConfig:
 
     def __post_init__(self) -> None:
         self.method = _choice("noise.method", self.method, METHODS)
+        self.runs = _choice("noise.runs", self.runs, NOISE_RUNS)
         self.microbatches = _integer("noise.microbatches", self.microbatches)
         if self.microbatches < 2:
             raise ConfigError(f"noise.microbatches: {self.microbatches} must be >= 2")

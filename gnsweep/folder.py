@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from gnsweep import store, tasks
 from gnsweep.config import Config
 from gnsweep.errors import ConfigError, StoreError
+from gnsweep.noise_plan import ALL, Assignment, Outcome, best_rates, measured_as_planned, plan_runs
 from gnsweep.paths import RunPaths, SweepPaths
 from gnsweep.runs import (
     RunSpec,
@@ -41,7 +42,7 @@ if TYPE_CHECKING:  # the analysis (pandas) is imported where rows are read, not 
     from gnsweep.analysis.steps import Curves
 
 __all__ = ["RunPaths", "SweepFolder", "SweepPaths", "load_curves", "load_run_curves", "load_sweep",
-           "read_config", "read_results", "read_run", "verify_folder"]
+           "read_config", "read_noise_plan", "read_results", "read_run", "verify_folder"]
 
 
 def read_config(root: Path) -> Config:
@@ -140,7 +141,55 @@ class SweepFolder(SweepPaths):
         path = self.run(run_id).record
         data = store.read_json(path)
         check_record(data, path, run_id, expected_record_config(self.config))
-        return parse_run_record(data)
+        config, spec = parse_run_record(data)
+        return measured_as_planned(config, self.read_noise_plan().get(run_id)), spec
+
+    # ---- which runs measure the noise scale (`gnsweep.noise_plan`) -------------------------
+
+    def read_noise_plan(self) -> dict[str, Assignment]:
+        """`read_noise_plan(self.root)`."""
+        return read_noise_plan(self.root)
+
+    def plan_noise(self, run_ids: list[str]) -> dict[str, Assignment]:
+        """Record the part of every run of `run_ids` not yet planned (`noise_plan.plan_runs`,
+        with the best learning rates the folder's finished runs show), under the folder's lock,
+        atomically, before any of them starts; returns the whole plan. A run's part never
+        changes once recorded. Nothing is planned under noise.method=none."""
+        if self.config.noise.method == "none":
+            return self.read_noise_plan()
+        from gnsweep import tasks
+
+        falling = not tasks.about(self.config.task).direction.rises
+        with store.exclusive(self.lock):
+            planned = self.read_noise_plan()
+            if all(r in planned for r in run_ids):
+                return planned
+            specs, outcomes = [], []
+            for run_id in sorted(set(store.run_ids(self.root)) | set(run_ids)):
+                data = store.read_json(self.run(run_id).record)
+                spec = parse_spec(data.get("run") if isinstance(data, dict) else None,
+                                  self.run(run_id).record)
+                specs.append(spec)
+                status = store.read_status(self.run(run_id).folder)
+                if run_id in run_ids and run_id not in planned and status.attempts:
+                    # Begun before the sweep planned its measurement (a folder of an older
+                    # version): its checkpoint goes on measuring as it began.
+                    planned[run_id] = Assignment(ALL, "began before the measurement was planned")
+                if status.state in store.FINISHED and status.steps:
+                    outcomes.append(Outcome(spec.batch_size, spec.learning_rate,
+                                            spec.at_examples, float(status.steps),
+                                            _number(status.final_loss),
+                                            status.reason == "target"))
+            # Runs of the folder outside this call and never planned (finished by an older
+            # version) measured as configured then.
+            known = {**{s.run_id: Assignment(ALL, "") for s in specs}, **planned}
+            fresh = plan_runs(specs, self.config.noise.runs,
+                              {k: a for k, a in known.items() if k not in run_ids or k in planned},
+                              best_rates(outcomes, falling))
+            planned.update({k: v for k, v in fresh.items() if k in run_ids})
+            store.write_json(SweepPaths(self.root).noise_plan,
+                             {"runs": {k: a.as_dict() for k, a in sorted(planned.items())}})
+        return planned
 
     # ---- the runs' rows, for the analysis ------------------------------------------------
 
@@ -332,6 +381,28 @@ def live_metrics(run_dir: Path) -> pa.Table | None:
         if name not in table.column_names:
             table = table.append_column(name, pa.array(np.full(table.num_rows, np.nan)))
     return table
+
+
+def read_noise_plan(root: Path) -> dict[str, Assignment]:
+    """Each planned run's part in the noise measurement (`noise_plan.Assignment`), by id;
+    empty where none is recorded (a folder of an older version: every run measured). Reads
+    the plan file alone (no config.yaml). StoreError naming the file where it is not a plan
+    gnsweep wrote."""
+    path = SweepPaths(root).noise_plan
+    if not (path.exists() or path.is_symlink()):
+        return {}
+    data = store.read_json(path)
+    runs = data.get("runs") if isinstance(data, dict) else None
+    plan = {k: Assignment.of(v) for k, v in runs.items()} if isinstance(runs, dict) else {}
+    if not isinstance(runs, dict) or any(a is None for a in plan.values()):
+        raise StoreError(f"{path}: not a noise plan of gnsweep (an object whose \"runs\" "
+                         "maps run ids to a role and a reason); remove it and relaunch to "
+                         "plan the runs not yet trained again")
+    return {k: a for k, a in plan.items() if a is not None}
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else float("nan")
 
 
 # The readers by path, for scripts and tests that hold a folder's path: each opens the folder

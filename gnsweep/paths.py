@@ -124,6 +124,11 @@ class SweepPaths:
         return self.root / store.PLAN
 
     @property
+    def noise_plan(self) -> Path:
+        """Which runs measure the noise scale, and why (`gnsweep.noise_plan`)."""
+        return self.root / store.NOISE_PLAN
+
+    @property
     def jobs(self) -> Path:
         """Which Slurm job took which run (in the Slurm folder)."""
         return self.slurm / store.JOBS

@@ -483,7 +483,8 @@ def measurement_note(rows: list[dict[str, Any]]) -> str | None:
     measured = sum(int(n.get("measured") or 0) for n in known if n.get("method") != "none")
     parts = []
     if off:
-        parts.append(f"{off} run(s) with noise measurement off (noise.method=none): no B_simple")
+        parts.append(f"{off} run(s) with noise measurement off (noise.method=none, or planned "
+                     "off by noise.runs=auto): no B_simple")
     if steps:
         everys = sorted({str(n.get("every")) for n in known if n.get("method") != "none"})
         parts.append(f"noise scale measured on {measured / steps:.0%} of {steps} steps "
@@ -491,9 +492,3 @@ def measurement_note(rows: list[dict[str, Any]]) -> str | None:
     return "; ".join(parts) if parts else None
 
 
-def sweep_measurement_note(sweep_dir: Path) -> str | None:
-    """`measurement_note` from the runs' status.json files alone (what `analyze` and `report`
-    say beside their figures)."""
-    rows = [{"noise": store.read_status(store.run_dir(sweep_dir, run_id)).noise_measured}
-            for run_id in store.run_ids(sweep_dir)]
-    return measurement_note(rows)

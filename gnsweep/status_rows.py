@@ -1,5 +1,6 @@
 """Every run of a sweep as `gnsweep status` and the live report show it: its state as the sweep
-folder, its claims and Slurm's queue tell it, where it stands on disk, in the grid's order."""
+folder, its claims and Slurm's queue tell it, where it stands on disk, in the grid's order;
+and what the runs measured (`sweep_measurement_note`, with the noise plan's lines)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
-from gnsweep.folder import SweepFolder
-from gnsweep.runs import read_state
+from gnsweep.folder import SweepFolder, read_noise_plan
+from gnsweep.paths import SweepPaths
+from gnsweep.runs import measurement_note, read_state
 
 UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
 """States whose rows so far `gnsweep status` shows (step, examples, smoothed loss)."""
@@ -75,3 +77,33 @@ def grid_order(run_id: str, specs: dict[str, Any]) -> tuple[Any, ...]:
     if spec is None:
         return (1, 0.0, 0.0, 0, run_id)
     return (0, float(spec.batch_size), float(spec.learning_rate), int(spec.seed), run_id)
+
+
+def sweep_measurement_note(sweep_dir: Path) -> str | None:
+    """`measurement_note` from the runs' status.json files alone, and the noise plan's lines
+    (`noise_plan_lines`): what `analyze` and `report` say beside their figures."""
+    rows = [{"noise": store.read_status(store.run_dir(sweep_dir, run_id)).noise_measured}
+            for run_id in store.run_ids(sweep_dir)]
+    lines = [line for line in (measurement_note(rows), *noise_plan_lines(sweep_dir)) if line]
+    return "\n".join(lines) or None
+
+
+def noise_plan_lines(sweep_dir: Path, shown: int = 8) -> list[str]:
+    """Which runs measure the noise scale and why (the folder's noise_plan.json,
+    `gnsweep.noise_plan`): its summary, then the measuring runs by reason (`shown` ids at
+    most); none where no plan is recorded."""
+    from gnsweep.noise_plan import OFF, summary
+
+    try:
+        plan = read_noise_plan(sweep_dir)
+    except store.StoreError as err:
+        return [f"noise plan: unreadable ({err})"]
+    if not plan:
+        return []
+    lines = [summary(plan)]
+    measuring = sorted(r for r, a in plan.items() if a.role != OFF)
+    if len(measuring) < len(plan):
+        more = f" and {len(measuring) - shown} more" if len(measuring) > shown else ""
+        lines.append(f"  measuring: {', '.join(measuring[:shown])}{more} "
+                     f"({SweepPaths(sweep_dir).noise_plan.name} says why for each run)")
+    return lines

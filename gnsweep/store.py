@@ -49,7 +49,8 @@ from gnsweep.tables import (  # noqa: F401
 )
 
 # Every file name of a sweep folder, once (docs/storage.md draws the layout):
-#   <sweep>/config.yaml, plan.json, .claims.lock, <table>.parquet, fits.json, slurm/jobs.json
+#   <sweep>/config.yaml, plan.json, noise_plan.json, .claims.lock, <table>.parquet, fits.json,
+#           slurm/jobs.json
 #   <sweep>/runs/<run_id>/config.json, status.json, metrics.parquet, metrics.parts/,
 #                         attempts.jsonl, claim.json, checkpoints/
 RUNS = "runs"
@@ -84,6 +85,8 @@ ANSWERS = "answers.json"
 """Each command's last answer and the runs it used (`gnsweep.answer_record`)."""
 NEXT_GRIDS = "next_grids.json"
 """`gnsweep plan DIR`'s record: its budget, its rounds of next grids, why it stopped."""
+NOISE_PLAN = "noise_plan.json"
+"""Which runs measure the noise scale and why (`gnsweep.noise_plan`), each decided once."""
 SLURM = "slurm"
 """The sweep folder's Slurm job files (`executors.slurm`)."""
 FIGURES = "figures"

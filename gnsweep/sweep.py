@@ -215,6 +215,9 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
     # Runs another launcher holds stay in: every executor waits for them (and runs them should
     # their owner die), but none starts them while their owner lives.
     todo = [spec.run_id for spec in remaining(sweep_dir, specs)]
+    # Which of them measure the noise scale, decided once per run before any starts (a run
+    # already planned keeps its part: relaunches, resumes and requeues measure alike).
+    folder.plan_noise(todo)
     fresh_retries(sweep_dir, todo)
     try:
         with SweepProgress(len(specs), len(specs) - len(todo),

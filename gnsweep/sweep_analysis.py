@@ -23,7 +23,7 @@ from gnsweep.analysis.results import Results
 from gnsweep.analysis.setting import Setting
 from gnsweep.analysis.steps import Curves
 from gnsweep.answer_record import runs_on_record
-from gnsweep.folder import SweepFolder, read_results
+from gnsweep.folder import SweepFolder, read_noise_plan, read_results
 from gnsweep.paths import SweepPaths
 from gnsweep.targets import AUTO
 from gnsweep.tasks import about
@@ -149,7 +149,7 @@ def analyze_folder(folder: SweepFolder, loss: str | None = None,
                if not finished else ""))
     analysis.warnings += unreadable_warnings(sweep_dir)
     if config.noise.method != "none":  # measurement off: B_simple absent by design
-        analysis.warnings += unmeasured_warnings(curves)
+        analysis.warnings += unmeasured_warnings(curves, planned_off(sweep_dir))
     analysis.warnings = floor_warnings(analysis, Setting.from_meta(analysis.meta))
     analysis.recommendation = recommend(analysis).to_json()
     if write:
@@ -252,29 +252,8 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
         analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
     analysis.warnings += unreadable_warnings(sweep_dir)
     if config.noise.method != "none":  # measurement off: B_simple absent by design
-        analysis.warnings += unmeasured_warnings(curves)
+        analysis.warnings += unmeasured_warnings(curves, planned_off(sweep_dir))
     return analysis
-
-
-def unmeasured_warnings(curves: Curves) -> list[str]:
-    """The line naming finished runs whose logged B_simple is NaN on more than
-    `runs.UNMEASURED_SHARE` of their rows (`runs.unmeasured_line`), as a warning; none where
-    every run was measured, or where none was (a sweep that measures no noise scale)."""
-    from gnsweep.runs import unmeasured_line, unmeasured_share
-
-    b_simple = curves.columns["b_simple"]
-    finished = curves.runs["state"].isin(store.FINISHED).to_numpy()
-    shares = {}
-    for i, run_id in enumerate(curves.runs["run_id"].astype(str)):
-        lo, hi = curves.offsets[i], curves.offsets[i + 1]
-        if finished[i] and hi > lo:
-            shares[run_id] = unmeasured_share(b_simple[lo:hi].tolist())
-    if shares and all(s == 1.0 for s in shares.values()) and len(shares) > 1:
-        # B_simple on no step of any run: a sweep measuring nothing says so once.
-        return ["B_simple was not measured in any run (NaN on every step): the report has no "
-                "noise scale to compare B_crit with"]
-    line = unmeasured_line(shares)
-    return [line.removeprefix("WARNING: ")] if line else []
 
 
 def load_tables(sweep_dir: Path, analyze: bool = True) -> Results:
@@ -363,3 +342,33 @@ def setting_of(sweep_dir: Path, results: Results) -> Setting:
                    learning_rates=tuple(meta["grid"]["learning_rates"]))
 
 
+def planned_off(sweep_dir: Path) -> set[str]:
+    """The runs the folder's noise plan leaves unmeasured (`gnsweep.noise_plan`)."""
+    from gnsweep.noise_plan import OFF
+
+    plan = read_noise_plan(sweep_dir)
+    return {run_id for run_id, a in plan.items() if a.role == OFF}
+
+
+def unmeasured_warnings(curves: Curves, off: set[str] | None = None) -> list[str]:
+    """The line naming finished runs whose logged B_simple is NaN on more than
+    `runs.UNMEASURED_SHARE` of their rows (`runs.unmeasured_line`), as a warning; none where
+    every run was measured, or where none was (a sweep that measures no noise scale). `off`:
+    runs the noise plan leaves unmeasured, by design (not named)."""
+    from gnsweep.runs import unmeasured_line, unmeasured_share
+
+    b_simple = curves.columns["b_simple"]
+    finished = curves.runs["state"].isin(store.FINISHED).to_numpy()
+    shares = {}
+    for i, run_id in enumerate(curves.runs["run_id"].astype(str)):
+        lo, hi = curves.offsets[i], curves.offsets[i + 1]
+        if run_id in (off or set()):
+            continue
+        if finished[i] and hi > lo:
+            shares[run_id] = unmeasured_share(b_simple[lo:hi].tolist())
+    if shares and all(s == 1.0 for s in shares.values()) and len(shares) > 1:
+        # B_simple on no step of any run: a sweep measuring nothing says so once.
+        return ["B_simple was not measured in any run (NaN on every step): the report has no "
+                "noise scale to compare B_crit with"]
+    line = unmeasured_line(shares)
+    return [line.removeprefix("WARNING: ")] if line else []

@@ -102,7 +102,8 @@ RESULT_SCHEMAS: dict[str, pa.Schema] = {
         ("b_simple_true_mean", pa.float64()), ("b_noise_true_mean", pa.float64()),
         ("drift_share", pa.float64()), ("b_simple_precond_at_target", pa.float64()),
         ("b_simple_precond_mean", pa.float64()), ("budget_share", pa.float64()),
-        ("lr_share", pa.float64()), ("late", pa.bool_()), ("steps_fit", pa.float64()),
+        ("lr_share", pa.float64()), ("late", pa.bool_()), ("b_simple_lr", pa.float64()),
+        ("steps_fit", pa.float64()),
         ("resid_log", pa.float64()), ("in_fit", pa.bool_()), ("left_out", pa.large_string()),
     ]),
     "fits": pa.schema([

@@ -96,8 +96,41 @@ def best_per_batch(steps: pd.DataFrame) -> pd.DataFrame:
               for key, part in ordered.groupby(["target", "batch_size"], sort=False)}
     best["lr_opt"] = [_refine(curves[(row.target, row.batch_size)], row)
                       for row in best.itertuples(index=False)]
+    _measured_nearest(best, reached)
     return (best[BEST_COLUMNS + EXTRA_COLUMNS].sort_values(["target", "batch_size"])
             .reset_index(drop=True))
+
+
+NOISE_COLUMNS = ("b_simple_at_target", "b_simple_mean", "b_noise_at_target", "b_noise_mean",
+                 "b_simple_true_mean", "b_noise_true_mean", "drift_share",
+                 "b_simple_precond_at_target", "b_simple_precond_mean")
+"""The measured noise scales of a best point, taken together from one learning rate."""
+
+
+def _measured_nearest(best: pd.DataFrame, reached: pd.DataFrame) -> None:
+    """Where the best learning rate's runs did not measure the noise scale (`noise.runs=auto`
+    measures a few runs a batch size, `gnsweep.noise_plan`), its noise scales are those of the
+    measured learning rate nearest it (in log distance; the mean of two as near) among those
+    that reached the same target at the same batch size. `b_simple_lr` says whose: the best
+    rate itself, another, or NaN where none at that batch size measured."""
+    measured = np.isfinite(best["b_simple_at_target"].to_numpy(float))
+    best["b_simple_lr"] = best["learning_rate"].where(measured)
+    if measured.all():
+        return
+    donors = reached[np.isfinite(reached["b_simple_at_target"].to_numpy(float))
+                     & (reached["learning_rate"].to_numpy(float) > 0)]
+    pools = {key: part for key, part in donors.groupby(["target", "batch_size"])}
+    for index in best.index[~measured]:
+        row = best.loc[index]
+        pool = pools.get((row["target"], row["batch_size"]))
+        if pool is None or not row["learning_rate"] > 0:
+            continue
+        rates = pool["learning_rate"].to_numpy(float)
+        distance = np.round(np.abs(np.log(rates / float(row["learning_rate"]))), 9)
+        nearest = pool[distance == distance.min()]
+        for name in NOISE_COLUMNS:
+            best.loc[index, name] = nearest[name].mean()
+        best.loc[index, "b_simple_lr"] = float(np.exp(np.log(nearest["learning_rate"]).mean()))
 
 
 def best_steps_per_batch(steps: pd.DataFrame) -> pd.DataFrame:

@@ -218,6 +218,13 @@ def fit_target(target: float, best: pd.DataFrame, warnings: list[str], bootstrap
     for name in ("b_simple_true_mean", "b_noise_true_mean", "drift_share"):
         if name in best:
             row[name] = median_with_error(best[name])[0]
+    borrowed = _borrowed_noise(best)
+    if borrowed:
+        warnings.append(f"target {target:g}: B_simple at {borrowed} is that of the measured "
+                        "learning rate nearest the best (noise.runs=auto measured other rates "
+                        "there: front.parquet's b_simple_lr) and B_simple moves with the rate: "
+                        "a relaunch that adds a seed (sweep.seeds) measures the best rates "
+                        "known, noise.runs=all every run")
     if row["drift_share"] > DRIFT_SHARE_WARNING:
         warnings.append(f"target {target:g}: |G|^2 changed more than 2x inside the noise-scale "
                         f"window on {row['drift_share']:.0%} of the best runs' steps: their "
@@ -310,6 +317,18 @@ def fit_quality(b_crit: float, b_crit_se: float, batch_sizes: pd.Series) -> str:
     if np.isfinite(b_crit_se) and b_crit_se > 0.5 * b_crit:
         issues.append(f"relative error {b_crit_se / b_crit:.0%} > 50%")
     return "; ".join(issues)
+
+
+def _borrowed_noise(best: pd.DataFrame) -> str:
+    """The batch sizes whose noise scales are another learning rate's than their best
+    (`front._measured_nearest`), as 'batch 8 (best 0.2, measured 0.8), ...'; "" if none."""
+    if "b_simple_lr" not in best:
+        return ""
+    lr, measured = best["learning_rate"].to_numpy(float), best["b_simple_lr"].to_numpy(float)
+    other = np.isfinite(measured) & ~np.isclose(measured, lr)
+    return ", ".join(f"batch {b:g} (best {a:g}, measured {m:.3g})" for b, a, m in
+                     zip(best["batch_size"].to_numpy(float)[other], lr[other], measured[other],
+                         strict=True))
 
 
 def median_with_error(values: pd.Series) -> tuple[float, float]:

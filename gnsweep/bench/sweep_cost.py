@@ -181,6 +181,146 @@ def measure(model: str, steps: int, rounds: int, precision: str = "fp32",
     return row
 
 
+SWEEPS: dict[str, list[str]] = {
+    # The default sweep (`make demo`): digits, 8 batch sizes x 7 learning rates, 3 targets.
+    "digits": [],
+    # A small language-model sweep: the character LM (Adam), 3 batch sizes x 5 rates a
+    # factor 2 apart (the chars sweep's rates and one below, one above).
+    "lm": ["task=chars", "sweep=chars", "sweep.name=chars_bench",
+           "sweep.batch_sizes=[4,16,64]",
+           "sweep.learning_rates=[0.002,0.004,0.008,0.016,0.032]",
+           "sweep.targets=[2.9,2.6]", "sweep.max_steps=800"],
+    # For the bench's own test: a few seconds.
+    "tiny": ["sweep=tiny", "sweep.batch_sizes=[32]", "sweep.targets=[0.5]",
+             "sweep.max_steps=80"],
+}
+"""`--sweeps`: whole sweeps launched as a user launches them (`gnsweep launch`)."""
+SWEEP_VARIANTS: dict[str, list[str]] = {
+    "none": ["noise.method=none"],
+    "default": [],
+    "full": ["noise.runs=all", "noise.every=1"],
+}
+"""The whole-sweep variants: measurement off, the defaults (noise.runs=auto, noise.every=auto),
+and the full measurement (every run, every step) the default's B_simple is compared with."""
+B_SIMPLE_TOLERANCE = 0.15
+"""A target's B_simple agrees with the full measurement's within this share, or within two of
+the two standard errors combined."""
+
+
+def agreement(value: float, se: float, full: float, full_se: float) -> dict[str, Any]:
+    """A target's B_simple against the full measurement's: their ratio, and whether they agree
+    (within `B_SIMPLE_TOLERANCE`, or within two of their standard errors combined in
+    quadrature, the finite ones). A NaN on either side never agrees."""
+    ratio = value / full if full > 0 and math.isfinite(value) else math.nan
+    errors = [e for e in (se, full_se) if math.isfinite(e)]
+    both = math.hypot(*errors) if errors else math.nan
+    agrees = bool(abs(ratio - 1) <= B_SIMPLE_TOLERANCE
+                  or (math.isfinite(both) and abs(value - full) <= 2 * both))
+    return {"b_simple": round(value, 4), "se": round(se, 4), "full": round(full, 4),
+            "full_se": round(full_se, 4), "ratio": round(ratio, 3), "agrees": agrees}
+
+
+def _launch(sweep: str, variant: str, folder: Path) -> tuple[float, float]:
+    """Launch one whole sweep in `folder` (a fresh one) as a user would: (the sum of its runs'
+    training time, each run's status.json `train_seconds`; the CPU time of the launch and
+    all its workers, which other jobs on the machine do not inflate)."""
+    import resource
+    import subprocess
+    import sys
+
+    from gnsweep import store
+
+    def cpu() -> float:
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return used.ru_utime + used.ru_stime
+
+    command = [sys.executable, "-m", "gnsweep", "launch", "--sweep-dir", str(folder), "--quiet",
+               *SWEEPS[sweep], *SWEEP_VARIANTS[variant]]
+    before = cpu()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"sweep {sweep} ({variant}) failed: {done.stderr.strip()[-400:]}")
+    seconds = sum(store.read_status(store.run_dir(folder, r)).train_seconds or 0.0
+                  for r in store.run_ids(folder))
+    return seconds, cpu() - before
+
+
+def _b_simple(folder: Path) -> dict[float, tuple[float, float]]:
+    """Each target's B_simple at target and its standard error (fits.parquet), analysed."""
+    from gnsweep.commands.analyze import analyze_sweep
+
+    fits = analyze_sweep(folder).fits
+    return {float(r.target): (float(r.b_simple_at_target), float(r.b_simple_at_target_se))
+            for r in fits.itertuples(index=False)}
+
+
+def measure_sweep(sweep: str, rounds: int, work: Path) -> dict[str, Any]:
+    """One whole sweep's row: the sum of its runs' training time with the defaults over the
+    same with measurement off, each variant's fastest of `rounds` (variants interleaved
+    round by round), and B_simple at each target against the full measurement's."""
+    import shutil
+
+    totals: dict[str, float] = {}
+    cpus: dict[str, float] = {}
+    for index in range(rounds):
+        for variant in SWEEP_VARIANTS:
+            folder = work / f"{sweep}_{variant}_{index}"
+            shutil.rmtree(folder, ignore_errors=True)
+            seconds, cpu = _launch(sweep, variant, folder)
+            totals[variant] = min(totals.get(variant, math.inf), seconds)
+            cpus[variant] = min(cpus.get(variant, math.inf), cpu)
+    last = rounds - 1
+    default = _b_simple(work / f"{sweep}_default_{last}")
+    full = _b_simple(work / f"{sweep}_full_{last}")
+    targets = [{"target": target, **agreement(value, se, *full.get(target, (math.nan,
+                                                                          math.nan)))}
+               for target, (value, se) in sorted(default.items())]
+    from gnsweep.folder import read_noise_plan
+    from gnsweep.noise_plan import OFF
+
+    plan = read_noise_plan(work / f"{sweep}_default_{last}")
+    return {"sweep": sweep, "none_s": round(totals["none"], 2),
+            "default": round(totals["default"] / totals["none"], 3),
+            "full": round(totals["full"] / totals["none"], 3),
+            "none_cpu_s": round(cpus["none"], 2),
+            "default_cpu": round(cpus["default"] / cpus["none"], 3),
+            "full_cpu": round(cpus["full"] / cpus["none"], 3),
+            "runs_measured": f"{sum(a.role != OFF for a in plan.values())}/{len(plan)}",
+            "targets": targets}
+
+
+def sweeps_main(names: list[str], rounds: int, json_path: Path | None) -> dict[str, Any]:
+    """`--sweeps`: the whole-sweep figure of each named sweep."""
+    import tempfile
+
+    unknown = [n for n in names if n not in SWEEPS]
+    if unknown:
+        raise SystemExit(f"bench sweep_cost: unknown sweep {unknown[0]!r}; choose from "
+                         f"{', '.join(SWEEPS)}")
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="gnsweep-sweep-cost-") as work:
+        rows = [measure_sweep(name, rounds, Path(work)) for name in names]
+    print(f"sweep_cost --sweeps: the sum of a whole sweep's runs' training time / the same "
+          f"sweep with noise.method=none (wall clock, and the CPU time of the whole launch; "
+          f"fastest of {rounds}; load average "
+          f"{load:.2f} on {os.cpu_count()} cores at the start); B_simple at each target "
+          "against noise.runs=all noise.every=1")
+    for row in rows:
+        print(f"  {row['sweep']}: default {row['default']}x, full {row['full']}x "
+              f"(none {row['none_s']} s; {row['runs_measured']} runs measured); CPU time "
+              f"of the launch and its workers: default {row['default_cpu']}x, full "
+              f"{row['full_cpu']}x (none {row['none_cpu_s']} s)")
+        for t in row["targets"]:
+            print(f"    target {t['target']:g}: B_simple {t['b_simple']:.4g} +- {t['se']:.2g}, "
+                  f"full {t['full']:.4g} +- {t['full_se']:.2g} (ratio {t['ratio']}; "
+                  f"{'agrees' if t['agrees'] else 'DISAGREES'})")
+    out = {"subject": "sweep_cost", "sweeps": rows, "rounds": rounds, "load": round(load, 2)}
+    print(json.dumps(out))
+    if json_path is not None:
+        json_path.write_text(json.dumps(out, indent=1))
+    return out
+
+
 @contextlib.contextmanager
 def _gpus_hidden(hide: bool) -> Iterator[None]:
     """For a CPU bench: `build_run` places a run on a visible GPU, so none is visible while the
@@ -211,7 +351,12 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--clock", default="wall", choices=tuple(CLOCKS),
                         help="wall time, or the process's CPU time (a loaded machine)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--sweeps", default="",
+                        help="whole sweeps instead of runs: digits, lm, tiny (comma-separated)")
     args, _ = parser.parse_known_args(argv)
+    if args.sweeps:
+        return sweeps_main([n for n in args.sweeps.split(",") if n],
+                           1 if args.rounds == ROUNDS else args.rounds, args.json)
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
     if unknown:

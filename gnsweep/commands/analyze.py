@@ -14,7 +14,7 @@ import typer
 from gnsweep.analysis.decision import floor_warnings, recommend
 from gnsweep.analysis.setting import Setting
 from gnsweep.commands import Echo
-from gnsweep.runs import sweep_measurement_note
+from gnsweep.status_rows import sweep_measurement_note
 from gnsweep.sweep_analysis import analyze_sweep, write_outputs
 from gnsweep.targets import AUTO
 

@@ -108,6 +108,10 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
         echo(f"follow: gnsweep status {sweep_dir}")
         return 0
     echo(f"sweep {sweep_dir}: {summary.describe()}")
+    from gnsweep.status_rows import noise_plan_lines
+
+    for line in noise_plan_lines(sweep_dir)[:1]:  # which runs measured (noise_plan.json: why)
+        echo(line)
     if summary.failed:
         echo(f"failed runs (gnsweep status {sweep_dir} shows why): "
              f"{', '.join(summary.failed)}", err=True)

@@ -56,7 +56,7 @@ def report_text(sweep_dir: Path, live: list[str] | None = None, refresh: float |
     tables = folder_tables(opened) if opened is not None else load_tables(sweep_dir)
     measured = None
     if opened is not None:
-        from gnsweep.runs import sweep_measurement_note
+        from gnsweep.status_rows import sweep_measurement_note
 
         measured = sweep_measurement_note(sweep_dir)
         loaded = opened.config

@@ -11,7 +11,7 @@ import typer
 
 from gnsweep.commands import Echo
 from gnsweep.runs import measurement_note, unmeasured_line
-from gnsweep.status_rows import sweep_status
+from gnsweep.status_rows import noise_plan_lines, sweep_status
 
 ORDER = ("done", "diverged", "failed", "running", "queued", "pending", "died", "rerun",
          "unreadable")
@@ -69,6 +69,8 @@ def run(sweep_dir: Path, all_runs: bool, echo: Echo) -> None:
     note = measurement_note(rows)
     if note:
         echo(note)
+    for line in noise_plan_lines(sweep_dir):
+        echo(line)
     unmeasured = unmeasured_line({r["run_id"]: r["b_simple_nan_share"] for r in rows
                                   if r["state"] in ("done", "diverged")})
     if unmeasured:

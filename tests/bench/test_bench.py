@@ -166,3 +166,27 @@ def test_script_probe_bench_runs() -> None:
     (row,) = _run("script_probe", QUICKEST["script_probe"])["rows"]
     assert row["model"] == "mlp"
     assert all(_positive(row[key]) for key in ("plain_ms", "probed_ms", "ratio"))
+
+
+def test_sweep_agreement_is_within_15_percent_or_two_standard_errors() -> None:
+    from gnsweep.bench.sweep_cost import agreement
+
+    assert agreement(110.0, 5.0, 100.0, 5.0)["agrees"]  # 10%
+    assert not agreement(130.0, 5.0, 100.0, 5.0)["agrees"]  # 30%, 4.2 combined errors
+    assert agreement(130.0, 12.0, 100.0, 9.0)["agrees"]  # 30%, 2.0 combined errors
+    assert agreement(130.0, math.nan, 100.0, 16.0)["agrees"]  # the finite error alone
+    assert not agreement(math.nan, 1.0, 100.0, 1.0)["agrees"]
+    assert agreement(130.0, 12.0, 100.0, 9.0)["ratio"] == 1.3
+
+
+@pytest.mark.slow
+def test_sweep_cost_measures_whole_sweeps() -> None:
+    result = _run("sweep_cost", ["--sweeps", "tiny"])
+    (row,) = result["sweeps"]
+    assert row["sweep"] == "tiny" and _positive(row["none_s"])
+    assert _positive(row["default"]) and _positive(row["full"])
+    assert _positive(row["default_cpu"]) and _positive(row["full_cpu"])
+    # Two rates a batch size: the plan measures both.
+    assert row["runs_measured"] == "2/2"
+    assert [t["target"] for t in row["targets"]] == [0.5]
+    assert all(t["agrees"] and _positive(t["b_simple"]) for t in row["targets"])

@@ -1,0 +1,233 @@
+"""Which runs of a sweep measure the noise scale, and on which steps (`noise.runs`).
+
+The sweep's answer is B_simple at each target for the best-tuned run of each batch size (the
+median over batch sizes, `analysis.pipeline.fit_target`), not every run's own. Measuring every
+run on the steps its own precision needs made a CPU sweep cost 1.5-1.8x one that measures
+nothing, and almost all of it was spent on runs whose noise scale no answer reads: the slow,
+badly tuned learning rates, which are also the longest runs. So, under `noise.runs=auto`:
+
+- `dense`: in each group of runs that share a batch size (and a branch point), the
+  `DENSE_PER_BATCH` learning rates nearest the best known (in log distance; ties go to the
+  larger, faster rate) are measured by one run each (one seed), on the steps `noise.every`
+  says;
+- `needed`: a run whose own schedule reads its noise scale (adaptive, along) measures as
+  `noise.every` says;
+- `off`: every other run measures nothing (`noise.method=none` for that run).
+
+The best learning rate known is that of the finished runs (of those at that batch size that
+stopped at the hardest target, the fewest steps; else the lowest final loss), or, where
+nothing has finished (a first launch), the middle of the grid's rates at that batch size. A
+run's assignment is decided once, when it is first handed to an executor, and never changes
+after (it may have trained): a relaunch, a resume or a requeue keeps it, and the planner's
+later rounds measure their new runs nearest the best rate, and a relaunch that adds a seed
+measures the nearest rates a first guess left unmeasured (`plan_runs`).
+
+The analysis reads, at each target and batch size, the best run's B_simple where it was
+measured, else that of the measured run nearest its learning rate at the same batch size
+(`analysis.front`), and states the median's standard error over batch sizes as before.
+
+Pure: no I/O, no torch; the sweep folder's file is `store.NOISE_PLAN`, read and written by
+`gnsweep.folder`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Protocol
+
+from gnsweep.config import NOISE_RUNS, Config
+from gnsweep.noise import Method
+
+RUNS_CHOICES = NOISE_RUNS
+DENSE_PER_BATCH = 2
+"""Learning rates per batch size (and branch point) measured under `noise.runs=auto`: the
+best known and its nearest neighbour, so that a first launch's guess (the grid's middle)
+still holds one of the rates the front uses at most batch sizes."""
+
+ALL, DENSE, NEEDED, OFF = "all", "dense", "needed", "off"
+ROLES = (ALL, DENSE, NEEDED, OFF)
+
+
+class RunSpec(Protocol):
+    """What the plan reads of a run (`runs.RunSpec`, which it cannot import: a floor above)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def learning_rate(self) -> float: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def exchange_rate(self) -> float: ...
+    @property
+    def along(self) -> bool: ...
+    @property
+    def at_examples(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One run's part in the plan."""
+
+    role: str
+    """all (noise.runs=all), dense, needed or off."""
+    why: str
+    """Why, in a few words (shown by `gnsweep status`, `analyze` and the report)."""
+
+    @property
+    def measures(self) -> bool:
+        return self.role != OFF
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def of(cls, data: Any) -> Assignment | None:
+        """An assignment from its record, None where it is not one."""
+        if not (isinstance(data, dict) and data.get("role") in ROLES
+                and isinstance(data.get("why"), str)):
+            return None
+        return cls(data["role"], data["why"])
+
+
+def middle_rate(rates: Iterable[float]) -> float:
+    """The grid's middle learning rate in log space (the geometric midpoint of its range)."""
+    positive = [r for r in rates if r > 0 and math.isfinite(r)]
+    if not positive:
+        return math.nan
+    return math.sqrt(min(positive) * max(positive))
+
+
+def _group(spec: RunSpec) -> tuple[int, int]:
+    return spec.at_examples, spec.batch_size
+
+
+def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignment],
+              best_lr: Mapping[tuple[int, int], float] | None = None,
+              dense_per_batch: int = DENSE_PER_BATCH) -> dict[str, Assignment]:
+    """The assignment of every run of `specs` not yet in `planned` (those keep theirs: a run
+    planned once may have trained with it).
+
+    `specs`: every run of the sweep (the ones already planned included). `runs`:
+    `noise.runs`. `best_lr`: the best learning rate known per (at_examples, batch_size) group
+    (`best_rates`); a group without one takes its grid's middle rate (`middle_rate`). Per
+    group, the `dense_per_batch` rates nearest the best in log distance (ties: the larger
+    rate) are measured, each by one run: the lowest seed not yet planned, unless a run at
+    that rate measures already. So a later round's runs nearer the best measure, and a
+    relaunch that adds a seed measures the nearest rates that an earlier guess left
+    unmeasured."""
+    if runs not in RUNS_CHOICES:
+        raise ValueError(f"noise.runs={runs!r}: choose one of {', '.join(RUNS_CHOICES)}")
+    specs = list(specs)
+    out: dict[str, Assignment] = {}
+    if runs == ALL:
+        return {s.run_id: Assignment(ALL, "noise.runs=all") for s in specs
+                if s.run_id not in planned}
+    groups: dict[tuple[int, int], list[RunSpec]] = defaultdict(list)
+    for spec in specs:
+        if spec.exchange_rate > 0 or spec.along:
+            if spec.run_id not in planned:
+                out[spec.run_id] = Assignment(NEEDED, "its batch size follows its own noise "
+                                                      "scale")
+            continue
+        groups[_group(spec)].append(spec)
+    known = best_lr or {}
+    for key, members in groups.items():
+        best = known.get(key, math.nan)
+        told = "the best learning rate so far" if math.isfinite(best) else "the grid's middle"
+        if not math.isfinite(best):
+            best = middle_rate(s.learning_rate for s in members)
+        order = sorted(members, key=lambda s: (_distance(s.learning_rate, best),
+                                               -s.learning_rate, s.seed))
+        nearest = list(dict.fromkeys(s.learning_rate for s in order))[:dense_per_batch]
+        measured = {s.learning_rate for s in members
+                    if (a := planned.get(s.run_id)) is not None and a.measures}
+        for spec in order:
+            if spec.run_id in planned:
+                continue
+            lr = spec.learning_rate
+            if lr in nearest and lr not in measured:
+                measured.add(lr)
+                out[spec.run_id] = Assignment(
+                    DENSE, f"nearest {told} ({best:.3g}) at batch {spec.batch_size}")
+            elif lr in nearest:
+                out[spec.run_id] = Assignment(OFF, f"another run measures rate {lr:g} at "
+                                                   f"batch {spec.batch_size}")
+            else:
+                out[spec.run_id] = Assignment(
+                    OFF, f"the {dense_per_batch} rates nearer {told} ({best:.3g}) measure at "
+                         f"batch {spec.batch_size}")
+    return out
+
+
+def _distance(lr: float, best: float) -> float:
+    return abs(math.log(lr / best)) if lr > 0 and best > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished run as the plan reads it (from its status.json)."""
+
+    batch_size: int
+    learning_rate: float
+    at_examples: int
+    steps: float
+    final_loss: float
+    reached: bool
+    """It stopped at the sweep's hardest target."""
+
+
+def best_rates(outcomes: Iterable[Outcome], falling: bool = True) -> dict[tuple[int, int], float]:
+    """The best learning rate per (at_examples, batch_size) among finished runs: of those that
+    reached the hardest target, the one with the fewest steps; where none did, the lowest
+    final loss (the highest where the metric rises)."""
+    groups: dict[tuple[int, int], list[Outcome]] = defaultdict(list)
+    for o in outcomes:
+        if o.learning_rate > 0 and (o.reached or math.isfinite(o.final_loss)):
+            groups[(o.at_examples, o.batch_size)].append(o)
+    out = {}
+    sign = 1.0 if falling else -1.0
+    for key, members in groups.items():
+        reached = [o for o in members if o.reached and math.isfinite(o.steps)]
+        if reached:
+            out[key] = min(reached, key=lambda o: (o.steps, -o.learning_rate)).learning_rate
+        else:
+            out[key] = min(members, key=lambda o: (sign * o.final_loss,
+                                                   -o.learning_rate)).learning_rate
+    return out
+
+
+def measured_as_planned(config: Config, assignment: Assignment | None) -> Config:
+    """The config a run trains with under its assignment: `config` itself unless the run is
+    planned off, then a copy with noise.method=none and no B_noise or probes either (a
+    script's run alike: whatever measures inside the script reads its run's noise section)."""
+    if assignment is None or assignment.measures:
+        return config
+    out = copy.copy(config)
+    # Set, not `replace`d: the cross-section check refuses a method for a script sweep that
+    # the plan, not the user, chose.
+    out.noise = replace(config.noise, method=str(Method.NONE), hessian_every=0,
+                        probe_per_octave=0.0)
+    return out
+
+
+def summary(plan: Mapping[str, Assignment]) -> str:
+    """One line: how many runs measure, and why the others do not."""
+    if not plan:
+        return "noise plan: none recorded"
+    counts: dict[str, int] = defaultdict(int)
+    for a in plan.values():
+        counts[a.role] += 1
+    measured = len(plan) - counts[OFF]
+    if counts[ALL] == len(plan):
+        return f"noise plan: every run measures (noise.runs=all, {len(plan)} runs)"
+    parts = [f"{counts[r]} {r}" for r in (DENSE, NEEDED, ALL) if counts[r]]
+    return (f"noise plan (noise.runs=auto): {measured} of {len(plan)} runs measure "
+            f"({', '.join(parts)}: nearest the best learning rate of each batch size); "
+            f"{counts[OFF]} off")
