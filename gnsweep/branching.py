@@ -5,7 +5,7 @@ For each requested point N (examples seen), the base run's checkpoint taken for 
 at or before N, is a branch point: its loss is measured on fresh batches at its fixed
 parameters (the targets are fractions of it, `branch.targets`), the base run's noise scale
 there is read from its metrics, and the grid's runs are written under `D/runs/` (run ids
-`at<N>_b..`), each starting from that checkpoint (`gnsweep.training.branch`: what is kept and
+`at<N>_b..`), each starting from that checkpoint (`gnsweep.training.branch_start`: what is kept and
 what is reset). The folder is a sweep like any other: status, analyze (the local B_crit,
 `analysis.along`), plot and report work, and the same command again resumes it. docs/along.md.
 """
@@ -196,7 +196,7 @@ def prepare_branch(base_run: Path, at: list[int], sweep_dir: Path, overrides: li
     """Resolve the branch points, write the branch sweep's config and every run's record (those
     already written are kept: the same command resumes); returns (config, specs)."""
     from gnsweep.sweep import prepare_folder
-    from gnsweep.training.branch import read_checkpoint
+    from gnsweep.training.branch_start import read_checkpoint
 
     base, base_spec = read_base(base_run)
     refuse_script(base)

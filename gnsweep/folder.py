@@ -65,11 +65,20 @@ class SweepFolder(SweepPaths):
     """One opened sweep folder: `root`, its typed `config`, its runs' grid points (`specs`,
     when opened verified) and the paths of its files (`SweepPaths`)."""
 
-    def __init__(self, root: Path, config: Config,
+    def __init__(self, root: Path, config: Config | None,
                  specs: dict[str, RunSpec] | None = None) -> None:
         super().__init__(Path(root))
-        self.config = config
+        self._config = config
         self._specs = specs
+
+    @property
+    def config(self) -> Config:
+        """The sweep's config, typed. A worker's folder whose config.yaml did not read at its
+        start (`for_worker`) reads it here, again at each use until it reads: each run then
+        fails with the reason, and a config a relaunch wrote since is the one used."""
+        if self._config is None:
+            self._config = read_config(self.root)
+        return self._config
 
     # ---- opening ------------------------------------------------------------------------
 
@@ -106,12 +115,14 @@ class SweepFolder(SweepPaths):
         return cls(Path(root), read_config(Path(root)))
 
     @classmethod
-    def at(cls, where: SweepFolder | Path | str) -> SweepFolder:
-        """`where` if it is an opened folder, else the folder there opened by `of_config`: the
-        entry points that a test or a script calls with a path."""
-        if isinstance(where, SweepFolder):
-            return where
-        return cls.of_config(Path(where))
+    def for_worker(cls, root: Path | str) -> SweepFolder:
+        """A worker's folder, opened once at its start: its config.yaml parsed (`of_config`), or,
+        where it does not read, the folder without it (`config` reads it at each use and
+        raises the reason there, so that each run fails with it)."""
+        try:
+            return cls.of_config(Path(root))
+        except Exception:
+            return cls(Path(root), None)
 
     # ---- what it holds ------------------------------------------------------------------
 

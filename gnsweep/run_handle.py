@@ -13,7 +13,7 @@
 The sweep starts the script with its run's values in GNSWEEP_* environment variables (the
 placeholders of `gnsweep.tasks.script`); the handle reads them. `log` appends one JSON line to
 the run folder's `script_rows.jsonl`, which the sweep reads as the run's metrics as it grows
-(`gnsweep.training.script`). Under torchrun only rank 0 writes (RANK); every rank may call
+(`gnsweep.training.script_runner`). Under torchrun only rank 0 writes (RANK); every rank may call
 `log` and `should_stop` alike.
 """
 

@@ -469,3 +469,26 @@ def unmeasured_line(shares: dict[str, float | None]) -> str | None:
             f"{len(missing)} run(s): {listed}{more}; the noise scale was not measured there "
             "(status.json: noise_method and b_simple_nan_share; the run's log says why; "
             "docs/noise.md)")
+
+
+def measurement_note(rows: list[dict[str, Any]]) -> str | None:
+    """One line on what the finished runs measured (`sweep_status` rows, their status.json's
+    `noise_measured`): measurement off (`noise.method=none`: B_simple absent by design), or
+    the share of steps measured over the runs; None before any run has finished."""
+    known = [r["noise"] for r in rows if isinstance(r.get("noise"), dict)]
+    if not known:
+        return None
+    off = sum(1 for n in known if n.get("method") == "none")
+    steps = sum(int(n.get("steps") or 0) for n in known if n.get("method") != "none")
+    measured = sum(int(n.get("measured") or 0) for n in known if n.get("method") != "none")
+    parts = []
+    if off:
+        parts.append(f"{off} run(s) with noise measurement off (noise.method=none, or planned "
+                     "off by noise.runs=auto): no B_simple")
+    if steps:
+        everys = sorted({str(n.get("every")) for n in known if n.get("method") != "none"})
+        parts.append(f"noise scale measured on {measured / steps:.0%} of {steps} steps "
+                     f"(noise.every={', '.join(everys)})")
+    return "; ".join(parts) if parts else None
+
+

@@ -189,8 +189,8 @@ def run_specs(config: Config, sweep_dir: Path, run_ids: list[str], *,
     import uuid
 
     from gnsweep.executors import LAUNCH_ENV
-    from gnsweep.executors.base import stop_on_signals
     from gnsweep.executors.registry import executor_for
+    from gnsweep.executors.rounds import stop_on_signals
     from gnsweep.progress import SweepProgress
 
     # Every worker inherits it and records it with each attempt: the summary can then say

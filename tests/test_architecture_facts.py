@@ -47,7 +47,7 @@ def test_store_imports_no_analysis_module():
 
 
 def test_the_launch_preflight_imports_no_training_module():
-    assert not {m for m in _imports(PACKAGE / "tasks" / "check.py")
+    assert not {m for m in _imports(PACKAGE / "tasks" / "launch_check.py")
                 if m.startswith("gnsweep.training")}
 
 
@@ -61,7 +61,7 @@ def test_lr_schedule_imports_without_torch():
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.parametrize("user", ["planner/rules.py", "schedule.py", "analysis/lr.py"])
+@pytest.mark.parametrize("user", ["planner/pilot.py", "schedule.py", "analysis/lr.py"])
 def test_eq_2_7_has_one_home(user):
     imported = _imports(PACKAGE / user)
     assert "gnsweep.lr_law.eps_opt" in imported or "gnsweep.lr_law" in imported \
@@ -95,7 +95,7 @@ def test_sweep_folder_file_names_live_in_store():
 
 
 def test_results_columns_are_typed_once():
-    from gnsweep.analysis import adaptive, along, compare, front, lr, pipeline, steps
+    from gnsweep.analysis import adaptive, along, crit_vs_simple, front, lr, pipeline, steps
     assert store.RESULT_SCHEMAS is tables.RESULT_SCHEMAS
     assert store.COMPARE_SCHEMA is tables.COMPARE_SCHEMA
     assert tables.columns("steps") == steps.STEPS_COLUMNS
@@ -104,7 +104,7 @@ def test_results_columns_are_typed_once():
     assert tables.columns("lr_fits") == lr.LR_FIT_COLUMNS
     assert tables.columns("adaptive") == adaptive.ADAPTIVE_COLUMNS
     assert tables.columns("along") == along.ALONG_COLUMNS
-    assert tables.columns("compare") == compare.COMPARE_COLUMNS
+    assert tables.columns("compare") == crit_vs_simple.COMPARE_COLUMNS
 
 
 def test_the_loop_asks_the_monitor():

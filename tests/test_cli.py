@@ -67,7 +67,9 @@ def test_launch_help_documents_the_exit_codes():
 def test_help_paragraphs_are_not_cut_mid_sentence():
     """Each paragraph of a command's help is one line (the help wraps it at the terminal's
     width), but for its example lines: the docstring's own line breaks cut sentences in two."""
-    for command in app.registered_commands:
+    from gnsweep.cli import VERBS, verb_info
+
+    for command in [*map(verb_info, VERBS), *app.registered_commands]:
         assert command.help, command.callback
         for paragraph in command.help.split("\n\n"):
             for line in paragraph.splitlines()[1:]:

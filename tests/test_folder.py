@@ -133,3 +133,18 @@ def test_a_worker_opens_the_folder_once_for_all_its_runs(tmp_path, monkeypatch):
     assert {store.read_status(store.run_dir(tmp_path, s.run_id)).state for s in specs} == \
         {store.RunState.DONE}
     assert _parses(tmp_path / "parses") == {str(os.getpid()): 1}
+
+
+def test_a_workers_folder_whose_config_does_not_read_fails_each_use_with_the_reason(tmp_path):
+    # A worker gets a folder even where config.yaml does not read at its start: each run then
+    # fails with the reason, and a config written since (a relaunch) is read at the next use.
+    prepare(tmp_path, compose(SMALL))
+    good = (tmp_path / store.SWEEP_CONFIG).read_text()
+    (tmp_path / store.SWEEP_CONFIG).write_text("sweep: [unclosed\n")
+    folder = SweepFolder.for_worker(tmp_path)
+    assert folder.root == tmp_path
+    for _ in range(2):
+        with pytest.raises(StoreError, match=r"config\.yaml: unreadable"):
+            _ = folder.config
+    (tmp_path / store.SWEEP_CONFIG).write_text(good)
+    assert list(folder.config.sweep.batch_sizes) == [8, 16]

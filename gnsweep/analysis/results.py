@@ -60,7 +60,7 @@ class Results:
     """B_simple against the temperature eps/B, one row per target (temperature.parquet,
     `analysis.temperature`, appendix C)."""
     recommendation: dict[str, Any] | None = None
-    """The batch size and learning rate to train with (`analysis.recommend`, its `to_json`),
+    """The batch size and learning rate to train with (`analysis.decision`, its `to_json`),
     written into fits.json by `gnsweep analyze`; None where none was made."""
 
     @property

@@ -1,6 +1,6 @@
 """What a user can set, and how the task counts: the unit of B (tokens for a language model),
 task units per sample, the data-parallel size a batch must be a multiple of, and the grid that
-ran. A recommendation (`analysis.recommend`) and the next grid (`analysis.next_grid`) say batch
+ran. A recommendation (`analysis.decision`) and the next grid (`planner.next_grid`) say batch
 sizes in these terms. Pure.
 """
 

@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 from gnsweep import store, tables
 from gnsweep.analysis.load import METRIC_COLUMNS
 from gnsweep.analysis.steps import CURVE_COLUMNS
-from gnsweep.commands.analyze import analyze_sweep
 from gnsweep.paths import RunPaths, SweepPaths
+from gnsweep.sweep_analysis import analyze_sweep
 
 TARGETS = (1.0, 0.5, 0.25)
 

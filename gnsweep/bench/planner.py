@@ -26,10 +26,10 @@ GOAL_B_CRIT = 0.25
 
 def main(argv: list[str]) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from gnsweep.commands.analyze import analyze_sweep
     from gnsweep.commands.plan import examples_processed, plan
     from gnsweep.compose import compose
     from gnsweep.sweep import launch
+    from gnsweep.sweep_analysis import analyze_sweep
 
     parser = argparse.ArgumentParser(prog="gnsweep bench planner")
     parser.add_argument("--set", dest="overrides", action="append", default=[],

@@ -4,7 +4,9 @@ checkpoints, the loss at each point, the grid) and run what has not finished (do
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
 
 from gnsweep.commands import Echo
 from gnsweep.tasks import about
@@ -74,3 +76,35 @@ def describe_plan(config: Config, planned: list[tuple[RunSpec, str]], sweep_dir:
         lines.append(f"{spec.run_id:<34}{spec.at_examples:>16,}{spec.batch_size:>12}"
                      f"{spec.learning_rate:>15g}{spec.seed:>6}  {state}")
     return "\n".join(lines)
+
+
+def command(
+    base_run_dir: Annotated[Path, typer.Argument(
+        help="The base run's folder, e.g. runs/digits/runs/b00032_lr0.1_s0.")],
+    at: Annotated[str, typer.Option(
+        "--at", help="Branch points in examples seen, e.g. 1000,4000,16000 (each: the base "
+                     "run's kept checkpoint at or before it).")],
+    sweep_dir: Annotated[Path, typer.Option("--sweep-dir", help="The branch sweep's folder.")],
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="Hydra overrides for the branch grid, e.g. sweep.batch_sizes=[16,64,256] "
+             "branch.targets=[0.97,0.94,0.9]")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="Worker processes (default: one a GPU, else a core).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="List the branch runs, done and pending, and exit: nothing is "
+                          "written or trained.")] = False,
+) -> None:
+    """Measure the critical batch size along a run: a batch size x learning rate grid started
+    from the base run's checkpoints, to targets relative to the loss at each (docs/along.md).
+
+    Runs live under DIR/runs (status, analyze, plot and report work; `gnsweep analyze DIR`
+    writes along.parquet); the same command again resumes. Exit codes as `gnsweep launch`;
+    2 also when the base run kept no checkpoint at or before a point.
+    Example: gnsweep branch runs/linreg/runs/b00016_lr0.4_s0 --at 256,1024,4096
+    --sweep-dir runs/linreg-along sweep=linreg branch.targets=[0.7,0.6,0.5]
+    """
+    code = run(base_run_dir, at, sweep_dir, overrides, workers=workers, quiet=quiet,
+               echo=typer.echo, dry_run=dry_run)
+    if code:
+        raise typer.Exit(code)

@@ -4,7 +4,9 @@ record (`gnsweep.analysis.baseline`: the tolerances, JUnit XML)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from gnsweep import store
 from gnsweep.commands import Echo
@@ -15,8 +17,8 @@ def fits_of(folder: Path, echo: Echo) -> tuple[Any, str | None]:
     """Fresh fits of a sweep folder (analyzed now, nothing written), or a folder's fits.parquet;
     with the column the fits are grouped by (`analyze --group-by`), else None."""
     from gnsweep.analysis.groups import group_of
-    from gnsweep.commands.analyze import analyze_sweep
     from gnsweep.folder import read_results
+    from gnsweep.sweep_analysis import analyze_sweep
 
     if store.is_sweep(folder):
         analysis = analyze_sweep(folder, write=False)
@@ -66,3 +68,39 @@ def check(folder: Path, baseline_file: Path, *, rtol: float | None, k_se: float 
         return 1
     echo(f"gnsweep check: all {len(cases)} figure(s) within tolerance of {baseline_file}")
     return 0
+
+
+def baseline_command(
+    folder: Annotated[Path, typer.Argument(
+        help="A sweep folder (analyzed now) or a folder holding fits.parquet.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Baseline JSON to write.")],
+    rtol: Annotated[float, typer.Option(
+        min=0.0, help="Relative change `gnsweep check` allows.")] = 0.05,
+    k_se: Annotated[float, typer.Option(
+        "--k-se", min=0.0, help="Or this many combined standard errors (0: off).")] = 0.0,
+) -> None:
+    """Record the fits (B_crit, S_min, E_min per target) for `gnsweep check`.
+
+    Example: gnsweep baseline runs/tiny -o tests/baseline/tiny.json
+    """
+    baseline(folder, output, rtol=rtol, k_se=k_se, echo=typer.echo)
+
+
+def check_command(
+    folder: Annotated[Path, typer.Argument(
+        help="A sweep folder (analyzed now) or a folder holding fits.parquet.")],
+    baseline_file: Annotated[Path, typer.Option("--baseline", help="From `gnsweep baseline`.")],
+    rtol: Annotated[float | None, typer.Option(
+        min=0.0, help="Allowed relative change (default: the baseline's).")] = None,
+    k_se: Annotated[float | None, typer.Option(
+        "--k-se", min=0.0, help="Or this many combined standard errors (default: the "
+                                "baseline's).")] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
+) -> None:
+    """Compare fresh fits with a baseline; exit 1 when B_crit, S_min or E_min moved too far.
+
+    Example: gnsweep check runs/tiny --baseline tests/baseline/tiny.json --junit fits.xml
+    """
+    code = check(folder, baseline_file, rtol=rtol, k_se=k_se, junit=junit, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)

@@ -1,4 +1,4 @@
-"""`gnsweep compare`: the I/O around the pure comparison (`gnsweep.analysis.compare`) and its
+"""`gnsweep compare`: the I/O around the pure comparison (`gnsweep.analysis.crit_vs_simple`) and its
 figures (`gnsweep.report.compare_figures`).
 
     <out>/compare.parquet                    one row per sweep x target (store.COMPARE_SCHEMA)
@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import pandas as pd
+import typer
 
 from gnsweep import store
-from gnsweep.analysis.compare import SweepFits, compare_rows
+from gnsweep.analysis.crit_vs_simple import SweepFits, compare_rows
 from gnsweep.commands import Echo
 from gnsweep.errors import ConfigError, StoreError
 from gnsweep.paths import SweepPaths
@@ -63,7 +65,7 @@ def compare_sweeps(sweep_dirs: list[Path], out_dir: Path,
                    formats: tuple[str, ...] = FORMATS) -> Compared:
     """Read every sweep (all of them first: a bad folder stops before anything is written),
     then write compare.parquet and the figures into `out_dir`."""
-    from gnsweep.commands.plot import save
+    from gnsweep.figure_files import save
     from gnsweep.report import compare_figures as compare_plots
 
     if not sweep_dirs:
@@ -107,3 +109,20 @@ def run(sweep_dirs: list[Path], out: Path, svg: bool, echo: Echo) -> None:
         echo(f"skipped {name}: {reason}", err=True)
     for path in result.paths:
         echo(str(path))
+
+
+def command(
+    sweep_dirs: Annotated[list[Path], typer.Argument(
+        help="Analysed sweep folders (`gnsweep analyze` wrote their fits.parquet).")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for compare.parquet and the "
+                                                    "figures.")],
+    svg: Annotated[bool, typer.Option("--svg", help="SVG instead of PDF beside each PNG.")
+                   ] = False,
+) -> None:
+    """B_crit against the noise scale B_simple across sweeps (the paper's headline figure).
+
+    Writes OUT/compare.parquet (one row per sweep x target), bcrit_vs_noise_scale.png/.pdf and
+    noise_scale_vs_target.png/.pdf (docs/compare.md).
+    Example: gnsweep compare runs/paper/digits runs/paper/linreg --out runs/paper/compare
+    """
+    run(sweep_dirs, out, svg, typer.echo)

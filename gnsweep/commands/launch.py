@@ -4,13 +4,15 @@ the grid, check the task (`preflight`), then run what has not finished (`gnsweep
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from gnsweep import store
 from gnsweep.commands import Echo
-from gnsweep.commands.preflight import compose_config, preflight
 from gnsweep.config import Config
 from gnsweep.paths import SweepPaths
+from gnsweep.preflight import compose_config, preflight
 from gnsweep.tasks import about
 
 
@@ -106,7 +108,7 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
         echo(f"follow: gnsweep status {sweep_dir}")
         return 0
     echo(f"sweep {sweep_dir}: {summary.describe()}")
-    from gnsweep.commands.status import noise_plan_lines
+    from gnsweep.status_rows import noise_plan_lines
 
     for line in noise_plan_lines(sweep_dir)[:1]:  # which runs measured (noise_plan.json: why)
         echo(line)
@@ -131,7 +133,7 @@ def filled_command(config: Config, spec: Any, sweep_dir: Path) -> str:
     torchrun for executor=torchrun), as a shell would take it."""
     import shlex
 
-    from gnsweep.training.script import command, placeholder_values
+    from gnsweep.training.script_command import command, placeholder_values
 
     run_path = SweepPaths(sweep_dir).run(spec.run_id).folder
     return shlex.join(command(config, placeholder_values(config, spec, run_path, 0, 1)))
@@ -166,3 +168,37 @@ def budget_lines(config: Config, per_sample: float) -> list[str]:
             f"sweep.max_examples={sweep.max_examples:,} (at batch size {short[-1]}, "
             f"{sweep.max_steps:,} steps train {round(sweep.max_steps * short[-1] * per_sample):,}"
             " examples); raise sweep.max_steps to give them the same budget in examples"]
+
+
+def command(
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="Hydra overrides, e.g. task=digits sweep.batch_sizes=[16,64,256]")] = None,
+    sweep_dir: Annotated[Path | None, typer.Option(
+        "--sweep-dir", help="Sweep folder (default: runs/<sweep name>).")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="Worker processes (default: one a GPU, else a core).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the grid and exit.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    detach: Annotated[bool, typer.Option(
+        "--detach", help="executor=slurm: return once the jobs are submitted.")] = False,
+) -> None:
+    """Run (or resume) a batch-size x learning-rate sweep.
+
+    Exit codes: 0 every run ended done or diverged; 1 a run failed (named on stderr; `gnsweep
+    status` shows why); 2 bad input (config, task that fails its check, sweep folder); 130
+    interrupted (Ctrl-C; relaunch to continue).
+
+    Relaunching on the same folder runs only what is missing (also while an earlier launch or
+    its Slurm jobs still run: runs are claimed, none runs twice). Executors: executor=local
+    (default), executor=torchrun executor.nproc_per_node=2, executor=slurm
+    executor.partition=gpu executor.gpus_per_node=8 executor.nproc_per_node=8.
+
+    Adaptive batch size runs beside the grid (appendix D, docs/adaptive.md): sweep.schedule=adaptive
+    sweep.exchange_rates=[30,300] (eps_max from the folder's fit, or sweep.eps_max=...).
+
+    Example: gnsweep launch task=digits sweep.batch_sizes=[16,64,256] sweep.learning_rates=[0.1,0.3]
+    """
+    code = run(overrides, sweep_dir=sweep_dir, workers=workers, dry_run=dry_run, quiet=quiet,
+               detach=detach, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)

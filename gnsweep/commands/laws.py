@@ -1,5 +1,5 @@
 """`gnsweep laws`: read a family of fixed-budget sweeps (or a table made elsewhere), fit the
-laws across scale (`gnsweep.analysis.laws`), write them, print them (`gnsweep.report.laws`).
+laws across scale (`gnsweep.analysis.laws`), write them, print them (`gnsweep.report.laws_text`).
 
     <out>/laws.parquet        one row per law (tables.LAWS_SCHEMAS["laws"])
     <out>/law_cells.parquet   one row per (N, D) cell
@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Annotated
 
 import pandas as pd
+import typer
 
 from gnsweep import store
 from gnsweep.analysis.laws.cells import CellRefused
@@ -124,7 +126,7 @@ def fit(sweep_dirs: list[Path], table: Path | None, *, tolerance: float, bootstr
 def write(result: Laws, runs: pd.DataFrame, out_dir: Path,
           formats: tuple[str, ...] = FORMATS) -> tuple[list[Path], dict[str, str]]:
     """laws.parquet, law_cells.parquet, laws.json and the figures; (paths, skipped figures)."""
-    from gnsweep.commands.plot import save
+    from gnsweep.figure_files import save
     from gnsweep.report.laws_figures import draw_all
     from gnsweep.report.laws_html import render_laws
 
@@ -156,7 +158,7 @@ def run(sweep_dirs: list[Path], *, table: Path | None, out: Path, point: str | N
     laws.json on stdout), then the files written."""
     import json
 
-    from gnsweep.report.laws import format_laws
+    from gnsweep.report.laws_text import format_laws
 
     result, runs = fit(sweep_dirs, table, tolerance=tolerance, bootstrap=bootstrap,
                        point=point)
@@ -174,31 +176,23 @@ def run(sweep_dirs: list[Path], *, table: Path | None, out: Path, point: str | N
         echo(str(path), err=as_json)
 
 
+def command(
+    out: Annotated[Path, typer.Option("--out", help="Folder for laws.json and the rest.")],
+    sweep_dirs: Annotated[list[Path] | None, typer.Argument(
+        help="Fixed-budget sweep folders, one per model size N and budget D.")] = None,
+    table: Annotated[Path | None, typer.Option("--table", help="CSV or parquet made elsewhere: "
+        "N, D, batch_size, learning_rate, loss; or N, batch_size, steps.")] = None,
+    predict: Annotated[str | None, typer.Option(help="A new scale: N=7e9,D=1.4e12 (and "
+        "M=<FLOPs a token> for DeepSeek's law).")] = None,
+    tolerance: Annotated[float, typer.Option(help="Near-optimal: within this relative loss "
+                                             "(Step Law's 0.25%).")] = 0.0025,
+    bootstrap: Annotated[int, typer.Option(min=0, help="Draws for 95% intervals.")] = 200,
+    as_json: Annotated[bool, typer.Option("--json", help="laws.json on stdout.")] = False,
+) -> None:
+    """Batch size and learning rate laws across model size N and data D (docs/laws.md): each
+    cell's optimum, power laws c * N^a * D^b with 95% intervals, the largest cell held out.
 
-
-def report_section(sweep_dir: Path) -> str:
-    """The HTML section `gnsweep report` adds for a sweep that is a cell of a laws family
-    (`gnsweep laws` recorded where it wrote them): the printed laws and the fits figure; ""
-    when the sweep is in no family."""
-    import base64
-    import html
-
-    from gnsweep.report.laws import format_laws
-
-    pointer = SweepPaths(Path(sweep_dir)).laws_family
-    if not pointer.is_file():
-        return ""
-    recorded = store.read_json(pointer)
-    out = Path(str(recorded.get("laws", ""))) if isinstance(recorded, dict) else Path()
-    head = "<h2>Laws across scale</h2>"
-    if not (out / store.LAWS_JSON).is_file():
-        return (f"{head}<p>This sweep is a cell of the laws written to "
-                f"<code>{html.escape(str(out))}</code>, which are no longer there; run "
-                "<code>gnsweep laws</code> again.</p>")
-    text = format_laws(store.read_json(out / store.LAWS_JSON))
-    figure = out / "laws_fits.png"
-    image = (f'<img alt="laws" src="data:image/png;base64,'
-             f'{base64.b64encode(figure.read_bytes()).decode()}">' if figure.is_file() else "")
-    return (f"{head}<p>This sweep is a cell of a family whose laws <code>gnsweep laws</code> "
-            f"wrote to <code>{html.escape(str(out))}</code> (docs/laws.md).</p>{image}"
-            f"<pre>{html.escape(text)}</pre>")
+    Example: gnsweep laws runs/d1k runs/d2k runs/d4k runs/d8k --out runs/laws --predict N=17,D=65536
+    """
+    run(list(sweep_dirs or []), table=table, out=out, point=predict, tolerance=tolerance,
+        bootstrap=bootstrap, as_json=as_json, echo=typer.echo)

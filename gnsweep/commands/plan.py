@@ -1,5 +1,5 @@
 """`gnsweep plan`: check the task as a launch does (`preflight`), read the finished runs, ask
-`rules.decide` for the next round, record it in D/plan.json (atomically, before any of its runs
+`pilot.decide` for the next round, record it in D/plan.json (atomically, before any of its runs
 starts), write the runs' records and hand them to the executors exactly as `gnsweep launch`
 does; repeat until nothing is left to decide.
 
@@ -14,14 +14,16 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from gnsweep import store
 from gnsweep.commands import Echo
 from gnsweep.config import Config, ConfigError
 from gnsweep.folder import SweepFolder
 from gnsweep.paths import SweepPaths
-from gnsweep.planner.rules import SPREAD, Decision, PlanError, Proposal, RunOutcome, decide
+from gnsweep.planner.pilot import SPREAD, Decision, PlanError, Proposal, RunOutcome, decide
 from gnsweep.runs import RunSpec, write_run
 from gnsweep.tasks import about
 
@@ -271,8 +273,8 @@ def _state(sweep_dir: Path, run_id: str) -> str:
 
 def next_grids(sweep_dir: Path, *, workers: int | None = None, show_progress: bool = True,
                budget: int | None = None, echo: Callable[[str], None] = print) -> list[str]:
-    """`gnsweep plan DIR`: while the folder's recommendation (`analysis.recommend`) is a bound,
-    run exactly the runs of its next grid (`analysis.next_grid`: every seed of the sweep, the
+    """`gnsweep plan DIR`: while the folder's recommendation (`analysis.decision`) is a bound,
+    run exactly the runs of its next grid (`planner.next_grid`: every seed of the sweep, the
     folder's grid widened to hold them) and analyse again, round after round while the runs of
     the plan have processed fewer examples than its budget (`budget`, else the one recorded,
     else the examples the folder's runs had processed when the plan began: the plan at most
@@ -285,12 +287,11 @@ def next_grids(sweep_dir: Path, *, workers: int | None = None, show_progress: bo
     the same runs, none twice, none lost."""
     import dataclasses
 
-    from gnsweep.analysis.recommend import recommend
-    from gnsweep.commands.analyze import analyze_sweep
-    from gnsweep.commands.recommend import setting_of
+    from gnsweep.analysis.decision import recommend
     from gnsweep.report.recommendation import summary
     from gnsweep.report.views import quantity
     from gnsweep.sweep import prepare_folder, run_specs
+    from gnsweep.sweep_analysis import analyze_sweep, setting_of
 
     config = SweepFolder.open(sweep_dir).config  # config.yaml parsed, run files checked, once
     if config.branch.points:
@@ -395,7 +396,7 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
     """`gnsweep plan`: the config and its checks as for `gnsweep launch`, then the plan's rounds;
     ends with what it ran and pruned. `gnsweep plan DIR` (an analysed sweep folder): the next
     grids of its recommendation (`next_grids`)."""
-    from gnsweep.commands.preflight import compose_config, preflight
+    from gnsweep.preflight import compose_config, preflight
 
     folder = folder_argument(overrides)
     if folder is not None:
@@ -421,3 +422,31 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
          f"{len(set(summary.capped))} with a smaller step budget); "
          f"{examples_processed(sweep_dir, ids):,} examples processed")
     echo(f"next: gnsweep analyze {sweep_dir}")
+
+
+def command(
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="Hydra overrides, as for `gnsweep launch`; the grid bounds what the plan runs")
+    ] = None,
+    sweep_dir: Annotated[Path | None, typer.Option(
+        "--sweep-dir", help="Sweep folder (default: runs/<sweep name>-plan).")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="Worker processes (default: one a GPU, else a core).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    budget: Annotated[int | None, typer.Option(
+        "--budget", help="`gnsweep plan DIR`: examples its rounds may process (default: what "
+        "the folder's runs had processed when the plan began).")] = None,
+) -> None:
+    """Find B_crit at a fraction of the grid's compute: a pilot run's B_simple picks the batch
+    sizes, eq. 2.7 the first learning rate at each, and only the rates that can still win run.
+
+    Every run lives under DIR/runs like a launch's (analyze, plot and report work unchanged);
+    DIR/plan.json records each decision, and re-running the same command resumes.
+
+    `gnsweep plan DIR` (an analysed sweep folder, no overrides): while `gnsweep recommend DIR`
+    is a bound, run exactly its next grid in DIR and analyse again, round after round up to
+    --budget examples; DIR/next_grids.json records each round before it runs.
+    Examples: gnsweep plan --sweep-dir runs/digits-plan; gnsweep plan runs/digits
+    """
+    run(overrides, sweep_dir=sweep_dir, workers=workers, quiet=quiet, echo=typer.echo,
+        budget=budget)

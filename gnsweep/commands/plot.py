@@ -6,73 +6,17 @@ them atomically.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from gnsweep import store
-from gnsweep.analysis.results import Results
 from gnsweep.commands import Echo
-from gnsweep.folder import SweepFolder, read_results
+from gnsweep.figure_files import FORMATS, save
 from gnsweep.paths import SweepPaths
-
-FORMATS = ("png", "pdf")
-
-
-def load_tables(sweep_dir: Path | SweepFolder, analyze: bool = True) -> Results:
-    """The results of an analyzed sweep with its runs and metrics; runs `gnsweep analyze`
-    first when they are missing. A sweep folder is opened once (`SweepFolder.open`) unless
-    given opened."""
-    from gnsweep.commands.analyze import analyze_sweep
-
-    if isinstance(sweep_dir, SweepFolder):
-        folder: SweepFolder | None = sweep_dir
-        sweep_dir = sweep_dir.root
-    else:
-        folder = None
-    if folder is None and not store.is_sweep(sweep_dir) \
-            and not os.path.lexists(SweepPaths(sweep_dir).config_file) \
-            and SweepPaths(sweep_dir).result("fits").is_file():
-        return read_results(sweep_dir)  # `analyze --table` output: no runs, no curves
-    folder = folder or SweepFolder.open(sweep_dir)
-    if analyze and (not all(folder.result(name).exists() for name in ("steps", "front", "fits"))
-                    or _stale(sweep_dir)):
-        analyze_sweep(folder)  # none yet, or older than the runs on record
-    results = read_results(sweep_dir)
-    runs, metrics = folder.tables(skip_corrupt=True)
-    # Adaptive runs are drawn from the adaptive table (along runs, sweep.schedule=along, are in
-    # along_schedule); the curves figures show grid runs.
-    varying = runs.get("exchange_rate", 0.0 * runs["batch_size"]) > 0
-    if "along" in runs:
-        varying = varying | runs["along"].astype(bool)
-    adaptive = runs["run_id"][varying]
-    results.runs = runs[~runs["run_id"].isin(adaptive)].reset_index(drop=True)
-    results.metrics = metrics[~metrics["run_id"].isin(adaptive)].reset_index(drop=True)
-    return results
-
-
-def _stale(sweep_dir: Path) -> bool:
-    """Whether the folder's analysis does not cover every run on record as it stands."""
-    from gnsweep.answer_record import stale
-
-    try:
-        return bool(stale(sweep_dir, store.read_json(SweepPaths(sweep_dir).fits_json)["meta"]))
-    except (store.StoreError, KeyError, TypeError):
-        return True
-
-
-def save(fig, stem: str, out_dir: Path, formats: tuple[str, ...] = FORMATS) -> list[Path]:
-    """Write one figure in each format atomically and close it; returns the paths."""
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for fmt in formats:
-        path = Path(out_dir) / f"{stem}.{fmt}"
-        with store.atomic_path(path) as tmp:
-            fig.savefig(tmp, format=fmt)
-        paths.append(path)
-    plt.close(fig)
-    return paths
+from gnsweep.sweep_analysis import load_tables
 
 
 @dataclass
@@ -129,3 +73,17 @@ def run(sweep_dir: Path, svg: bool, echo: Echo) -> None:
         echo(f"note: {note}", err=True)
     for path in written.paths:
         echo(str(path))
+
+
+def command(
+    sweep_dir: Annotated[Path, typer.Argument(help="An analyzed sweep folder.")],
+    svg: Annotated[bool, typer.Option("--svg", help="SVG instead of PDF beside each PNG.")
+                   ] = False,
+) -> None:
+    """Draw every figure the sweep supports into DIR/figures (PNG and PDF).
+
+    A figure the sweep cannot support is skipped with one line saying why (docs/figures.md).
+    Runs `gnsweep analyze` first when its tables are missing.
+    Example: gnsweep plot runs/digits
+    """
+    run(sweep_dir, svg, typer.echo)

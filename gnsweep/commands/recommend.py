@@ -1,5 +1,5 @@
 """`gnsweep recommend`: an analysed sweep folder (or `analyze --table` output) in, the batch size
-and learning rate to train with out (`analysis.recommend`). Runs `gnsweep analyze` first where
+and learning rate to train with out (`analysis.decision`). Runs `gnsweep analyze` first where
 the folder has not been analysed; writes nothing else.
 """
 
@@ -7,64 +7,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from gnsweep import store
-from gnsweep.analysis.recommend import PREFERENCES, Recommendation, recommend
+from gnsweep.analysis.decision import PREFERENCES, Recommendation, recommend
 from gnsweep.analysis.results import Results
-from gnsweep.analysis.setting import Setting
 from gnsweep.commands import Echo
 from gnsweep.errors import ConfigError
-from gnsweep.folder import read_results
-from gnsweep.paths import SweepPaths
-
-
-def load(sweep_dir: Path, notes: list[str] | None = None) -> Results:
-    """The folder's results: its tables where analysed (an `analyze --table` output, or a sweep
-    folder whose analysis covers every run on record as it stands now), else the sweep folder
-    analysed now (its tables written, as `gnsweep analyze`). `notes` gets one line where the
-    analysis was older than the runs (analysed again, or, where that fails, said)."""
-    from gnsweep.analysis.pipeline import AnalysisError
-    from gnsweep.answer_record import stale
-    from gnsweep.commands.analyze import analyze_sweep
-
-    if not sweep_dir.is_dir():
-        raise store.StoreError(f"{sweep_dir}: no such folder; give a sweep folder or the --out "
-                               "folder of `gnsweep analyze --table`")
-    if SweepPaths(sweep_dir).result("fits").is_file():
-        results = read_results(sweep_dir)
-        moved = stale(sweep_dir, results.meta) if store.is_sweep(sweep_dir) else ""
-        if not moved:
-            return results
-        try:
-            fresh = analyze_sweep(sweep_dir)
-        except (AnalysisError, store.StoreError) as err:
-            if notes is not None:
-                notes.append(f"this answer is older than the runs ({moved}); analysing them "
-                             f"again failed: {err}")
-            return results
-        if notes is not None:
-            notes.append(f"analysed again: the analysis on record was older than the runs "
-                         f"({moved})")
-        return fresh
-    store.require_sweep(sweep_dir)
-    return analyze_sweep(sweep_dir)
-
-
-def setting_of(sweep_dir: Path, results: Results) -> Setting:
-    """fits.json's setting (`commands.analyze.setting_meta`); for a folder analysed before it
-    was recorded, the sweep's config gives the grid and the data-parallel size."""
-    setting = Setting.from_meta(results.meta)
-    if "grid" in results.meta or not store.is_sweep(sweep_dir):
-        return setting
-    from dataclasses import replace
-
-    from gnsweep.commands.analyze import setting_meta
-    from gnsweep.folder import read_config
-
-    meta = setting_meta(read_config(sweep_dir), results.runs)
-    return replace(setting, data_parallel=int(meta["data_parallel"]),
-                   batch_sizes=tuple(meta["grid"]["batch_sizes"]),
-                   learning_rates=tuple(meta["grid"]["learning_rates"]))
+from gnsweep.sweep_analysis import analysed_results, setting_of
 
 
 def make(sweep_dir: Path, *, target: float | None = None, prefer: str = "balanced",
@@ -73,7 +25,7 @@ def make(sweep_dir: Path, *, target: float | None = None, prefer: str = "balance
     --target that was not analysed."""
     if prefer not in PREFERENCES:
         raise ConfigError(f"--prefer: {prefer!r} is not one of {', '.join(PREFERENCES)}")
-    results = load(sweep_dir, notes)
+    results = analysed_results(sweep_dir, notes)
     if len(results.along):
         raise ConfigError(f"{sweep_dir}: a branch sweep; its answer is per branch point: "
                           f"gnsweep analyze {sweep_dir} (along.parquet)")
@@ -110,3 +62,30 @@ def run(sweep_dir: Path, *, target: float | None, prefer: str, as_json: bool,
                 and store.is_sweep(sweep_dir):
             echo(f"to run exactly those {len(rec.next_grid.runs)} runs: gnsweep plan {sweep_dir}")
     return 0
+
+
+def command(
+    sweep_dir: Annotated[Path, typer.Argument(
+        help="A sweep folder (analysed now if it was not) or `analyze --table`'s --out folder.")],
+    target: Annotated[float | None, typer.Option(
+        "--target", help="The target to recommend for (default: the hardest whose B_crit is "
+                         "well determined).")] = None,
+    prefer: Annotated[str, typer.Option(
+        "--prefer", help="time (4 B_crit: 1.25 S_min, 5 E_min), balanced (B_crit: 2 S_min, "
+                         "2 E_min) or compute (B_crit/4: 5 S_min, 1.25 E_min); eq. 2.11.")
+    ] = "balanced",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the recommendation as JSON.")
+                       ] = False,
+) -> None:
+    """The batch size and learning rate to train with, what they cost in steps and examples
+    (eq. 2.11), the tradeoff from B_crit/4 to 4 B_crit, and the next grid when the sweep only
+    bounds the answer.
+
+    JSON fields: batch_size (the task's unit), batch_size_samples, learning_rate,
+    learning_rate_low, learning_rate_high, steps, examples, target, status (fit, bound or
+    refused), next_grid (a bound: the runs to add; `gnsweep plan DIR` runs them).
+    Example: gnsweep recommend runs/digits --prefer time --json
+    """
+    code = run(sweep_dir, target=target, prefer=prefer, as_json=as_json, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)

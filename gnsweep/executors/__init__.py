@@ -115,16 +115,13 @@ def requeues(run_path: Path) -> int:
     return count
 
 
-def open_folder(sweep_dir: Path) -> SweepFolder | Path:
-    """A worker's sweep folder, opened once at its start (config.yaml parsed once); the path
-    itself when the config cannot be read: each run then fails with the reason."""
-    try:
-        return SweepFolder.of_config(sweep_dir)
-    except Exception:
-        return sweep_dir
+def open_folder(sweep_dir: Path | str) -> SweepFolder:
+    """A worker's sweep folder, opened once at its start (config.yaml parsed once); where the
+    config cannot be read, each run fails with the reason (`SweepFolder.for_worker`)."""
+    return SweepFolder.for_worker(sweep_dir)
 
 
-def process_logger(sweep: SweepFolder | Path) -> RunLogger:
+def process_logger(sweep: SweepFolder) -> RunLogger:
     """The run logger of this worker process (the sweep's `logger=` setting), made once at
     worker start and reused for every run it trains; rank 0 alone logs under torch.distributed.
 
@@ -137,7 +134,7 @@ def process_logger(sweep: SweepFolder | Path) -> RunLogger:
     if rank() != 0:
         return RunLogger()
     try:
-        folder = SweepFolder.at(sweep)
+        folder = sweep
         # config.yaml holds secrets masked: the real values come from the launcher's
         # environment (`gnsweep.redact`); a value still masked is left to the tracker's own
         # environment variables (MLFLOW_TRACKING_URI, WANDB_API_KEY...).
@@ -174,7 +171,7 @@ def take_run(sweep_dir: Path, run_id: str, max_retries: int) -> tuple[claims.Cla
     return claim, "claimed"
 
 
-def run_taken(sweep: SweepFolder | Path, run_id: str, claim: claims.Claim | None,
+def run_taken(sweep: SweepFolder, run_id: str, claim: claims.Claim | None,
               should_stop: Callable[[], bool] | None = None,
               logger: RunLogger | None = None) -> store.RunStatus:
     """Train a run this process (rank 0: `claim`) has taken; record how it ended on rank 0.
@@ -185,9 +182,7 @@ def run_taken(sweep: SweepFolder | Path, run_id: str, claim: claims.Claim | None
     Nothing is half-written: rows and checkpoints are written atomically as the run goes
     (`gnsweep.training.checkpoint`), metrics.parquet at the end.
     """
-    if not isinstance(sweep, SweepFolder):
-        sweep = open_folder(Path(sweep))  # a path given: opened here, once for this run
-    path = store.run_dir(sweep.root if isinstance(sweep, SweepFolder) else sweep, run_id)
+    path = store.run_dir(sweep.root, run_id)
     writer = rank() == 0
     attempts = 0
     watchdog = None
@@ -244,13 +239,13 @@ def placed() -> dict[str, Any]:
     return {"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "device": str(placement()[2])}
 
 
-def stall_seconds(sweep: SweepFolder | Path) -> float:
+def stall_seconds(sweep: SweepFolder) -> float:
     """The sweep's `sweep.stall_seconds` (its config.yaml, which the latest launch wrote); the
     default when it cannot be read (the run then fails with the reason)."""
     from gnsweep.config import SweepConfig
 
     try:
-        return SweepFolder.at(sweep).config.sweep.stall_seconds
+        return sweep.config.sweep.stall_seconds
     except Exception:
         return SweepConfig.stall_seconds
 
@@ -369,11 +364,11 @@ def watch_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _train_and_record(sweep: SweepFolder | Path, path: Path, attempts: int, writer: bool,
+def _train_and_record(sweep: SweepFolder, path: Path, attempts: int, writer: bool,
                       should_stop: Callable[[], bool] | None,
                       logger: RunLogger, watchdog: Watchdog | None = None) -> store.RunStatus:
     try:
-        config, spec = SweepFolder.at(sweep).read_run(path.name)
+        config, spec = sweep.read_run(path.name)
         train = trainer(config.task.name)
 
         def on_row(row: dict[str, float]) -> None:
@@ -426,12 +421,12 @@ def _train_and_record(sweep: SweepFolder | Path, path: Path, attempts: int, writ
 
 def trainer(task: str) -> Callable[..., Any]:
     """What trains a run of `task`: `training.train` (gnsweep's loop), or for task=script
-    `training.script.run_script` (the user's command as a process); both take (config, spec,
+    `training.script_runner.run_script` (the user's command as a process); both take (config, spec,
     out_dir, should_stop=, on_row=) and return a `RunResult`."""
     from gnsweep.tasks import SCRIPT
 
     if task == SCRIPT:
-        from gnsweep.training.script import run_script
+        from gnsweep.training.script_runner import run_script
 
         return run_script
     from gnsweep.training import train
@@ -439,7 +434,7 @@ def trainer(task: str) -> Callable[..., Any]:
     return train
 
 
-def warm_up(sweep: SweepFolder | Path, run_id: str, stall_s: float = 0.0) -> None:
+def warm_up(sweep: SweepFolder, run_id: str, stall_s: float = 0.0) -> None:
     """Import the training code and the task's data libraries once, before the first run.
 
     The first optimizer a process builds imports torch._dynamo (over a second here): build one.
@@ -469,21 +464,20 @@ def _warm_imports() -> None:
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
-def _warm_task(sweep: SweepFolder | Path, run_id: str) -> None:
+def _warm_task(sweep: SweepFolder, run_id: str) -> None:
     from gnsweep.tasks import SCRIPT, make_task
 
-    config, spec = SweepFolder.at(sweep).read_run(run_id)
+    config, spec = sweep.read_run(run_id)
     if config.task.name == SCRIPT:  # a command: nothing to build in this process
         return
     make_task(config.task.name, config.task.options, spec.seed)
 
 
-def execute_run(sweep: SweepFolder | Path, run_id: str,
+def execute_run(sweep: SweepFolder, run_id: str,
                 should_stop: Callable[[], bool] | None = None, max_retries: int = 0,
                 logger: RunLogger | None = None) -> Outcome:
     """Take one run and train it in this process (no torch.distributed)."""
-    root = sweep.root if isinstance(sweep, SweepFolder) else Path(sweep)
-    claim, why = take_run(root, run_id, max_retries)
+    claim, why = take_run(sweep.root, run_id, max_retries)
     if claim is None:
         return Outcome(why, ran=False)
     return Outcome(run_taken(sweep, run_id, claim, should_stop, logger).state.value, ran=True)

@@ -27,7 +27,6 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gnsweep import allocator, redact, store
@@ -36,12 +35,11 @@ from gnsweep.errors import StopRequested
 from gnsweep.executors import (
     LAUNCH_ENV,
     Outcome,
-    open_folder,
     stopped_by_launcher,
     warm_up,
 )
-from gnsweep.executors.base import Summary
 from gnsweep.executors.gpus import GpuPlan, launcher_gpus, plan
+from gnsweep.executors.rounds import Summary
 from gnsweep.folder import SweepFolder
 from gnsweep.notices import once_per_launch
 from gnsweep.progress import SweepProgress
@@ -62,7 +60,7 @@ class _Worker:
     run_id: str | None = None
 
 
-def _worker_main(inbox: Any, outbox: Any, sweep: SweepFolder | str, threads: int, parent: int,
+def _worker_main(inbox: Any, outbox: Any, sweep: SweepFolder, threads: int, parent: int,
                  max_retries: int, env: dict[str, str]) -> None:
     # Before anything can initialise CUDA: which GPUs this worker sees (CUDA reads it then).
     os.environ.update(env)
@@ -85,14 +83,14 @@ def _worker_main(inbox: Any, outbox: Any, sweep: SweepFolder | str, threads: int
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     torch.set_num_threads(threads)
     allocator.tune()  # a step's temporaries stay on the heap (gnsweep.allocator)
-    sweep_dir = sweep.root if isinstance(sweep, SweepFolder) else Path(sweep)
+    sweep_dir = sweep.root
     once_per_launch(sweep_dir, os.environ.get(LAUNCH_ENV))  # a notice once, not per run
 
     def should_stop() -> bool:
         return stop or os.getppid() != parent
 
-    # The folder the launcher opened (its config parsed there, once), else opened here, once.
-    folder = sweep if isinstance(sweep, SweepFolder) else open_folder(sweep_dir)
+    # The folder the launcher opened (its config parsed there, once).
+    folder = sweep
     logger = process_logger(folder)  # one per worker, reused for each of its runs
     while not should_stop():
         try:
@@ -115,18 +113,17 @@ def _context() -> Any:
     return mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
-def run_local(sweep: SweepFolder | Path, run_ids: list[str], *, workers: int, threads: int = 1,
+def run_local(sweep: SweepFolder, run_ids: list[str], *, workers: int, threads: int = 1,
               max_retries: int = 2, progress: SweepProgress | None = None,
               gpus: GpuPlan | None = None) -> Summary:
     """Run `run_ids` on `workers` processes; failed runs are retried up to `max_retries` times.
     Worker i gets the environment `gpus.env(i)` (its CUDA_VISIBLE_DEVICES; None: inherited).
 
     Returns when every run has finished here or elsewhere, or is out of retries. `sweep`: the
-    folder the launch opened, handed to every worker (config.yaml is not parsed again there);
-    a path is opened here, once.
+    folder the launch opened, handed to every worker (config.yaml is not parsed again there).
     """
-    folder = sweep if isinstance(sweep, SweepFolder) else open_folder(Path(sweep))
-    sweep_dir = folder.root if isinstance(folder, SweepFolder) else folder
+    folder = sweep
+    sweep_dir = folder.root
     ctx = _context()
     outbox = ctx.Queue()
     pending = deque(run_ids)
@@ -140,8 +137,7 @@ def run_local(sweep: SweepFolder | Path, run_ids: list[str], *, workers: int, th
         # Not daemonic: a daemonic process cannot start children, and a run's DataLoader starts
         # worker processes (train.loader_workers). Every exit below stops the workers instead.
         process = ctx.Process(target=_worker_main, daemon=False,
-                              args=(inbox, outbox, folder if isinstance(folder, SweepFolder)
-                                    else str(sweep_dir), threads, os.getpid(),
+                              args=(inbox, outbox, folder, threads, os.getpid(),
                                     max_retries, env))
         process.start()
         return _Worker(process, inbox, slot)
@@ -224,7 +220,7 @@ def launch_scripts_under_torchrun(sweep: SweepFolder, run_ids: list[str], execut
                                   *, max_retries: int, progress: SweepProgress | None,
                                   wait: bool = True) -> Summary:
     """task=script with executor=torchrun: each worker starts its run's command under torchrun
-    with `executor.nproc_per_node` processes (`training.script.torchrun_args`), which share
+    with `executor.nproc_per_node` processes (`training.script_command.torchrun_args`), which share
     the worker's GPUs; `executor.workers` runs at once (0: as many as the GPUs hold, else 1)."""
     gpus = launcher_gpus(executor.gpus)
     nproc = executor.nproc_per_node

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from gnsweep.config import EXECUTORS, ExecutorConfig
 from gnsweep.errors import ConfigError
-from gnsweep.executors.base import Summary
+from gnsweep.executors.rounds import Summary
 from gnsweep.folder import SweepFolder
 from gnsweep.progress import SweepProgress
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gnsweep import redact, store
 from gnsweep.config import ExecutorConfig
 from gnsweep.executors import PREEMPTED
-from gnsweep.executors.base import Summary, Watcher, run_rounds
+from gnsweep.executors.rounds import Summary, Watcher, run_rounds
 from gnsweep.executors.torchrun import worker_command, write_runs_file
 from gnsweep.paths import SweepPaths
 from gnsweep.progress import SweepProgress
@@ -156,7 +156,7 @@ def submit(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig,
     files = [str(write_runs_file(sweep_dir, part)) for part in parts]
     n = len(parts)
     # A task=script job runs the worker in its own process, which starts each command under
-    # torchrun with nproc_per_node processes itself (`training.script.command`).
+    # torchrun with nproc_per_node processes itself (`training.script_command.command`).
     nproc = 1 if _script_sweep(sweep_dir) else executor.nproc_per_node
     jobs = make_executor(folder, executor).map_array(
         slurm_job, [str(sweep_dir)] * n, files, [nproc] * n,

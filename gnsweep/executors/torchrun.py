@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from gnsweep import store
 from gnsweep.config import ExecutorConfig
-from gnsweep.executors.base import Summary, Watcher, run_rounds
 from gnsweep.executors.gpus import GpuPlan, launcher_gpus, plan
+from gnsweep.executors.rounds import Summary, Watcher, run_rounds
 from gnsweep.progress import SweepProgress
 
 if TYPE_CHECKING:

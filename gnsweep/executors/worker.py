@@ -77,11 +77,11 @@ def init_process_group() -> bool:
     return True
 
 
-def serve(sweep: SweepFolder | Path, run_ids: list[str], max_retries: int,
+def serve(sweep: SweepFolder, run_ids: list[str], max_retries: int,
           should_stop: Callable[[], bool]) -> int:
     """Train `run_ids` in turn (each once, failed ones again while retries last); returns how
     many this process group trained. `sweep`: the folder opened at the worker's start."""
-    sweep_dir = sweep.root if isinstance(sweep, SweepFolder) else sweep
+    sweep_dir = sweep.root
     distributed = dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
     queue = deque(run_ids)

@@ -109,8 +109,3 @@ class RunProbes:
                 "probe_g_h_g": est.g_h_g, "probe_trace_h_sigma": est.trace_h_sigma}
 
 
-def overrun_steps(step: int, batch_size: int, fraction: float, min_examples: float) -> int:
-    """Steps to train past the hardest target so that the analysis's centred smoothing window
-    there is whole: half-width max(fraction * step, min_examples / B) (analysis.smoothing: B
-    and `min_examples` in samples, the batch's first dimension)."""
-    return math.ceil(max(fraction * step, min_examples / batch_size))

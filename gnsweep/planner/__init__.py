@@ -1,6 +1,7 @@
-"""`gnsweep plan`: find B_crit at a fraction of the grid's compute.
+"""`gnsweep plan`: the runs that find B_crit at a fraction of the grid's compute, pure.
 
-`rules` decides (pure: pilot, batch sizes, learning rates, step budgets); `gnsweep.commands.plan`
-reads the finished runs, records each decision in the sweep folder's plan.json and hands the runs
-to the executors, exactly as `gnsweep launch` does.
+`pilot` decides a planned sweep's rounds (pilot, batch sizes, learning rates, step budgets);
+`next_grid` the runs that settle a recommendation's bound. `gnsweep.commands.plan` reads the
+finished runs, records each decision in the sweep folder and hands the runs to the executors,
+exactly as `gnsweep launch` does.
 """

@@ -16,7 +16,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
-from gnsweep.analysis.compare import log_error_bars, placeable
+from gnsweep.analysis.crit_vs_simple import log_error_bars, placeable
 from gnsweep.report.figures import COLORS, COLUMN, STYLE, Skip, literal
 from gnsweep.report.views import preconditioned
 from gnsweep.targets import KEY as DIRECTION_KEY

@@ -3,7 +3,7 @@
 One style for every figure: Okabe-Ito colours for targets (colour-blind safe), viridis for the
 ordered batch sizes, sizes and fonts meant for a paper column (3.4 in) or a page (7 in).
 `draw_all` draws every figure a sweep can support and says in one line why it skipped the rest;
-`png_bytes` turns one into bytes for the report; `gnsweep.commands.plot` writes them to files.
+`png_bytes` turns one into bytes for the report; `gnsweep.figure_files` writes them to files.
 
 Tables (docs/analysis.md lists their columns): `runs` and `metrics` from
 `gnsweep.analysis.load.load_sweep`, `steps`, `front` and `fits` from `gnsweep analyze`.

@@ -19,7 +19,7 @@ import pandas as pd
 from gnsweep import redact
 from gnsweep.analysis.along import tolerance_answer
 from gnsweep.analysis.bounds import bound_text
-from gnsweep.analysis.recipe import lr_law, recipe_of
+from gnsweep.analysis.recipe_warnings import lr_law, recipe_of
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.setting import Setting
 from gnsweep.config import SCRIPT, Config, TrainConfig
@@ -375,9 +375,9 @@ def render(tables: Results, figures: dict[str, bytes | str], config: Config | No
 
 
 def recommendation_box(tables: Results) -> list[str]:
-    """The setting to train with (`analysis.recommend`, balanced), first in the answer box;
+    """The setting to train with (`analysis.decision`, balanced), first in the answer box;
     nothing for a branch sweep (its answer is per branch point) or without fits."""
-    from gnsweep.analysis.recommend import recommend
+    from gnsweep.analysis.decision import recommend
     from gnsweep.report.recommendation import summary
 
     if len(tables.along) or not len(tables.fits):
@@ -389,7 +389,7 @@ def recommendation_box(tables: Results) -> list[str]:
 def _section(tables: Results, figures: dict[str, bytes | str], notes: list[str] | None,
              law: str = "") -> list[str]:
     """Answer, warnings, fits and figures of one analysis; `law`: whether the learning-rate
-    law of eq. 2.7 applies to the runs' recipe (`analysis.recipe.lr_law`)."""
+    law of eq. 2.7 applies to the runs' recipe (`analysis.recipe_warnings.lr_law`)."""
     from gnsweep.report.figures import FIGURES  # captions; matplotlib only once a report is drawn
 
     captions = {spec.name: spec.caption_for(tables) for spec in FIGURES}

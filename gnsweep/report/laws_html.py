@@ -1,14 +1,18 @@
 """`gnsweep laws`'s report: one self-contained HTML page (OUT/laws.html) with the laws and their
 intervals, the held-out check, the prediction, the cells, the figures embedded and the published
-references, from laws.json's content. Writes no file (commands/laws.py does)."""
+references, from laws.json's content. Writes no file (commands/laws.py does). `report_section`:
+the section `gnsweep report` adds for a sweep that is a cell of a laws family."""
 
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
+from gnsweep import store
+from gnsweep.paths import SweepPaths
 from gnsweep.report.html import CSS, esc
-from gnsweep.report.laws import QUANTITY_NAMES, format_laws
+from gnsweep.report.laws_text import QUANTITY_NAMES, format_laws
 
 CAPTIONS = {
     "laws_fits": "Each law against D (or N): the cells it was fitted on (filled), cells left "
@@ -62,3 +66,28 @@ def render_laws(data: dict[str, Any], figures: dict[str, bytes | str]) -> str:
             parts.append(f"<p class=meta>{esc(name)} not drawn: {esc(figure)}</p>")
     parts += ["<h2>Summary</h2>", f"<pre>{esc(format_laws(data))}</pre>", "</body></html>"]
     return "\n".join(parts)
+
+
+def report_section(sweep_dir: Path) -> str:
+    """The HTML section `gnsweep report` adds for a sweep that is a cell of a laws family
+    (`gnsweep laws` recorded where it wrote them): the printed laws and the fits figure; ""
+    when the sweep is in no family."""
+    import html
+
+    pointer = SweepPaths(Path(sweep_dir)).laws_family
+    if not pointer.is_file():
+        return ""
+    recorded = store.read_json(pointer)
+    out = Path(str(recorded.get("laws", ""))) if isinstance(recorded, dict) else Path()
+    head = "<h2>Laws across scale</h2>"
+    if not (out / store.LAWS_JSON).is_file():
+        return (f"{head}<p>This sweep is a cell of the laws written to "
+                f"<code>{html.escape(str(out))}</code>, which are no longer there; run "
+                "<code>gnsweep laws</code> again.</p>")
+    text = format_laws(store.read_json(out / store.LAWS_JSON))
+    figure = out / "laws_fits.png"
+    image = (f'<img alt="laws" src="data:image/png;base64,'
+             f'{base64.b64encode(figure.read_bytes()).decode()}">' if figure.is_file() else "")
+    return (f"{head}<p>This sweep is a cell of a family whose laws <code>gnsweep laws</code> "
+            f"wrote to <code>{html.escape(str(out))}</code> (docs/laws.md).</p>{image}"
+            f"<pre>{html.escape(text)}</pre>")

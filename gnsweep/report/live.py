@@ -1,7 +1,7 @@
 """The live view of a sweep while it runs (`gnsweep report DIR --watch`): its progress and
 every run's loss curve so far, on top of the report, the page reloading itself.
 
-Pure: rows and curves in, a figure and HTML text out; `gnsweep.commands.watch` reads the
+Pure: rows and curves in, a figure and HTML text out; `gnsweep.commands.report` reads the
 folder and writes the page.
 """
 

@@ -1,4 +1,4 @@
-"""A recommendation (`analysis.recommend`, as its JSON) in words: the lines `gnsweep recommend`
+"""A recommendation (`analysis.decision`, as its JSON) in words: the lines `gnsweep recommend`
 and the first lines of `gnsweep analyze` print, and the sentence of the report's answer box.
 Pure: a dict in, text out.
 """

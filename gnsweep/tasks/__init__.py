@@ -320,7 +320,7 @@ def make_task(name: str, options: dict[str, Any], seed: int) -> Task:
     `_target_` with `seed=` and the other options as keyword arguments."""
     if name == SCRIPT:
         raise ConfigError("task=script runs a command, not a task object: its runs are "
-                          "started by gnsweep.training.script")
+                          "started by gnsweep.training.script_runner")
     if name == CUSTOM:
         kwargs = {k: v for k, v in options.items() if k not in (TARGET, UNIT)}
         made_custom: Task = resolve_custom(options[TARGET])(seed=seed, **kwargs)

@@ -1,5 +1,5 @@
 """What a task's `dataset()` must return: a map-style torch Dataset with a length. Checked here,
-once, for both the launch pre-flight (`tasks.check`) and the training loop's data
+once, for both the launch pre-flight (`tasks.launch_check`) and the training loop's data
 (`training.data`).
 """
 

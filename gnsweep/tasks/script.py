@@ -1,6 +1,6 @@
 """`task=script`: the user's own training command as the sweep's run; its settings and the pure
 parts of running it (placeholders, the log's pattern and columns). No torch, no processes: the
-runner that starts the command lives in `gnsweep.training.script`.
+runner that starts the command lives in `gnsweep.training.script_runner`.
 
     gnsweep launch task=script task.command='python train.py --bs={batch_size}
         --lr={learning_rate} --seed={seed} --out={run_dir}'

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gnsweep.tracking.base import METRICS, RunLogger, SafeLogger
 from gnsweep.tracking.mlflow_logger import MlflowLogger
+from gnsweep.tracking.run_logger import METRICS, RunLogger, SafeLogger
 from gnsweep.tracking.tensorboard_logger import TensorBoardLogger
 from gnsweep.tracking.wandb_logger import WandbLogger
 

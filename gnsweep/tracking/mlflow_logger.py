@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
-from gnsweep.tracking.base import RunLogger, flatten
+from gnsweep.tracking.run_logger import RunLogger, flatten
 
 RUN_TAG = "gnsweep.run_id"
 _FLUSH_EVERY, _FLUSH_SECS = 500, 10.0  # metrics are sent in batches, not one call a step

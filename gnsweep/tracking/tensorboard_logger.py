@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
-from gnsweep.tracking.base import RunLogger, flatten
+from gnsweep.tracking.run_logger import RunLogger, flatten
 
 
 class TensorBoardLogger(RunLogger):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from gnsweep import store
-from gnsweep.tracking.base import RunLogger
+from gnsweep.tracking.run_logger import RunLogger
 
 MODES = ("online", "offline", "disabled")
 

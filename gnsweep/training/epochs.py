@@ -10,9 +10,9 @@ whole run, so each epoch's counter is shifted by the steps of the epochs before 
   script logs every step or the epoch's last one; a script that logs every k-th step may take
   up to k - 1 steps more than it logged, which `EpochSteps.step` says (once) in `notes`.
 
-Pure: no file, no process. The reader of a script's log (`training.script.RowLog`) feeds every
-row through one `EpochSteps` per run, earlier attempts' rows first, so that an attempt resumed
-in epoch 3 knows where epochs 1 and 2 ended.
+Pure: no file, no process. The reader of a script's log (`training.script_rows.RowLog`)
+feeds every row through one `EpochSteps` per run, earlier attempts' rows first, so that an
+attempt resumed in epoch 3 knows where epochs 1 and 2 ended.
 """
 
 from __future__ import annotations

@@ -22,25 +22,18 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from gnsweep import store
-from gnsweep.analysis.smoothing import (
-    MIN_WINDOW_EXAMPLES,
-    SMOOTHING_FRACTION,
-    settled_at_or_below,
-)
 from gnsweep.config import Config
 from gnsweep.errors import StopRequested
-from gnsweep.measure.probe import overrun_steps
 from gnsweep.noise import NoiseEstimate
 from gnsweep.runs import RunSpec, unmeasured_share
 from gnsweep.schedule import Progress
 from gnsweep.tasks import Task, about, examples_of
 from gnsweep.tasks.protocol import first_dim
 from gnsweep.training.backward import backward, in_task_units, pieces
-from gnsweep.training.branch import start_branch
+from gnsweep.training.branch_start import start_branch
 from gnsweep.training.checkpoint import Checkpointer
 from gnsweep.training.data import mean_loss
 from gnsweep.training.recipe import clip_gradients, set_learning_rate
@@ -50,6 +43,7 @@ from gnsweep.training.state import (
     fall_back_if_unsplittable,
     ride_accumulation,
 )
+from gnsweep.training.stop_rule import analysis_reached, stop_step
 from gnsweep.training.watch import Diverged
 
 log = logging.getLogger("gnsweep.training")
@@ -203,8 +197,7 @@ def run(state: TrainState, out_dir: Path | None = None,
             # (a metric is read as logged, no window: stop at once). NaN reaches nothing.
             if state.stop_at is None and hardest is not None and declared.reached(
                     metric if metric_task else smooth, hardest):
-                state.stop_at = state.step + (0 if metric_task else overrun_steps(
-                    state.step, size, SMOOTHING_FRACTION, MIN_WINDOW_EXAMPLES))
+                state.stop_at = state.step if metric_task else stop_step(state.step, size)
             done = state.stop_at is not None and state.step >= state.stop_at
             # Log.
             if state.step % sweep.log_every == 0 or done:
@@ -212,8 +205,8 @@ def run(state: TrainState, out_dir: Path | None = None,
                 if on_row is not None:
                     on_row(row)
             # Stop.
-            if done and hardest is not None and not metric_task and not _analysis_reached(
-                    state.rows, hardest, size):
+            if done and hardest is not None and not metric_task and not analysis_reached(
+                    state.rows["step"], state.rows["loss"], hardest, size):
                 # The causal EMA crossed, but the analysis's centred reading of the logged
                 # losses has not (near a loss floor they differ): train on and look again.
                 state.stop_at, done = None, False
@@ -325,16 +318,6 @@ def _skipped(state: TrainState) -> None:
     if scale < MIN_LOSS_SCALE:
         raise Diverged(f"fp16: gradients overflow even at loss scale {scale:g} (step "
                        f"{state.step + 1})")
-
-
-def _analysis_reached(rows: dict[str, list], target: float, samples: int) -> bool:
-    """Whether `gnsweep analyze` will read the hardest loss target as reached from the rows
-    logged so far: the centred smooth of the training loss (at step - 1 updates, as
-    analysis.steps reads it) at or below it where its window is already whole (its smallest
-    half-width in samples, `samples` a step)."""
-    x = np.asarray(rows["step"], float) - 1.0
-    return settled_at_or_below(x, np.asarray(rows["loss"], float), target, SMOOTHING_FRACTION,
-                               MIN_WINDOW_EXAMPLES / samples)
 
 
 def _agree(loss: float, metric: float, stop: bool, save: bool,

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gnsweep import store
-from gnsweep.analysis.compare import (
+from gnsweep.analysis.crit_vs_simple import (
     COMPARE_COLUMNS,
     SweepFits,
     compare_rows,

@@ -20,8 +20,8 @@ from gnsweep.analysis.front import best_per_batch
 from gnsweep.analysis.pipeline import analyze_tables
 from gnsweep.analysis.steps import curves_from_frames, resmooth, steps_to_target
 from gnsweep.cli import app
-from gnsweep.commands.analyze import analyze_sweep
 from gnsweep.noise import Ema
+from gnsweep.sweep_analysis import analyze_sweep
 
 runner = CliRunner()
 OUTPUTS = ("steps.parquet", "front.parquet", "fits.parquet", "lr_fits.parquet",
@@ -411,9 +411,9 @@ def test_analysis_never_imports_torch(tmp_path):
     code = ("import sys\nfrom pathlib import Path\n"
             "from gnsweep.analysis.external import analyze_table\n"
             "from gnsweep.analysis import baseline, load\n"
-            "from gnsweep.commands import analyze\n"
-            f"analyze.write_outputs(Path({str(tmp_path)!r}), analyze_table(Path({str(example)!r}),"
-            " bootstrap=10))\n"
+            "from gnsweep import sweep_analysis\n"
+            f"sweep_analysis.write_outputs(Path({str(tmp_path)!r}), "
+            f"analyze_table(Path({str(example)!r}), bootstrap=10))\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

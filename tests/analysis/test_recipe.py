@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gnsweep.analysis.recipe import lr_law, recipe_of
+from gnsweep.analysis.recipe_warnings import lr_law, recipe_of
 from gnsweep.config import Config, ConfigError
 
 

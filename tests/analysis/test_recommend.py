@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep.analysis.recommend import PREFERENCES, TRADEOFF_MULTIPLES, recommend, tradeoff
+from gnsweep.analysis.decision import PREFERENCES, TRADEOFF_MULTIPLES, recommend, tradeoff
 from gnsweep.analysis.setting import Setting
 from gnsweep.cli import app
 from gnsweep.folder import read_results

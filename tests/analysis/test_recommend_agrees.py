@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep.analysis.recommend import PREFERENCES, recommend
+from gnsweep.analysis.decision import PREFERENCES, recommend
 from gnsweep.analysis.setting import Setting, counted
 from gnsweep.cli import app
 from gnsweep.folder import read_results

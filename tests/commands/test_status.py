@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from gnsweep.commands.status import grid_order, info_lines
+from gnsweep.commands.status import info_lines
 from gnsweep.runs import RunSpec
+from gnsweep.status_rows import grid_order
 
 
 def test_runs_sort_by_batch_size_then_learning_rate_as_numbers():

@@ -14,7 +14,7 @@ import pytest
 from gnsweep import store
 from gnsweep.compose import compose
 from gnsweep.config import ConfigError
-from gnsweep.executors import claims, execute_run, runnable, take_run
+from gnsweep.executors import claims, execute_run, open_folder, runnable, take_run
 from gnsweep.store import RunStatus
 from gnsweep.sweep import parse_run_record, prepare, remaining
 from gnsweep.training import train
@@ -113,7 +113,7 @@ def test_a_run_whose_worker_died_is_recorded_and_runs_again(tmp_path):
     (path / claims.CLAIM).write_text(json.dumps({"host": socket.gethostname(),
                                                  "pid": child.pid, "token": "t"}))
     assert [s.run_id for s in remaining(tmp_path, [spec], include_held=False)] == [spec.run_id]
-    outcome = execute_run(tmp_path, spec.run_id, max_retries=1)
+    outcome = execute_run(open_folder(tmp_path), spec.run_id, max_retries=1)
     assert outcome.ran and outcome.state == "done"
     events = [json.loads(line)["event"] for line in (path / "attempts.jsonl").open()]
     assert events == ["died", "start", "end"]
@@ -133,7 +133,7 @@ def test_a_live_claim_keeps_other_executors_off_the_run(tmp_path):
         (path / claims.CLAIM).write_text(json.dumps(
             {"host": socket.gethostname(), "pid": holder.pid, "token": "t",
              "pid_start": claims._pid_start(holder.pid)}))
-        assert execute_run(tmp_path, spec.run_id).state == "held"
+        assert execute_run(open_folder(tmp_path), spec.run_id).state == "held"
         assert remaining(tmp_path, [spec], include_held=False) == []
     finally:
         holder.kill()

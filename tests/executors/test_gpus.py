@@ -154,7 +154,7 @@ def test_a_bad_setting_on_the_command_line_is_one_line_and_exit_2(tmp_path):
 
 def _where(sweep_dir: Path) -> dict[int, set[str]]:
     """The GPUs each worker pid was given, from the runs' status and start events."""
-    from gnsweep.commands.status import sweep_status
+    from gnsweep.status_rows import sweep_status
 
     seen: dict[int, set[str]] = {}
     shown = {row["run_id"]: row for row in sweep_status(sweep_dir)}  # `gnsweep status`'s rows

@@ -5,9 +5,9 @@ import signal
 from pathlib import Path
 
 from gnsweep import store
-from gnsweep.commands.analyze import analyze_sweep
 from gnsweep.compose import compose
 from gnsweep.sweep import launch
+from gnsweep.sweep_analysis import analyze_sweep
 
 # Five batch sizes, not the tiny sweep's three: a hyperbola fitted to three points has one residual
 # degree of freedom, so its standard errors (the yardstick below) are themselves too noisy to

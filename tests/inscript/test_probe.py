@@ -107,7 +107,7 @@ def test_a_torchrun_ddp_script_is_measured_from_its_ranks(tmp_path):
 def test_a_script_without_accumulation_gets_nan_and_says_so_once(tmp_path):
     """One backward pass a step in one process: no second batch size. B_simple is NaN in every
     row, and the run says why once (its stderr.log, its status' noise_method)."""
-    from gnsweep.training.script import run_script
+    from gnsweep.training.script_runner import run_script
 
     config = Config.from_dict({
         "task": {"name": "script", "cwd": str(tmp_path), "log_pattern": PATTERN.split("=", 1)[1],

@@ -153,7 +153,7 @@ def test_norm_layers_hooks_only_the_norm_layers_and_refuses_a_model_without_them
 
 
 def test_status_says_measurement_was_off_or_what_share_was_measured():
-    from gnsweep.commands.status import measurement_note
+    from gnsweep.runs import measurement_note
     from gnsweep.training import train
 
     config = Config(task=TaskConfig(name="linreg", options={"dim": 8}),

@@ -18,7 +18,7 @@ import pytest
 from matplotlib.collections import PathCollection
 from sweep_tables import BATCHES, TARGETS, b_crit, best_lr, e_min, make_tables, s_min
 
-from gnsweep.commands.plot import save
+from gnsweep.figure_files import save
 from gnsweep.report import figures as plots
 
 # name -> (x label words, y label words, x scale, y scale) of the first data axes.

@@ -28,8 +28,8 @@ def test_a_default_branch_sweep_on_a_token_lm_answers_at_each_point(tmp_path):
     from branch_base import make_base_run
 
     from gnsweep.branching import prepare_branch
-    from gnsweep.commands.analyze import analyze_sweep
     from gnsweep.folder import read_run
+    from gnsweep.sweep_analysis import analyze_sweep
     from gnsweep.training import train
 
     base = make_base_run(tmp_path / "base", [*TINY_LM, "sweep.batch_sizes=[4]",

@@ -86,7 +86,7 @@ def test_plot_and_report_analyse_again_when_runs_were_added(auto_sweep, tmp_path
     sweep = tmp_path / "lin"
     shutil.copytree(auto_sweep, sweep)
     # An analysis that covers all runs but two (as if they had finished after it).
-    from gnsweep.commands.plot import load_tables
+    from gnsweep.sweep_analysis import load_tables
 
     meta = json.loads((sweep / "fits.json").read_text())["meta"]
     meta["runs_used"] = dict(list(meta["runs_used"].items())[:-2])  # two runs not covered

@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from gnsweep import store
 from gnsweep.cli import app
-from gnsweep.commands.analyze import analyze_sweep
 from gnsweep.compose import compose
-from gnsweep.executors import execute_run
+from gnsweep.executors import execute_run, open_folder
 from gnsweep.sweep import prepare
+from gnsweep.sweep_analysis import analyze_sweep
 from gnsweep.training import StopRequested, train
 
 
@@ -23,7 +23,7 @@ def test_status_and_analyze_see_a_running_run(tmp_path):
                       "sweep.learning_rates=[0.05]", "sweep.seeds=[0,1]", "sweep.targets=[1e-9]",
                       "sweep.max_steps=60", "train.checkpoint_every=10"])
     finished, running = (spec.run_id for spec in prepare(tmp_path, config))
-    assert execute_run(tmp_path, finished).state == "done"
+    assert execute_run(open_folder(tmp_path), finished).state == "done"
     path = store.run_dir(tmp_path, running)
     spec = next(s for s in prepare(tmp_path, config) if s.run_id == running)
     with pytest.raises(StopRequested):  # stopped at step 20, as if still training there

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from gnsweep import store
 from gnsweep.cli import app
-from gnsweep.commands.status import sweep_status
 from gnsweep.executors import HISTORY
+from gnsweep.status_rows import sweep_status
 
 pytestmark = pytest.mark.slow
 

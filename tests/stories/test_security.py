@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from gnsweep import redact, store
 from gnsweep.cli import app
 from gnsweep.compose import compose
-from gnsweep.executors import log_event, process_logger
+from gnsweep.executors import log_event, open_folder, process_logger
 from gnsweep.folder import read_run
 from gnsweep.sweep import prepare
 
@@ -155,7 +155,7 @@ def test_secrets_never_reach_a_file_but_the_tracker_gets_them(tmp_path, monkeypa
     # The launcher hands the real value to its workers through their environment.
     redact.export(config.to_dict())
     assert SECRET in os.environ[redact.SECRETS_ENV]
-    logger = process_logger(tmp_path)
+    logger = process_logger(open_folder(tmp_path))
     assert logger.backend.tracking_uri == uri
 
 
@@ -173,7 +173,7 @@ def test_a_secret_task_option_is_masked_on_disk_and_real_in_the_run(tmp_path, mo
 
 
 def test_printed_errors_and_tracker_warnings_mask_credentials(tmp_path, caplog):
-    from gnsweep.tracking.base import RunLogger, SafeLogger
+    from gnsweep.tracking.run_logger import RunLogger, SafeLogger
 
     class Failing(RunLogger):
         kind = "mlflow"

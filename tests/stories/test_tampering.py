@@ -19,7 +19,7 @@ from gnsweep import redact, store
 from gnsweep.cli import app
 from gnsweep.compose import compose
 from gnsweep.errors import StoreError
-from gnsweep.executors import claims, run_taken, take_run
+from gnsweep.executors import claims, open_folder, run_taken, take_run
 from gnsweep.sweep import prepare, prepare_folder
 
 ONE_RUN = ["sweep=tiny", "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.3]",
@@ -195,7 +195,7 @@ def test_a_run_refused_as_it_starts_releases_its_claim(tmp_path):
     assert claim is not None
     (run / "attempts.jsonl").symlink_to(tmp_path / "victim")
     with pytest.raises(StoreError, match="symbolic link"):
-        run_taken(tmp_path, spec.run_id, claim)
+        run_taken(open_folder(tmp_path), spec.run_id, claim)
     assert not (run / claims.CLAIM).exists()
 
 

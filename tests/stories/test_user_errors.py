@@ -20,7 +20,7 @@ from locations import ROOT
 from typer.testing import CliRunner
 
 from gnsweep.cli import app
-from gnsweep.executors.base import Summary
+from gnsweep.executors.rounds import Summary
 
 STEPS = ROOT / "docs" / "examples" / "steps.csv"
 
@@ -179,7 +179,7 @@ def test_torchrun_and_slurm_summaries_tell_runs_of_another_launch(tmp_path, monk
     from gnsweep import store
     from gnsweep.compose import compose
     from gnsweep.executors import LAUNCH_ENV, log_event
-    from gnsweep.executors.base import Watcher
+    from gnsweep.executors.rounds import Watcher
     from gnsweep.sweep import prepare
 
     specs = prepare(tmp_path, compose(["sweep=tiny", "sweep.batch_sizes=[8,32]",

@@ -112,7 +112,7 @@ def test_a_bad_input_exit_repeats_and_a_crash_may_not(tmp_path, args, repeats, s
     from gnsweep.config import Config
     from gnsweep.errors import ScriptFailed
     from gnsweep.runs import RunSpec
-    from gnsweep.training.script import run_script
+    from gnsweep.training.script_runner import run_script
 
     command = " ".join([COMMAND.replace(" --epochs 40", " --epochs 1"), *args])
     config = Config.from_dict({"task": {"name": "script", "command": command,

@@ -241,7 +241,7 @@ def test_linreg_eval_loss_is_the_exact_population_loss():
 @pytest.mark.parametrize("name", ["mnist1d", "chars", "vae", "cartpole"])
 def test_new_tasks_compose_and_pass_the_launch_check(name):
     from gnsweep.compose import compose
-    from gnsweep.tasks.check import check_task
+    from gnsweep.tasks.launch_check import check_task
 
     pytest.importorskip({"mnist1d": "mnist1d", "cartpole": "gymnasium"}.get(name, "torch"))
     overrides = [f"task={name}", f"sweep={name}"]

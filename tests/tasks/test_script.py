@@ -295,7 +295,7 @@ def test_a_script_doing_its_own_ddp_under_executor_torchrun(tmp_path):
 def _row_log(tmp_path: Path, **sweep) -> tuple[Any, Path]:
     from gnsweep.config import Config
     from gnsweep.runs import RunSpec
-    from gnsweep.training.script import RowLog
+    from gnsweep.training.script_rows import RowLog
 
     config = Config.from_dict({"task": {"name": "script", "command": "python t.py",
                                         "examples_per_sample": 2},
@@ -347,7 +347,7 @@ def test_a_resume_from_a_checkpoint_ahead_of_the_rows_says_which_steps_have_none
 
 
 def test_rows_stop_at_the_budget_and_many_flushes_stay_few_parts(tmp_path, monkeypatch):
-    from gnsweep.training import script
+    from gnsweep.training import script_rows as script
 
     monkeypatch.setattr(script, "FLUSH_S", 0.0)
     monkeypatch.setattr(script, "COMPACT_PARTS", 5)
@@ -364,7 +364,7 @@ def test_rows_stop_at_the_budget_and_many_flushes_stay_few_parts(tmp_path, monke
 
 def test_a_log_file_is_read_as_it_grows_and_a_missing_column_is_named(tmp_path):
     from gnsweep.errors import ScriptFailed
-    from gnsweep.training.script import TableLog
+    from gnsweep.training.script_rows import TableLog
 
     path = tmp_path / "log.csv"
     path.write_text("iter,train_loss\n1,0.5\n2,0.4")  # the last line not yet complete
@@ -397,7 +397,7 @@ def test_current_run_is_none_outside_a_sweep(monkeypatch):
 def test_the_command_under_each_executor(executor, expected):
     from gnsweep.config import Config
     from gnsweep.tasks.script import example_values
-    from gnsweep.training.script import command, torchrun_args
+    from gnsweep.training.script_command import command, torchrun_args
 
     config = Config.from_dict({"task": {"name": "script",
                                         "command": "python train.py --bs={batch_size}"},
@@ -443,7 +443,7 @@ def test_a_hugging_face_trainer_script_with_the_callback_sweeps(tmp_path):
 def test_a_json_lines_log_is_read_with_its_names_mapped(tmp_path):
     from gnsweep.errors import ScriptFailed
     from gnsweep.tasks.script import log_format
-    from gnsweep.training.script import TableLog
+    from gnsweep.training.script_rows import TableLog
 
     options = ScriptOptions(command="python t.py", log_file="{run_dir}/log.jsonl")
     assert log_format(options, "x/log.jsonl") == "jsonl" and log_format(options, "a.csv") == "csv"
@@ -463,7 +463,7 @@ def test_automatic_targets_train_the_budget(tmp_path):
     """sweep.targets=auto: no target to stop at, so the run trains its budget; {target} and
     {targets} are empty."""
     from gnsweep.runs import RunSpec
-    from gnsweep.training.script import placeholder_values
+    from gnsweep.training.script_command import placeholder_values
 
     make, path = _row_log(tmp_path, targets=[], max_steps=30)
     rows = make()
@@ -478,7 +478,7 @@ def test_a_fixed_budget_trains_past_its_targets(tmp_path):
     """sweep.budget: the targets stay (for the analysis) but no run stops at them; the run
     trains its budget in examples, and {target} is empty, {max_examples} the budget."""
     from gnsweep.runs import RunSpec
-    from gnsweep.training.script import placeholder_values
+    from gnsweep.training.script_command import placeholder_values
 
     make, path = _row_log(tmp_path, budget=480)  # 8 samples x 2 examples a step: 30 steps
     rows = make()
@@ -494,7 +494,7 @@ def test_rows_an_earlier_attempt_printed_but_never_wrote_are_recovered(tmp_path)
     """A worker killed between two flushes: its run's stdout.log still holds the lines; they
     are read as the run read them live (a step going back is a resume)."""
     from gnsweep.tasks.script import example_values, pattern_columns
-    from gnsweep.training.script import recovered
+    from gnsweep.training.script_runner import recovered
 
     (tmp_path / "stdout.log").write_text(
         "--- gnsweep attempt 1: python t.py\n"

@@ -1,4 +1,4 @@
-"""Branch runs (gnsweep.training.branch): a run built for a branch point starts from the base
+"""Branch runs (gnsweep.training.branch_start): a run built for a branch point starts from the base
 run's saved model and optimizer state, at its own learning rate, with its own counters, smoother,
 monitor and data; its first update is the one the base run's optimizer state dictates."""
 
@@ -23,7 +23,7 @@ from gnsweep.config import (
 from gnsweep.folder import read_config
 from gnsweep.runs import RunSpec, parse_run_record, run_config
 from gnsweep.training import StopRequested, TrainState, build_run, run, train
-from gnsweep.training.branch import start_branch
+from gnsweep.training.branch_start import start_branch
 from gnsweep.training.checkpoint import Checkpointer
 from gnsweep.training.data import DataSource
 
@@ -202,9 +202,9 @@ def test_branch_runs_find_the_exact_local_b_crit_on_linreg(tmp_path):
 
     from gnsweep import store
     from gnsweep.branching import prepare_branch
-    from gnsweep.commands.analyze import analyze_sweep
     from gnsweep.folder import read_run
     from gnsweep.linreg_exact import local_truth
+    from gnsweep.sweep_analysis import analyze_sweep
     from gnsweep.tasks import make_task
 
     task = ["task=linreg", "task.dim=32", "task.teacher_power=1.0", "sweep=linreg",

@@ -48,7 +48,7 @@ def _row_log(tmp_path: Path, **task):
     from gnsweep.config import Config
     from gnsweep.runs import RunSpec
     from gnsweep.tasks.script import ScriptOptions
-    from gnsweep.training.script import RowLog
+    from gnsweep.training.script_rows import RowLog
 
     config = Config.from_dict({"task": {"name": "script", "command": "python t.py", **task},
                                "sweep": {"batch_sizes": [4], "learning_rates": [0.1],
@@ -83,7 +83,7 @@ def test_epoch_rows_become_global_steps_and_examples(tmp_path):
 
 
 def test_a_log_file_epoch_column_is_mapped_and_read(tmp_path):
-    from gnsweep.training.script import TableLog
+    from gnsweep.training.script_rows import TableLog
 
     path = tmp_path / "log.csv"
     path.write_text("ep,it,train_loss\n1,1,0.5\n1,2,0.4\n2,1,0.3\n")
@@ -98,7 +98,7 @@ def test_a_log_file_epoch_column_is_mapped_and_read(tmp_path):
 
 def test_a_resumed_attempt_in_a_later_epoch_keeps_the_earlier_epochs_offsets(tmp_path):
     from gnsweep.tasks.script import ScriptOptions, pattern_columns
-    from gnsweep.training.script import recovered
+    from gnsweep.training.script_runner import recovered
 
     run = tmp_path / "run"
     run.mkdir()

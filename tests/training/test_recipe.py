@@ -19,7 +19,7 @@ import yaml
 from locations import HELPERS, ROOT
 from typer.testing import CliRunner
 
-from gnsweep.analysis.recipe import recipe_warnings
+from gnsweep.analysis.recipe_warnings import recipe_warnings
 from gnsweep.cli import app
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
 from gnsweep.runs import RunSpec

@@ -43,7 +43,7 @@ def _config(tmp_path: Path, script: str, **task) -> tuple[Config, Path]:
 
 
 def _run(config: Config, run: Path):
-    from gnsweep.training.script import run_script
+    from gnsweep.training.script_runner import run_script
 
     return run_script(config, RunSpec(8, 0.1), run)
 
@@ -155,7 +155,7 @@ import sys
 from pathlib import Path
 from gnsweep.config import Config
 from gnsweep.runs import RunSpec
-from gnsweep.training.script import run_script
+from gnsweep.training.script_runner import run_script
 run_script(Config.from_dict(__import__("json").loads(sys.argv[1])), RunSpec(8, 0.1),
            Path(sys.argv[2]))
 """
@@ -226,7 +226,7 @@ def test_a_record_of_another_process_is_left_alone(tmp_path):
 
 
 def test_a_log_file_that_is_a_fifo_fails_at_once_in_one_line(tmp_path):
-    from gnsweep.training.script import TableLog
+    from gnsweep.training.script_rows import TableLog
 
     path = tmp_path / "log.csv"
     os.mkfifo(path)
@@ -251,7 +251,7 @@ def test_a_command_whose_log_file_is_a_fifo_fails_at_once(tmp_path):
 
 
 def test_lines_that_cannot_be_read_are_named(tmp_path):
-    from gnsweep.training.script import TableLog
+    from gnsweep.training.script_rows import TableLog
 
     path = tmp_path / "log.csv"
     path.write_text("step,loss\n1,0.5\n2," + "9" * 140_000 + "\n")
@@ -313,7 +313,7 @@ def test_a_long_unterminated_tail_is_read_in_bounded_memory(tmp_path):
 
 def test_a_step_beyond_range_is_a_named_error_of_its_line(tmp_path):
     config, run = _config(tmp_path, "")
-    from gnsweep.training.script import RowLog
+    from gnsweep.training.script_rows import RowLog
 
     rows = RowLog(config, RunSpec(8, 0.1), run, store.clear_metrics(run, 0),
                   ScriptOptions(**config.task.options))
@@ -348,8 +348,8 @@ def test_rows_are_kept_packed_and_written_in_bounded_batches(tmp_path, monkeypat
     the parts are compacted table to table."""
     import tracemalloc
 
-    from gnsweep.training import script
-    from gnsweep.training.script import RowLog
+    from gnsweep.training import script_rows as script
+    from gnsweep.training.script_rows import RowLog
 
     monkeypatch.setattr(script, "FLUSH_S", 0.0)
     config, run = _config(tmp_path, "")
@@ -391,7 +391,7 @@ _TEXT = st.lists(st.one_of(_PIECES, st.text(max_size=8)), max_size=40).map("".jo
 def test_no_content_of_a_log_file_fails_other_than_in_one_named_line(tmp_path_factory, content,
                                                                       fmt):
     """A log file's bytes, whatever they are: rows, or one ScriptFailed naming the file."""
-    from gnsweep.training.script import RowLog, TableLog
+    from gnsweep.training.script_rows import RowLog, TableLog
 
     folder = tmp_path_factory.mktemp("fuzz")
     config, run = _config(folder, "")
@@ -413,7 +413,7 @@ def test_no_printed_line_fails_other_than_in_one_named_line(tmp_path_factory, li
     """Printed lines, whatever they hold, matched by a loose pattern: rows, or one
     ScriptFailed naming the line."""
     from gnsweep.tasks.script import match_row, pattern_columns
-    from gnsweep.training.script import RowLog
+    from gnsweep.training.script_rows import RowLog
 
     config, run = _config(tmp_path_factory.mktemp("fuzz"), "")
     rows = RowLog(config, RunSpec(8, 0.1), run, store.clear_metrics(run, 0),

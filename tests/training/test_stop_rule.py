@@ -17,6 +17,21 @@ from gnsweep.cli import app
 from gnsweep.folder import load_sweep, read_config
 
 
+def test_one_stop_rule_for_the_loop_and_the_script_runner():
+    from gnsweep.training import loop, script_rows, stop_rule
+
+    # Past the target at step 100 with 8 samples a step: the centred window's half-width is
+    # max(0.2 * 100, 64 / 8) = 20 steps; at step 10 with 2 samples a step, 64 / 2 = 32.
+    assert stop_rule.stop_step(100, 8) == 120
+    assert stop_rule.stop_step(10, 2) == 42
+    assert loop.stop_step is stop_rule.stop_step is script_rows.stop_step
+    assert loop.analysis_reached is stop_rule.analysis_reached is script_rows.analysis_reached
+    # A loss at 0.4 on every step from 1 to 200, target 0.5: settled; target 0.3: not.
+    steps, losses = list(range(1, 201)), [0.4] * 200
+    assert stop_rule.analysis_reached(steps, losses, 0.5, 8)
+    assert not stop_rule.analysis_reached(steps, losses, 0.3, 8)
+
+
 def test_settled_needs_the_centred_value_below_with_its_window_whole():
     x = np.arange(200.0)
     line = 1.0 - x / 200  # crosses 0.5 at x = 100

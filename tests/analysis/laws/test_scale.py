@@ -15,7 +15,7 @@ from gnsweep.analysis.laws.sweeps import final_losses
 from gnsweep.analysis.pipeline import AnalysisError
 from gnsweep.cli import app
 from gnsweep.config import ConfigError, SweepConfig
-from gnsweep.tasks.check import count_parameters
+from gnsweep.tasks.launch_check import count_parameters
 
 
 def test_count_parameters_leaves_out_embeddings_and_counts_tied_weights_once():

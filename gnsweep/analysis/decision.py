@@ -28,7 +28,7 @@ answer (status `fit`, `bcrit_status` `below_smallest`) and the choice above it i
 
 Status: `fit` (B from a well-determined B_crit, the learning rate interpolated), `bound` (B_crit
 only bounded, extrapolated, fitted on fewer than MIN_BATCH_SIZES batch sizes, or the learning
-rate not placed inside the grid: then `next_grid` says what to run, `analysis.next_grid`; or a
+rate not placed inside the grid: then `next_grid` says what to run, `planner.next_grid`; or a
 loss target that was not analysed, read off B_crit(L)), `refused` (no target supports any
 answer).
 """
@@ -46,9 +46,9 @@ from gnsweep import lr_law
 from gnsweep.analysis.bounds import FIT, LOWER_BOUND, UPPER_BOUND
 from gnsweep.analysis.fit import FitRefused
 from gnsweep.analysis.lr import fit_lr
-from gnsweep.analysis.next_grid import NextGrid, next_grid
 from gnsweep.analysis.results import Results
 from gnsweep.analysis.setting import Setting
+from gnsweep.planner.next_grid import NextGrid, next_grid
 from gnsweep.targets import Direction
 
 PREFERENCES = {"time": 4.0, "balanced": 1.0, "compute": 0.25}

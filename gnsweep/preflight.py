@@ -31,7 +31,7 @@ def preflight(config: Config, overrides: list[str] | None = None
     scale (`scale_record`)."""
     from gnsweep.compose import in_task_units
     from gnsweep.tasks import SCRIPT
-    from gnsweep.tasks.check import check_task
+    from gnsweep.tasks.launch_check import check_task
 
     if config.task.name == SCRIPT:
         return _script(config, overrides)

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from gnsweep.analysis.fit import fit_hyperbola
-from gnsweep.planner.rules import (
+from gnsweep.planner.pilot import (
     PlanError,
     RunOutcome,
     choose_batch_sizes,
