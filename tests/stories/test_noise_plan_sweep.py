@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -81,7 +82,9 @@ def test_b_simple_within_its_stated_error_of_the_exact_noise_scale(sweep):
 
 
 @pytest.mark.slow
-def test_the_plan_survives_a_relaunch_and_plans_only_new_runs(sweep):
+def test_the_plan_survives_a_relaunch_and_plans_only_new_runs(sweep, tmp_path):
+    # On a copy: the module's other tests read the sweep as first launched, in any order.
+    sweep = Path(shutil.copytree(sweep, tmp_path / "sweep"))
     before = (sweep / store.NOISE_PLAN).read_bytes()
     _gnsweep("launch", *GRID, RATES, "--sweep-dir", str(sweep), "--quiet")
     assert (sweep / store.NOISE_PLAN).read_bytes() == before
