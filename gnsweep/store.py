@@ -143,6 +143,9 @@ class RunStatus(Mapping[str, Any]):
     """Optimizer steps the run took."""
     final_loss: float | None = None
     train_seconds: float | None = None
+    train_cpu_seconds: float | None = None
+    """CPU seconds of the training process (its threads included) while the run trained: the
+    run's compute, which other jobs on the machine do not inflate."""
     rows: int | None = None
     """Rows of metrics.parquet as the run ended (a table cut short or rewritten is found)."""
     examples: int | None = None

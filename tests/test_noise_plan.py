@@ -14,6 +14,7 @@ from gnsweep.noise_plan import (
     Assignment,
     Outcome,
     best_rates,
+    dense_every,
     measured_as_planned,
     middle_rate,
     plan_runs,
@@ -176,3 +177,39 @@ def test_the_folder_records_the_plan_once_and_a_worker_reads_its_run_with_it(tmp
     (tmp_path / store.NOISE_PLAN).write_text('{"runs": {"x": {"role": "sometimes"}}}')
     with pytest.raises(store.StoreError, match=r"noise_plan\.json: not a noise plan"):
         folder.read_run(RunSpec(64, 0.1).run_id)
+
+
+def test_the_stride_keeps_the_medians_measurement_error_that_of_one_run_on_every_step():
+    # The median of n values each measured on every k-th step: sqrt(pi k / (2 n)) times one
+    # run's error on every step. Within 10% at the stride chosen, beyond it at the next.
+    for n in range(1, 40):
+        k = dense_every(n)
+        assert 1 <= k <= 16
+        if k > 1:
+            assert math.sqrt(math.pi * k / (2 * n)) <= 1.1
+        if k < 16:
+            assert math.sqrt(math.pi * (k + 1) / (2 * n)) > 1.1
+    assert [dense_every(n) for n in (1, 2, 3, 8)] == [1, 1, 2, 6]
+
+
+def test_dense_runs_measure_on_the_plans_stride_unless_noise_every_is_the_users():
+    specs = grid(batches=[8, 16, 32, 64, 128, 256, 512, 1024])
+    plan = plan_runs(specs, "auto", {})
+    dense = [a for a in plan.values() if a.role == DENSE]
+    assert len(dense) == 16 and {a.every for a in dense} == {6}
+    assert "every 6 steps" in dense[0].why and "one step in 6" in summary(plan)
+    assert {a.every for a in plan.values() if a.role == OFF} == {None}
+    config = Config(task=TaskConfig(name="digits"))
+    assert measured_as_planned(config, dense[0]).noise.every == 6
+    assert config.noise.every == "auto"  # the sweep's own config is not changed
+    mine = Config(task=TaskConfig(name="digits"), noise=NoiseConfig(every=2))
+    assert measured_as_planned(mine, dense[0]).noise.every == 2
+    explicit = plan_runs(specs, "auto", {}, every=3)
+    assert {a.every for a in explicit.values()} == {None}
+    # Three batch sizes: the stride is 2; one batch size: each run's own rule (auto).
+    assert {a.every for a in plan_runs(grid(), "auto", {}).values() if a.measures} == {2}
+    assert {a.every for a in plan_runs(grid(batches=[64]), "auto", {}).values()} == {None}
+    # A record keeps its stride; one written before strides were planned reads as None.
+    assert Assignment.of(dense[0].as_dict()) == dense[0]
+    assert Assignment.of({"role": "dense", "why": "x"}).every is None
+    assert Assignment.of({"role": "dense", "why": "x", "every": 0}) is None

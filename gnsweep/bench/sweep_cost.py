@@ -220,10 +220,12 @@ def agreement(value: float, se: float, full: float, full_se: float) -> dict[str,
             "full_se": round(full_se, 4), "ratio": round(ratio, 3), "agrees": agrees}
 
 
-def _launch(sweep: str, variant: str, folder: Path) -> tuple[float, float]:
+def _launch(sweep: str, variant: str, folder: Path) -> tuple[float, float, float]:
     """Launch one whole sweep in `folder` (a fresh one) as a user would: (the sum of its runs'
-    training time, each run's status.json `train_seconds`; the CPU time of the launch and
-    all its workers, which other jobs on the machine do not inflate)."""
+    training time, each run's status.json `train_seconds`; the sum of their training CPU
+    time, `train_cpu_seconds`: the sweep's compute, which other jobs on the machine do not
+    inflate; the CPU time of the whole launch, its workers' start and the launch's own work
+    included)."""
     import resource
     import subprocess
     import sys
@@ -240,9 +242,9 @@ def _launch(sweep: str, variant: str, folder: Path) -> tuple[float, float]:
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"sweep {sweep} ({variant}) failed: {done.stderr.strip()[-400:]}")
-    seconds = sum(store.read_status(store.run_dir(folder, r)).train_seconds or 0.0
-                  for r in store.run_ids(folder))
-    return seconds, cpu() - before
+    statuses = [store.read_status(store.run_dir(folder, r)) for r in store.run_ids(folder)]
+    return (sum(s.train_seconds or 0.0 for s in statuses),
+            sum(s.train_cpu_seconds or 0.0 for s in statuses), cpu() - before)
 
 
 def _b_simple(folder: Path) -> dict[float, tuple[float, float]]:
@@ -261,13 +263,15 @@ def measure_sweep(sweep: str, rounds: int, work: Path) -> dict[str, Any]:
     import shutil
 
     totals: dict[str, float] = {}
+    trained: dict[str, float] = {}
     cpus: dict[str, float] = {}
     for index in range(rounds):
         for variant in SWEEP_VARIANTS:
             folder = work / f"{sweep}_{variant}_{index}"
             shutil.rmtree(folder, ignore_errors=True)
-            seconds, cpu = _launch(sweep, variant, folder)
+            seconds, train_cpu, cpu = _launch(sweep, variant, folder)
             totals[variant] = min(totals.get(variant, math.inf), seconds)
+            trained[variant] = min(trained.get(variant, math.inf), train_cpu)
             cpus[variant] = min(cpus.get(variant, math.inf), cpu)
     last = rounds - 1
     default = _b_simple(work / f"{sweep}_default_{last}")
@@ -282,6 +286,9 @@ def measure_sweep(sweep: str, rounds: int, work: Path) -> dict[str, Any]:
     return {"sweep": sweep, "none_s": round(totals["none"], 2),
             "default": round(totals["default"] / totals["none"], 3),
             "full": round(totals["full"] / totals["none"], 3),
+            "none_train_cpu_s": round(trained["none"], 2),
+            "default_train_cpu": round(trained["default"] / trained["none"], 3),
+            "full_train_cpu": round(trained["full"] / trained["none"], 3),
             "none_cpu_s": round(cpus["none"], 2),
             "default_cpu": round(cpus["default"] / cpus["none"], 3),
             "full_cpu": round(cpus["full"] / cpus["none"], 3),
@@ -301,15 +308,18 @@ def sweeps_main(names: list[str], rounds: int, json_path: Path | None) -> dict[s
     with tempfile.TemporaryDirectory(prefix="gnsweep-sweep-cost-") as work:
         rows = [measure_sweep(name, rounds, Path(work)) for name in names]
     print(f"sweep_cost --sweeps: the sum of a whole sweep's runs' training time / the same "
-          f"sweep with noise.method=none (wall clock, and the CPU time of the whole launch; "
+          f"sweep with noise.method=none (CPU time, which other jobs do not inflate; wall "
+          f"clock; and the CPU time of the whole launch, process starts included; "
           f"fastest of {rounds}; load average "
           f"{load:.2f} on {os.cpu_count()} cores at the start); B_simple at each target "
           "against noise.runs=all noise.every=1")
     for row in rows:
-        print(f"  {row['sweep']}: default {row['default']}x, full {row['full']}x "
-              f"(none {row['none_s']} s; {row['runs_measured']} runs measured); CPU time "
-              f"of the launch and its workers: default {row['default_cpu']}x, full "
-              f"{row['full_cpu']}x (none {row['none_cpu_s']} s)")
+        print(f"  {row['sweep']}: the runs' training CPU time: default "
+              f"{row['default_train_cpu']}x, full {row['full_train_cpu']}x (none "
+              f"{row['none_train_cpu_s']} s; {row['runs_measured']} runs measured); their "
+              f"wall time: default {row['default']}x, full {row['full']}x (none "
+              f"{row['none_s']} s); CPU time of the whole launch: default "
+              f"{row['default_cpu']}x, full {row['full_cpu']}x (none {row['none_cpu_s']} s)")
         for t in row["targets"]:
             print(f"    target {t['target']:g}: B_simple {t['b_simple']:.4g} +- {t['se']:.2g}, "
                   f"full {t['full']:.4g} +- {t['full_se']:.2g} (ratio {t['ratio']}; "

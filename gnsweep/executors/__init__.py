@@ -410,6 +410,7 @@ def _train_and_record(sweep: SweepFolder, path: Path, attempts: int, writer: boo
             status = store.write_status(
                 path, result.state, steps=result.steps, reason=result.reason,
                 final_loss=result.final_loss, train_seconds=result.train_seconds,
+                train_cpu_seconds=result.train_cpu_seconds,
                 rows=result.rows, examples=result.examples, noise_method=result.noise_method,
                 b_simple_nan_share=result.b_simple_nan_share,
                 **({"noise_measured": result.noise_measured} if result.noise_measured else {}))

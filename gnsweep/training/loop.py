@@ -73,6 +73,9 @@ class RunResult:
     """Examples at its last logged row. The run's status records both: a table cut short or
     rewritten disagrees with them (`store.metrics_problem`)."""
     noise_measured: dict[str, Any] | None = None
+    train_cpu_seconds: float | None = None
+    """CPU seconds the run's training took (`RunState.cpu_elapsed`; None where not measured:
+    a script's run)."""
     """What was measured (`measured_share`): the method (`none`: measurement off), noise.every,
     steps and measured steps, and their share."""
 
@@ -134,6 +137,7 @@ def run(state: TrainState, out_dir: Path | None = None,
         or not sweep.stops_at_target else declared.hardest(sweep.targets)
     params = [p for p in state.model.parameters() if p.requires_grad]
     start = time.perf_counter() - state.elapsed
+    cpu_start = time.process_time() - state.cpu_elapsed
     outcome, reason = "done", "max_steps"
     try:
         while state.step < sweep.max_steps:
@@ -211,6 +215,7 @@ def run(state: TrainState, out_dir: Path | None = None,
                 # losses has not (near a loss floor they differ): train on and look again.
                 state.stop_at, done = None, False
             state.elapsed = time.perf_counter() - start
+            state.cpu_elapsed = time.process_time() - cpu_start
             if done:
                 reason = "target"
                 break
@@ -226,6 +231,7 @@ def run(state: TrainState, out_dir: Path | None = None,
         outcome, reason = "diverged", str(err)
     except StopRequested:
         state.elapsed = time.perf_counter() - start
+        state.cpu_elapsed = time.process_time() - cpu_start
         if checkpoints is not None:
             checkpoints.save(state)  # before the monitor's close folds in its last all-reduce
         raise
@@ -233,6 +239,7 @@ def run(state: TrainState, out_dir: Path | None = None,
         state.monitor.close()
         state.data.close()  # the DataLoader's worker processes, if any
         state.elapsed = time.perf_counter() - start
+        state.cpu_elapsed = time.process_time() - cpu_start
     if out_dir is not None:
         store.end_metrics(out_dir, state.rows)
     if checkpoints is not None:
@@ -244,7 +251,7 @@ def run(state: TrainState, out_dir: Path | None = None,
     # Measurement off (noise.method=none): B_simple absent by design, not missing.
     missing = None if monitor.method == "none" else unmeasured_share(list(state.rows["b_simple"]))
     return RunResult(outcome, state.step, reason, state.loss, time.perf_counter() - start,
-                     method, missing, rows=len(logged),
+                     method, missing, rows=len(logged), train_cpu_seconds=state.cpu_elapsed,
                      examples=int(state.rows["examples"][-1]) if len(logged) else None,
                      noise_measured=measured_share(state))
 

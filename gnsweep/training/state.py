@@ -90,6 +90,9 @@ class TrainState:
     """The step to stop at once the hardest target is reached (None: not reached yet)."""
     elapsed: float = 0.0
     """Seconds trained so far (the `wall_time` column goes on from it)."""
+    cpu_elapsed: float = 0.0
+    """CPU seconds of the training process so far, its threads included: a run's compute,
+    which other jobs on the machine do not inflate (status.json `train_cpu_seconds`)."""
     rows: dict[str, list] = field(default_factory=lambda: {
         f.name: [] for f in tables.METRICS_SCHEMA})
     """The metrics rows logged so far, by column (`tables.METRICS_SCHEMA`)."""
@@ -107,7 +110,7 @@ class TrainState:
                              "per_sample": self.per_sample, "loss": self.loss,
                              "grad_norm": self.grad_norm,
                              "metric": self.metric, "stop_at": self.stop_at,
-                             "elapsed": self.elapsed},
+                             "elapsed": self.elapsed, "cpu_elapsed": self.cpu_elapsed},
                 "rows": {name: list(values) for name, values in self.rows.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -127,6 +130,7 @@ class TrainState:
         self.loss, self.metric = float(progress["loss"]), float(progress["metric"])
         self.grad_norm = float(progress["grad_norm"])
         self.stop_at, self.elapsed = progress["stop_at"], float(progress["elapsed"])
+        self.cpu_elapsed = float(progress.get("cpu_elapsed", 0.0))  # absent before it was kept
         self.rows = {name: list(values) for name, values in state["rows"].items()}
         # A checkpoint written before a column existed: NaN on its rows (e.g. b_simple_precond).
         n = len(self.rows.get("step", []))

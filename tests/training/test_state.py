@@ -102,7 +102,9 @@ def test_a_run_resumed_from_its_state_logs_the_same_rows_bit_for_bit(case, monke
     assert result.reason == "max_steps" and result.steps == config.sweep.max_steps
 
     saved = io.BytesIO()
-    torch.save(_stopped_at(config, spec, 9).state_dict(), saved)
+    stopped = _stopped_at(config, spec, 9)
+    saved_cpu = stopped.cpu_elapsed
+    torch.save(stopped.state_dict(), saved)
     saved.seek(0)
     resumed = _built(config, spec)
     # Only tensors, numbers, strings and containers: what a checkpoint can load safely.
@@ -145,6 +147,8 @@ def test_a_run_resumed_from_its_state_logs_the_same_rows_bit_for_bit(case, monke
         assert len(set(whole.rows["batch_size"])) > 1  # the size moved with the estimate
     wall = resumed.rows["wall_time"]
     assert all(b >= a for a, b in itertools.pairwise(wall))  # the clock goes on
+    # The compute goes on too: the resumed run's CPU seconds hold the first part's.
+    assert resumed.cpu_elapsed > saved_cpu > 0 and result.train_cpu_seconds > 0
 
 
 def test_a_state_of_another_run_is_refused():
