@@ -454,6 +454,11 @@ class NoiseConfig:
     """Measure every this many steps (1: every step), or auto: the steps needed to keep
     B_simple's standard error within 4% of a measurement on every step, at least one in 16
     (docs/noise.md, "Measuring a subset of steps")."""
+    pooled: int = 1
+    """This run's B_simple is one of this many (batch sizes) whose median the sweep reads: under
+    every=auto it may measure the fewer steps that keep the median's error within 10% of one
+    run measured on every step (`noise.pooled_variance_growth`). The noise plan sets it on the
+    runs it measures (noise.runs=auto); 1: the run alone."""
     runs: str = "auto"
     """Which runs measure: auto (the sweep plans it: at each batch size the runs nearest the
     best learning rate known measure on the steps `every` says, the others not at all;
@@ -481,6 +486,9 @@ class NoiseConfig:
         self.method = _choice("noise.method", self.method, METHODS)
         self.runs = _choice("noise.runs", self.runs, NOISE_RUNS)
         self.microbatches = _integer("noise.microbatches", self.microbatches)
+        self.pooled = _integer("noise.pooled", self.pooled)
+        if self.pooled < 1:
+            raise ConfigError(f"noise.pooled: {self.pooled} must be >= 1")
         if self.microbatches < 2:
             raise ConfigError(f"noise.microbatches: {self.microbatches} must be >= 2")
         if isinstance(self.every, str) and self.every.strip().lower() == "auto":

@@ -129,17 +129,38 @@ AUTO_MAX_EVERY = 16
 (the spread the standard error is read from stays current)."""
 
 
+POOLED_ERROR = 1.1
+"""`noise.pooled`: a run whose B_simple is one of n whose median the sweep reads may measure
+fewer steps, as long as the median's measurement error stays within this times that of one
+run measured on every step (`pooled_variance_growth`)."""
+
+
+def pooled_variance_growth(pooled: int) -> float:
+    """How many times the variance of B_simple measured on every step a run's may reach under
+    `noise.every=auto` when it is one of `pooled` values whose median the sweep reads: the
+    median of n values, each of variance v, has about pi v / (2 n) (the median's efficiency
+    2/pi), so each may have up to POOLED_ERROR^2 2n/pi times the variance of one run measured
+    on every step before the median's error exceeds POOLED_ERROR times that run's; 1 for the
+    run alone."""
+    return max(1.0, POOLED_ERROR ** 2 * 2 * pooled / math.pi) if pooled >= 2 else 1.0
+
+
 class MeasureSchedule:
     """Which steps are measured: every `every`-th (an int >= 1), or `"auto"`: the steps needed
     to keep B_simple's relative standard error within `AUTO_ADDED_SE` of a measurement on every
     step (in quadrature; `NoiseScaleEma.due`),
-    at least one in `AUTO_MAX_EVERY`. The rule reads only measured numbers, never a clock, so
-    a run trained twice, or resumed from its state, measures the same steps."""
+    at least one in `AUTO_MAX_EVERY`; where the run's B_simple is one of `pooled` whose median
+    a sweep reads, within `pooled_variance_growth(pooled)` times the variance of a measurement
+    on every step instead, when that allows more. The rule reads only measured numbers, never
+    a clock, so a run trained twice, or resumed from its state, measures the same steps."""
 
-    def __init__(self, every: int | str = 1) -> None:
+    def __init__(self, every: int | str = 1, pooled: int = 1) -> None:
         if every != "auto" and not (isinstance(every, int) and every >= 1):
             raise ValueError(f"every={every!r}: need an integer >= 1 or 'auto'")
+        if pooled < 1:
+            raise ValueError(f"pooled={pooled!r}: need an integer >= 1")
         self.every = every
+        self.growth = pooled_variance_growth(pooled)
         self.next = True
         """Whether the next step is measured."""
         self.steps = self.measured = 0
@@ -163,7 +184,7 @@ class MeasureSchedule:
             return
         gap = self._since + 1  # the next measurement would stand for this many steps
         self.next = gap >= AUTO_MAX_EVERY or ema.due(
-            examples_since + step_examples, float(gap), step_examples)
+            examples_since + step_examples, float(gap), step_examples, self.growth)
 
     def state_dict(self) -> dict[str, Any]:
         return {"next": self.next, "steps": self.steps, "measured": self.measured,
@@ -411,12 +432,14 @@ class NoiseScaleEma:
         relative = (var_s / (s * s) + var_g / (g * g) - 2.0 * cov / (s * g)) / (n - 1)
         return abs(s / g) * math.sqrt(max(relative, 0.0))
 
-    def due(self, examples: float, weight: float, step_examples: float) -> bool:
+    def due(self, examples: float, weight: float, step_examples: float,
+            growth: float = 1.0) -> bool:
         """Whether a measurement `examples` on from the last one, standing for `weight`
         measured steps' worth, is needed (`noise.every=auto`, `MeasureSchedule`): while the
         window holds fewer than `AUTO_MIN_MEASUREMENTS` measurements' worth, or when without
         it B_simple's standard error would exceed that of a measurement on every step by more
-        than `AUTO_ADDED_SE` (relative, in quadrature): the window moved on by `examples`, the
+        than `AUTO_ADDED_SE` (relative, in quadrature), or, where more is allowed, its
+        variance would exceed `growth` times that one's: the window moved on by `examples`, the
         old weights decayed, this one's added, the spread of the single estimates as it is;
         every step measured, the window would hold `(1 + d) / (1 - d)` of them, `d` the decay
         over one step of `step_examples`."""
@@ -436,8 +459,9 @@ class NoiseScaleEma:
         spread = (se / b) ** 2 * (n - 1)  # relative variance of one measurement
         step_decay = self._decay_for(step_examples, 1.0)
         every_step = (1 + step_decay) / (1 - step_decay) if step_decay < 1 else math.inf
-        added = spread / (count - 1) - (spread / (every_step - 1) if every_step > 1 else 0.0)
-        return added > AUTO_ADDED_SE ** 2
+        full = spread / (every_step - 1) if every_step > 1 else 0.0
+        added = spread / (count - 1) - full
+        return added > max(AUTO_ADDED_SE ** 2, (growth - 1.0) * full)
 
     def _ratio_now(self) -> float:
         return _ratio(self._trace.value, self._g2.value)

@@ -40,17 +40,13 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from gnsweep.config import NOISE_RUNS, Config
-from gnsweep.noise import AUTO_MAX_EVERY, Method
+from gnsweep.noise import Method
 
 RUNS_CHOICES = NOISE_RUNS
 DENSE_PER_BATCH = 2
 """Learning rates per batch size (and branch point) measured under `noise.runs=auto`: the
 best known and its nearest neighbour, so that a first launch's guess (the grid's middle)
 still holds one of the rates the front uses at most batch sizes."""
-
-STRIDE_ERROR = 1.1
-"""`dense_every`: the measurement error of the sweep's median B_simple, at the plan's stride,
-is at most this times that of one run measured on every step."""
 
 ALL, DENSE, NEEDED, OFF = "all", "dense", "needed", "off"
 ROLES = (ALL, DENSE, NEEDED, OFF)
@@ -83,9 +79,10 @@ class Assignment:
     """all (noise.runs=all), dense, needed or off."""
     why: str
     """Why, in a few words (shown by `gnsweep status`, `analyze` and the report)."""
-    every: int | None = None
-    """The steps the run measures: every this many (`dense_every`), or None: as its
-    `noise.every` says."""
+    pooled: int | None = None
+    """The batch sizes whose median B_simple this run's is one of (`noise.pooled`: under
+    noise.every=auto it measures the steps that keep the median's error near that of one run
+    measured on every step); None: the run alone."""
 
     @property
     def measures(self) -> bool:
@@ -93,8 +90,8 @@ class Assignment:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if self.every is None:  # a record as before strides were planned
-            del out["every"]
+        if self.pooled is None:  # a record as before runs were pooled
+            del out["pooled"]
         return out
 
     @classmethod
@@ -103,10 +100,10 @@ class Assignment:
         if not (isinstance(data, dict) and data.get("role") in ROLES
                 and isinstance(data.get("why"), str)):
             return None
-        every = data.get("every")
-        if every is not None and not (isinstance(every, int) and every >= 1):
+        pooled = data.get("pooled")
+        if pooled is not None and not (isinstance(pooled, int) and pooled >= 2):
             return None
-        return cls(data["role"], data["why"], every)
+        return cls(data["role"], data["why"], pooled)
 
 
 def middle_rate(rates: Iterable[float]) -> float:
@@ -117,30 +114,13 @@ def middle_rate(rates: Iterable[float]) -> float:
     return math.sqrt(min(positive) * max(positive))
 
 
-def dense_every(batch_sizes: int) -> int:
-    """The stride of a dense run under `noise.every=auto`: every how many steps it measures.
-
-    The sweep's B_simple at a target is the median of the best runs' over `batch_sizes` batch
-    sizes. A run measured on every k-th step carries about sqrt(k) times the measurement error
-    of one measured on every step (a window holds k times fewer of the same estimates), and
-    the median of n such values sqrt(pi k / (2 n)) times it (the median's efficiency, 2/pi).
-    The plan takes the largest k that keeps the median's measurement error within
-    `STRIDE_ERROR` of one run's measured on every step, which is what each run of a sweep
-    had before the plan: k = floor(STRIDE_ERROR^2 2n/pi), at least 1, at most
-    `noise.AUTO_MAX_EVERY`. A batch size whose best run measured nothing borrows another
-    rate's value (`analysis.front`); that bias is said, not covered by this error."""
-    k = math.floor(STRIDE_ERROR ** 2 * 2 * batch_sizes / math.pi + 1e-9)
-    return max(1, min(AUTO_MAX_EVERY, k))
-
-
 def _group(spec: RunSpec) -> tuple[int, int]:
     return spec.at_examples, spec.batch_size
 
 
 def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignment],
               best_lr: Mapping[tuple[int, int], float] | None = None,
-              dense_per_batch: int = DENSE_PER_BATCH,
-              every: int | str = "auto") -> dict[str, Assignment]:
+              dense_per_batch: int = DENSE_PER_BATCH) -> dict[str, Assignment]:
     """The assignment of every run of `specs` not yet in `planned` (those keep theirs: a run
     planned once may have trained with it).
 
@@ -151,9 +131,8 @@ def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignm
     rate) are measured, each by one run: the lowest seed not yet planned, unless a run at
     that rate measures already. So a later round's runs nearer the best measure, and a
     relaunch that adds a seed measures the nearest rates that an earlier guess left
-    unmeasured. `every`: `noise.every`; under auto a dense run measures every
-    `dense_every(n)` steps, n the batch sizes at its branch point (an explicit `noise.every`
-    is the user's and holds)."""
+    unmeasured. A dense run is pooled with the other batch sizes at its branch point
+    (`Assignment.pooled`: the sweep reads their median)."""
     if runs not in RUNS_CHOICES:
         raise ValueError(f"noise.runs={runs!r}: choose one of {', '.join(RUNS_CHOICES)}")
     specs = list(specs)
@@ -174,9 +153,7 @@ def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignm
     for at_examples, batch_size in groups:
         sizes[at_examples].add(batch_size)
     for key, members in groups.items():
-        # A stride of 1 leaves the run's own rule (noise.every=auto) in place.
-        stride = dense_every(len(sizes[key[0]])) if every == "auto" else 1
-        stride = stride if stride > 1 else None
+        pooled = len(sizes[key[0]]) if len(sizes[key[0]]) > 1 else None
         best = known.get(key, math.nan)
         told = "the best learning rate so far" if math.isfinite(best) else "the grid's middle"
         if not math.isfinite(best):
@@ -193,9 +170,7 @@ def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignm
             if lr in nearest and lr not in measured:
                 measured.add(lr)
                 out[spec.run_id] = Assignment(
-                    DENSE, f"nearest {told} ({best:.3g}) at batch {spec.batch_size}"
-                           + (f", every {stride} steps" if stride else ""),
-                    stride)
+                    DENSE, f"nearest {told} ({best:.3g}) at batch {spec.batch_size}", pooled)
             elif lr in nearest:
                 out[spec.run_id] = Assignment(OFF, f"another run measures rate {lr:g} at "
                                                    f"batch {spec.batch_size}")
@@ -245,16 +220,15 @@ def best_rates(outcomes: Iterable[Outcome], falling: bool = True) -> dict[tuple[
 
 def measured_as_planned(config: Config, assignment: Assignment | None) -> Config:
     """The config a run trains with under its assignment: `config` itself, or a copy whose
-    `noise.every` is the plan's stride (where `noise.every` is auto), or, for a run planned
+    `noise.pooled` is the plan's (the batch sizes whose median it is one of), or, for a run planned
     off, a copy with noise.method=none and no B_noise or probes either (a script's run alike:
     whatever measures inside the script reads its run's noise section)."""
-    if assignment is None or (assignment.measures and assignment.every is None):
+    if assignment is None or (assignment.measures and assignment.pooled is None):
         return config
     out = copy.copy(config)
     if assignment.measures:
-        if config.noise.every == "auto":  # an explicit noise.every is the user's and holds
-            out.noise = copy.copy(config.noise)
-            out.noise.every = assignment.every
+        out.noise = copy.copy(config.noise)
+        out.noise.pooled = assignment.pooled
         return out
     # Set, not `replace`d: the cross-section check refuses a method for a script sweep that
     # the plan, not the user, chose.
@@ -274,9 +248,9 @@ def summary(plan: Mapping[str, Assignment]) -> str:
     if counts[ALL] == len(plan):
         return f"noise plan: every run measures (noise.runs=all, {len(plan)} runs)"
     parts = [f"{counts[r]} {r}" for r in (DENSE, NEEDED, ALL) if counts[r]]
-    strides = sorted({a.every for a in plan.values() if a.measures and a.every})
-    on = (f", one step in {' or '.join(map(str, strides))} (the median over batch sizes "
-          "pools their error)" if strides else "")
+    pooled = sorted({a.pooled for a in plan.values() if a.measures and a.pooled})
+    on = (f", each on the steps its share of the median over {' or '.join(map(str, pooled))} "
+          "batch sizes needs" if pooled else "")
     return (f"noise plan (noise.runs=auto): {measured} of {len(plan)} runs measure "
             f"({', '.join(parts)}: nearest the best learning rate of each batch size{on}); "
             f"{counts[OFF]} off")

@@ -6,6 +6,7 @@ import pytest
 
 from gnsweep.config import Config, NoiseConfig, TaskConfig
 from gnsweep.errors import ConfigError
+from gnsweep.noise import pooled_variance_growth
 from gnsweep.noise_plan import (
     ALL,
     DENSE,
@@ -14,7 +15,6 @@ from gnsweep.noise_plan import (
     Assignment,
     Outcome,
     best_rates,
-    dense_every,
     measured_as_planned,
     middle_rate,
     plan_runs,
@@ -179,37 +179,29 @@ def test_the_folder_records_the_plan_once_and_a_worker_reads_its_run_with_it(tmp
         folder.read_run(RunSpec(64, 0.1).run_id)
 
 
-def test_the_stride_keeps_the_medians_measurement_error_that_of_one_run_on_every_step():
-    # The median of n values each measured on every k-th step: sqrt(pi k / (2 n)) times one
-    # run's error on every step. Within 10% at the stride chosen, beyond it at the next.
-    for n in range(1, 40):
-        k = dense_every(n)
-        assert 1 <= k <= 16
-        if k > 1:
-            assert math.sqrt(math.pi * k / (2 * n)) <= 1.1
-        if k < 16:
-            assert math.sqrt(math.pi * (k + 1) / (2 * n)) > 1.1
-    assert [dense_every(n) for n in (1, 2, 3, 8)] == [1, 1, 2, 6]
+def test_a_pooled_run_may_grow_its_variance_so_the_median_keeps_one_full_runs_error():
+    # The median of n values each of variance g v: about pi g v / (2 n). At the growth
+    # allowed that is 1.1^2 v: one run measured on every step, within 10%.
+    for n in range(2, 40):
+        g = pooled_variance_growth(n)
+        assert g > 1 and math.pi * g / (2 * n) == pytest.approx(1.1 ** 2)
+    assert pooled_variance_growth(1) == 1.0  # the run alone
+    assert pooled_variance_growth(8) == pytest.approx(1.21 * 16 / math.pi)
 
 
-def test_dense_runs_measure_on_the_plans_stride_unless_noise_every_is_the_users():
+def test_dense_runs_are_pooled_with_the_batch_sizes_whose_median_the_sweep_reads():
     specs = grid(batches=[8, 16, 32, 64, 128, 256, 512, 1024])
     plan = plan_runs(specs, "auto", {})
     dense = [a for a in plan.values() if a.role == DENSE]
-    assert len(dense) == 16 and {a.every for a in dense} == {6}
-    assert "every 6 steps" in dense[0].why and "one step in 6" in summary(plan)
-    assert {a.every for a in plan.values() if a.role == OFF} == {None}
+    assert len(dense) == 16 and {a.pooled for a in dense} == {8}
+    assert "median over 8 batch sizes" in summary(plan)
+    assert {a.pooled for a in plan.values() if a.role == OFF} == {None}
     config = Config(task=TaskConfig(name="digits"))
-    assert measured_as_planned(config, dense[0]).noise.every == 6
-    assert config.noise.every == "auto"  # the sweep's own config is not changed
-    mine = Config(task=TaskConfig(name="digits"), noise=NoiseConfig(every=2))
-    assert measured_as_planned(mine, dense[0]).noise.every == 2
-    explicit = plan_runs(specs, "auto", {}, every=3)
-    assert {a.every for a in explicit.values()} == {None}
-    # Three batch sizes: the stride is 2; one batch size: each run's own rule (auto).
-    assert {a.every for a in plan_runs(grid(), "auto", {}).values() if a.measures} == {2}
-    assert {a.every for a in plan_runs(grid(batches=[64]), "auto", {}).values()} == {None}
-    # A record keeps its stride; one written before strides were planned reads as None.
+    assert measured_as_planned(config, dense[0]).noise.pooled == 8
+    assert config.noise.pooled == 1  # the sweep's own config is not changed
+    # One batch size: the run alone, as configured.
+    assert {a.pooled for a in plan_runs(grid(batches=[64]), "auto", {}).values()} == {None}
+    # A record keeps its part; one written before runs were pooled reads as alone.
     assert Assignment.of(dense[0].as_dict()) == dense[0]
-    assert Assignment.of({"role": "dense", "why": "x"}).every is None
-    assert Assignment.of({"role": "dense", "why": "x", "every": 0}) is None
+    assert Assignment.of({"role": "dense", "why": "x"}).pooled is None
+    assert Assignment.of({"role": "dense", "why": "x", "pooled": 0}) is None

@@ -96,7 +96,9 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
     keep B_simple's standard error within 4% of a measurement on every step
     (`gnsweep.noise.MeasureSchedule`), at least one in 16; each measurement weighs the steps
     it stands for, so the window averages over training progress however many steps were
-    measured. `method="none"`: no
+    measured; `pooled` (n >= 2: this run's B_simple is one of n whose median a sweep reads)
+    lets `"auto"` measure fewer, keeping the median's error within 10% of one run's on every
+    step. `method="none"`: no
     measurement at all (the baseline; `step()` returns None). `hessian_every` > 0 measures
     B_noise every n steps when `step(batch=...)` is given the step's batch, with
     `hessian_microbatches` gradients per measurement (see `hessian_norms`). The loss for those
@@ -126,7 +128,7 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
                  ema_fraction: float | None = None,
                  parameters: Iterable[nn.Parameter] | None = None,
                  all_reduced_grads: bool = False, timed_auto: bool = False,
-                 optimizer: torch.optim.Optimizer | None = None) -> None:
+                 optimizer: torch.optim.Optimizer | None = None, pooled: int = 1) -> None:
         if method not in (*METHODS, "auto", NORM_LAYERS, OFF):
             raise ValueError(f"method={method!r}: choose one of auto, {', '.join(METHODS)}, "
                              f"{NORM_LAYERS}, {OFF}")
@@ -147,7 +149,7 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
                                  ema_examples=window["ema_examples"])
         self._init_precond(window)
         self.steps = 0
-        self.schedule = MeasureSchedule(every)
+        self.schedule = MeasureSchedule(every, pooled)
         """Which steps are measured, and how many were."""
         self._step_examples = 0
         self.estimate: NoiseEstimate | None = None

@@ -216,7 +216,8 @@ def make_monitor(model: torch.nn.Module, trained: torch.nn.Module, task: Task, c
                              task_loss=task.loss, hessian_every=noise.hessian_every,
                              ema_fraction=noise.ema_fraction,
                              parameters=_noise_parameters(task, model),
-                             timed_auto=method == "auto", optimizer=optimizer)
+                             timed_auto=method == "auto", optimizer=optimizer,
+                             pooled=noise.pooled)
 
 
 def fall_back_if_unsplittable(state: TrainState, batch: Any) -> None:

@@ -13,7 +13,7 @@ import torch
 
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig
 from gnsweep.measure import NoiseScaleMonitor
-from gnsweep.noise import AUTO_MAX_EVERY, MeasureSchedule, NoiseScaleEma
+from gnsweep.noise import AUTO_MAX_EVERY, MeasureSchedule, NoiseScaleEma, pooled_variance_growth
 from gnsweep.runs import RunSpec
 from gnsweep.tasks import linreg
 from gnsweep.training import build_run, run
@@ -82,12 +82,19 @@ def test_b_simple_se_is_the_spread_of_b_simple_over_repeats():
     assert abs(spread / 100 - 0.0663) < 0.015
 
 
-def _schedule_share(noise_sd: float, steps: int = 2000) -> float:
+def _schedule_share(noise_sd: float, steps: int = 2000, every: int | str = "auto",
+                    pooled: int = 1, seed: int = 1) -> float:
     """`every=auto` over `steps` steps of constant batch 64, window 0.2 of training, with single
     estimates of relative spread `noise_sd` about a steady B_simple of 50."""
-    rng = random.Random(1)
+    return _scheduled(noise_sd, steps, every, pooled, seed)[0]
+
+
+def _scheduled(noise_sd: float, steps: int, every: int | str, pooled: int,
+               seed: int) -> tuple[float, float]:
+    """(share of steps measured, B_simple at the end) of `_schedule_share`'s run."""
+    rng = random.Random(seed)
     ema = NoiseScaleEma(ema_fraction=0.2)
-    schedule = MeasureSchedule("auto")
+    schedule = MeasureSchedule(every, pooled)
     since = 0.0
     for _ in range(steps):
         measured = schedule.next
@@ -98,13 +105,28 @@ def _schedule_share(noise_sd: float, steps: int = 2000) -> float:
                       since / 64)
             since = 0.0
         schedule.advance(measured, ema, since, 64)
-    return schedule.share
+    return schedule.share, ema._ratio_now()
 
 
 def test_auto_measures_few_steps_where_single_estimates_are_precise_and_all_where_not():
     precise = _schedule_share(0.05)
     assert 1 / AUTO_MAX_EVERY <= precise < 0.15
     assert _schedule_share(3.0) > 0.9  # B_simple's own error is large: every step counts
+
+
+def test_a_run_pooled_with_others_measures_fewer_steps_within_the_variance_it_may_add():
+    """One of 8 whose median a sweep reads: its B_simple's variance over 150 repeats may grow
+    to `pooled_variance_growth(8)` (6.2x) that of every step; measured, it grows less, on a
+    third of the steps, where the run alone measures nearly every step."""
+    def spread(every, pooled):
+        runs = [_scheduled(1.0, 600, every, pooled, seed) for seed in range(150)]
+        return (statistics.mean(r[0] for r in runs),
+                statistics.pvariance([r[1] for r in runs]))
+    _, every_step = spread(1, 1)
+    alone_share, _ = spread("auto", 1)
+    pooled_share, pooled = spread("auto", 8)
+    assert alone_share > 0.9 and pooled_share < 0.5
+    assert 1 < pooled / every_step < pooled_variance_growth(8)
 
 
 def test_auto_is_a_config_value_and_the_monitor_default_stays_every_step():
