@@ -226,7 +226,7 @@ def measured_as_planned(config: Config, assignment: Assignment | None) -> Config
     if assignment is None or (assignment.measures and assignment.pooled is None):
         return config
     out = copy.copy(config)
-    if assignment.measures:
+    if assignment.pooled is not None:
         out.noise = copy.copy(config.noise)
         out.noise.pooled = assignment.pooled
         return out
