@@ -185,7 +185,7 @@ class SweepFolder(SweepPaths):
             known = {**{s.run_id: Assignment(ALL, "") for s in specs}, **planned}
             fresh = plan_runs(specs, self.config.noise.runs,
                               {k: a for k, a in known.items() if k not in run_ids or k in planned},
-                              best_rates(outcomes, falling))
+                              best_rates(outcomes, falling), every=self.config.noise.every)
             planned.update({k: v for k, v in fresh.items() if k in run_ids})
             store.write_json(SweepPaths(self.root).noise_plan,
                              {"runs": {k: a.as_dict() for k, a in sorted(planned.items())}})

@@ -40,13 +40,24 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from gnsweep.config import NOISE_RUNS, Config
-from gnsweep.noise import Method
+from gnsweep.noise import Method, pooled_variance_growth
 
 RUNS_CHOICES = NOISE_RUNS
 DENSE_PER_BATCH = 2
-"""Learning rates per batch size (and branch point) measured under `noise.runs=auto`: the
-best known and its nearest neighbour, so that a first launch's guess (the grid's middle)
-still holds one of the rates the front uses at most batch sizes."""
+"""Learning rates per batch size (and branch point) measured under `noise.runs=auto` where
+the best is known from finished runs: the best and its nearest neighbour."""
+
+
+def guessed_per_batch(pooled: int | None) -> int:
+    """Learning rates per batch size measured where the best is a guess (a first launch: the
+    grid's middle), whose best rate often lies two grid steps from the middle at the smallest
+    and largest batch sizes. A run pooled with n batch sizes (`noise.pooled`) measured about
+    1/sqrt(g) of its steps on the default digits sweep (0.28-0.71 at g = 6.2,
+    `noise.pooled_variance_growth`), so `DENSE_PER_BATCH` x floor(sqrt(g)) rates measure
+    about the steps `DENSE_PER_BATCH` runs on every step would: 4 rates from 6 batch sizes
+    on, 2 below."""
+    growth = pooled_variance_growth(pooled or 1)
+    return DENSE_PER_BATCH * max(1, math.floor(math.sqrt(growth)))
 
 ALL, DENSE, NEEDED, OFF = "all", "dense", "needed", "off"
 ROLES = (ALL, DENSE, NEEDED, OFF)
@@ -120,7 +131,8 @@ def _group(spec: RunSpec) -> tuple[int, int]:
 
 def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignment],
               best_lr: Mapping[tuple[int, int], float] | None = None,
-              dense_per_batch: int = DENSE_PER_BATCH) -> dict[str, Assignment]:
+              dense_per_batch: int = DENSE_PER_BATCH,
+              every: int | str = "auto") -> dict[str, Assignment]:
     """The assignment of every run of `specs` not yet in `planned` (those keep theirs: a run
     planned once may have trained with it).
 
@@ -131,8 +143,9 @@ def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignm
     rate) are measured, each by one run: the lowest seed not yet planned, unless a run at
     that rate measures already. So a later round's runs nearer the best measure, and a
     relaunch that adds a seed measures the nearest rates that an earlier guess left
-    unmeasured. A dense run is pooled with the other batch sizes at its branch point
-    (`Assignment.pooled`: the sweep reads their median)."""
+    unmeasured. Under `every` (`noise.every`) auto, a dense run is pooled with the other
+    batch sizes at its branch point (`Assignment.pooled`: the sweep reads their median), and
+    where the best rate is a guess `guessed_per_batch` rates measure."""
     if runs not in RUNS_CHOICES:
         raise ValueError(f"noise.runs={runs!r}: choose one of {', '.join(RUNS_CHOICES)}")
     specs = list(specs)
@@ -153,14 +166,15 @@ def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignm
     for at_examples, batch_size in groups:
         sizes[at_examples].add(batch_size)
     for key, members in groups.items():
-        pooled = len(sizes[key[0]]) if len(sizes[key[0]]) > 1 else None
+        pooled = len(sizes[key[0]]) if len(sizes[key[0]]) > 1 and every == "auto" else None
         best = known.get(key, math.nan)
         told = "the best learning rate so far" if math.isfinite(best) else "the grid's middle"
+        hedge = dense_per_batch if math.isfinite(best) else guessed_per_batch(pooled)
         if not math.isfinite(best):
             best = middle_rate(s.learning_rate for s in members)
         order = sorted(members, key=lambda s: (_distance(s.learning_rate, best),
                                                -s.learning_rate, s.seed))
-        nearest = list(dict.fromkeys(s.learning_rate for s in order))[:dense_per_batch]
+        nearest = list(dict.fromkeys(s.learning_rate for s in order))[:hedge]
         measured = {s.learning_rate for s in members
                     if (a := planned.get(s.run_id)) is not None and a.measures}
         for spec in order:
@@ -176,7 +190,7 @@ def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignm
                                                    f"batch {spec.batch_size}")
             else:
                 out[spec.run_id] = Assignment(
-                    OFF, f"the {dense_per_batch} rates nearer {told} ({best:.3g}) measure at "
+                    OFF, f"the {hedge} rates nearer {told} ({best:.3g}) measure at "
                          f"batch {spec.batch_size}")
     return out
 

@@ -190,15 +190,26 @@ def test_a_pooled_run_may_grow_its_variance_so_the_median_keeps_one_full_runs_er
 
 
 def test_dense_runs_are_pooled_with_the_batch_sizes_whose_median_the_sweep_reads():
-    specs = grid(batches=[8, 16, 32, 64, 128, 256, 512, 1024])
+    batches = [8, 16, 32, 64, 128, 256, 512, 1024]
+    specs = grid(batches=batches)
     plan = plan_runs(specs, "auto", {})
     dense = [a for a in plan.values() if a.role == DENSE]
-    assert len(dense) == 16 and {a.pooled for a in dense} == {8}
+    # The best rate a guess (the grid's middle, 0.8): pooled runs measure a share of their
+    # steps, so the plan hedges 2 x floor(sqrt(6.2)) = 4 rates wide (ties: the larger).
+    assert measuring(plan) == {(f"b{b:05d}", f"lr{lr}") for b in batches
+                               for lr in (0.4, 0.8, 1.6, 3.2)}
+    assert len(dense) == 32 and {a.pooled for a in dense} == {8}
     assert "median over 8 batch sizes" in summary(plan)
     assert {a.pooled for a in plan.values() if a.role == OFF} == {None}
     config = Config(task=TaskConfig(name="digits"))
     assert measured_as_planned(config, dense[0]).noise.pooled == 8
     assert config.noise.pooled == 1  # the sweep's own config is not changed
+    # The best rates known: 2 a batch size. An explicit noise.every: 2, not pooled.
+    known = plan_runs(specs, "auto", {}, {(0, b): 0.2 for b in batches})
+    assert measuring(known) == {(f"b{b:05d}", f"lr{lr}") for b in batches for lr in (0.2, 0.4)}
+    assert {a.pooled for a in known.values() if a.measures} == {8}
+    mine = plan_runs(specs, "auto", {}, every=1)
+    assert len(measuring(mine)) == 16 and {a.pooled for a in mine.values()} == {None}
     # One batch size: the run alone, as configured.
     assert {a.pooled for a in plan_runs(grid(batches=[64]), "auto", {}).values()} == {None}
     # A record keeps its part; one written before runs were pooled reads as alone.
