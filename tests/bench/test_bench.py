@@ -186,6 +186,7 @@ def test_sweep_cost_measures_whole_sweeps() -> None:
     assert row["sweep"] == "tiny" and _positive(row["none_s"])
     assert _positive(row["default"]) and _positive(row["full"])
     assert _positive(row["default_cpu"]) and _positive(row["full_cpu"])
+    assert _positive(row["none_train_cpu_s"]) and _positive(row["default_train_cpu"])
     # Two rates a batch size: the plan measures both.
     assert row["runs_measured"] == "2/2"
     assert [t["target"] for t in row["targets"]] == [0.5]
