@@ -16,7 +16,10 @@ badly tuned learning rates, which are also the longest runs. So, under `noise.ru
 
 The best learning rate known is that of the finished runs (of those at that batch size that
 stopped at the hardest target, the fewest steps; else the lowest final loss), or, where
-nothing has finished (a first launch), the middle of the grid's rates at that batch size. A
+nothing has finished (a first launch), a guess that rises with the batch size as eq. 2.7's
+best rate does (`guessed_rate`). A measuring run is pooled with the batch sizes whose median
+the sweep reads (`noise.pooled`): under `noise.every=auto` it measures the fewer steps that
+keep the median's error near that of one run measured on every step. A
 run's assignment is decided once, when it is first handed to an executor, and never changes
 after (it may have trained): a relaunch, a resume or a requeue keeps it, and the planner's
 later rounds measure their new runs nearest the best rate, and a relaunch that adds a seed
@@ -40,24 +43,16 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from gnsweep.config import NOISE_RUNS, Config
-from gnsweep.noise import Method, pooled_variance_growth
+from gnsweep.noise import Method
 
 RUNS_CHOICES = NOISE_RUNS
 DENSE_PER_BATCH = 2
-"""Learning rates per batch size (and branch point) measured under `noise.runs=auto` where
-the best is known from finished runs: the best and its nearest neighbour."""
+"""Learning rates per batch size (and branch point) measured under `noise.runs=auto`: the
+best known (or guessed: `guessed_rate`) and its nearest neighbour."""
+GUESS_RANGE = (0.25, 0.75)
+"""`guessed_rate`: where in the grid's rate range (log space) the guess lies at the smallest
+and at the largest batch size."""
 
-
-def guessed_per_batch(pooled: int | None) -> int:
-    """Learning rates per batch size measured where the best is a guess (a first launch: the
-    grid's middle), whose best rate often lies two grid steps from the middle at the smallest
-    and largest batch sizes. A run pooled with n batch sizes (`noise.pooled`) measured about
-    1/sqrt(g) of its steps on the default digits sweep (0.28-0.71 at g = 6.2,
-    `noise.pooled_variance_growth`), so `DENSE_PER_BATCH` x floor(sqrt(g)) rates measure
-    about the steps `DENSE_PER_BATCH` runs on every step would: 4 rates from 6 batch sizes
-    on, 2 below."""
-    growth = pooled_variance_growth(pooled or 1)
-    return DENSE_PER_BATCH * max(1, math.floor(math.sqrt(growth)))
 
 ALL, DENSE, NEEDED, OFF = "all", "dense", "needed", "off"
 ROLES = (ALL, DENSE, NEEDED, OFF)
@@ -117,6 +112,26 @@ class Assignment:
         return cls(data["role"], data["why"], pooled)
 
 
+def guessed_rate(rates: Iterable[float], batch_size: int, batch_sizes: Iterable[int]) -> float:
+    """The best learning rate at `batch_size` guessed before any run has finished. Eq. 2.7:
+    the best rate eps_max / (1 + B_noise / B) rises with the batch size, and a grid's rates
+    span the best rates of its batch sizes, so the guess lies `GUESS_RANGE[0]` of the way up
+    the rates' range (log space) at the smallest batch size, `GUESS_RANGE[1]` at the largest,
+    and in between by log batch size; the middle with one batch size. On the default digits
+    sweep the first launch's B_simple then reads 1.00 / 1.00 / 1.20 of the full measurement's
+    at its three targets, where the grid's middle read 1.05 / 1.31 / 1.79 (docs/noise.md)."""
+    positive = [r for r in rates if r > 0 and math.isfinite(r)]
+    sizes = sorted({b for b in batch_sizes if b > 0})
+    if not positive:
+        return math.nan
+    if len(sizes) < 2 or batch_size <= 0:
+        return middle_rate(positive)
+    where = math.log(batch_size / sizes[0]) / math.log(sizes[-1] / sizes[0])
+    low, high = GUESS_RANGE
+    share = low + (high - low) * min(max(where, 0.0), 1.0)
+    return math.exp(math.log(min(positive)) + share * math.log(max(positive) / min(positive)))
+
+
 def middle_rate(rates: Iterable[float]) -> float:
     """The grid's middle learning rate in log space (the geometric midpoint of its range)."""
     positive = [r for r in rates if r > 0 and math.isfinite(r)]
@@ -138,14 +153,13 @@ def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignm
 
     `specs`: every run of the sweep (the ones already planned included). `runs`:
     `noise.runs`. `best_lr`: the best learning rate known per (at_examples, batch_size) group
-    (`best_rates`); a group without one takes its grid's middle rate (`middle_rate`). Per
+    (`best_rates`); a group without one takes the rate guessed (`guessed_rate`). Per
     group, the `dense_per_batch` rates nearest the best in log distance (ties: the larger
     rate) are measured, each by one run: the lowest seed not yet planned, unless a run at
     that rate measures already. So a later round's runs nearer the best measure, and a
     relaunch that adds a seed measures the nearest rates that an earlier guess left
     unmeasured. Under `every` (`noise.every`) auto, a dense run is pooled with the other
-    batch sizes at its branch point (`Assignment.pooled`: the sweep reads their median), and
-    where the best rate is a guess `guessed_per_batch` rates measure."""
+    batch sizes at its branch point (`Assignment.pooled`: the sweep reads their median)."""
     if runs not in RUNS_CHOICES:
         raise ValueError(f"noise.runs={runs!r}: choose one of {', '.join(RUNS_CHOICES)}")
     specs = list(specs)
@@ -168,13 +182,13 @@ def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignm
     for key, members in groups.items():
         pooled = len(sizes[key[0]]) if len(sizes[key[0]]) > 1 and every == "auto" else None
         best = known.get(key, math.nan)
-        told = "the best learning rate so far" if math.isfinite(best) else "the grid's middle"
-        hedge = dense_per_batch if math.isfinite(best) else guessed_per_batch(pooled)
+        told = ("the best learning rate so far" if math.isfinite(best)
+                else "the rate eq. 2.7 guesses")
         if not math.isfinite(best):
-            best = middle_rate(s.learning_rate for s in members)
+            best = guessed_rate((s.learning_rate for s in members), key[1], sizes[key[0]])
         order = sorted(members, key=lambda s: (_distance(s.learning_rate, best),
                                                -s.learning_rate, s.seed))
-        nearest = list(dict.fromkeys(s.learning_rate for s in order))[:hedge]
+        nearest = list(dict.fromkeys(s.learning_rate for s in order))[:dense_per_batch]
         measured = {s.learning_rate for s in members
                     if (a := planned.get(s.run_id)) is not None and a.measures}
         for spec in order:
@@ -190,7 +204,7 @@ def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignm
                                                    f"batch {spec.batch_size}")
             else:
                 out[spec.run_id] = Assignment(
-                    OFF, f"the {hedge} rates nearer {told} ({best:.3g}) measure at "
+                    OFF, f"the {dense_per_batch} rates nearer {told} ({best:.3g}) measure at "
                          f"batch {spec.batch_size}")
     return out
 

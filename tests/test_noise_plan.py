@@ -15,6 +15,7 @@ from gnsweep.noise_plan import (
     Assignment,
     Outcome,
     best_rates,
+    guessed_rate,
     measured_as_planned,
     middle_rate,
     plan_runs,
@@ -41,16 +42,20 @@ def test_runs_all_measures_every_run():
     assert all(a.role == ALL and a.measures for a in plan.values())
 
 
-def test_auto_measures_the_two_rates_nearest_the_grids_middle_at_each_batch_size():
+def test_auto_measures_the_two_rates_nearest_a_guess_that_rises_with_the_batch_size():
     specs = grid(seeds=(0, 1))
     plan = plan_runs(specs, "auto", {})
     assert set(plan) == {s.run_id for s in specs}  # every run has a part and a reason
     on = [s for s in specs if plan[s.run_id].measures]
-    # The middle of 0.1..6.4 in log space is 0.8; its nearer neighbour ties (0.4, 1.6): the
-    # larger, faster rate. The first seed only.
+    # 0.1..6.4 spans 6 octaves: the guess is 1.5 octaves up at batch 8, the middle (3) at 64
+    # (halfway in log batch size), 4.5 at 512. Ties go to the larger, faster rate. The first
+    # seed only.
     assert middle_rate(RATES) == pytest.approx(0.8)
+    assert [guessed_rate(RATES, b, BATCHES) for b in BATCHES] == pytest.approx(
+        [0.1 * 2 ** 1.5, 0.8, 0.1 * 2 ** 4.5])
+    assert guessed_rate(RATES, 64, [64]) == pytest.approx(0.8)  # one batch size: the middle
     assert sorted((s.batch_size, s.learning_rate, s.seed) for s in on) == sorted(
-        (b, lr, 0) for b in BATCHES for lr in (0.8, 1.6))
+        [(8, 0.2, 0), (8, 0.4, 0), (64, 0.8, 0), (64, 1.6, 0), (512, 1.6, 0), (512, 3.2, 0)])
     assert all(plan[s.run_id].role == DENSE for s in on)
     assert all(a.why for a in plan.values())
 
@@ -134,16 +139,16 @@ def test_summary_counts_what_measures():
 
 def test_a_relaunch_adding_a_seed_measures_the_best_rates_the_first_guess_missed():
     first = grid()
-    planned = plan_runs(first, "auto", {})  # the grid's middle: 0.8 and 1.6
+    # The guess: 0.2 and 0.4 at batch 8, 0.8 and 1.6 at 64, 1.6 and 3.2 at 512.
+    planned = plan_runs(first, "auto", {})
     seeds = first + grid(seeds=(1,))
-    best = {(0, 8): 0.2, (0, 64): 1.6, (0, 512): 6.4}
+    best = {(0, 8): 0.1, (0, 64): 1.6, (0, 512): 6.4}
     fresh = plan_runs(seeds, "auto", planned, best)
-    on = {(RunSpec.__name__, r) for r, a in fresh.items() if a.measures}
-    assert {r for _, r in on} == {RunSpec(8, 0.2, 1).run_id, RunSpec(8, 0.4, 1).run_id,
-                                   RunSpec(512, 6.4, 1).run_id, RunSpec(512, 3.2, 1).run_id,
-                                   RunSpec(64, 3.2, 1).run_id}
-    # 1.6 at batch 64 is measured by seed 0 already: its seed-1 run stays off, and says why.
-    assert "another run measures rate 1.6" in fresh[RunSpec(64, 1.6, 1).run_id].why
+    on = {r for r, a in fresh.items() if a.measures}
+    assert on == {RunSpec(8, 0.1, 1).run_id, RunSpec(64, 3.2, 1).run_id,
+                  RunSpec(512, 6.4, 1).run_id}
+    # 0.2 at batch 8 is measured by seed 0 already: its seed-1 run stays off, and says why.
+    assert "another run measures rate 0.2" in fresh[RunSpec(8, 0.2, 1).run_id].why
 
 
 def test_the_folder_records_the_plan_once_and_a_worker_reads_its_run_with_it(tmp_path):
@@ -164,8 +169,9 @@ def test_the_folder_records_the_plan_once_and_a_worker_reads_its_run_with_it(tmp
     plan = folder.plan_noise([s.run_id for s in specs])
     assert read_noise_plan(tmp_path) == plan and len(plan) == 6
     assert plan[begun].role == ALL and "began before" in plan[begun].why
+    # The guess: 0.2 at batch 8 (0.1 and 0.4 tie), 0.8 at 64 (0.4 and 1.6 tie).
     assert {r for r, a in plan.items() if a.role == DENSE} == {
-        RunSpec(b, lr).run_id for b in (8, 64) for lr in (0.4, 1.6)} - {begun}
+        RunSpec(b, lr).run_id for b, lr in ((8, 0.1), (8, 0.4), (64, 0.4), (64, 1.6))} - {begun}
     assert plan[RunSpec(64, 0.1).run_id].role == OFF
     before = (tmp_path / store.NOISE_PLAN).read_bytes()
     assert folder.plan_noise([s.run_id for s in specs]) == plan  # decided once
@@ -194,20 +200,13 @@ def test_dense_runs_are_pooled_with_the_batch_sizes_whose_median_the_sweep_reads
     specs = grid(batches=batches)
     plan = plan_runs(specs, "auto", {})
     dense = [a for a in plan.values() if a.role == DENSE]
-    # The best rate a guess (the grid's middle, 0.8): pooled runs measure a share of their
-    # steps, so the plan hedges 2 x floor(sqrt(6.2)) = 4 rates wide (ties: the larger).
-    assert measuring(plan) == {(f"b{b:05d}", f"lr{lr}") for b in batches
-                               for lr in (0.4, 0.8, 1.6, 3.2)}
-    assert len(dense) == 32 and {a.pooled for a in dense} == {8}
+    assert len(dense) == 16 and {a.pooled for a in dense} == {8}
     assert "median over 8 batch sizes" in summary(plan)
     assert {a.pooled for a in plan.values() if a.role == OFF} == {None}
     config = Config(task=TaskConfig(name="digits"))
     assert measured_as_planned(config, dense[0]).noise.pooled == 8
     assert config.noise.pooled == 1  # the sweep's own config is not changed
-    # The best rates known: 2 a batch size. An explicit noise.every: 2, not pooled.
-    known = plan_runs(specs, "auto", {}, {(0, b): 0.2 for b in batches})
-    assert measuring(known) == {(f"b{b:05d}", f"lr{lr}") for b in batches for lr in (0.2, 0.4)}
-    assert {a.pooled for a in known.values() if a.measures} == {8}
+    # An explicit noise.every is the user's: not pooled.
     mine = plan_runs(specs, "auto", {}, every=1)
     assert len(measuring(mine)) == 16 and {a.pooled for a in mine.values()} == {None}
     # One batch size: the run alone, as configured.
