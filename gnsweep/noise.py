@@ -39,6 +39,8 @@ class Method(StrEnum):
     """Nothing measured: the baseline of what measuring costs."""
 
 
+METHOD_NAMES = tuple(str(m) for m in Method)
+"""Every method's name, as `noise.method` and `NoiseScaleMonitor(method=)` take it."""
 PAIR_METHODS = (Method.PER_EXAMPLE, Method.MICROBATCH, Method.DDP, Method.FSDP)
 """The methods that measure the whole gradient's pair (`norm_layers` measures a block of it)."""
 

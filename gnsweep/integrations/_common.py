@@ -139,7 +139,7 @@ def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
 def cannot_measure(monitor: NoiseScaleMonitor, accumulation: int, setting: str) -> str | None:
     """Why a framework callback cannot measure with `monitor` under `accumulation` micro-steps a
     step (the framework's `setting`), or None when it can."""
-    if monitor.method == "fsdp":
+    if monitor.method == noise.Method.FSDP:
         # The frameworks' FSDP strategies are untested with the FSDP source (which needs a
         # micro_step() after each backward): refused rather than a number not checked.
         return ("a model sharded by FSDP is not measured by this callback yet: use "

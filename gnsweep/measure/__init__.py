@@ -13,9 +13,9 @@ accumulation loop.
 
 from gnsweep.measure.fsdp import FsdpNoiseScale
 from gnsweep.measure.hessian import hessian_norms
-from gnsweep.measure.monitor import METHODS, NoiseScaleMonitor
+from gnsweep.measure.monitor import PAIR_METHOD_NAMES, NoiseScaleMonitor
 from gnsweep.measure.offline import measure_noise_scale
 from gnsweep.noise import NormPair
 
-__all__ = ["METHODS", "FsdpNoiseScale", "NoiseScaleMonitor", "NormPair", "hessian_norms",
-           "measure_noise_scale"]
+__all__ = ["PAIR_METHOD_NAMES", "FsdpNoiseScale", "NoiseScaleMonitor", "NormPair",
+           "hessian_norms", "measure_noise_scale"]

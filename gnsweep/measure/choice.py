@@ -21,6 +21,7 @@ from gnsweep.measure.common import Gate, say_once
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.per_example import PerExample
 from gnsweep.measure.source import Sources
+from gnsweep.noise import Method
 
 MICROBATCH_FROM = 192
 """`timed_auto`: from this batch on, a model with convolutions is measured with micro-batches
@@ -138,12 +139,12 @@ class AutoChoice(Sources):
         layers or the method and the cause), or "" when it does not."""
         if not self.needs_microbatches:
             return ""
-        if self.method == "fsdp":
+        if self.method == Method.FSDP:
             return "FSDP on one process measures the micro-steps of gradient accumulation"
-        if self.choice is not None and self.choice.get("method") == "microbatch":
+        if self.choice is not None and self.choice.get("method") == Method.MICROBATCH:
             return str(self.choice["reason"])
         stats = [m for m in self._batch_stats if m.training]
-        if self.method == "microbatch" and stats:
+        if self.method == Method.MICROBATCH and stats:
             return (f"{type(stats[0]).__name__} normalises with statistics of the batch, so "
                     "per-example norms are not its noise")
         per_example = self._source(PerExample)
@@ -178,7 +179,7 @@ class AutoChoice(Sources):
         if self.timed:
             self.keep(FALLBACK_METHOD)
             return None
-        if self.method != "microbatch":
+        if self.method != Method.MICROBATCH:
             return None
         self.warn_once("nosplit", "noise scale: this task's batch cannot be split along dim 0 "
                        "(no tensor, tensors of different lengths, or one sample): measuring "
@@ -189,7 +190,7 @@ class AutoChoice(Sources):
         """The method to rebuild this monitor with before `load_state_dict(saved)`: the saved
         run fell back at its first step (`unsplittable`), so does this one; None: as built."""
         if saved["method"] != self.method and not self.timed:
-            if self.requested == "auto" and saved.get("choice") is not None:
+            if self.requested == Method.AUTO and saved.get("choice") is not None:
                 return None  # auto's own switch (`_unattributable`): load_state_dict redoes it
             return FALLBACK_METHOD
         return None
@@ -205,7 +206,7 @@ class AutoChoice(Sources):
                            for name, seen in per_example.unattributed.items())
         reason = f"per-example norms cannot attribute the gradient of {layers} to examples"
         self._redo = True
-        if self.requested != "auto":
+        if self.requested != Method.AUTO:
             raise ValueError(f"noise scale: method={self.requested!r}: {reason}; use "
                              "method='auto' or 'microbatch'")
         choice = {"method": "microbatch", "reason": reason, "batch": batch,
@@ -243,7 +244,7 @@ class AutoChoice(Sources):
                                         per_example.positions, split, weighted)
         if rest and per_example.skipped:  # name them: the reason kept in status.json
             reason = f"micro-batches are needed anyway, for {', '.join(per_example.skipped)}"
-        elif method == "per_example" and per_example.routes:
+        elif method == Method.PER_EXAMPLE and per_example.routes:
             reason = f"{reason}; {per_example.routes}"  # what was measured how
         self._commit({"method": method, "reason": reason, "batch": batch, "step_seconds": None})
         self._timing = []
@@ -299,6 +300,6 @@ class AutoChoice(Sources):
             self._commit(state["choice"])
             timing = state.get("timing")
             self._timing = None if timing is None else list(timing)
-        elif state.get("choice") is not None and state["method"] == "microbatch" \
-                and self.method == "per_example" and self.requested == "auto":
+        elif state.get("choice") is not None and state["method"] == Method.MICROBATCH \
+                and self.method == Method.PER_EXAMPLE and self.requested == Method.AUTO:
             self._switch_to_microbatches(state["choice"])  # switched before the save

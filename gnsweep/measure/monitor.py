@@ -46,6 +46,7 @@ from gnsweep.measure.per_example import PerExample
 from gnsweep.measure.preconditioned import Preconditioned
 from gnsweep.measure.source import Source, StepNorms, read_all
 from gnsweep.noise import (
+    METHOD_NAMES,
     PAIR_METHODS,
     MeasureSchedule,
     Method,
@@ -57,7 +58,8 @@ from gnsweep.noise import (
     load_estimate,
 )
 
-METHODS = tuple(str(m) for m in PAIR_METHODS)
+PAIR_METHOD_NAMES = tuple(str(m) for m in PAIR_METHODS)
+"""The methods that measure the whole gradient's pair of eq. A.2 (`gnsweep.noise.PAIR_METHODS`)."""
 NORM_LAYERS = str(Method.NORM_LAYERS)
 """`method="norm_layers"`: per-example norms of the LayerNorm / RMSNorm parameters only (Gray et
 al. 2024): B_simple of that block of the gradient, a few reductions per layer; the other
@@ -127,9 +129,8 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
                  parameters: Iterable[nn.Parameter] | None = None,
                  all_reduced_grads: bool = False, timed_auto: bool = False,
                  optimizer: torch.optim.Optimizer | None = None) -> None:
-        if method not in (*METHODS, "auto", NORM_LAYERS, OFF):
-            raise ValueError(f"method={method!r}: choose one of auto, {', '.join(METHODS)}, "
-                             f"{NORM_LAYERS}, {OFF}")
+        if method not in METHOD_NAMES:
+            raise ValueError(f"method={method!r}: choose one of {', '.join(METHOD_NAMES)}")
         if (every != "auto" and not (isinstance(every, int) and every >= 1)) or \
                 hessian_every < 0 or hessian_microbatches < 2:
             raise ValueError("need every >= 1 (or 'auto'), hessian_every >= 0 and "
@@ -416,20 +417,21 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
         """Fold in this step's norms, unscaled (`step(loss_scale=...)`). The Hessian passes
         run the loss unscaled, in fp32."""
         hess = self._hessian(batch) if hessian else None
-        if plain and self.method == "per_example" and self._examples == 1:
+        if plain and self.method == Method.PER_EXAMPLE and self._examples == 1:
             # One sample has no spread: tr(Sigma) is undefined at this batch size (eq. A.2
             # needs two batch sizes). Skipped, so the estimate stays None (NaN), never wrong.
             # (method microbatch says so as an error: its caller cut the batch.)
             self.warn_once("one", "noise scale: a batch of one sample has no spread to measure; "
                            "B_simple is not measured at this batch size")
             plain = False
-        if plain and self.method == "per_example" and any(m.training for m in self._batch_stats):
+        if plain and self.method == Method.PER_EXAMPLE and \
+                any(m.training for m in self._batch_stats):
             # A layer with batch statistics switched to train mode after the monitor was built.
             reason = per_example_refusal(self.module)
             assert reason is not None
             raise ValueError(reason)
         increments = self._source(Increments)
-        if plain and increments is not None and self.method == "microbatch" \
+        if plain and increments is not None and self.method == Method.MICROBATCH \
                 and not self._whole_batches:
             say_ghost_batches(self._batch_stats, len(increments.counts))
         # Squared norms of scaled gradients (fp16): captured during backward they carry
@@ -437,7 +439,7 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
         small_scale = self._loss_scale ** 2
         norms = StepNorms(self._examples, plain, small_scale,
                           1.0 if self._grads_unscaled else small_scale,
-                          required=self.requested == "microbatch", hess=hess,
+                          required=self.requested == Method.MICROBATCH, hess=hess,
                           grads_unscaled=self._grads_unscaled, why=lambda: self.why_microbatches,
                           hint=self.accumulation_hint)
         read, weighs = read_all(self.sources, norms, self.warn_once)

@@ -13,7 +13,7 @@ from torch import nn
 
 from gnsweep.measure.common import Batch, LossFn, TaskLoss, batch_len, batch_loss, split_batch
 from gnsweep.measure.monitor import NoiseScaleMonitor
-from gnsweep.noise import NoiseEstimate
+from gnsweep.noise import Method, NoiseEstimate
 
 
 def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Iterable[Batch],
@@ -50,7 +50,7 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Itera
                                 hessian_microbatches=hessian_microbatches,
                                 parameters=parameters, task_loss=task_loss)
     saved = [p.grad for p in monitor.params]
-    if monitor.method == "microbatch" and any(m.training for m in monitor._batch_stats):
+    if monitor.method == Method.MICROBATCH and any(m.training for m in monitor._batch_stats):
         try:
             if hessian:
                 raise ValueError("B_noise (hessian=True) cannot be measured on a model with "
@@ -64,7 +64,7 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Itera
     try:
         for batch in batches:
             n = batch_len(batch if task_loss is not None else batch[0])
-            if monitor.method == "microbatch" and n < 2:
+            if monitor.method == Method.MICROBATCH and n < 2:
                 raise ValueError("method='microbatch' cannot split a batch of one example into "
                                  "micro-batches; use larger batches or method='per_example'")
             for again in (False, True):

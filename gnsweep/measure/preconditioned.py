@@ -13,7 +13,14 @@ from gnsweep.measure.ddp import DdpHook, RankGrads
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.precond import IDENTITY, kind, preconditioner, preconditioner_parts
 from gnsweep.measure.source import Sources, unscale
-from gnsweep.noise import NoiseEstimate, NoiseScaleEma, NormPair, undetermined, with_precond
+from gnsweep.noise import (
+    Method,
+    NoiseEstimate,
+    NoiseScaleEma,
+    NormPair,
+    undetermined,
+    with_precond,
+)
 
 
 class Preconditioned(Sources):
@@ -61,11 +68,11 @@ class Preconditioned(Sources):
         if self._precond_kind is None:
             self.warn_once("precond", f"noise scale: {type(optimizer).__name__} has no known "
                            "diagonal preconditioner; b_simple_precond is not measured (NaN)")
-        elif self._precond_kind != IDENTITY and self.method == "ddp":
+        elif self._precond_kind != IDENTITY and self.method == Method.DDP:
             for source in self.sources:
                 if source.weighs:
                     cast(DdpHook | RankGrads, source).weigh = self._weights_by_parameter
-        elif self._precond_kind != IDENTITY and self.method == "fsdp":
+        elif self._precond_kind != IDENTITY and self.method == Method.FSDP:
             self.warn_once("precond", "noise scale: b_simple_precond is not measured under "
                            "FSDP yet (NaN); micro-batches or DDP measure it")
             self._precond_kind = None
@@ -97,7 +104,7 @@ class Preconditioned(Sources):
         """The preconditioned pair needs this step in micro-batches (`accumulate()` after
         each): an adaptive optimizer, a method that does not split anyway, and no source
         that weighs by P itself."""
-        return self._precond_increments is not None and self.method != "microbatch" and \
+        return self._precond_increments is not None and self.method != Method.MICROBATCH and \
             not self._weighs_itself
 
     def _precond_source(self) -> Increments | None:
@@ -106,7 +113,7 @@ class Preconditioned(Sources):
         if self._precond_increments is None or self._weighs_itself:
             return None
         own = self._source(Increments)
-        if self.method == "microbatch" and own is not None:
+        if self.method == Method.MICROBATCH and own is not None:
             return own
         return self._precond_increments
 
