@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from gnsweep.measure.broadcast import first_examples
 from gnsweep.measure.common import Gate, fp32
 from gnsweep.measure.functional import per_example
 from gnsweep.measure.shared import linear_like
@@ -212,7 +213,8 @@ class Coverage:
         devices = sorted({p.device.index or 0 for p in self.params if p.device.type == "cuda"})
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=devices):
-                self.model(*_cut(args, batch, half), **_cut(kwargs, batch, half))
+                self.model(*first_examples(args, batch, half),
+                           **first_examples(kwargs, batch, half))
         except Exception:  # a model that cannot run on half its batch: no verdict
             return {}
         finally:
@@ -316,15 +318,3 @@ def functional_gradients(module: nn.Module, a: torch.Tensor, d: torch.Tensor
 
 def _detached(value: Any) -> Any:
     return value.detach() if isinstance(value, torch.Tensor) else value
-
-
-def _cut(values: Any, batch: int, n: int) -> Any:
-    """The first `n` examples of every tensor whose dim 0 has the batch's length; everything
-    else as it is."""
-    if isinstance(values, torch.Tensor):
-        return values[:n] if values.dim() > 0 and values.shape[0] == batch else values
-    if isinstance(values, (tuple, list)):
-        return type(values)(_cut(v, batch, n) for v in values)
-    if isinstance(values, dict):
-        return {k: _cut(v, batch, n) for k, v in values.items()}
-    return values
