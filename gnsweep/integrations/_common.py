@@ -60,8 +60,8 @@ class Watched(nn.Module):
         return self.inner(*args, **kwargs)
 
     def probe_forward(self, *args: Any, **kwargs: Any) -> Any:
-        """The model run on what `count` was given (`gnsweep.measure.positions` runs it on a
-        few examples, without gradients, to find the embeddings looked up once for the whole
+        """The model run on what `count` was given (`gnsweep.measure.per_example.positions` runs it
+        on a few examples, without gradients, to find the embeddings looked up once for the whole
         batch); a model that cannot be called so raises, and the probe gives no verdict."""
         if self.call is not None:
             return self.call(self.inner, *args, **kwargs)

@@ -2,9 +2,9 @@
 per-example norms and micro-batches, where both measure the model right, the cheaper by
 `cheaper_method` after the first measured step (micro-batches where the step is cut into them
 anyway: layers without per-example norms, or an adaptive optimizer's preconditioned pair
-where some layer has no P-weighted per-example norms, `gnsweep.measure.weighted`;
-else the crossovers `MICROBATCH_FROM` and `SEQUENCE_MICROBATCH_TOKENS`), its next
-`TIMED_STEPS` measured steps timed; and the fallbacks
+where some layer has no P-weighted per-example norms,
+`gnsweep.measure.per_example.preconditioned_norms`; else the crossovers `MICROBATCH_FROM` and
+`SEQUENCE_MICROBATCH_TOKENS`), its next `TIMED_STEPS` measured steps timed; and the fallbacks
 (a batch that cannot be cut, layers per-example norms cannot attribute to examples).
 
 The numbers behind the crossovers (`gnsweep bench noise`) are in docs/noise.md, "The

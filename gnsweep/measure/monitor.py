@@ -116,8 +116,8 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
 
     A layer whose gradient per-example norms cannot attribute to examples (examples along
     dim 1, a sequence-first layout; positions `wpe(torch.arange(T))` where the check of
-    `gnsweep.measure.positions` gives no verdict; `unattributed`) leaves the first measured
-    step unmeasured; `method="auto"` then measures with micro-batches (said once, `choice`
+    `gnsweep.measure.per_example.positions` gives no verdict; `unattributed`) leaves the first
+    measured step unmeasured; `method="auto"` then measures with micro-batches (said once, `choice`
     says why), an explicit `"per_example"` raises a ValueError.
     """
 

@@ -1,5 +1,5 @@
 """B_simple_P (`b_simple_precond`) beside B_simple: the noise scale in the optimizer's
-diagonal preconditioner P (`gnsweep.measure.precond`), a part of `NoiseScaleMonitor`."""
+diagonal preconditioner P (`gnsweep.measure.preconditioner`), a part of `NoiseScaleMonitor`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from gnsweep.measure.common import say_once
 from gnsweep.measure.ddp import DdpHook, RankGrads
 from gnsweep.measure.microbatch import Increments
-from gnsweep.measure.precond import IDENTITY, kind, preconditioner, preconditioner_parts
+from gnsweep.measure.preconditioner import IDENTITY, kind, preconditioner, preconditioner_parts
 from gnsweep.measure.source import Sources, unscale
 from gnsweep.noise import (
     Method,
@@ -51,14 +51,14 @@ class Preconditioned(Sources):
 
     def precondition(self, optimizer: torch.optim.Optimizer) -> None:
         """Measure B_simple_P (`b_simple_precond`) in `optimizer`'s diagonal preconditioner
-        (`gnsweep.measure.precond`) beside B_simple. SGD: P = I, the same pairs as B_simple.
+        (`gnsweep.measure.preconditioner`) beside B_simple. SGD: P = I, the same pairs as B_simple.
         Adam-like: a source that weighs by P in its own hooks gives the P-norm pair (`weighs`,
         P read by `weigh`): per-example norms where every measured parameter's layer has
-        P-norms (`gnsweep.measure.weighted`; b_small = 1, no split), and under DDP each
-        worker's gradient weighted by P in the communication hook (b_small = the worker's
-        batch), or in the parameter hooks under a DDP the monitor cannot hook (the Trainers',
-        accelerate). Elsewhere (parameters tied across layers, nn.MultiheadAttention measured
-        whole, parameters left to micro-batches) the pair comes from micro-batches (eq. A.2
+        P-norms (`gnsweep.measure.per_example.preconditioned_norms`; b_small = 1, no split), and
+        under DDP each worker's gradient weighted by P in the communication hook (b_small = the
+        worker's batch), or in the parameter hooks under a DDP the monitor cannot hook (the
+        Trainers', accelerate). Elsewhere (parameters tied across layers, nn.MultiheadAttention
+        measured whole, parameters left to micro-batches) the pair comes from micro-batches (eq. A.2
         with b_small = B / k): the method's own where it splits, else the loop splits
         measured steps (`wants_microbatches`) and the pair is read from the increments of
         `.grad`. Not measured (NaN, said once) under FSDP, or for an optimizer without a

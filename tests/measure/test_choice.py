@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.measure.choice import MICROBATCH_FROM, TIMED_STEPS
-from gnsweep.measure.shared import WEIGHED_NUMEL
+from gnsweep.measure.per_example.tied import WEIGHED_NUMEL
 from gnsweep.training.backward import backward, pieces
 
 
@@ -231,8 +231,8 @@ def test_an_adaptive_optimizer_is_measured_with_the_microbatches_it_needs_anyway
 
 
 def _tied() -> nn.Module:
-    """An MLP whose two hidden layers share one weight (`measure.shared.Tied`) larger than
-    `shared.WEIGHED_NUMEL` (no P-weighted per-example norms)."""
+    """An MLP whose two hidden layers share one weight (`measure.per_example.tied.Tied`) larger than
+    `tied.WEIGHED_NUMEL` (no P-weighted per-example norms)."""
     width = 1 + int(WEIGHED_NUMEL ** 0.5)
     first, second = nn.Linear(width, width), nn.Linear(width, width)
     second.weight = first.weight

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from gnsweep.measure import NoiseScaleMonitor
-from gnsweep.measure.precond import preconditioner
+from gnsweep.measure.preconditioner import preconditioner
 from gnsweep.tasks.linreg import LinReg, Options
 
 

@@ -14,7 +14,7 @@ embedding whose index has no batch dimension (the same 1-D index at both sizes) 
 lookup, and the model is run once more with its output expanded: a lookup whose expanded
 output changes the model's output (a use along another dimension) is refused, and its weight
 measured with micro-batches, said with the reason. The coverage check
-(`gnsweep.measure.coverage`) then holds the examples' gradients against `.grad` like any
+(`coverage`) then holds the examples' gradients against `.grad` like any
 other layer's.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnsweep.measure.broadcast import first_examples, same_values
+from gnsweep.measure.per_example.broadcast import first_examples, same_values
 
 PROBE_FORWARD = "probe_forward"
 """A method a watched module may have that runs the model on the arguments its forward was

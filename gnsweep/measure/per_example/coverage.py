@@ -30,10 +30,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gnsweep.measure.broadcast import first_examples
 from gnsweep.measure.common import Gate, fp32
-from gnsweep.measure.functional import per_example
-from gnsweep.measure.shared import linear_like
+from gnsweep.measure.per_example.broadcast import first_examples
+from gnsweep.measure.per_example.functional import per_example
+from gnsweep.measure.per_example.tied import linear_like
 
 CHECK_FIRST = 2
 """Measured steps checked at the start of a monitor's life (the first, and one more: a model
@@ -84,7 +84,7 @@ class Coverage:
         self.low = False
         self.first_dims: dict[int, set[int]] = {}
         """Layer id -> the lengths of its inputs along dim 0 this step (a hook may expand an
-        output over the batch: `gnsweep.measure.shared.along_batch`)."""
+        output over the batch: `tied.along_batch`)."""
         self.inputs: tuple[tuple, dict, int] | None = None
         """The model's first call of this step: its arguments and batch."""
 
@@ -307,7 +307,7 @@ def implied_gradients(module: nn.Module, a: torch.Tensor, d: torch.Tensor
 
 def functional_gradients(module: nn.Module, a: torch.Tensor, d: torch.Tensor
                          ) -> list[tuple[nn.Parameter, torch.Tensor]]:
-    """`implied_gradients` of a layer measured by its own forward (`measure.functional`): the
+    """`implied_gradients` of a layer measured by its own forward (`functional`): the
     sum of its examples' gradients; none where that fails (its parameters then count as
     unseen)."""
     try:
