@@ -564,7 +564,7 @@ class NoiseScaleEma:
         )
 
 
-def with_precond(estimate: NoiseEstimate, precond: NoiseEstimate | None) -> NoiseEstimate:
+def with_preconditioned(estimate: NoiseEstimate, precond: NoiseEstimate | None) -> NoiseEstimate:
     """`estimate` with the preconditioned EMAs of `precond` (a `NoiseScaleEma` fed P-norms);
     B_simple_P NaN while it is not determined (`undetermined`: a window's G^T P G or
     tr(P Sigma) not positive, or a single measurement), never a negative batch size."""

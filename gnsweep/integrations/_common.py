@@ -103,7 +103,7 @@ def metrics(estimate: NoiseEstimate | None, *, with_b_noise: bool,
         out["b_noise"] = float(estimate.b_noise)
     if math.isfinite(estimate.g2_precond):
         # B_simple in the optimizer's preconditioner (docs/noise.md), once measured: NaN
-        # while it is not determined (`gnsweep.noise.with_precond`), said once with why.
+        # while it is not determined (`gnsweep.noise.with_preconditioned`), said once with why.
         out["b_simple_precond"] = float(estimate.b_simple_precond)
         if not math.isfinite(estimate.b_simple_precond):
             why = noise.undetermined(estimate.g2_precond, estimate.trace_sigma_precond,

@@ -85,7 +85,7 @@ def _local(gate: Gate, module: nn.Module, params: list[nn.Parameter], method: st
     built = Built(method, [s for s in (per_example, increments) if s is not None])
     if timed:
         # Micro-batches measure this model right too: the cheaper is kept after the first
-        # measured step (`AutoChoice._choose`).
+        # measured step (`AutoChoice.choose`).
         built.candidates = {"per_example": (per_example, increments),
                             "microbatch": (None, Increments(params))}
     return built

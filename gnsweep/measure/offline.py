@@ -86,11 +86,11 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Itera
                     monitor.hessian_every = hessian_every
                 else:
                     monitor.step(batch=batch)
-                if not monitor._redo:
+                if not monitor.auto.redo:
                     break
                 # The measurement of this batch was discarded where the method or coverage
                 # changed: measured again the new way, as one batch, not two.
-                monitor._redo = False
+                monitor.auto.redo = False
                 monitor._since_examples = monitor._since_steps = 0
     finally:
         monitor.close()

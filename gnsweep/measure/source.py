@@ -11,12 +11,11 @@ holds its sources in a list (`NoiseScaleMonitor.sources`) and sums their pairs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from gnsweep.measure.common import Gate, log
+from gnsweep.measure.common import Gate
 from gnsweep.noise import NormPair
 
 S = TypeVar("S")
@@ -144,32 +143,16 @@ def unscale(part: NormPair, small: float, big: float) -> NormPair:
     return NormPair(part.sq_small / small, part.sq_big / big, part.b_small, part.b_big)
 
 
-class Sources:
-    """The monitor's list of sources and what its parts share (`AutoChoice`, `Preconditioned`
-    and `NoiseScaleMonitor` build on it): the lookup of a source by kind, warnings said once."""
+@dataclass
+class InUse:
+    """What a monitor measures with now, the one record its parts share: the method's name,
+    its sources, and every hook handle the monitor holds. `AutoChoice` may switch it (to
+    micro-batches, or to the method it keeps); `PreconditionedEstimate` reads it."""
 
-    sources: list[Any]
-    _warned: set[str]
-    _busy: bool
-    """A pass of the monitor's own (Hessian, a layout check) runs: the hooks stay idle."""
+    method: str
+    sources: list[Any] = field(default_factory=list)
+    handles: list[Any] = field(default_factory=list)
 
-    def _source(self, kind: type[S]) -> S | None:
+    def find(self, kind: type[S]) -> S | None:
         """The source of that class in use, or None."""
         return next((s for s in self.sources if isinstance(s, kind)), None)
-
-    def warn_once(self, key: str, message: str) -> None:
-        """Log `message` the first time `key` is seen (the keys are checkpointed). In a sweep,
-        once per launch by `key` (`gnsweep.notices`): every run's monitor would say it, with its
-        own numbers."""
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message, extra={"once": f"noise monitor: {key}"})
-
-    @contextmanager
-    def _own_pass(self) -> Iterator[None]:
-        """Inside: a pass of the monitor's own, which no hook captures and no count sees."""
-        self._busy = True
-        try:
-            yield
-        finally:
-            self._busy = False

@@ -195,7 +195,7 @@ def test_an_adaptive_optimizer_keeps_per_example_norms_that_weigh_by_p():
     monitor.close()
     assert monitor.choice is not None and monitor.method == "per_example"
     assert monitor.estimate is not None and monitor.estimate.b_small == 1.0
-    assert monitor.ema_precond.estimate().b_small == 1.0  # the hooks' P-norm pair
+    assert monitor.preconditioned.ema.estimate().b_small == 1.0  # the hooks' P-norm pair
 
 
 def test_an_adaptive_optimizer_is_measured_with_the_microbatches_it_needs_anyway():

@@ -167,7 +167,7 @@ def test_adam_b_simple_p_from_per_example_hooks_matches_brute_force(case: str, m
         optimizer.zero_grad()
     assert monitor.method == "per_example"
     assert estimate is not None
-    pair = monitor.ema_precond.estimate()
+    pair = monitor.preconditioned.ema.estimate()
     small, big, b_simple_p = expected
     assert (pair.b_small, pair.b_big) == (1.0, batch)
     assert pair.sq_norm_small == pytest.approx(small, rel=1e-4)

@@ -65,7 +65,7 @@ def test_each_method_holds_its_sources():
     assert "GRU" in both.why_microbatches
     both.close()
     off = NoiseScaleMonitor(mlp, "none")
-    assert off.sources == [] and not off._handles
+    assert off.sources == [] and not off.in_use.handles
 
 
 def test_a_micro_batch_reading_is_eq_a2_worked_by_hand():

@@ -68,8 +68,8 @@ class PerExample:
         self.gate = gate
         self.weigh: Callable[[], dict[int, torch.Tensor] | None] | None = None
         """The optimizer's diagonal preconditioner P by parameter id (set by the monitor for
-        an adaptive optimizer, `Preconditioned.precondition`), read once a measured step: the
-        hooks then also sum the P-norms `sum_i |g_i|_P^2` (`preconditioned_norms`)."""
+        an adaptive optimizer, `PreconditionedEstimate.precondition`), read once a measured step:
+        the hooks then also sum the P-norms `sum_i |g_i|_P^2` (`preconditioned_norms`)."""
         self.forward_id = 0
         self.batch = 0
         """Examples in the current forward of the model (set by the monitor)."""
