@@ -43,18 +43,18 @@ Candidates = dict[str, tuple[PerExample | None, Increments | None]]
 
 
 def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int,
-                   split: bool = False, weighted: bool = False) -> tuple[str, str]:
+                   split: bool = False, in_hooks: bool = False) -> tuple[str, str]:
     """(per_example or microbatch, why) for a model both measure right: micro-batches where
     per-example norms need them anyway (`rest`: layers without per-example norms; `split`:
     each measured step is cut into micro-batches anyway, for the preconditioned pair of an
     adaptive optimizer, where some measured parameter's layer has no P-weighted per-example
-    norms (`PerExample.weighs` false: parameters tied across layers, nn.MultiheadAttention
+    norms (`PerExample.preconditions` false: parameters tied across layers, nn.MultiheadAttention
     measured whole, parameters left to micro-batches); the hooks then only add), or where
     some layer's per-example norm needs per-position work (`positional`: its kinds) and the
     batch is large enough for micro-batches to cost less: at least `MICROBATCH_FROM` examples
     with convolutions, or at least `SEQUENCE_MICROBATCH_TOKENS` tokens (batch x `positions`,
     the most positions per example of a sequence layer) with sequence layers, or with any such
-    layer where the hooks weigh by an adaptive optimizer's P themselves (`weighted`: their
+    layer where the hooks weigh by an adaptive optimizer's P themselves (`in_hooks`: their
     P-norms have no Gram form, so each of these layers builds its explicit per-example
     gradients, and the bench's sequence models cost more so than with the split: docs/noise.md,
     "Adam's noise scale"); else per-example norms (under an adaptive optimizer too, where no
@@ -69,7 +69,7 @@ def cheaper_method(positional: list[str], batch: int, rest: bool, positions: int
     if not positional:
         return "per_example", "no layer needs per-position work for its per-example norms"
     kinds = ", ".join(positional)
-    if weighted:
+    if in_hooks:
         return "microbatch", (f"{kinds} need per-position work, and explicit per-example "
                               "gradients for the optimizer's preconditioned noise scale "
                               "(b_simple_precond): micro-batches cost less")
@@ -250,9 +250,9 @@ class AutoChoice:
         per_example = self.in_use.find(PerExample)
         assert per_example is not None
         rest = self.in_use.find(Increments) is not None
-        weighted = per_example.weighs and per_example.weigh is not None
+        in_hooks = per_example.preconditions and per_example.preconditioner is not None
         method, reason = cheaper_method(sorted(per_example.positional), batch, rest,
-                                        per_example.positions, split, weighted)
+                                        per_example.positions, split, in_hooks)
         if rest and per_example.skipped:  # name them: the reason kept in status.json
             reason = f"micro-batches are needed anyway, for {', '.join(per_example.skipped)}"
         elif method == Method.PER_EXAMPLE and per_example.routes:
@@ -294,7 +294,8 @@ class AutoChoice:
         assert old is not None
         self._unhook(old)
         source = PerExample(self.gate, self.module, self.params, old.excluded | uncovered)
-        source.weigh = old.weigh  # weighs only where it still covers every parameter
+        # It weighs by P only where it still covers every parameter (`preconditions`).
+        source.preconditioner = old.preconditioner
         source.coverage.measured, source.coverage.probed = old.coverage.measured, \
             old.coverage.probed
         source.coverage.after_step(False)

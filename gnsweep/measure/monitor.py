@@ -417,7 +417,7 @@ class NoiseScaleMonitor:
             last = source.close(self)  # DDP: the last measurement's all-reduce
             if last is not None:
                 self._fold(last.parts, last.hess,
-                           self.preconditioned.ddp_pairs(last.parts, last.weighted))
+                           self.preconditioned.ddp_pairs(last.parts, last.preconditioned))
 
     def state_dict(self) -> dict[str, Any]:
         """The measurement's state between steps: the method in use, steps counted, the EMAs
@@ -521,9 +521,9 @@ class NoiseScaleMonitor:
                           required=self.requested == Method.MICROBATCH, hess=hess,
                           grads_unscaled=self._grads_unscaled, why=lambda: self.why_microbatches,
                           hint=self.accumulation_hint)
-        read, weighs = read_all(self.sources, norms, self.warn_once)
+        read, preconditions = read_all(self.sources, norms, self.warn_once)
         self._fold(read.parts, read.hess,
-                   self.preconditioned.pairs(read.parts, weighs, read.weighted, plain,
+                   self.preconditioned.pairs(read.parts, preconditions, read.preconditioned, plain,
                                              small_scale))
 
     def _hessian(self, batch: Batch | None) -> NormPair | None:

@@ -58,9 +58,9 @@ class PreconditionedEstimate:
         """Measure B_simple_P (`b_simple_precond`) in `optimizer`'s diagonal preconditioner
         (`gnsweep.measure.preconditioner`) beside B_simple. SGD: P = I, the same pairs as
         B_simple. Adam-like: a source that weighs by P in its own hooks gives the P-norm pair
-        (`weighs`, P read by `weigh`): per-example norms where every measured parameter's layer
-        has P-norms (`gnsweep.measure.per_example.preconditioned_norms`; b_small = 1, no
-        split), and under DDP each worker's gradient weighted by P in the communication hook
+        (`preconditions`, P read by `preconditioner`): per-example norms where every measured
+        parameter's layer has P-norms (`gnsweep.measure.per_example.preconditioned_norms`; b_small =
+        1, no split), and under DDP each worker's gradient weighted by P in the communication hook
         (b_small = the worker's batch), or in the parameter hooks under a DDP the monitor
         cannot hook (the Trainers', accelerate). Elsewhere (parameters tied across layers,
         nn.MultiheadAttention measured whole, parameters left to micro-batches) the pair comes
@@ -77,8 +77,8 @@ class PreconditionedEstimate:
                       "diagonal preconditioner; b_simple_precond is not measured (NaN)")
         elif self.kind != IDENTITY and method == Method.DDP:
             for source in self.in_use.sources:
-                if source.weighs:
-                    cast(DdpHook | RankGrads, source).weigh = self.by_parameter
+                if source.preconditions:
+                    cast(DdpHook | RankGrads, source).preconditioner = self.by_parameter
         elif self.kind != IDENTITY and method == Method.FSDP:
             self.warn("precond", "noise scale: b_simple_precond is not measured under "
                       "FSDP yet (NaN); micro-batches or DDP measure it")
@@ -88,8 +88,8 @@ class PreconditionedEstimate:
             # too); the increments measure it wherever the step is split instead.
             for source in [*self.in_use.sources,
                            *(s for pair in candidates.values() for s in pair)]:
-                if source is not None and source.weighs:
-                    cast(Any, source).weigh = self.by_parameter
+                if source is not None and source.preconditions:
+                    cast(Any, source).preconditioner = self.by_parameter
             self.increments = Increments(self.params)
 
     def by_parameter(self) -> dict[int, torch.Tensor] | None:
@@ -102,9 +102,9 @@ class PreconditionedEstimate:
         return {id(p): part.reshape(-1) for p, part in zip(self.params, parts, strict=True)}
 
     @property
-    def weighs_itself(self) -> bool:
-        """A source in use gives the P-norm pair from its own hooks (`weighs`)."""
-        return any(source.weighs for source in self.in_use.sources)
+    def in_hooks(self) -> bool:
+        """A source in use gives the P-norm pair from its own hooks (`preconditions`)."""
+        return any(source.preconditions for source in self.in_use.sources)
 
     @property
     def wants_microbatches(self) -> bool:
@@ -112,12 +112,12 @@ class PreconditionedEstimate:
         each): an adaptive optimizer, a method that does not split anyway, and no source
         that weighs by P itself."""
         return self.increments is not None and self.in_use.method != Method.MICROBATCH and \
-            not self.weighs_itself
+            not self.in_hooks
 
     def source(self) -> Increments | None:
         """The micro-batch increments the P-norm pair is read from: the method's own when they
         cover every measured parameter (method microbatch), else the monitor's."""
-        if self.increments is None or self.weighs_itself:
+        if self.increments is None or self.in_hooks:
             return None
         own = self.in_use.find(Increments)
         if self.in_use.method == Method.MICROBATCH and own is not None:
@@ -130,7 +130,7 @@ class PreconditionedEstimate:
         source = self.source()
         if source is not None and not source.counts:
             assert self.optimizer is not None
-            source.weight = preconditioner(self.optimizer, self.params)
+            source.preconditioner = preconditioner(self.optimizer, self.params)
 
     def advance(self, step_examples: float) -> None:
         """A step of `step_examples` examples went by (measured or not)."""
@@ -141,32 +141,33 @@ class PreconditionedEstimate:
         if self.increments is not None:
             self.increments.reset()
 
-    def pairs(self, parts: list[NormPair], weighs: bool, weighted: list[NormPair] | None,
-              plain: bool, small_scale: float) -> list[NormPair] | None:
+    def pairs(self, parts: list[NormPair], in_hooks: bool,
+              preconditioned: list[NormPair] | None, plain: bool, small_scale: float
+              ) -> list[NormPair] | None:
         """This step's pairs for B_simple_P: a weighing source's own (DDP), B_simple's for
         P = I, else the P-norm pair of the micro-batch increments (`small_scale`: the squared
         loss scale they carry)."""
-        if weighs:
-            return self.ddp_pairs(parts, weighted)
+        if in_hooks:
+            return self.ddp_pairs(parts, preconditioned)
         if self.kind == IDENTITY:
             return parts  # P = I: the very pairs of B_simple
         if not plain:
             return None
         # Whether or not B_simple's own pair was complete this step.
         source = self.source()
-        pair = source.weighted() if source is not None else None
+        pair = source.preconditioned() if source is not None else None
         if pair is None and source is not None and len(source.counts) < 2:
             self.warn("precond1", "noise scale: b_simple_precond needs >= 2 micro-batches a "
                       f"measured step ({self.hint()}); NaN without")
         return [unscale(pair, small_scale, small_scale)] if pair is not None else None
 
-    def ddp_pairs(self, parts: list[NormPair], weighted: list[NormPair] | None
+    def ddp_pairs(self, parts: list[NormPair], preconditioned: list[NormPair] | None
                   ) -> list[NormPair] | None:
         """B_simple_P's pairs of a DDP measurement: B_simple's own for SGD (P = I), the hooks'
         P-norm pairs for an adaptive optimizer, none where it is not measured."""
         if self.kind == IDENTITY:
             return parts
-        return weighted if self.kind is not None else None
+        return preconditioned if self.kind is not None else None
 
     def fold(self, pairs: list[NormPair] | None, estimate: NoiseEstimate | None,
              step_examples: float) -> NoiseEstimate | None:

@@ -53,8 +53,8 @@ class Reading:
     """Its pairs, unscaled; summed with the other sources' (`combine_parts`)."""
     complete: bool = True
     """False: the source had to skip this step, so no estimate is made from any part of it."""
-    weighted: list[NormPair] | None = None
-    """The P-norm pairs for B_simple_P, for a source that weighs by P itself (`weighs`)."""
+    preconditioned: list[NormPair] | None = None
+    """The P-norm pairs for B_simple_P, for a source that weighs by P itself (`preconditions`)."""
     hess: NormPair | None = None
     replaces_hess: bool = False
     """The source folds the H-norm pair itself (DDP all-reduces it with its own, one step
@@ -74,8 +74,8 @@ class Source(Protocol):
         """It needs each measured step in micro-batches, `accumulate()` after each."""
 
     @property
-    def weighs(self) -> bool:
-        """It can weigh each gradient by the optimizer's P in its own hooks (`weigh`)."""
+    def preconditions(self) -> bool:
+        """It can weigh each gradient by the optimizer's P in its own hooks (`preconditioner`)."""
 
     def accumulate(self, examples_so_far: int) -> None:
         """A micro-batch was just back-propagated (called only on measured steps)."""
@@ -118,21 +118,22 @@ def read_all(sources: list[Source], step: StepNorms, warn: Callable[[str, str], 
              ) -> tuple[Reading, bool]:
     """Every source's reading of this step in one: their pairs (none where any source had to
     skip the step), the H-norm pair (a source's own where it folds it), the P-norm pairs of
-    the source that weighs by P, each warning said by `warn`; and whether a source weighs."""
-    total, weighs = Reading(hess=step.hess), False
+    the source that weighs by P, each warning said by `warn`; and whether a source weighs by P
+    itself (`preconditions`)."""
+    total, preconditions = Reading(hess=step.hess), False
     for source in sources:
         reading = source.read(step)
         total.parts += reading.parts
         total.complete = total.complete and reading.complete
         if reading.replaces_hess:
             total.hess = reading.hess
-        if source.weighs:
-            weighs, total.weighted = True, reading.weighted
+        if source.preconditions:
+            preconditions, total.preconditioned = True, reading.preconditioned
         if reading.warning is not None:
             warn(*reading.warning)
     if not total.complete:
         total.parts = []
-    return total, weighs
+    return total, preconditions
 
 
 def unscale(part: NormPair, small: float, big: float) -> NormPair:

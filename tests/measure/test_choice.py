@@ -145,9 +145,9 @@ def test_sequence_layers_switch_by_tokens_and_convolutions_by_examples():
     assert cheaper_method(["Conv1d", "Linear"], 64, False, 1500)[0] == "microbatch"
     # Hooks that weigh by Adam's P: per-position layers need explicit per-example gradients
     # (micro-batches, however few tokens); layers on rows need none (per-example norms).
-    assert cheaper_method(["Embedding", "Linear"], 2, False, 4, weighted=True)[0] == \
+    assert cheaper_method(["Embedding", "Linear"], 2, False, 4, in_hooks=True)[0] == \
         "microbatch"
-    assert cheaper_method([], 4096, False, 0, weighted=True)[0] == "per_example"
+    assert cheaper_method([], 4096, False, 0, in_hooks=True)[0] == "per_example"
     assert cheaper_method(["Conv1d", "Linear"], 16, False, 12)[0] == "per_example"
 
 

@@ -66,7 +66,7 @@ class PerExample:
         -> why per-example norms are wrong for it (`coverage`): its layer is
         left to micro-batches, said with that reason."""
         self.gate = gate
-        self.weigh: Callable[[], dict[int, torch.Tensor] | None] | None = None
+        self.preconditioner: Callable[[], dict[int, torch.Tensor] | None] | None = None
         """The optimizer's diagonal preconditioner P by parameter id (set by the monitor for
         an adaptive optimizer, `PreconditionedEstimate.precondition`), read once a measured step:
         the hooks then also sum the P-norms `sum_i |g_i|_P^2` (`preconditioned_norms`)."""
@@ -167,7 +167,7 @@ class PerExample:
             self.handles.append(module.register_forward_hook(self._forward))
             self.layers.append((name or type(module).__name__, module))
         self.broadcast = Broadcast(gate, found, lambda: self.batch, lambda: self.values,
-                                   self._broadcast_weighted)
+                                   self._broadcast_preconditioned)
         """The broadcast parameters measured through their expanded views."""
         self.handles += self.broadcast.handles
         self.covered |= spread
@@ -217,7 +217,7 @@ class PerExample:
         self.invalid = False
         self.pvalues: list[torch.Tensor] = []
         """Sums over examples of `|g_i|_P^2` of the layers measured during backward, while
-        P is known (`weigh`)."""
+        P is known (`preconditioner`)."""
         self._weights: dict[int, torch.Tensor] | None = None
         self._weights_read = False
         if hasattr(self, "tied"):
@@ -229,18 +229,18 @@ class PerExample:
             self.attention.reset()
 
     @property
-    def weighs(self) -> bool:
+    def preconditions(self) -> bool:
         """This source gives B_simple_P's P-norm pair itself, with no micro-batches: every
         measured parameter covered by layers with P-norms."""
         return self.weighable and self.complete
 
-    def _weights_now(self) -> dict[int, torch.Tensor] | None:
+    def _preconditioner_now(self) -> dict[int, torch.Tensor] | None:
         """P by parameter id for this measured step (read once a step), or None (no
         adaptive optimizer, or before its first update)."""
-        if self.weigh is None or not self.weighs:
+        if self.preconditioner is None or not self.preconditions:
             return None
         if not self._weights_read:
-            self._weights, self._weights_read = self.weigh(), True
+            self._weights, self._weights_read = self.preconditioner(), True
         return self._weights
 
     def _p(self, p: Any) -> torch.Tensor | None:
@@ -297,10 +297,10 @@ class PerExample:
                                 "skip such steps")
             return None
         self._last_forward[id(module)] = self.forward_id
-        weighing = self._weights_now() is not None
+        weighing = self._preconditioner_now() is not None
         if a.dim() == 2 and linear_like(module):
             if weighing:
-                output.register_hook(partial(self._rows_weighted, module, a.detach()))
+                output.register_hook(partial(self._rows_preconditioned, module, a.detach()))
             self._stash(module, a.detach(), output)
             return output
         if isinstance(module, (nn.Conv1d, nn.Conv2d)) and not weighing and \
@@ -356,7 +356,7 @@ class PerExample:
         try:
             with torch.no_grad(), fp32(grad.device.type):
                 weights = None
-                if self._weights_now() is not None:
+                if self._preconditioner_now() is not None:
                     weights = [self._p(p) for p in own_parameters(module)[1]]
                 total, weighted = per_example_sq(module, a, grad.detach(), weights)
                 self.values.append(total)
@@ -406,7 +406,7 @@ class PerExample:
         self.rows.append((a_sq, bias is not None and bias.requires_grad, grad_sq))
         output.register_hook(partial(grad_row_sq, grad_sq))
 
-    def _rows_weighted(self, module: nn.Module, a: torch.Tensor, d: torch.Tensor) -> None:
+    def _rows_preconditioned(self, module: nn.Module, a: torch.Tensor, d: torch.Tensor) -> None:
         """A backward hook of a linear layer with one example per row: its P-norms."""
         with torch.no_grad(), fp32(d.device.type):
             weight, bias = weight_p(module, self._p)
@@ -427,9 +427,9 @@ class PerExample:
             if self._weights is not None:
                 self.pvalues.append(layer_psq(module, saved, grad.detach(), self._p))
 
-    def _broadcast_weighted(self, p: nn.Parameter, grad: torch.Tensor) -> None:
+    def _broadcast_preconditioned(self, p: nn.Parameter, grad: torch.Tensor) -> None:
         """The P-norms of a broadcast parameter from its expanded view's gradient (B, ...)."""
-        if self._weights_now() is not None:
+        if self._preconditioner_now() is not None:
             weight = self._p(p)
             if weight is not None:
                 self.pvalues.append(pnorm.explicit_sq(grad, weight))
@@ -437,7 +437,7 @@ class PerExample:
     def measure(self, examples: int) -> NormPair | None:
         """Eq. A.2's pair for b_small = 1 from this step's captures; None when it cannot be
         measured (no layer captured, or a step that had to be skipped)."""
-        weights = self._weights_now() if self.tied.uses else None
+        weights = self._preconditioner_now() if self.tied.uses else None
         if weights is not None:
             both = self.tied.totals(weights)
             if both is not None:
@@ -484,7 +484,7 @@ class PerExample:
         total = math.fsum(values[len(norms):])
         return NormPair(total * examples, sq_big, 1.0, float(examples))
 
-    def measure_weighted(self, examples: int) -> NormPair | None:
+    def measure_preconditioned(self, examples: int) -> NormPair | None:
         """Eq. A.2's pair for b_small = 1 in the P-norm (B_simple_P), from this step's
         P-norms and `G^T P G` of `.grad`; None where P was not known for the step, or the step
         could not be measured. (Call after `measure`.)"""
@@ -556,10 +556,9 @@ class PerExample:
             return Reading()
         part = self.measure(step.examples)
         if part is not None:
-            pair = self.measure_weighted(step.examples)
-            weighted = None if pair is None else [unscale(pair, step.small_scale,
-                                                         step.big_scale)]
-            return Reading([unscale(part, step.small_scale, step.big_scale)], weighted=weighted)
+            pair = self.measure_preconditioned(step.examples)
+            in_p = None if pair is None else [unscale(pair, step.small_scale, step.big_scale)]
+            return Reading([unscale(part, step.small_scale, step.big_scale)], preconditioned=in_p)
         return Reading(complete=not self.params)
 
     def state_dict(self) -> dict[str, Any]:
