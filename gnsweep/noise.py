@@ -564,15 +564,16 @@ class NoiseScaleEma:
         )
 
 
-def with_preconditioned(estimate: NoiseEstimate, precond: NoiseEstimate | None) -> NoiseEstimate:
-    """`estimate` with the preconditioned EMAs of `precond` (a `NoiseScaleEma` fed P-norms);
+def with_preconditioned(estimate: NoiseEstimate, preconditioned: NoiseEstimate | None
+                        ) -> NoiseEstimate:
+    """`estimate` with the EMAs of `preconditioned` (a `NoiseScaleEma` fed P-norms);
     B_simple_P NaN while it is not determined (`undetermined`: a window's G^T P G or
     tr(P Sigma) not positive, or a single measurement), never a negative batch size."""
-    if precond is None:
+    if preconditioned is None:
         return estimate
-    b_simple = precond.b_simple if undetermined(precond.g2, precond.trace_sigma,
-                                                precond.b_simple_se) is None else math.nan
-    return replace(estimate, g2_precond=precond.g2, trace_sigma_precond=precond.trace_sigma,
+    p = preconditioned
+    b_simple = p.b_simple if undetermined(p.g2, p.trace_sigma, p.b_simple_se) is None else math.nan
+    return replace(estimate, g2_precond=p.g2, trace_sigma_precond=p.trace_sigma,
                    b_simple_precond=b_simple)
 
 

@@ -329,7 +329,7 @@ class NoiseScaleMonitor:
         """Record the micro-batch just back-propagated (call after each micro-batch's backward)."""
         if not self.capturing:
             return
-        self.preconditioned.weigh_step()
+        self.preconditioned.read_preconditioner()
         source = self.preconditioned.source()
         for own in self.sources:
             own.accumulate(self._examples)

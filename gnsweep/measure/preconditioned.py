@@ -124,7 +124,7 @@ class PreconditionedEstimate:
             return own
         return self.increments
 
-    def weigh_step(self) -> None:
+    def read_preconditioner(self) -> None:
         """On a measured step's first micro-batch: P as the optimizer holds it before this
         step's update, for the whole step; the P-norm source accumulates with the others."""
         source = self.source()
