@@ -23,14 +23,14 @@ from gnsweep.errors import choice as _choice
 from gnsweep.errors import integer as _integer
 from gnsweep.errors import number as _number
 from gnsweep.errors import positive_list as _positive_list
-from gnsweep.noise import DEFAULT_EMA_FRACTION, Method
+from gnsweep.noise import DEFAULT_EMA_FRACTION, METHOD_NAMES, Method
 from gnsweep.targets import LOSS_EMA_SAMPLES
 
 __all__ = [
     "DECAYS",
     "EXECUTORS",
     "LOSS_KINDS",
-    "METHODS",
+    "METHOD_NAMES",
     "OPTIMIZERS",
     "PRECISIONS",
     "SCHEDULES",
@@ -48,7 +48,6 @@ __all__ = [
 ]
 
 
-METHODS = tuple(str(m) for m in Method)
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 EXECUTORS = ("local", "torchrun", "slurm")
 LOSS_KINDS = ("smoothed", "raw", "eval")
@@ -483,7 +482,7 @@ class NoiseConfig:
     """Hessian-vector-product micro-batches per probe batch."""
 
     def __post_init__(self) -> None:
-        self.method = _choice("noise.method", self.method, METHODS)
+        self.method = _choice("noise.method", self.method, METHOD_NAMES)
         self.runs = _choice("noise.runs", self.runs, NOISE_RUNS)
         self.microbatches = _integer("noise.microbatches", self.microbatches)
         self.pooled = _integer("noise.pooled", self.pooled)
@@ -800,17 +799,17 @@ class Config:
         # A script trains itself (its own DDP): gnsweep measures it from inside its process
         # (auto: its backward passes, `gnsweep.inscript`) or not at all (none); a method of
         # gnsweep's own loop would be ignored, so it is refused rather than silently dropped.
-        if script and method not in ("auto", "none"):
+        if script and method not in (Method.AUTO, Method.NONE):
             raise ConfigError(f"noise.method={method} with task=script: gnsweep measures a "
                               "script from its backward passes (noise.method=auto, the "
                               "default) or not at all (none); a script may also measure "
                               "itself (gnsweep.current_run().monitor(model, method=...))")
         # With DDP only the communication hook sees the per-worker gradients; without DDP
         # there is no hook.
-        if not script and world > 1 and method not in ("auto", "ddp"):
+        if not script and world > 1 and method not in (Method.AUTO, Method.DDP):
             raise ConfigError(f"noise.method={method} with {world} DDP processes per run: use "
                               "noise.method=ddp (or auto)")
-        if not script and world == 1 and method == "ddp":
+        if not script and world == 1 and method == Method.DDP:
             raise ConfigError("noise.method=ddp needs DDP: executor=torchrun (or slurm) with "
                               "executor.nproc_per_node >= 2, or noise.method=auto")
         if script and self.sweep.schedule != "constant":

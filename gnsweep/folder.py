@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from gnsweep import store, tasks
 from gnsweep.config import Config
 from gnsweep.errors import ConfigError, StoreError
+from gnsweep.noise import Method
 from gnsweep.noise_plan import ALL, Assignment, Outcome, best_rates, measured_as_planned, plan_runs
 from gnsweep.paths import RunPaths, SweepPaths
 from gnsweep.runs import (
@@ -155,7 +156,7 @@ class SweepFolder(SweepPaths):
         with the best learning rates the folder's finished runs show), under the folder's lock,
         atomically, before any of them starts; returns the whole plan. A run's part never
         changes once recorded. Nothing is planned under noise.method=none."""
-        if self.config.noise.method == "none":
+        if self.config.noise.method == Method.NONE:
             return self.read_noise_plan()
         from gnsweep import tasks
 

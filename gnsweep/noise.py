@@ -39,6 +39,8 @@ class Method(StrEnum):
     """Nothing measured: the baseline of what measuring costs."""
 
 
+METHOD_NAMES = tuple(str(m) for m in Method)
+"""Every method's name, as `noise.method` and `NoiseScaleMonitor(method=)` take it."""
 PAIR_METHODS = (Method.PER_EXAMPLE, Method.MICROBATCH, Method.DDP, Method.FSDP)
 """The methods that measure the whole gradient's pair (`norm_layers` measures a block of it)."""
 
@@ -586,15 +588,16 @@ class NoiseScaleEma:
         )
 
 
-def with_precond(estimate: NoiseEstimate, precond: NoiseEstimate | None) -> NoiseEstimate:
-    """`estimate` with the preconditioned EMAs of `precond` (a `NoiseScaleEma` fed P-norms);
+def with_preconditioned(estimate: NoiseEstimate, preconditioned: NoiseEstimate | None
+                        ) -> NoiseEstimate:
+    """`estimate` with the EMAs of `preconditioned` (a `NoiseScaleEma` fed P-norms);
     B_simple_P NaN while it is not determined (`undetermined`: a window's G^T P G or
     tr(P Sigma) not positive, or a single measurement), never a negative batch size."""
-    if precond is None:
+    if preconditioned is None:
         return estimate
-    b_simple = precond.b_simple if undetermined(precond.g2, precond.trace_sigma,
-                                                precond.b_simple_se) is None else math.nan
-    return replace(estimate, g2_precond=precond.g2, trace_sigma_precond=precond.trace_sigma,
+    p = preconditioned
+    b_simple = p.b_simple if undetermined(p.g2, p.trace_sigma, p.b_simple_se) is None else math.nan
+    return replace(estimate, g2_precond=p.g2, trace_sigma_precond=p.trace_sigma,
                    b_simple_precond=b_simple)
 
 

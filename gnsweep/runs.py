@@ -15,6 +15,7 @@ from typing import Any
 
 from gnsweep import redact, store, tasks
 from gnsweep.config import Config, ConfigError
+from gnsweep.noise import Method
 from gnsweep.paths import SweepPaths
 from gnsweep.store import FINISHED, RunState, RunStatus, StoreError
 
@@ -478,15 +479,15 @@ def measurement_note(rows: list[dict[str, Any]]) -> str | None:
     known = [r["noise"] for r in rows if isinstance(r.get("noise"), dict)]
     if not known:
         return None
-    off = sum(1 for n in known if n.get("method") == "none")
-    steps = sum(int(n.get("steps") or 0) for n in known if n.get("method") != "none")
-    measured = sum(int(n.get("measured") or 0) for n in known if n.get("method") != "none")
+    off = sum(1 for n in known if n.get("method") == Method.NONE)
+    steps = sum(int(n.get("steps") or 0) for n in known if n.get("method") != Method.NONE)
+    measured = sum(int(n.get("measured") or 0) for n in known if n.get("method") != Method.NONE)
     parts = []
     if off:
         parts.append(f"{off} run(s) with noise measurement off (noise.method=none, or planned "
                      "off by noise.runs=auto): no B_simple")
     if steps:
-        everys = sorted({str(n.get("every")) for n in known if n.get("method") != "none"})
+        everys = sorted({str(n.get("every")) for n in known if n.get("method") != Method.NONE})
         parts.append(f"noise scale measured on {measured / steps:.0%} of {steps} steps "
                      f"(noise.every={', '.join(everys)})")
     return "; ".join(parts) if parts else None

@@ -24,6 +24,7 @@ from gnsweep.analysis.setting import Setting
 from gnsweep.analysis.steps import Curves
 from gnsweep.answer_record import runs_on_record
 from gnsweep.folder import SweepFolder, read_noise_plan, read_results
+from gnsweep.noise import Method
 from gnsweep.paths import SweepPaths
 from gnsweep.targets import AUTO
 from gnsweep.tasks import about
@@ -148,7 +149,7 @@ def analyze_folder(folder: SweepFolder, loss: str | None = None,
             + ("; no run has finished yet: a partial analysis of the rows logged so far"
                if not finished else ""))
     analysis.warnings += unreadable_warnings(sweep_dir)
-    if config.noise.method != "none":  # measurement off: B_simple absent by design
+    if config.noise.method != Method.NONE:  # measurement off: B_simple absent by design
         analysis.warnings += unmeasured_warnings(curves, planned_off(sweep_dir))
     analysis.warnings = floor_warnings(analysis, Setting.from_meta(analysis.meta))
     analysis.recommendation = recommend(analysis).to_json()
@@ -251,7 +252,7 @@ def analyze_branch_sweep(sweep_dir: Path, config: Config, curves: Curves, *,
     for run in unfinished.itertuples(index=False):
         analysis.warnings.append(f"run {run.run_id} is {run.state}: left out")
     analysis.warnings += unreadable_warnings(sweep_dir)
-    if config.noise.method != "none":  # measurement off: B_simple absent by design
+    if config.noise.method != Method.NONE:  # measurement off: B_simple absent by design
         analysis.warnings += unmeasured_warnings(curves, planned_off(sweep_dir))
     return analysis
 

@@ -6,10 +6,11 @@ step.
     PYTHONPATH=. python scripts/per_example_layers_cost.py [--model encoder|lm] [--batch 32]
 
 `encoder`: a 2-layer `nn.TransformerEncoder` classifier (width 64, 4 heads, 16 positions,
-dropout 0), its `nn.MultiheadAttention` measured whole (`gnsweep.measure.attention`). `lm`:
-tests/helpers/lm_task.py's nanoGPT-style model (positions `wpe(torch.arange(16))`, tied
-embeddings), the positions through their expanded output (`gnsweep.measure.positions`). One thread;
-timings on a shared machine are noisy, so the minimum of interleaved repetitions is reported.
+dropout 0), its `nn.MultiheadAttention` measured whole (`gnsweep.measure.per_example.attention`).
+`lm`: tests/helpers/lm_task.py's nanoGPT-style model (positions `wpe(torch.arange(16))`, tied
+embeddings), the positions through their expanded output (`gnsweep.measure.per_example.positions`).
+One thread; timings on a shared machine are noisy, so the minimum of interleaved repetitions is
+reported.
 """
 
 from __future__ import annotations

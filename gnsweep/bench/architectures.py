@@ -138,7 +138,7 @@ def gpt2(seed: int = 0) -> Architecture:
 
 class RMSNorm(nn.Module):
     """Llama's RMSNorm as model code writes it (not torch's `nn.RMSNorm`): a layer of one's
-    own, measured per-example by its own forward (`gnsweep.measure.functional`)."""
+    own, measured per-example by its own forward (`gnsweep.measure.per_example.functional`)."""
 
     def __init__(self, width: int, eps: float = 1e-6) -> None:
         super().__init__()

@@ -60,8 +60,8 @@ class Watched(nn.Module):
         return self.inner(*args, **kwargs)
 
     def probe_forward(self, *args: Any, **kwargs: Any) -> Any:
-        """The model run on what `count` was given (`gnsweep.measure.positions` runs it on a
-        few examples, without gradients, to find the embeddings looked up once for the whole
+        """The model run on what `count` was given (`gnsweep.measure.per_example.positions` runs it
+        on a few examples, without gradients, to find the embeddings looked up once for the whole
         batch); a model that cannot be called so raises, and the probe gives no verdict."""
         if self.call is not None:
             return self.call(self.inner, *args, **kwargs)
@@ -103,7 +103,7 @@ def metrics(estimate: NoiseEstimate | None, *, with_b_noise: bool,
         out["b_noise"] = float(estimate.b_noise)
     if math.isfinite(estimate.g2_precond):
         # B_simple in the optimizer's preconditioner (docs/noise.md), once measured: NaN
-        # while it is not determined (`gnsweep.noise.with_precond`), said once with why.
+        # while it is not determined (`gnsweep.noise.with_preconditioned`), said once with why.
         out["b_simple_precond"] = float(estimate.b_simple_precond)
         if not math.isfinite(estimate.b_simple_precond):
             why = noise.undetermined(estimate.g2_precond, estimate.trace_sigma_precond,
@@ -139,7 +139,7 @@ def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
 def cannot_measure(monitor: NoiseScaleMonitor, accumulation: int, setting: str) -> str | None:
     """Why a framework callback cannot measure with `monitor` under `accumulation` micro-steps a
     step (the framework's `setting`), or None when it can."""
-    if monitor.method == "fsdp":
+    if monitor.method == noise.Method.FSDP:
         # The frameworks' FSDP strategies are untested with the FSDP source (which needs a
         # micro_step() after each backward): refused rather than a number not checked.
         return ("a model sharded by FSDP is not measured by this callback yet: use "

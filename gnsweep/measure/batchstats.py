@@ -19,6 +19,7 @@ from torch import nn
 
 from gnsweep.measure.common import is_ddp, say_once
 from gnsweep.measure.fsdp import fsdp_refusal, sharded_parameters
+from gnsweep.noise import Method
 
 _RUNNING = ("running_mean", "running_var")
 
@@ -92,25 +93,25 @@ def choose_method(model: nn.Module, requested: str, *, distributed: bool | None 
         reason = fsdp_refusal(model) or ddp_refusal(model)
         if reason is not None:
             raise ValueError(reason)
-        if requested not in ("auto", "fsdp"):
+        if requested not in (Method.AUTO, Method.FSDP):
             raise ValueError(f"method={requested!r} cannot measure a model sharded by FSDP (its "
                              "gradients are reduce-scattered shards): use method='auto' or "
                              "'fsdp' (each rank's micro-steps against the global gradient)")
         return "fsdp"
-    if requested == "fsdp":
+    if requested == Method.FSDP:
         raise ValueError("method='fsdp' needs a model sharded by "
                          "torch.distributed.fsdp.fully_shard; use method='auto'")
     if distributed is None:
         distributed = is_ddp(model) and dist.is_available() and dist.is_initialized() \
             and dist.get_world_size() > 1
-    if requested == "auto":
+    if requested == Method.AUTO:
         requested = "ddp" if distributed else (
             "microbatch" if batch_statistics_layers(model) else "per_example")
-    if requested == "ddp" and distributed:
+    if requested == Method.DDP and distributed:
         reason = ddp_refusal(model)
         if reason is not None:
             raise ValueError(reason)
-    if requested == "per_example":
+    if requested == Method.PER_EXAMPLE:
         reason = per_example_refusal(model)
         if reason is not None:
             raise ValueError(reason)

@@ -17,6 +17,7 @@ from gnsweep.measure.fsdp import FsdpGrads
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.per_example import PerExample
 from gnsweep.measure.source import Source
+from gnsweep.noise import Method
 
 NORM_LAYER_TYPES = (nn.LayerNorm, nn.RMSNorm)
 """The layers `method="norm_layers"` measures the parameters of (Gray et al. 2024)."""
@@ -61,22 +62,22 @@ def build_sources(gate: Gate, model: nn.Module, module: nn.Module,
     measured parameters; `parameters`: as given by the user (None: every trainable one)."""
     requested = method
     method = choose_method(model, method, distributed=distributed(model, all_reduced))
-    if method == "ddp":
+    if method == Method.DDP:
         return _ddp(gate, model, module, params, all_reduced)
-    if method == "fsdp":
+    if method == Method.FSDP:
         return Built("fsdp", [_fsdp(gate, model, params, parameters, hessian_every)])
     if (is_ddp(model) and world_size(model) > 1) or distributed(model, all_reduced):
         # .grad is all-reduced while per-example / micro-batch norms stay local.
         raise ValueError(f"method={method!r} with a DistributedDataParallel model: use "
                          "method='ddp'")
-    return _local(gate, module, params, method, timed_auto and requested == "auto")
+    return _local(gate, module, params, method, timed_auto and requested == Method.AUTO)
 
 
 def _local(gate: Gate, module: nn.Module, params: list[nn.Parameter], method: str,
            timed: bool) -> Built:
     """One process: micro-batches, or per-example norms with micro-batches for the
     parameters they do not cover; `timed`: both, the cheaper kept after the first step."""
-    if method != "per_example":
+    if method != Method.PER_EXAMPLE:
         return Built(method, [Increments(params)])
     per_example = PerExample(gate, module, params)
     rest = [p for p in params if id(p) not in per_example.covered]
@@ -84,7 +85,7 @@ def _local(gate: Gate, module: nn.Module, params: list[nn.Parameter], method: st
     built = Built(method, [s for s in (per_example, increments) if s is not None])
     if timed:
         # Micro-batches measure this model right too: the cheaper is kept after the first
-        # measured step (`AutoChoice._choose`).
+        # measured step (`AutoChoice.choose`).
         built.candidates = {"per_example": (per_example, increments),
                             "microbatch": (None, Increments(params))}
     return built

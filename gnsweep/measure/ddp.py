@@ -59,7 +59,7 @@ class DdpHook:
         """A pack summed over the workers in bucket 0's all-reduce (not yet read)."""
         self.can_carry = False
         """Bucket 0 holds fp32 or fp64 gradients (set by the hook; the same on every rank)."""
-        self.weigh: Callable[[], dict[int, torch.Tensor] | None] | None = None
+        self.preconditioner: Callable[[], dict[int, torch.Tensor] | None] | None = None
         """The optimizer's diagonal preconditioner P per parameter id, read once a measured
         step before its update (None: B_simple_P is not measured through this hook); the
         worker's P-norm |g|_P^2 = sum P g^2 is then summed beside |g|^2."""
@@ -87,7 +87,7 @@ class DdpHook:
             model._gnsweep_comm_hook = hook  # type: ignore[assignment]
         hook.collect()  # a previous monitor's last all-reduce, if it was never closed
         hook.owner = owner
-        hook.weigh = None  # a previous owner's preconditioner is not this one's
+        hook.preconditioner = None  # a previous owner's preconditioner is not this one's
         every = {id(p) for p in model.parameters() if p.requires_grad}
         ids = {id(p) for p in measured}
         hook.measured = None if ids == every else ids
@@ -111,8 +111,8 @@ class DdpHook:
                     if id(p) in self.measured:
                         local = local + sq(grad.float())
             self.local_sq = local if self.local_sq is None else self.local_sq + local
-            if self.weigh is not None:
-                self._weigh_bucket(bucket)
+            if self.preconditioner is not None:
+                self._precondition_bucket(bucket)
         buffer.div_(self.world)
         if bucket.index() == 0:
             self.can_carry = buffer.dtype in CARRIER_DTYPES
@@ -121,12 +121,12 @@ class DdpHook:
         future = dist.all_reduce(buffer, group=self.group, async_op=True).get_future()
         return future.then(lambda fut: fut.value()[0])
 
-    def _weigh_bucket(self, bucket: Any) -> None:
+    def _precondition_bucket(self, bucket: Any) -> None:
         """Add this worker's P-norm of the bucket's measured gradients to `local_p` (P read at
         the step's first bucket: the optimizer's state before this step's update)."""
-        assert self.weigh is not None
+        assert self.preconditioner is not None
         if self.weights is None:
-            self.weights = self.weigh() or {}
+            self.weights = self.preconditioner() or {}
         if not self.weights:
             return
         local = bucket.buffer().new_zeros((), dtype=torch.float32)
@@ -158,8 +158,8 @@ class DdpHook:
     def measure(self, hess: NormPair | None, examples: int, params: list[nn.Parameter],
                 unscale: float = 1.0) -> Collected:
         """Pack this step's numbers (worker norms, example counts, Hessian norms, and the
-        P-norms where `weigh` is set) to be summed over the workers in the next backward (or by
-        an all-reduce of their own started now, where bucket 0 cannot carry them) and return
+        P-norms where `preconditioner` is set) to be summed over the workers in the next backward
+        (or by an all-reduce of their own started now, where bucket 0 cannot carry them) and return
         the previous pack's result. `unscale` multiplies this step's squared gradient norms
         (1 / the loss scale^2)."""
         import torch.distributed as dist
@@ -171,7 +171,7 @@ class DdpHook:
                    h_small, h_big, hb_small, hb_big, float(hess is not None)]
         # |G_big|^2 is the same on every worker (after the all-reduce): it rides along.
         big = grad_sq_norm(params).to(local.device).reshape(1)
-        weighted = self._weighted_pair(params, local.device)
+        weighted = self._preconditioned_pair(params, local.device)
         pack = torch.cat([local.double().reshape(1) * unscale, big * unscale,
                           torch.tensor(scalars, dtype=torch.float64, device=local.device),
                           weighted * torch.tensor([unscale, unscale, 1.0], dtype=torch.float64,
@@ -182,10 +182,11 @@ class DdpHook:
             self.pending = (dist.all_reduce(pack, group=self.group, async_op=True), pack)
         return done
 
-    def _weighted_pair(self, params: list[nn.Parameter], device: torch.device) -> torch.Tensor:
+    def _preconditioned_pair(self, params: list[nn.Parameter], device: torch.device
+                             ) -> torch.Tensor:
         """(this worker's |g|_P^2, |G_big|_P^2, 1) for the pack, or zeros when this step's
-        P-norms were not taken (no `weigh`, or no P yet: before an adaptive optimizer's first
-        update)."""
+        P-norms were not taken (no `preconditioner`, or no P yet: before an adaptive optimizer's
+        first update)."""
         if self.local_p is None or not self.weights:
             return torch.zeros(3, dtype=torch.float64, device=device)
         big = params[0].new_zeros((), dtype=torch.float64)
@@ -249,7 +250,7 @@ class DdpHook:
 
 
     splits = False
-    weighs = True
+    preconditions = True
 
     def accumulate(self, examples_so_far: int) -> None:
         """Nothing: the communication hook reads each bucket as it is reduced."""
@@ -263,7 +264,7 @@ class DdpHook:
                              "call step() before unscaling the gradients")
         parts, hess, weighted = self.measure(step.hess, step.examples, self.params,
                                              1 / step.small_scale)
-        return Reading(parts, weighted=weighted, hess=hess, replaces_hess=True)
+        return Reading(parts, preconditioned=weighted, hess=hess, replaces_hess=True)
 
     def state_dict(self) -> dict[str, Any]:
         """`ddp_pending`: the last measured step's pack (its all-reduce waited for here)."""
@@ -279,7 +280,7 @@ class DdpHook:
             return None
         parts, hess, weighted = self.collect()
         self.owner = None
-        return Reading(parts, weighted=weighted, hess=hess, replaces_hess=True)
+        return Reading(parts, preconditioned=weighted, hess=hess, replaces_hess=True)
 
     def describe(self) -> str:
         return (f"DDP's communication hook: each worker's gradient before the all-reduce, "
@@ -294,13 +295,13 @@ class RankGrads(Stateless):
     (they run without synchronisation), so `|.grad + grad|^2` is this rank's squared norm so far.
     After the step's last backward `.grad` is the global mean: |G_big|^2 (b_big = all ranks'
     examples). One scalar all-reduce per measured step, at `measure()`, which every rank must
-    reach at the same steps. With `weigh` set (an adaptive optimizer's P, as for `DdpHook`) the
-    same sums are also taken in the P-norm, in the same all-reduce."""
+    reach at the same steps. With `preconditioner` set (an adaptive optimizer's P, as for `DdpHook`)
+    the same sums are also taken in the P-norm, in the same all-reduce."""
 
     def __init__(self, gate: Gate, params: list[nn.Parameter]) -> None:
         self.gate = gate
         self.params = params
-        self.weigh: Callable[[], dict[int, torch.Tensor] | None] | None = None
+        self.preconditioner: Callable[[], dict[int, torch.Tensor] | None] | None = None
         self.handles = [p.register_hook(self._hook_for(i)) for i, p in enumerate(params)]
         self.reset()
 
@@ -315,9 +316,9 @@ class RankGrads(Stateless):
                 before = self.params[i].grad
                 total = grad.float() if before is None else before.float() + grad.float()
                 self.local[i] = sq(total)
-                if self.weigh is not None:
+                if self.preconditioner is not None:
                     if self.weights is None:  # P before this step's update, read once
-                        self.weights = self.weigh() or {}
+                        self.weights = self.preconditioner() or {}
                     weight = self.weights.get(id(self.params[i]))
                     if weight is not None:
                         flat = total.reshape(-1)
@@ -358,7 +359,7 @@ class RankGrads(Stateless):
 
 
     splits = False
-    weighs = True
+    preconditions = True
 
     def accumulate(self, examples_so_far: int) -> None:
         """Nothing: the parameter hooks read each backward as it runs."""
@@ -367,11 +368,11 @@ class RankGrads(Stateless):
         """The `Source` reading: this step's pair and its P-norm pair, summed over the ranks
         (every rank reads at the same steps), unscaled."""
         if not step.plain:
-            return Reading(weighted=None)
+            return Reading(preconditioned=None)
         part, rank_p = self.measure(step.examples)
         small, big = step.small_scale, step.big_scale
         return Reading([unscale(part, small, big)] if part is not None else [],
-                       weighted=[unscale(rank_p, small, big)] if rank_p is not None else None)
+                       preconditioned=[unscale(rank_p, small, big)] if rank_p is not None else None)
 
     def describe(self) -> str:
         return ("each rank's own gradient from hooks on the parameters, before a wrapper's "

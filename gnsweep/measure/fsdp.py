@@ -168,7 +168,7 @@ class FsdpGrads(Stateless):
         return NormPair(sq_small, big_all, b_small, examples)
 
 
-    weighs = False
+    preconditions = False
 
     @property
     def splits(self) -> bool:

@@ -20,20 +20,20 @@ class Increments(Stateless):
     """
 
     splits = True
-    weighs = False
+    preconditions = False
 
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = params
         self.handles: list[Any] = []
-        self.weight: torch.Tensor | None = None
+        self.preconditioner: torch.Tensor | None = None
         """A diagonal weight over the flattened parameters (the optimizer's preconditioner P):
-        when set, `weighted()` gives the same pair in the P-norm `|v|_P^2 = sum P v^2`."""
+        when set, `preconditioned()` gives the same pair in the P-norm `|v|_P^2 = sum P v^2`."""
         self.reset()
 
     def reset(self) -> None:
         self.previous: torch.Tensor | None = None
         self.sq: list[torch.Tensor] = []
-        self.sq_weighted: list[torch.Tensor] = []
+        self.sq_preconditioned: list[torch.Tensor] = []
         self.counts: list[int] = []
         self._seen = 0
 
@@ -43,8 +43,8 @@ class Increments(Stateless):
                           .float() for p in self.params]).detach()
         increment = flat if self.previous is None else flat - self.previous
         self.sq.append(torch.dot(increment, increment))
-        if self.weight is not None:
-            self.sq_weighted.append(torch.dot(self.weight * increment, increment))
+        if self.preconditioner is not None:
+            self.sq_preconditioned.append(torch.dot(self.preconditioner * increment, increment))
         self.previous = flat
         self.counts.append(examples_so_far - self._seen)
         self._seen = examples_so_far
@@ -83,15 +83,16 @@ class Increments(Stateless):
         return (f"micro-batches: each one's gradient as the increment of .grad, over "
                 f"{len(self.params)} parameters (b_small = B / k)")
 
-    def weighted(self) -> NormPair | None:
+    def preconditioned(self) -> NormPair | None:
         """The pair of `measure` in the P-norm of `weight` (eq. A.2 with `|v|_P^2`), or None
         when no weight was set for every micro-batch of this step."""
         k = len(self.counts)
-        if self.weight is None or k < 2 or len(self.sq_weighted) != k or min(self.counts) < 1:
+        if self.preconditioner is None or k < 2 or len(self.sq_preconditioned) != k or \
+                min(self.counts) < 1:
             return None
         assert self.previous is not None
-        big = torch.dot(self.weight * self.previous, self.previous)
-        return self._pair(torch.stack([*self.sq_weighted, big]).tolist())
+        big = torch.dot(self.preconditioner * self.previous, self.previous)
+        return self._pair(torch.stack([*self.sq_preconditioned, big]).tolist())
 
     def _pair(self, values: list[float]) -> NormPair:
         k, big = len(self.counts), sum(self.counts)

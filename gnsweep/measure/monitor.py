@@ -18,7 +18,8 @@ measurement at fixed parameters is `gnsweep.measure.offline.measure_noise_scale`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import torch
@@ -30,22 +31,24 @@ from gnsweep.measure.batchstats import (
     say_ghost_batches,
 )
 from gnsweep.measure.build import build_sources, norm_layer_params
-from gnsweep.measure.choice import AutoChoice, Candidates
+from gnsweep.measure.choice import AutoChoice
 from gnsweep.measure.common import (
     Batch,
     LossFn,
     TaskLoss,
     first_tensor,
     is_ddp,
+    log,
     measured_parameters,
     now,
 )
 from gnsweep.measure.hessian import hessian_or_refusal
 from gnsweep.measure.microbatch import Increments
 from gnsweep.measure.per_example import PerExample
-from gnsweep.measure.preconditioned import Preconditioned
-from gnsweep.measure.source import Source, StepNorms, read_all
+from gnsweep.measure.preconditioned import PreconditionedEstimate
+from gnsweep.measure.source import InUse, Source, StepNorms, read_all
 from gnsweep.noise import (
+    METHOD_NAMES,
     PAIR_METHODS,
     MeasureSchedule,
     Method,
@@ -57,7 +60,8 @@ from gnsweep.noise import (
     load_estimate,
 )
 
-METHODS = tuple(str(m) for m in PAIR_METHODS)
+PAIR_METHOD_NAMES = tuple(str(m) for m in PAIR_METHODS)
+"""The methods that measure the whole gradient's pair of eq. A.2 (`gnsweep.noise.PAIR_METHODS`)."""
 NORM_LAYERS = str(Method.NORM_LAYERS)
 """`method="norm_layers"`: per-example norms of the LayerNorm / RMSNorm parameters only (Gray et
 al. 2024): B_simple of that block of the gradient, a few reductions per layer; the other
@@ -71,7 +75,7 @@ ACCUMULATION_HINT = ("monitor.accumulate() after each micro-batch's backward; "
 """How a loop gives the monitor micro-batches, in every loop's words (`accumulation_hint`)."""
 
 
-class NoiseScaleMonitor(AutoChoice, Preconditioned):
+class NoiseScaleMonitor:
     """Measures B_simple (eq. 2.9) and optionally B_noise (eq. 2.8) inside a training loop.
 
     Per step: forward, `loss.backward()` on the batch-mean loss, `monitor.step()`, then
@@ -112,12 +116,16 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
     The other parameters still train; their gradients are just not looked at.
 
     `timed_auto`: the cheaper of per-example norms and micro-batches is kept after the
-    first measured step (`gnsweep.measure.choice.AutoChoice`).
+    first measured step (`gnsweep.measure.choice.AutoChoice`, held as `auto`).
+
+    The monitor holds its parts as objects, each told what it needs: `auto` (the choice of
+    method), `preconditioned` (B_simple_P, `gnsweep.measure.preconditioned`), and `in_use`
+    (the method, sources and hooks in use, the one record `auto` may switch).
 
     A layer whose gradient per-example norms cannot attribute to examples (examples along
     dim 1, a sequence-first layout; positions `wpe(torch.arange(T))` where the check of
-    `gnsweep.measure.positions` gives no verdict; `unattributed`) leaves the first measured
-    step unmeasured; `method="auto"` then measures with micro-batches (said once, `choice`
+    `gnsweep.measure.per_example.positions` gives no verdict; `unattributed`) leaves the first
+    measured step unmeasured; `method="auto"` then measures with micro-batches (said once, `choice`
     says why), an explicit `"per_example"` raises a ValueError.
     """
 
@@ -128,10 +136,16 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
                  ema_fraction: float | None = None,
                  parameters: Iterable[nn.Parameter] | None = None,
                  all_reduced_grads: bool = False, timed_auto: bool = False,
+<<<<<<< HEAD
                  optimizer: torch.optim.Optimizer | None = None, pooled: int = 1) -> None:
         if method not in (*METHODS, "auto", NORM_LAYERS, OFF):
             raise ValueError(f"method={method!r}: choose one of auto, {', '.join(METHODS)}, "
                              f"{NORM_LAYERS}, {OFF}")
+=======
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
+        if method not in METHOD_NAMES:
+            raise ValueError(f"method={method!r}: choose one of {', '.join(METHOD_NAMES)}")
+>>>>>>> main
         if (every != "auto" and not (isinstance(every, int) and every >= 1)) or \
                 hessian_every < 0 or hessian_microbatches < 2:
             raise ValueError("need every >= 1 (or 'auto'), hessian_every >= 0 and "
@@ -147,7 +161,6 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
         window = ema_window(ema_fraction, ema_steps, ema_examples)
         self.ema = NoiseScaleEma(ema_steps=window["ema_steps"], ema_fraction=window["ema_fraction"],
                                  ema_examples=window["ema_examples"])
-        self._init_precond(window)
         self.steps = 0
         self.schedule = MeasureSchedule(every, pooled)
         """Which steps are measured, and how many were."""
@@ -159,54 +172,53 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
         self._grads_unscaled = False
         self._examples = 0
         self._since_examples, self._since_steps = 0, 0
-        self._handles: list[Any] = []
         self.closed = False
         """`close()` was called: the hooks are gone, and `step()` refuses to go on."""
-        self.sources: list[Source] = []
-        """What measures B_simple's pairs (`gnsweep.measure.source`): one source of the
-        method, and micro-batches for parameters per-example norms do not cover."""
         # The module the Hessian passes run on: never through DDP's reducer.
         self.module: nn.Module = cast(nn.Module, model.module) if is_ddp(model) else model
         self._whole_batches = False  # measure_noise_scale: each micro-batch a whole batch
         self._batch_stats = [m for _, m in batch_statistics_layers(self.module,
                                                                    training_only=False)]
-        self._timing: list[float] | None = None
         self._started: float | None = None
         self._hessian_seconds = 0.0
-        self.choice: dict[str, Any] | None = None
-        self._candidates: Candidates = {}
         self._asked = self.requested = method
-        self._switched = False  # auto moved to micro-batches for unattributable layers
         self.accumulation_hint = ACCUMULATION_HINT
         """How to give a step in micro-batches, in the words of the loop that drives this
         monitor (the framework callbacks set their own setting's name)."""
-        self._redo = False
-        """The last step's measurement was discarded because the method or the per-example
-        coverage changed there (`measure_noise_scale` measures that batch again)."""
-        if method == OFF:  # nothing measured, nothing hooked
-            self.method, self.hessian_every = OFF, 0
-            return
         if method == NORM_LAYERS:
             self.params, method = norm_layer_params(self.module, self.params), "per_example"
+        self.in_use = InUse(method)
+        """What measures B_simple's pairs now (`gnsweep.measure.source`): the method, one
+        source of it (and micro-batches for parameters per-example norms do not cover), and
+        every hook handle the monitor holds."""
+        self.auto = AutoChoice(self.in_use, requested=self.requested, gate=self,
+                               module=self.module, params=self.params,
+                               batch_stats=self._batch_stats, warn=self.warn_once,
+                               hint=lambda: self.accumulation_hint)
+        """The choice of method (`gnsweep.measure.choice`)."""
+        self.preconditioned = PreconditionedEstimate(window, self.in_use, self.params,
+                                                     self.warn_once,
+                                                     lambda: self.accumulation_hint)
+        """B_simple_P in the optimizer's preconditioner (`gnsweep.measure.preconditioned`)."""
+        if method == OFF:  # nothing measured, nothing hooked
+            self.hessian_every = 0
+            return
         # auto: the method right for this model and launch; a method wrong for it is refused.
-        # (`choice`, with `timed_auto`: {"method", "reason", "batch", "step_seconds": the
-        # fastest measured step after the choice}; None before it has chosen.)
-        self.method = method
         # Counted before the sources' own pre-hooks run (a broadcast parameter's reads the
         # batch); removed again where the method is refused.
-        self._handles.append(
+        self.in_use.handles.append(
             model.register_forward_pre_hook(self._count_examples, with_kwargs=True))
         try:
             built = build_sources(self, model, self.module, self.params, method,
                                   parameters=parameters, all_reduced=all_reduced_grads,
                                   hessian_every=self.hessian_every, timed_auto=timed_auto)
         except BaseException:
-            self._handles.pop().remove()
+            self.in_use.handles.pop().remove()
             raise
-        self.method, self.sources, self._candidates = built.method, built.sources, \
-            built.candidates
+        self.in_use.method, self.in_use.sources = built.method, built.sources
+        self.auto.candidates = built.candidates
         for source in self.sources:
-            self._handles += source.handles
+            self.in_use.handles += source.handles
         if optimizer is not None:
             self.precondition(optimizer)
 
@@ -222,6 +234,78 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
         """What is measured: `norm_layers` or `none` where asked for, else the method."""
         return self._asked if self._asked in (NORM_LAYERS, OFF) else self.method
 
+    @property
+    def method(self) -> str:
+        """The method measuring now (`auto` resolved; it may move to micro-batches)."""
+        return self.in_use.method
+
+    @property
+    def sources(self) -> list[Source]:
+        """What measures B_simple's pairs (`gnsweep.measure.source`): one source of the
+        method, and micro-batches for parameters per-example norms do not cover."""
+        return self.in_use.sources
+
+    @property
+    def choice(self) -> dict[str, Any] | None:
+        """With `timed_auto`: {"method", "reason", "batch", "step_seconds": the fastest
+        measured step after the choice}; None before it has chosen (`AutoChoice.choice`)."""
+        return self.auto.choice
+
+    @property
+    def needs_microbatches(self) -> bool:
+        """True when the batch must be back-propagated in micro-batches with `accumulate()`
+        after each: method microbatch, or per_example with layers it cannot handle, or fsdp on
+        one process."""
+        return self.auto.needs_microbatches
+
+    @property
+    def why_microbatches(self) -> str:
+        """Why this monitor needs each measured step in micro-batches, or "" when it does
+        not (`AutoChoice.why_microbatches`)."""
+        return self.auto.why_microbatches
+
+    @property
+    def wants_microbatches(self) -> bool:
+        """B_simple_P needs this step in micro-batches
+        (`PreconditionedEstimate.wants_microbatches`)."""
+        return self.preconditioned.wants_microbatches
+
+    @property
+    def timed(self) -> bool:
+        """Built with `timed_auto` where both per-example norms and micro-batches are right."""
+        return self.auto.timed
+
+    def keep(self, method: str, reason: str = "the batch cannot be split") -> None:
+        """`timed_auto`: measure with `method` from the next step on (`AutoChoice.keep`)."""
+        self.auto.keep(method, reason)
+
+    def rides_pieces(self, reason: str) -> None:
+        """The loop cuts every step into micro-batches anyway (`AutoChoice.rides_pieces`)."""
+        self.auto.rides_pieces(reason)
+
+    def unsplittable(self) -> str | None:
+        """The run's first batch cannot be cut along dim 0: the method to rebuild this monitor
+        with, or None (`AutoChoice.unsplittable`)."""
+        return self.auto.unsplittable()
+
+    def resumed_method(self, saved: dict[str, Any]) -> str | None:
+        """The method to rebuild this monitor with before `load_state_dict(saved)`, or None:
+        as built (`AutoChoice.resumed_method`)."""
+        return self.auto.resumed_method(saved)
+
+    def precondition(self, optimizer: torch.optim.Optimizer) -> None:
+        """Measure B_simple_P (`b_simple_precond`) in `optimizer`'s diagonal preconditioner
+        beside B_simple (`PreconditionedEstimate.precondition`)."""
+        self.preconditioned.precondition(optimizer, self.auto.candidates)
+
+    def warn_once(self, key: str, message: str) -> None:
+        """Log `message` the first time `key` is seen (the keys are checkpointed). In a sweep,
+        once per launch by `key` (`gnsweep.notices`): every run's monitor would say it, with its
+        own numbers."""
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, extra={"once": f"noise monitor: {key}"})
+
     def microbatches(self, wanted: int, samples: int) -> int:
         """The micro-batches this step's backward must come in for the measurement: `wanted`
         (noise.microbatches, at most one per sample) on a measured step that needs them, else
@@ -232,14 +316,14 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
     @property
     def _per_example(self) -> PerExample | None:
         """The per-example source in use, or None."""
-        return self._source(PerExample)
+        return self.in_use.find(PerExample)
 
     @property
     def unattributed(self) -> dict[str, str]:
         """Layers whose gradient per-example norms cannot attribute to examples, met so far on
         measured steps (name -> what was seen; `PerExample.unattributed`): an input without
         the batch dimension. Empty when none, or when per-example norms are not in use."""
-        per_example = self._source(PerExample)
+        per_example = self.in_use.find(PerExample)
         return dict(per_example.unattributed) if per_example is not None else {}
 
     @property
@@ -254,8 +338,8 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
         """Record the micro-batch just back-propagated (call after each micro-batch's backward)."""
         if not self.capturing:
             return
-        self._weigh_step()
-        source = self._precond_source()
+        self.preconditioned.read_preconditioner()
+        source = self.preconditioned.source()
         for own in self.sources:
             own.accumulate(self._examples)
         if source is not None and source not in self.sources:
@@ -292,8 +376,7 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
         self._step_examples = self._examples if examples is None else examples
         self._since_examples += self._step_examples
         self._since_steps += 1
-        self._precond_since = (self._precond_since[0] + self._step_examples,
-                               self._precond_since[1] + 1)
+        self.preconditioned.advance(self._step_examples)
         if self.method == OFF:
             self._examples = 0
             self.schedule.advance(False, self.ema, self._since_examples, self._step_examples)
@@ -314,36 +397,36 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
                 source.reset()
             if checked is not None:
                 checked.coverage.after_step(measuring)
-            if self._precond_increments is not None:
-                self._precond_increments.reset()
-        if self._timing is not None and measuring and self._started is not None:
+            self.preconditioned.reset()
+        if self.auto.timing is not None and measuring and self._started is not None:
             seconds = now(self.params[0].device) - self._started - self._hessian_seconds
-            self._timed(seconds)
+            self.auto.timed_step(seconds)
         self._started, self._hessian_seconds = None, 0.0
         self.schedule.advance(measuring, self.ema, self._since_examples, self._step_examples)
         if uncovered:
-            self._uncover(uncovered)
+            self.auto.uncover(uncovered)
         per_example = self._per_example
         if measuring and per_example is not None and per_example.unattributed:
-            self._unattributable(steps_examples)
+            self.auto.unattributable(steps_examples)
         elif self.timed and self.choice is None and measuring and per_example is not None:
-            self._choose(steps_examples)
+            self.auto.choose(steps_examples, self.wants_microbatches)
         return self.estimate
 
     def close(self) -> None:
         """Remove the hooks (DDP's communication hook stays, all-reducing without measuring);
         `step()` is refused from then on."""
         self.closed = True
-        for handle in self._handles:
+        for handle in self.in_use.handles:
             handle.remove()
-        self._handles = []
-        for per_example, _ in self._candidates.values():
+        self.in_use.handles = []
+        for per_example, _ in self.auto.candidates.values():
             if per_example is not None:
                 per_example.coverage.disarm()
         for source in self.sources:
             last = source.close(self)  # DDP: the last measurement's all-reduce
             if last is not None:
-                self._fold(last.parts, last.hess, self._ddp_precond(last.parts, last.weighted))
+                self._fold(last.parts, last.hess,
+                           self.preconditioned.ddp_pairs(last.parts, last.preconditioned))
 
     def state_dict(self) -> dict[str, Any]:
         """The measurement's state between steps: the method in use, steps counted, the EMAs
@@ -352,29 +435,24 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
         measured step's norms (`ddp_pending`: its all-reduce, overlapped with the next step, is
         waited for here), which the next measurement folds in. With `timed_auto`, the steps
         timed so far (`timing`) and the method chosen (`choice`)."""
-        return {"method": self.method, "steps": self.steps,
-                "timing": None if self._timing is None else list(self._timing),
-                "choice": self.choice,
+        return {"method": self.method, "steps": self.steps, **self.auto.state_dict(),
                 "estimate": estimate_state(self.estimate), "hessian_every": self.hessian_every,
                 "ema": self.ema.state_dict(), "schedule": self.schedule.state_dict(),
-                "ema_precond": self.ema_precond.state_dict(),
-                "precond_since": list(self._precond_since),
+                **self.preconditioned.state_dict(),
                 "since_examples": self._since_examples, "since_steps": self._since_steps,
                 "warned": sorted(self._warned), "ddp_pending": None,
                 **{k: v for source in self.sources for k, v in source.state_dict().items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` into a monitor built alike (same model, method, settings)."""
-        self._load_choice(state)
+        self.auto.load_state_dict(state)
         if state["method"] != self.method:
             raise ValueError(f"monitor state of method {state['method']}, this monitor "
                              f"measures with {self.method}")
         self.steps, self.estimate = int(state["steps"]), load_estimate(state["estimate"])
         self.hessian_every = int(state["hessian_every"])
         self.ema.load_state_dict(state["ema"])
-        if "ema_precond" in state:  # absent from a monitor saved before B_simple_P
-            self.ema_precond.load_state_dict(state["ema_precond"])
-            self._precond_since = tuple(state["precond_since"])  # type: ignore[assignment]
+        self.preconditioned.load_state_dict(state)
         if "schedule" in state:
             self.schedule.load_state_dict(state["schedule"])
         elif isinstance(self.schedule.every, int):  # a state saved before schedules were kept
@@ -393,6 +471,15 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
 
     # -- internals ------------------------------------------------------------------------
 
+    @contextmanager
+    def _own_pass(self) -> Iterator[None]:
+        """Inside: a pass of the monitor's own, which no hook captures and no count sees."""
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
+
     @property
     def capturing(self) -> bool:
         """This step is measured and no pass of the monitor's own (Hessian) is running: what
@@ -402,7 +489,7 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
     def _count_examples(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._busy or not torch.is_grad_enabled():
             return
-        if self._timing is not None and self._started is None and self.measuring:
+        if self.auto.timing is not None and self._started is None and self.measuring:
             self._started = now(self.params[0].device)
         first = args[0] if args and isinstance(args[0], torch.Tensor) else \
             first_tensor(args) if args else None
@@ -418,20 +505,21 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
         """Fold in this step's norms, unscaled (`step(loss_scale=...)`). The Hessian passes
         run the loss unscaled, in fp32."""
         hess = self._hessian(batch) if hessian else None
-        if plain and self.method == "per_example" and self._examples == 1:
+        if plain and self.method == Method.PER_EXAMPLE and self._examples == 1:
             # One sample has no spread: tr(Sigma) is undefined at this batch size (eq. A.2
             # needs two batch sizes). Skipped, so the estimate stays None (NaN), never wrong.
             # (method microbatch says so as an error: its caller cut the batch.)
             self.warn_once("one", "noise scale: a batch of one sample has no spread to measure; "
                            "B_simple is not measured at this batch size")
             plain = False
-        if plain and self.method == "per_example" and any(m.training for m in self._batch_stats):
+        if plain and self.method == Method.PER_EXAMPLE and \
+                any(m.training for m in self._batch_stats):
             # A layer with batch statistics switched to train mode after the monitor was built.
             reason = per_example_refusal(self.module)
             assert reason is not None
             raise ValueError(reason)
-        increments = self._source(Increments)
-        if plain and increments is not None and self.method == "microbatch" \
+        increments = self.in_use.find(Increments)
+        if plain and increments is not None and self.method == Method.MICROBATCH \
                 and not self._whole_batches:
             say_ghost_batches(self._batch_stats, len(increments.counts))
         # Squared norms of scaled gradients (fp16): captured during backward they carry
@@ -439,12 +527,13 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
         small_scale = self._loss_scale ** 2
         norms = StepNorms(self._examples, plain, small_scale,
                           1.0 if self._grads_unscaled else small_scale,
-                          required=self.requested == "microbatch", hess=hess,
+                          required=self.requested == Method.MICROBATCH, hess=hess,
                           grads_unscaled=self._grads_unscaled, why=lambda: self.why_microbatches,
                           hint=self.accumulation_hint)
-        read, weighs = read_all(self.sources, norms, self.warn_once)
-        self._fold(read.parts, read.hess, self._precond_pairs(read.parts, weighs, read.weighted,
-                                                              plain, small_scale))
+        read, preconditions = read_all(self.sources, norms, self.warn_once)
+        self._fold(read.parts, read.hess,
+                   self.preconditioned.pairs(read.parts, preconditions, read.preconditioned, plain,
+                                             small_scale))
 
     def _hessian(self, batch: Batch | None) -> NormPair | None:
         """H-norms for B_noise; a model whose loss has no double backward (an op without
@@ -454,14 +543,14 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
             self.warn_once("hbatch", "noise scale: B_noise needs the step's batch: call "
                            "monitor.step(batch=(inputs, targets))")
             return None
-        started = now(self.params[0].device) if self._timing is not None else 0.0
+        started = now(self.params[0].device) if self.auto.timing is not None else 0.0
         try:
             with self._own_pass():
                 pair, refused = hessian_or_refusal(self.module, self.loss_fn, batch,
                                                    self.hessian_microbatches,
                                                    task_loss=self.task_loss, params=self.params)
         finally:
-            if self._timing is not None:  # not part of either method's cost
+            if self.auto.timing is not None:  # not part of either method's cost
                 self._hessian_seconds += now(self.params[0].device) - started
         if refused is not None:
             self.warn_once(*refused)
@@ -472,7 +561,7 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
         return pair
 
     def _fold(self, parts: list[NormPair], hess: NormPair | None,
-              precond: list[NormPair] | None = None) -> None:
+              preconditioned: list[NormPair] | None = None) -> None:
         finite = all(map(math.isfinite, (x for p in parts for x in p)))
         valid = [p for p in parts if 0 < p.b_small < p.b_big] if finite else []
         if not finite:
@@ -495,4 +584,8 @@ class NoiseScaleMonitor(AutoChoice, Preconditioned):
             estimate = self.ema.update_hessian(*hess)
             if estimate is not None:
                 self.estimate = estimate
-        self._fold_precond(precond)
+        self._fold_preconditioned(preconditioned)
+
+    def _fold_preconditioned(self, pairs: list[NormPair] | None) -> None:
+        """B_simple_P's pairs of this measurement into its EMAs, and onto the estimate."""
+        self.estimate = self.preconditioned.fold(pairs, self.estimate, self._step_examples)

@@ -13,7 +13,7 @@ from torch import nn
 
 from gnsweep.measure.common import Batch, LossFn, TaskLoss, batch_len, batch_loss, split_batch
 from gnsweep.measure.monitor import NoiseScaleMonitor
-from gnsweep.noise import NoiseEstimate
+from gnsweep.noise import Method, NoiseEstimate
 
 
 def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Iterable[Batch],
@@ -50,7 +50,7 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Itera
                                 hessian_microbatches=hessian_microbatches,
                                 parameters=parameters, task_loss=task_loss)
     saved = [p.grad for p in monitor.params]
-    if monitor.method == "microbatch" and any(m.training for m in monitor._batch_stats):
+    if monitor.method == Method.MICROBATCH and any(m.training for m in monitor._batch_stats):
         try:
             if hessian:
                 raise ValueError("B_noise (hessian=True) cannot be measured on a model with "
@@ -64,7 +64,7 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Itera
     try:
         for batch in batches:
             n = batch_len(batch if task_loss is not None else batch[0])
-            if monitor.method == "microbatch" and n < 2:
+            if monitor.method == Method.MICROBATCH and n < 2:
                 raise ValueError("method='microbatch' cannot split a batch of one example into "
                                  "micro-batches; use larger batches or method='per_example'")
             for again in (False, True):
@@ -86,11 +86,11 @@ def measure_noise_scale(model: nn.Module, loss_fn: LossFn | None, batches: Itera
                     monitor.hessian_every = hessian_every
                 else:
                     monitor.step(batch=batch)
-                if not monitor._redo:
+                if not monitor.auto.redo:
                     break
                 # The measurement of this batch was discarded where the method or coverage
                 # changed: measured again the new way, as one batch, not two.
-                monitor._redo = False
+                monitor.auto.redo = False
                 monitor._since_examples = monitor._since_steps = 0
     finally:
         monitor.close()

@@ -11,12 +11,11 @@ holds its sources in a list (`NoiseScaleMonitor.sources`) and sums their pairs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from gnsweep.measure.common import Gate, log
+from gnsweep.measure.common import Gate
 from gnsweep.noise import NormPair
 
 S = TypeVar("S")
@@ -54,8 +53,8 @@ class Reading:
     """Its pairs, unscaled; summed with the other sources' (`combine_parts`)."""
     complete: bool = True
     """False: the source had to skip this step, so no estimate is made from any part of it."""
-    weighted: list[NormPair] | None = None
-    """The P-norm pairs for B_simple_P, for a source that weighs by P itself (`weighs`)."""
+    preconditioned: list[NormPair] | None = None
+    """The P-norm pairs for B_simple_P, for a source that weighs by P itself (`preconditions`)."""
     hess: NormPair | None = None
     replaces_hess: bool = False
     """The source folds the H-norm pair itself (DDP all-reduces it with its own, one step
@@ -75,8 +74,8 @@ class Source(Protocol):
         """It needs each measured step in micro-batches, `accumulate()` after each."""
 
     @property
-    def weighs(self) -> bool:
-        """It can weigh each gradient by the optimizer's P in its own hooks (`weigh`)."""
+    def preconditions(self) -> bool:
+        """It can weigh each gradient by the optimizer's P in its own hooks (`preconditioner`)."""
 
     def accumulate(self, examples_so_far: int) -> None:
         """A micro-batch was just back-propagated (called only on measured steps)."""
@@ -119,21 +118,22 @@ def read_all(sources: list[Source], step: StepNorms, warn: Callable[[str, str], 
              ) -> tuple[Reading, bool]:
     """Every source's reading of this step in one: their pairs (none where any source had to
     skip the step), the H-norm pair (a source's own where it folds it), the P-norm pairs of
-    the source that weighs by P, each warning said by `warn`; and whether a source weighs."""
-    total, weighs = Reading(hess=step.hess), False
+    the source that weighs by P, each warning said by `warn`; and whether a source weighs by P
+    itself (`preconditions`)."""
+    total, preconditions = Reading(hess=step.hess), False
     for source in sources:
         reading = source.read(step)
         total.parts += reading.parts
         total.complete = total.complete and reading.complete
         if reading.replaces_hess:
             total.hess = reading.hess
-        if source.weighs:
-            weighs, total.weighted = True, reading.weighted
+        if source.preconditions:
+            preconditions, total.preconditioned = True, reading.preconditioned
         if reading.warning is not None:
             warn(*reading.warning)
     if not total.complete:
         total.parts = []
-    return total, weighs
+    return total, preconditions
 
 
 def unscale(part: NormPair, small: float, big: float) -> NormPair:
@@ -144,32 +144,16 @@ def unscale(part: NormPair, small: float, big: float) -> NormPair:
     return NormPair(part.sq_small / small, part.sq_big / big, part.b_small, part.b_big)
 
 
-class Sources:
-    """The monitor's list of sources and what its parts share (`AutoChoice`, `Preconditioned`
-    and `NoiseScaleMonitor` build on it): the lookup of a source by kind, warnings said once."""
+@dataclass
+class InUse:
+    """What a monitor measures with now, the one record its parts share: the method's name,
+    its sources, and every hook handle the monitor holds. `AutoChoice` may switch it (to
+    micro-batches, or to the method it keeps); `PreconditionedEstimate` reads it."""
 
-    sources: list[Any]
-    _warned: set[str]
-    _busy: bool
-    """A pass of the monitor's own (Hessian, a layout check) runs: the hooks stay idle."""
+    method: str
+    sources: list[Any] = field(default_factory=list)
+    handles: list[Any] = field(default_factory=list)
 
-    def _source(self, kind: type[S]) -> S | None:
+    def find(self, kind: type[S]) -> S | None:
         """The source of that class in use, or None."""
         return next((s for s in self.sources if isinstance(s, kind)), None)
-
-    def warn_once(self, key: str, message: str) -> None:
-        """Log `message` the first time `key` is seen (the keys are checkpointed). In a sweep,
-        once per launch by `key` (`gnsweep.notices`): every run's monitor would say it, with its
-        own numbers."""
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message, extra={"once": f"noise monitor: {key}"})
-
-    @contextmanager
-    def _own_pass(self) -> Iterator[None]:
-        """Inside: a pass of the monitor's own, which no hook captures and no count sees."""
-        self._busy = True
-        try:
-            yield
-        finally:
-            self._busy = False

@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from gnsweep.errors import ConfigError
+from gnsweep.noise import Method
 from gnsweep.stall import bounded
 from gnsweep.tasks import CUSTOM, TARGET, Task, examples_of, make_task
 from gnsweep.tasks.datasets import as_dataset
@@ -117,7 +118,7 @@ def _check_task(label: str, name: str, options: dict[str, Any], seed: int,
         raise ConfigError(f"{label}: examples(batch) is {count} for a batch of 2; must be >= 1")
     if hasattr(task, "noise_parameters"):
         _check_noise_parameters(label, task, model, params)
-    if noise_method == "per_example":
+    if noise_method == Method.PER_EXAMPLE:
         _check_per_example(label, task, model, batch)
     unit = getattr(task, "unit", None)
     if unit is not None and (not isinstance(unit, str) or not unit.strip()):

@@ -27,7 +27,7 @@ import torch
 from gnsweep import store
 from gnsweep.config import Config
 from gnsweep.errors import StopRequested
-from gnsweep.noise import NoiseEstimate
+from gnsweep.noise import Method, NoiseEstimate
 from gnsweep.runs import RunSpec, unmeasured_share
 from gnsweep.schedule import Progress
 from gnsweep.tasks import Task, about, examples_of
@@ -249,7 +249,7 @@ def run(state: TrainState, out_dir: Path | None = None,
                                 "reason": f"noise.method={config.noise.method}"}
     logged = state.rows["step"]
     # Measurement off (noise.method=none): B_simple absent by design, not missing.
-    missing = None if monitor.method == "none" else unmeasured_share(list(state.rows["b_simple"]))
+    missing = None if monitor.method == Method.NONE else unmeasured_share(list(state.rows["b_simple"]))
     return RunResult(outcome, state.step, reason, state.loss, time.perf_counter() - start,
                      method, missing, rows=len(logged), train_cpu_seconds=state.cpu_elapsed,
                      examples=int(state.rows["examples"][-1]) if len(logged) else None,

@@ -23,7 +23,7 @@ from gnsweep.config import Config
 from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.measure.common import split_batch
 from gnsweep.measure.probe import RunProbes
-from gnsweep.noise import NoiseEstimate, estimate_state, load_estimate
+from gnsweep.noise import Method, NoiseEstimate, estimate_state, load_estimate
 from gnsweep.runs import RunSpec, run_config
 from gnsweep.schedule import AdaptiveBatch, AlongBatch, BatchSchedule, ConstantBatch
 from gnsweep.tasks import Task, about, make_task
@@ -188,7 +188,7 @@ def resolve_method(method: str) -> str:
     """`auto` without a model: the DDP hook under torch.distributed, else per-example norms in
     this process (the monitor itself resolves `auto` for its model:
     `gnsweep.measure.batchstats.choose_method`)."""
-    if method != "auto":
+    if method != Method.AUTO:
         return method
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return "ddp"
@@ -207,7 +207,7 @@ def make_monitor(model: torch.nn.Module, trained: torch.nn.Module, task: Task, c
     # loop splits the batch when the monitor asks: `pieces`).
     method = method or noise.method
     if isinstance(trained, torch.nn.parallel.DistributedDataParallel) and \
-            method not in ("ddp", "auto", "none"):
+            method not in (Method.DDP, Method.AUTO, Method.NONE):
         raise ValueError(f"noise.method={method} under torchrun: use ddp (or auto), which "
                          "reads each worker's gradient before the all-reduce")
     # The Hessian passes run the task's own loss on the unwrapped model (`task_loss`).
@@ -216,7 +216,7 @@ def make_monitor(model: torch.nn.Module, trained: torch.nn.Module, task: Task, c
                              task_loss=task.loss, hessian_every=noise.hessian_every,
                              ema_fraction=noise.ema_fraction,
                              parameters=_noise_parameters(task, model),
-                             timed_auto=method == "auto", optimizer=optimizer,
+                             timed_auto=method == Method.AUTO, optimizer=optimizer,
                              pooled=noise.pooled)
 
 

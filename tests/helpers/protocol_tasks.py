@@ -190,7 +190,8 @@ def recording_table(seed: int) -> RecordingTable:
 
 class Scale(nn.Module):
     """A learned scalar around a child layer: a layer the per-example norms do not cover (a
-    leaf layer of one's own would be measured by its own forward, `measure.functional`)."""
+    leaf layer of one's own would be measured by its own forward,
+    `measure.per_example.functional`)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -79,11 +79,11 @@ def test_tied_weights_are_the_norm_of_the_sum(form, monkeypatch):
     linear layer used twice in one forward through a shared copy: sum_i |g_i|^2 against each
     example's own backward, by the explicit per-example gradient (whole, and a few examples at
     a time as for a large vocabulary) and by the Gram form of the uses' cross terms."""
-    from gnsweep.measure import shared
+    from gnsweep.measure.per_example import tied
 
-    monkeypatch.setattr(shared, "_explicit_cheaper", lambda uses: form != "gram")
+    monkeypatch.setattr(tied, "_explicit_cheaper", lambda uses: form != "gram")
     if form == "explicit_in_chunks":  # 7 x 5 fp32 gradients: 4 examples, then 2
-        monkeypatch.setattr(shared, "EXPLICIT_BYTES", 4 * 7 * 5 * 4)
+        monkeypatch.setattr(tied, "EXPLICIT_BYTES", 4 * 7 * 5 * 4)
 
     class TiedLm(nn.Module):
         def __init__(self) -> None:

@@ -10,7 +10,7 @@ from torch.nn import functional as F
 
 from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.measure.choice import MICROBATCH_FROM, TIMED_STEPS
-from gnsweep.measure.shared import WEIGHED_NUMEL
+from gnsweep.measure.per_example.tied import WEIGHED_NUMEL
 from gnsweep.training.backward import backward, pieces
 
 
@@ -145,9 +145,9 @@ def test_sequence_layers_switch_by_tokens_and_convolutions_by_examples():
     assert cheaper_method(["Conv1d", "Linear"], 64, False, 1500)[0] == "microbatch"
     # Hooks that weigh by Adam's P: per-position layers need explicit per-example gradients
     # (micro-batches, however few tokens); layers on rows need none (per-example norms).
-    assert cheaper_method(["Embedding", "Linear"], 2, False, 4, weighted=True)[0] == \
+    assert cheaper_method(["Embedding", "Linear"], 2, False, 4, in_hooks=True)[0] == \
         "microbatch"
-    assert cheaper_method([], 4096, False, 0, weighted=True)[0] == "per_example"
+    assert cheaper_method([], 4096, False, 0, in_hooks=True)[0] == "per_example"
     assert cheaper_method(["Conv1d", "Linear"], 16, False, 12)[0] == "per_example"
 
 
@@ -195,7 +195,7 @@ def test_an_adaptive_optimizer_keeps_per_example_norms_that_weigh_by_p():
     monitor.close()
     assert monitor.choice is not None and monitor.method == "per_example"
     assert monitor.estimate is not None and monitor.estimate.b_small == 1.0
-    assert monitor.ema_precond.estimate().b_small == 1.0  # the hooks' P-norm pair
+    assert monitor.preconditioned.ema.estimate().b_small == 1.0  # the hooks' P-norm pair
 
 
 def test_an_adaptive_optimizer_is_measured_with_the_microbatches_it_needs_anyway():
@@ -231,8 +231,8 @@ def test_an_adaptive_optimizer_is_measured_with_the_microbatches_it_needs_anyway
 
 
 def _tied() -> nn.Module:
-    """An MLP whose two hidden layers share one weight (`measure.shared.Tied`) larger than
-    `shared.WEIGHED_NUMEL` (no P-weighted per-example norms)."""
+    """An MLP whose two hidden layers share one weight (`measure.per_example.tied.Tied`) larger than
+    `tied.WEIGHED_NUMEL` (no P-weighted per-example norms)."""
     width = 1 + int(WEIGHED_NUMEL ** 0.5)
     first, second = nn.Linear(width, width), nn.Linear(width, width)
     second.weight = first.weight

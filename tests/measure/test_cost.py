@@ -37,7 +37,7 @@ def test_method_none_trains_the_same_steps_and_logs_no_noise_scale():
     assert all(math.isnan(v) for v in off.rows["b_simple"])
     assert all(math.isnan(v) for v in off.rows["b_simple_se"])
     assert off.monitor.schedule.measured == 0 and off.monitor.schedule.steps == 40
-    assert not off.monitor._handles  # no hook at all
+    assert not off.monitor.in_use.handles  # no hook at all
     assert all(math.isfinite(v) for v in on.rows["b_simple"][1:])
 
 

@@ -1,5 +1,5 @@
-"""Per-example coverage proven at run time (`gnsweep.measure.coverage`), against brute force
-(one backward per example): the three patterns that gave a wrong B_simple in silence (a layer
+"""Per-example coverage proven at run time (`gnsweep.measure.per_example.coverage`), against brute
+force (one backward per example): the three patterns that gave a wrong B_simple in silence (a layer
 whose weight is read functionally, as nn.MultiheadAttention reads `out_proj.weight`; an
 embedding reused as the output layer `x @ emb.weight.t()`; a sequence-first layer with T == B)
 are measured right or refused with their true cause, on `measure_noise_scale`, the monitor in a
@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from gnsweep.measure import NoiseScaleMonitor, common, measure_noise_scale
-from gnsweep.measure import coverage as coverage_module
+from gnsweep.measure.per_example import coverage as coverage_module
 
 B = T = 6
 
@@ -148,8 +148,8 @@ def test_parameters_the_hooks_miss_are_measured_with_micro_batches(name: str, me
     """Before: B_simple -24x (attention), 0.93x (tied) of brute force, in silence. Now the
     parameters the hooks cannot see whole are measured with micro-batches (of one example
     here), the rest per-example: brute force's numbers, and one line naming them.
-    nn.MultiheadAttention is measured whole per example (`gnsweep.measure.attention`): no
-    micro-batches, nothing to say."""
+    nn.MultiheadAttention is measured whole per example (`gnsweep.measure.per_example.attention`):
+    no micro-batches, nothing to say."""
     model, loss_fn, batches = _case(name)
     g2, trace = _brute_force(model, loss_fn, batches)
     with caplog.at_level(logging.WARNING, logger="gnsweep.measure"):

@@ -1,8 +1,8 @@
 """Per-example gradients of layers gnsweep has no formula for, by their own forward
-(`gnsweep.measure.functional`), and of parameters broadcast over the batch, through their
-expanded views (`gnsweep.measure.broadcast`): a Llama-style block with a custom RMSNorm,
-SwiGLU, a layer-scale module and a learned position embedding, and a ConvNeXt-style model with
-LayerNorm2d, measured per-example whole (no micro-batches); a ViT-like model (class token,
+(`gnsweep.measure.per_example.functional`), and of parameters broadcast over the batch, through
+their expanded views (`gnsweep.measure.per_example.broadcast`): a Llama-style block with a custom
+RMSNorm, SwiGLU, a layer-scale module and a learned position embedding, and a ConvNeXt-style model
+with LayerNorm2d, measured per-example whole (no micro-batches); a ViT-like model (class token,
 position embedding, nn.TransformerEncoder); against brute force (one backward per example)."""
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def _backward_kinds(model: nn.Module) -> Iterator[list[str]]:
 
     def record(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
         name = type(output.grad_fn).__name__
-        kinds.append("sum" if name == "_ConvWeightByExamplesBackward" else "backend")
+        kinds.append("sum" if name == "ConvWeightByExamplesBackward" else "backend")
 
     handles = [m.register_forward_hook(record) for m in model.modules()
                if isinstance(m, (nn.Conv1d, nn.Conv2d))]
@@ -236,9 +236,9 @@ def test_measured_conv_gradients_and_norms(variant: str, monkeypatch) -> None:
     against a float64 copy, the input's gradient too; the norms against brute force. With
     `memory_chunks` the per-example gradients are held 2 examples at a time (GRADIENT_BYTES)."""
     if variant == "memory_chunks":
-        from gnsweep.measure import per_example
+        from gnsweep.measure.per_example import layers
 
-        monkeypatch.setattr(per_example, "GRADIENT_BYTES", 2 * 4 * 8 * 3 * 3 * 3)
+        monkeypatch.setattr(layers, "GRADIENT_BYTES", 2 * 4 * 8 * 3 * 3 * 3)
     model, x = _small(variant)
     y = torch.randn(len(x), 2, generator=torch.Generator().manual_seed(1))
     expected = _brute_force(model, x, y)
@@ -404,7 +404,7 @@ class _ScaledConv(nn.Conv2d):
 def test_a_conv_computing_its_own_forward_is_not_measured_from_its_hooks(layer) -> None:
     # Its output is not conv(x, weight): per-example norms (and a weight gradient) from the
     # stock formula would be wrong. It is measured by its own forward instead
-    # (gnsweep.measure.functional), and a measured step trains on the true gradient.
+    # (gnsweep.measure.per_example.functional), and a measured step trains on the true gradient.
     torch.manual_seed(0)
     model = nn.Sequential(layer(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
                           nn.Linear(4 * 6 * 6, 2))

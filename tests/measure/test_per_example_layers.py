@@ -1,12 +1,12 @@
 """Per-example gradients on the layers people use, against brute force (one backward per
 example, eq. A.2 with b_small = 1 on every example's own gradient): `nn.MultiheadAttention`
-measured whole (`gnsweep.measure.attention`) with batch_first true and false, masks, weights
-asked for, separate key/value sizes, `bias_k`/`bias_v`; PyTorch's `nn.TransformerEncoder` and a
-`nn.TransformerDecoderLayer` with a causal mask; a nanoGPT-style model whose positions are
+measured whole (`gnsweep.measure.per_example.attention`) with batch_first true and false, masks,
+weights asked for, separate key/value sizes, `bias_k`/`bias_v`; PyTorch's `nn.TransformerEncoder`
+and a `nn.TransformerDecoderLayer` with a causal mask; a nanoGPT-style model whose positions are
 `wpe(torch.arange(T))` and whose output layer is tied to the token embedding
-(`gnsweep.measure.positions`). Each is proven per example (the monitor says what it measured
-how, and needs no micro-batches), not only right. And B_simple_P (`b_simple_precond`) NaN while
-it is not determined, with one line saying why, on the monitor's and the callbacks' paths."""
+(`gnsweep.measure.per_example.positions`). Each is proven per example (the monitor says what it
+measured how, and needs no micro-batches), not only right. And B_simple_P (`b_simple_precond`) NaN
+while it is not determined, with one line saying why, on the monitor's and the callbacks' paths."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from gnsweep.measure import NoiseScaleMonitor
-from gnsweep.measure.precond import preconditioner
+from gnsweep.measure.preconditioner import preconditioner
 from gnsweep.tasks.linreg import LinReg, Options
 
 
@@ -104,7 +104,7 @@ def test_adam_precond_with_per_example_norms_and_unknown_optimizer() -> None:
     # A checkpoint carries B_simple_P's EMAs.
     again = NoiseScaleMonitor(model, "per_example", ema_fraction=0.2, optimizer=optimizer)
     again.load_state_dict(monitor.state_dict())
-    assert again.ema_precond.estimate().b_simple == estimate.b_simple_precond
+    assert again.preconditioned.ema.estimate().b_simple == estimate.b_simple_precond
 
     model = task.model()
     lbfgs = torch.optim.Rprop(model.parameters(), lr=0.01)
@@ -199,13 +199,13 @@ def _ddp_adam_worker(rank: int, world: int, store: str, out: str, wrapper: bool)
         monitor = NoiseScaleMonitor(ddp, "ddp", optimizer=opt, all_reduced_grads=wrapper)
         assert not monitor.wants_microbatches
         folded: list[list[float]] = []
-        fold = monitor._fold_precond
+        fold = monitor._fold_preconditioned
 
         def record(precond):  # the pairs the DDP path hands to B_simple_P's EMAs
             folded.extend([*pair] for pair in precond or [])
             fold(precond)
 
-        monitor._fold_precond = record  # type: ignore[method-assign]
+        monitor._fold_preconditioned = record  # type: ignore[method-assign]
         by_hand = []
         for step in range(8):
             halves = [task.sample(16, torch.Generator().manual_seed(10 * step + r))

@@ -1,5 +1,5 @@
 """B_simple_P from per-example hooks under Adam, with no micro-batches: against brute force
-(one backward per example, P read from Adam's state as `gnsweep.measure.precond` defines it,
+(one backward per example, P read from Adam's state as `gnsweep.measure.preconditioner` defines it,
 eq. A.2 in the P-norm)."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from gnsweep.measure import NoiseScaleMonitor
-from gnsweep.measure.shared import WEIGHED_NUMEL
+from gnsweep.measure.per_example.tied import WEIGHED_NUMEL
 
 
 class OwnRMSNorm(nn.Module):
-    """A norm layer of one's own (measured by its own forward, `measure.functional`)."""
+    """A norm layer of one's own (measured by its own forward, `measure.per_example.functional`)."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -30,7 +30,7 @@ class OwnRMSNorm(nn.Module):
 
 class Shifted(nn.Module):
     """A broadcast parameter (1, 1, C) beside a child layer (measured through its view expanded
-    along the batch, `measure.broadcast`)."""
+    along the batch, `measure.per_example.broadcast`)."""
 
     def __init__(self, dim: int, out: int) -> None:
         super().__init__()
@@ -60,7 +60,8 @@ class TinyLM(nn.Module):
 
 
 class TiedLM(nn.Module):
-    """A token embedding reused as the output layer (`measure.shared.Tied`), with a bias."""
+    """A token embedding reused as the output layer (`measure.per_example.tied.Tied`), with a
+    bias."""
 
     def __init__(self, vocab: int = 11, dim: int = 8) -> None:
         super().__init__()
@@ -166,7 +167,7 @@ def test_adam_b_simple_p_from_per_example_hooks_matches_brute_force(case: str, m
         optimizer.zero_grad()
     assert monitor.method == "per_example"
     assert estimate is not None
-    pair = monitor.ema_precond.estimate()
+    pair = monitor.preconditioned.ema.estimate()
     small, big, b_simple_p = expected
     assert (pair.b_small, pair.b_big) == (1.0, batch)
     assert pair.sq_norm_small == pytest.approx(small, rel=1e-4)

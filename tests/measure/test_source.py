@@ -38,7 +38,7 @@ class _WithGru(nn.Module):
 @pytest.mark.parametrize("kind", [PerExample, Increments, DdpHook, RankGrads, FsdpGrads])
 def test_every_source_has_what_the_monitor_asks(kind):
     asked = {name for name in vars(Source) if not name.startswith("_")}
-    assert asked == {"splits", "weighs", "accumulate", "read", "reset", "state_dict",
+    assert asked == {"splits", "preconditions", "accumulate", "read", "reset", "state_dict",
                      "load_state_dict", "close", "describe"}
     assert all(hasattr(kind, name) for name in asked), sorted(
         n for n in asked if not hasattr(kind, n))
@@ -65,7 +65,7 @@ def test_each_method_holds_its_sources():
     assert "GRU" in both.why_microbatches
     both.close()
     off = NoiseScaleMonitor(mlp, "none")
-    assert off.sources == [] and not off._handles
+    assert off.sources == [] and not off.in_use.handles
 
 
 def test_a_micro_batch_reading_is_eq_a2_worked_by_hand():

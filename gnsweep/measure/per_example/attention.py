@@ -13,7 +13,7 @@ whose per-example squared norms come in the Gram or explicit form (as `nn.Linear
 out-projection's from its input and `d`. Opacus replaces the module by one built of
 `nn.Linear` layers (`DPMultiheadAttention`); here the user's module stays and runs as it does,
 and the sum of the examples' gradients is checked against `.grad` at run time
-(`gnsweep.measure.coverage`), so a computation that differs from the module's (a new torch
+(`coverage`), so a computation that differs from the module's (a new torch
 release) is caught, not trusted.
 
 Attention dropout while training (`dropout > 0`, PyTorch's transformer layers' default): the

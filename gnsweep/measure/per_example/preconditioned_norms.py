@@ -1,7 +1,7 @@
 """Per-example squared gradient norms in the optimizer's diagonal preconditioner P,
-`sum_i |g_i|_P^2 = sum_i sum_j P_j g_ij^2` (`gnsweep.measure.precond`), for the preconditioned
-noise scale `B_simple_P = tr(P Sigma) / G^T P G` (eq. 2.9 and A.2 in the P-norm) measured with
-per-example hooks, with no micro-batches.
+`sum_i |g_i|_P^2 = sum_i sum_j P_j g_ij^2` (`gnsweep.measure.preconditioner`), for the
+preconditioned noise scale `B_simple_P = tr(P Sigma) / G^T P G` (eq. 2.9 and A.2 in the P-norm)
+measured with per-example hooks, with no micro-batches.
 
 The Gram ("ghost") form of the plain norms, `sum_{t,s} (a_t.a_s)(d_t.d_s)`, does not carry a
 weight on the parameter's entries, so a layer over positions materialises each example's own

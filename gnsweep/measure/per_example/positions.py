@@ -14,7 +14,7 @@ embedding whose index has no batch dimension (the same 1-D index at both sizes) 
 lookup, and the model is run once more with its output expanded: a lookup whose expanded
 output changes the model's output (a use along another dimension) is refused, and its weight
 measured with micro-batches, said with the reason. The coverage check
-(`gnsweep.measure.coverage`) then holds the examples' gradients against `.grad` like any
+(`coverage`) then holds the examples' gradients against `.grad` like any
 other layer's.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnsweep.measure.broadcast import _cut, _same
+from gnsweep.measure.per_example.broadcast import first_examples, same_values
 
 PROBE_FORWARD = "probe_forward"
 """A method a watched module may have that runs the model on the arguments its forward was
@@ -47,7 +47,7 @@ def _run(model: nn.Module, args: tuple, kwargs: dict, batch: int, n: int,
     forward = getattr(model, PROBE_FORWARD, None) or partial(type(model).forward, model)
     try:
         torch.set_rng_state(state)
-        return forward(*_cut(args, batch, n), **_cut(kwargs, batch, n))
+        return forward(*first_examples(args, batch, n), **first_examples(kwargs, batch, n))
     finally:
         for handle in handles:
             handle.remove()
@@ -93,7 +93,7 @@ def shared_lookups(model: nn.Module, embeddings: dict[int, tuple[str, nn.Module]
                     expanded = _run(model, args, kwargs, batch, small, [(module, expand)], state)
                 except Exception as err:
                     expanded = err
-                if isinstance(expanded, Exception) or not _same(plain, expanded):
+                if isinstance(expanded, Exception) or not same_values(plain, expanded):
                     refused[key] = (f"{name} is looked up without a batch dimension and the "
                                     "model does not compute the same with its output "
                                     "expanded along the batch, so it is not broadcast over "

@@ -31,8 +31,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from gnsweep.measure.common import Gate, fp32
-from gnsweep.measure.functional import per_example
-from gnsweep.measure.shared import linear_like
+from gnsweep.measure.per_example.broadcast import first_examples
+from gnsweep.measure.per_example.functional import per_example
+from gnsweep.measure.per_example.tied import linear_like
 
 CHECK_FIRST = 2
 """Measured steps checked at the start of a monitor's life (the first, and one more: a model
@@ -83,7 +84,7 @@ class Coverage:
         self.low = False
         self.first_dims: dict[int, set[int]] = {}
         """Layer id -> the lengths of its inputs along dim 0 this step (a hook may expand an
-        output over the batch: `gnsweep.measure.shared.along_batch`)."""
+        output over the batch: `tied.along_batch`)."""
         self.inputs: tuple[tuple, dict, int] | None = None
         """The model's first call of this step: its arguments and batch."""
 
@@ -212,7 +213,8 @@ class Coverage:
         devices = sorted({p.device.index or 0 for p in self.params if p.device.type == "cuda"})
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=devices):
-                self.model(*_cut(args, batch, half), **_cut(kwargs, batch, half))
+                self.model(*first_examples(args, batch, half),
+                           **first_examples(kwargs, batch, half))
         except Exception:  # a model that cannot run on half its batch: no verdict
             return {}
         finally:
@@ -305,7 +307,7 @@ def implied_gradients(module: nn.Module, a: torch.Tensor, d: torch.Tensor
 
 def functional_gradients(module: nn.Module, a: torch.Tensor, d: torch.Tensor
                          ) -> list[tuple[nn.Parameter, torch.Tensor]]:
-    """`implied_gradients` of a layer measured by its own forward (`measure.functional`): the
+    """`implied_gradients` of a layer measured by its own forward (`functional`): the
     sum of its examples' gradients; none where that fails (its parameters then count as
     unseen)."""
     try:
@@ -316,15 +318,3 @@ def functional_gradients(module: nn.Module, a: torch.Tensor, d: torch.Tensor
 
 def _detached(value: Any) -> Any:
     return value.detach() if isinstance(value, torch.Tensor) else value
-
-
-def _cut(values: Any, batch: int, n: int) -> Any:
-    """The first `n` examples of every tensor whose dim 0 has the batch's length; everything
-    else as it is."""
-    if isinstance(values, torch.Tensor):
-        return values[:n] if values.dim() > 0 and values.shape[0] == batch else values
-    if isinstance(values, (tuple, list)):
-        return type(values)(_cut(v, batch, n) for v in values)
-    if isinstance(values, dict):
-        return {k: _cut(v, batch, n) for k, v in values.items()}
-    return values

@@ -46,29 +46,31 @@ def candidates(model: nn.Module, wanted: set[int], functional: set[int]
     return found
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_values(a: Any, b: Any) -> bool:
     """Whether two outputs of the model are equal: tensors bitwise (NaN in the same places),
     containers element by element, anything else by ==."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and \
             a.shape == b.shape and bool(torch.equal(a.nan_to_num(), b.nan_to_num()))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(same_values(a[k], b[k]) for k in a)
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(same_values(x, y) for x, y in zip(a, b, strict=True))
     try:
         return bool(a == b)
     except Exception:
         return False
 
 
-def _cut(values: Any, batch: int, n: int) -> Any:
+def first_examples(values: Any, batch: int, n: int) -> Any:
+    """The first `n` examples of every tensor whose dim 0 has the batch's length; everything
+    else as it is."""
     if isinstance(values, torch.Tensor):
         return values[:n] if values.dim() > 0 and values.shape[0] == batch else values
     if isinstance(values, (tuple, list)):
-        return type(values)(_cut(v, batch, n) for v in values)
+        return type(values)(first_examples(v, batch, n) for v in values)
     if isinstance(values, dict):
-        return {k: _cut(v, batch, n) for k, v in values.items()}
+        return {k: first_examples(v, batch, n) for k, v in values.items()}
     return values
 
 
@@ -136,7 +138,7 @@ class Broadcast:
         whose outputs differ."""
         self.checked.add(id(module))
         n = min(PROBE_EXAMPLES, batch)
-        cut_args, cut_kwargs = _cut(args, batch, n), _cut(kwargs, batch, n)
+        cut_args, cut_kwargs = first_examples(args, batch, n), first_examples(kwargs, batch, n)
         devices = sorted({p.device.index or 0 for p in self.params if p.device.type == "cuda"})
         forward = type(module).forward  # without the hooks (this one among them)
         try:
@@ -152,7 +154,7 @@ class Broadcast:
                         expanded = err
                     finally:
                         module._parameters[attr] = p
-                    if isinstance(expanded, Exception) or not _same(plain, expanded):
+                    if isinstance(expanded, Exception) or not same_values(plain, expanded):
                         self.refused[id(p)] = (f"{name}: the model does not compute the same "
                                                "with it expanded along the batch, so it is not "
                                                "broadcast over the examples")
