@@ -136,16 +136,9 @@ class NoiseScaleMonitor:
                  ema_fraction: float | None = None,
                  parameters: Iterable[nn.Parameter] | None = None,
                  all_reduced_grads: bool = False, timed_auto: bool = False,
-<<<<<<< HEAD
                  optimizer: torch.optim.Optimizer | None = None, pooled: int = 1) -> None:
-        if method not in (*METHODS, "auto", NORM_LAYERS, OFF):
-            raise ValueError(f"method={method!r}: choose one of auto, {', '.join(METHODS)}, "
-                             f"{NORM_LAYERS}, {OFF}")
-=======
-                 optimizer: torch.optim.Optimizer | None = None) -> None:
         if method not in METHOD_NAMES:
             raise ValueError(f"method={method!r}: choose one of {', '.join(METHOD_NAMES)}")
->>>>>>> main
         if (every != "auto" and not (isinstance(every, int) and every >= 1)) or \
                 hessian_every < 0 or hessian_microbatches < 2:
             raise ValueError("need every >= 1 (or 'auto'), hessian_every >= 0 and "
