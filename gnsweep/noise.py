@@ -131,6 +131,10 @@ AUTO_MAX_EVERY = 16
 (the spread the standard error is read from stays current)."""
 
 
+POOLED_MAX_RELATIVE_SE = 0.5
+"""`noise.pooled`: the allowance stops where a run's B_simple would have a relative standard
+error above this (a negative value then lies within two standard errors: the run's own reading
+would lose its sign); a run already that rough measures as a run alone does."""
 POOLED_ERROR = 1.1
 """`noise.pooled`: a run whose B_simple is one of n whose median the sweep reads may measure
 fewer steps, as long as the median's measurement error stays within this times that of one
@@ -441,7 +445,8 @@ class NoiseScaleEma:
         window holds fewer than `AUTO_MIN_MEASUREMENTS` measurements' worth, or when without
         it B_simple's standard error would exceed that of a measurement on every step by more
         than `AUTO_ADDED_SE` (relative, in quadrature), or, where more is allowed, its
-        variance would exceed `growth` times that one's: the window moved on by `examples`, the
+        variance would exceed `growth` times that one's or its relative standard error
+        `POOLED_MAX_RELATIVE_SE`: the window moved on by `examples`, the
         old weights decayed, this one's added, the spread of the single estimates as it is;
         every step measured, the window would hold `(1 + d) / (1 - d)` of them, `d` the decay
         over one step of `step_examples`."""
@@ -463,7 +468,8 @@ class NoiseScaleEma:
         every_step = (1 + step_decay) / (1 - step_decay) if step_decay < 1 else math.inf
         full = spread / (every_step - 1) if every_step > 1 else 0.0
         added = spread / (count - 1) - full
-        return added > max(AUTO_ADDED_SE ** 2, (growth - 1.0) * full)
+        pooled = min((growth - 1.0) * full, POOLED_MAX_RELATIVE_SE ** 2 - full)
+        return added > max(AUTO_ADDED_SE ** 2, pooled)
 
     def _ratio_now(self) -> float:
         return _ratio(self._trace.value, self._g2.value)
