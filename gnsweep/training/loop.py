@@ -249,7 +249,8 @@ def run(state: TrainState, out_dir: Path | None = None,
                                 "reason": f"noise.method={config.noise.method}"}
     logged = state.rows["step"]
     # Measurement off (noise.method=none): B_simple absent by design, not missing.
-    missing = None if monitor.method == Method.NONE else unmeasured_share(list(state.rows["b_simple"]))
+    missing = (None if monitor.method == Method.NONE
+               else unmeasured_share(list(state.rows["b_simple"])))
     return RunResult(outcome, state.step, reason, state.loss, time.perf_counter() - start,
                      method, missing, rows=len(logged), train_cpu_seconds=state.cpu_elapsed,
                      examples=int(state.rows["examples"][-1]) if len(logged) else None,
