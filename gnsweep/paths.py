@@ -29,7 +29,8 @@ from pathlib import Path
 
 from gnsweep.errors import StoreError
 
-__all__ = ["OutPaths", "RunPaths", "SweepPaths", "result_file", "run_dir", "sweep_of"]
+__all__ = ["OutPaths", "RunPaths", "SweepPaths", "default_sweep_dir", "result_file", "run_dir",
+           "sweep_of"]
 
 # ---- every file name of a sweep folder, once (docs/storage.md draws the layout) -------------
 RUNS = "runs"
@@ -108,6 +109,16 @@ RUN_FILES = (HISTORY, CLAIM, STATUS, METRICS)
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 """What a run id may be (`RunSpec.run_id` writes `b00008_lr0.1_s0`, `r100_lr0.5_s0`): one plain
 folder name, never a path."""
+
+
+SWEEPS = "runs"
+"""The folder of the working directory a sweep goes into without --sweep-dir."""
+
+
+def default_sweep_dir(name: str) -> Path:
+    """Where `gnsweep launch` (and `gnsweep plan`) put sweep `name` without --sweep-dir:
+    runs/<name> in the working directory."""
+    return Path(SWEEPS) / name
 
 
 def run_dir(sweep_dir: Path, run_id: str) -> Path:

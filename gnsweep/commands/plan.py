@@ -22,7 +22,7 @@ from gnsweep import store
 from gnsweep.commands import Echo
 from gnsweep.config import Config, ConfigError
 from gnsweep.folder import SweepFolder
-from gnsweep.paths import SweepPaths
+from gnsweep.paths import SweepPaths, default_sweep_dir
 from gnsweep.planner.pilot import SPREAD, Decision, PlanError, Proposal, RunOutcome, decide
 from gnsweep.runs import RunSpec, write_run
 from gnsweep.tasks import about
@@ -410,7 +410,7 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
 
     # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
     config, _, _ = preflight(compose_config(overrides, workers), overrides)
-    sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
+    sweep_dir = sweep_dir or default_sweep_dir(f"{config.sweep.name}-plan")
     summary = plan(config, sweep_dir, show_progress=not quiet, echo=echo)
     ids = sorted(set(summary.run_ids))
     echo(f"plan {sweep_dir}: {len(ids)} of {summary.grid_size} grid runs in "
