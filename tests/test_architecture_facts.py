@@ -320,8 +320,22 @@ def test_only_the_paths_join_the_folders_file_names():
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = str(path.relative_to(PACKAGE))
         if rel != "paths.py":
-            joined += _joins(ast.parse(path.read_text()), rel, constants, on_disk)
+            tree = ast.parse(path.read_text())
+            joined += _joins(tree, rel, constants, on_disk) + _aliases(tree, rel, constants)
     assert not joined, joined
+
+
+def _aliases(tree: ast.AST, rel: str, constants: set[str]) -> list[str]:
+    """A second name for a file name (`FOLDER = paths.CHECKPOINTS`), which the join rule
+    would no longer see in `x / FOLDER`."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            value = node.value
+            name = value.attr if isinstance(value, ast.Attribute) else getattr(value, "id", "")
+            if name in constants:
+                out.append(f"{rel}:{node.lineno} = {name}")
+    return out
 
 
 def test_the_join_rule_sees_a_join():
@@ -333,6 +347,7 @@ def test_the_join_rule_sees_a_join():
         assert _joins(ast.parse(code), "x.py", constants, on_disk), code
     assert not _joins(ast.parse('RunPaths(run).status; f"{STATUS} is missing"'), "x.py",
                       constants, on_disk)
+    assert _aliases(ast.parse("FOLDER = store.CHECKPOINTS"), "x.py", constants)
 
 
 def test_no_module_names_a_file_through_store():
