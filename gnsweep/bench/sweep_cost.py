@@ -229,6 +229,7 @@ def _launch(sweep: str, variant: str, folder: Path) -> tuple[float, float]:
     import sys
 
     from gnsweep import store
+    from gnsweep.paths import run_dir
 
     def cpu() -> float:
         used = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -240,7 +241,7 @@ def _launch(sweep: str, variant: str, folder: Path) -> tuple[float, float]:
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"sweep {sweep} ({variant}) failed: {done.stderr.strip()[-400:]}")
-    seconds = sum(store.read_status(store.run_dir(folder, r)).train_seconds or 0.0
+    seconds = sum(store.read_status(run_dir(folder, r)).train_seconds or 0.0
                   for r in store.run_ids(folder))
     return seconds, cpu() - before
 
