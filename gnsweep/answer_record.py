@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
-from gnsweep.paths import SweepPaths
+from gnsweep.paths import SweepPaths, run_dir
 
 ANSWER_KEYS = ("status", "target", "batch_size_samples", "learning_rate", "bcrit_status")
 """What makes two recommendations the same answer (the learning rate to 3 figures)."""
@@ -28,7 +28,7 @@ def runs_on_record(sweep_dir: Path) -> dict[str, str]:
     out = {}
     for run_id in store.run_ids(sweep_dir):
         try:
-            status = store.read_status(store.run_dir(sweep_dir, run_id))
+            status = store.read_status(run_dir(sweep_dir, run_id))
         except store.StoreError:
             out[run_id] = "unreadable:0"
             continue
@@ -124,7 +124,7 @@ def remember(sweep_dir: Path, key: str, answer: dict[str, Any], meta: dict[str, 
     """Record `key`'s answer (a recommendation's JSON) with the runs and targets it rests on in
     DIR/answers.json, atomically; returns the lines saying what changed since the previous
     answer under `key`, and why (none when it is the same, or the first)."""
-    path = SweepPaths(sweep_dir).root / store.ANSWERS
+    path = SweepPaths(sweep_dir).answers
     try:
         record = store.read_json(path) if path.is_file() else {}
     except store.StoreError:

@@ -22,7 +22,7 @@ from gnsweep.analysis.along import branch_point
 from gnsweep.compose import compose
 from gnsweep.config import Config, ConfigError
 from gnsweep.folder import SweepFolder
-from gnsweep.paths import RunPaths, SweepPaths
+from gnsweep.paths import RUN_CONFIG, RUNS, RunPaths, SweepPaths, sweep_of
 from gnsweep.runs import RunSpec, write_run
 from gnsweep.stall import bounded
 from gnsweep.tasks import about
@@ -243,11 +243,11 @@ def read_base(base_run: Path) -> tuple[Config, RunSpec]:
     """The base run's config and grid point (ConfigError: not a run folder of a sweep). Its
     record is checked against its sweep's config.yaml, as every reader does, before its task is
     built: a run file never names code of its own."""
-    if not RunPaths(base_run).record.is_file() or base_run.parent.name != store.RUNS:
-        raise ConfigError(f"{base_run}: not a run folder of a sweep (no {store.RUN_CONFIG} in "
-                          f"<sweep>/{store.RUNS}/<run id>); give a run of a sweep, e.g. "
+    if not RunPaths(base_run).record.is_file() or base_run.parent.name != RUNS:
+        raise ConfigError(f"{base_run}: not a run folder of a sweep (no {RUN_CONFIG} in "
+                          f"<sweep>/{RUNS}/<run id>); give a run of a sweep, e.g. "
                           "runs/digits/runs/b00032_lr0.1_s0")
-    base_sweep = store.sweep_of(base_run)
+    base_sweep = sweep_of(base_run)
     return SweepFolder.open(base_sweep).read_run(base_run.name)
 
 

@@ -6,7 +6,7 @@ A command opens the folder once at its start (`SweepFolder.open`: the folder is 
 config.yaml reads, every run file agrees with it) and passes the object down; a worker opens it
 once at its start (`SweepFolder.of_config`: the config only, the launcher verified the runs)
 and reads each run's record from it (`SweepFolder.read_run`); a launch hands its workers the
-folder it wrote (`sweep.prepare_folder`). A file name lives in `store`, its path in `paths`.
+folder it wrote (`sweep.prepare_folder`). Every file name and path lives in `paths`.
 
 `SweepFolder.curves` and `SweepFolder.tables` read the runs' statuses and metrics files and
 hand the analysis (`gnsweep.analysis.load`) the tables it computes on.
@@ -100,7 +100,7 @@ class SweepFolder(SweepPaths):
         specs: dict[str, RunSpec] = {}
         accepted: set[str] = set()  # the runs of one launch share their config: typed once
         for run_id in store.run_ids(root):
-            path = RunPaths(store.run_dir(root, run_id)).record
+            path = SweepPaths(root).run(run_id).record
             data = store.read_json(path)
             if isinstance(data, dict) and "config" not in data and "run_id" not in data:
                 specs[run_id] = parse_spec(data.get("run"), path)
@@ -217,14 +217,14 @@ class SweepFolder(SweepPaths):
             if state in store.FINISHED:
                 if not paths.metrics.exists() or paths.metrics.is_symlink():
                     row.update(state="corrupt", problem=f"recorded {state}, but its "
-                               f"{store.METRICS} is missing")
+                               f"{paths.metrics.name} is missing")
                 else:
                     try:
                         table = read_metrics_file(paths.metrics)
                         problem = rows_problem(table) or _disagrees(paths, table, status)
                         if problem is not None:
                             row.update(state="corrupt", problem=f"recorded {state}, but its "
-                                       f"{store.METRICS} is {problem}")
+                                       f"{paths.metrics.name} is {problem}")
                             table = None
                     except StoreError as err:
                         if not skip_corrupt:
@@ -234,7 +234,7 @@ class SweepFolder(SweepPaths):
                                 f"leave it out: gnsweep analyze {self.root} --skip-corrupt"
                             ) from None
                         row.update(state="corrupt", problem=f"recorded {state}, but its "
-                                   f"{store.METRICS} is unreadable")
+                                   f"{paths.metrics.name} is unreadable")
             elif state == store.RunState.RUNNING:
                 table = live_metrics(paths.folder)
             rows.append(row)

@@ -29,7 +29,7 @@ The analysis reads, at each target and batch size, the best run's B_simple where
 measured, else that of the measured run nearest its learning rate at the same batch size
 (`analysis.front`), and states the median's standard error over batch sizes as before.
 
-Pure: no I/O, no torch; the sweep folder's file is `store.NOISE_PLAN`, read and written by
+Pure: no I/O, no torch; the sweep folder's file is `paths.NOISE_PLAN`, read and written by
 `gnsweep.folder`.
 """
 

@@ -18,8 +18,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-NOTICES = ".notices"
-"""The sweep folder's subfolder of markers, one folder per launch."""
+from gnsweep.paths import SweepPaths
 
 
 class OncePerLaunch(logging.Filter):
@@ -59,7 +58,7 @@ def once_per_launch(sweep_dir: Path, launch: str | None) -> None:
         logger.removeHandler(old)
     handler = logging.StreamHandler()  # this process's stderr, as Python's last resort prints
     handler.setLevel(logging.WARNING)
-    handler.addFilter(OncePerLaunch(Path(sweep_dir) / NOTICES / launch))
+    handler.addFilter(OncePerLaunch(SweepPaths(sweep_dir).notices / launch))
     handler.gnsweep_notices = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.propagate = False
@@ -85,6 +84,7 @@ def kept_logging() -> Iterator[None]:
 
 def forget(sweep_dir: Path, launch: str) -> None:
     """Remove the launch's markers (its workers are done)."""
-    shutil.rmtree(Path(sweep_dir) / NOTICES / launch, ignore_errors=True)
+    markers = SweepPaths(sweep_dir).notices
+    shutil.rmtree(markers / launch, ignore_errors=True)
     with contextlib.suppress(OSError):
-        (Path(sweep_dir) / NOTICES).rmdir()  # only when no other launch's are left
+        markers.rmdir()  # only when no other launch's are left

@@ -44,7 +44,7 @@ def preflight(config: Config, overrides: list[str] | None = None
 
 
 def scale_record(config: Config, checked: Any) -> dict[str, Any]:
-    """What store.SCALE holds: the model size N that `gnsweep laws` reads (`params`: the
+    """What paths.SCALE holds: the model size N that `gnsweep laws` reads (`params`: the
     one given as sweep.scale.params, else the count without embeddings), both counts, and the
     data budget D (sweep.max_examples, in the task's unit)."""
     given = config.sweep.scale.params

@@ -16,7 +16,7 @@ from typing import Any
 from gnsweep import redact, store, tasks
 from gnsweep.config import Config, ConfigError
 from gnsweep.noise import Method
-from gnsweep.paths import SweepPaths
+from gnsweep.paths import METRICS, RUN_ID, SWEEP_CONFIG, SweepPaths, run_dir
 from gnsweep.store import FINISHED, RunState, RunStatus, StoreError
 
 __all__ = [
@@ -310,7 +310,7 @@ def check_record(data: Any, path: Path, run_id: str, expected: dict[str, Any]) -
                          f"{path.parent} and relaunch to write it again")
     spec = parse_spec(data["run"], path)
     named = data.get("run_id")
-    if not isinstance(named, str) or not store.RUN_ID.fullmatch(named) or ".." in named:
+    if not isinstance(named, str) or not RUN_ID.fullmatch(named) or ".." in named:
         raise StoreError(f"{path}: its run_id {str(named)[:80]!r} is not a valid run id (one "
                          "folder name such as b00008_lr0.1_s0; a path would escape the run's "
                          f"folder); remove {path.parent} and relaunch to write it again")
@@ -323,7 +323,7 @@ def check_record(data: Any, path: Path, run_id: str, expected: dict[str, Any]) -
     differences = _record_differences(expected, data.get("config"))
     if differences:
         raise StoreError(
-            f"{path}: disagrees with the sweep's {store.SWEEP_CONFIG} (run file -> sweep: "
+            f"{path}: disagrees with the sweep's {SWEEP_CONFIG} (run file -> sweep: "
             f"{redact.text('; '.join(differences[:3]))}); a run file is never trusted over "
             f"the sweep's config: remove {path.parent} and relaunch to write it again")
     return spec
@@ -413,7 +413,7 @@ def read_state(run_path: Path) -> RunStatus:
         if problem is not None:
             return status.replace(
                 state=RunState.PENDING, recorded=status.state.value,
-                lost=f"recorded {status.state.value} but {store.METRICS} is {problem}")
+                lost=f"recorded {status.state.value} but {METRICS} is {problem}")
     return status
 
 
@@ -442,7 +442,7 @@ def max_attempts(max_retries: int) -> int:
 def fresh_retries(sweep_dir: Path, run_ids: list[str]) -> None:
     """Give every failed run of this launch a fresh `max_retries` (a relaunch means: try again)."""
     for run_id in run_ids:
-        path = store.run_dir(sweep_dir, run_id)
+        path = run_dir(sweep_dir, run_id)
         status = store.read_status(path)
         if status.state is RunState.FAILED:
             store.write_status(path, RunState.FAILED, error=status.error,

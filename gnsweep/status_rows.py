@@ -9,7 +9,7 @@ from typing import Any
 
 from gnsweep import store
 from gnsweep.folder import SweepFolder, read_noise_plan
-from gnsweep.paths import SweepPaths
+from gnsweep.paths import SweepPaths, run_dir
 from gnsweep.runs import measurement_note, read_state
 
 UNFINISHED_SHOWN = ("running", "died", "pending", "queued")
@@ -34,7 +34,7 @@ def sweep_status(sweep_dir: Path) -> list[dict[str, Any]]:
     queued = queue_states(list(submitted.values()))
     rows = []
     for run_id in sorted(store.run_ids(sweep_dir), key=lambda r: grid_order(r, specs)):
-        path = store.run_dir(sweep_dir, run_id)
+        path = run_dir(sweep_dir, run_id)
         status = read_state(path)
         state, job = status.state.value, status.slurm_job_id or submitted.get(run_id)
         if status.lost:
@@ -82,7 +82,7 @@ def grid_order(run_id: str, specs: dict[str, Any]) -> tuple[Any, ...]:
 def sweep_measurement_note(sweep_dir: Path) -> str | None:
     """`measurement_note` from the runs' status.json files alone, and the noise plan's lines
     (`noise_plan_lines`): what `analyze` and `report` say beside their figures."""
-    rows = [{"noise": store.read_status(store.run_dir(sweep_dir, run_id)).noise_measured}
+    rows = [{"noise": store.read_status(run_dir(sweep_dir, run_id)).noise_measured}
             for run_id in store.run_ids(sweep_dir)]
     lines = [line for line in (measurement_note(rows), *noise_plan_lines(sweep_dir)) if line]
     return "\n".join(lines) or None

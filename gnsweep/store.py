@@ -1,19 +1,9 @@
-"""The sweep folder and its files: layout, parquet schemas, atomic writes, run status.
+"""The sweep folder's files: atomic writes, safe reads, parquet schemas, run status.
 
-    <sweep>/config.yaml            resolved config of the sweep
-    <sweep>/runs/<run_id>/config.json   one run's resolved config (workers load it, no Hydra)
-    <sweep>/runs/<run_id>/status.json   pending | running | done | failed | diverged, attempts...
-    <sweep>/runs/<run_id>/metrics.parquet  one row per logged step (METRICS_SCHEMA)
-    <sweep>/runs/<run_id>/metrics.parts/   a training run's rows so far, one parquet file per
-                                   flush (compacted into metrics.parquet when the run ends)
-    <sweep>/runs/<run_id>/checkpoints/     the run's checkpoints (gnsweep.training.checkpoint)
-    <sweep>/steps.parquet, front.parquet, fits.parquet, fits.json   written by `gnsweep analyze`
-    <sweep>/adaptive.parquet       adaptive runs against the fits (only when there are some)
-    <sweep>/figures/               written by `gnsweep plot`
-    <out>/compare.parquet          written by `gnsweep compare` across analysed sweeps
-
-Every file is written to a temporary name in the same folder and renamed into place, so a crash
-leaves either the old file or the new one, never half of one. docs/storage.md lists every column.
+Every path comes from `gnsweep.paths` (`SweepPaths`, `RunPaths`: the layout, every file name
+once); this module reads and writes the files there and joins no name itself. Every file is
+written to a temporary name in the same folder and renamed into place, so a crash leaves
+either the old file or the new one, never half of one. docs/storage.md lists every column.
 """
 
 from __future__ import annotations
@@ -38,6 +28,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gnsweep.errors import StoreError
+from gnsweep.paths import (
+    RUN_CONFIG,
+    RUN_FILES,
+    RUNS,
+    STATUS,
+    SWEEP_CONFIG,
+    RunPaths,
+    SweepPaths,
+    run_dir,
+)
 from gnsweep.tables import (  # noqa: F401
     COMPARE_SCHEMA,
     METRICS_SCHEMA,
@@ -48,53 +48,6 @@ from gnsweep.tables import (  # noqa: F401
     RESULT_TABLES,
 )
 
-# Every file name of a sweep folder, once (docs/storage.md draws the layout):
-#   <sweep>/config.yaml, plan.json, noise_plan.json, .claims.lock, <table>.parquet, fits.json,
-#           slurm/jobs.json
-#   <sweep>/runs/<run_id>/config.json, status.json, metrics.parquet, metrics.parts/,
-#                         attempts.jsonl, claim.json, checkpoints/
-RUNS = "runs"
-SWEEP_CONFIG = "config.yaml"
-RUN_CONFIG = "config.json"
-STATUS = "status.json"
-METRICS = "metrics.parquet"
-METRIC_PARTS = "metrics.parts"
-HISTORY = "attempts.jsonl"
-"""Append-only log of a run's attempts (start, end, stopped, died), one JSON object a line."""
-CLAIM = "claim.json"
-"""A run folder's claim: which worker trains it (`executors.claims`)."""
-CLAIMS_LOCK = ".claims.lock"
-"""The sweep folder's lock around taking and breaking claims."""
-CHECKPOINTS = "checkpoints"
-"""A run folder's checkpoints (`training.checkpoint`)."""
-SCRIPT_ROWS = "script_rows.jsonl"
-"""A `task=script` run's rows logged through `gnsweep.current_run().log` (rank 0 appends)."""
-NOISE_PROBE_ROWS = "noise_probe.jsonl"
-"""A `task=script` run's noise scale measured inside its process (`gnsweep.inscript`), one
-JSON line a measured step, joined to the script's rows by step (rank 0 appends)."""
-SCRIPT_STOP = "stop"
-"""A `task=script` run's flag: present once the run should stop (`should_stop()` reads it)."""
-SCRIPT_OUTPUT = ("stdout.log", "stderr.log")
-"""A `task=script` run's command output, every attempt's, appended."""
-SCRIPT_PROCESS = "process.json"
-"""A `task=script` run's running command: its process group's leader (pid and start time),
-ended by the next attempt if it is still there."""
-PLAN = "plan.json"
-"""`gnsweep plan`'s record of its rounds."""
-ANSWERS = "answers.json"
-"""Each command's last answer and the runs it used (`gnsweep.answer_record`)."""
-NEXT_GRIDS = "next_grids.json"
-"""`gnsweep plan DIR`'s record: its budget, its rounds of next grids, why it stopped."""
-NOISE_PLAN = "noise_plan.json"
-"""Which runs measure the noise scale and why (`gnsweep.noise_plan`), each decided once."""
-SLURM = "slurm"
-"""The sweep folder's Slurm job files (`executors.slurm`)."""
-FIGURES = "figures"
-"""`gnsweep plot`'s PNG and PDF files (a grouped sweep's in one subfolder a group)."""
-JOBS = "jobs.json"
-"""In SLURM: run id -> the Slurm job id it was last submitted to."""
-FITS = "fits.parquet"
-"""The analysis' fits table: a folder with one is an analysed sweep."""
 
 class RunState(StrEnum):
     """A run's state in its status.json (a str: files and tables hold the plain value)."""
@@ -283,13 +236,13 @@ def append_line(path: Path, line: str) -> None:
         os.close(fd)
 
 
-def subdir(sweep_dir: Path, name: str) -> Path:
-    """The sweep folder's subfolder `name`, created if missing; StoreError when it is a link
-    or resolves outside the sweep folder (writes there would land elsewhere)."""
-    path = sweep_dir / name
-    inside(sweep_dir, path)
+def subdir(root: Path, path: Path) -> Path:
+    """The folder `path` (a `paths` path) inside `root` (the sweep folder, or a run folder),
+    created if missing; StoreError when it is a link or resolves outside `root` (writes there
+    would land elsewhere)."""
+    inside(root, path)
     path.mkdir(parents=True, exist_ok=True)
-    inside(sweep_dir, path)  # made by someone else between the check and mkdir
+    inside(root, path)  # made by someone else between the check and mkdir
     return path
 
 
@@ -548,7 +501,7 @@ def metrics_problem(run_path: Path, status: Mapping[str, Any] | None = None) -> 
     (finished), also when its rows disagree with what the run recorded as it ended: the row
     count (`rows`), the last row's examples (`examples`) and its step (within `log_every` of
     `steps`), a table rewritten or cut short that would change the answer in silence."""
-    path = run_path / METRICS
+    path = RunPaths(run_path).metrics
     try:
         if path.is_symlink():
             return "a symbolic link"
@@ -571,7 +524,7 @@ def metrics_problem(run_path: Path, status: Mapping[str, Any] | None = None) -> 
 
 def _rows_disagree(run_path: Path, meta: Any, status: Mapping[str, Any]) -> str | None:
     def last() -> dict[str, Any]:
-        return read_table(run_path / METRICS, columns=["step", "examples"]).slice(
+        return read_table(RunPaths(run_path).metrics, columns=["step", "examples"]).slice(
             meta.num_rows - 1).to_pylist()[0]
 
     try:
@@ -608,7 +561,7 @@ def rows_disagree(status: Mapping[str, Any], num_rows: int, last: Callable[[], d
 def log_every(run_path: Path) -> int:
     """The run's `sweep.log_every` from its config.json (1 when it does not say)."""
     try:
-        value = read_json(run_path / RUN_CONFIG)["config"]["sweep"]["log_every"]
+        value = read_json(RunPaths(run_path).record)["config"]["sweep"]["log_every"]
     except (StoreError, KeyError, TypeError):
         return 1
     return value if isinstance(value, int) and value >= 1 else 1
@@ -636,14 +589,16 @@ def write_metrics_part(path: Path, rows: dict[str, list], start: int) -> Path | 
     if not len(steps):
         return None
     # subdir: a real folder of the run, never a link that sends the rows elsewhere.
-    target = subdir(path, METRIC_PARTS) / f"{int(steps[0]):012d}-{int(steps[-1]):012d}.parquet"
+    paths = RunPaths(path)
+    subdir(path, paths.metric_parts)
+    target = paths.metric_part(int(steps[0]), int(steps[-1]))
     write_table(target, metrics_table(part))
     return target
 
 
 def metric_parts(path: Path) -> list[Path]:
     """A training run's metrics parts in step order (none once the run has ended)."""
-    folder = path / METRIC_PARTS
+    folder = RunPaths(path).metric_parts
     try:
         names = sorted(p for p in os.listdir(folder) if p.endswith(".parquet")
                        and not p.startswith("."))
@@ -656,9 +611,10 @@ def read_metrics(path: Path, columns: list[str] | None = None) -> pa.Table | Non
     """A run's logged rows: metrics.parquet once it has ended, else the parts a training run
     has flushed so far, in step order (None when there are neither). Safe while the run trains:
     parts are whole, and parts compacted away under the reader are read from metrics.parquet."""
+    metrics = RunPaths(path).metrics
     for _ in range(3):
-        if (path / METRICS).exists():
-            return read_table(path / METRICS, columns)
+        if metrics.exists():
+            return read_table(metrics, columns)
         parts = metric_parts(path)
         if not parts:
             return None
@@ -667,7 +623,7 @@ def read_metrics(path: Path, columns: list[str] | None = None) -> pa.Table | Non
         except StoreError:
             if all(p.exists() for p in parts):
                 raise  # a part is unreadable, not gone
-    return read_table(path / METRICS, columns)
+    return read_table(metrics, columns)
 
 
 def _unique_steps(table: pa.Table) -> pa.Table:
@@ -708,7 +664,7 @@ def clear_metrics(path: Path, keep_through: int | None = None) -> dict[str, list
     for part in old:
         if part != new:
             part.unlink(missing_ok=True)
-    (path / METRICS).unlink(missing_ok=True)
+    RunPaths(path).metrics.unlink(missing_ok=True)
     return kept
 
 
@@ -741,7 +697,7 @@ def compact_metrics(path: Path) -> None:
         return
     first = old[0].name.split("-")[0]
     last = old[-1].name.split("-")[-1]
-    target = subdir(path, METRIC_PARTS) / f"{first}-{last}"
+    target = subdir(path, RunPaths(path).metric_parts) / f"{first}-{last}"
     if not _merge_parts(path, target):
         return
     for part in old:
@@ -752,34 +708,37 @@ def compact_metrics(path: Path) -> None:
 def end_parts(path: Path) -> None:
     """A run's metrics parts as its metrics.parquet (atomic, part by part: `_merge_parts`),
     then the parts removed; an empty metrics.parquet when it has none."""
-    if not _merge_parts(path, path / METRICS):
-        write_table(path / METRICS, metrics_table({f.name: [] for f in METRICS_SCHEMA}))
+    paths = RunPaths(path)
+    if not _merge_parts(path, paths.metrics):
+        write_table(paths.metrics, metrics_table({f.name: [] for f in METRICS_SCHEMA}))
     for part in metric_parts(path):
         part.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
-        (path / METRIC_PARTS).rmdir()
+        paths.metric_parts.rmdir()
 
 
 def end_metrics(path: Path, rows: dict[str, Any]) -> None:
     """A run's final rows as metrics.parquet (atomic), then its parts removed."""
-    write_table(path / METRICS, metrics_table(rows))
+    paths = RunPaths(path)
+    write_table(paths.metrics, metrics_table(rows))
     for part in metric_parts(path):
         part.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
-        (path / METRIC_PARTS).rmdir()
+        paths.metric_parts.rmdir()
 
 
 # ---- the sweep folder -------------------------------------------------------------------
 
 
 def is_sweep(sweep_dir: Path) -> bool:
-    return (sweep_dir / SWEEP_CONFIG).is_file() and (sweep_dir / RUNS).is_dir()
+    paths = SweepPaths(sweep_dir)
+    return paths.config_file.is_file() and paths.runs_dir.is_dir()
 
 
 def require_sweep(sweep_dir: Path) -> None:
     if not sweep_dir.is_dir():
         raise StoreError(f"{sweep_dir}: no such folder; run `gnsweep launch` first")
-    config = sweep_dir / SWEEP_CONFIG
+    config = SweepPaths(sweep_dir).config_file
     if is_special(config):  # a FIFO, socket, device or folder where the config belongs
         raise StoreError(f"{config}: {_kind(os.lstat(config).st_mode)} where a file belongs; "
                          "gnsweep reads only regular files: put the sweep's config.yaml back")
@@ -793,7 +752,7 @@ def read_sweep_config(sweep_dir: Path) -> dict[str, Any]:
 
     Only `folder.read_config` (the typed reader, called where the folder is opened) reads it.
     """
-    path = sweep_dir / SWEEP_CONFIG
+    path = SweepPaths(sweep_dir).config_file
     try:
         loaded = load_yaml(read_text(path), path)
     except FileNotFoundError:
@@ -820,54 +779,14 @@ def sweep_owning(path: Path) -> Path | None:
     return None
 
 
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
-"""What a run id may be (`RunSpec.run_id` writes `b00008_lr0.1_s0`, `r100_lr0.5_s0`): one plain
-folder name, never a path."""
-
-
-def run_dir(sweep_dir: Path, run_id: str) -> Path:
-    """The folder of run `run_id`; StoreError when the id is not a plain name or the folder (or
-    `runs/`) is a symbolic link: writes there would land outside the sweep folder."""
-    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id) or ".." in run_id:
-        raise StoreError(f"{sweep_dir / RUNS}: {str(run_id)[:80]!r} is not a run id (one folder "
-                         "name such as b00008_lr0.1_s0), so gnsweep did not write it: move that "
-                         "folder out of runs/")
-    path = sweep_dir / RUNS / run_id
-    for part in (sweep_dir / RUNS, path):
-        if part.is_symlink():
-            raise StoreError(f"{part}: a symbolic link; run folders must be real folders inside "
-                             "the sweep folder (writes would land where it points): replace it "
-                             "by a copy of what it points to, or remove it")
-    return path
-
-
-def sweep_of(run_path: Path) -> Path:
-    """The sweep folder a run folder (`run_dir`) sits in."""
-    return run_path.parent.parent
-
-
-def result_file(table: str) -> str:
-    """The file a results table is written to: `<table>.parquet`."""
-    return f"{table}.parquet"
-
-
-WRITTEN_INTO = (CLAIMS_LOCK, ".notices", "queue", SLURM, FIGURES, "tensorboard", "mlflow",
-                "wandb")
-"""Sweep-level names gnsweep writes into or locks: a link there is refused before a launch."""
-RUN_WRITTEN_INTO = (HISTORY, CHECKPOINTS, METRIC_PARTS, CLAIM, STATUS, METRICS, SCRIPT_ROWS,
-                    SCRIPT_STOP, SCRIPT_PROCESS, *SCRIPT_OUTPUT, NOISE_PROBE_ROWS)
-"""Names of a run folder gnsweep appends to or writes into."""
-RUN_FILES = (HISTORY, CLAIM, STATUS, METRICS)
-"""Those of RUN_WRITTEN_INTO that are files: anything else there (a FIFO) is refused."""
-
-
 def check_links(sweep_dir: Path) -> None:
     """StoreError (exit 2, nothing claimed, nothing run) naming the first file or folder of the
     sweep gnsweep writes into that is a symbolic link: writes are refused there anyway (they
     are never followed), but refused up front the run is not half-started, claimed or failed."""
-    names = [sweep_dir / name for name in WRITTEN_INTO]
+    folder = SweepPaths(sweep_dir)
+    names = folder.written_into
     for run_id in run_ids(sweep_dir):
-        names += [sweep_dir / RUNS / run_id / name for name in RUN_WRITTEN_INTO]
+        names += folder.run(run_id).written_into
     for path in names:
         if path.is_symlink():
             raise StoreError(f"{path}: a symbolic link; gnsweep writes only files inside the "
@@ -881,10 +800,10 @@ def check_links(sweep_dir: Path) -> None:
 def run_ids(sweep_dir: Path) -> list[str]:
     """The runs of a sweep folder (those with a config.json); StoreError names a run folder
     that is a link or a name that is not a run id."""
-    root = sweep_dir / RUNS
+    root = SweepPaths(sweep_dir).runs_dir
     if not root.is_dir():
         return []
-    names = sorted(p.name for p in root.iterdir() if (p / RUN_CONFIG).is_file())
+    names = sorted(p.name for p in root.iterdir() if RunPaths(p).record.is_file())
     for name in names:
         run_dir(sweep_dir, name)
     return names
@@ -894,7 +813,7 @@ def unreadable_runs(sweep_dir: Path) -> dict[str, str]:
     """The folders of `runs/` that hold no readable run record (config.json missing, a folder,
     a FIFO, ...): folder name -> why. `run_ids` lists only the others, so the readers that
     show the sweep (status, analyze) name these, never leave them out in silence."""
-    root = sweep_dir / RUNS
+    root = SweepPaths(sweep_dir).runs_dir
     out = {}
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
@@ -903,7 +822,7 @@ def unreadable_runs(sweep_dir: Path) -> dict[str, str]:
     for entry in entries:
         if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
-        record = Path(entry.path) / RUN_CONFIG
+        record = RunPaths(Path(entry.path)).record
         if record.is_file():
             continue  # a run (`run_ids`): its readers check its record
         try:
@@ -922,42 +841,27 @@ def unreadable_runs(sweep_dir: Path) -> dict[str, str]:
 def read_status(path: Path) -> RunStatus:
     """A run folder's status; a run never started is pending. StoreError, one line, on a file
     gnsweep cannot have written (`RunStatus.from_json`), or on a FIFO, device or folder there."""
-    file = path / STATUS
+    file = RunPaths(path).status
     try:
         data = read_json(file)
     except StoreError:
         if file.exists() or file.is_symlink():
             raise
         return RunStatus()
-    return RunStatus.from_json(data, path / STATUS)
+    return RunStatus.from_json(data, file)
 
 
 def write_status(path: Path, state: str, **changes: Any) -> RunStatus:
     """Move a run's status to `state` with `changes` (`RunStatus` fields), atomically; the
     previous attempt's error is dropped."""
     status = read_status(path).updated_with(RunState(state), **changes)
-    write_json(path / STATUS, status.to_json())
+    write_json(RunPaths(path).status, status.to_json())
     return status
 
 
 # ---- the results of `gnsweep analyze` -----------------------------------------------------
 
 # The tables' columns and types live in `gnsweep.tables` (no analysis import from here).
-COMPARE = "compare.parquet"
-LAWS = "laws.parquet"
-LAWS_JSON = "laws.json"
-LAW_CELLS = "law_cells.parquet"
-LAWS_HTML = "laws.html"
-SCALE = "scale.json"
-"""The sweep's model size, counted at launch (`gnsweep laws` reads N from it)."""
-LAWS_FAMILY = "laws_family.json"
-"""In a sweep folder: where `gnsweep laws` last wrote the laws of a family it is a cell of
-(`gnsweep report` shows them)."""
-"""`gnsweep laws --out OUT`: the laws, their JSON (docs/laws.md) and the cells' optima."""
-FITS_JSON = "fits.json"
-REPORT = "report.html"
-"""`gnsweep report`'s one-page HTML, in the sweep folder."""
-
 
 GENERATION = "generation"
 """One analysis' id: in every results table's parquet metadata (b"gnsweep.generation") and in
@@ -974,6 +878,7 @@ def write_results(out_dir: Path, results: Any) -> None:
     import uuid
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    folder = SweepPaths(out_dir)
     generation = uuid.uuid4().hex
     tables: dict[str, pa.Table] = {}
     for name in RESULT_TABLES:
@@ -988,16 +893,16 @@ def write_results(out_dir: Path, results: Any) -> None:
     with contextlib.ExitStack() as stack:
         # Entered in order, renamed in reverse (fits.json, the mark of an analysed folder,
         # first): every temporary file is whole before the first rename.
-        written = {name: stack.enter_context(atomic_path(out_dir / result_file(name)))
+        written = {name: stack.enter_context(atomic_path(folder.result(name)))
                    for name in tables}
         for name, table in tables.items():
             pq.write_table(table, written[name])
-        with atomic_path(out_dir / FITS_JSON) as tmp:
+        with atomic_path(folder.fits_json) as tmp:
             tmp.write_text(json.dumps(saved, indent=2, sort_keys=True, default=str) + "\n",
                            encoding="utf-8")
     for name in OPTIONAL_RESULTS:
         if name not in tables:
-            (out_dir / result_file(name)).unlink(missing_ok=True)
+            folder.result(name).unlink(missing_ok=True)
 
 
 def _schema_of(frame: Any, schema: pa.Schema) -> pa.Schema:
@@ -1052,9 +957,11 @@ def read_result_tables(sweep_dir: Path) -> dict[str, Any]:
     `gnsweep.folder.read_results` makes them one `Results`. StoreError when the files
     come from two analyses (their generation ids differ): never a mix read in silence."""
     generations: dict[str, str | None] = {}
+    folder = SweepPaths(sweep_dir)
+    fits_json = folder.fits_json
 
     def frame(name: str) -> Any:
-        path = sweep_dir / result_file(name)
+        path = folder.result(name)
         try:
             table = read_table(path)
             generations[path.name] = (table.schema.metadata or {}).get(
@@ -1075,21 +982,21 @@ def read_result_tables(sweep_dir: Path) -> dict[str, Any]:
 
     out: dict[str, Any] = {name: frame(name) for name in ("steps", "front", "fits")}
     for name in ("lr_fits", "loss_scaling", "temperature", *OPTIONAL_RESULTS):
-        if os.path.lexists(sweep_dir / result_file(name)):
+        if os.path.lexists(folder.result(name)):
             out[name] = frame(name)
     out["warnings"], out["meta"] = [], {}
-    if os.path.lexists(sweep_dir / FITS_JSON):
-        saved = read_json(sweep_dir / FITS_JSON)
+    if os.path.lexists(fits_json):
+        saved = read_json(fits_json)
         if not isinstance(saved, dict):
-            raise StoreError(f"{sweep_dir / FITS_JSON}: not an analysis' fits.json (a JSON "
+            raise StoreError(f"{fits_json}: not an analysis' fits.json (a JSON "
                              "object); run `gnsweep analyze` again (it rewrites it)")
         warnings, meta = saved.get("warnings", []), saved.get("meta") or {}
         if not isinstance(warnings, list) or not isinstance(meta, dict):
-            raise StoreError(f"{sweep_dir / FITS_JSON}: its warnings are not a list or its "
+            raise StoreError(f"{fits_json}: its warnings are not a list or its "
                              "meta not an object; run `gnsweep analyze` again (it rewrites it)")
         out["warnings"], out["meta"] = [str(w) for w in warnings], dict(meta)
         generation = saved.get(GENERATION)
-        generations[FITS_JSON] = generation if isinstance(generation, str) else None
+        generations[fits_json.name] = generation if isinstance(generation, str) else None
     if len(set(generations.values())) > 1:
         groups: dict[str | None, list[str]] = {}
         for name, generation in generations.items():

@@ -11,7 +11,7 @@ from typing import Any
 from gnsweep import notices, redact, store, tasks
 from gnsweep.config import Config, ConfigError
 from gnsweep.folder import SweepFolder, read_config
-from gnsweep.paths import SweepPaths
+from gnsweep.paths import SWEEP_CONFIG, SweepPaths, run_dir
 from gnsweep.runs import (
     FINISHED,
     RELAUNCH_MAY_CHANGE,
@@ -45,9 +45,9 @@ def _check_relaunch(sweep_dir: Path, config: Config) -> dict[str, Any]:
     if not SweepPaths(sweep_dir).config_file.is_file():
         if store.run_ids(sweep_dir):
             raise ConfigError(
-                f"{sweep_dir} holds runs but no {store.SWEEP_CONFIG}, so nothing says how they "
+                f"{sweep_dir} holds runs but no {SWEEP_CONFIG}, so nothing says how they "
                 f"were trained and this launch would adopt them: put the folder's "
-                f"{store.SWEEP_CONFIG} back, or choose another --sweep-dir")
+                f"{SWEEP_CONFIG} back, or choose another --sweep-dir")
         return new
     # Typed: an older folder's missing settings read as their defaults, unknown ones are named.
     # Compared as written (secrets masked on both sides).
@@ -124,7 +124,7 @@ def prepare_folder(sweep_dir: Path, config: Config,
         # Before anything is written: a run file that disagrees with the sweep (of this grid
         # or another run of the folder) refuses the whole launch (exit 2, nothing run).
         check_records(sweep_dir, config, [s.run_id for s in specs or []])
-        store.subdir(sweep_dir, store.RUNS)
+        store.subdir(sweep_dir, SweepPaths(sweep_dir).runs_dir)
         written = dict(merged)
         if config.task.name == tasks.SCRIPT:
             # gnsweep's own loop's recipe describes nothing a script does (its recipe is the
@@ -167,7 +167,7 @@ def remaining(sweep_dir: Path, specs: list[RunSpec], *,
 
     out = []
     for spec in specs:
-        path = store.run_dir(sweep_dir, spec.run_id)
+        path = run_dir(sweep_dir, spec.run_id)
         if read_state(path).state in FINISHED:
             continue
         if not include_held:
@@ -253,7 +253,7 @@ def unmeasured_runs(sweep_dir: Path, run_ids: list[str] | None = None) -> str | 
     status.json; None when there is none."""
     shares = {}
     for run_id in run_ids if run_ids is not None else store.run_ids(sweep_dir):
-        status = read_state(store.run_dir(sweep_dir, run_id))
+        status = read_state(run_dir(sweep_dir, run_id))
         if status.state in FINISHED:
             shares[run_id] = status.b_simple_nan_share
     return unmeasured_line(shares)

@@ -25,7 +25,7 @@ from gnsweep.analysis.steps import Curves
 from gnsweep.answer_record import runs_on_record
 from gnsweep.folder import SweepFolder, read_noise_plan, read_results
 from gnsweep.noise import Method
-from gnsweep.paths import SweepPaths
+from gnsweep.paths import RUNS, SweepPaths
 from gnsweep.targets import AUTO
 from gnsweep.tasks import about
 
@@ -196,7 +196,7 @@ def nothing_yet(sweep_dir: Path, curves: Curves) -> None:
 def unreadable_warnings(sweep_dir: Path) -> list[str]:
     """One warning a run folder that holds no readable run record (`store.unreadable_runs`):
     never left out in silence."""
-    return [f"run folder {store.RUNS}/{run_id}: {why}: left out (its grid point is unknown); "
+    return [f"run folder {RUNS}/{run_id}: {why}: left out (its grid point is unknown); "
             "relaunch the sweep (the same `gnsweep launch` command) to write it again"
             for run_id, why in store.unreadable_runs(sweep_dir).items()]
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from gnsweep import store, tasks
 from gnsweep.compose import conf_dir
+from gnsweep.paths import METRICS, STATUS, SweepPaths
 
 
 def gnsweep(*args: str) -> subprocess.CompletedProcess:
@@ -37,11 +38,12 @@ def gnsweep(*args: str) -> subprocess.CompletedProcess:
 
 def analysed_since(sweep_dir: Path) -> bool:
     """Whether fits.parquet is newer than every run's status and metrics."""
-    fits = sweep_dir / "fits.parquet"
+    folder = SweepPaths(sweep_dir)
+    fits = folder.result("fits")
     if not fits.is_file():
         return False
-    newest = max((p.stat().st_mtime for p in (sweep_dir / store.RUNS).glob("*/*")
-                  if p.name in (store.STATUS, store.METRICS)), default=0.0)
+    newest = max((p.stat().st_mtime for p in folder.runs_dir.glob("*/*")
+                  if p.name in (STATUS, METRICS)), default=0.0)
     return fits.stat().st_mtime > newest
 
 

@@ -83,10 +83,10 @@ def test_eq_2_7_closed_form():
     assert fitted([50.0, 150.0], 1.0, 150.0).tolist() == pytest.approx([0.25, 0.5])
 
 
-def test_sweep_folder_file_names_live_in_store():
+def test_sweep_folder_file_names_live_in_paths():
     names = ['"attempts.jsonl"', '"claim.json"', '".claims.lock"', '"jobs.json"', '"plan.json"',
-             '"status.json"', '"metrics.parquet"']
-    elsewhere = {(path, name) for path, text in _sources().items() if path != "store.py"
+             '"status.json"', '"metrics.parquet"', '"noise_plan.json"', '"answers.json"']
+    elsewhere = {(path, name) for path, text in _sources().items() if path != "paths.py"
                  for name in names if name in text}
     assert not elsewhere
     walked = [path for path, text in _sources().items() if "parent.parent" in text
@@ -253,23 +253,113 @@ def test_no_module_but_the_folder_parses_the_sweep_config():
     assert readers <= {"store.py", "folder.py"}, readers
 
 
+def _folder_names() -> tuple[set[str], set[str]]:
+    """paths.py's names of the sweep folder's files: (the constants, the names on disk)."""
+    from gnsweep import paths
+
+    constants, on_disk = set(), set()
+    for name, value in vars(paths).items():
+        if not name.isupper():
+            continue
+        values = value if isinstance(value, tuple) else (value,)
+        if all(isinstance(v, str) for v in values):
+            constants.add(name)
+            on_disk.update(values)
+    return constants, on_disk
+
+
+NOT_THE_FOLDER = {("compose.py", "config.yaml")}
+"""Literals that name another folder's file: Hydra's conf/config.yaml."""
+
+
+def _joins(tree: ast.AST, rel: str, constants: set[str], on_disk: set[str]) -> list[str]:
+    """Where a module joins a file name of the sweep folder itself: `x / "status.json"`,
+    `x / paths.STATUS`, `x / f"{STATUS}..."`, `x.joinpath(...)`, `os.path.join(...)`,
+    `Path(x, ...)` or `x.with_name(...)` with such a name."""
+
+    def names_in(node: ast.AST) -> set[str]:
+        found = set()
+        for part in ast.walk(node):
+            if isinstance(part, ast.Constant) and isinstance(part.value, str) \
+                    and part.value in on_disk and (rel, part.value) not in NOT_THE_FOLDER:
+                found.add(repr(part.value))
+            elif isinstance(part, ast.Attribute) and part.attr in constants:
+                found.add(part.attr)
+            elif isinstance(part, ast.Name) and part.id in constants:
+                found.add(part.id)
+        return found
+
+    out = []
+    for node in ast.walk(tree):
+        operands: list[ast.AST] = []
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            operands = [node.right]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            os_path = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute) \
+                and func.value.attr == "path"
+            if called in ("joinpath", "with_name", "Path", "PurePath") \
+                    or (called == "join" and os_path):
+                operands = list(node.args)
+        for operand in operands:
+            for name in sorted(names_in(operand)):
+                out.append(f"{rel}:{node.lineno} {name}")
+    return out
+
+
 def test_only_the_paths_join_the_folders_file_names():
-    # Every path of the sweep folder is derived in paths.py (SweepPaths, RunPaths) from the
-    # names in store.py: `x / store.STATUS` anywhere else is a second home for the layout.
-    names = {"RUNS", "SWEEP_CONFIG", "RUN_CONFIG", "STATUS", "METRICS", "METRIC_PARTS",
-             "HISTORY", "CLAIM", "CLAIMS_LOCK", "CHECKPOINTS", "SCRIPT_ROWS", "SCRIPT_STOP",
-             "PLAN", "SLURM", "FIGURES", "JOBS", "FITS", "FITS_JSON", "REPORT", "SCALE"}
-    assert names <= set(dir(store))
+    # Every path of the sweep folder is derived in paths.py (SweepPaths, RunPaths, OutPaths)
+    # from the names it holds: `x / "status.json"` or `x / paths.STATUS` anywhere else, store
+    # included, is a second home for the layout.
+    constants, on_disk = _folder_names()
+    assert {"RUNS", "SWEEP_CONFIG", "STATUS", "METRICS", "HISTORY", "NOISE_PLAN", "ANSWERS",
+            "FITS_JSON", "COMPARE", "LAWS_JSON", "QUEUE", "NOTICES"} <= constants
+    assert {"status.json", "config.yaml", "runs", "answers.json", "stdout.log"} <= on_disk
     joined = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = str(path.relative_to(PACKAGE))
-        if rel in ("store.py", "paths.py"):
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
-                right = node.right
-                name = right.attr if isinstance(right, ast.Attribute) else getattr(right, "id", "")
-                if name in names:
-                    joined.append(f"{rel}:{node.lineno} / {name}")
+        if rel != "paths.py":
+            tree = ast.parse(path.read_text())
+            joined += _joins(tree, rel, constants, on_disk) + _aliases(tree, rel, constants)
     assert not joined, joined
 
+
+def _aliases(tree: ast.AST, rel: str, constants: set[str]) -> list[str]:
+    """A second name for a file name (`FOLDER = paths.CHECKPOINTS`), which the join rule
+    would no longer see in `x / FOLDER`."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            value = node.value
+            name = value.attr if isinstance(value, ast.Attribute) else getattr(value, "id", "")
+            if name in constants:
+                out.append(f"{rel}:{node.lineno} = {name}")
+    return out
+
+
+def test_the_join_rule_sees_a_join():
+    # The rule must be able to fail: each way of joining a name is seen.
+    constants, on_disk = _folder_names()
+    for code in ('run / "status.json"', "run / paths.STATUS", 'run / f"{STATUS}.tmp"',
+                 'run.joinpath("metrics.parquet")', 'os.path.join(run, "attempts.jsonl")',
+                 'Path(root, "runs", run_id)', 'run.with_name("claim.json")'):
+        assert _joins(ast.parse(code), "x.py", constants, on_disk), code
+    assert not _joins(ast.parse('RunPaths(run).status; f"{STATUS} is missing"'), "x.py",
+                      constants, on_disk)
+    assert _aliases(ast.parse("FOLDER = store.CHECKPOINTS"), "x.py", constants)
+
+
+def test_no_module_names_a_file_through_store():
+    # The names live in paths.py: code (a test, a script) reading one from store
+    # (store.METRICS) would keep working only while store happens to import it.
+    root = PACKAGE.parent
+    files = [*PACKAGE.rglob("*.py"), *(root / "tests").rglob("*.py"),
+             *(root / "scripts").glob("*.py")]
+    through = {f"{path.relative_to(root)}:{node.lineno} store.{node.attr}"
+               for path in files
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+               and node.value.id == "store"
+               and node.attr in _folder_names()[0] | {"run_dir", "sweep_of", "result_file"}}
+    assert not through, sorted(through)

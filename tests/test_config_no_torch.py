@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.compose import compose
 from gnsweep.config import ConfigError
 from gnsweep.folder import read_config
@@ -60,7 +60,7 @@ def test_config_load_works_where_torch_cannot_be_imported(tmp_path):
 def test_config_load_names_a_missing_or_broken_file(tmp_path):
     with pytest.raises(store.StoreError, match=r"config\.yaml: missing"):
         read_config(tmp_path)
-    (tmp_path / store.SWEEP_CONFIG).write_text("sweep: {max_steps: -3}\n")
+    (tmp_path / paths.SWEEP_CONFIG).write_text("sweep: {max_steps: -3}\n")
     with pytest.raises(ConfigError, match=r"config\.yaml: sweep\.max_steps: -3"):
         read_config(tmp_path)
 

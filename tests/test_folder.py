@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
 from gnsweep.compose import compose
 from gnsweep.errors import ConfigError, StoreError
@@ -130,7 +130,7 @@ def test_a_worker_opens_the_folder_once_for_all_its_runs(tmp_path, monkeypatch):
     _count_parses(monkeypatch, tmp_path / "parses")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert worker.main([str(tmp_path), "--runs-file", str(runs_file)]) == 0
-    assert {store.read_status(store.run_dir(tmp_path, s.run_id)).state for s in specs} == \
+    assert {store.read_status(paths.run_dir(tmp_path, s.run_id)).state for s in specs} == \
         {store.RunState.DONE}
     assert _parses(tmp_path / "parses") == {str(os.getpid()): 1}
 
@@ -139,12 +139,12 @@ def test_a_workers_folder_whose_config_does_not_read_fails_each_use_with_the_rea
     # A worker gets a folder even where config.yaml does not read at its start: each run then
     # fails with the reason, and a config written since (a relaunch) is read at the next use.
     prepare(tmp_path, compose(SMALL))
-    good = (tmp_path / store.SWEEP_CONFIG).read_text()
-    (tmp_path / store.SWEEP_CONFIG).write_text("sweep: [unclosed\n")
+    good = (tmp_path / paths.SWEEP_CONFIG).read_text()
+    (tmp_path / paths.SWEEP_CONFIG).write_text("sweep: [unclosed\n")
     folder = SweepFolder.for_worker(tmp_path)
     assert folder.root == tmp_path
     for _ in range(2):
         with pytest.raises(StoreError, match=r"config\.yaml: unreadable"):
             _ = folder.config
-    (tmp_path / store.SWEEP_CONFIG).write_text(good)
+    (tmp_path / paths.SWEEP_CONFIG).write_text(good)
     assert list(folder.config.sweep.batch_sizes) == [8, 16]

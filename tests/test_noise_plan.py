@@ -154,7 +154,7 @@ def test_a_relaunch_adding_a_seed_measures_the_best_rates_the_first_guess_missed
 def test_the_folder_records_the_plan_once_and_a_worker_reads_its_run_with_it(tmp_path):
     """No process: the records written as a launch writes them, the plan recorded as
     `sweep.run_specs` records it, the runs read as a worker reads them."""
-    from gnsweep import store
+    from gnsweep import paths, store
     from gnsweep.config import SweepConfig
     from gnsweep.folder import SweepFolder, read_noise_plan
     from gnsweep.store import RunState
@@ -164,7 +164,7 @@ def test_the_folder_records_the_plan_once_and_a_worker_reads_its_run_with_it(tmp
                     sweep=SweepConfig(batch_sizes=[8, 64], learning_rates=[0.1, 0.4, 1.6]))
     specs = prepare(tmp_path, config)
     begun = RunSpec(8, 0.1).run_id  # a run that began before any plan (an older version)
-    store.write_status(store.run_dir(tmp_path, begun), RunState.PENDING, attempts=1)
+    store.write_status(paths.run_dir(tmp_path, begun), RunState.PENDING, attempts=1)
     folder = SweepFolder.of_config(tmp_path)
     plan = folder.plan_noise([s.run_id for s in specs])
     assert read_noise_plan(tmp_path) == plan and len(plan) == 6
@@ -173,14 +173,14 @@ def test_the_folder_records_the_plan_once_and_a_worker_reads_its_run_with_it(tmp
     assert {r for r, a in plan.items() if a.role == DENSE} == {
         RunSpec(b, lr).run_id for b, lr in ((8, 0.1), (8, 0.4), (64, 0.4), (64, 1.6))} - {begun}
     assert plan[RunSpec(64, 0.1).run_id].role == OFF
-    before = (tmp_path / store.NOISE_PLAN).read_bytes()
+    before = (tmp_path / paths.NOISE_PLAN).read_bytes()
     assert folder.plan_noise([s.run_id for s in specs]) == plan  # decided once
-    assert (tmp_path / store.NOISE_PLAN).read_bytes() == before
+    assert (tmp_path / paths.NOISE_PLAN).read_bytes() == before
     off, _ = folder.read_run(RunSpec(64, 0.1).run_id)
     on, _ = folder.read_run(RunSpec(64, 0.4).run_id)
     assert off.noise.method == "none" and on.noise.method == "auto"
     # A file gnsweep cannot have written: refused in one line naming it.
-    (tmp_path / store.NOISE_PLAN).write_text('{"runs": {"x": {"role": "sometimes"}}}')
+    (tmp_path / paths.NOISE_PLAN).write_text('{"runs": {"x": {"role": "sometimes"}}}')
     with pytest.raises(store.StoreError, match=r"noise_plan\.json: not a noise plan"):
         folder.read_run(RunSpec(64, 0.1).run_id)
 

@@ -7,17 +7,17 @@ from dataclasses import fields
 
 import pytest
 
-from gnsweep import store, tables
+from gnsweep import paths, store, tables
 from gnsweep.errors import StoreError
 from gnsweep.noise import NoiseEstimate
 
 
 def test_status_round_trips_and_keeps_unknown_keys(tmp_path):
     store.write_status(tmp_path, "running", attempts=2, host="h", pid=7)
-    (tmp_path / store.STATUS).write_text(json.dumps(
-        {**json.loads((tmp_path / store.STATUS).read_text()), "from_a_newer_version": [1]}))
+    (tmp_path / paths.STATUS).write_text(json.dumps(
+        {**json.loads((tmp_path / paths.STATUS).read_text()), "from_a_newer_version": [1]}))
     status = store.write_status(tmp_path, "done", steps=30, rows=4, examples=120)
-    saved = json.loads((tmp_path / store.STATUS).read_text())
+    saved = json.loads((tmp_path / paths.STATUS).read_text())
     assert saved["state"] == "done" and saved["attempts"] == 2 and saved["steps"] == 30
     assert saved["from_a_newer_version"] == [1]
     assert "error" not in saved and "traceback" not in saved  # never written: absent, not null
@@ -40,10 +40,10 @@ def test_a_run_never_started_is_pending(tmp_path):
                                      '{"state": "exploded"}', '{"attempts": -1}',
                                      '{"attempts": true}'])
 def test_a_status_no_gnsweep_writes_is_one_line(tmp_path, content):
-    (tmp_path / store.STATUS).write_text(content)
+    (tmp_path / paths.STATUS).write_text(content)
     with pytest.raises(StoreError) as err:
         store.read_status(tmp_path)
-    assert "\n" not in str(err.value) and store.STATUS in str(err.value)
+    assert "\n" not in str(err.value) and paths.STATUS in str(err.value)
 
 
 def test_writing_an_unknown_field_is_a_programming_error(tmp_path):

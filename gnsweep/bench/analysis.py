@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from gnsweep import store, tables
 from gnsweep.analysis.load import METRIC_COLUMNS
 from gnsweep.analysis.steps import CURVE_COLUMNS
-from gnsweep.paths import RunPaths, SweepPaths
+from gnsweep.paths import RunPaths, SweepPaths, run_dir
 from gnsweep.sweep_analysis import analyze_sweep
 
 TARGETS = (1.0, 0.5, 0.25)
@@ -49,7 +49,7 @@ def write_sweep(root: Path, n_runs: int, n_steps: int, seed: int = 0) -> None:
     step = np.arange(1, n_steps + 1)
     for b, lr, s in grid:
         run_id = f"b{b:05d}_lr{lr:.4g}_s{s}"
-        path = store.run_dir(root, run_id)
+        path = run_dir(root, run_id)
         store.write_json(RunPaths(path).record, {"run": {
             "batch_size": b, "learning_rate": float(lr), "seed": s}})
         # Steps to halve the loss: the hyperbola at the best learning rate, a bowl around it.

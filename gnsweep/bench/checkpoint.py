@@ -24,6 +24,7 @@ import torch
 
 from gnsweep.compose import compose
 from gnsweep.config import Config
+from gnsweep.paths import run_dir
 from gnsweep.runs import expand_grid
 from gnsweep.training import build_run, run, train
 from gnsweep.training.checkpoint import Checkpointer
@@ -42,7 +43,7 @@ def _time(config: Config, specs: list, root: Path, mode: str) -> float:
     shutil.rmtree(root, ignore_errors=True)
     start = time.perf_counter()
     for spec in specs:
-        path = root / "runs" / spec.run_id
+        path = run_dir(root, spec.run_id)
         path.mkdir(parents=True)
         if mode == "none":
             run(build_run(config, spec), path)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from gnsweep import store
 from gnsweep.compose import compose
-from gnsweep.paths import RunPaths
+from gnsweep.paths import RunPaths, run_dir
 from gnsweep.sweep import launch, prepare
 
 GOAL = 1.15
@@ -39,7 +39,7 @@ def _attempts(sweep_dir: Path) -> list[dict]:
 
     out = []
     for run_id in store.run_ids(sweep_dir):
-        path = store.run_dir(sweep_dir, run_id)
+        path = run_dir(sweep_dir, run_id)
         history = RunPaths(path).history
         if not history.exists():  # prepared, not run (--torchrun-runs below the grid)
             continue

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gnsweep.paths import RunPaths
+
 ACCUMULATION = 4
 MODELS = ("mlp", "gpt")
 WARMUP = 5
@@ -135,7 +137,7 @@ def main(argv: list[str]) -> dict[str, Any]:
     rounds, steps = (2, 20) if args.quick else (args.rounds, args.steps)
     out = []
     with tempfile.TemporaryDirectory() as folder:
-        rows = Path(folder) / "noise_probe.jsonl"
+        rows = RunPaths(Path(folder)).noise_probe_rows  # the folder stands for a run's
         for model in args.models:
             # Each round a process; its ratio is of medians taken side by side; the median
             # round's is reported.

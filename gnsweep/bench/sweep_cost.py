@@ -231,6 +231,7 @@ def _launch(sweep: str, variant: str, folder: Path) -> tuple[float, float, float
     import sys
 
     from gnsweep import store
+    from gnsweep.paths import run_dir
 
     def cpu() -> float:
         used = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -242,7 +243,7 @@ def _launch(sweep: str, variant: str, folder: Path) -> tuple[float, float, float
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"sweep {sweep} ({variant}) failed: {done.stderr.strip()[-400:]}")
-    statuses = [store.read_status(store.run_dir(folder, r)) for r in store.run_ids(folder)]
+    statuses = [store.read_status(run_dir(folder, r)) for r in store.run_ids(folder)]
     return (sum(s.train_seconds or 0.0 for s in statuses),
             sum(s.train_cpu_seconds or 0.0 for s in statuses), cpu() - before)
 

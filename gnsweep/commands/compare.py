@@ -20,7 +20,7 @@ from gnsweep import store
 from gnsweep.analysis.crit_vs_simple import SweepFits, compare_rows
 from gnsweep.commands import Echo
 from gnsweep.errors import ConfigError, StoreError
-from gnsweep.paths import SweepPaths
+from gnsweep.paths import RUNS, SWEEP_CONFIG, OutPaths, SweepPaths
 from gnsweep.tasks import about
 
 FORMATS = ("png", "pdf")
@@ -38,8 +38,8 @@ def load_sweep_fits(sweep_dir: Path) -> SweepFits:
         raise StoreError(f"{sweep_dir}: no such folder; give sweep folders written by "
                          "`gnsweep launch` and analysed by `gnsweep analyze`")
     if not store.is_sweep(sweep_dir):
-        raise StoreError(f"{sweep_dir}: not a sweep folder (no {store.SWEEP_CONFIG} and "
-                         f"{store.RUNS}/); give folders written by `gnsweep launch`")
+        raise StoreError(f"{sweep_dir}: not a sweep folder (no {SWEEP_CONFIG} and "
+                         f"{RUNS}/); give folders written by `gnsweep launch`")
     fits_file = SweepPaths(sweep_dir).result("fits")
     if not fits_file.is_file():
         raise StoreError(f"{sweep_dir}: not an analysed sweep (no fits.parquet); run "
@@ -83,8 +83,9 @@ def compare_sweeps(sweep_dirs: list[Path], out_dir: Path,
         raise ConfigError(f"--out {out_dir}: {where}; a comparison gets a folder of its own: "
                           "give another --out")
     table = compare_rows([load_sweep_fits(Path(p)) for p in sweep_dirs])
-    store.write_frame(out_dir / store.COMPARE, table, schema=store.COMPARE_SCHEMA)
-    paths = [out_dir / store.COMPARE]
+    compared = OutPaths(out_dir).compare
+    store.write_frame(compared, table, schema=store.COMPARE_SCHEMA)
+    paths = [compared]
     skipped: dict[str, str] = {}
     for name, figure in compare_plots.draw_all(table).items():
         if isinstance(figure, str):
@@ -96,7 +97,7 @@ def compare_sweeps(sweep_dirs: list[Path], out_dir: Path,
 
 def read_compare(out_dir: Path) -> pd.DataFrame:
     """compare.parquet of a `gnsweep compare` folder."""
-    return store.read_table(Path(out_dir) / store.COMPARE).to_pandas()
+    return store.read_table(OutPaths(Path(out_dir)).compare).to_pandas()
 
 
 def run(sweep_dirs: list[Path], out: Path, svg: bool, echo: Echo) -> None:

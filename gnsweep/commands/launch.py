@@ -11,7 +11,7 @@ import typer
 from gnsweep import store
 from gnsweep.commands import Echo
 from gnsweep.config import Config
-from gnsweep.paths import SweepPaths
+from gnsweep.paths import SweepPaths, default_sweep_dir
 from gnsweep.preflight import compose_config, preflight
 from gnsweep.tasks import about
 
@@ -53,7 +53,7 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
     from gnsweep.sweep import launch as run_sweep
 
     config = compose_config(overrides, workers)
-    sweep_dir = sweep_dir or Path("runs") / config.sweep.name
+    sweep_dir = sweep_dir or default_sweep_dir(config.sweep.name)
     config = resolve_adaptive_lr(config, sweep_dir)  # adaptive runs: eq. 2.7 from the folder's fit
     if config.sweep.schedule == "along":  # the measured B_crit curve of a branch sweep
         from gnsweep.branching import resolve_along

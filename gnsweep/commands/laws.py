@@ -33,7 +33,7 @@ from gnsweep.analysis.laws.family import (
 from gnsweep.analysis.pipeline import AnalysisError
 from gnsweep.commands import Echo
 from gnsweep.errors import ConfigError
-from gnsweep.paths import SweepPaths
+from gnsweep.paths import SCALE, OutPaths, SweepPaths
 from gnsweep.tables import LAWS_SCHEMAS
 
 FORMATS = ("png", "pdf")
@@ -61,11 +61,11 @@ def sweep_runs(sweep_dir: Path) -> pd.DataFrame:
 
 
 def read_scale(sweep_dir: Path) -> dict[str, float]:
-    """The model size a launch recorded (store.SCALE) and the task's examples a sample, as
+    """The model size a launch recorded (paths.SCALE) and the task's examples a sample, as
     {"N": ..., "per_sample": ...}; one line when absent."""
     path = SweepPaths(sweep_dir).scale
     if not path.is_file():
-        raise AnalysisError(f"{sweep_dir}: no {store.SCALE} (the model size counted at launch): "
+        raise AnalysisError(f"{sweep_dir}: no {SCALE} (the model size counted at launch): "
                             "relaunch the sweep with this gnsweep (finished runs are kept), or "
                             "give sweep.scale.params=<parameters> at launch")
     data = store.read_json(path)
@@ -131,12 +131,11 @@ def write(result: Laws, runs: pd.DataFrame, out_dir: Path,
     from gnsweep.report.laws_html import render_laws
 
     out_dir = Path(out_dir)
-    store.write_frame(out_dir / store.LAWS, laws_frame(result),
-                      schema=LAWS_SCHEMAS["laws"])
-    store.write_frame(out_dir / store.LAW_CELLS, result.cells,
-                      schema=LAWS_SCHEMAS["law_cells"])
-    store.write_json(out_dir / store.LAWS_JSON, laws_json(result))
-    paths = [out_dir / store.LAWS, out_dir / store.LAW_CELLS, out_dir / store.LAWS_JSON]
+    out = OutPaths(out_dir)
+    store.write_frame(out.laws, laws_frame(result), schema=LAWS_SCHEMAS["laws"])
+    store.write_frame(out.law_cells, result.cells, schema=LAWS_SCHEMAS["law_cells"])
+    store.write_json(out.laws_json, laws_json(result))
+    paths = [out.laws, out.law_cells, out.laws_json]
     skipped: dict[str, str] = {}
     embedded: dict[str, bytes | str] = {}
     for name, figure in draw_all(result, runs).items():
@@ -146,8 +145,8 @@ def write(result: Laws, runs: pd.DataFrame, out_dir: Path,
             saved = save(figure, name, out_dir, formats)
             paths += saved
             embedded[name] = saved[0].read_bytes() if saved[0].suffix == ".png" else ""
-    store.write_text(out_dir / store.LAWS_HTML, render_laws(laws_json(result), embedded))
-    paths.append(out_dir / store.LAWS_HTML)
+    store.write_text(out.laws_html, render_laws(laws_json(result), embedded))
+    paths.append(out.laws_html)
     return paths, skipped
 
 

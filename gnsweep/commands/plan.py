@@ -22,12 +22,11 @@ from gnsweep import store
 from gnsweep.commands import Echo
 from gnsweep.config import Config, ConfigError
 from gnsweep.folder import SweepFolder
-from gnsweep.paths import SweepPaths
+from gnsweep.paths import SweepPaths, default_sweep_dir
 from gnsweep.planner.pilot import SPREAD, Decision, PlanError, Proposal, RunOutcome, decide
 from gnsweep.runs import RunSpec, write_run
 from gnsweep.tasks import about
 
-PLAN_FILE = store.PLAN
 """The plan's record in the sweep folder: every round decided, its runs and why."""
 
 
@@ -51,11 +50,11 @@ def plan(config: Config, sweep_dir: Path, *, show_progress: bool = True,
     if config.sweep.auto_targets:
         raise PlanError("gnsweep plan decides per target and needs sweep.targets; give them "
                         "(a first sweep's `gnsweep analyze DIR --targets auto` suggests levels)")
-    path = sweep_dir / PLAN_FILE
+    path = SweepPaths(sweep_dir).plan
     if (store.is_sweep(sweep_dir) and not os.path.lexists(path)
             and (store.run_ids(sweep_dir) or store.unreadable_runs(sweep_dir))):
         raise ConfigError(f"{sweep_dir}: a sweep folder that `gnsweep launch` wrote (runs but no "
-                          f"{PLAN_FILE}); a plan would add its runs to that grid: give the plan "
+                          f"{path.name}); a plan would add its runs to that grid: give the plan "
                           "a folder of its own (--sweep-dir NEW) or an earlier plan's folder")
     record: Any = store.read_json(path) if os.path.lexists(path) else {"rounds": []}
     if not _plan_record(record):
@@ -223,13 +222,10 @@ def _decision_record(decision: Decision) -> dict[str, Any]:
             "first": {str(b): lr for b, lr in decision.first.items()}}
 
 
-__all__ = ["PLAN_FILE", "PlanSummary", "Proposal", "examples_processed", "explain", "plan",
+__all__ = ["PlanSummary", "Proposal", "examples_processed", "explain", "plan",
            "read_outcomes"]
 
 
-NEXT_GRIDS_FILE = store.NEXT_GRIDS
-"""`gnsweep plan DIR`'s record in the sweep folder: its budget, every round of next grids (its
-runs written before any of them starts) and why it stopped."""
 UNFINISHED = ("pending", "running")
 """States of a recorded round's run that a resumed plan runs (a failed run stays failed, as the
 executor left it after its retries)."""
@@ -302,7 +298,7 @@ def next_grids(sweep_dir: Path, *, workers: int | None = None, show_progress: bo
     if workers is not None:
         config = dataclasses.replace(
             config, executor=dataclasses.replace(config.executor, workers=workers))
-    path = SweepPaths(sweep_dir).root / NEXT_GRIDS_FILE
+    path = SweepPaths(sweep_dir).next_grids
     record: Any = store.read_json(path) if os.path.lexists(path) else None
     if record is not None and not _next_grids_record(record):
         raise store.StoreError(f"{path}: not a record of `gnsweep plan DIR` (a budget and a "
@@ -414,7 +410,7 @@ def run(overrides: list[str] | None, *, sweep_dir: Path | None, workers: int | N
 
     # As for launch: a task that cannot train is refused (exit 2), a custom task's unit recorded.
     config, _, _ = preflight(compose_config(overrides, workers), overrides)
-    sweep_dir = sweep_dir or Path("runs") / f"{config.sweep.name}-plan"
+    sweep_dir = sweep_dir or default_sweep_dir(f"{config.sweep.name}-plan")
     summary = plan(config, sweep_dir, show_progress=not quiet, echo=echo)
     ids = sorted(set(summary.run_ids))
     echo(f"plan {sweep_dir}: {len(ids)} of {summary.grid_size} grid runs in "

@@ -39,8 +39,8 @@ def write_figures(sweep_dir: Path, formats: tuple[str, ...] = FORMATS) -> Writte
     notes: list[str] = []
     for group, part in split(tables).items():
         # A real folder inside the sweep folder: a `figures` link must not send writes elsewhere.
-        out = store.subdir(sweep_dir, f"{store.FIGURES}/{folder_name(group)}" if group
-                           else store.FIGURES)
+        out = store.subdir(sweep_dir, SweepPaths(sweep_dir).figures_of(
+            folder_name(group) if group else None))
         for name, result in plots.draw_all(part).items():
             if isinstance(result, str):
                 skipped[f"{group}/{name}" if group else name] = result

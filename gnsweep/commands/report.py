@@ -23,7 +23,7 @@ from gnsweep.analysis.results import Results
 from gnsweep.commands import Echo
 from gnsweep.config import Config
 from gnsweep.folder import SweepFolder, live_metrics
-from gnsweep.paths import SweepPaths
+from gnsweep.paths import SweepPaths, run_dir
 from gnsweep.tasks import about
 
 
@@ -135,7 +135,7 @@ def curves_of(folder: SweepFolder, rows: list[dict[str, Any]]) -> dict[str, Any]
         spec = specs.get(row["run_id"])
         if spec is None:
             continue
-        table = live_metrics(store.run_dir(folder.root, row["run_id"]))
+        table = live_metrics(run_dir(folder.root, row["run_id"]))
         if table is None:
             continue
         out[row["run_id"]] = (table.column("step").to_numpy(),

@@ -32,15 +32,13 @@ from gnsweep.errors import ScriptFailed, StopRequested
 from gnsweep.executors import claims
 from gnsweep.executors.watchdog import STALLED, Watchdog
 from gnsweep.folder import SweepFolder
-from gnsweep.paths import RunPaths
+from gnsweep.paths import RunPaths, run_dir
 from gnsweep.runs import OUT_OF_SPACE, WILL_REPEAT, RunState, needs_running, read_state
 from gnsweep.tracking import METRICS, RunLogger, make_logger
 
 runnable = needs_running
 """Whether a run still needs running (the retry rule lives in `gnsweep.runs.needs_running`)."""
 
-HISTORY = store.HISTORY
-"""Append-only log of a run's attempts (start, end, stopped, died), one JSON object a line."""
 PREEMPTED = 75
 """Exit code of a worker stopped by Slurm's warning ahead of a time limit or preemption
 (SIGUSR2): its run is checkpointed and pending, and the job wants requeueing."""
@@ -154,7 +152,7 @@ def take_run(sweep_dir: Path, run_id: str, max_retries: int) -> tuple[claims.Cla
     A run found `running` without a live owner died with its worker (kill -9, node lost): that
     attempt is recorded as failed, and the run runs again if it has retries left.
     """
-    path = store.run_dir(sweep_dir, run_id)
+    path = run_dir(sweep_dir, run_id)
     claim, other = claims.try_claim(path)
     if claim is None:
         return None, "held"
@@ -182,7 +180,7 @@ def run_taken(sweep: SweepFolder, run_id: str, claim: claims.Claim | None,
     Nothing is half-written: rows and checkpoints are written atomically as the run goes
     (`gnsweep.training.checkpoint`), metrics.parquet at the end.
     """
-    path = store.run_dir(sweep.root, run_id)
+    path = run_dir(sweep.root, run_id)
     writer = rank() == 0
     attempts = 0
     watchdog = None
@@ -217,7 +215,7 @@ def stopped_by_launcher(sweep_dir: Path, run_id: str) -> None:
     task blocked in a system call): back to pending with its claim released, as a worker that
     stops cleanly leaves it, so that the launcher's "went back to pending" and `gnsweep status`
     agree. Nothing is done while a live owner holds the run."""
-    path = store.run_dir(sweep_dir, run_id)
+    path = run_dir(sweep_dir, run_id)
     claim, _ = claims.try_claim(path)  # breaks the claim of the worker, which is gone
     if claim is None:
         return

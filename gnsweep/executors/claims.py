@@ -29,10 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
-from gnsweep.paths import RunPaths
+from gnsweep.paths import RunPaths, SweepPaths
 
-CLAIM = store.CLAIM
-LOCK = store.CLAIMS_LOCK
 HEARTBEAT_S = 15.0
 """How often an owner touches its claims."""
 STALE_AFTER_S = float(os.environ.get("GNSWEEP_STALE_AFTER", "120"))
@@ -120,7 +118,7 @@ class Claim:
 
 
 def _sweep_lock(run_path: Path) -> contextlib.AbstractContextManager[None]:
-    return store.exclusive(store.sweep_of(run_path) / LOCK)
+    return store.exclusive(SweepPaths(RunPaths(run_path).sweep).lock)
 
 
 def try_claim(run_path: Path, stale_after: float = STALE_AFTER_S,
@@ -131,7 +129,7 @@ def try_claim(run_path: Path, stale_after: float = STALE_AFTER_S,
     claim is the broken claim (so that the caller can record that its previous owner died).
     """
     run_path.parent.mkdir(parents=True, exist_ok=True)
-    store.inside(store.sweep_of(run_path), run_path)  # never a linked run folder
+    store.inside(RunPaths(run_path).sweep, run_path)  # never a linked run folder
     run_path.mkdir(exist_ok=True)
     info = {**owner(), **extra}
     broken = None
@@ -152,12 +150,13 @@ def try_claim(run_path: Path, stale_after: float = STALE_AFTER_S,
 
 
 def _link_new(run_path: Path, info: dict[str, Any]) -> bool:
-    tmp = run_path / f".{CLAIM}.{info['token']}.tmp"
+    claim = RunPaths(run_path).claim
+    tmp = claim.with_name(f".{claim.name}.{info['token']}.tmp")
     fd = store.open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     with os.fdopen(fd, "w") as out:
         out.write(json.dumps(info, sort_keys=True) + "\n")
     try:
-        os.link(tmp, RunPaths(run_path).claim)
+        os.link(tmp, claim)
     except FileExistsError:
         return False
     finally:

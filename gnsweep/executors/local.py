@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gnsweep import allocator, redact, store
+from gnsweep import allocator, redact
 from gnsweep.config import ExecutorConfig
 from gnsweep.errors import StopRequested
 from gnsweep.executors import (
@@ -42,6 +42,7 @@ from gnsweep.executors.gpus import GpuPlan, launcher_gpus, plan
 from gnsweep.executors.rounds import Summary
 from gnsweep.folder import SweepFolder
 from gnsweep.notices import once_per_launch
+from gnsweep.paths import run_dir
 from gnsweep.progress import SweepProgress
 from gnsweep.runs import FINISHED, max_attempts, needs_running, read_state
 
@@ -146,7 +147,7 @@ def run_local(sweep: SweepFolder, run_ids: list[str], *, workers: int, threads: 
         if outcome.state == "held":
             later.append((time.monotonic() + HELD_RETRY_S, run_id))
             return
-        status = read_state(store.run_dir(sweep_dir, run_id))
+        status = read_state(run_dir(sweep_dir, run_id))
         if outcome.ran and needs_running(status, max_retries):
             pending.append(run_id)  # failed with retries left
             return

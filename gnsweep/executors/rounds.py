@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from gnsweep import store
 from gnsweep.errors import LauncherSignal
 from gnsweep.executors import claims
+from gnsweep.paths import run_dir
 from gnsweep.progress import SweepProgress
 from gnsweep.runs import FINISHED, RunState, max_attempts, needs_running, read_state
 
@@ -63,7 +64,7 @@ class Watcher:
         self.final: dict[str, str] = {}
 
     def _status(self, run_id: str) -> store.RunStatus:
-        return read_state(store.run_dir(self.sweep_dir, run_id))
+        return read_state(run_dir(self.sweep_dir, run_id))
 
     def update(self) -> None:
         for run_id in self.run_ids:
@@ -83,7 +84,7 @@ class Watcher:
         """Open runs a live owner (here or elsewhere) holds."""
         out = []
         for run_id in self._open():
-            claim = claims.read_claim(store.run_dir(self.sweep_dir, run_id))
+            claim = claims.read_claim(run_dir(self.sweep_dir, run_id))
             if claim is not None and not claims.is_stale(claim):
                 out.append(run_id)
         return out
@@ -104,7 +105,7 @@ class Watcher:
             summary.add(run_id, state)
             # Finished by the workers of another launch sharing the folder.
             if launch and state in FINISHED and ended_by(
-                    store.run_dir(self.sweep_dir, run_id)) not in (launch, None):
+                    run_dir(self.sweep_dir, run_id)) not in (launch, None):
                 summary.elsewhere.append(run_id)
         return summary
 

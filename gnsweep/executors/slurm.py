@@ -32,8 +32,6 @@ from gnsweep.progress import SweepProgress
 if TYPE_CHECKING:
     from gnsweep.folder import SweepFolder
 
-FOLDER = store.SLURM
-
 POLL_S = 2.0
 RDZV_PORT = 29400
 
@@ -151,7 +149,7 @@ def submit(sweep_dir: Path, run_ids: list[str], executor: ExecutorConfig,
         from gnsweep.config import ConfigError
 
         raise ConfigError("executor=slurm: sbatch is not on PATH; run on a Slurm login node")
-    folder = store.subdir(sweep_dir, FOLDER)
+    folder = store.subdir(sweep_dir, SweepPaths(sweep_dir).slurm)
     parts = chunks(run_ids, executor)
     files = [str(write_runs_file(sweep_dir, part)) for part in parts]
     n = len(parts)

@@ -29,14 +29,13 @@ from gnsweep import store
 from gnsweep.config import ExecutorConfig
 from gnsweep.executors.gpus import GpuPlan, launcher_gpus, plan
 from gnsweep.executors.rounds import Summary, Watcher, run_rounds
+from gnsweep.paths import SweepPaths
 from gnsweep.progress import SweepProgress
 
 if TYPE_CHECKING:
     from gnsweep.folder import SweepFolder
 
 POLL_S = 0.3
-QUEUE = "queue"
-"""Folder of the sweep holding the run-id files handed to workers."""
 
 
 def worker_command(sweep_dir: Path, runs_file: Path, *, nproc: int, max_retries: int,
@@ -57,7 +56,8 @@ def worker_command(sweep_dir: Path, runs_file: Path, *, nproc: int, max_retries:
 
 
 def write_runs_file(sweep_dir: Path, run_ids: list[str]) -> Path:
-    path = store.subdir(sweep_dir, QUEUE) / f"{uuid.uuid4().hex[:12]}.txt"
+    queue = SweepPaths(sweep_dir).queue
+    path = store.subdir(sweep_dir, queue) / f"{uuid.uuid4().hex[:12]}.txt"
     store.write_text(path, "".join(f"{r}\n" for r in run_ids))
     return path
 
@@ -103,7 +103,7 @@ def remove_stale_scratch(sweep_dir: Path) -> list[Path]:
     folder, stay. Returns what was removed."""
     import shutil
 
-    folder = sweep_dir / QUEUE
+    folder = SweepPaths(sweep_dir).queue
     if not folder.is_dir() or folder.is_symlink():
         return []
     import re
@@ -154,7 +154,8 @@ class TorchrunBackend:
         # torchrun's agent keeps its scratch files (torchelastic_*/<run>/attempt_0/<rank>) in
         # the temporary folder: this round's own, inside the sweep folder, removed when the
         # round ends (nothing of a sweep is left outside its folder).
-        scratch = store.subdir(self.sweep_dir, f"{QUEUE}/{scratch_name(runs_file.stem)}")
+        scratch = store.subdir(self.sweep_dir, SweepPaths(self.sweep_dir).queue
+                               / scratch_name(runs_file.stem))
         env = {**os.environ, "OMP_NUM_THREADS": str(self.executor.threads_per_worker),
                "TMPDIR": str(scratch.resolve())}
         # Own sessions: Ctrl-C reaches the launcher alone, which stops the jobs in order.

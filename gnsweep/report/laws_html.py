@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
-from gnsweep.paths import SweepPaths
+from gnsweep.paths import OutPaths, SweepPaths
 from gnsweep.report.html import CSS, esc
 from gnsweep.report.laws_text import QUANTITY_NAMES, format_laws
 
@@ -80,11 +80,12 @@ def report_section(sweep_dir: Path) -> str:
     recorded = store.read_json(pointer)
     out = Path(str(recorded.get("laws", ""))) if isinstance(recorded, dict) else Path()
     head = "<h2>Laws across scale</h2>"
-    if not (out / store.LAWS_JSON).is_file():
+    laws_json = OutPaths(out).laws_json
+    if not laws_json.is_file():
         return (f"{head}<p>This sweep is a cell of the laws written to "
                 f"<code>{html.escape(str(out))}</code>, which are no longer there; run "
                 "<code>gnsweep laws</code> again.</p>")
-    text = format_laws(store.read_json(out / store.LAWS_JSON))
+    text = format_laws(store.read_json(laws_json))
     figure = out / "laws_fits.png"
     image = (f'<img alt="laws" src="data:image/png;base64,'
              f'{base64.b64encode(figure.read_bytes()).decode()}">' if figure.is_file() else "")

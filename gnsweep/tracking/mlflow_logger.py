@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
+from gnsweep.paths import SweepPaths
 from gnsweep.tracking.run_logger import RunLogger, flatten
 
 RUN_TAG = "gnsweep.run_id"
@@ -29,7 +30,7 @@ class MlflowLogger(RunLogger):
     def __init__(self, sweep_dir: Path, *, tracking_uri: str | None = None,
                  experiment: str | None = None) -> None:
         self.sweep_dir = Path(sweep_dir)
-        self.local = self.sweep_dir / "mlflow"
+        self.local = SweepPaths(self.sweep_dir).mlflow
         self.tracking_uri = (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
                              or f"sqlite:///{(self.local / 'mlflow.db').resolve()}")
         self.experiment = experiment or self.sweep_dir.resolve().name
@@ -45,7 +46,7 @@ class MlflowLogger(RunLogger):
     def _lock_path(self) -> Path | None:
         """Where workers queue to open a SQLite store (None: a server, which serialises)."""
         if self._is_local():
-            store.subdir(self.sweep_dir, self.local.name)  # never through a link
+            store.subdir(self.sweep_dir, self.local)  # never through a link
             return self.local / ".lock"
         if self.tracking_uri.startswith("sqlite:///"):
             db = Path(self.tracking_uri.removeprefix("sqlite:///").split("?")[0])

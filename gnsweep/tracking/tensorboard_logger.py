@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gnsweep import store
+from gnsweep.paths import SweepPaths
 from gnsweep.tracking.run_logger import RunLogger, flatten
 
 
@@ -16,7 +17,7 @@ class TensorBoardLogger(RunLogger):
     kind = "tensorboard"
 
     def __init__(self, sweep_dir: Path, *, flush_secs: int = 10) -> None:
-        self.root = Path(sweep_dir) / "tensorboard"
+        self.root = SweepPaths(sweep_dir).tensorboard
         self.flush_secs = flush_secs
         self.writer: Any = None
 
@@ -26,7 +27,7 @@ class TensorBoardLogger(RunLogger):
 
         self.close()
         # A real folder inside the sweep folder, never a link that sends the events elsewhere.
-        log_dir = store.subdir(self.root.parent, f"{self.root.name}/{run_id}")
+        log_dir = store.subdir(self.root.parent, self.root / run_id)
         self.writer = SummaryWriter(log_dir=str(log_dir),
                                     flush_secs=self.flush_secs)
         # The config as one text entry (TensorBoard's hparams plugin writes extra sub-runs).

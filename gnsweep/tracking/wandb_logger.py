@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from gnsweep import store
+from gnsweep.paths import SweepPaths
 from gnsweep.tracking.run_logger import RunLogger
 
 MODES = ("online", "offline", "disabled")
@@ -46,7 +47,8 @@ class WandbLogger(RunLogger):
 
         self.close()
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        store.subdir(self.sweep_dir, "wandb")  # W&B writes here: a real folder, never a link
+        # W&B writes here: a real folder, never a link.
+        store.subdir(self.sweep_dir, SweepPaths(self.sweep_dir).wandb)
         self.run = wandb.init(project=self.project, entity=self.entity, name=run_id,
                               group=self.sweep_dir.resolve().name, config=dict(params),
                               dir=str(self.sweep_dir), mode=cast(Any, self.mode))

@@ -38,9 +38,9 @@ import torch
 
 from gnsweep import store
 from gnsweep.errors import StoreError
+from gnsweep.paths import RunPaths
 from gnsweep.training.state import TrainState
 
-FOLDER = store.CHECKPOINTS
 IDENTITY = "identity"
 """The key of a checkpoint's content naming its run, fingerprint, step and examples."""
 FORMAT = 1
@@ -131,7 +131,7 @@ class Checkpointer:
 
     @property
     def folder(self) -> Path | None:
-        return None if self.run_dir is None else self.run_dir / FOLDER
+        return None if self.run_dir is None else RunPaths(self.run_dir).checkpoints
 
     # -- when -----------------------------------------------------------------------------
 
@@ -196,7 +196,7 @@ class Checkpointer:
                    "taken_for": list(taken_for), "size": len(data),
                    "sha256": hashlib.sha256(data).hexdigest(), "time": time.time()}
         try:
-            store.subdir(self.folder.parent, self.folder.name)  # never through a link
+            store.subdir(self.folder.parent, self.folder)  # never through a link
             with store.atomic_path(ckpt.path) as tmp, open(tmp, "wb") as out:
                 out.write(data)
                 out.flush()
@@ -292,13 +292,13 @@ class Checkpointer:
 def kept(run_dir: Path) -> list[tuple[int, Path]]:
     """A run's checkpoints on disk as (examples, .pt path), fewest examples first (unverified:
     `load_into` verifies the one chosen)."""
-    return [(c.examples, c.path) for c in _listed(run_dir / FOLDER)]
+    return [(c.examples, c.path) for c in _listed(RunPaths(run_dir).checkpoints)]
 
 
 def taken_for(run_dir: Path) -> dict[int, tuple[int, Path]]:
     """The run's checkpoints by the `keep_at` point each was taken for (examples asked, as in
     `train.keep_checkpoints_at`): (examples at the checkpoint, .pt path)."""
-    return {point: (c.examples, c.path) for c in _listed(run_dir / FOLDER)
+    return {point: (c.examples, c.path) for c in _listed(RunPaths(run_dir).checkpoints)
             for point in c.taken_for}
 
 

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gnsweep import store
 from gnsweep.config import Config
 from gnsweep.errors import ConfigError, ScriptFailed
 from gnsweep.paths import RunPaths
@@ -33,7 +32,7 @@ def placeholder_values(config: Config, spec: RunSpec, run_path: Path, resume_ste
         "batch_size": spec.batch_size, "learning_rate": spec.learning_rate, "seed": spec.seed,
         "run_dir": str(run_path), "max_examples": sweep.max_examples,
         "max_steps": sweep.max_steps, "run_id": spec.run_id,
-        "sweep_dir": str(store.sweep_of(run_path)),
+        "sweep_dir": str(RunPaths(run_path).sweep),
         # sweep.targets=auto: none (the analysis chooses them; the run trains its budget).
         "targets": ",".join(f"{t:g}" for t in sweep.targets),
         "target": (about(config.task).hardest(sweep.targets) if sweep.stops_at_target

@@ -5,7 +5,7 @@ the script's own rows by step.
 The probe is on for `noise.method=auto` (the default of a script sweep) and off for
 `noise.method=none` (`measures`): the one switch a plan of which runs measure turns per run.
 It appends one JSON line a measured optimizer step to the run folder's
-`store.NOISE_PROBE_ROWS` (the step, counted from 1 like the script's rows, and the estimate's
+`paths.NOISE_PROBE_ROWS` (the step, counted from 1 like the script's rows, and the estimate's
 fields in samples), and a `note` line for what it could not measure. Each script row whose
 own `b_simple` is NaN takes the probe's estimate at its step (`join`): the row of that step,
 or, across steps the script skipped, the last one before it while the probe measured on.
@@ -22,11 +22,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from gnsweep import store
 from gnsweep.config import Config
 from gnsweep.inscript.probe import ENV
 from gnsweep.measure.common import say_once
 from gnsweep.noise import NoiseEstimate
+from gnsweep.paths import RunPaths
 from gnsweep.runs import unmeasured_share
 from gnsweep.tables import METRICS_SCHEMA
 from gnsweep.training.backward import in_task_units
@@ -51,7 +51,7 @@ def probe_environment(config: Config, values: dict[str, Any], per_sample: float,
     if not measures(config):
         return {}
     noise = config.noise
-    settings = {"rows": str(run_path.resolve() / store.NOISE_PROBE_ROWS),
+    settings = {"rows": str(RunPaths(run_path.resolve()).noise_probe_rows),
                 "batch_size": values["batch_size"], "accumulation": accumulation,
                 "ema_fraction": noise.ema_fraction, "ema_steps": noise.ema_steps,
                 # The probe counts samples; noise.ema_examples is in the task's unit.
@@ -65,7 +65,7 @@ class ProbeRows:
     """The probe's rows file, read as it grows: its estimates by step and its notes."""
 
     def __init__(self, run_path: Path, per_sample: float) -> None:
-        self.path = run_path / store.NOISE_PROBE_ROWS
+        self.path = RunPaths(run_path).noise_probe_rows
         self.per_sample = per_sample
         self.offset = 0
         self.by_step: dict[int, dict[str, float]] = {}

@@ -17,11 +17,10 @@ from typing import IO
 
 from gnsweep import store
 from gnsweep.errors import ScriptFailed
+from gnsweep.paths import RunPaths
 from gnsweep.training import process_tree
 from gnsweep.training.log_reader import read_lines
 
-API_ROWS = store.SCRIPT_ROWS
-STOP_FLAG = store.SCRIPT_STOP
 POLL_S = 0.05
 Line = tuple[str, int, str, bool]
 """A printed line: stdout or stderr, its number, its text, whether it was cut (too long)."""
@@ -97,9 +96,9 @@ class Child:
 def _ask_to_stop(child: Child, run_path: Path) -> None:
     """The flag `current_run().should_stop()` reads; a command that never made the handle
     (`current_run()` creates the rows file) gets SIGTERM at once."""
-    store.write_text(run_path / STOP_FLAG, "stop\n")
+    store.write_text(RunPaths(run_path).script_stop, "stop\n")
     child.asked = time.monotonic()
-    if not (run_path / API_ROWS).exists():
+    if not RunPaths(run_path).script_rows.exists():
         child.termed = child.asked
         child.signal(signal.SIGTERM)
 

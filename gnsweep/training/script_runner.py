@@ -42,6 +42,7 @@ import regex
 from gnsweep import redact, store
 from gnsweep.config import Config
 from gnsweep.errors import ScriptFailed, StopRequested
+from gnsweep.paths import RunPaths
 from gnsweep.runs import RunSpec
 from gnsweep.tasks.script import (
     ScriptOptions,
@@ -60,9 +61,7 @@ from gnsweep.training.script_command import (
     placeholder_values,
 )
 from gnsweep.training.script_process import (
-    API_ROWS,
     POLL_S,
-    STOP_FLAG,
     Child,
     _ask_to_stop,
     _escalate,
@@ -97,7 +96,8 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
     attempt = max(1, int(store.read_status(out_dir).get("attempts", 1)))
     # An earlier attempt's command still running (its worker was killed and its guard is in
     # its grace, or a relaunch came first): ended before this one starts, never two writers.
-    if process_tree.end_earlier(out_dir / store.SCRIPT_PROCESS, options.stop_seconds):
+    paths = RunPaths(out_dir)
+    if process_tree.end_earlier(paths.script_process, options.stop_seconds):
         print(f"gnsweep: run {out_dir.name}: an earlier attempt's command was still running; "
               "it was ended first", file=sys.stderr, flush=True)
     kept = store.clear_metrics(out_dir, _last_step(out_dir))
@@ -121,17 +121,17 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
     values = placeholder_values(config, spec, out_dir, last, attempt)
     args = command(config, values)
     env = environment(values, config, options)
-    for name in (API_ROWS, STOP_FLAG):
-        (out_dir / name).unlink(missing_ok=True)
+    for flag in (paths.script_rows, paths.script_stop):
+        flag.unlink(missing_ok=True)
     table = _table_log(options, values, cwd, out_dir)
     stderr: deque[str] = deque(maxlen=max(1, options.stderr_lines))
-    outputs = {name.removesuffix(".log"): store.open_nofollow(
-        out_dir / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT) for name in store.SCRIPT_OUTPUT}
+    outputs = {path.stem: store.open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+               for path in paths.script_output}
     for fd in outputs.values():
         os.write(fd, f"--- gnsweep attempt {attempt}: {redact.text(shlex.join(args))}\n"
                  .encode())
     child = Child(args, cwd, env, options.stop_seconds)
-    process_tree.record(out_dir / store.SCRIPT_PROCESS, child.process.pid)
+    process_tree.record(paths.script_process, child.process.pid)
     probe = script_noise.ProbeRows(out_dir, options.examples_per_sample) \
         if script_noise.measures(config) else None
     stopped = False
@@ -203,9 +203,9 @@ def run_script(config: Config, spec: RunSpec, out_dir: Path | None,
         for fd in outputs.values():
             os.close(fd)
         with contextlib.suppress(OSError):
-            (out_dir / STOP_FLAG).unlink(missing_ok=True)  # the command has ended
+            paths.script_stop.unlink(missing_ok=True)  # the command has ended
             if child.process.returncode is not None:
-                (out_dir / store.SCRIPT_PROCESS).unlink(missing_ok=True)
+                paths.script_process.unlink(missing_ok=True)
     rows.flush(force=True)
     if error is not None:  # the output broke a parse rule: it would again
         raise ScriptFailed(str(error), list(stderr), repeats=True)
@@ -256,13 +256,13 @@ def recovered(options: ScriptOptions, values: dict[str, Any], cwd: str, run_path
     found: list[tuple[str, dict[str, Any]]] = []
     try:
         if pattern is not None:
-            for name in store.SCRIPT_OUTPUT:
+            for output in RunPaths(run_path).script_output:
                 with contextlib.suppress(OSError):
-                    reader = LineReader(run_path / name, skip_existing=False)
+                    reader = LineReader(output, skip_existing=False)
                     found = [(where, raw) for number, line, _ in reader.lines()
                              if not line.startswith("--- gnsweep attempt")
                              and (raw := match_row(pattern, line,
-                                                   where := f"{run_path / name}:{number}"))
+                                                   where := f"{output}:{number}"))
                              is not None]
                 if found:
                     break
@@ -307,7 +307,7 @@ def _table_log(options: ScriptOptions, values: dict[str, Any], cwd: str, run_pat
         path = Path(cwd, name)
         return TableLog(path, log_format(options, name), options.columns,
                         skip_existing=skip_existing)
-    return TableLog(run_path / API_ROWS, "jsonl", {}, skip_existing=False)
+    return TableLog(RunPaths(run_path).script_rows, "jsonl", {}, skip_existing=False)
 
 
 def _no_rows(options: ScriptOptions, table: TableLog | None) -> str:

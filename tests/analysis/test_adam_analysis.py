@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.analysis.lr import eps_opt, eps_opt_surge, fit_lr, fit_lr_table
 from gnsweep.analysis.temperature import fit_temperature
 from gnsweep.cli import app
@@ -38,8 +38,8 @@ def _sweep(root, negative_precond: bool = False):
         "analysis": {"loss": "smoothed", "bootstrap": 0}}))
     for b in BATCHES:
         for lr in LRS:
-            path = store.run_dir(root, f"b{b:05d}_lr{lr:g}_s0")
-            store.write_json(path / store.RUN_CONFIG, {"run": {
+            path = paths.run_dir(root, f"b{b:05d}_lr{lr:g}_s0")
+            store.write_json(path / paths.RUN_CONFIG, {"run": {
                 "batch_size": b, "learning_rate": lr, "seed": 0}})
             last = int(_steps(b, lr)) + 5
             step = np.arange(1, last + 1, dtype=float)
@@ -52,7 +52,7 @@ def _sweep(root, negative_precond: bool = False):
                         b_simple=[10.0 * b / lr] * n, b_simple_precond=[
                             -3.0 * b / lr if negative_precond and i % 2 else 20.0 * b / lr
                             for i in range(n)])
-            store.write_table(path / store.METRICS, store.metrics_table(rows))
+            store.write_table(path / paths.METRICS, store.metrics_table(rows))
             store.write_status(path, "done")
     return root
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths
 from gnsweep.analysis.adaptive import (
     adaptive_examples,
     fixed_examples,
@@ -252,8 +252,8 @@ def test_adaptive_runs_on_digits_end_to_end(tiny_sweep):
                                  "--sweep-dir", str(sweep_dir), "--workers", "1", "--quiet"])
     assert result.exit_code == 0, result.output
     for rate in (30, 300):
-        path = store.run_dir(sweep_dir, f"r{rate}_lr1_s0")
-        rows = pq.read_table(path / store.METRICS).to_pandas()
+        path = paths.run_dir(sweep_dir, f"r{rate}_lr1_s0")
+        rows = pq.read_table(path / paths.METRICS).to_pandas()
         batch = rows["batch_size"].to_numpy()
         assert (np.diff(rows["examples"].to_numpy()) == batch[1:]).all()  # counted per step
         assert rows["examples"].iloc[0] == batch[0] == 8  # the lower bound before an estimate

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gnsweep import store, tasks
+from gnsweep import paths, store, tasks
 from gnsweep.analysis.pipeline import analyze_tables
 from gnsweep.analysis.steps import steps_to_target
 from gnsweep.cli import app
@@ -101,10 +101,10 @@ def _write_sweep(folder) -> None:
     config = Config.from_dict({"task": {"name": "cartpole"},
                                "sweep": {"name": "uphill", "batch_sizes": BATCHES,
                                          "learning_rates": LRS, "targets": TARGETS}})
-    store.write_text(folder / store.SWEEP_CONFIG, yaml.safe_dump(config.to_dict()))
+    store.write_text(folder / paths.SWEEP_CONFIG, yaml.safe_dump(config.to_dict()))
     for run in runs.itertuples(index=False):
-        path = store.run_dir(folder, run.run_id)
-        store.write_json(path / store.RUN_CONFIG, {"run": {
+        path = paths.run_dir(folder, run.run_id)
+        store.write_json(path / paths.RUN_CONFIG, {"run": {
             "batch_size": run.batch_size, "learning_rate": run.learning_rate, "seed": 0}})
         store.write_status(path, run.state)
         curve = metrics[metrics["run_id"] == run.run_id]
@@ -115,7 +115,7 @@ def _write_sweep(folder) -> None:
                     loss=curve["loss"].tolist(), loss_smooth=curve["loss_smooth"].tolist(),
                     lr=[run.learning_rate] * n, b_simple=curve["b_simple"].tolist(),
                     metric=curve["metric"].tolist())
-        store.write_table(path / store.METRICS, store.metrics_table(rows))
+        store.write_table(path / paths.METRICS, store.metrics_table(rows))
 
 
 @pytest.fixture
@@ -137,7 +137,7 @@ def test_analyze_and_compare_a_higher_is_better_sweep(uphill_sweep, tmp_path):
     out = tmp_path / "compare"
     result = runner.invoke(app, ["compare", str(uphill_sweep), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    table = store.read_table(out / store.COMPARE).to_pandas()
+    table = store.read_table(out / paths.COMPARE).to_pandas()
     assert set(table["unit"]) == {"environment steps"}
     assert set(table["metric"]) == {"return"} and table["higher_is_better"].all()
     assert (out / "bcrit_vs_noise_scale.png").is_file()

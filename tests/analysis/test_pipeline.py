@@ -15,7 +15,7 @@ import yaml
 from locations import ROOT
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.analysis.front import best_per_batch
 from gnsweep.analysis.pipeline import analyze_tables
 from gnsweep.analysis.steps import curves_from_frames, resmooth, steps_to_target
@@ -208,8 +208,8 @@ def write_sweep(root, *, corrupt=None, b_simple=50.0):
     for b in BATCHES:
         for lr in LRS:
             run_id = f"b{b:05d}_lr{lr:g}_s0"
-            path = store.run_dir(root, run_id)
-            store.write_json(path / store.RUN_CONFIG, {"run": {
+            path = paths.run_dir(root, run_id)
+            store.write_json(path / paths.RUN_CONFIG, {"run": {
                 "batch_size": b, "learning_rate": lr, "seed": 0}})
             knots = [(0.0, math.log(2.0))] + [(steps_needed(t, b, lr), math.log(t))
                                               for t in (1.0, 0.5)]
@@ -222,10 +222,10 @@ def write_sweep(root, *, corrupt=None, b_simple=50.0):
             rows.update(step=step.astype(int).tolist(), examples=(step * b).astype(int).tolist(),
                         loss=np.exp(log_loss).tolist(), loss_smooth=np.exp(log_loss).tolist(),
                         b_simple=[b_simple] * n)
-            store.write_table(path / store.METRICS, store.metrics_table(rows))
+            store.write_table(path / paths.METRICS, store.metrics_table(rows))
             store.write_status(path, "done")
     if corrupt:
-        (store.run_dir(root, corrupt) / store.METRICS).write_bytes(b"PAR1 not really")
+        (paths.run_dir(root, corrupt) / paths.METRICS).write_bytes(b"PAR1 not really")
     return root
 
 

@@ -7,10 +7,10 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
-from gnsweep.commands.plan import PLAN_FILE
 from gnsweep.compose import compose
+from gnsweep.paths import PLAN
 
 runner = CliRunner()
 TINY = ["sweep=tiny", "--workers", "2"]
@@ -57,7 +57,7 @@ def test_plan_prints_what_it_decided_and_why(tiny_plan):
 @pytest.mark.process
 def test_every_run_of_the_plan_is_a_grid_run_under_runs_and_analyzes(tiny_plan, tmp_path):
     out, _ = tiny_plan
-    record = store.read_json(out / PLAN_FILE)
+    record = store.read_json(out / PLAN)
     planned = {run["run_id"] for entry in record["rounds"] for run in entry["runs"]}
     assert set(store.run_ids(out)) == planned
     grid = compose(["sweep=tiny"]).sweep
@@ -65,7 +65,7 @@ def test_every_run_of_the_plan_is_a_grid_run_under_runs_and_analyzes(tiny_plan, 
         assert run["batch_size"] in grid.batch_sizes
         assert run["learning_rate"] in grid.learning_rates
         assert run["max_steps"] <= grid.max_steps
-        assert store.read_status(store.run_dir(out, run["run_id"]))["state"] in ("done",
+        assert store.read_status(paths.run_dir(out, run["run_id"]))["state"] in ("done",
                                                                                   "diverged")
     result = runner.invoke(app, ["analyze", str(out), "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
@@ -74,13 +74,13 @@ def test_every_run_of_the_plan_is_a_grid_run_under_runs_and_analyzes(tiny_plan, 
 @pytest.mark.process
 def test_a_rerun_resumes_and_re_derives_the_same_decisions(tiny_plan, tmp_path):
     out, _ = tiny_plan
-    record = store.read_json(out / PLAN_FILE)
-    attempts = {r: store.read_status(store.run_dir(out, r))["attempts"]
+    record = store.read_json(out / PLAN)
+    attempts = {r: store.read_status(paths.run_dir(out, r))["attempts"]
                 for r in store.run_ids(out)}
     # A finished plan re-run starts nothing.
     result = plan(*TINY, "--sweep-dir", str(out), "-q")
     assert result.exit_code == 0, result.output
-    assert {r: store.read_status(store.run_dir(out, r))["attempts"]
+    assert {r: store.read_status(paths.run_dir(out, r))["attempts"]
             for r in store.run_ids(out)} == attempts
     # Cut the plan after its first round, as if it had been stopped there: the re-run decides
     # the same rounds again from the same finished runs.
@@ -90,11 +90,11 @@ def test_a_rerun_resumes_and_re_derives_the_same_decisions(tiny_plan, tmp_path):
     shutil.copytree(out, cut)
     later = {r["run_id"] for entry in record["rounds"][1:] for r in entry["runs"]}
     for run_id in later:
-        shutil.rmtree(store.run_dir(cut, run_id))
-    store.write_json(cut / PLAN_FILE, {"rounds": record["rounds"][:1]})
+        shutil.rmtree(paths.run_dir(cut, run_id))
+    store.write_json(cut / PLAN, {"rounds": record["rounds"][:1]})
     result = plan(*TINY, "--sweep-dir", str(cut), "-q")
     assert result.exit_code == 0, result.output
-    assert store.read_json(cut / PLAN_FILE)["rounds"] == record["rounds"]
+    assert store.read_json(cut / PLAN)["rounds"] == record["rounds"]
 
 
 @pytest.mark.slow
@@ -123,7 +123,7 @@ def test_a_plan_on_a_task_in_tokens_reads_its_runs_by_their_grid_point(tmp_path)
                   "sweep.max_steps=60", "noise.method=none", "--workers", "2",
                   "--sweep-dir", str(out), "-q")
     assert result.exit_code == 0, result.output
-    rounds = store.read_json(out / PLAN_FILE)["rounds"]
+    rounds = store.read_json(out / PLAN)["rounds"]
     run_ids = [run["run_id"] for entry in rounds for run in entry["runs"]]
     assert len(run_ids) == len(set(run_ids)) <= 6  # no run proposed twice, within the grid
     assert rounds[0]["phase"] == "pilot" and rounds[0]["runs"][0]["batch_size"] == 4
@@ -138,7 +138,7 @@ def test_a_plan_that_would_propose_finished_runs_again_stops_with_a_reason(tmp_p
     assert first.exit_code == 0, first.output
     # Its rounds forgotten (a folder without plan.json is a launch's, refused): decided again
     # from the finished runs ...
-    store.write_json(tmp_path / "p" / PLAN_FILE, {"rounds": []})
+    store.write_json(tmp_path / "p" / PLAN, {"rounds": []})
     monkeypatch.setattr(plan_command, "read_outcomes",  # ... which are not read
                         lambda sweep_dir, config: [])
     again = plan(*TINY, "--sweep-dir", str(tmp_path / "p"), "-q")

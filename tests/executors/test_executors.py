@@ -11,10 +11,11 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.compose import compose
 from gnsweep.config import ConfigError
 from gnsweep.executors import claims, execute_run, open_folder, runnable, take_run
+from gnsweep.paths import CLAIM
 from gnsweep.store import RunStatus
 from gnsweep.sweep import parse_run_record, prepare, remaining
 from gnsweep.training import train
@@ -65,7 +66,7 @@ def test_a_claim_is_stale_once_its_owner_process_is_gone(tmp_path):
     assert claims.is_stale({**me, "pid_start": "1"})
     # A dead owner's claim is broken by the next claimer, who learns whose it was.
     path.mkdir(parents=True)
-    (path / claims.CLAIM).write_text(json.dumps(info))
+    (path / CLAIM).write_text(json.dumps(info))
     claim, broken = claims.try_claim(path)
     assert claim is not None and broken is not None and broken["pid"] == child.pid
 
@@ -74,14 +75,14 @@ def test_a_claim_from_another_host_is_stale_only_without_heartbeat(tmp_path):
     path = tmp_path / "runs" / "r"
     path.mkdir(parents=True)
     other = {"host": "not-" + socket.gethostname(), "pid": 1, "token": "x"}
-    (path / claims.CLAIM).write_text(json.dumps(other))
+    (path / CLAIM).write_text(json.dumps(other))
     assert claims.try_claim(path, stale_after=60)[0] is None  # fresh: held
     old = time.time() - 600
-    os.utime(path / claims.CLAIM, (old, old))
+    os.utime(path / CLAIM, (old, old))
     claim, broken = claims.try_claim(path, stale_after=60)
     assert claim is not None and broken["host"] == other["host"]
     # The heartbeat keeps our own claim fresh.
-    os.utime(path / claims.CLAIM, (old, old))
+    os.utime(path / CLAIM, (old, old))
     beat = claims.Heartbeat(interval=0.05)
     beat.add(claim)
     time.sleep(0.3)
@@ -106,11 +107,11 @@ def test_retries_are_counted_per_launch():
 def test_a_run_whose_worker_died_is_recorded_and_runs_again(tmp_path):
     config = compose(SMALL)
     spec = prepare(tmp_path, config)[0]
-    path = store.run_dir(tmp_path, spec.run_id)
+    path = paths.run_dir(tmp_path, spec.run_id)
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     store.write_status(path, "running", attempts=1, pid=child.pid)
-    (path / claims.CLAIM).write_text(json.dumps({"host": socket.gethostname(),
+    (path / CLAIM).write_text(json.dumps({"host": socket.gethostname(),
                                                  "pid": child.pid, "token": "t"}))
     assert [s.run_id for s in remaining(tmp_path, [spec], include_held=False)] == [spec.run_id]
     outcome = execute_run(open_folder(tmp_path), spec.run_id, max_retries=1)
@@ -118,7 +119,7 @@ def test_a_run_whose_worker_died_is_recorded_and_runs_again(tmp_path):
     events = [json.loads(line)["event"] for line in (path / "attempts.jsonl").open()]
     assert events == ["died", "start", "end"]
     assert store.read_status(path)["attempts"] == 2
-    assert not (path / claims.CLAIM).exists()
+    assert not (path / CLAIM).exists()
     # Finished: nobody takes it again.
     assert take_run(tmp_path, spec.run_id, 5) == (None, "done")
 
@@ -127,10 +128,10 @@ def test_a_run_whose_worker_died_is_recorded_and_runs_again(tmp_path):
 def test_a_live_claim_keeps_other_executors_off_the_run(tmp_path):
     config = compose(SMALL)
     spec = prepare(tmp_path, config)[0]
-    path = store.run_dir(tmp_path, spec.run_id)
+    path = paths.run_dir(tmp_path, spec.run_id)
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        (path / claims.CLAIM).write_text(json.dumps(
+        (path / CLAIM).write_text(json.dumps(
             {"host": socket.gethostname(), "pid": holder.pid, "token": "t",
              "pid_start": claims._pid_start(holder.pid)}))
         assert execute_run(open_folder(tmp_path), spec.run_id).state == "held"
@@ -152,7 +153,7 @@ def test_relaunch_with_other_training_settings_is_refused_but_a_larger_grid_is_n
     specs = prepare(tmp_path, compose([*SMALL, "sweep.batch_sizes=[8,128]", "executor.workers=1"]))
     assert [s.batch_size for s in specs] == [8, 128]
     assert len(store.run_ids(tmp_path)) == 3
-    assert "- 32" in (tmp_path / store.SWEEP_CONFIG).read_text()  # the folder's grid: the union
+    assert "- 32" in (tmp_path / paths.SWEEP_CONFIG).read_text()  # the folder's grid: the union
 
 
 def test_same_config_and_seed_give_identical_metrics_on_cpu(tmp_path):
@@ -160,11 +161,11 @@ def test_same_config_and_seed_give_identical_metrics_on_cpu(tmp_path):
     spec = prepare(tmp_path, config)[0]
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
-    cfg, spec = parse_run_record(store.read_json(store.run_dir(tmp_path, spec.run_id) /
-                                                 store.RUN_CONFIG))
+    cfg, spec = parse_run_record(store.read_json(paths.run_dir(tmp_path, spec.run_id) /
+                                                 paths.RUN_CONFIG))
     train(cfg, spec, a)
     train(cfg, spec, b)
-    ta, tb = (pq.read_table(p / store.METRICS).drop(["wall_time"]) for p in (a, b))
+    ta, tb = (pq.read_table(p / paths.METRICS).drop(["wall_time"]) for p in (a, b))
     assert ta.num_rows > 10
     # Bit for bit (NaN where both are NaN: columns never measured).
     assert ta.to_pandas().equals(tb.to_pandas())
@@ -192,9 +193,9 @@ def test_status_lists_runs_by_state_and_marks_dead_owners(tmp_path):
     specs = prepare(tmp_path, compose(SMALL))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    path = store.run_dir(tmp_path, specs[0].run_id)
+    path = paths.run_dir(tmp_path, specs[0].run_id)
     store.write_status(path, "running", attempts=1, pid=dead.pid, slurm_job_id="77_3")
-    (path / claims.CLAIM).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid,
+    (path / CLAIM).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid,
                                                  "token": "t", "slurm_job_id": "77_3"}))
     result = CliRunner().invoke(app, ["status", str(tmp_path)])
     assert result.exit_code == 0, result.output
@@ -215,11 +216,11 @@ def test_the_heartbeat_lets_the_claim_of_a_stalled_run_go_stale(tmp_path):
     progress = {"alive": True}
     beat = claims.Heartbeat(interval=0.05)
     beat.add(claim, alive=lambda: progress["alive"])
-    os.utime(path / claims.CLAIM, (old, old))
+    os.utime(path / CLAIM, (old, old))
     time.sleep(0.3)
     assert claims.read_claim(path)["age_s"] < 60  # progressing: touched
     progress["alive"] = False
-    os.utime(path / claims.CLAIM, (old, old))
+    os.utime(path / CLAIM, (old, old))
     time.sleep(0.3)
     beat.close()
     held = claims.read_claim(path)

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
 from gnsweep.compose import compose
 from gnsweep.config import ConfigError, ExecutorConfig
-from gnsweep.executors import HISTORY
 from gnsweep.executors.gpus import VISIBLE, assign, count_gpus, launcher_gpus, plan
+from gnsweep.paths import HISTORY
 from gnsweep.sweep import launch
 
 QUICK = ["sweep=tiny", "sweep.batch_sizes=[8,16]", "sweep.learning_rates=[0.3,1.0]",
@@ -159,7 +159,7 @@ def _where(sweep_dir: Path) -> dict[int, set[str]]:
     seen: dict[int, set[str]] = {}
     shown = {row["run_id"]: row for row in sweep_status(sweep_dir)}  # `gnsweep status`'s rows
     for run_id in store.run_ids(sweep_dir):
-        path = store.run_dir(sweep_dir, run_id)
+        path = paths.run_dir(sweep_dir, run_id)
         status = store.read_status(path)
         assert status["state"] in store.FINISHED, run_id
         assert status["device"] == "cpu"  # CUDA absent: trained on the CPU all the same
@@ -197,7 +197,7 @@ def test_a_worker_that_replaces_a_dead_one_takes_its_gpu(tmp_path, monkeypatch):
     launch(config, tmp_path / "sweep", show_progress=False)
     assert (tmp_path / "died").exists()
     starts = [json.loads(line) for run_id in store.run_ids(tmp_path / "sweep")
-              for line in (store.run_dir(tmp_path / "sweep", run_id) / HISTORY).open()]
+              for line in (paths.run_dir(tmp_path / "sweep", run_id) / HISTORY).open()]
     starts = [e for e in starts if e["event"] == "start"]
     # The only worker died in its first run; its replacement (another pid) is on its GPU, 5,
     # not on the next one a fresh worker would have got.

@@ -15,9 +15,9 @@ from executor_sweeps import assert_all_finished_once, assert_same_fits_up_to_noi
 from locations import HELPERS, ROOT
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
-from gnsweep.executors import HISTORY
+from gnsweep.paths import HISTORY
 
 # One Slurm node and one rendezvous port: its tests run one after another, on one xdist worker.
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
@@ -36,7 +36,7 @@ def slurm_up():
 
 
 def _events(sweep_dir: Path, run_id: str) -> list[dict]:
-    path = store.run_dir(sweep_dir, run_id) / HISTORY
+    path = paths.run_dir(sweep_dir, run_id) / HISTORY
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -48,14 +48,14 @@ def test_a_tiny_sweep_through_slurm_and_torchrun_matches_the_local_one(tmp_path)
     summary = run_sweep(slurm, *SLURM, "executor.nproc_per_node=2", "executor.runs_per_job=10")
     assert len(summary.submitted) == 1
     assert_all_finished_once(slurm)
-    jobs = {store.read_status(store.run_dir(slurm, r))["slurm_job_id"]
+    jobs = {store.read_status(paths.run_dir(slurm, r))["slurm_job_id"]
             for r in store.run_ids(slurm)}
     assert jobs == set(summary.submitted)
     result = CliRunner().invoke(app, ["status", str(slurm), "--all"])
     assert result.exit_code == 0
     assert all(job in result.output for job in jobs)
     assert_same_fits_up_to_noise(local, slurm)
-    metrics = pq.read_table(store.run_dir(slurm, store.run_ids(slurm)[0]) / store.METRICS)
+    metrics = pq.read_table(paths.run_dir(slurm, store.run_ids(slurm)[0]) / paths.METRICS)
     # b00008 over 2 ranks: the DDP hook compares 4 examples with 8.
     assert set(metrics.to_pandas()["b_small"].dropna()) == {4.0}
 
@@ -77,7 +77,7 @@ def test_relaunch_while_jobs_run_and_a_killed_job_lose_and_repeat_nothing(tmp_pa
     assert second.returncode == 0, second.stderr
     deadline = time.monotonic() + 180
     while True:
-        running = [store.read_status(store.run_dir(tmp_path, r)) for r in store.run_ids(tmp_path)]
+        running = [store.read_status(paths.run_dir(tmp_path, r)) for r in store.run_ids(tmp_path)]
         running = [s for s in running if s["state"] == "running"]
         if running:
             break
@@ -94,7 +94,7 @@ def test_relaunch_while_jobs_run_and_a_killed_job_lose_and_repeat_nothing(tmp_pa
     died = 0
     for run_id in store.run_ids(tmp_path):
         events = _events(tmp_path, run_id)
-        assert store.read_status(store.run_dir(tmp_path, run_id))["state"] == "done"
+        assert store.read_status(paths.run_dir(tmp_path, run_id))["state"] == "done"
         assert [e.get("state") for e in events if e["event"] == "end"] == ["done"], events
         died += sum(e["event"] == "died" for e in events)
     assert died >= 1
@@ -120,12 +120,12 @@ def test_a_training_script_sweeps_through_slurm(tmp_path):
         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     for run_id in store.run_ids(sweep_dir):
-        path = store.run_dir(sweep_dir, run_id)
+        path = paths.run_dir(sweep_dir, run_id)
         status = store.read_status(path)
         assert status.state == "done" and status.reason == "target", status
         assert status.slurm_job_id
         printed = [float(line.split("loss ")[1].split(" ")[0])
                    for line in (path / "stdout.log").read_text().splitlines()
                    if line.startswith("step ")]
-        rows = pq.read_table(path / store.METRICS).column("loss").to_pylist()
+        rows = pq.read_table(path / paths.METRICS).column("loss").to_pylist()
         assert rows == printed[:len(rows)] and 0 < len(rows) < 200

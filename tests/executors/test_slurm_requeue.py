@@ -13,7 +13,7 @@ import pytest
 from locations import HELPERS, ROOT
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
 
 # One Slurm node and one rendezvous port: its tests run one after another, on one xdist worker.
@@ -49,14 +49,14 @@ def test_a_run_longer_than_the_time_limit_is_requeued_and_ends_done(tmp_path):
     done = subprocess.run(launch, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr
     (run_id,) = store.run_ids(tmp_path)
-    path = store.run_dir(tmp_path, run_id)
+    path = paths.run_dir(tmp_path, run_id)
     status = store.read_status(path)
     assert status["state"] == "done" and status["steps"] == STEPS
     events = [json.loads(line) for line in (path / "attempts.jsonl").read_text().splitlines()]
     starts = [e for e in events if e["event"] == "start"]
     assert len(starts) >= 2 and len({e["slurm_job_id"] for e in starts}) == 1  # one job, requeued
     assert [e["event"] for e in events].count("stopped") == len(starts) - 1
-    steps = store.read_table(path / store.METRICS).column("step").to_pylist()
+    steps = store.read_table(path / paths.METRICS).column("step").to_pylist()
     assert steps == list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))  # contiguous, none twice
     shown = CliRunner().invoke(app, ["status", str(tmp_path), "--all"])
     assert shown.exit_code == 0

@@ -18,9 +18,9 @@ from executor_sweeps import (
 )
 from locations import HELPERS, ROOT
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.config import ConfigError
-from gnsweep.executors import HISTORY
+from gnsweep.paths import HISTORY
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 GNSWEEP = str(Path(sys.executable).parent / "gnsweep")
@@ -34,8 +34,8 @@ def test_a_tiny_sweep_through_torchrun_matches_the_local_one(tmp_path):
     assert_all_finished_once(ddp)
     pids = set()
     for run_id in store.run_ids(ddp):
-        path = store.run_dir(ddp, run_id)
-        metrics = pq.read_table(path / store.METRICS).to_pandas()
+        path = paths.run_dir(ddp, run_id)
+        metrics = pq.read_table(path / paths.METRICS).to_pandas()
         batch = int(run_id[1:6])
         # The DDP hook: a worker's gradient over B/2 examples against the all-reduced one.
         assert set(metrics["b_small"].dropna()) == {batch / 2}
@@ -87,7 +87,7 @@ def test_kill_9_of_one_ddp_worker_reruns_its_run(tmp_path):
     try:
         deadline = time.monotonic() + 120
         while True:
-            running = [s for s in (store.read_status(store.run_dir(tmp_path, r))
+            running = [s for s in (store.read_status(paths.run_dir(tmp_path, r))
                                    for r in store.run_ids(tmp_path)) if s["state"] == "running"]
             if running:
                 break
@@ -103,12 +103,12 @@ def test_kill_9_of_one_ddp_worker_reruns_its_run(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err
     for run_id in store.run_ids(tmp_path):
-        path = store.run_dir(tmp_path, run_id)
+        path = paths.run_dir(tmp_path, run_id)
         assert store.read_status(path)["state"] == "done"
         events = [json.loads(line) for line in (path / HISTORY).open()]
         assert [e.get("state") for e in events if e["event"] == "end"][-1] == "done"
         assert sum(e.get("state") == "done" for e in events) == 1
-        pq.read_table(path / store.METRICS)
+        pq.read_table(path / paths.METRICS)
     assert not list(tmp_path.rglob("claim.json"))
 
 
@@ -120,7 +120,7 @@ def test_ctrl_c_stops_the_ddp_runs_cleanly(tmp_path):
         start_new_session=True, preexec_fn=terminal_signals)
     try:
         deadline = time.monotonic() + 120
-        while not any(store.read_status(store.run_dir(tmp_path, r))["state"] == "running"
+        while not any(store.read_status(paths.run_dir(tmp_path, r))["state"] == "running"
                       for r in store.run_ids(tmp_path)):
             assert time.monotonic() < deadline
             time.sleep(0.1)
@@ -133,9 +133,9 @@ def test_ctrl_c_stops_the_ddp_runs_cleanly(tmp_path):
     assert err.strip().splitlines()[-1].endswith("interrupted; relaunch the same command to "
                                                  "continue")
     for run_id in store.run_ids(tmp_path):
-        path = store.run_dir(tmp_path, run_id)
+        path = paths.run_dir(tmp_path, run_id)
         assert store.read_status(path)["state"] == "pending"
-        assert not (path / store.METRICS).exists()
+        assert not (path / paths.METRICS).exists()
     assert not list(tmp_path.rglob("claim.json"))
     workers = subprocess.run(["pgrep", "-f", f"gnsweep.executors.worker {tmp_path}"],
                              capture_output=True, text=True).stdout
@@ -158,7 +158,7 @@ def test_a_users_task_from_the_working_directory_trains_under_torchrun(tmp_path)
          "--sweep-dir", "s"], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=600)
     assert result.returncode == 0, result.stderr
-    metrics = pq.read_table(tmp_path / "s" / "runs" / "b00016_lr0.05_s0" / store.METRICS
+    metrics = pq.read_table(tmp_path / "s" / "runs" / "b00016_lr0.05_s0" / paths.METRICS
                             ).to_pandas()
     # 16 samples of 2 examples a step, split over 2 workers (the DDP hook's b_small).
     assert metrics["examples"].tolist() == [32 * s for s in range(1, 13)]
@@ -188,6 +188,6 @@ def test_a_dataset_over_two_ranks_draws_each_index_once_an_epoch(tmp_path):
         zero, one = (d[epoch * 500:(epoch + 1) * 500] for d in drawn)
         assert len(set(zero)) == len(set(one)) == 500 and not set(zero) & set(one)
         assert sorted(zero + one) == list(range(1000))
-    metrics = pq.read_table(tmp_path / "s" / "runs" / "b00064_lr0.05_s0" / store.METRICS
+    metrics = pq.read_table(tmp_path / "s" / "runs" / "b00064_lr0.05_s0" / paths.METRICS
                             ).to_pandas()
     assert metrics["epoch"].iloc[-1] == pytest.approx(32 * 32 / 500)

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from locations import HELPERS
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.compose import compose
 from gnsweep.config import TaskConfig
-from gnsweep.executors import HISTORY, claims
+from gnsweep.executors import claims
+from gnsweep.paths import CLAIM, HISTORY
 from gnsweep.sweep import launch
 
 pytestmark = pytest.mark.slow
@@ -48,14 +49,14 @@ def test_a_stalled_run_is_stopped_recorded_and_retried(tmp_path, monkeypatch):
     summary = launch(config, tmp_path, show_progress=False)
     (run_id,) = store.run_ids(tmp_path)
     assert summary.failed == [run_id]
-    path = store.run_dir(tmp_path, run_id)
+    path = paths.run_dir(tmp_path, run_id)
     status = store.read_status(path)
     assert status["state"] == "failed" and status["reason"] == "stalled"
     assert status["attempts"] == 2  # the first try and max_retries=1 retry
     assert "no step logged" in status["error"]
     ends = [e for e in _events(path) if e["event"] == "end"]
     assert [(e["state"], e.get("reason")) for e in ends] == [("failed", "stalled")] * 2
-    assert not (path / claims.CLAIM).exists()
+    assert not (path / CLAIM).exists()
 
 
 def test_a_task_that_blocks_as_a_worker_builds_it_ends_the_worker(tmp_path, monkeypatch):
@@ -71,7 +72,7 @@ def test_a_task_that_blocks_as_a_worker_builds_it_ends_the_worker(tmp_path, monk
     assert summary.failed == [run_id]
     logs = "".join(p.read_text() for p in (tmp_path / "queue").glob("*.log"))
     assert "building it in a worker before its first run: no answer after 2 s" in logs
-    assert store.read_status(store.run_dir(tmp_path, run_id))["state"] == "pending"
+    assert store.read_status(paths.run_dir(tmp_path, run_id))["state"] == "pending"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
@@ -90,9 +91,9 @@ def test_a_launcher_stopped_by_a_signal_takes_its_workers_down(tmp_path, signum)
 
         def running() -> bool:
             nonlocal run_path
-            ids = store.run_ids(sweep) if (sweep / store.RUNS).is_dir() else []
+            ids = store.run_ids(sweep) if (sweep / paths.RUNS).is_dir() else []
             for run_id in ids:
-                path = store.run_dir(sweep, run_id)
+                path = paths.run_dir(sweep, run_id)
                 if store.read_status(path)["state"] == "running":
                     run_path = path
                     return True
@@ -114,7 +115,7 @@ def test_a_launcher_stopped_by_a_signal_takes_its_workers_down(tmp_path, signum)
     # same, as the launcher says, and `gnsweep status` agrees.
     assert "went back to pending" in err
     assert store.read_status(run_path)["state"] == "pending"
-    assert not (run_path / claims.CLAIM).exists()
+    assert not (run_path / CLAIM).exists()
     # Its claim is free or stale: the next launch takes the run over.
     claim = claims.read_claim(run_path)
     assert claim is None or claims.is_stale(claim)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.compose import compose
 from gnsweep.sweep import prepare
 from gnsweep.training import train
@@ -17,7 +17,7 @@ def make_base_run(sweep_dir: Path, overrides: list[str], keep_at: list[int]) -> 
     keep = ",".join(str(n) for n in keep_at)
     config = compose([*overrides, f"train.keep_checkpoints_at=[{keep}]"])
     (spec,) = prepare(sweep_dir, config)
-    out = store.run_dir(sweep_dir, spec.run_id)
+    out = paths.run_dir(sweep_dir, spec.run_id)
     result = train(config, spec, out)
     store.write_status(out, result.state, reason=result.reason)
     return out

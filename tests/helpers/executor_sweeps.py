@@ -4,7 +4,7 @@ import math
 import signal
 from pathlib import Path
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.compose import compose
 from gnsweep.sweep import launch
 from gnsweep.sweep_analysis import analyze_sweep
@@ -40,7 +40,7 @@ def assert_same_fits_up_to_noise(a: Path, b: Path) -> None:
 
 def assert_all_finished_once(sweep_dir: Path) -> None:
     for run_id in store.run_ids(sweep_dir):
-        path = store.run_dir(sweep_dir, run_id)
+        path = paths.run_dir(sweep_dir, run_id)
         assert store.read_status(path)["state"] in store.FINISHED, run_id
         # Rank 0 alone writes: a run folder holds exactly these files.
         assert {p.name for p in path.iterdir()} == RUN_FILES, run_id

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from locations import HELPERS, ROOT
 
-from gnsweep import store, tables
+from gnsweep import paths, store, tables
 from gnsweep.config import Config
 from gnsweep.errors import ConfigError
 from gnsweep.runs import RunSpec
@@ -51,7 +51,7 @@ def _launch(sweep_dir: Path, command: str, *overrides: str) -> subprocess.Comple
 def _metrics(sweep_dir: Path) -> dict[str, dict[str, np.ndarray]]:
     out = {}
     for run_id in store.run_ids(sweep_dir):
-        table = store.read_table(store.run_dir(sweep_dir, run_id) / store.METRICS)
+        table = store.read_table(paths.run_dir(sweep_dir, run_id) / paths.METRICS)
         out[run_id] = {name: table.column(name).to_numpy() for name in table.column_names}
     return out
 
@@ -83,7 +83,7 @@ def test_a_script_with_accumulation_and_one_with_a_loss_scale_get_the_exact_b_si
             assert abs(rows["g2"][-1] / 2.0 - 1) < 0.10
         if scaled:  # the overflow of step 7 is left out: its row carries step 6's estimate
             assert rows["b_simple"][6] == rows["b_simple"][5]
-        status = store.read_status(store.run_dir(sweep_dir, run_id))
+        status = store.read_status(paths.run_dir(sweep_dir, run_id))
         assert status["noise_method"]["method"] == "inscript", status
 
 
@@ -118,7 +118,7 @@ def test_a_script_without_accumulation_gets_nan_and_says_so_once(tmp_path):
     out.mkdir(parents=True)
     result = run_script(config, RunSpec(64, 0.05), out)
     assert result.steps == 30
-    table = store.read_table(out / store.METRICS)
+    table = store.read_table(out / paths.METRICS)
     assert np.isnan(table.column("b_simple").to_numpy()).all()
     said = [line for line in (out / "stderr.log").read_text().splitlines()
             if "no second batch size" in line]
@@ -149,7 +149,7 @@ def test_the_rows_join_by_step_in_the_tasks_unit_and_the_scripts_own_value_wins(
                 "b_simple": 3.0, "b_simple_se": 0.5}
     lines = [{"step": 1, **estimate}, {"step": 2, **estimate, "b_simple": 5.0},
              {"note": "said"}, {"step": 4, **estimate, "b_simple": 7.0}]
-    (tmp_path / store.NOISE_PROBE_ROWS).write_text(
+    (tmp_path / paths.NOISE_PROBE_ROWS).write_text(
         "".join(json.dumps(line) + "\n" for line in lines) + '{"step": 5, "b_sm')
     rows = {name: [math.nan] * 5 for name in tables.METRICS_SCHEMA.names}
     rows["step"] = [1, 2, 3, 4, 5]

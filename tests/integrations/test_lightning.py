@@ -222,8 +222,8 @@ def test_lightning_inside_a_script_sweep_logs_the_runs_rows_and_stops(tmp_path, 
     training on the sweep's stop flag; two micro-batches a step give one row a step."""
     import json
 
+    from gnsweep import paths
     from gnsweep import run_handle as handle
-    from gnsweep import store
 
     run_dir = tmp_path / "runs" / "b00064_lr0.05_s0"
     run_dir.mkdir(parents=True)
@@ -239,12 +239,12 @@ def test_lightning_inside_a_script_sweep_logs_the_runs_rows_and_stops(tmp_path, 
             loss = super().training_step(batch, batch_idx)
             losses.append(float(loss.detach()))
             if self.trainer.global_step == 9 and batch_idx % 2 == 1:  # step 10's last piece
-                (run_dir / store.SCRIPT_STOP).write_text("stop\n")
+                (run_dir / paths.SCRIPT_STOP).write_text("stop\n")
             return loss
 
     trainer = _trainer(NoiseScaleCallback(), accumulate_grad_batches=2)
     trainer.fit(Module(task, lr=0.05), _data(task, 100, 32))
-    rows = [json.loads(line) for line in (run_dir / store.SCRIPT_ROWS).read_text().splitlines()
+    rows = [json.loads(line) for line in (run_dir / paths.SCRIPT_ROWS).read_text().splitlines()
             if line.strip()]
     assert [row["step"] for row in rows] == list(range(1, 11))
     assert trainer.global_step == 10  # stopped at the flag

@@ -267,8 +267,8 @@ def test_transformers_inside_a_script_sweep_logs_the_runs_rows_and_stops(tmp_pat
     each log entry as the run's row (B_simple included) and ends training on the stop flag."""
     import json
 
+    from gnsweep import paths
     from gnsweep import run_handle as handle
-    from gnsweep import store
 
     run_dir = tmp_path / "runs" / "b00032_lr0.05_s0"
     run_dir.mkdir(parents=True)
@@ -281,14 +281,14 @@ def test_transformers_inside_a_script_sweep_logs_the_runs_rows_and_stops(tmp_pat
     class StopAtTen(transformers.TrainerCallback):  # the sweep's flag, as its runner writes it
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 10:
-                (run_dir / store.SCRIPT_STOP).write_text("stop\n")
+                (run_dir / paths.SCRIPT_STOP).write_text("stop\n")
 
     trainer = transformers.Trainer(
         model=LinRegModel(task), args=_args(tmp_path, learning_rate=0.05, logging_steps=1,
                                             per_device_train_batch_size=32),
         train_dataset=_rows(task, 32 * 50), callbacks=[NoiseScaleCallback(), StopAtTen()])
     trainer.train()
-    rows = [json.loads(line) for line in (run_dir / store.SCRIPT_ROWS).read_text().splitlines()
+    rows = [json.loads(line) for line in (run_dir / paths.SCRIPT_ROWS).read_text().splitlines()
             if line.strip()]
     assert [row["step"] for row in rows] == list(range(1, 11))  # stopped at the flag
     assert all(math.isfinite(row["loss"]) and row["lr"] > 0 for row in rows)

@@ -169,7 +169,7 @@ def test_batchnorm_training_with_auto_logs_positive_b_simple():
 def test_a_batchnorm_run_of_the_sweep_loop_measures_ghost_batches(tmp_path):
     """noise.method=auto on a BatchNorm model in gnsweep's own loop: micro-batches (each with
     its own statistics), never per-example norms; B_simple is not systematically negative."""
-    from gnsweep import store
+    from gnsweep import paths, store
     from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig
     from gnsweep.runs import RunSpec
     from gnsweep.training import train
@@ -180,7 +180,7 @@ def test_a_batchnorm_run_of_the_sweep_loop_measures_ghost_batches(tmp_path):
                     noise=NoiseConfig(method="auto"))
     # 40 steps: far from the noise floor, where |G|^2 is well above its estimate's spread.
     train(config, RunSpec(32, 0.02, 0), tmp_path)
-    metrics = store.read_table(tmp_path / store.METRICS).to_pandas()
+    metrics = store.read_table(tmp_path / paths.METRICS).to_pandas()
     assert (metrics["b_small"].dropna() == 8).all()  # 32 examples in noise.microbatches = 4
     late = metrics["b_simple"].iloc[10:]
     assert (late > 0).mean() > 0.9

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from gnsweep import store
+from gnsweep import paths, store
 
 TINY_LM = ["task=chars", "task.context=8", "task.width=16", "task.depth=1", "task.heads=2",
            "task.eval_windows=16", "train.optimizer=adam", "noise.every=1000"]
@@ -43,7 +43,7 @@ def test_a_default_branch_sweep_on_a_token_lm_answers_at_each_point(tmp_path):
     assert config.analysis.loss == "eval" and config.branch.automatic
     for spec in specs:
         run_cfg, spec = read_run(out, spec.run_id)
-        folder = store.run_dir(out, spec.run_id)
+        folder = paths.run_dir(out, spec.run_id)
         result = train(run_cfg, spec, folder)
         store.write_status(folder, result.state, reason=result.reason)
     analysis = analyze_sweep(out)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.answer_record import remember, runs_on_record, stale
 from gnsweep.cli import app
 
@@ -49,7 +49,7 @@ def test_added_runs_are_analysed_said_and_leave_automatic_targets_alone(auto_swe
     meta = json.loads((sweep / "fits.json").read_text())["meta"]
     assert meta["targets_auto"].startswith("automatic: ")
     assert stale(sweep, meta) == ""  # the analysis covers every run on record
-    recorded = json.loads((sweep / store.ANSWERS).read_text())["analyze"]
+    recorded = json.loads((sweep / paths.ANSWERS).read_text())["analyze"]
     assert set(recorded["runs"]) == set(store.run_ids(sweep))
 
     added = invoke("launch", "-q", *LINREG, "sweep.batch_sizes=[32]",
@@ -74,7 +74,7 @@ def test_added_runs_are_analysed_said_and_leave_automatic_targets_alone(auto_swe
     assert again.exit_code == 0, again.output
     assert "the answer changed since the previous `gnsweep analyze`" in again.output
     assert "why: 2 runs new (b00032_lr0.4_s0, b00032_lr0.8_s0)" in again.output
-    recorded = json.loads((sweep / store.ANSWERS).read_text())
+    recorded = json.loads((sweep / paths.ANSWERS).read_text())
     assert set(recorded["recommend"]["runs"]) == set(store.run_ids(sweep))
     # A second analyze of the same runs: the same answer, nothing said.
     same = invoke("analyze", sweep)

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
 
 runner = CliRunner()
@@ -22,10 +22,10 @@ def test_every_run_finished_with_a_readable_metrics_file(sweep_dir):
     ids = store.run_ids(sweep_dir)
     assert len(ids) == 6
     for run_id in ids:
-        path = store.run_dir(sweep_dir, run_id)
+        path = paths.run_dir(sweep_dir, run_id)
         status = store.read_status(path)
         assert status["state"] in ("done", "diverged"), status
-        table = pq.read_table(path / store.METRICS)
+        table = pq.read_table(path / paths.METRICS)
         assert table.schema.equals(store.METRICS_SCHEMA)
         rows = table.to_pandas()
         assert (rows["step"].diff().dropna() > 0).all()
@@ -70,10 +70,10 @@ def test_plot_writes_png_and_pdf(sweep_dir):
 
 
 def test_relaunch_runs_nothing_again(sweep_dir):
-    before = {r: store.read_status(store.run_dir(sweep_dir, r))["updated"]
+    before = {r: store.read_status(paths.run_dir(sweep_dir, r))["updated"]
               for r in store.run_ids(sweep_dir)}
     result = runner.invoke(app, ["launch", "sweep=tiny", "--sweep-dir", str(sweep_dir), "--quiet"])
     assert result.exit_code == 0, result.output
-    after = {r: store.read_status(store.run_dir(sweep_dir, r))["updated"]
+    after = {r: store.read_status(paths.run_dir(sweep_dir, r))["updated"]
              for r in store.run_ids(sweep_dir)}
     assert before == after

@@ -14,11 +14,12 @@ import pytest
 from executor_sweeps import terminal_signals
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
 from gnsweep.compose import compose
 from gnsweep.config import TaskConfig
-from gnsweep.executors import HISTORY, claims
+from gnsweep.executors import claims
+from gnsweep.paths import CLAIM, HISTORY
 from gnsweep.sweep import launch
 
 GNSWEEP = str(Path(sys.executable).parent / "gnsweep")
@@ -41,7 +42,7 @@ def _relaunch(sweep_dir: Path) -> subprocess.CompletedProcess:
 
 
 def _states(sweep_dir: Path) -> dict[str, dict]:
-    return {r: store.read_status(store.run_dir(sweep_dir, r)) for r in store.run_ids(sweep_dir)}
+    return {r: store.read_status(paths.run_dir(sweep_dir, r)) for r in store.run_ids(sweep_dir)}
 
 
 def _wait_for(predicate, timeout: float = 120.0) -> None:
@@ -52,7 +53,7 @@ def _wait_for(predicate, timeout: float = 120.0) -> None:
 
 
 def _events(sweep_dir: Path, run_id: str) -> list[dict]:
-    path = store.run_dir(sweep_dir, run_id) / HISTORY
+    path = paths.run_dir(sweep_dir, run_id) / HISTORY
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -78,9 +79,9 @@ def assert_complete_once(sweep_dir: Path) -> None:
                 open_attempt = False
             elif e["event"] == "died":
                 open_attempt = False
-        table = pq.read_table(store.run_dir(sweep_dir, run_id) / store.METRICS)
+        table = pq.read_table(paths.run_dir(sweep_dir, run_id) / paths.METRICS)
         assert table.num_rows == status["steps"]
-    leftovers = [p for p in sweep_dir.rglob("*") if p.name == claims.CLAIM or
+    leftovers = [p for p in sweep_dir.rglob("*") if p.name == CLAIM or
                  p.name.endswith(".tmp")]
     assert leftovers == []
     pids = {e["pid"] for r in store.run_ids(sweep_dir) for e in _events(sweep_dir, r)}
@@ -136,8 +137,8 @@ def test_ctrl_c_stops_cleanly_and_the_relaunch_continues(tmp_path):
     assert not any(s["state"] == "running" for s in states.values())
     stopped = [r for r in states if any(e["event"] == "stopped" for e in _events(tmp_path, r))]
     assert stopped and all(states[r]["state"] == "pending" for r in stopped)
-    assert not any((store.run_dir(tmp_path, r) / store.METRICS).exists() for r in stopped)
-    assert not list(tmp_path.rglob(claims.CLAIM))
+    assert not any((paths.run_dir(tmp_path, r) / paths.METRICS).exists() for r in stopped)
+    assert not list(tmp_path.rglob(CLAIM))
     result = _relaunch(tmp_path)
     assert result.returncode == 0, result.stderr
     assert_complete_once(tmp_path)
@@ -181,7 +182,7 @@ def test_diverged_runs_are_final_and_a_corrupt_metrics_file_is_named(tmp_path):
     steps = pq.read_table(tmp_path / "steps.parquet").to_pandas()
     assert not steps[steps["run_id"].isin(diverged)]["reached"].any()  # never reached
 
-    bad = store.run_dir(tmp_path, store.run_ids(tmp_path)[0]) / store.METRICS
+    bad = paths.run_dir(tmp_path, store.run_ids(tmp_path)[0]) / paths.METRICS
     bad.write_bytes(bad.read_bytes()[: len(bad.read_bytes()) // 2])
     result = runner.invoke(app, ["analyze", str(tmp_path)])
     assert result.exit_code == 2

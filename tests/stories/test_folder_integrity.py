@@ -27,7 +27,7 @@ import pytest
 from sweep_tables import make_tables
 from typer.testing import CliRunner
 
-from gnsweep import redact, store
+from gnsweep import paths, redact, store
 from gnsweep.branching import parse_points
 from gnsweep.cli import app
 from gnsweep.compose import compose
@@ -94,7 +94,7 @@ def _special(path: Path, kind: str):
 @pytest.mark.parametrize("reader", ["read_json", "read_table", "read_text", "read_status"])
 def test_a_special_file_is_refused_by_every_reader_never_opened_to_wait(short_dir, kind, said,
                                                                          reader):
-    name = store.STATUS if reader == "read_status" else "file"
+    name = paths.STATUS if reader == "read_status" else "file"
     sock = _special(short_dir / name, kind)
     try:
         out = _returns(getattr(store, reader),
@@ -108,8 +108,8 @@ def test_a_special_file_is_refused_by_every_reader_never_opened_to_wait(short_di
 
 
 def test_a_fifo_is_refused_where_gnsweep_appends_too(short_dir):
-    os.mkfifo(short_dir / store.HISTORY)
-    out = _returns(store.append_line, short_dir / store.HISTORY, "{}\n")
+    os.mkfifo(short_dir / paths.HISTORY)
+    out = _returns(store.append_line, short_dir / paths.HISTORY, "{}\n")
     assert isinstance(out.get("error"), StoreError) and "named pipe" in str(out["error"])
 
 
@@ -125,11 +125,11 @@ def test_json_nested_deeper_than_the_bound_is_refused_in_one_line(tmp_path):
 
 
 def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
-    (tmp_path / store.RUNS).mkdir()
+    (tmp_path / paths.RUNS).mkdir()
     lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
     for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
         lines.append(f"{name}: &{name} [{','.join([f'*{prev}'] * 9)}]")
-    (tmp_path / store.SWEEP_CONFIG).write_text("\n".join(lines) + "\ntask: {name: digits}\n")
+    (tmp_path / paths.SWEEP_CONFIG).write_text("\n".join(lines) + "\ntask: {name: digits}\n")
     with pytest.raises(StoreError, match=r"line 1: a YAML anchor or alias \(&a\)"):
         store.read_sweep_config(tmp_path)
     result = _cli("status", str(tmp_path))
@@ -154,7 +154,7 @@ def test_yaml_nested_deeper_than_the_bound_is_refused():
     ('{"state": "failed", "retry_base": true}', "retry_base is 'True', not a count"),
 ])
 def test_a_status_json_of_another_shape_is_named_with_its_field(tmp_path, content, said):
-    (tmp_path / store.STATUS).write_text(content)
+    (tmp_path / paths.STATUS).write_text(content)
     with pytest.raises(StoreError, match=re.escape(said)):
         store.read_status(tmp_path)
 
@@ -297,8 +297,8 @@ def test_a_results_table_of_another_schema_is_named_by_report_and_plot(tmp_path,
 
 def test_fits_json_warnings_of_another_type_are_named(tmp_path):
     store.write_results(tmp_path, make_tables())
-    saved = json.loads((tmp_path / store.FITS_JSON).read_text())
-    (tmp_path / store.FITS_JSON).write_text(json.dumps({**saved, "warnings": 5}))
+    saved = json.loads((tmp_path / paths.FITS_JSON).read_text())
+    (tmp_path / paths.FITS_JSON).write_text(json.dumps({**saved, "warnings": 5}))
     assert "its warnings are not a list" in _one_line(_cli("report", str(tmp_path)))
 
 
@@ -359,7 +359,7 @@ def test_an_end_that_could_not_be_written_is_shown_with_the_died_run(tmp_path):
 
     log_event(tmp_path, "start", attempt=1)
     with pytest.raises(OSError), unrecorded_end(tmp_path, 1):
-        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / store.STATUS))
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / paths.STATUS))
     assert "No space left on device" in unrecorded_error(tmp_path)
     log_event(tmp_path, "start", attempt=2)  # a new attempt: the old reason is not its
     assert unrecorded_error(tmp_path) is None
@@ -367,7 +367,8 @@ def test_an_end_that_could_not_be_written_is_shown_with_the_died_run(tmp_path):
 
 @pytest.mark.process  # starts one short process, for a pid that is surely gone
 def test_torchrun_scratch_of_a_killed_launcher_is_removed_by_the_next_launch(tmp_path):
-    from gnsweep.executors.torchrun import QUEUE, remove_stale_scratch, scratch_name
+    from gnsweep.executors.torchrun import remove_stale_scratch, scratch_name
+    from gnsweep.paths import QUEUE
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -419,10 +420,10 @@ def test_a_plan_record_of_another_shape_is_refused_in_one_line(tmp_path, record)
 
     folder = tmp_path / "plan"
     folder.mkdir()
-    (folder / store.PLAN).write_text(json.dumps(record))
+    (folder / paths.PLAN).write_text(json.dumps(record))
     with pytest.raises(StoreError, match="not a plan's record"):
         plan(compose(["sweep=tiny"]), folder, show_progress=False, echo=lambda line: None)
-    assert not (folder / store.SWEEP_CONFIG).exists()  # refused before the folder changed
+    assert not (folder / paths.SWEEP_CONFIG).exists()  # refused before the folder changed
 
 
 def test_a_line_break_quoted_from_a_file_stays_inside_the_one_line(tmp_path):
@@ -430,7 +431,7 @@ def test_a_line_break_quoted_from_a_file_stays_inside_the_one_line(tmp_path):
 
     data = compose(["sweep=tiny"]).to_dict()
     data["analysis"]["bad\r\nkey"] = None
-    (tmp_path / store.SWEEP_CONFIG).write_text(yaml.safe_dump(data))
-    (tmp_path / store.RUNS).mkdir()
+    (tmp_path / paths.SWEEP_CONFIG).write_text(yaml.safe_dump(data))
+    (tmp_path / paths.RUNS).mkdir()
     line = _one_line(_cli("status", str(tmp_path)))
     assert "analysis.bad\\r\\nkey: unknown option" in line

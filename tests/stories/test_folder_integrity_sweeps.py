@@ -20,7 +20,7 @@ import pytest
 from locations import HELPERS
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
 
 pytestmark = pytest.mark.slow
@@ -74,16 +74,16 @@ def sweep(trained, tmp_path) -> Path:
 LAUNCH = ("launch", "-q", *GRID)
 
 
-@pytest.mark.parametrize("name", [store.STATUS, store.METRICS, store.HISTORY, store.RUN_CONFIG])
+@pytest.mark.parametrize("name", [paths.STATUS, paths.METRICS, paths.HISTORY, paths.RUN_CONFIG])
 @pytest.mark.parametrize("command", ["status", "analyze", "launch"])
 def test_a_fifo_in_a_run_folder_is_named_never_waited_on(sweep, name, command):
-    path = sweep / store.RUNS / RUN / name
+    path = sweep / paths.RUNS / RUN / name
     path.unlink()
     os.mkfifo(path)
-    if name == store.RUN_CONFIG and command != "launch":
+    if name == paths.RUN_CONFIG and command != "launch":
         # Not a run record: the run folder is named, not read (below).
         return
-    if name == store.HISTORY and command == "analyze":
+    if name == paths.HISTORY and command == "analyze":
         return  # analyze never reads the attempt log
     if command == "launch":
         result = _cli(*LAUNCH, "sweep.batch_sizes=[8,16,32]", "--sweep-dir", str(sweep))
@@ -95,15 +95,15 @@ def test_a_fifo_in_a_run_folder_is_named_never_waited_on(sweep, name, command):
 
 @pytest.mark.parametrize("command", ["status", "analyze", "report"])
 def test_a_fifo_in_place_of_the_sweeps_config_is_named(sweep, command):
-    (sweep / store.SWEEP_CONFIG).unlink()
-    os.mkfifo(sweep / store.SWEEP_CONFIG)
+    (sweep / paths.SWEEP_CONFIG).unlink()
+    os.mkfifo(sweep / paths.SWEEP_CONFIG)
     line = _one_line(_cli(command, str(sweep)))
-    assert f"{sweep / store.SWEEP_CONFIG}: a named pipe (FIFO)" in line
+    assert f"{sweep / paths.SWEEP_CONFIG}: a named pipe (FIFO)" in line
 
 
 @pytest.mark.parametrize("make", ["missing", "folder", "fifo"])
 def test_a_run_folder_without_a_readable_record_is_named_by_status_and_analyze(sweep, make):
-    record = sweep / store.RUNS / RUN / store.RUN_CONFIG
+    record = sweep / paths.RUNS / RUN / paths.RUN_CONFIG
     record.unlink()
     if make == "folder":
         record.mkdir()
@@ -112,7 +112,7 @@ def test_a_run_folder_without_a_readable_record_is_named_by_status_and_analyze(s
     status = _cli("status", str(sweep))
     _clean(status)
     row = next(x for x in status.stdout.splitlines() if x.startswith(RUN))
-    assert "unreadable" in row and store.RUN_CONFIG in row
+    assert "unreadable" in row and paths.RUN_CONFIG in row
     assert "2 runs: 1 done, 1 unreadable" in status.stdout
     analysis = _cli("analyze", str(sweep), "--targets", "0.9")
     _clean(analysis)
@@ -120,18 +120,18 @@ def test_a_run_folder_without_a_readable_record_is_named_by_status_and_analyze(s
 
 
 def test_analyze_before_any_run_has_finished_says_so_in_one_line(sweep):
-    for run in (sweep / store.RUNS).iterdir():
-        (run / store.STATUS).unlink()
-        (run / store.METRICS).unlink()
+    for run in (sweep / paths.RUNS).iterdir():
+        (run / paths.STATUS).unlink()
+        (run / paths.METRICS).unlink()
     line = _one_line(_cli("analyze", str(sweep)))
     assert "no run has logged a row to analyse yet (2 pending)" in line
 
 
 def test_a_live_analysis_while_the_first_runs_train_uses_their_rows_and_says_so(sweep):
-    for run in (sweep / store.RUNS).iterdir():
-        (run / store.STATUS).write_text(json.dumps({"state": "running", "attempts": 1}))
-        (run / store.METRIC_PARTS).mkdir()
-        (run / store.METRICS).rename(run / store.METRIC_PARTS / "000000000001-000000000020.parquet")
+    for run in (sweep / paths.RUNS).iterdir():
+        (run / paths.STATUS).write_text(json.dumps({"state": "running", "attempts": 1}))
+        (run / paths.METRIC_PARTS).mkdir()
+        (run / paths.METRICS).rename(run / paths.METRIC_PARTS / "000000000001-000000000020.parquet")
     result = _cli("analyze", str(sweep), "--targets", "0.9")
     _clean(result)
     assert "2 runs still running" in result.stderr
@@ -152,7 +152,7 @@ def _set_column(path: Path, name: str, values) -> None:
     lambda s: pa.array([float("nan")] * len(s)),  # no step at all (statistics: all NaN)
 ])
 def test_steps_rewritten_with_the_last_row_kept_name_the_run_it_leaves_out(sweep, rewrite):
-    path = sweep / store.RUNS / RUN / store.METRICS
+    path = sweep / paths.RUNS / RUN / paths.METRICS
     steps = pq.read_table(path, columns=["step"]).column("step").to_pylist()
     _set_column(path, "step", rewrite(steps))
     result = _cli("analyze", str(sweep), "--targets", "0.9")
@@ -167,7 +167,7 @@ def test_steps_rewritten_with_the_last_row_kept_name_the_run_it_leaves_out(sweep
 
 @pytest.mark.parametrize("column", ["step", "loss"])
 def test_metrics_columns_stored_as_text_are_named_in_one_line(sweep, column):
-    path = sweep / store.RUNS / RUN / store.METRICS
+    path = sweep / paths.RUNS / RUN / paths.METRICS
     _set_column(path, column, pc.cast(pq.read_table(path).column(column), pa.string()))
     line = _one_line(_cli("analyze", str(sweep)))
     assert str(path) in line and f"its {column} column holds string, not numbers" in line
@@ -182,13 +182,13 @@ def test_metrics_columns_stored_as_text_are_named_in_one_line(sweep, column):
 ])
 @pytest.mark.parametrize("command", ["status", "analyze"])
 def test_a_status_json_of_another_shape_is_one_line(sweep, content, said, command):
-    (sweep / store.RUNS / RUN / store.STATUS).write_text(content)
+    (sweep / paths.RUNS / RUN / paths.STATUS).write_text(content)
     line = _one_line(_cli(command, str(sweep)))
-    assert str(sweep / store.RUNS / RUN / store.STATUS) in line and said in line
+    assert str(sweep / paths.RUNS / RUN / paths.STATUS) in line and said in line
 
 
 def test_an_attempt_log_with_a_byte_that_is_not_utf8_is_read_around(sweep):
-    with open(sweep / store.RUNS / RUN / store.HISTORY, "ab") as log:
+    with open(sweep / paths.RUNS / RUN / paths.HISTORY, "ab") as log:
         log.write(b"\xff\xfe not utf-8\n")
     result = _cli("status", str(sweep))
     _clean(result)
@@ -196,22 +196,22 @@ def test_an_attempt_log_with_a_byte_that_is_not_utf8_is_read_around(sweep):
 
 
 def test_a_relaunch_whose_grid_point_shares_a_run_id_is_refused_before_anything_changes(sweep):
-    before = (sweep / store.SWEEP_CONFIG).read_bytes()
+    before = (sweep / paths.SWEEP_CONFIG).read_bytes()
     line = _one_line(_cli(*LAUNCH, "sweep.learning_rates=[0.30001]", "--sweep-dir", str(sweep)))
     assert f"make one run id '{RUN}'" in line
-    assert (sweep / store.SWEEP_CONFIG).read_bytes() == before
+    assert (sweep / paths.SWEEP_CONFIG).read_bytes() == before
 
 
 def test_compare_and_plan_refuse_the_folders_of_a_sweep(sweep, tmp_path):
-    for out in (sweep / store.RUNS, sweep, sweep / store.RUNS / RUN / "cmp"):
+    for out in (sweep / paths.RUNS, sweep, sweep / paths.RUNS / RUN / "cmp"):
         line = _one_line(_cli("compare", str(sweep), "--out", str(out)))
         assert "a comparison gets a folder of its own" in line
-    assert not list(sweep.rglob(store.COMPARE))
+    assert not list(sweep.rglob(paths.COMPARE))
     _clean(_cli("compare", str(sweep), "--out", str(tmp_path / "cmp")))
-    runs = sorted(p.name for p in (sweep / store.RUNS).iterdir())
+    runs = sorted(p.name for p in (sweep / paths.RUNS).iterdir())
     line = _one_line(_cli("plan", "--sweep-dir", str(sweep), "sweep=tiny"))
     assert "a plan would add its runs to that grid" in line
-    assert sorted(p.name for p in (sweep / store.RUNS).iterdir()) == runs
+    assert sorted(p.name for p in (sweep / paths.RUNS).iterdir()) == runs
 
 
 def test_a_folder_with_a_nan_task_option_accepts_its_own_files(tmp_path, monkeypatch):
@@ -241,11 +241,11 @@ def test_a_keyboard_interrupt_raised_inside_a_task_is_a_failure_with_counted_att
     summary = launch(config, tmp_path, show_progress=False)
     (run_id,) = store.run_ids(tmp_path)
     assert summary.failed == [run_id]
-    status = store.read_status(store.run_dir(tmp_path, run_id))
+    status = store.read_status(paths.run_dir(tmp_path, run_id))
     assert status["state"] == "failed" and status["attempts"] == 2
     assert "KeyboardInterrupt raised inside the task" in status["error"]
     events = [json.loads(line) for line in
-              (store.run_dir(tmp_path, run_id) / store.HISTORY).read_text().splitlines()]
+              (paths.run_dir(tmp_path, run_id) / paths.HISTORY).read_text().splitlines()]
     assert [e["attempt"] for e in events if e["event"] == "start"] == [1, 2]
 
 
@@ -254,7 +254,7 @@ def test_a_keyboard_interrupt_raised_inside_a_task_is_a_failure_with_counted_att
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-RUN_FILES = (store.STATUS, store.RUN_CONFIG, store.HISTORY, store.METRICS)
+RUN_FILES = (paths.STATUS, paths.RUN_CONFIG, paths.HISTORY, paths.METRICS)
 RESULT_FILES = ("fits.json", "steps.parquet", "front.parquet", "fits.parquet")
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
@@ -332,11 +332,11 @@ def _content(trained: Path, relative: str) -> st.SearchStrategy[bytes | None]:
 
 
 FUZZED = {  # command -> the files fuzzed for it and the examples it gets (a bounded budget)
-    "status": ([store.SWEEP_CONFIG, *(f"{store.RUNS}/{RUN}/{f}" for f in RUN_FILES)], 10),
-    "analyze": ([store.SWEEP_CONFIG, *(f"{store.RUNS}/{RUN}/{f}" for f in RUN_FILES)], 6),
+    "status": ([paths.SWEEP_CONFIG, *(f"{paths.RUNS}/{RUN}/{f}" for f in RUN_FILES)], 10),
+    "analyze": ([paths.SWEEP_CONFIG, *(f"{paths.RUNS}/{RUN}/{f}" for f in RUN_FILES)], 6),
     "check": (["baseline.json"], 4),
     "compare": (RESULT_FILES, 3),
-    "branch": ([store.SWEEP_CONFIG, *(f"{store.RUNS}/{RUN}/{f}" for f in RUN_FILES)], 4),
+    "branch": ([paths.SWEEP_CONFIG, *(f"{paths.RUNS}/{RUN}/{f}" for f in RUN_FILES)], 4),
     "plot": (RESULT_FILES, 1),
     "report": (RESULT_FILES, 2),
 }
@@ -348,7 +348,7 @@ def _args(command: str, sweep: Path, out: Path) -> list[str]:
     if command == "compare":
         return ["compare", str(sweep), "--out", str(out)]
     if command == "branch":
-        return ["branch", str(sweep / store.RUNS / RUN), "--at", "64", "--dry-run",
+        return ["branch", str(sweep / paths.RUNS / RUN), "--at", "64", "--dry-run",
                 "--sweep-dir", str(out), "sweep=tiny", "sweep.batch_sizes=[8]"]
     return [command, str(sweep)]
 

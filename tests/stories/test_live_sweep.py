@@ -8,7 +8,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
 from gnsweep.compose import compose
 from gnsweep.executors import execute_run, open_folder
@@ -24,7 +24,7 @@ def test_status_and_analyze_see_a_running_run(tmp_path):
                       "sweep.max_steps=60", "train.checkpoint_every=10"])
     finished, running = (spec.run_id for spec in prepare(tmp_path, config))
     assert execute_run(open_folder(tmp_path), finished).state == "done"
-    path = store.run_dir(tmp_path, running)
+    path = paths.run_dir(tmp_path, running)
     spec = next(s for s in prepare(tmp_path, config) if s.run_id == running)
     with pytest.raises(StopRequested):  # stopped at step 20, as if still training there
         train(config, spec, path, should_stop=lambda: _last_step(path) >= 20)
@@ -39,7 +39,7 @@ def test_status_and_analyze_see_a_running_run(tmp_path):
 
     # A target both runs passed early is used from both; one the finished run reached late waits
     # for the running run (not counted as missed).
-    losses = store.read_table(store.run_dir(tmp_path, finished) / store.METRICS).to_pandas()
+    losses = store.read_table(paths.run_dir(tmp_path, finished) / paths.METRICS).to_pandas()
     # Both seeded runs' smoothed losses pass 2.5 by their eighth step, after the smoothing
     # window first holds 64 samples (a reach before that is not counted: outcome early).
     easy = 2.5

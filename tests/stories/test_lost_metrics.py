@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
-from gnsweep.executors import HISTORY
+from gnsweep.paths import HISTORY
 from gnsweep.status_rows import sweep_status
 
 pytestmark = pytest.mark.slow
@@ -18,7 +18,7 @@ LAUNCH = ["launch", "sweep=tiny", "--workers", "2", "--quiet"]
 
 
 def _starts(sweep_dir, run_id) -> int:
-    text = (store.run_dir(sweep_dir, run_id) / HISTORY).read_text()
+    text = (paths.run_dir(sweep_dir, run_id) / HISTORY).read_text()
     return sum(json.loads(line)["event"] == "start" for line in text.splitlines())
 
 
@@ -26,8 +26,8 @@ def test_lost_and_corrupt_metrics_are_named_and_rerun(tiny_sweep):
     runner = CliRunner()
     run_ids = store.run_ids(tiny_sweep)
     lost, corrupt = run_ids[0], run_ids[1]
-    (store.run_dir(tiny_sweep, lost) / store.METRICS).unlink()
-    bad = store.run_dir(tiny_sweep, corrupt) / store.METRICS
+    (paths.run_dir(tiny_sweep, lost) / paths.METRICS).unlink()
+    bad = paths.run_dir(tiny_sweep, corrupt) / paths.METRICS
     bad.write_bytes(bad.read_bytes()[: len(bad.read_bytes()) // 2])
 
     rows = {r["run_id"]: r for r in sweep_status(tiny_sweep)}

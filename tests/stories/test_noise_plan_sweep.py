@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths
 from gnsweep.cli import app
 
 GRID = ["+experiment=linreg_truth", "sweep.batch_sizes=[8,32,128]",
@@ -38,7 +38,7 @@ def sweep(tmp_path_factory) -> Path:
 
 
 def _plan(where: Path) -> dict[str, dict[str, str]]:
-    return json.loads((where / store.NOISE_PLAN).read_text())["runs"]
+    return json.loads((where / paths.NOISE_PLAN).read_text())["runs"]
 
 
 @pytest.mark.slow
@@ -85,9 +85,9 @@ def test_b_simple_within_its_stated_error_of_the_exact_noise_scale(sweep):
 def test_the_plan_survives_a_relaunch_and_plans_only_new_runs(sweep, tmp_path):
     # On a copy: the module's other tests read the sweep as first launched, in any order.
     sweep = Path(shutil.copytree(sweep, tmp_path / "sweep"))
-    before = (sweep / store.NOISE_PLAN).read_bytes()
+    before = (sweep / paths.NOISE_PLAN).read_bytes()
     _gnsweep("launch", *GRID, RATES, "--sweep-dir", str(sweep), "--quiet")
-    assert (sweep / store.NOISE_PLAN).read_bytes() == before
+    assert (sweep / paths.NOISE_PLAN).read_bytes() == before
     output = _gnsweep("status", str(sweep))
     assert "6 of 9 runs measure" in output and "3 off" in output
     # A relaunch that adds a rate: the old runs keep their parts; the new ones are planned

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from locations import ROOT
 
-from gnsweep import store, tasks
+from gnsweep import paths, store, tasks
 
 FAMILIES = ["digits", "linreg"]
 """The families the tiny sweep suits (its targets are losses of 0.5 to 0.2)."""
@@ -75,7 +75,7 @@ def test_make_paper_compares_every_family_and_resumes(tmp_path):
     fits = _mtimes(paper, "*/fits.parquet")
     lost = sorted(k for k in metrics if k.startswith(f"{families[0]}/"))[0]
     (paper / lost).unlink()
-    (paper / lost).with_name(store.STATUS).unlink()
+    (paper / lost).with_name(paths.STATUS).unlink()
     second = _make_paper(paper)
     assert second.returncode == 0, second.stdout + second.stderr
     after = _mtimes(paper, "*/runs/*/metrics.parquet")

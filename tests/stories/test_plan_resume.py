@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
 
 LINREG = ["task=linreg", "sweep=linreg", "task.dim=32", "task.condition=100.0",
@@ -46,14 +46,14 @@ def finished(sweep: Path) -> dict[str, int]:
     """Run id -> its attempts, for the runs done or diverged."""
     out = {}
     for run_id in store.run_ids(sweep):
-        status = store.read_status(store.run_dir(sweep, run_id))
+        status = store.read_status(paths.run_dir(sweep, run_id))
         if status.state in store.FINISHED:
             out[run_id] = int(status.attempts or 0)
     return out
 
 
 def recorded_round(sweep: Path) -> list[str]:
-    path = sweep / store.NEXT_GRIDS
+    path = sweep / paths.NEXT_GRIDS
     if not path.is_file():
         return []
     try:
@@ -129,8 +129,8 @@ def test_a_plan_stops_at_its_budget_and_says_so(bound_sweep, tmp_path):
     sweep = tmp_path / "spent"
     shutil.copytree(bound_sweep, sweep)
     run_id = sorted(store.run_ids(sweep))[0]
-    run = json.loads((store.run_dir(sweep, run_id) / store.RUN_CONFIG).read_text())["run"]
-    (sweep / store.NEXT_GRIDS).write_text(json.dumps({"budget": 1, "rounds": [{"runs": [
+    run = json.loads((paths.run_dir(sweep, run_id) / paths.RUN_CONFIG).read_text())["run"]
+    (sweep / paths.NEXT_GRIDS).write_text(json.dumps({"budget": 1, "rounds": [{"runs": [
         {"batch_size": run["batch_size"], "learning_rate": run["learning_rate"], "seed": 0,
          "run_id": run_id}]}]}))
     before = set(store.run_ids(sweep))
@@ -139,6 +139,6 @@ def test_a_plan_stops_at_its_budget_and_says_so(bound_sweep, tmp_path):
     assert "plan stopped after 1 round(s): budget spent" in result.output
     assert "--budget 2" in result.output
     assert set(store.run_ids(sweep)) == before
-    assert "budget spent" in json.loads((sweep / store.NEXT_GRIDS).read_text())["stopped"]
+    assert "budget spent" in json.loads((sweep / paths.NEXT_GRIDS).read_text())["stopped"]
     bad = CliRunner().invoke(app, ["plan", str(sweep), "--budget", "0"])
     assert bad.exit_code == 2 and bad.output.count("error") == 1, bad.output

@@ -29,7 +29,7 @@ def test_the_recipe_example_sweeps_analyzes_plots_and_reports(tmp_path):
     pytest.importorskip("transformers")
     import pandas as pd
 
-    from gnsweep import store
+    from gnsweep import paths, store
 
     module = re.findall(r"```python\n(.*?)```", DOC, re.S)[0]
     lib = tmp_path / "lib"
@@ -56,7 +56,7 @@ def test_the_recipe_example_sweeps_analyzes_plots_and_reports(tmp_path):
     characters = len("".join(pydoc_data.topics.topics.values()).encode("ascii", "replace"))
     windows = (int(0.9 * characters) - 1) // 32
     for run in store.run_ids(sweep):
-        metrics = pd.read_parquet(sweep / "runs" / run / store.METRICS)
+        metrics = pd.read_parquet(sweep / "runs" / run / paths.METRICS)
         rate = float(run.split("_lr")[1].split("_")[0])
         batch = int(run[1:6])
         # B in tokens: 32 characters a window.

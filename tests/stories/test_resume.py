@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.folder import read_run
+from gnsweep.paths import CHECKPOINTS
 from gnsweep.training import train
-from gnsweep.training.checkpoint import FOLDER
 
 pytestmark = pytest.mark.slow
 GNSWEEP = str(Path(sys.executable).parent / "gnsweep")
@@ -34,14 +34,14 @@ def _command(sweep_dir: Path, *extra: str) -> list[str]:
 
 def _wait_for_checkpoint(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    while not list((path / FOLDER).glob("*.json")):
+    while not list((path / CHECKPOINTS).glob("*.json")):
         assert process.poll() is None, "the run ended before its first checkpoint"
         assert time.monotonic() < deadline, "no checkpoint"
         time.sleep(0.02)
 
 
 def _rows(path: Path) -> dict[str, np.ndarray]:
-    table = store.read_table(path / store.METRICS).to_pandas()
+    table = store.read_table(path / paths.METRICS).to_pandas()
     return {c: table[c].to_numpy() for c in table.columns if c != "wall_time"}
 
 
@@ -56,7 +56,7 @@ def _uninterrupted(sweep_dir: Path, tmp_path: Path) -> dict[str, np.ndarray]:
 
 
 def _assert_resumed(sweep_dir: Path, whole: dict[str, np.ndarray]) -> None:
-    path = store.run_dir(sweep_dir, RUN)
+    path = paths.run_dir(sweep_dir, RUN)
     assert store.read_status(path)["state"] == "done"
     history = (path / "attempts.jsonl").read_text()
     assert history.count('"event": "start"') == 2  # killed once, resumed once
@@ -71,10 +71,10 @@ def test_kill_9_of_the_launcher_and_its_worker_then_the_same_command_resumes(tmp
     command = _command(sweep_dir, "executor.workers=1")
     launcher = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
-    _wait_for_checkpoint(store.run_dir(sweep_dir, RUN), launcher)
+    _wait_for_checkpoint(paths.run_dir(sweep_dir, RUN), launcher)
     os.killpg(launcher.pid, signal.SIGKILL)  # the launcher and its forked worker, at once
     launcher.wait()
-    assert store.read_status(store.run_dir(sweep_dir, RUN))["state"] == "running"
+    assert store.read_status(paths.run_dir(sweep_dir, RUN))["state"] == "running"
     again = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     _assert_resumed(sweep_dir, _uninterrupted(sweep_dir, tmp_path))
@@ -108,13 +108,13 @@ def test_kill_9_of_one_of_two_torchrun_ranks_resumes_from_the_checkpoint(tmp_pat
     launcher = subprocess.Popen(_command(sweep_dir, *ddp, "executor.max_restarts=1"),
                                 start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _wait_for_checkpoint(store.run_dir(sweep_dir, RUN), launcher)
+    _wait_for_checkpoint(paths.run_dir(sweep_dir, RUN), launcher)
     ranks = _rank_pids(launcher.pid)
     assert len(ranks) == 2, ranks
     os.kill(max(ranks), signal.SIGKILL)  # one rank: torchrun stops the other and restarts both
     _, err = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, err
-    _assert_resumed(sweep_dir, _rows(store.run_dir(reference, RUN)))
+    _assert_resumed(sweep_dir, _rows(paths.run_dir(reference, RUN)))
     # The job itself recovered (a job that failed would be named here, and started again).
     assert b"torchrun job exited" not in err
 

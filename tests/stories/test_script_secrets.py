@@ -15,7 +15,7 @@ import pytest
 from locations import ROOT
 from typer.testing import CliRunner
 
-from gnsweep import redact, store
+from gnsweep import paths, redact, store
 from gnsweep.cli import app
 from gnsweep.config import ConfigError
 
@@ -80,7 +80,7 @@ def test_credentials_in_a_command_are_masked_everywhere_and_real_where_it_runs(t
     from gnsweep.folder import read_config
     from gnsweep.sweep import run_specs
 
-    for name in (store.STATUS, store.METRICS, store.METRIC_PARTS, "stdout.log"):
+    for name in (paths.STATUS, paths.METRICS, paths.METRIC_PARTS, "stdout.log"):
         path = sweep / "runs" / "b00008_lr0.1_s0" / name
         if path.is_dir():
             import shutil

@@ -12,7 +12,7 @@ import pytest
 from locations import HELPERS
 from typer.testing import CliRunner
 
-from gnsweep import redact, store
+from gnsweep import paths, redact, store
 from gnsweep.cli import app
 from gnsweep.compose import compose
 from gnsweep.executors import log_event, open_folder, process_logger
@@ -30,7 +30,7 @@ def _launch(sweep_dir: Path, *overrides: str):
 
 def _record(sweep_dir: Path) -> tuple[Path, dict]:
     (run_id,) = store.run_ids(sweep_dir)
-    path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
+    path = paths.run_dir(sweep_dir, run_id) / paths.RUN_CONFIG
     return path, json.loads(path.read_text())
 
 
@@ -60,7 +60,7 @@ def test_a_run_file_naming_other_code_is_refused_and_nothing_runs(tmp_path, monk
     line = _error_line(result)
     assert str(path) in line and "task.name" in line
     assert not marker.exists()
-    assert not (path.parent / store.STATUS).exists()  # nothing ran, nothing recorded
+    assert not (path.parent / paths.STATUS).exists()  # nothing ran, nothing recorded
 
     # The advice, followed: remove the run folder and relaunch.
     assert f"remove {path.parent} and relaunch" in line
@@ -82,7 +82,7 @@ def test_a_run_field_of_the_wrong_type_is_refused_and_nothing_lands_outside(tmp_
     line = _error_line(result)
     assert str(path) in line and "run.seed" in line and "not an integer" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
-    assert not (path.parent / store.STATUS).exists()
+    assert not (path.parent / paths.STATUS).exists()
 
 
 @pytest.mark.slow
@@ -126,16 +126,16 @@ def test_linked_run_folders_and_files_are_refused(tmp_path):
 def test_a_folder_without_config_yaml_is_not_adopted_by_another_sweep(tmp_path):
     sweep = tmp_path / "sweep"
     prepare(sweep, compose(ONE_RUN))
-    saved = (sweep / store.SWEEP_CONFIG).read_text()
-    (sweep / store.SWEEP_CONFIG).unlink()
+    saved = (sweep / paths.SWEEP_CONFIG).read_text()
+    (sweep / paths.SWEEP_CONFIG).unlink()
     result = _launch(sweep, "task=linreg")
     assert result.exit_code == 2
     line = _error_line(result)
     assert "holds runs but no config.yaml" in line
-    assert not (sweep / store.SWEEP_CONFIG).exists()
+    assert not (sweep / paths.SWEEP_CONFIG).exists()
     # The advice, followed: put config.yaml back; the folder's own settings launch again, the
     # other task is still refused.
-    (sweep / store.SWEEP_CONFIG).write_text(saved)
+    (sweep / paths.SWEEP_CONFIG).write_text(saved)
     prepare(sweep, compose(ONE_RUN))
     assert _launch(sweep, "task=linreg").exit_code == 2
 
@@ -151,7 +151,7 @@ def test_secrets_never_reach_a_file_but_the_tracker_gets_them(tmp_path, monkeypa
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert SECRET not in path.read_text(errors="replace"), path
-    assert "alice:***@127.0.0.1" in (tmp_path / store.SWEEP_CONFIG).read_text()
+    assert "alice:***@127.0.0.1" in (tmp_path / paths.SWEEP_CONFIG).read_text()
     # The launcher hands the real value to its workers through their environment.
     redact.export(config.to_dict())
     assert SECRET in os.environ[redact.SECRETS_ENV]
@@ -233,39 +233,40 @@ def test_folders_gnsweep_writes_into_are_never_links(tmp_path):
     for name in ("figures", "tensorboard", "queue"):
         (sweep / name).symlink_to(outside, target_is_directory=True)
         with pytest.raises(store.StoreError, match="symbolic link"):
-            store.subdir(sweep, name)
+            store.subdir(sweep, sweep / name)
     with pytest.raises(store.StoreError, match="symbolic link"):
         TensorBoardLogger(sweep).start("b00008_lr0.3_s0", {})
     with pytest.raises(store.StoreError, match="outside the sweep folder"):
-        store.subdir(sweep, "../outside")
+        store.subdir(sweep, sweep / "../outside")
     # The once-per-launch markers of warnings: said, but no marker through the link.
-    from gnsweep.notices import NOTICES, OncePerLaunch
+    from gnsweep.notices import OncePerLaunch
+    from gnsweep.paths import NOTICES
 
     (sweep / NOTICES).symlink_to(outside, target_is_directory=True)
     record = logging.LogRecord("gnsweep", logging.WARNING, "x", 1, "a notice", None, None)
     assert OncePerLaunch(sweep / NOTICES / "launch-id").filter(record)
     assert list(outside.iterdir()) == []
-    assert store.subdir(sweep, "slurm").is_dir()
+    assert store.subdir(sweep, sweep / "slurm").is_dir()
 
 
 def test_a_run_file_outside_the_grid_that_names_code_is_refused(tmp_path):
     prepare(tmp_path, compose(ONE_RUN))
     _, record = _record(tmp_path)
-    extra = store.run_dir(tmp_path, "b00099_lr0.3_s0")
+    extra = paths.run_dir(tmp_path, "b00099_lr0.3_s0")
     extra.mkdir()
     record["run"]["batch_size"] = 99
     record["run_id"] = extra.name
     record["config"]["task"] = {"name": "custom", "options": {"_target_": "os.system"}}
-    (extra / store.RUN_CONFIG).write_text(json.dumps(record))
+    (extra / paths.RUN_CONFIG).write_text(json.dumps(record))
     result = _launch(tmp_path)
     assert result.exit_code == 2
-    assert str(extra / store.RUN_CONFIG) in _error_line(result)
+    assert str(extra / paths.RUN_CONFIG) in _error_line(result)
 
 
 def test_a_run_folder_whose_name_is_not_a_run_id_is_named(tmp_path):
     prepare(tmp_path, compose(ONE_RUN))
     path, _ = _record(tmp_path)
-    odd = tmp_path / store.RUNS / "odd name;rm"
+    odd = tmp_path / paths.RUNS / "odd name;rm"
     shutil.copytree(path.parent, odd)
     result = CliRunner().invoke(app, ["status", str(tmp_path)])
     assert result.exit_code == 2

@@ -15,11 +15,12 @@ import yaml
 from locations import HELPERS
 from typer.testing import CliRunner
 
-from gnsweep import redact, store
+from gnsweep import paths, redact, store
 from gnsweep.cli import app
 from gnsweep.compose import compose
 from gnsweep.errors import StoreError
-from gnsweep.executors import claims, open_folder, run_taken, take_run
+from gnsweep.executors import open_folder, run_taken, take_run
+from gnsweep.paths import CLAIM
 from gnsweep.sweep import prepare, prepare_folder
 
 ONE_RUN = ["sweep=tiny", "sweep.batch_sizes=[8]", "sweep.learning_rates=[0.3]",
@@ -42,7 +43,7 @@ def _error_line(result) -> str:
 
 def _record(sweep_dir: Path, run_id: str | None = None) -> tuple[Path, dict]:
     run_id = run_id or store.run_ids(sweep_dir)[0]
-    path = store.run_dir(sweep_dir, run_id) / store.RUN_CONFIG
+    path = paths.run_dir(sweep_dir, run_id) / paths.RUN_CONFIG
     return path, json.loads(path.read_text())
 
 
@@ -89,7 +90,7 @@ def test_a_checkpoint_copied_from_another_run_is_refused_and_the_run_starts_over
     # Each run keeps its checkpoint at 64 examples: b8's at step 8, b16's at step 4.
     assert _launch(sweep, "sweep.batch_sizes=[8,16]", "train.keep_checkpoints_at=[64]",
                    "sweep.targets=[0.0001]").exit_code == 0
-    b8, b16 = (store.run_dir(sweep, r) for r in ("b00008_lr0.3_s0", "b00016_lr0.3_s0"))
+    b8, b16 = (paths.run_dir(sweep, r) for r in ("b00008_lr0.3_s0", "b00016_lr0.3_s0"))
     ((_, mine),), ((_, theirs),) = kept(b8), kept(b16)
     _forge(mine, theirs)
     with pytest.raises(StoreError, match="copied from elsewhere, refused"):
@@ -101,7 +102,7 @@ def test_a_checkpoint_copied_from_another_run_is_refused_and_the_run_starts_over
                    "sweep.targets=[0.0001]").exit_code == 0
     err = capfd.readouterr().err
     assert "copied from elsewhere, refused" in err and "continuing from" not in err
-    rows = pq.read_table(b8 / store.METRICS, columns=["step", "examples"]).to_pydict()
+    rows = pq.read_table(b8 / paths.METRICS, columns=["step", "examples"]).to_pydict()
     assert rows["step"] == list(range(1, 21))
     assert rows["examples"] == [8 * s for s in rows["step"]]  # never b16's examples
 
@@ -110,10 +111,10 @@ def test_a_checkpoint_copied_from_another_run_is_refused_and_the_run_starts_over
 def test_a_metrics_table_cut_short_is_named_and_run_again(tmp_path):
     sweep = tmp_path / "sweep"
     assert _launch(sweep, "sweep.batch_sizes=[8,16]", "sweep.targets=[0.0001]").exit_code == 0
-    run = store.run_dir(sweep, "b00008_lr0.3_s0")
-    table = pq.read_table(run / store.METRICS)
+    run = paths.run_dir(sweep, "b00008_lr0.3_s0")
+    table = pq.read_table(run / paths.METRICS)
     assert table.num_rows == 20
-    pq.write_table(table.slice(0, 5), run / store.METRICS)  # valid parquet, 5 of 20 rows
+    pq.write_table(table.slice(0, 5), run / paths.METRICS)  # valid parquet, 5 of 20 rows
     status = _cli("status", str(sweep))
     assert status.exit_code == 0
     line = next(x for x in status.stdout.splitlines() if x.startswith(run.name))
@@ -123,7 +124,7 @@ def test_a_metrics_table_cut_short_is_named_and_run_again(tmp_path):
     assert f"run {run.name} recorded done, but its metrics.parquet is cut short" in \
         analysis.stderr
     assert _launch(sweep, "sweep.batch_sizes=[8,16]", "sweep.targets=[0.0001]").exit_code == 0
-    assert pq.read_table(run / store.METRICS).num_rows == 20  # run again, whole
+    assert pq.read_table(run / paths.METRICS).num_rows == 20  # run again, whole
     assert store.read_status(run)["attempts"] == 2
 
 
@@ -174,7 +175,7 @@ def test_a_link_where_gnsweep_writes_is_refused_before_a_run_is_claimed(tmp_path
     sweep, victim = tmp_path / "sweep", tmp_path / "victim"
     victim.mkdir()
     (spec,) = prepare(sweep, compose(ONE_RUN))
-    run = store.run_dir(sweep, spec.run_id)
+    run = paths.run_dir(sweep, spec.run_id)
     link = (sweep if name.startswith(".") else run) / name
     link.unlink(missing_ok=True)
     link.symlink_to(victim)
@@ -182,7 +183,7 @@ def test_a_link_where_gnsweep_writes_is_refused_before_a_run_is_claimed(tmp_path
     assert result.exit_code == 2
     line = _error_line(result)
     assert str(link) in line and "symbolic link" in line
-    assert not (run / claims.CLAIM).exists()
+    assert not (run / CLAIM).exists()
     assert list(victim.iterdir()) == []
     status = store.read_status(run)
     assert status.state is store.RunState.PENDING and status.attempts == 0
@@ -190,13 +191,13 @@ def test_a_link_where_gnsweep_writes_is_refused_before_a_run_is_claimed(tmp_path
 
 def test_a_run_refused_as_it_starts_releases_its_claim(tmp_path):
     (spec,) = prepare(tmp_path, compose(ONE_RUN))
-    run = store.run_dir(tmp_path, spec.run_id)
+    run = paths.run_dir(tmp_path, spec.run_id)
     claim, _ = take_run(tmp_path, spec.run_id, 0)
     assert claim is not None
     (run / "attempts.jsonl").symlink_to(tmp_path / "victim")
     with pytest.raises(StoreError, match="symbolic link"):
         run_taken(open_folder(tmp_path), spec.run_id, claim)
-    assert not (run / claims.CLAIM).exists()
+    assert not (run / CLAIM).exists()
 
 
 def test_two_launchers_with_different_grids_leave_the_union(tmp_path, monkeypatch):
@@ -218,7 +219,7 @@ def test_two_launchers_with_different_grids_leave_the_union(tmp_path, monkeypatc
     monkeypatch.setattr(sweep_module, "_check_relaunch", interleaved)
     prepare_folder(tmp_path, compose([*ONE_RUN, "sweep.batch_sizes=[8,16]"]))
     other[0].join()
-    written = yaml.safe_load((tmp_path / store.SWEEP_CONFIG).read_text())
+    written = yaml.safe_load((tmp_path / paths.SWEEP_CONFIG).read_text())
     assert written["sweep"]["batch_sizes"] == [8, 16, 32]
 
 

@@ -176,7 +176,7 @@ def test_two_launches_on_one_folder_split_the_summary(tmp_path):
 def test_torchrun_and_slurm_summaries_tell_runs_of_another_launch(tmp_path, monkeypatch):
     """Their launcher follows runs through status files: the launch id each attempt records
     says who ran it."""
-    from gnsweep import store
+    from gnsweep import paths, store
     from gnsweep.compose import compose
     from gnsweep.executors import LAUNCH_ENV, log_event
     from gnsweep.executors.rounds import Watcher
@@ -184,13 +184,13 @@ def test_torchrun_and_slurm_summaries_tell_runs_of_another_launch(tmp_path, monk
 
     specs = prepare(tmp_path, compose(["sweep=tiny", "sweep.batch_sizes=[8,32]",
                                        "sweep.learning_rates=[0.3]"]))
-    ours, theirs = (store.run_dir(tmp_path, s.run_id) for s in specs)
+    ours, theirs = (paths.run_dir(tmp_path, s.run_id) for s in specs)
     for path, launch in ((ours, "mine"), (theirs, "another")):
         monkeypatch.setenv(LAUNCH_ENV, launch)
         log_event(path, "start", attempt=1)
         store.write_status(path, "done", attempts=1)
         # A run recorded done has its metrics (without them it would need a rerun).
-        store.write_table(path / store.METRICS, store.metrics_table(
+        store.write_table(path / paths.METRICS, store.metrics_table(
             {f.name: [1] if f.name in ("step", "examples") else [0.5]
              for f in store.METRICS_SCHEMA}))
         log_event(path, "end", attempt=1, state="done")

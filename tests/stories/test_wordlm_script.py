@@ -17,7 +17,7 @@ import pytest
 from locations import HELPERS, ROOT
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
 
 PY = sys.executable
@@ -56,11 +56,11 @@ def test_an_epoch_counter_sweeps_to_a_recommendation_with_the_recipe_shown(tmp_p
                    "executor.workers=2")
     assert done.returncode == 0, done.stderr[-3000:]
     for run_id in store.run_ids(sweep_dir):
-        status = store.read_status(store.run_dir(sweep_dir, run_id))
+        status = store.read_status(paths.run_dir(sweep_dir, run_id))
         assert status["state"] == "done" and status["attempts"] == 1, (run_id, status)
     # B=64: 39 batches an epoch, logged at batches 10, 20, 30 (counted from 0): global steps
     # 11, 21, 31, then 39 + 11, ... across every epoch.
-    table = store.read_metrics(store.run_dir(sweep_dir, "b00064_lr10_s0"))
+    table = store.read_metrics(paths.run_dir(sweep_dir, "b00064_lr10_s0"))
     assert table is not None
     per_epoch = _batches(64)
     steps = table.column("step").to_pylist()
@@ -92,7 +92,7 @@ def test_failures_that_would_repeat_are_tried_once_and_said_whole(tmp_path):
                    pattern=r"\| +(?P<step>\d+)/ *\d+ batches.*loss +(?P<loss>[\d.]+)")
     assert done.returncode == 1
     (run_id,) = store.run_ids(no_epoch)
-    status = store.read_status(store.run_dir(no_epoch, run_id))
+    status = store.read_status(paths.run_dir(no_epoch, run_id))
     assert status["state"] == "failed" and status["attempts"] == 1
     assert status["reason"] == "will_repeat"
     assert "steps go backwards (step 10 after step 30)" in status["error"]

@@ -17,7 +17,7 @@ from locations import HELPERS, ROOT
 from typer.testing import CliRunner
 
 from gnsweep import config as config_module
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
 from gnsweep.folder import read_config
@@ -198,7 +198,7 @@ def test_examples_are_counted_per_step_in_the_tasks_unit(method, tmp_path, clean
                     noise=NoiseConfig(method=method, hessian_every=2))
     result = train(config, RunSpec(8, 0.05, 0), tmp_path)
     assert result.steps == 7 and result.reason == "max_steps"
-    metrics = store.read_table(tmp_path / store.METRICS).to_pandas()
+    metrics = store.read_table(tmp_path / paths.METRICS).to_pandas()
     assert metrics["examples"].tolist() == [24 * s for s in range(1, 8)]
     # The noise scales are in the task's unit: b_big = 8 samples x 3 examples each.
     assert metrics["b_big"].iloc[-1] == 24
@@ -262,7 +262,7 @@ def test_microbatch_method_on_an_unsplittable_batch_falls_back_said_once(tmp_pat
         result = train(config, RunSpec(8, 0.05, 0), tmp_path)
     assert result.steps == 5
     assert sum("cannot be split" in r.getMessage() for r in caplog.records) == 1
-    metrics = store.read_table(tmp_path / store.METRICS).to_pandas()
+    metrics = store.read_table(tmp_path / paths.METRICS).to_pandas()
     assert (metrics["b_small"] == 1).all()  # per-example norms
 
 
@@ -279,7 +279,7 @@ def test_the_analysis_sees_batch_sizes_in_the_tasks_unit(tmp_path):
                       "sweep.targets=[3.5,1e-9]", "sweep.max_steps=6", "--workers", "1",
                       "--sweep-dir", str(tmp_path / "s")], tmp_path)
     assert result.returncode == 0, result.stderr
-    missing = tmp_path / "s" / "runs" / "b00008_lr0.05_s0" / store.METRICS
+    missing = tmp_path / "s" / "runs" / "b00008_lr0.05_s0" / paths.METRICS
     missing.unlink()
     curves = load_curves(tmp_path / "s")
     assert curves.runs.set_index("run_id")["batch_size"].to_dict() == {
@@ -425,7 +425,7 @@ def test_dataloader_workers_under_the_local_pool_and_a_notice_said_once(tmp_path
     assert not (tmp_path / "s" / ".notices").exists()
     for batch in (8, 16):
         metrics = store.read_table(tmp_path / "s" / "runs" / f"b{batch:05d}_lr0.1_s0" /
-                                   store.METRICS).to_pandas()
+                                   paths.METRICS).to_pandas()
         # Ten steps of B items from 100: the passes over the Dataset.
         assert metrics["epoch"].tolist() == pytest.approx([s * batch / 100 for s in
                                                            range(1, 11)])

@@ -20,7 +20,7 @@ import pytest
 from locations import HELPERS, ROOT
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
 from gnsweep.compose import compose
 from gnsweep.config import ConfigError
@@ -52,14 +52,14 @@ def _env() -> dict[str, str]:
 
 def _rows(sweep_dir: Path) -> dict[str, np.ndarray]:
     (run_id,) = store.run_ids(sweep_dir)
-    table = store.read_metrics(store.run_dir(sweep_dir, run_id))
+    table = store.read_metrics(paths.run_dir(sweep_dir, run_id))
     assert table is not None
     return {name: table.column(name).to_numpy() for name in table.column_names}
 
 
 def _status(sweep_dir: Path) -> dict:
     (run_id,) = store.run_ids(sweep_dir)
-    return store.read_status(store.run_dir(sweep_dir, run_id))
+    return store.read_status(paths.run_dir(sweep_dir, run_id))
 
 
 # ---- the settings, checked before anything runs ------------------------------------------
@@ -157,7 +157,7 @@ def test_printed_lines_are_the_metrics_and_failures_are_recorded(tmp_path):
                    "sweep.seeds=[0,1,2,3,4]", "sweep.targets=[0.3]", "sweep.max_retries=0",
                    "executor.workers=2")
     assert done.returncode == 1
-    runs = {name: store.run_dir(sweep_dir, f"b00016_lr0.2_s{seed}")
+    runs = {name: paths.run_dir(sweep_dir, f"b00016_lr0.2_s{seed}")
             for seed, name in enumerate(("none", "fail", "nan", "back", "quiet"))}
     status = {name: store.read_status(path) for name, path in runs.items()}
 
@@ -257,7 +257,7 @@ def test_the_default_task_as_a_script_gives_the_same_b_crit_and_b_simple(tmp_pat
     for name, sweep_dir in (("task", tiny_sweep), ("script", script_dir)):
         result = runner.invoke(app, ["analyze", str(sweep_dir)])
         assert result.exit_code == 0, result.output
-        fits[name] = store.read_table(sweep_dir / store.FITS).to_pandas().set_index("target")
+        fits[name] = store.read_table(sweep_dir / paths.FITS).to_pandas().set_index("target")
     task, script = fits["task"], fits["script"]
     assert list(task.index) == list(script.index)
     for column in ("b_crit", "b_simple_at_target"):
@@ -280,7 +280,7 @@ def test_a_script_doing_its_own_ddp_under_executor_torchrun(tmp_path):
     status, rows = _status(sweep_dir), _rows(sweep_dir)
     assert status["state"] == "done" and status["reason"] == "target", status
     (run_id,) = store.run_ids(sweep_dir)
-    output = (store.run_dir(sweep_dir, run_id) / "stdout.log").read_text()
+    output = (paths.run_dir(sweep_dir, run_id) / "stdout.log").read_text()
     assert "torch.distributed.run --standalone --nproc_per_node=2" in output
     n = len(rows["step"])
     assert list(rows["step"]) == list(range(1, n + 1))  # one row a step: rank 0 alone wrote

@@ -12,7 +12,7 @@ import pytest
 from locations import ROOT
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
 from gnsweep.compose import compose
 from gnsweep.config import ConfigError, LoggerConfig
@@ -29,7 +29,7 @@ def _launch(sweep, *overrides: str):
 
 
 def _steps(sweep, run_id: str) -> list[int]:
-    table = store.read_table(store.run_dir(sweep, run_id) / store.METRICS)
+    table = store.read_table(paths.run_dir(sweep, run_id) / paths.METRICS)
     return [int(s) for s in table.column("step").to_pylist()]
 
 
@@ -130,7 +130,7 @@ def test_logging_that_cannot_start_never_fails_a_run(tmp_path):
         capture_output=True, text=True, env={**env, "PYTHONPATH": root}, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "4 done" in out.stdout
-    assert all(store.read_status(store.run_dir(sweep, r))["state"] == "done"
+    assert all(store.read_status(paths.run_dir(sweep, r))["state"] == "done"
                for r in store.run_ids(sweep))
     # One warning per worker process at most (2 workers), never one per run.
     assert 1 <= out.stderr.count("logger=mlflow could not start") <= 2, out.stderr

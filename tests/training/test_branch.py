@@ -156,7 +156,7 @@ def test_branch_sweep_end_to_end_and_resumed(base_run, tmp_path):
     along figure, the report has its section, and the same command again runs nothing."""
     from typer.testing import CliRunner
 
-    from gnsweep import store
+    from gnsweep import paths, store
     from gnsweep.cli import app
 
     out = tmp_path / "branch"
@@ -170,12 +170,12 @@ def test_branch_sweep_end_to_end_and_resumed(base_run, tmp_path):
     assert len(ids) == 12 and {i.split("_")[0] for i in ids} == {"at160", "at640"}
     config = read_config(out)
     assert [p["at_step"] for p in config.branch.points] == [10, 40]
-    config_run, spec = parse_run_record(store.read_json(store.run_dir(out, ids[0])
-                                                        / store.RUN_CONFIG))
+    config_run, spec = parse_run_record(store.read_json(paths.run_dir(out, ids[0])
+                                                        / paths.RUN_CONFIG))
     at_loss = config.branch.points[0]["at_loss"]
     assert run_config(config_run, spec).sweep.targets == pytest.approx([0.8 * at_loss,
                                                                          0.6 * at_loss])
-    metrics = store.read_table(store.run_dir(out, ids[0]) / store.METRICS).to_pandas()
+    metrics = store.read_table(paths.run_dir(out, ids[0]) / paths.METRICS).to_pandas()
     assert metrics["step"].iloc[0] == 1 and metrics["examples"].iloc[0] == 4
 
     assert runner.invoke(app, ["analyze", str(out)]).exit_code == 0
@@ -200,7 +200,7 @@ def test_branch_runs_find_the_exact_local_b_crit_on_linreg(tmp_path):
     import numpy as np
     from branch_base import make_base_run
 
-    from gnsweep import store
+    from gnsweep import paths, store
     from gnsweep.branching import prepare_branch
     from gnsweep.folder import read_run
     from gnsweep.linreg_exact import local_truth
@@ -220,7 +220,7 @@ def test_branch_runs_find_the_exact_local_b_crit_on_linreg(tmp_path):
         "sweep.max_steps=400"])
     for spec in specs:
         run_config, _ = read_run(out, spec.run_id)
-        folder = store.run_dir(out, spec.run_id)
+        folder = paths.run_dir(out, spec.run_id)
         result = train(run_config, spec, folder)
         store.write_status(folder, result.state, reason=result.reason)
     along = analyze_sweep(out, write=False).along
@@ -244,7 +244,7 @@ def test_branch_dry_run_lists_done_and_pending_runs_and_writes_nothing(base_run,
     writes nothing; after one run has finished, the same dry run says it is done."""
     from typer.testing import CliRunner
 
-    from gnsweep import store
+    from gnsweep import paths, store
     from gnsweep.branching import prepare_branch
     from gnsweep.cli import app
     from gnsweep.folder import read_run
@@ -262,7 +262,7 @@ def test_branch_dry_run_lists_done_and_pending_runs_and_writes_nothing(base_run,
     _, specs = prepare_branch(base_run, [200, 700], out, [*LINREG, *grid])
     first = specs[0]
     config, spec = read_run(out, first.run_id)
-    folder = store.run_dir(out, first.run_id)
+    folder = paths.run_dir(out, first.run_id)
     store.write_status(folder, train(config, spec, folder).state)
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.cli import app
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
 from gnsweep.folder import read_results
@@ -29,7 +29,7 @@ def _config(targets: list[float], max_steps: int, batch: int = 32) -> Config:
 
 def _metrics(tmp_path, config: Config, spec: RunSpec):
     result = train(config, spec, tmp_path)
-    return result, store.read_table(tmp_path / store.METRICS).to_pandas()
+    return result, store.read_table(tmp_path / paths.METRICS).to_pandas()
 
 
 @pytest.mark.parametrize(("batch", "per_step", "envs"),
@@ -171,7 +171,7 @@ def test_a_tiny_cartpole_sweep_from_launch_to_compare(tmp_path):
     out = tmp_path / "compare"
     result = runner.invoke(app, ["compare", str(sweep), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    table = store.read_table(out / store.COMPARE).to_pandas()
+    table = store.read_table(out / paths.COMPARE).to_pandas()
     assert set(table["unit"]) == {"environment steps"} and set(table["metric"]) == {"return"}
     # At 300 steps the larger batches here need more steps as well as more examples (off the
     # front), so B_crit may be refused: then the headline figure is skipped with that reason.

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.config import Config, NoiseConfig, SweepConfig, TaskConfig, TrainConfig
+from gnsweep.paths import CHECKPOINTS
 from gnsweep.runs import RunSpec
 from gnsweep.training import StopRequested, build_run, run, train
-from gnsweep.training.checkpoint import FOLDER, kept, load_into, taken_for
+from gnsweep.training.checkpoint import kept, load_into, taken_for
 from gnsweep.training.loop import make_checkpointer
 
 STEPS = 40
@@ -44,7 +45,7 @@ def _folder(root: Path, spec: RunSpec = SPEC) -> Path:
 
 
 def _rows(path: Path) -> dict[str, np.ndarray]:
-    table = store.read_table(path / store.METRICS).to_pandas()
+    table = store.read_table(path / paths.METRICS).to_pandas()
     return {c: table[c].to_numpy() for c in table.columns if c != "wall_time"}
 
 
@@ -83,11 +84,11 @@ def test_a_stopped_run_trained_again_from_its_folder_logs_the_same_rows(tmp_path
     assert [step for _, p in kept(path) for step in [int(p.stem)]] == [17]
     live = store.read_metrics(path)
     assert live is not None and live.column("step").to_pylist() == list(range(1, 18))
-    assert not (path / store.METRICS).exists()
+    assert not (path / paths.METRICS).exists()
     train(_config(), SPEC, path)
     _assert_same_rows(path, whole)
     # Ended: the rows compacted, the checkpoints gone (none was asked to be kept).
-    assert not (path / store.METRIC_PARTS).exists() and not (path / FOLDER).exists()
+    assert not (path / paths.METRIC_PARTS).exists() and not (path / CHECKPOINTS).exists()
 
 
 def test_a_truncated_checkpoint_is_said_and_the_previous_valid_one_used(tmp_path, whole,
@@ -97,7 +98,7 @@ def test_a_truncated_checkpoint_is_said_and_the_previous_valid_one_used(tmp_path
     config = _config(keep_checkpoints_at=[80])
     _stop_at(path, 12, config)
     assert [p.stem for _, p in kept(path)] == ["000000000005", "000000000012"]
-    latest = path / FOLDER / "000000000012.pt"
+    latest = path / CHECKPOINTS / "000000000012.pt"
     data = latest.read_bytes()
     latest.write_bytes(data[: len(data) // 2])
     capfd.readouterr()
@@ -111,7 +112,7 @@ def test_a_truncated_checkpoint_is_said_and_the_previous_valid_one_used(tmp_path
 def test_a_corrupt_only_checkpoint_is_said_and_the_run_starts_again(tmp_path, whole, capfd):
     path = _folder(tmp_path)
     _stop_at(path, 12)
-    latest = path / FOLDER / "000000000012.pt"
+    latest = path / CHECKPOINTS / "000000000012.pt"
     data = bytearray(latest.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, one byte flipped
     latest.write_bytes(bytes(data))
@@ -126,8 +127,8 @@ def test_another_grid_points_checkpoint_is_refused(tmp_path, capfd):
     source, target = _folder(tmp_path / "a"), _folder(tmp_path / "b", other)
     _stop_at(source, 12)
     # Copied in as it is (another run's id), and with its sidecar saying this run's id.
-    shutil.copytree(source / FOLDER, target / FOLDER)
-    sidecar = target / FOLDER / "000000000012.json"
+    shutil.copytree(source / CHECKPOINTS, target / CHECKPOINTS)
+    sidecar = target / CHECKPOINTS / "000000000012.json"
     renamed = sidecar.read_text().replace(SPEC.run_id, other.run_id)
     capfd.readouterr()
     train(_config(), other, target)
@@ -136,8 +137,8 @@ def test_another_grid_points_checkpoint_is_refused(tmp_path, capfd):
     train(_config(), other, alone)
     assert np.array_equal(_rows(target)["loss"], _rows(alone)["loss"])  # from step 0
     store.clear_metrics(target)
-    shutil.rmtree(target / FOLDER, ignore_errors=True)
-    shutil.copytree(source / FOLDER, target / FOLDER)
+    shutil.rmtree(target / CHECKPOINTS, ignore_errors=True)
+    shutil.copytree(source / CHECKPOINTS, target / CHECKPOINTS)
     sidecar.write_text(renamed)
     train(_config(), other, target)
     assert "another configuration" in capfd.readouterr().err
@@ -202,7 +203,7 @@ def test_a_task_with_state_of_its_own_takes_no_checkpoints(tmp_path, capfd):
     checkpoints.resume(state)
     with pytest.raises(StopRequested):
         run(state, path, should_stop=lambda: state.step >= 12, checkpoints=checkpoints)
-    assert not (path / FOLDER).exists()
+    assert not (path / CHECKPOINTS).exists()
     assert capfd.readouterr().err.count("keeps state outside the run's") == 1
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from locations import ROOT
 
-from gnsweep import store
+from gnsweep import paths, store
 from gnsweep.config import Config, ConfigError
 from gnsweep.errors import ScriptFailed
 from gnsweep.runs import RunSpec
@@ -134,7 +134,7 @@ def test_helpers_left_behind_neither_keep_the_run_open_nor_outlive_it(tmp_path):
     assert _wait_gone(helper, 1) and _wait_gone(quiet, 1)  # SIGTERM ignored: killed
     time.sleep(2.5)
     assert not (run / "helper-survived").exists() and not (run / "quiet-survived").exists()
-    assert not (run / store.SCRIPT_PROCESS).exists()
+    assert not (run / paths.SCRIPT_PROCESS).exists()
 
 
 STUBBORN = """
@@ -201,7 +201,7 @@ def test_a_relaunch_ends_an_earlier_attempt_still_running_before_it_starts(tmp_p
                                start_new_session=True, stdout=subprocess.DEVNULL)
     try:
         ((_, helper),) = _pids(run, earlier)
-        process_tree.record(run / store.SCRIPT_PROCESS, earlier.pid)
+        process_tree.record(run / paths.SCRIPT_PROCESS, earlier.pid)
         (tmp_path / "train.py").write_text("print('step 1 loss 0.5')\n")  # the fixed script
         result = _run(config, run)
         assert result.state == "done" and result.rows == 1
@@ -215,7 +215,7 @@ def test_a_relaunch_ends_an_earlier_attempt_still_running_before_it_starts(tmp_p
 
 def test_a_record_of_another_process_is_left_alone(tmp_path):
     """A recorded pid that is another process now (its start time differs): nothing ended."""
-    path = tmp_path / store.SCRIPT_PROCESS
+    path = tmp_path / paths.SCRIPT_PROCESS
     path.write_text(json.dumps({"pid": os.getpid(), "start": 1}))
     assert not process_tree.end_earlier(path, 0.1)
     path.write_text("{not json")
