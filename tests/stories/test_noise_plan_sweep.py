@@ -45,11 +45,12 @@ def _plan(where: Path) -> dict[str, dict[str, str]]:
 def test_only_the_planned_runs_measure(sweep):
     plan = _plan(sweep)
     assert len(plan) == 9
-    # The grid's middle rate is 0.566; of its neighbours (0.283, 1.13, the same log distance)
-    # the larger: at every batch size 0.566 and 1.13 measure, 0.283 does not.
+    # The guess rises with the batch size (eq. 2.7): 0.4 at batch 8 (0.283 and 0.566 tie),
+    # 0.566 at 32 and 0.8 at 128 (0.566 and 1.13 tie there); ties go to the larger rate.
     measuring = sorted(r for r, a in plan.items() if a["role"] != "off")
-    assert measuring == sorted(f"b{b:05d}_lr{lr}_s0" for b in (8, 32, 128)
-                               for lr in ("0.566", "1.13"))
+    assert measuring == sorted(f"b{b:05d}_lr{lr}_s0" for b, lr in (
+        (8, "0.283"), (8, "0.566"), (32, "0.566"), (32, "1.13"), (128, "0.566"), (128, "1.13")))
+    assert all(a.get("pooled") == 3 for a in plan.values() if a["role"] != "off")
     for run_id, part in plan.items():
         status = json.loads((sweep / "runs" / run_id / "status.json").read_text())
         b_simple = pd.read_parquet(sweep / "runs" / run_id / "metrics.parquet")["b_simple"]
