@@ -220,12 +220,12 @@ def agreement(value: float, se: float, full: float, full_se: float) -> dict[str,
             "full_se": round(full_se, 4), "ratio": round(ratio, 3), "agrees": agrees}
 
 
-def _launch(sweep: str, variant: str, folder: Path) -> tuple[float, float, float]:
+def _launch(sweep: str, variant: str, folder: Path
+            ) -> tuple[float, dict[str, float], float]:
     """Launch one whole sweep in `folder` (a fresh one) as a user would: (the sum of its runs'
-    training time, each run's status.json `train_seconds`; the sum of their training CPU
-    time, `train_cpu_seconds`: the sweep's compute, which other jobs on the machine do not
-    inflate; the CPU time of the whole launch, its workers' start and the launch's own work
-    included)."""
+    training time, each run's status.json `train_seconds`; each run's training CPU time,
+    `train_cpu_seconds`, by run id: the sweep's compute; the CPU time of the whole launch,
+    its workers' start and the launch's own work included)."""
     import resource
     import subprocess
     import sys
@@ -243,9 +243,9 @@ def _launch(sweep: str, variant: str, folder: Path) -> tuple[float, float, float
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"sweep {sweep} ({variant}) failed: {done.stderr.strip()[-400:]}")
-    statuses = [store.read_status(run_dir(folder, r)) for r in store.run_ids(folder)]
-    return (sum(s.train_seconds or 0.0 for s in statuses),
-            sum(s.train_cpu_seconds or 0.0 for s in statuses), cpu() - before)
+    statuses = {r: store.read_status(run_dir(folder, r)) for r in store.run_ids(folder)}
+    return (sum(s.train_seconds or 0.0 for s in statuses.values()),
+            {r: s.train_cpu_seconds or 0.0 for r, s in statuses.items()}, cpu() - before)
 
 
 def _b_simple(folder: Path) -> dict[float, tuple[float, float]]:
@@ -259,12 +259,13 @@ def _b_simple(folder: Path) -> dict[float, tuple[float, float]]:
 
 def measure_sweep(sweep: str, rounds: int, work: Path) -> dict[str, Any]:
     """One whole sweep's row: the sum of its runs' training time with the defaults over the
-    same with measurement off, each variant's fastest of `rounds` (variants interleaved
-    round by round), and B_simple at each target against the full measurement's."""
+    same with measurement off (wall: each variant's fastest of `rounds`; CPU: the sum of
+    each run's fastest round), the variants interleaved round by round, and B_simple at each
+    target against the full measurement's."""
     import shutil
 
     totals: dict[str, float] = {}
-    trained: dict[str, float] = {}
+    fastest: dict[str, dict[str, float]] = {}
     cpus: dict[str, float] = {}
     for index in range(rounds):
         for variant in SWEEP_VARIANTS:
@@ -272,8 +273,13 @@ def measure_sweep(sweep: str, rounds: int, work: Path) -> dict[str, Any]:
             shutil.rmtree(folder, ignore_errors=True)
             seconds, train_cpu, cpu = _launch(sweep, variant, folder)
             totals[variant] = min(totals.get(variant, math.inf), seconds)
-            trained[variant] = min(trained.get(variant, math.inf), train_cpu)
+            # Each run's fastest round: the same run trains the same steps every round, and
+            # load from other jobs only ever adds to a run's CPU time (cache, memory bus).
+            runs = fastest.setdefault(variant, {})
+            for run_id, value in train_cpu.items():
+                runs[run_id] = min(runs.get(run_id, math.inf), value)
             cpus[variant] = min(cpus.get(variant, math.inf), cpu)
+    trained = {variant: sum(runs.values()) for variant, runs in fastest.items()}
     last = rounds - 1
     default = _b_simple(work / f"{sweep}_default_{last}")
     full = _b_simple(work / f"{sweep}_full_{last}")
