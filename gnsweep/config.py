@@ -23,7 +23,7 @@ from gnsweep.errors import choice as _choice
 from gnsweep.errors import integer as _integer
 from gnsweep.errors import number as _number
 from gnsweep.errors import positive_list as _positive_list
-from gnsweep.noise import DEFAULT_EMA_FRACTION, METHOD_NAMES, Method
+from gnsweep.noise import DEFAULT_EMA_FRACTION, EVERY_AUTO, METHOD_NAMES, Method
 from gnsweep.targets import LOSS_EMA_SAMPLES
 
 __all__ = [
@@ -490,8 +490,8 @@ class NoiseConfig:
             raise ConfigError(f"noise.pooled: {self.pooled} must be >= 1")
         if self.microbatches < 2:
             raise ConfigError(f"noise.microbatches: {self.microbatches} must be >= 2")
-        if isinstance(self.every, str) and self.every.strip().lower() == "auto":
-            self.every = "auto"
+        if isinstance(self.every, str) and self.every.strip().lower() == EVERY_AUTO:
+            self.every = EVERY_AUTO
         else:
             self.every = _integer("noise.every", self.every)
             if self.every < 1:

@@ -151,6 +151,10 @@ def pooled_variance_growth(pooled: int) -> float:
     return max(1.0, POOLED_ERROR ** 2 * 2 * pooled / math.pi) if pooled >= 2 else 1.0
 
 
+EVERY_AUTO = "auto"
+"""`noise.every`'s adaptive choice: the steps B_simple's precision needs (`MeasureSchedule`)."""
+
+
 class MeasureSchedule:
     """Which steps are measured: every `every`-th (an int >= 1), or `"auto"`: the steps needed
     to keep B_simple's relative standard error within `AUTO_ADDED_SE` of a measurement on every
@@ -161,7 +165,7 @@ class MeasureSchedule:
     a clock, so a run trained twice, or resumed from its state, measures the same steps."""
 
     def __init__(self, every: int | str = 1, pooled: int = 1) -> None:
-        if every != "auto" and not (isinstance(every, int) and every >= 1):
+        if every != EVERY_AUTO and not (isinstance(every, int) and every >= 1):
             raise ValueError(f"every={every!r}: need an integer >= 1 or 'auto'")
         if pooled < 1:
             raise ValueError(f"pooled={pooled!r}: need an integer >= 1")

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from gnsweep.config import NOISE_RUNS, Config
-from gnsweep.noise import Method
+from gnsweep.noise import EVERY_AUTO, Method
 
 RUNS_CHOICES = NOISE_RUNS
 DENSE_PER_BATCH = 2
@@ -180,7 +180,7 @@ def plan_runs(specs: Iterable[RunSpec], runs: str, planned: Mapping[str, Assignm
     for at_examples, batch_size in groups:
         sizes[at_examples].add(batch_size)
     for key, members in groups.items():
-        pooled = len(sizes[key[0]]) if len(sizes[key[0]]) > 1 and every == "auto" else None
+        pooled = len(sizes[key[0]]) if len(sizes[key[0]]) > 1 and every == EVERY_AUTO else None
         best = known.get(key, math.nan)
         told = ("the best learning rate so far" if math.isfinite(best)
                 else "the rate eq. 2.7 guesses")

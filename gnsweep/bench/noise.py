@@ -40,6 +40,7 @@ from torch.nn import functional as F
 from gnsweep import allocator
 from gnsweep.distributed import close_process_group
 from gnsweep.measure import NoiseScaleMonitor, hessian_norms
+from gnsweep.noise import Method
 
 BATCH_SIZES = (32, 128, 512)
 HESSIAN_EVERY = 50  # the default frequency of conf/noise/hessian.yaml
@@ -189,16 +190,16 @@ def _variants(subject: Subject, batch_size: int) -> dict[str, Callable[[], objec
         out["hessian_call"] = hessian_call
     except RuntimeError:
         pass
-    for variant in ("plain", "plain_split", "per_example", "microbatch"):
+    for variant in ("plain", "plain_split", Method.PER_EXAMPLE, Method.MICROBATCH):
         torch.manual_seed(0)
         model = _on(subject.make())
         monitor = None
-        if variant in ("per_example", "microbatch"):
+        if variant in (Method.PER_EXAMPLE, Method.MICROBATCH):
             try:
                 monitor = NoiseScaleMonitor(model, variant)
             except ValueError:  # wrong for this model: refused, not timed
                 continue
-        k = MICROBATCHES if variant in ("plain_split", "microbatch") else 1
+        k = MICROBATCHES if variant in ("plain_split", Method.MICROBATCH) else 1
         out[variant] = _stepper(subject, model, batch, k, monitor)
     return out
 
@@ -270,10 +271,10 @@ def _ddp_ratio(name: str, batch_size: int, world: int, rounds: int, steps: int,
     batch = subject.data(batch_size // world)
     steppers = {}
     monitors = []
-    for variant in ("plain", "ddp"):
+    for variant in ("plain", Method.DDP):
         torch.manual_seed(0)
         model = DDP(subject.make())
-        monitor = NoiseScaleMonitor(model, "ddp") if variant == "ddp" else None
+        monitor = NoiseScaleMonitor(model, Method.DDP) if variant == Method.DDP else None
         if monitor is not None:
             monitors.append(monitor)
         steppers[variant] = _stepper(subject, model, batch, 1, monitor)

@@ -46,6 +46,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from gnsweep.noise import Method
+
 VARIANTS: dict[str, dict[str, Any]] = {
     "none": {"method": "none"},
     "default": {},
@@ -155,7 +157,7 @@ def measure(model: str, steps: int, rounds: int, precision: str = "fp32",
     off, the variants interleaved round by round. `only`: the variants run (`none` and
     `default` always; the others NaN)."""
     variants = {name: VARIANTS[name] for name in VARIANTS
-                if name in only or name in ("none", "default")}
+                if name in only or name in (Method.NONE, "default")}
     best: dict[str, float] = {}
     shares: dict[str, float] = {}
     errors: dict[str, float] = {}
@@ -173,7 +175,7 @@ def measure(model: str, steps: int, rounds: int, precision: str = "fp32",
     base = best["none"]
     row: dict[str, Any] = {"model": model, "steps": steps, "none_s": round(base, 4)}
     for name in VARIANTS:
-        if name != "none":
+        if name != Method.NONE:
             row[name] = round(best[name] / base, 3) if name in best else math.nan
     row["default_share"] = round(shares["default"], 3)
     row["default_rel_se"] = round(errors["default"], 3)
@@ -393,7 +395,7 @@ def main(argv: list[str]) -> dict[str, Any]:
                          f"{', '.join(VARIANTS)}")
     with _gpus_hidden(args.device == "cpu"):
         rows = [measure(m, steps, rounds, args.precision, only, args.clock) for m in models]
-    columns = ["model", "steps", "none_s", *[v for v in VARIANTS if v != "none"],
+    columns = ["model", "steps", "none_s", *[v for v in VARIANTS if v != Method.NONE],
                "default_share", "default_rel_se", "default_method"]
     print(f"sweep_cost: a run's training time / the same run with noise.method=none "
           f"({args.device}, {args.precision}, {args.clock} clock, fastest of {rounds} "

@@ -48,6 +48,7 @@ from gnsweep.measure.per_example import PerExample
 from gnsweep.measure.preconditioned import PreconditionedEstimate
 from gnsweep.measure.source import InUse, Source, StepNorms, read_all
 from gnsweep.noise import (
+    EVERY_AUTO,
     METHOD_NAMES,
     PAIR_METHODS,
     MeasureSchedule,
@@ -96,7 +97,7 @@ class NoiseScaleMonitor:
     ratios cover the same span however rarely B_noise is measured. Where |G|^2 changed more than
     2x inside the window the estimate leans to the window's start: `estimate.drift` says so.
 
-    `every`: measure every n steps (hooks idle in between), or `"auto"`: the steps needed to
+    `every`: measure every n steps (hooks idle between), or `"auto"`: the steps needed to
     keep B_simple's standard error within 4% of a measurement on every step
     (`gnsweep.noise.MeasureSchedule`), at least one in 16; each measurement weighs the steps
     it stands for, so the window averages over training progress however many steps were
@@ -139,7 +140,7 @@ class NoiseScaleMonitor:
                  optimizer: torch.optim.Optimizer | None = None, pooled: int = 1) -> None:
         if method not in METHOD_NAMES:
             raise ValueError(f"method={method!r}: choose one of {', '.join(METHOD_NAMES)}")
-        if (every != "auto" and not (isinstance(every, int) and every >= 1)) or \
+        if (every != EVERY_AUTO and not (isinstance(every, int) and every >= 1)) or \
                 hessian_every < 0 or hessian_microbatches < 2:
             raise ValueError("need every >= 1 (or 'auto'), hessian_every >= 0 and "
                              "hessian_microbatches >= 2")
