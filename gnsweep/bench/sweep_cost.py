@@ -361,7 +361,8 @@ def main(argv: list[str]) -> dict[str, Any]:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
     parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"rounds (default {ROUNDS}; 1 with --sweeps)")
     parser.add_argument("--more", action="store_true", help="200 steps a run, 5 rounds")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
@@ -375,13 +376,13 @@ def main(argv: list[str]) -> dict[str, Any]:
     args, _ = parser.parse_known_args(argv)
     if args.sweeps:
         return sweeps_main([n for n in args.sweeps.split(",") if n],
-                           1 if args.rounds == ROUNDS else args.rounds, args.json)
+                           args.rounds or 1, args.json)
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         raise SystemExit(f"bench sweep_cost: unknown model {unknown[0]!r}; choose from "
                          f"{', '.join(MODELS)}")
-    steps, rounds = (200, 5) if args.more else (args.steps, args.rounds)
+    steps, rounds = (200, 5) if args.more else (args.steps, args.rounds or ROUNDS)
     if args.more and args.models == ",".join(DEFAULT_MODELS):
         models = list(MODELS)
     if args.device == "cpu":
