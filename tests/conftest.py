@@ -1,6 +1,7 @@
 import logging
 import os
 import shutil
+import signal
 import sys
 
 import pytest
@@ -22,8 +23,14 @@ if "GNSWEEP_SECRET_DIR" not in os.environ:
 # process (gnsweep's logger made to stop propagating by a worker served in-process, a launch's
 # id in the environment, a warning said once a process) must not change what the next sees,
 # e.g. whether `caplog` gets a warning.
-_KEPT_ENV = ("GNSWEEP_LAUNCH", "GNSWEEP_SECRETS")
-"""Set by a launch in the launcher's process (gnsweep.sweep.run_specs, gnsweep.redact)."""
+_KEPT_ENV = ("GNSWEEP_LAUNCH", "GNSWEEP_SECRETS", "PYTHONPATH")
+"""Set by a launch in the launcher's process (gnsweep.sweep.run_specs, gnsweep.redact; a
+custom task's working directory on PYTHONPATH: gnsweep.tasks.importable_cwd)."""
+_KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
+"""Handled by a worker served in-process (gnsweep.executors.worker.StopFlag): left installed,
+a later run's `watch_interrupts` would not see Python's own SIGINT handler."""
+_THREADS = int(os.environ["OMP_NUM_THREADS"]) if os.environ["OMP_NUM_THREADS"].isdigit() \
+    else None
 
 
 def _gnsweep_loggers() -> dict[str, logging.Logger]:
@@ -42,9 +49,13 @@ def _logger_state(logger: logging.Logger) -> tuple:
 def _process_state_restored():
     """After each test: gnsweep's loggers as before it (handlers, filters, levels, propagation;
     a logger made during the test as Python makes one), the launch variables of the
-    environment as before it, and no warning remembered as said (gnsweep.measure.common)."""
+    environment, sys.path and the signal handlers as before it, torch's thread count as the
+    session's, no warning remembered as said (gnsweep.measure.common) and no script run's
+    handle (gnsweep.run_handle)."""
     loggers = {name: _logger_state(item) for name, item in _gnsweep_loggers().items()}
     env = {name: os.environ.get(name) for name in _KEPT_ENV}
+    path = list(sys.path)
+    signals = {signum: signal.getsignal(signum) for signum in _KEPT_SIGNALS}
     yield
     for name, logger in _gnsweep_loggers().items():
         handlers, filters, level, propagate, disabled = loggers.get(
@@ -60,6 +71,16 @@ def _process_state_restored():
     common = sys.modules.get("gnsweep.measure.common")  # imported only where a test needs it
     if common is not None:
         common._SAID.clear()
+    sys.path[:] = path
+    for signum, handler in signals.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
+    torch = sys.modules.get("torch")
+    if torch is not None and _THREADS and torch.get_num_threads() != _THREADS:
+        torch.set_num_threads(_THREADS)
+    run_handle = sys.modules.get("gnsweep.run_handle")
+    if run_handle is not None:
+        run_handle._current = None
 
 
 @pytest.fixture(scope="session")
