@@ -124,6 +124,11 @@ FIRST_GROUPS = ("slurm", "truth_end_to_end")
 """The longest groups of tests that share one xdist worker (Slurm's requeue waits, the linreg
 truth sweep): collected first, so that they start first and the other workers fill in beside
 them, instead of running alone at the end of the suite."""
+LONG_MARKERS = frozenset({"slow", "distributed", "slurm", "browser"})
+"""Tests that run sweeps or process groups (seconds to a minute each): collected next, before
+the quick ones, so that the last tests a worker takes are short and the workers end together
+(xdist hands tests out in the order collected; `--dist loadgroup` moves only the groups, by
+size, ahead of them)."""
 
 
 def pytest_collection_modifyitems(config, items):
@@ -133,7 +138,9 @@ def pytest_collection_modifyitems(config, items):
 
     def first(item) -> int:
         group = item.get_closest_marker("xdist_group")
-        return 0 if group is not None and group.args and group.args[0] in FIRST_GROUPS else 1
+        if group is not None and group.args and group.args[0] in FIRST_GROUPS:
+            return 0
+        return 1 if LONG_MARKERS & {m.name for m in item.iter_markers()} else 2
 
     items.sort(key=first)  # stable: the order within each part is kept
 
