@@ -125,10 +125,11 @@ FIRST_GROUPS = ("slurm", "truth_end_to_end")
 truth sweep): collected first, so that they start first and the other workers fill in beside
 them, instead of running alone at the end of the suite."""
 LONG_MARKERS = frozenset({"slow", "distributed", "slurm", "browser"})
-"""Tests that run sweeps or process groups (seconds to a minute each): collected next, before
-the quick ones, so that the last tests a worker takes are short and the workers end together
-(xdist hands tests out in the order collected; `--dist loadgroup` moves only the groups, by
-size, ahead of them)."""
+"""Tests that run sweeps or process groups (seconds to a minute each): their modules are
+collected next, whole, before the modules of quick tests only, so that the last tests a worker
+takes are short and the workers end together (xdist hands tests out in the order collected;
+`--dist loadgroup` moves only the groups, by size, ahead of them). A module stays in one piece:
+a worker builds a module-scoped fixture again each time it comes back to the module."""
 
 
 def pytest_collection_modifyitems(config, items):
@@ -136,11 +137,14 @@ def pytest_collection_modifyitems(config, items):
         if not _marked(item) and PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
+    long = {item.nodeid.split("::")[0] for item in items
+            if LONG_MARKERS & {m.name for m in item.iter_markers()}}
+
     def first(item) -> int:
         group = item.get_closest_marker("xdist_group")
         if group is not None and group.args and group.args[0] in FIRST_GROUPS:
             return 0
-        return 1 if LONG_MARKERS & {m.name for m in item.iter_markers()} else 2
+        return 1 if item.nodeid.split("::")[0] in long else 2
 
     items.sort(key=first)  # stable: the order within each part is kept
 
