@@ -85,15 +85,26 @@ def _process_state_restored():
 
 @pytest.fixture(scope="session")
 def _tiny_sweep_once(tmp_path_factory):
-    """`gnsweep launch sweep=tiny` through the CLI, once per test session."""
+    """`gnsweep launch sweep=tiny` through the CLI, once per test session: under xdist into
+    the session's temporary folder that its workers share, by the first worker that needs it
+    (the others wait for it, then read it). Tests change only copies of it."""
     from typer.testing import CliRunner
 
+    from gnsweep import store
     from gnsweep.cli import app
 
-    out = tmp_path_factory.mktemp("tiny-source") / "tiny"
-    result = CliRunner().invoke(app, ["launch", "sweep=tiny", "--sweep-dir", str(out),
-                                      "--workers", "2", "--quiet"])
-    assert result.exit_code == 0, result.output
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's, above each worker's own
+    out, launched = root / "tiny-source" / "tiny", root / "tiny-source" / "launched"
+    with store.exclusive(root / "tiny-source.lock"):
+        if not launched.exists():
+            shutil.rmtree(out.parent, ignore_errors=True)  # a launch that failed half-way
+            out.parent.mkdir()
+            result = CliRunner().invoke(app, ["launch", "sweep=tiny", "--sweep-dir", str(out),
+                                              "--workers", "2", "--quiet"])
+            assert result.exit_code == 0, result.output
+            launched.touch()
     return out
 
 
