@@ -1,6 +1,7 @@
 import logging
 import os
 import shutil
+import signal
 import sys
 
 import pytest
@@ -22,8 +23,14 @@ if "GNSWEEP_SECRET_DIR" not in os.environ:
 # process (gnsweep's logger made to stop propagating by a worker served in-process, a launch's
 # id in the environment, a warning said once a process) must not change what the next sees,
 # e.g. whether `caplog` gets a warning.
-_KEPT_ENV = ("GNSWEEP_LAUNCH", "GNSWEEP_SECRETS")
-"""Set by a launch in the launcher's process (gnsweep.sweep.run_specs, gnsweep.redact)."""
+_KEPT_ENV = ("GNSWEEP_LAUNCH", "GNSWEEP_SECRETS", "PYTHONPATH")
+"""Set by a launch in the launcher's process (gnsweep.sweep.run_specs, gnsweep.redact; a
+custom task's working directory on PYTHONPATH: gnsweep.tasks.importable_cwd)."""
+_KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
+"""Handled by a worker served in-process (gnsweep.executors.worker.StopFlag): left installed,
+a later run's `watch_interrupts` would not see Python's own SIGINT handler."""
+_THREADS = int(os.environ["OMP_NUM_THREADS"]) if os.environ["OMP_NUM_THREADS"].isdigit() \
+    else None
 
 
 def _gnsweep_loggers() -> dict[str, logging.Logger]:
@@ -42,9 +49,13 @@ def _logger_state(logger: logging.Logger) -> tuple:
 def _process_state_restored():
     """After each test: gnsweep's loggers as before it (handlers, filters, levels, propagation;
     a logger made during the test as Python makes one), the launch variables of the
-    environment as before it, and no warning remembered as said (gnsweep.measure.common)."""
+    environment, sys.path and the signal handlers as before it, torch's thread count as the
+    session's, no warning remembered as said (gnsweep.measure.common) and no script run's
+    handle (gnsweep.run_handle)."""
     loggers = {name: _logger_state(item) for name, item in _gnsweep_loggers().items()}
     env = {name: os.environ.get(name) for name in _KEPT_ENV}
+    path = list(sys.path)
+    signals = {signum: signal.getsignal(signum) for signum in _KEPT_SIGNALS}
     yield
     for name, logger in _gnsweep_loggers().items():
         handlers, filters, level, propagate, disabled = loggers.get(
@@ -60,19 +71,40 @@ def _process_state_restored():
     common = sys.modules.get("gnsweep.measure.common")  # imported only where a test needs it
     if common is not None:
         common._SAID.clear()
+    sys.path[:] = path
+    for signum, handler in signals.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
+    torch = sys.modules.get("torch")
+    if torch is not None and _THREADS and torch.get_num_threads() != _THREADS:
+        torch.set_num_threads(_THREADS)
+    run_handle = sys.modules.get("gnsweep.run_handle")
+    if run_handle is not None:
+        run_handle._current = None
 
 
 @pytest.fixture(scope="session")
 def _tiny_sweep_once(tmp_path_factory):
-    """`gnsweep launch sweep=tiny` through the CLI, once per test session."""
+    """`gnsweep launch sweep=tiny` through the CLI, once per test session: under xdist into
+    the session's temporary folder that its workers share, by the first worker that needs it
+    (the others wait for it, then read it). Tests change only copies of it."""
     from typer.testing import CliRunner
 
+    from gnsweep import store
     from gnsweep.cli import app
 
-    out = tmp_path_factory.mktemp("tiny-source") / "tiny"
-    result = CliRunner().invoke(app, ["launch", "sweep=tiny", "--sweep-dir", str(out),
-                                      "--workers", "2", "--quiet"])
-    assert result.exit_code == 0, result.output
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's, above each worker's own
+    out, launched = root / "tiny-source" / "tiny", root / "tiny-source" / "launched"
+    with store.exclusive(root / "tiny-source.lock"):
+        if not launched.exists():
+            shutil.rmtree(out.parent, ignore_errors=True)  # a launch that failed half-way
+            out.parent.mkdir()
+            result = CliRunner().invoke(app, ["launch", "sweep=tiny", "--sweep-dir", str(out),
+                                              "--workers", "2", "--quiet"])
+            assert result.exit_code == 0, result.output
+            launched.touch()
     return out
 
 
@@ -103,6 +135,12 @@ FIRST_GROUPS = ("slurm", "truth_end_to_end")
 """The longest groups of tests that share one xdist worker (Slurm's requeue waits, the linreg
 truth sweep): collected first, so that they start first and the other workers fill in beside
 them, instead of running alone at the end of the suite."""
+LONG_MARKERS = frozenset({"slow", "distributed", "slurm", "browser"})
+"""Tests that run sweeps or process groups (seconds to a minute each): their modules are
+collected next, whole, before the modules of quick tests only, so that the last tests a worker
+takes are short and the workers end together (xdist hands tests out in the order collected;
+`--dist loadgroup` moves only the groups, by size, ahead of them). A module stays in one piece:
+a worker builds a module-scoped fixture again each time it comes back to the module."""
 
 
 def pytest_collection_modifyitems(config, items):
@@ -110,9 +148,14 @@ def pytest_collection_modifyitems(config, items):
         if not _marked(item) and PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
+    long = {item.nodeid.split("::")[0] for item in items
+            if LONG_MARKERS & {m.name for m in item.iter_markers()}}
+
     def first(item) -> int:
         group = item.get_closest_marker("xdist_group")
-        return 0 if group is not None and group.args and group.args[0] in FIRST_GROUPS else 1
+        if group is not None and group.args and group.args[0] in FIRST_GROUPS:
+            return 0
+        return 1 if item.nodeid.split("::")[0] in long else 2
 
     items.sort(key=first)  # stable: the order within each part is kept
 

@@ -29,9 +29,12 @@ the parts in the optimizer's P-norm (B_simple_P; None where not taken)."""
 class DdpHook:
     """Reads each worker's gradient in DDP's buckets before the all-reduce.
 
-    With a registered hook DDP no longer divides by the world size: the hook does. Buckets are
-    rebuilt after the first step; summing squared norms over whatever buckets pass through is
-    indifferent to that.
+    With a registered hook DDP no longer divides by the world size: the hook does. DDP lays its
+    buckets out again after a process's first step (the parameters in the order their gradients
+    came, not the model's): a resumed run's first step has the other layout. So the worker's
+    squared norm is summed per parameter, in the model's order, never over a bucket's buffer,
+    whose sum depends on where each parameter lies in it (a resumed run then measures exactly
+    what the uninterrupted one does).
 
     A measured step's pack (this worker's squared norm, |G_big|^2, examples, Hessian norms) is
     appended to bucket 0 of the next backward (every rank has a bucket 0, of the same dtype, at
@@ -48,7 +51,9 @@ class DdpHook:
         """The monitor measuring through this hook now (None: all-reduce only)."""
         self.group = getattr(model, "process_group", None)
         self.world = dist.get_world_size(self.group)
-        self.local_sq: torch.Tensor | None = None
+        self.local_sq: dict[int, torch.Tensor] = {}
+        """This step's squared norm of each measured parameter's worker gradient, by id
+        (float64, 0-d), summed in the model's order at `measure`."""
         self.measured: set[int] | None = None
         """ids of the measured parameters (None: all)."""
         self.pending: tuple[Any, torch.Tensor] | None = None
@@ -64,7 +69,8 @@ class DdpHook:
         step before its update (None: B_simple_P is not measured through this hook); the
         worker's P-norm |g|_P^2 = sum P g^2 is then summed beside |g|^2."""
         self.weights: dict[int, torch.Tensor] | None = None
-        self.local_p: torch.Tensor | None = None
+        self.local_p: dict[int, torch.Tensor] = {}
+        """The same for the P-norm |g|_P^2 of each parameter (`preconditioner`)."""
         self.params: list[nn.Parameter] = []
         """The owner's measured parameters (`attach`)."""
         self.handles: list[Any] = []  # DDP's hook cannot be removed
@@ -96,21 +102,22 @@ class DdpHook:
         return hook
 
     def reset(self) -> None:
-        self.local_sq = self.local_p = self.weights = None
+        self.local_sq, self.local_p, self.weights = {}, {}, None
 
     def _hook(self, state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         import torch.distributed as dist
 
         buffer = bucket.buffer()
         if self.owner is not None and self.owner.capturing:
-            if self.measured is None:
-                local = sq(buffer.float())
-            else:
-                local = buffer.new_zeros((), dtype=torch.float32)
-                for p, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
-                    if id(p) in self.measured:
-                        local = local + sq(grad.float())
-            self.local_sq = local if self.local_sq is None else self.local_sq + local
+            mine = [(p, grad) for p, grad in zip(bucket.parameters(), bucket.gradients(),
+                                                 strict=True)
+                    if self.measured is None or id(p) in self.measured]
+            if mine:
+                # One norm per parameter: its value does not depend on the bucket's layout.
+                norms = torch._foreach_norm([grad for _, grad in mine], 2, dtype=torch.float32)
+                squares = torch.stack(norms).double().square()
+                for i, (p, _) in enumerate(mine):
+                    _add(self.local_sq, id(p), squares[i])
             if self.preconditioner is not None:
                 self._precondition_bucket(bucket)
         buffer.div_(self.world)
@@ -129,13 +136,11 @@ class DdpHook:
             self.weights = self.preconditioner() or {}
         if not self.weights:
             return
-        local = bucket.buffer().new_zeros((), dtype=torch.float32)
         for p, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
             weight = self.weights.get(id(p))
             if weight is not None and (self.measured is None or id(p) in self.measured):
                 g = grad.float().reshape(-1)
-                local = local + torch.dot(weight, g * g)
-        self.local_p = local if self.local_p is None else self.local_p + local
+                _add(self.local_p, id(p), torch.dot(weight, g * g).double())
 
     def _carry(self, buffer: torch.Tensor, pack: torch.Tensor
                ) -> torch.futures.Future[torch.Tensor]:
@@ -165,9 +170,9 @@ class DdpHook:
         import torch.distributed as dist
 
         done = self.collect()
-        local = self.local_sq if self.local_sq is not None else params[0].new_zeros(())
+        local = _in_order(self.local_sq, params)
         h_small, h_big, hb_small, hb_big = hess if hess is not None else (0.0, 0.0, 0.0, 0.0)
-        scalars = [float(examples), float(self.local_sq is not None),
+        scalars = [float(examples), float(bool(self.local_sq)),
                    h_small, h_big, hb_small, hb_big, float(hess is not None)]
         # |G_big|^2 is the same on every worker (after the all-reduce): it rides along.
         big = grad_sq_norm(params).to(local.device).reshape(1)
@@ -185,9 +190,9 @@ class DdpHook:
     def _preconditioned_pair(self, params: list[nn.Parameter], device: torch.device
                              ) -> torch.Tensor:
         """(this worker's |g|_P^2, |G_big|_P^2, 1) for the pack, or zeros when this step's
-        P-norms were not taken (no `preconditioner`, or no P yet: before an adaptive optimizer's
-        first update)."""
-        if self.local_p is None or not self.weights:
+        P-norms were not taken (no `preconditioner`, or no P yet: before an adaptive
+        optimizer's first update)."""
+        if not self.local_p or not self.weights:
             return torch.zeros(3, dtype=torch.float64, device=device)
         big = params[0].new_zeros((), dtype=torch.float64)
         for p in params:
@@ -195,7 +200,7 @@ class DdpHook:
             if weight is not None and p.grad is not None:
                 g = p.grad.detach().double().reshape(-1)
                 big = big + torch.dot(weight.double(), g * g)
-        return torch.stack([self.local_p.double().reshape(()).to(device), big.to(device),
+        return torch.stack([_in_order(self.local_p, params).to(device), big.to(device),
                             torch.ones((), dtype=torch.float64, device=device)])
 
     def _summed(self) -> torch.Tensor | None:
@@ -377,6 +382,18 @@ class RankGrads(Stateless):
     def describe(self) -> str:
         return ("each rank's own gradient from hooks on the parameters, before a wrapper's "
                 "all-reduce (b_small = per-worker batch)")
+
+
+def _add(parts: dict[int, torch.Tensor], key: int, value: torch.Tensor) -> None:
+    parts[key] = value if key not in parts else parts[key] + value
+
+
+def _in_order(parts: dict[int, torch.Tensor], params: list[nn.Parameter]) -> torch.Tensor:
+    """The sum of `parts` (float64, 0-d) in the order of `params`: the same sum whatever order
+    the buckets brought them in."""
+    if not parts:
+        return torch.zeros((), dtype=torch.float64, device=params[0].device)
+    return torch.stack([parts[id(p)] for p in params if id(p) in parts]).sum()
 
 
 class _Done:

@@ -16,6 +16,7 @@ main.py), for the task=script tests: it knows nothing of gnsweep and prints for 
 
 import argparse
 import math
+import os
 import sys
 import time
 
@@ -33,6 +34,8 @@ parser.add_argument("--tokens", type=int, default=20000, help="training tokens")
 parser.add_argument("--vocab", type=int, default=16)
 parser.add_argument("--save", type=str, default="model.npy", help="path to save the model")
 parser.add_argument("--sleep", type=float, default=0.0, help="seconds to wait after each line")
+parser.add_argument("--sleep-while", type=str, default=None,
+                    help="wait (--sleep) only while this file exists")
 args = parser.parse_args()
 
 # The corpus: one fixed chain for every run (the data), sampled once.
@@ -94,7 +97,8 @@ for epoch in range(1, args.epochs + 1):
                   flush=True)
             total_loss = 0.0
             start_time = time.time()
-            time.sleep(args.sleep)
+            if args.sleep_while is None or os.path.exists(args.sleep_while):
+                time.sleep(args.sleep)
     print("-" * 89)
     print(f"| end of epoch {epoch:3d} |")
     print("-" * 89)

@@ -19,6 +19,8 @@ from gnsweep.cli import app
 
 LINREG = ["task=linreg", "sweep=linreg", "sweep.targets=auto", "sweep.max_steps=300",
           "--workers", "2"]
+# One worker takes the module whole: its sweep is launched once, not by each worker.
+pytestmark = pytest.mark.xdist_group("answers_hold")
 
 
 def invoke(*args: object):

@@ -23,7 +23,9 @@ from typer.testing import CliRunner
 from gnsweep import paths, store
 from gnsweep.cli import app
 
-pytestmark = pytest.mark.slow
+# One worker takes the module whole: the module's trained sweep is then trained once, not
+# once by each worker that comes to one of its tests.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("folder_integrity_sweeps")]
 
 RUN = "b00008_lr0.3_s0"
 GRID = ["sweep=tiny", "sweep.batch_sizes=[8,16]", "sweep.learning_rates=[0.3]",

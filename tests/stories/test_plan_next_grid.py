@@ -5,6 +5,7 @@ linreg's exact dynamics confirm."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -13,9 +14,7 @@ from gnsweep import store
 from gnsweep.cli import app
 from gnsweep.runs import RunSpec
 
-LINREG = ["task=linreg", "sweep=linreg", "task.dim=32", "task.condition=100.0",
-          "task.noise=0.5", "task.teacher_power=1.0", "task.eval_size=0"]
-"""The linreg_truth experiment's task: B_crit about 23 at loss 0.5 (exact dynamics)."""
+pytestmark = pytest.mark.xdist_group("linreg_bound")  # one launch of conftest's sweep
 
 
 def invoke(*args: object):
@@ -23,12 +22,11 @@ def invoke(*args: object):
 
 
 @pytest.mark.slow
-def test_plan_runs_the_next_grid_and_turns_the_bound_into_a_fit(tmp_path):
+def test_plan_runs_the_next_grid_and_turns_the_bound_into_a_fit(linreg_bound_sweep,
+                                                                tmp_path):
+    # The linreg_truth experiment's task on a grid of 2, 4, 8 at loss 0.5 (conftest.LINREG).
     sweep = tmp_path / "lin"
-    launched = invoke("launch", "-q", *LINREG, "sweep.batch_sizes=[2,4,8]",
-                      "sweep.learning_rates=[0.2,0.4,0.8]", "sweep.targets=[0.5]",
-                      "sweep.max_steps=800", "--workers", "2", "--sweep-dir", sweep)
-    assert launched.exit_code == 0, launched.output
+    shutil.copytree(linreg_bound_sweep, sweep)
     first = invoke("recommend", sweep, "--json")
     assert first.exit_code == 0, first.output
     before = json.loads(first.stdout)

@@ -20,20 +20,14 @@ from typer.testing import CliRunner
 from gnsweep import paths, store
 from gnsweep.cli import app
 
-LINREG = ["task=linreg", "sweep=linreg", "task.dim=32", "task.condition=100.0",
-          "task.noise=0.5", "task.teacher_power=1.0", "task.eval_size=0"]
+pytestmark = pytest.mark.xdist_group("linreg_bound")  # one launch of conftest's sweep
 
 
-@pytest.fixture(scope="module")
-def bound_sweep(tmp_path_factory) -> Path:
-    """B_crit above a grid of 2, 4, 8 (about 23 by linreg's exact dynamics): a bound."""
-    sweep = tmp_path_factory.mktemp("plan-resume") / "lin"
-    result = CliRunner().invoke(app, ["launch", "-q", *LINREG, "sweep.batch_sizes=[2,4,8]",
-                                      "sweep.learning_rates=[0.2,0.4,0.8]",
-                                      "sweep.targets=[0.5]", "sweep.max_steps=800",
-                                      "--workers", "2", "--sweep-dir", str(sweep)])
-    assert result.exit_code == 0, result.output
-    return sweep
+@pytest.fixture
+def bound_sweep(linreg_bound_sweep) -> Path:
+    """B_crit above a grid of 2, 4, 8 (about 23 by linreg's exact dynamics): a bound (the
+    session's launch, which each test copies before it changes anything)."""
+    return linreg_bound_sweep
 
 
 def plan_process(sweep: Path) -> subprocess.Popen:

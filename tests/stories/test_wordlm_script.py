@@ -138,9 +138,14 @@ def _chromium() -> str:
 @pytest.mark.browser
 def test_the_live_view_shows_progress_and_curves_in_a_browser(tmp_path):
     sweep_dir = tmp_path / "live"
+    # The scripts pace their lines while this file exists: the sweep runs on until the browser
+    # has seen its live view, however long that takes, and then ends at once.
+    paced = tmp_path / "paced"
+    paced.touch()
     launcher = subprocess.Popen(
         [PY, "-m", "gnsweep", "launch", "--sweep-dir", str(sweep_dir), "-q", "task=script",
-         f"task.command={COMMAND} --sleep 0.3", f"task.log_pattern={PATTERN}", *RECIPE,
+         f"task.command={COMMAND} --sleep 0.3 --sleep-while {paced}",
+         f"task.log_pattern={PATTERN}", *RECIPE,
          "sweep.batch_sizes=[16,64]", "sweep.learning_rates=[10]", "sweep.max_steps=600",
          "executor.workers=1"], cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True)
@@ -176,6 +181,7 @@ def test_the_live_view_shows_progress_and_curves_in_a_browser(tmp_path):
         assert 'data-images-loaded="' in dom.stdout
         loaded = int(dom.stdout.split('data-images-loaded="')[1].split('"')[0])
         assert loaded >= 1  # the curves figure decoded in the browser
+        paced.unlink()
         out, err = watcher.communicate(timeout=240)
         assert watcher.returncode == 0, err[-2000:]
         assert "the sweep is over" in out
