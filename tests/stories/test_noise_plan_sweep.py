@@ -17,6 +17,10 @@ from typer.testing import CliRunner
 from gnsweep import paths
 from gnsweep.cli import app
 
+# One launch of the module's sweep, on one worker: xdist builds a module fixture once per
+# worker that runs one of its tests.
+pytestmark = pytest.mark.xdist_group("noise_plan_sweep")
+
 GRID = ["+experiment=linreg_truth", "sweep.batch_sizes=[8,32,128]",
         "sweep.targets=[0.5,0.25]", "noise.probe_per_octave=0", "sweep.eval_every=0",
         "sweep.max_steps=600"]
