@@ -465,7 +465,8 @@ def _sq_sum(torch: Any, grads: list[Any]) -> Any:
         norms = torch._foreach_norm(rest, 2, dtype=torch.float32)
     except (RuntimeError, TypeError):  # an older torch, or tensors it cannot group
         norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in rest]
-    return torch.stack(list(norms)).square().sum() + total
+    device = rest[0].device  # a model spread over devices: summed on its first
+    return torch.stack([n.to(device) for n in norms]).square().sum() + total
 
 
 def _floats(torch: Any, *values: Any) -> list[float]:
@@ -473,7 +474,8 @@ def _floats(torch: Any, *values: Any) -> list[float]:
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
     if not tensors:
         return [float(v) for v in values]
-    read = iter(torch.stack([t.double().to(tensors[0].device) for t in tensors]).tolist())
+    # fp32, as they were summed (a device without fp64, such as MPS, reads them too)
+    read = iter(torch.stack([t.float().to(tensors[0].device) for t in tensors]).tolist())
     return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
 
 
