@@ -5,26 +5,32 @@ Installed by `boot/sitecustomize.py` once `torch.optim` is imported (`when_torch
 patches `torch.optim.Optimizer` so that every optimizer's parameters are hooked as they are
 given to it (`add_param_group`), and registers a global optimizer-step pre-hook:
 
-- each backward pass: a hook on each parameter reads the gradient the pass computed, before
-  it is accumulated into `.grad` (and before DDP all-reduces it), and adds its squared norm:
-  `|g_j|^2` of micro-batch j, up to the script's own scale (the norms of a pass in one foreach
-  call at its end); after the step's last pass (an autograd engine callback queued behind
-  DDP's own; once the passes a step are known, after that many only) `|.grad|^2` is the whole
-  batch's `|G_big|^2` (under DDP, the all-reduced mean);
+- each backward pass of a measured step: a hook on each parameter keeps the gradient the pass
+  computed, before it is accumulated into `.grad` (and before DDP all-reduces it), and at the
+  pass's end (an autograd engine callback) the squared norms of the pass are summed: `|g_j|^2`
+  of micro-batch j, up to the script's own scale. In one process a parameter whose `.grad` is
+  still None is not kept: autograd then makes the pass's gradient its `.grad`, read there at
+  the pass's end (held, autograd would have to copy it). After the step's last pass (a
+  callback queued behind DDP's; once the passes a step are known, after that many only)
+  `|.grad|^2` is the whole batch's `|G_big|^2` (under DDP, the all-reduced mean);
 - each optimizer step closes the pair of eq. A.2: b_small = B / (the passes of the step over
   all ranks), b_big = B (the run's batch size, `{batch_size}`), `|G_small|^2` the mean over
   passes and ranks of `(passes of the rank)^2 |g_j|^2` (each pass adds its micro-batch's mean
   gradient over the passes of the step to `.grad`, whose final value is the batch mean), one
-  scalar all-reduce under DDP;
+  small all-reduce under DDP;
 - B_simple is `NoiseScaleEma`'s ratio of separately smoothed estimates (eq. 2.9), never an
-  average of per-step ratios, never clamped.
+  average of per-step ratios, never clamped;
+- which steps are measured is `noise.every`'s `MeasureSchedule` (every k-th step, or auto);
+  on the others the hooks return at their first check and the step only counts.
 
 Every number is read before the script unscales or clips its gradients, so a factor common to
 all of them (a loss divided by the passes, a loss scale) cancels in B_simple. A step the
 script skips (a GradScaler's inf: `zero_grad` with passes and no step) is left out and still
-counted, so that the probe's steps stay the script's. It never raises into the script: an
-error turns it off, said once (under DDP every rank turns off at the same step, so no rank
-waits in a collective alone).
+counted, so that the probe's steps stay the script's. On the CPU the squared norms are numpy
+dot products (about half the time of torch's reduction there on a small model's gradients),
+summed as Python floats; on a device they stay tensors until the step, read with one sync.
+It never raises into the script: an error turns it off, said once (under DDP every rank turns
+off at the same step, so no rank waits in a collective alone).
 """
 
 from __future__ import annotations
@@ -39,10 +45,14 @@ import os
 import sys
 from typing import Any
 
-from gnsweep.noise import NoiseScaleEma
+from gnsweep.noise import AUTO_MAX_EVERY, EVERY_AUTO, MeasureSchedule, NoiseScaleEma
 
 ENV = "GNSWEEP_NOISE_PROBE"
-"""The probe's settings (JSON: rows, batch_size, accumulation, ema_*); absent: no probe."""
+"""The probe's settings (JSON: rows, batch_size, accumulation, every, ema_*); absent: no
+probe."""
+RESUME_STEP = "GNSWEEP_RESUME_STEP"
+"""The `{resume_step}` placeholder as gnsweep puts it in the script's environment: the last
+step on record when the attempt started (0 on a first attempt)."""
 CANNOT_MEASURE_AFTER = 2
 """Steps with one backward pass in one process after which the probe removes its hooks: such a
 script has no second batch size to compare (B_simple NaN, said once)."""
@@ -106,9 +116,17 @@ class Probe:
         self.rows_path = str(settings["rows"])
         self.batch = float(settings["batch_size"])
         self.declared = int(settings.get("accumulation", 1))
+        every = settings.get("every", 1)
+        # pooled: the batch sizes whose median this run's B_simple is one of (noise.pooled).
+        self.schedule = MeasureSchedule(every if every == EVERY_AUTO else int(every),
+                                        max(1, int(settings.get("pooled", 1))))
+        self.span = AUTO_MAX_EVERY if every == EVERY_AUTO else int(every)
+        """The most steps a row stands for before the schedule measures again (the reader
+        carries the last row's estimate that far)."""
         self.ema = NoiseScaleEma(ema_fraction=float(settings.get("ema_fraction", 0.2)),
                                  ema_steps=float(settings.get("ema_steps", 0.0)),
                                  ema_examples=float(settings.get("ema_examples", 2048.0)))
+        self.resumed_at = _whole(os.environ.get(RESUME_STEP, ""))
         self.on = True
         self.broken: str | None = None
         self.params: dict[int, Any] = {}
@@ -123,26 +141,50 @@ class Probe:
         """Steps this process took or skipped."""
         self.measured = 0
         self.one_pass = 0
-        self.passes: list[Any] = []
-        """This step's backward passes: each one's gradient norms, a tensor a parameter."""
+        self.scheduled = True
+        """This step is one the schedule measures (every rank alike: under DDP each one's
+        all-reduce at the step depends on it)."""
+        self.capturing = True
+        """The hooks' gate: scheduled, and nothing broken."""
+        self.saw_pass = False
+        """A backward pass since the last step (measured or not): `zero_grad` then means a
+        skipped step."""
+        self.small: Any = 0.0
+        """This step's sum over its passes of the squared norms (a float, or a tensor on a
+        device until the step)."""
+        self.count = 0
+        """This step's backward passes that reached a hooked parameter."""
         self.pass_grads: list[Any] = []
+        self.fresh: list[Any] = []
+        """This pass's parameters whose `.grad` was None: read from `.grad` at the pass's end."""
         self.in_pass = False
         self.big: Any = None
         self.expected: int | None = None
-        """Passes a step, once two steps in a row had as many: `|.grad|^2` is read after that
-        many only (a step with fewer is left out, and every pass is read again)."""
+        """Passes a step, once two measured steps in a row had as many: `|.grad|^2` is read
+        after that many only (a step with fewer is left out, and every pass is read again)."""
         self.last_count = 0
+        self.since_examples = 0.0
+        self.since_steps = 0
+        """Examples and steps trained since the last measurement folded in (what it stands
+        for in the EMA: `noise.every`, steps left out)."""
+        self.world: int | None = None
+        """The process group's size, read at the first backward pass (None before)."""
+        self.dist: Any = None
         self.said: set[str] = set()
         self.rank = int(os.environ.get("RANK", "0") or 0)
         self.file: Any = None
+        self.torch: Any = None
+        self.engine: Any = None
 
     # ---- wiring ----------------------------------------------------------------------------
 
     def patch(self) -> None:
         """Hook `Optimizer.add_param_group` (every optimizer's parameters, as given),
         `Optimizer.zero_grad` (a step skipped) and a global step pre-hook."""
+        import torch
         from torch.optim import optimizer as module
 
+        self.torch, self.engine = torch, torch.autograd.Variable._execution_engine
         cls = module.Optimizer
         add, zero = cls.add_param_group, cls.zero_grad
         probe = self
@@ -155,7 +197,8 @@ class Probe:
 
         @functools.wraps(zero)
         def zero_grad(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            probe._guard(probe.skipped, optimizer)
+            if probe.saw_pass:  # else nothing to tell: a step's zero_grad before its passes
+                probe._guard(probe.skipped, optimizer)
             return zero(optimizer, *args, **kwargs)
 
         cls.add_param_group = add_param_group  # type: ignore[method-assign,assignment]
@@ -185,23 +228,28 @@ class Probe:
                              "their gradients are no batch's gradient")
                     return
                 self.params[id(p)] = p
-                self.handles.append(p.register_hook(self._on_grad))
+                self.handles.append(p.register_hook(functools.partial(self._on_grad, p)))
 
-    def _on_grad(self, grad: Any) -> None:
+    def _on_grad(self, param: Any, grad: Any) -> None:
         """A parameter's gradient of this backward pass, before it is accumulated."""
-        if not self.on or self.broken is not None:
+        if not self.capturing:  # a step not measured (or broken): only that a pass ran
+            self.saw_pass = True
             return
         try:
-            import torch
-
             if not self.in_pass:
-                self.in_pass = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._pass_ended)
-            # Kept, not measured here: the pass's end takes every norm in one foreach call
-            # (a kernel and a Python call a parameter cost 1.5x a small model's step). Held,
-            # the tensor is copied into `.grad`, not taken as it, so nothing writes to it
-            # before then; the copy lives until the pass ends.
-            self.pass_grads.append(grad)
+                self.in_pass = self.saw_pass = True
+                if self.world is None:
+                    self.world, self.dist = _world()
+                self.engine.queue_callback(self._pass_ended)
+            if param.grad is None and self.world == 1:
+                # Autograd will make this gradient `.grad` (taking the tensor where it can):
+                # read there at the pass's end. Held here, it would be copied instead.
+                self.fresh.append(param)
+            else:
+                # Kept, not measured here: the pass's end takes every norm at once (a kernel
+                # and a Python call a parameter cost 1.5x a small model's step). It is added
+                # into `.grad`, so nothing writes to it before then.
+                self.pass_grads.append(grad)
         except Exception as err:
             self.fail(err)
 
@@ -209,14 +257,16 @@ class Probe:
         """End of a backward pass (the engine's callback): its squared norm; then, from a
         callback queued behind DDP's (which averages `.grad` over the ranks), `|.grad|^2`."""
         try:
-            import torch
-
             self.in_pass = False
             grads, self.pass_grads = self.pass_grads, []
-            if grads:  # summed at the step, with the other passes' (fewer small ops)
-                self.passes.append(_norms(grads))
-            if self.expected is None or len(self.passes) >= self.expected:
-                torch.autograd.Variable._execution_engine.queue_callback(self._after_pass)
+            if self.fresh:
+                grads += [p.grad for p in self.fresh if p.grad is not None]
+                self.fresh = []
+            if grads:
+                self.small = self.small + _sq_sum(self.torch, grads)
+                self.count += 1
+            if self.expected is None or self.count >= self.expected:
+                self.engine.queue_callback(self._after_pass)
         except Exception as err:
             self.fail(err)
 
@@ -226,75 +276,101 @@ class Probe:
         # counters), and the pair must be read in the passes' own scale. Once two steps in a
         # row had the same passes, only from the last expected one on (`expected`).
         try:
-            self.big = _sq_sum(self._grads())
+            grads = [p.grad for p in self.params.values() if p.grad is not None]
+            self.big = _sq_sum(self.torch, grads) if grads else None
         except Exception as err:
             self.fail(err)
-
-    def _grads(self) -> list[Any]:
-        return [p.grad for p in self.params.values() if p.grad is not None]
 
     # ---- steps -----------------------------------------------------------------------------
 
     def skipped(self, optimizer: Any) -> None:
         """`zero_grad` with backward passes since the last step and no step: a step the script
         skipped (a GradScaler's inf), left out and counted."""
-        if self.passes and not self.in_pass and optimizer is (self.primary or optimizer) \
+        if self.saw_pass and not self.in_pass and optimizer is (self.primary or optimizer) \
                 and id(optimizer) in self.optimizers:
             self.steps += 1
             self._clear()
+            self._advance(False)  # no update: the EMA's clock (examples trained) stands
 
     def _clear(self) -> None:
-        self.passes, self.big = [], None
+        self.small, self.count, self.big, self.saw_pass = 0.0, 0, None, False
+
+    def _advance(self, measured: bool) -> None:
+        """The schedule's decision for the next step (`noise.every`)."""
+        self.schedule.advance(measured, self.ema, self.since_examples, self.batch)
+        self.scheduled = self.schedule.next
+        self.capturing = self.scheduled and self.broken is None
+
+    def _start(self, optimizer: Any) -> bool:
+        """The process's first step: the optimizer it measures, and the script's step before
+        it (False: the probe cannot tell it, and is off)."""
+        self.primary = optimizer
+        self.base = _optimizer_steps(optimizer)
+        if self.base == 0 and self.resumed_at > 0:
+            self.off(f"the script resumed (the last step on record is {self.resumed_at}) and "
+                     "its optimizer keeps no count of its steps (plain SGD, or a state not "
+                     "restored): the probe cannot tell which step it is at, so this attempt is "
+                     "not measured (its rows' B_simple is NaN; an optimizer with a step count, "
+                     "such as Adam's, is measured on a resume)", error=False)
+            return False
+        self.ema.seen_examples = self.base * self.batch
+        # Steps counted from the script's first: noise.every=k measures steps 1, k+1, ...
+        # of the run whichever attempt takes them (the process's first is always measured).
+        self.schedule.steps = self.base + self.steps
+        return True
 
     def before_step(self, optimizer: Any) -> None:
-        """Close this step's pair (eq. A.2) and fold it into the EMAs; a row to the file."""
-        import torch
-
+        """Close this step's pair (eq. A.2) if the schedule measured it, fold it into the
+        EMAs and write its row; then decide the next step."""
         if id(optimizer) not in self.optimizers:
             return
         if self.primary is None:
-            self.primary = optimizer
-            self.base = _optimizer_steps(optimizer)
-            self.ema.seen_examples = self.base * self.batch
+            if not self._start(optimizer):
+                return
         elif optimizer is not self.primary:
             self.off("the script steps more than one optimizer; the probe measures a script "
                      "with one")
             return
         self.steps += 1
-        passes, big = self.passes, self.big
+        self.since_examples += self.batch
+        self.since_steps += 1
+        scheduled, small, count, big = self.scheduled, self.small, self.count, self.big
         self._clear()
-        self.expected = len(passes) if len(passes) == self.last_count and passes else None
-        self.last_count = len(passes)
-        world, dist = _world()
-        ok = self.broken is None and big is not None and bool(passes)
-        own = float(len(passes))
-        local: Any = None
-        if ok:  # every pass of this rank has the factor own^2: one sum over all their norms
-            local = torch.stack([n for norms in passes for n in norms]).square().sum() \
-                * own * own
+        folded = False
+        if scheduled:
+            self.expected = count if count == self.last_count and count else None
+            self.last_count = count
+            folded = self._close(small, count, big)
+        if self.on:
+            self._advance(folded)
+
+    def _close(self, small: Any, own: int, big: Any) -> bool:
+        """The pair of a measured step, folded into the EMAs and written: True if it was."""
+        world, dist = (self.world, self.dist) if self.world is not None else _world()
+        ok = self.broken is None and big is not None and own > 0
         if world > 1:
-            device = big.device if big is not None else next(iter(self.params.values())).device
-            pack = torch.stack([local.double().to(device) if ok else
-                                torch.zeros((), dtype=torch.float64, device=device),
-                                torch.tensor(own if ok else 0.0, dtype=torch.float64,
-                                             device=device),
-                                torch.tensor(1.0 if ok else 0.0, dtype=torch.float64,
-                                             device=device),
-                                torch.tensor(0.0 if self.broken is None else 1.0,
-                                             dtype=torch.float64, device=device)])
+            torch = self.torch
+            device = big.device if isinstance(big, torch.Tensor) else \
+                next(iter(self.params.values())).device
+            values = [small * own * own, own, 1.0, 0.0, big] if ok else \
+                [0.0, 0.0, 0.0, float(self.broken is not None), 0.0]
+            pack = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device)
+                                for v in values])
             dist.all_reduce(pack)
-            total_sq, total, oks, broken = pack.tolist()
+            total_sq, total, oks, broken, big_sum = pack.tolist()
             if broken:
                 self.off(self.broken or "another rank's probe failed")
-                return
+                return False
             if oks < world:
-                return
+                return False
+            sq_big = big_sum / world  # the same on every rank: so are the EMAs and `every`
         elif not ok:
             if self.broken is not None:
                 self.off(self.broken)
-            return
+            return False
         else:
-            total_sq, total = float(local), own
+            small_f, sq_big = _floats(self.torch, small, big)  # one device sync at most
+            total_sq, total = small_f * own * own, float(own)
         if total < 2:
             self.one_pass += 1
             if self.one_pass >= CANNOT_MEASURE_AFTER:
@@ -302,30 +378,35 @@ class Probe:
                          "second batch size to compare (set task.accumulation=k with a script "
                          "that accumulates k micro-batches a step, or run it under "
                          "executor=torchrun); B_simple is NaN", error=False)
-            return
+            return False
         if self.declared > 1 and total not in (self.declared, self.declared * world):
             self.say("declared", f"task.accumulation={self.declared}, but the script ran "
                      f"{total:g} backward passes a step over {world} process(es): b_small is "
                      f"B / {total:g}, from what it ran")
-        sq_big = float(big)
         sq_small = total_sq / total
         if not (math.isfinite(sq_big) and math.isfinite(sq_small)):
-            return  # an overflow the script did not skip: left out
+            return False  # an overflow the script did not skip: left out
+        # The share of training this measurement stands for, in steps' worth (1 when every
+        # step is measured): the window averages over training progress (as the monitor).
+        weight = self.since_examples / self.batch
         estimate = self.ema.update(sq_small, sq_big, self.batch / total, self.batch,
-                                   examples=self.batch)
+                                   examples=self.since_examples, steps=self.since_steps,
+                                   weight=max(weight, 1.0))
+        self.since_examples, self.since_steps = 0.0, 0
         self.measured += 1
-        self.write({"step": self.base + self.steps, **vars(estimate)})
+        self.write({"step": self.base + self.steps, "span": self.span, **vars(estimate)})
+        return True
 
     # ---- output ----------------------------------------------------------------------------
 
     def write(self, record: dict[str, Any]) -> None:
-        """One JSON line to the rows file (rank 0 only)."""
+        """One JSON line to the rows file (rank 0 only), on disk before the step is taken:
+        the runner may end the script at any row it prints after it."""
         if self.rank != 0:
             return
-        if self.file is None:
-            self.file = open(self.rows_path, "a", encoding="utf-8")  # noqa: SIM115
-        self.file.write(json.dumps(record, allow_nan=True) + "\n")
-        self.file.flush()
+        if self.file is None:  # one write call a line, appended whole: no buffer to lose
+            self.file = os.open(self.rows_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(self.file, (json.dumps(record, allow_nan=True) + "\n").encode())
 
     def say(self, key: str, text: str) -> None:
         """Once per process: on stderr and, for the runner, in the rows file."""
@@ -343,6 +424,7 @@ class Probe:
         world, _ = _world() if self.on else (1, None)
         if world > 1 and self.broken is None:
             self.broken = why
+            self.capturing = False
             return
         self.off(why)
 
@@ -350,29 +432,61 @@ class Probe:
         """Remove every hook and say why, once."""
         if not self.on:
             return
-        self.on = False
+        self.on = self.capturing = False
         for handle in self.handles:
             with contextlib.suppress(Exception):
                 handle.remove()
-        self.handles, self.passes, self.pass_grads = [], [], []
+        self.handles, self.pass_grads, self.fresh = [], [], []
+        self._clear()
         self.say("off", why if not error or "probe" in why else f"not measured: {why}")
 
 
-def _norms(grads: list[Any]) -> Any:
-    """The norms of `grads` (fp32 whatever their dtype), in one foreach call where it can."""
-    import torch
-
+def _sq_sum(torch: Any, grads: list[Any]) -> Any:
+    """Sum of the squared norms of `grads` (non-empty), accumulated in at least fp32: a float
+    where every one is on the CPU in fp32/fp64 (numpy's dot: no tensor made, about half the
+    time of torch's reduction on a small model), else a 0-d tensor on their device (one
+    foreach call)."""
+    total = 0.0
+    rest = []
+    single, double = torch.float32, torch.float64
+    for g in grads:
+        # Half precisions stay with torch: numpy would accumulate in their own, and overflow
+        # under a loss scale.
+        if g.is_cpu and (g.dtype is single or g.dtype is double) and g.layout is torch.strided:
+            try:
+                flat = g.detach().numpy().reshape(-1)
+            except (RuntimeError, TypeError, ValueError):  # a torch without numpy
+                rest.append(g)
+                continue
+            total += float(flat.dot(flat))
+        else:
+            rest.append(g)
+    if not rest:
+        return total
     try:
-        return torch._foreach_norm(grads, 2, dtype=torch.float32)
+        norms = torch._foreach_norm(rest, 2, dtype=torch.float32)
     except (RuntimeError, TypeError):  # an older torch, or tensors it cannot group
-        return [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
+        norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in rest]
+    device = rest[0].device  # a model spread over devices: summed on its first
+    return torch.stack([n.to(device) for n in norms]).square().sum() + total
 
 
-def _sq_sum(grads: list[Any]) -> Any:
-    """Sum of the squared norms of `grads`."""
-    import torch
+def _floats(torch: Any, *values: Any) -> list[float]:
+    """`values` (floats or 0-d tensors) as floats, with one device sync for all tensors."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return [float(v) for v in values]
+    # fp32, as they were summed (a device without fp64, such as MPS, reads them too)
+    read = iter(torch.stack([t.float().to(tensors[0].device) for t in tensors]).tolist())
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
 
-    return torch.stack(list(_norms(grads))).square().sum() if grads else None
+
+def _whole(text: str) -> int:
+    """An environment variable's whole number (0 where absent or not one)."""
+    try:
+        return int(text)
+    except ValueError:
+        return 0
 
 
 def _world() -> tuple[int, Any]:

@@ -5,10 +5,12 @@ the script's own rows by step.
 The probe is on for `noise.method=auto` (the default of a script sweep) and off for
 `noise.method=none` (`measures`): the one switch a plan of which runs measure turns per run.
 It appends one JSON line a measured optimizer step to the run folder's
-`paths.NOISE_PROBE_ROWS` (the step, counted from 1 like the script's rows, and the estimate's
-fields in samples), and a `note` line for what it could not measure. Each script row whose
-own `b_simple` is NaN takes the probe's estimate at its step (`join`): the row of that step,
-or, across steps the script skipped, the last one before it while the probe measured on.
+`paths.NOISE_PROBE_ROWS` (the step, counted from 1 like the script's rows, `span`: the most
+steps the schedule of `noise.every` lets pass before its next measurement, and the
+estimate's fields in samples), and a `note` line for what it could not measure. Each script
+row whose own `b_simple` is NaN takes the probe's estimate at its step (`join`): the row of
+that step, or, across steps not measured (`noise.every`) or skipped by the script, the last
+one before it while the probe measured on, and after the last row for at most its span.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 from gnsweep.config import Config
 from gnsweep.inscript.probe import ENV
 from gnsweep.measure.common import say_once
-from gnsweep.noise import NoiseEstimate
+from gnsweep.noise import Method, NoiseEstimate
 from gnsweep.paths import RunPaths
 from gnsweep.runs import unmeasured_share
 from gnsweep.tables import METRICS_SCHEMA
@@ -41,7 +43,7 @@ COLUMNS = tuple(f.name for f in fields(NoiseEstimate) if f.name in METRICS_SCHEM
 
 def measures(config: Config) -> bool:
     """Whether the run's script is measured: `noise.method` auto (on) or none (off)."""
-    return config.noise.method != "none"
+    return config.noise.method != Method.NONE
 
 
 def probe_environment(config: Config, values: dict[str, Any], per_sample: float,
@@ -53,6 +55,7 @@ def probe_environment(config: Config, values: dict[str, Any], per_sample: float,
     noise = config.noise
     settings = {"rows": str(RunPaths(run_path.resolve()).noise_probe_rows),
                 "batch_size": values["batch_size"], "accumulation": accumulation,
+                "every": noise.every, "pooled": noise.pooled,
                 "ema_fraction": noise.ema_fraction, "ema_steps": noise.ema_steps,
                 # The probe counts samples; noise.ema_examples is in the task's unit.
                 "ema_examples": noise.ema_examples / per_sample}
@@ -70,6 +73,8 @@ class ProbeRows:
         self.offset = 0
         self.by_step: dict[int, dict[str, float]] = {}
         self.steps: list[int] = []
+        self.span = 1
+        """The last row's span: steps after it that it stands for (its own included)."""
         self.notes: list[str] = []
 
     def read(self) -> None:
@@ -84,6 +89,7 @@ class ProbeRows:
         complete = data.rfind(b"\n") + 1
         self.offset += complete
         changed = False
+        spans: dict[int, int] = {}
         for line in data[:complete].splitlines():
             try:
                 record = json.loads(line)
@@ -91,24 +97,31 @@ class ProbeRows:
                     self.notes.append(str(record["note"]))
                     continue
                 step = int(record.pop("step"))
+                span = max(1, int(record.pop("span", 1)))
                 estimate = in_task_units(NoiseEstimate(**record), self.per_sample)
             except (ValueError, TypeError, KeyError):
                 continue  # a line cut by a kill, or written by another version: not a row
             assert estimate is not None
             self.by_step[step] = {name: float(getattr(estimate, name)) for name in COLUMNS}
+            spans[step] = span
             changed = True
         if changed:
             self.steps = sorted(self.by_step)
+            self.span = spans.get(self.steps[-1], self.span)
 
     def at(self, step: int) -> dict[str, float] | None:
         """The estimate at `step`: its own row, or the last before it where the probe has a
-        row after it (steps the script skipped); None where the probe has none."""
+        row after it (steps not measured or skipped), or within the last row's span after
+        it; None where the probe has none."""
         if step in self.by_step:
             return self.by_step[step]
         i = bisect.bisect_right(self.steps, step)
-        if i == 0 or i == len(self.steps):
+        if i == 0:
             return None
-        return self.by_step[self.steps[i - 1]]
+        last = self.steps[i - 1]
+        if i == len(self.steps) and step >= last + self.span:
+            return None
+        return self.by_step[last]
 
     def join(self, rows: dict[str, Any], start: int = 0) -> None:
         """Fill the noise columns of rows `start:` whose `b_simple` the script did not log."""

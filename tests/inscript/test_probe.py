@@ -134,6 +134,11 @@ def test_noise_method_none_starts_no_probe_and_b_must_divide_into_micro_batches(
     on = Config.from_dict({"task": {"name": "script", "command": "python t.py"}})
     env = probe_environment(on, {"batch_size": 8}, 1.0, 1, tmp_path)
     assert json.loads(env["GNSWEEP_NOISE_PROBE"])["batch_size"] == 8
+    assert json.loads(env["GNSWEEP_NOISE_PROBE"])["every"] == "auto"
+    every = Config.from_dict({"task": {"name": "script", "command": "python t.py"},
+                              "noise": {"every": 4}})
+    assert json.loads(probe_environment(every, {"batch_size": 8}, 1.0, 1, tmp_path)
+                      ["GNSWEEP_NOISE_PROBE"])["every"] == 4
     assert env["PYTHONPATH"].split(os.pathsep)[0].endswith("boot")
     assert microbatch_size(64, 4) == 16
     with pytest.raises(ConfigError, match=r"48 does not divide into task\.accumulation=5"):
@@ -198,3 +203,129 @@ def test_launch_refuses_a_batch_that_does_not_divide_into_micro_batches(tmp_path
     assert result.exit_code == 2, result.output
     assert "48 does not divide into task.accumulation=5 micro-batches" in result.output
     assert len(result.output.strip().splitlines()) == 1 and not out.exists()
+
+
+# ---- the probe run directly on a script (no sweep): its rows file --------------------------
+
+def _probed(tmp_path: Path, args: list[str], every: int | str = 1, resume_step: int = 0,
+            script: Path = SCRIPT) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`script` run as gnsweep starts a measured script run (the startup hook first on
+    PYTHONPATH, the probe's settings in the environment); the lines of its rows file."""
+    from gnsweep.training.script_noise import BOOT
+
+    rows = tmp_path / "rows.jsonl"
+    settings = {"rows": str(rows), "batch_size": 64, "accumulation": 4, "every": every,
+                "ema_fraction": 100}
+    env = {**os.environ, "GNSWEEP_NOISE_PROBE": json.dumps(settings),
+           "GNSWEEP_RESUME_STEP": str(resume_step),
+           "PYTHONPATH": os.pathsep.join([str(BOOT), str(ROOT)])}
+    done = subprocess.run([PY, str(script), *args], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in rows.read_text().splitlines()] if rows.exists() \
+        else []
+    return done, lines
+
+
+@pytest.mark.process
+def test_noise_every_measures_every_kth_step_of_the_run_and_stays_exact(tmp_path):
+    """noise.every=3 under a GradScaler that skips step 7: rows at steps 1, 4, 10, 13, ...
+    (7 was skipped: left out, and counted, so the later steps stay the script's), each
+    standing for 3 steps; B_simple is still the exact one (the frozen regression: 10)."""
+    _, lines = _probed(tmp_path, ["--bs=64", "--micro=16", "--accum=4", "--frozen",
+                                  "--steps=200", "--scaler", "--sum", "--clip=0.5"], every=3)
+    rows = [line for line in lines if "step" in line]
+    assert [row["step"] for row in rows] == [s for s in range(1, 201, 3) if s != 7]
+    assert {row["span"] for row in rows} == {3}
+    assert rows[-1]["b_small"] == 16 and rows[-1]["b_big"] == 64
+    assert abs(rows[-1]["b_simple"] / TRUTH - 1) < 0.15, rows[-1]["b_simple"]
+
+
+@pytest.mark.process
+def test_a_resumed_script_whose_optimizer_counts_no_steps_is_not_measured_and_says_so(
+        tmp_path):
+    """Plain SGD keeps no step count: in an attempt gnsweep resumed (resume_step 50) the probe
+    cannot tell the script's step, so it writes no row (a row counted from 1 would replace
+    the first attempt's) and says why once."""
+    done, lines = _probed(tmp_path, ["--bs=64", "--micro=16", "--accum=4", "--frozen",
+                                     "--steps=20"], resume_step=50)
+    assert not [line for line in lines if "step" in line]
+    (note,) = lines
+    assert "cannot tell which step" in note["note"]
+    assert done.stderr.count("cannot tell which step") == 1
+
+
+RESUMING = '''
+import sys
+
+import torch
+
+torch.manual_seed(int(sys.argv[1]))
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+if sys.argv[1] == "1":
+    optimizer.load_state_dict(torch.load(sys.argv[2]))
+for step in range(3):
+    optimizer.zero_grad()
+    for _ in range(4):
+        x = torch.randn(16, 4)
+        (model(x).square().mean() / 4).backward()
+    optimizer.step()
+torch.save(optimizer.state_dict(), sys.argv[2])
+'''
+
+
+@pytest.mark.process
+def test_a_resumed_adam_script_continues_from_the_optimizers_own_step(tmp_path):
+    """Adam's state counts its steps: the attempt resumed from it writes rows 4-6 after the
+    first attempt's 1-3."""
+    script = tmp_path / "resuming.py"
+    script.write_text(RESUMING)
+    state = str(tmp_path / "adam.pt")
+    _, first = _probed(tmp_path, ["0", state], script=script)
+    _, both = _probed(tmp_path, ["1", state], resume_step=3, script=script)
+    assert [line["step"] for line in first] == [1, 2, 3]
+    assert [line["step"] for line in both] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_row_stands_for_the_steps_of_its_span_after_the_last():
+    """Between two rows every step takes the earlier one's estimate (not measured, or
+    skipped); after the last row only the steps of its span do (`noise.every`), so a probe
+    that stopped is not carried on."""
+    import tempfile
+
+    estimate = {"b_small": 4.0, "b_big": 16.0, "sq_norm_small": 1.0, "sq_norm_big": 1.0,
+                "g2_step": 1.0, "trace_sigma_step": 3.0, "g2": 1.0, "trace_sigma": 3.0,
+                "b_simple": 3.0, "b_simple_se": 0.5}
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder)
+        (path / store.NOISE_PROBE_ROWS).write_text(
+            json.dumps({"step": 1, "span": 3, **estimate}) + "\n"
+            + json.dumps({"step": 4, "span": 3, **estimate, "b_simple": 6.0}) + "\n")
+        rows = {name: [math.nan] * 8 for name in tables.METRICS_SCHEMA.names}
+        rows["step"] = list(range(1, 9))
+        ProbeRows(path, per_sample=1.0).join(rows)
+    assert rows["b_simple"][:6] == [3.0, 3.0, 3.0, 6.0, 6.0, 6.0]
+    assert all(math.isnan(value) for value in rows["b_simple"][6:])  # steps 7, 8
+
+
+def test_the_squared_norms_are_exact_whatever_the_tensors():
+    """The pass norms: numpy's dot on CPU fp32/fp64 (a transposed view too), torch for the
+    half precisions; the sum against float64 arithmetic."""
+    import torch
+
+    from gnsweep.inscript.probe import _floats, _sq_sum
+
+    generator = torch.Generator().manual_seed(0)
+    grads = [torch.randn(300, 70, generator=generator),
+             torch.randn(40, 50, generator=generator, dtype=torch.float64).t(),
+             torch.randn(33, generator=generator).to(torch.bfloat16)]
+    truth = sum(float(g.double().square().sum()) for g in grads)
+    cpu_only = _sq_sum(torch, grads[:2])
+    assert isinstance(cpu_only, float)
+    assert abs(cpu_only / sum(float(g.double().square().sum()) for g in grads[:2]) - 1) < 1e-6
+    mixed = _sq_sum(torch, grads)
+    assert isinstance(mixed, torch.Tensor)
+    (value,) = _floats(torch, mixed)
+    assert abs(value / truth - 1) < 1e-5
+    assert _floats(torch, 2.0, torch.tensor(3.0)) == [2.0, 3.0]
