@@ -299,7 +299,7 @@ def test_a_row_stands_for_the_steps_of_its_span_after_the_last():
                 "b_simple": 3.0, "b_simple_se": 0.5}
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder)
-        (path / store.NOISE_PROBE_ROWS).write_text(
+        (path / paths.NOISE_PROBE_ROWS).write_text(
             json.dumps({"step": 1, "span": 3, **estimate}) + "\n"
             + json.dumps({"step": 4, "span": 3, **estimate, "b_simple": 6.0}) + "\n")
         rows = {name: [math.nan] * 8 for name in tables.METRICS_SCHEMA.names}
