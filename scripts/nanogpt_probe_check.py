@@ -98,9 +98,12 @@ def compare(folder: Path) -> None:
         rows = pq.read_table(run / "metrics.parquet").to_pandas().set_index("step")
         steps = [s for s in rows.index if s >= 50 and s in pe]
         ratio = np.array([rows.loc[s, "b_simple"] / pe[s] for s in steps])
+        # The last steps the per-example line was printed for (the run may stop first).
         shown = "; ".join(f"{s}: {rows.loc[s, 'b_simple']:.0f} / {pe[s]:.0f}"
-                          for s in (100, 200, 300))
-        print(f"{run.name}: probe / per-example (tokens) {shown}; steps 50-300: median "
+                          for s in (steps[len(steps) // 3], steps[2 * len(steps) // 3],
+                                    steps[-1]))
+        print(f"{run.name}: probe / per-example (tokens) {shown}; "
+              f"steps {steps[0]}-{steps[-1]}: median "
               f"{np.median(ratio):.2f}, range {ratio.min():.2f}-{ratio.max():.2f}, within 25% "
               f"at {np.mean(abs(ratio - 1) <= 0.25):.0%} of the steps")
 
