@@ -38,7 +38,7 @@ class Digits:
             self._eval = ((self._eval[0] - mean) / std, self._eval[1])
         self.options, self.seed = options, seed
         if options.exact_truth:
-            # Runs log `truth(model)` where a task has it (gnsweep.measure.probe).
+            # Runs log `truth(model)` where a task has it (gnsweep.measure.run_probes).
             self.truth = self.exact
             self.truth_is_costly = True
 

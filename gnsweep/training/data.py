@@ -28,7 +28,7 @@ class DataSource:
 
     Each rank draws its own examples from a generator seeded from (seed, rank); rank 0 alone
     draws what a single process would. The probes draw from a generator of their own
-    (`measure.probe.RunProbes`), so training sees the same examples with or without them."""
+    (`measure.run_probes.RunProbes`), so training sees the same examples with or without them."""
 
     epochs = math.nan
     """Endless data have no epochs."""

@@ -309,7 +309,7 @@ def _log(state: TrainState, smooth: float, size: int, lr: float,
     estimate = state.estimate
     for field in fields(NoiseEstimate):
         values[field.name] = getattr(estimate, field.name) if estimate is not None else math.nan
-    # Probes and exact truth (gnsweep.measure.probe), then this step's batch size.
+    # Probes and exact truth (gnsweep.measure.run_probes), then this step's batch size.
     values.update({**state.probes.values(model, state.examples), "batch_size": size})
     for name, value in values.items():
         state.rows[name].append(value)

@@ -22,7 +22,7 @@ from gnsweep import tables
 from gnsweep.config import Config
 from gnsweep.measure import NoiseScaleMonitor
 from gnsweep.measure.common import split_batch
-from gnsweep.measure.probe import RunProbes
+from gnsweep.measure.run_probes import RunProbes
 from gnsweep.noise import Method, NoiseEstimate, estimate_state, load_estimate
 from gnsweep.runs import RunSpec, run_config
 from gnsweep.schedule import AdaptiveBatch, AlongBatch, BatchSchedule, ConstantBatch
