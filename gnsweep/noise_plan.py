@@ -118,8 +118,9 @@ def guessed_rate(rates: Iterable[float], batch_size: int, batch_sizes: Iterable[
     span the best rates of its batch sizes, so the guess lies `GUESS_RANGE[0]` of the way up
     the rates' range (log space) at the smallest batch size, `GUESS_RANGE[1]` at the largest,
     and in between by log batch size; the middle with one batch size. On the default digits
-    sweep the first launch's B_simple then reads 1.00 / 1.00 / 1.20 of the full measurement's
-    at its three targets, where the grid's middle read 1.05 / 1.31 / 1.79 (docs/noise.md)."""
+    sweep the first launch's B_simple then read 1.00 / 1.04 / 1.34 of the full measurement's
+    at its three targets, where the grid's middle read 1.05 / 1.31 / 1.79
+    (docs/performance.md)."""
     positive = [r for r in rates if r > 0 and math.isfinite(r)]
     sizes = sorted({b for b in batch_sizes if b > 0})
     if not positive:
