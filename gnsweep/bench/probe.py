@@ -5,8 +5,9 @@ truth, per training step.
 digits (the demo's MLP), at two batch sizes: the time of one training step with the monitor (as
 `gnsweep.training` runs it, ema_fraction 0.2), of one probe
 (`measure.run_probes.RunProbes.probe`: 16 batches of 512 at frozen parameters, B_simple and
-B_noise) and of one exact-truth evaluation; then the probes' cost amortized over a run of S steps with 2 probes per doubling of examples
-(about 2 log2(S) + 1 probes), as a fraction of the run's own steps.
+B_noise) and of one exact-truth evaluation; then the probes' cost amortized over a run of S
+steps with 2 probes per doubling of examples (about 2 log2(S) + 1 probes), as a fraction of
+the run's own steps.
 """
 
 from __future__ import annotations
