@@ -54,13 +54,13 @@ demo: $(STAMP)
 	@echo "Done. Tables: runs/demo/*.parquet  Figures: runs/demo/figures/"
 	@echo "Report (one file, figures inside; open it in a browser): file://$(CURDIR)/runs/demo/report.html"
 
-# Four pytest workers on two cores: much of the suite's time waits on processes (torchrun's
-# start, Slurm's one-minute requeue, a script's run), so two more workers run meanwhile; the
-# Slurm tests share one worker (one node, one port).
+# Three pytest workers on two cores: much of the suite's time waits on processes (torchrun's
+# start, Slurm's requeue, a script's run), so a third worker runs meanwhile; the Slurm tests
+# share one worker (one node, one port).
 test: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy gnsweep
-	$(BIN)/pytest -q -n 4 --dist loadgroup
+	$(BIN)/pytest -q -n 3 --dist loadgroup
 
 test-fast: $(DEV_STAMP)
 	$(BIN)/pytest -q -m "not slow and not distributed and not slurm and not browser and not process"
