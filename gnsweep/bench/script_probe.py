@@ -36,6 +36,10 @@ from gnsweep.paths import RunPaths
 
 ACCUMULATION = 4
 MODELS = ("mlp", "gpt")
+"""The default models; `digits` (`--models digits`) is the smaller MLP that `bench sweep_cost
+--sweeps script` sweeps."""
+MICRO = {"digits": 16, "mlp": 64, "gpt": 8}
+"""Samples a micro-batch."""
 WARMUP = 5
 BLOCK = 5
 
@@ -55,7 +59,7 @@ def _child(model_name: str, steps: int, rows: str, every: str = "1") -> None:
     runs = []
     for measured in (False, True):
         if measured:
-            batch_size = ACCUMULATION * (64 if model_name == "mlp" else 8)
+            batch_size = ACCUMULATION * MICRO[model_name]
             probe.install(json.dumps({"rows": rows, "batch_size": batch_size,
                                       "accumulation": ACCUMULATION,
                                       "every": every if every == EVERY_AUTO else int(every)}))
@@ -86,11 +90,22 @@ def _mean(times: list[float]) -> float:
 def _script(model_name: str, torch: Any, nn: Any) -> tuple[Any, Any]:
     """(one training step on a step's micro-batches, a step's micro-batches): 4 passes, each
     loss divided by 4, clipping, the optimizer's step."""
-    if model_name == "mlp":
+    if model_name == "digits":  # the script of `bench sweep_cost --sweeps script`, batch 64
+        model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+                              nn.Linear(64, 10))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        micro = MICRO[model_name]
+
+        def batch() -> Any:
+            return torch.randn(micro, 64), torch.randint(0, 10, (micro,))
+
+        def loss_of(x: Any, y: Any) -> Any:
+            return nn.functional.cross_entropy(model(x), y)
+    elif model_name == "mlp":
         model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
                               nn.Linear(256, 10))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        micro = 64
+        micro = MICRO[model_name]
 
         def batch() -> Any:
             return torch.randn(micro, 64), torch.randint(0, 10, (micro,))
@@ -106,7 +121,7 @@ def _script(model_name: str, torch: Any, nn: Any) -> tuple[Any, Any]:
             nn.Linear(width, vocab)
         model = nn.ModuleList([embed, positions, body, head])
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        micro = 8
+        micro = MICRO[model_name]
         mask = nn.Transformer.generate_square_subsequent_mask(block)
 
         def batch() -> Any:
