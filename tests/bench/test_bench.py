@@ -191,3 +191,25 @@ def test_sweep_cost_measures_whole_sweeps() -> None:
     assert row["runs_measured"] == "2/2"
     assert [t["target"] for t in row["targets"]] == [0.5]
     assert all(t["agrees"] and _positive(t["b_simple"]) for t in row["targets"])
+
+
+def test_the_script_sweep_is_a_valid_launch_of_the_default_grid(tmp_path) -> None:
+    """`--sweeps script` launches the default sweep's grid as a script with 4 micro-batches a
+    step; its overrides, with the bench's placeholders filled, must be a launch gnsweep takes
+    (a dry run: nothing started)."""
+    import sys
+
+    from typer.testing import CliRunner
+
+    from gnsweep.bench.sweep_cost import SWEEPS
+    from gnsweep.cli import app
+
+    overrides = [o.replace("{python}", sys.executable).replace("{cpu_dir}", str(tmp_path))
+                 for o in SWEEPS["script"]]
+    result = CliRunner().invoke(app, ["launch", "--dry-run", "--sweep-dir",
+                                      str(tmp_path / "s"), *overrides])
+    assert result.exit_code == 0, result.output
+    assert "56 runs" in result.output
+    shown = [line for line in result.output.splitlines() if line.startswith("    $ ")]
+    assert "--batch-size=8 --accumulation=4 --lr=0.1 " in shown[0]
+    assert f"--cpu-out={tmp_path}/b00008_lr0.1_s0.json" in shown[0]
