@@ -28,7 +28,8 @@ all of them (a loss divided by the passes, a loss scale) cancels in B_simple. A 
 script skips (a GradScaler's inf: `zero_grad` with passes and no step) is left out and still
 counted, so that the probe's steps stay the script's. On the CPU the squared norms are numpy
 dot products (about half the time of torch's reduction there on a small model's gradients),
-summed as Python floats; on a device they stay tensors until the step, read with one sync.
+summed as Python floats, a small fp32 model's in one dot over a buffer its gradients are
+copied into (`FlatNorms`); on a device they stay tensors until the step, read with one sync.
 It never raises into the script: an error turns it off, said once (under DDP every rank turns
 off at the same step, so no rank waits in a collective alone).
 """
