@@ -3,6 +3,7 @@ import os
 import shutil
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -83,29 +84,48 @@ def _process_state_restored():
         run_handle._current = None
 
 
-@pytest.fixture(scope="session")
-def _tiny_sweep_once(tmp_path_factory):
-    """`gnsweep launch sweep=tiny` through the CLI, once per test session: under xdist into
-    the session's temporary folder that its workers share, by the first worker that needs it
-    (the others wait for it, then read it). Tests change only copies of it."""
-    from typer.testing import CliRunner
-
-    from gnsweep import store
-    from gnsweep.cli import app
-
+def session_folder(tmp_path_factory, name: str, make) -> Path:
+    """`make(folder)` once per test session into <the session's temporary folder>/<name>/:
+    under xdist into the folder its workers share, by the first worker that needs it (the others
+    wait for it, then read it). Tests change only copies of it."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the session's, above each worker's own
-    out, launched = root / "tiny-source" / "tiny", root / "tiny-source" / "launched"
-    with store.exclusive(root / "tiny-source.lock"):
-        if not launched.exists():
+    from gnsweep import store
+
+    out, made = root / f"{name}-source" / name, root / f"{name}-source" / "made"
+    with store.exclusive(root / f"{name}-source.lock"):
+        if not made.exists():
             shutil.rmtree(out.parent, ignore_errors=True)  # a launch that failed half-way
             out.parent.mkdir()
-            result = CliRunner().invoke(app, ["launch", "sweep=tiny", "--sweep-dir", str(out),
-                                              "--workers", "2", "--quiet"])
-            assert result.exit_code == 0, result.output
-            launched.touch()
+            make(out)
+            made.touch()
     return out
+
+
+@pytest.fixture(scope="session")
+def _tiny_sweep_once(tmp_path_factory):
+    """`gnsweep launch sweep=tiny` through the CLI, once per test session (`session_folder`)."""
+    from typer.testing import CliRunner
+
+    from gnsweep.cli import app
+
+    def make(out: Path) -> None:
+        result = CliRunner().invoke(app, ["launch", "sweep=tiny", "--sweep-dir", str(out),
+                                          "--workers", "2", "--quiet"])
+        assert result.exit_code == 0, result.output
+
+    return session_folder(tmp_path_factory, "tiny", make)
+
+
+@pytest.fixture(scope="session")
+def local_executor_sweep(tmp_path_factory):
+    """The executor tests' tiny grid (tests/helpers/executor_sweeps.TINY) on the local
+    executor, once per test session (`session_folder`): the reference that torchrun's and
+    Slurm's runs of the same grid are compared with. Read only."""
+    from executor_sweeps import run_sweep
+
+    return session_folder(tmp_path_factory, "executor-local", run_sweep)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +143,7 @@ def tiny_sweep(_tiny_sweep_once, tmp_path_factory):
 # collection, and any other unmarked test that starts a process (in its fixtures or its body)
 # fails, saying which marker to add.
 PROCESS_MARKERS = frozenset({"slow", "distributed", "slurm", "browser", "process"})
-PROCESS_FIXTURES = frozenset({"_tiny_sweep_once", "tiny_sweep"})
+PROCESS_FIXTURES = frozenset({"_tiny_sweep_once", "tiny_sweep", "local_executor_sweep"})
 """Fixtures of this file that launch a sweep."""
 
 

@@ -40,9 +40,9 @@ def _events(sweep_dir: Path, run_id: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_a_tiny_sweep_through_slurm_and_torchrun_matches_the_local_one(tmp_path):
-    local, slurm = tmp_path / "local", tmp_path / "slurm"
-    run_sweep(local)
+def test_a_tiny_sweep_through_slurm_and_torchrun_matches_the_local_one(
+        tmp_path, local_executor_sweep):
+    local, slurm = local_executor_sweep, tmp_path / "slurm"
     # One job taking the ten runs in turn, torchrun over 2 DDP processes (the other test
     # submits a job array).
     summary = run_sweep(slurm, *SLURM, "executor.nproc_per_node=2", "executor.runs_per_job=10")

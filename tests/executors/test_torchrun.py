@@ -26,9 +26,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 GNSWEEP = str(Path(sys.executable).parent / "gnsweep")
 
 
-def test_a_tiny_sweep_through_torchrun_matches_the_local_one(tmp_path):
-    local, ddp = tmp_path / "local", tmp_path / "ddp"
-    run_sweep(local)
+def test_a_tiny_sweep_through_torchrun_matches_the_local_one(tmp_path, local_executor_sweep):
+    local, ddp = local_executor_sweep, tmp_path / "ddp"
     summary = run_sweep(ddp, "executor=torchrun", "executor.nproc_per_node=2")
     assert len(summary.done) + len(summary.diverged) == len(store.run_ids(ddp))
     assert_all_finished_once(ddp)

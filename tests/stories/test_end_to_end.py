@@ -1,4 +1,5 @@
-"""launch -> analyze -> plot on a tiny grid, through the CLI, with real worker processes."""
+"""launch -> analyze on a tiny grid, through the CLI, with real worker processes (plot and report
+of the same sweep: tests/report/test_report.py)."""
 
 import math
 
@@ -57,16 +58,6 @@ def test_analyze_writes_tables_and_prints_the_fit(sweep_dir):
     assert (fitted["b_crit"] > 0).all()
     assert ((fitted["b_crit"] - fitted["e_min"] / fitted["s_min"]).abs()
             < 1e-9 * fitted["b_crit"]).all()
-
-
-def test_plot_writes_png_and_pdf(sweep_dir):
-    result = runner.invoke(app, ["plot", str(sweep_dir)])
-    assert result.exit_code == 0, result.output
-    figures = sweep_dir / "figures"
-    for stem in ("pareto_fronts", "bcrit_vs_bsimple"):
-        for ext in ("png", "pdf"):
-            path = figures / f"{stem}.{ext}"
-            assert path.stat().st_size > 5_000, path
 
 
 def test_relaunch_runs_nothing_again(sweep_dir):

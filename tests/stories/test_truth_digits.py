@@ -7,15 +7,11 @@ of a real sweep are checked against both."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from locations import ROOT
 
 from gnsweep.measure import measure_noise_scale
 from gnsweep.tasks import make_task
@@ -43,15 +39,19 @@ def test_exact_b_simple_is_the_training_sets_gradient_spread():
 
 @pytest.fixture(scope="session")
 def sweep(tmp_path_factory) -> Path:
+    from typer.testing import CliRunner
+
+    from gnsweep.cli import app
+
+    # Through the CLI in this process (its workers forked from it, one torch thread each as the
+    # session's), as conftest's tiny sweep: no interpreter started for each command.
     where = tmp_path_factory.mktemp("digits_truth") / "sweep"
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    for args in (["launch", "sweep=tiny", "task.exact_truth=true", "sweep.eval_every=1",
+    for args in (["launch", "-q", "sweep=tiny", "task.exact_truth=true", "sweep.eval_every=1",
                   "--sweep-dir", str(where)],
                  ["analyze", str(where)],
                  ["analyze", str(where), "--loss", "eval", "--out", str(where / "whole")]):
-        subprocess.run([sys.executable, "-m", "gnsweep", *args], check=True, env=env, cwd=ROOT,
-                       stdout=subprocess.DEVNULL)
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
     return where
 
 

@@ -11,14 +11,10 @@ tr(Sigma)/|G|^2 and tr(H Sigma)/G^T H G at every step's parameters.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from locations import ROOT
 
 from gnsweep.folder import read_config
 from gnsweep.linreg_exact import exact_truth
@@ -32,16 +28,20 @@ pytestmark = pytest.mark.xdist_group("truth_end_to_end")
 
 
 def _gnsweep(*args: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, "-m", "gnsweep", *args], check=True, env=env, cwd=ROOT,
-                   stdout=subprocess.DEVNULL)
+    """A gnsweep command through the CLI in this process (a launch's workers forked from it,
+    one torch thread each as the session's): no interpreter started for each command."""
+    from typer.testing import CliRunner
+
+    from gnsweep.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
 
 
 @pytest.fixture(scope="session")
 def sweep(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("truth") / "sweep"
-    _gnsweep("launch", "+experiment=linreg_truth", "--sweep-dir", str(where))
+    _gnsweep("launch", "-q", "+experiment=linreg_truth", "--sweep-dir", str(where))
     _gnsweep("analyze", str(where))
     _gnsweep("analyze", str(where), "--loss", "eval", "--out", str(where / "eval"))
     return where

@@ -4,7 +4,7 @@ traceback. Real file systems: a path under a regular file (refused even to root)
 filled up and a read-only tmpfs (mounted when this process may mount, else skipped).
 
 Also the small rough edges of issue 14: `python -m gnsweep.bench --help`, numbers in error
-messages, the report's notes, and the launch summary of a shared sweep folder."""
+messages, and the launch summary of a shared sweep folder."""
 
 from __future__ import annotations
 
@@ -123,18 +123,6 @@ def test_bench_help_prints_help_and_runs_nothing():
                            capture_output=True, text=True, timeout=60,
                            env={**os.environ, "PYTHONPATH": ROOT})
     assert noise.returncode == 0 and "--no-ddp" in noise.stdout
-
-
-def test_plot_then_report_print_each_note_once(tiny_sweep, tmp_path):
-    sweep = tmp_path / "sweep"
-    shutil.copytree(tiny_sweep, sweep)
-    runner = CliRunner()
-    plotted = runner.invoke(app, ["plot", str(sweep)])
-    reported = runner.invoke(app, ["report", str(sweep)])
-    assert plotted.exit_code == 0 and reported.exit_code == 0, reported.output
-    notes = [line for line in plotted.output.splitlines() + reported.output.splitlines()
-             if line.startswith("note:")]
-    assert len(notes) == len(set(notes))
 
 
 def test_the_summary_tells_this_launch_from_another():

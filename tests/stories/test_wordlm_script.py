@@ -6,11 +6,13 @@ recommendation at the end; the live view seen in a real browser."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -35,12 +37,25 @@ def _env() -> dict[str, str]:
                                                          os.environ.get("PYTHONPATH", "")])}
 
 
+@dataclass
+class Launched:
+    returncode: int
+    stderr: str
+
+
 def _launch(sweep_dir: Path, *overrides: str, command: str = COMMAND,
-            pattern: str = PATTERN) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PY, "-m", "gnsweep", "launch", "--sweep-dir", str(sweep_dir), "-q", "task=script",
-         f"task.command={command}", f"task.log_pattern={pattern}", *overrides],
-        capture_output=True, text=True, timeout=300, cwd=sweep_dir.parent, env=_env())
+            pattern: str = PATTERN) -> Launched:
+    """`gnsweep launch` through the CLI in this process, from the sweep's parent folder (its
+    workers are forked from it, the scripts are their own processes): no interpreter and torch
+    import for the launcher itself."""
+    sweep_dir.parent.mkdir(parents=True, exist_ok=True)
+    # The scripts' environment: restored after the test (conftest._process_state_restored).
+    os.environ["PYTHONPATH"] = _env()["PYTHONPATH"]
+    with contextlib.chdir(sweep_dir.parent):
+        result = runner.invoke(app, ["launch", "--sweep-dir", str(sweep_dir), "-q",
+                                     "task=script", f"task.command={command}",
+                                     f"task.log_pattern={pattern}", *overrides])
+    return Launched(result.exit_code, result.stderr + result.stdout)
 
 
 def _batches(batch_size: int, tokens: int = 20000, bptt: int = 8) -> int:

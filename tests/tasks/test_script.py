@@ -6,12 +6,14 @@ relaunched against the same run trained in one go."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +40,24 @@ def _command(*extra: str) -> str:
             f"--out={{run_dir}} " + " ".join(extra))
 
 
-def _launch(sweep_dir: Path, command: str, *overrides: str) -> subprocess.CompletedProcess:
-    args = [PY, "-m", "gnsweep", "launch", "--sweep-dir", str(sweep_dir), "-q", "task=script",
+@dataclass
+class Launched:
+    returncode: int
+    stderr: str
+
+
+def _launch(sweep_dir: Path, command: str, *overrides: str) -> Launched:
+    """`gnsweep launch` through the CLI in this process, from the sweep's parent folder (its
+    workers are forked from it, the scripts are their own processes): no interpreter and torch
+    import for the launcher itself."""
+    args = ["launch", "--sweep-dir", str(sweep_dir), "-q", "task=script",
             f"task.command={command}", *GRID, "executor.workers=1", *overrides]
-    return subprocess.run(args, capture_output=True, text=True, timeout=240,
-                          cwd=sweep_dir.parent, env=_env())
+    sweep_dir.parent.mkdir(parents=True, exist_ok=True)
+    # The scripts' environment: restored after the test (conftest._process_state_restored).
+    os.environ["PYTHONPATH"] = _env()["PYTHONPATH"]
+    with contextlib.chdir(sweep_dir.parent):
+        result = runner.invoke(app, args)
+    return Launched(result.exit_code, result.stderr + result.stdout)
 
 
 def _env() -> dict[str, str]:
@@ -247,12 +262,12 @@ def test_the_default_task_as_a_script_gives_the_same_b_crit_and_b_simple(tmp_pat
     the fitted B_crit and the B_simple at each target agree within their standard errors (3
     sigma of the difference; the random streams differ)."""
     script_dir = tmp_path / "script"
-    done = subprocess.run([PY, "-m", "gnsweep", "launch", "--sweep-dir", str(script_dir), "-q",
-                           "task=script",
-                           f"task.command={PY} {SCRIPT.with_name('script_digits.py')}",
-                           "sweep=tiny", "executor.workers=2"],
-                          capture_output=True, text=True, timeout=400, cwd=tmp_path, env=_env())
-    assert done.returncode == 0, done.stderr
+    os.environ["PYTHONPATH"] = _env()["PYTHONPATH"]  # restored after the test (conftest)
+    with contextlib.chdir(tmp_path):
+        done = runner.invoke(app, ["launch", "--sweep-dir", str(script_dir), "-q", "task=script",
+                                   f"task.command={PY} {SCRIPT.with_name('script_digits.py')}",
+                                   "sweep=tiny", "executor.workers=2"])
+    assert done.exit_code == 0, done.output
     fits = {}
     for name, sweep_dir in (("task", tiny_sweep), ("script", script_dir)):
         result = runner.invoke(app, ["analyze", str(sweep_dir)])
