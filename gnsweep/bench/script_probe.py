@@ -90,21 +90,12 @@ def _mean(times: list[float]) -> float:
 def _script(model_name: str, torch: Any, nn: Any) -> tuple[Any, Any]:
     """(one training step on a step's micro-batches, a step's micro-batches): 4 passes, each
     loss divided by 4, clipping, the optimizer's step."""
-    if model_name == "digits":  # the script of `bench sweep_cost --sweeps script`, batch 64
-        model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
-                              nn.Linear(64, 10))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        micro = MICRO[model_name]
-
-        def batch() -> Any:
-            return torch.randn(micro, 64), torch.randint(0, 10, (micro,))
-
-        def loss_of(x: Any, y: Any) -> Any:
-            return nn.functional.cross_entropy(model(x), y)
-    elif model_name == "mlp":
-        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                              nn.Linear(256, 10))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    if model_name in ("digits", "mlp"):
+        # digits: the script of `bench sweep_cost --sweeps script` (batch 64); mlp: wider
+        width, act, lr = (64, nn.Tanh, 0.1) if model_name == "digits" else (256, nn.ReLU, 0.01)
+        model = nn.Sequential(nn.Linear(64, width), act(), nn.Linear(width, width), act(),
+                              nn.Linear(width, 10))
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         micro = MICRO[model_name]
 
         def batch() -> Any:
