@@ -56,11 +56,15 @@ demo: $(STAMP)
 
 # Three pytest workers on two cores: much of the suite's time waits on processes (torchrun's
 # start, Slurm's requeue, a script's run), so a third worker runs meanwhile; the Slurm tests
-# share one worker (one node, one port).
+# share one worker (one node, one port). mypy (about 50 s of one core from a cold cache, as in
+# a clean clone) runs beside them for the same reason; its report follows the tests', and
+# either failing fails the target.
 test: $(DEV_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy gnsweep
-	$(BIN)/pytest -q -n 3 --dist loadgroup
+	@log=$$(mktemp); $(BIN)/mypy gnsweep > $$log 2>&1 & types=$$!; \
+	$(BIN)/pytest -q -n 3 --dist loadgroup; tests=$$?; \
+	wait $$types; typed=$$?; echo "mypy gnsweep:"; cat $$log; rm -f $$log; \
+	exit $$(( tests || typed ))
 
 test-fast: $(DEV_STAMP)
 	$(BIN)/pytest -q -m "not slow and not distributed and not slurm and not browser and not process"
